@@ -1,0 +1,13 @@
+"""SSD (Single Shot MultiBox Detector) object detection that just works on your own data.
+
+Label convention: a dataset with K object classes has labels 0..K-1 and ``num_classes = K``.
+The background class is added internally (classifier heads have K+1 outputs).
+"""
+
+__version__ = "0.1.0"
+
+# Public API: each area adds its re-exports in its own block below.
+# --- core ---
+# --- models ---
+# --- data ---
+# --- engine ---
