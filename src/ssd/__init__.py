@@ -8,6 +8,8 @@ __version__ = "0.1.0"
 
 # Public API: each area adds its re-exports in its own block below.
 # --- core ---
+from ssd.boxes import decode, encode
+from ssd.priors import PRIOR_CONFIGS, default_boxes
 # --- models ---
 # --- data ---
 # --- engine ---

@@ -1,0 +1,59 @@
+"""Box conversions, batched IoU and the SSD offset encoding.
+
+Conventions: boxes are ``xyxy`` (corners) or ``cxcywh`` (centre and size), normalized to ``[0, 1]`` of the
+network input. Default boxes (priors) are ``cxcywh`` ``[P, 4]``. Offsets follow the original SSD encoding with
+variances ``(v0, v1)``::
+
+    ((cx_g - cx_p) / (v0 * w_p), (cy_g - cy_p) / (v0 * h_p), log(w_g / w_p) / v1, log(h_g / h_p) / v1)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torchvision.ops import box_convert, box_iou
+
+__all__ = ["xyxy_to_cxcywh", "cxcywh_to_xyxy", "box_iou_batched", "encode", "decode"]
+
+
+def xyxy_to_cxcywh(boxes: Tensor) -> Tensor:
+    """Corners ``[..., 4]`` ``(x1, y1, x2, y2)`` -> centre form ``[..., 4]`` ``(cx, cy, w, h)``."""
+    return box_convert(boxes, "xyxy", "cxcywh")
+
+
+def cxcywh_to_xyxy(boxes: Tensor) -> Tensor:
+    """Centre form ``[..., 4]`` ``(cx, cy, w, h)`` -> corners ``[..., 4]`` ``(x1, y1, x2, y2)``."""
+    return box_convert(boxes, "cxcywh", "xyxy")
+
+
+def box_iou_batched(a: Tensor, b: Tensor) -> Tensor:
+    """IoU of every box of every image in ``a`` ``[B, G, 4]`` with every box in ``b`` ``[P, 4]`` (both xyxy).
+
+    Returns ``[B, G, P]``. ``b`` is shared by the batch (the priors in point form).
+    """
+    batch, num_gt, _ = a.shape
+    return box_iou(a.reshape(batch * num_gt, 4), b).view(batch, num_gt, b.shape[0])
+
+
+def encode(matched: Tensor, priors: Tensor, variances: tuple[float, float] = (0.1, 0.2)) -> Tensor:
+    """Encode matched ground-truth boxes as offsets from the priors.
+
+    Args:
+        matched: ``[..., P, 4]`` xyxy, one ground-truth box per prior.
+        priors: ``[P, 4]`` cxcywh.
+        variances: ``(v0, v1)`` scaling of the centre and the size offsets.
+
+    Returns:
+        ``[..., P, 4]`` offsets ``(dx, dy, dw, dh)`` (see the module docstring).
+    """
+    g = xyxy_to_cxcywh(matched)
+    centre = (g[..., :2] - priors[:, :2]) / (variances[0] * priors[:, 2:])
+    size = torch.log(g[..., 2:] / priors[:, 2:]) / variances[1]
+    return torch.cat((centre, size), dim=-1)
+
+
+def decode(offsets: Tensor, priors: Tensor, variances: tuple[float, float] = (0.1, 0.2)) -> Tensor:
+    """Inverse of :func:`encode`: offsets ``[..., P, 4]`` and priors ``[P, 4]`` cxcywh -> boxes ``[..., P, 4]`` xyxy."""
+    centre = priors[:, :2] + offsets[..., :2] * variances[0] * priors[:, 2:]
+    size = priors[:, 2:] * torch.exp(offsets[..., 2:] * variances[1])
+    return cxcywh_to_xyxy(torch.cat((centre, size), dim=-1))
