@@ -9,7 +9,10 @@ __version__ = "0.1.0"
 # Public API: each area adds its re-exports in its own block below.
 # --- core ---
 from ssd.boxes import decode, encode
+from ssd.loss import MultiBoxLoss
+from ssd.matching import match
 from ssd.priors import PRIOR_CONFIGS, default_boxes
+from ssd.validation import validate_targets
 # --- models ---
 # --- data ---
 # --- engine ---
