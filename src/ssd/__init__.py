@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 from ssd.boxes import decode, encode
 from ssd.loss import MultiBoxLoss
 from ssd.matching import match
+from ssd.postprocess import postprocess
 from ssd.priors import PRIOR_CONFIGS, default_boxes
 from ssd.validation import validate_targets
 # --- models ---

@@ -1,0 +1,79 @@
+"""Turn head outputs into detections: softmax, decode, per-class candidates, NMS, top-k, batched."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torchvision.ops import batched_nms
+
+from ssd.boxes import decode
+from ssd.validation import validate_predictions
+
+__all__ = ["postprocess"]
+
+
+def postprocess(
+    loc: Tensor,
+    logits: Tensor,
+    priors: Tensor,
+    score_threshold: float = 0.01,
+    iou_threshold: float = 0.45,
+    top_k: int = 200,
+    candidates_per_class: int = 400,
+    variances: tuple[float, float] = (0.1, 0.2),
+) -> list[dict[str, Tensor]]:
+    """Detections of a batch of head outputs.
+
+    Args:
+        loc: ``[B, P, 4]`` predicted offsets (see :func:`ssd.boxes.encode`).
+        logits: ``[B, P, K+1]`` class logits, index 0 is background.
+        priors: ``[P, 4]`` cxcywh normalized.
+        score_threshold: keep class scores strictly above it.
+        iou_threshold: NMS overlap threshold, applied per image and class.
+        top_k: detections kept per image (the highest scores).
+        candidates_per_class: highest-scoring boxes per image and class that enter NMS.
+        variances: encoding variances.
+
+    Returns:
+        One dict per image: ``boxes [N, 4]`` xyxy normalized and clipped to ``[0, 1]``, ``scores [N]``,
+        ``labels [N]`` int64 in ``0..K-1``; sorted by decreasing score, ``N <= top_k`` (``N = 0`` is fine).
+    """
+    num_classes = validate_predictions(loc, logits, priors)
+    batch, num_priors = logits.shape[:2]
+    scores = torch.softmax(logits, dim=-1)[..., 1:].transpose(1, 2)  # [B, K, P]
+    boxes = decode(loc, priors, variances).clamp_(0.0, 1.0)  # [B, P, 4]
+
+    # Per image and class: the best candidates (topk, then the threshold below: same set as the reverse order).
+    cand_scores, cand_prior = scores.topk(min(candidates_per_class, num_priors), dim=-1)  # [B, K, C]
+    per_class = cand_scores.shape[-1]
+    cand_scores, cand_prior = cand_scores.flatten(1), cand_prior.flatten(1)  # [B, K*C]
+    num_valid = (cand_scores > score_threshold).sum(dim=1)  # [B]
+
+    # Greedy NMS keeps or drops a box looking only at higher scores of its own image and class, so running it on
+    # the best `limit` candidates of each image is exact for them. Stop once every image has top_k survivors or
+    # no candidate left out; otherwise widen. Usually one round, with far fewer boxes than all candidates.
+    limit = min(2 * top_k, cand_scores.shape[1])
+    while True:
+        top_scores, top_slot = cand_scores.topk(limit, dim=1)  # [B, limit], by decreasing score
+        image, column = (top_scores > score_threshold).nonzero(as_tuple=True)
+        slot = top_slot[image, column]
+        label = slot // per_class
+        box = boxes[image, cand_prior[image, slot]]
+        score = top_scores[image, column]
+        keep = batched_nms(box, score, image * num_classes + label, iou_threshold)  # by decreasing score
+        counts = torch.bincount(image[keep], minlength=batch)
+        if limit == cand_scores.shape[1] or bool(((counts >= top_k) | (num_valid <= limit)).all()):
+            break
+        limit = min(4 * limit, cand_scores.shape[1])
+
+    # Group the survivors by image (stable, so still by score) and keep the first top_k of each.
+    keep = keep[torch.sort(image[keep], stable=True).indices]
+    kept_image = image[keep]
+    first = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(keep.numel(), device=keep.device) - first[kept_image]
+    keep = keep[rank < top_k]
+    sizes = counts.clamp(max=top_k).tolist()
+    return [
+        {"boxes": b, "scores": s, "labels": lab}
+        for b, s, lab in zip(box[keep].split(sizes), score[keep].split(sizes), label[keep].split(sizes))
+    ]
