@@ -1,0 +1,1 @@
+"""Datasets (VOC, COCO, YOLO), the ``ssd check`` doctor, SSD augmentation and the data loader."""

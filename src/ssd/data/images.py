@@ -1,0 +1,60 @@
+"""Image decoding: ``read_image`` (full decode) and ``image_size`` (cheap header read).
+
+Both honour the EXIF orientation tag, so sizes and pixels agree with what a viewer shows; every image becomes RGB
+(grayscale, RGBA and palette images are converted).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+from torch import Tensor
+from torchvision.io import ImageReadMode, decode_image
+
+__all__ = ["IMAGE_SUFFIXES", "read_image", "image_size", "is_image"]
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
+_EXIF_ORIENTATION = 0x0112
+_TRANSPOSED = (5, 6, 7, 8)  # orientations that swap width and height
+
+
+def is_image(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_SUFFIXES
+
+
+def read_image(path: str | Path) -> Tensor:
+    """Decode ``path`` to a ``uint8`` tensor ``[3, H, W]`` RGB, EXIF orientation applied.
+
+    Uses ``torchvision.io.decode_image`` and falls back to PIL for what it cannot read (e.g. some TIFF/GIF files).
+    Raises ``DataError`` naming the file when neither can decode it.
+    """
+    path = Path(path)
+    try:
+        return decode_image(str(path), mode=ImageReadMode.RGB, apply_exif_orientation=True)
+    except (RuntimeError, ValueError):
+        pass
+    try:
+        with Image.open(path) as im:
+            im = ImageOps.exif_transpose(im).convert("RGB")
+            return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).contiguous()
+    except (OSError, ValueError, SyntaxError) as e:
+        from ssd.data.records import DataError
+
+        raise DataError(f"cannot decode image {path}: {e}") from e
+
+
+def image_size(path: str | Path) -> tuple[int, int]:
+    """``(width, height)`` of the image as displayed (EXIF rotation applied), from the header only (no decode).
+
+    Raises ``OSError`` when the file is missing or not an image.
+    """
+    with Image.open(path) as im:
+        w, h = im.size
+        try:
+            orientation = im.getexif().get(_EXIF_ORIENTATION)
+        except Exception:  # malformed EXIF blocks: treat as no rotation, as decoders do
+            orientation = None
+    return (h, w) if orientation in _TRANSPOSED else (w, h)

@@ -1,0 +1,113 @@
+"""Parsed annotations: :class:`ObjectRecord`, :class:`ImageRecord`, :class:`DatasetSpec`, and :class:`Issue`.
+
+Every parser (VOC, COCO, YOLO) produces the same records. Boxes are pixel ``xyxy`` floats of the image as decoded
+(EXIF orientation applied), with continuous pixel edges: a box covering pixel columns 0..9 is ``x1=0, x2=10``.
+Parsers do not reject defective objects; they keep them (``label`` may be out of range, a box may be empty) so that
+:func:`ssd.data.check` can report every problem at its file and line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["ObjectRecord", "ImageRecord", "DatasetSpec", "Issue", "DataError"]
+
+
+class DataError(ValueError):
+    """A dataset cannot be read or used (the message names the file, the bad value and the rule)."""
+
+
+@dataclass
+class ObjectRecord:
+    """One annotated object.
+
+    Attributes:
+        box: pixel ``(x1, y1, x2, y2)`` of the decoded image.
+        label: class index ``0..K-1``; ``-1`` when the name is unknown to the class list (reported by ``check``).
+        name: class name as written in the annotation (or looked up from the label).
+        difficult: VOC ``difficult`` flag (left out of training by default, ignored in evaluation).
+        iscrowd: COCO ``iscrowd`` flag (an ignore region: never trained on, ignored in evaluation).
+        line: 1-based line in the annotation file (YOLO), 1-based object index (VOC), annotation id (COCO).
+        source: the annotation file.
+        where: human readable location, e.g. ``labels/a.txt:3``, ``a.xml object 2 (RBC)``, ``ann.json annotation id 7``.
+    """
+
+    box: tuple[float, float, float, float]
+    label: int
+    name: str
+    difficult: bool = False
+    iscrowd: bool = False
+    line: int = 0
+    source: Path | None = None
+    where: str = ""
+
+    @property
+    def ignore(self) -> bool:
+        """True for objects that evaluation ignores and training leaves out by default (difficult or crowd)."""
+        return self.difficult or self.iscrowd
+
+
+@dataclass
+class ImageRecord:
+    """One image and its objects. ``width``/``height`` are those of the decoded, EXIF-rotated image (None if unreadable)."""
+
+    path: Path
+    annotation: Path | None
+    objects: list[ObjectRecord] = field(default_factory=list)
+    width: int | None = None
+    height: int | None = None
+    image_id: str | int | None = None
+
+    def __post_init__(self) -> None:
+        if self.image_id is None:
+            self.image_id = self.path.stem
+
+
+@dataclass
+class Issue:
+    """A problem found in a dataset.
+
+    ``severity`` is ``"error"`` (training refuses the data) or ``"warning"``; ``code`` a stable short name
+    (``label_out_of_range``, ``zero_area``, ...); ``file``/``line`` where it is; ``image`` the image it affects and
+    ``object_index`` the object inside that image's record (``None`` when the whole image or file is affected).
+    """
+
+    severity: str
+    code: str
+    message: str
+    file: str = ""
+    line: int | None = None
+    split: str | None = None
+    image: Path | None = None
+    object_index: int | None = None
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["image"] = str(self.image) if self.image is not None else None
+        return d
+
+
+@dataclass
+class DatasetSpec:
+    """A parsed dataset: ``format`` is ``"voc"``, ``"coco"`` or ``"yolo"``; ``splits`` maps split names to records.
+
+    ``issues`` holds problems found while parsing (unparseable files, missing images); ``check`` adds the rest.
+    """
+
+    root: Path
+    format: str
+    class_names: list[str]
+    splits: dict[str, list[ImageRecord]]
+    issues: list[Issue] = field(default_factory=list)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def records(self, split: str) -> list[ImageRecord]:
+        """The records of ``split``; a clear error lists the available splits."""
+        if split not in self.splits:
+            raise DataError(f"dataset {self.root} has no split {split!r} (available: {', '.join(self.splits) or 'none'})")
+        return self.splits[split]

@@ -1,0 +1,169 @@
+"""Pascal VOC XML reader: the VOCdevkit layout and a flat folder of images with XML files beside them.
+
+Coordinates: VOC writes 1-based pixel indices; like the reference SSD implementations we subtract 1 from all four
+values, so ``xmin == xmax`` stays a zero-area box (reported by ``check``). Image sizes come from the image file
+(header read, EXIF applied), never from ``<size>`` (real files say 0 there, or hold a PNG named .jpg).
+
+Class names: ``classes.txt`` (one name per line) at the dataset root when present, else the sorted set of names in
+the annotations, unless the caller gives ``class_names``.
+"""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from ssd.data.images import image_size, is_image
+from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord
+
+__all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "CLASS_FILE"]
+
+CLASS_FILE = "classes.txt"
+_SPLIT_ALIASES = {"valid": "val", "validation": "val"}
+
+
+def find_voc_root(folder: Path) -> Path | None:
+    """The folder holding ``Annotations/`` (``folder`` itself, a child, or ``VOCdevkit/<child>``), else None."""
+    candidates = [folder] + sorted(p for p in folder.iterdir() if p.is_dir())
+    candidates += sorted(p for p in (folder / "VOCdevkit").glob("*") if p.is_dir())
+    for c in candidates:
+        if (c / "Annotations").is_dir():
+            return c
+    return None
+
+
+def _number(obj: ET.Element, tag: str) -> float:
+    text = obj.findtext(f"bndbox/{tag}")
+    if text is None:
+        raise ValueError(f"missing <bndbox><{tag}>")
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise ValueError(f"<{tag}> is {text.strip()!r}, not a number") from None
+
+
+def _flag(obj: ET.Element, tag: str) -> bool:
+    text = (obj.findtext(tag) or "0").strip().lower()
+    return text in ("1", "true", "yes")
+
+
+def parse_voc_xml(xml_path: Path, rel: str) -> tuple[list[ObjectRecord], list[Issue]]:
+    """Objects of one VOC XML file (labels left at -1, see :func:`assign_labels`) and the parse problems found."""
+    try:
+        root = ET.parse(xml_path).getroot()
+    except ET.ParseError as e:
+        line = e.position[0] if e.position else None
+        return [], [Issue("error", "parse_error", f"{rel}:{line}: XML does not parse ({e})", rel, line)]
+    except OSError as e:
+        return [], [Issue("error", "parse_error", f"{rel}: cannot read annotation ({e})", rel)]
+    objects, issues = [], []
+    for index, obj in enumerate(root.iter("object"), start=1):
+        name = (obj.findtext("name") or "").strip()
+        where = f"{rel} object {index} ({name or 'no name'})"
+        try:
+            x1, y1, x2, y2 = (_number(obj, t) - 1.0 for t in ("xmin", "ymin", "xmax", "ymax"))
+        except ValueError as e:
+            issues.append(Issue("error", "parse_error", f"{where}: {e} (VOC boxes need numeric xmin ymin xmax ymax)",
+                                rel, index))
+            continue
+        if not name:
+            issues.append(Issue("error", "parse_error", f"{where}: object has no <name>", rel, index))
+            continue
+        objects.append(ObjectRecord((x1, y1, x2, y2), -1, name, difficult=_flag(obj, "difficult"), line=index,
+                                    source=xml_path, where=where))
+    return objects, issues
+
+
+def assign_labels(records: list[ImageRecord], class_names: list[str]) -> None:
+    """Set each object's label from its name (``-1`` for names not in ``class_names``; ``check`` reports them)."""
+    index = {n: i for i, n in enumerate(class_names)}
+    for rec in records:
+        for obj in rec.objects:
+            obj.label = index.get(obj.name, -1)
+
+
+def _split_ids(voc_root: Path) -> dict[str, list[str]]:
+    main = voc_root / "ImageSets" / "Main"
+    splits = {}
+    for txt in sorted(main.glob("*.txt")) if main.is_dir() else []:
+        if "_" in txt.stem:  # per-class lists such as aeroplane_train.txt
+            continue
+        ids = [line.split()[0] for line in txt.read_text().splitlines() if line.strip()]
+        splits[_SPLIT_ALIASES.get(txt.stem, txt.stem)] = ids
+    return splits
+
+
+def _read_images(pairs: list[tuple[str, Path | None, Path]], root: Path, split: str,
+                 issues: list[Issue]) -> list[ImageRecord]:
+    """Records for (id, image path or None, xml path) triples; unreadable images become issues, not records."""
+    records = []
+    for image_id, image_path, xml_path in pairs:
+        rel_xml = _rel(xml_path, root)
+        if image_path is None or not image_path.is_file():
+            issues.append(Issue("error", "missing_image", f"{rel_xml}: no image found for id {image_id!r}", rel_xml,
+                                split=split))
+            continue
+        if not xml_path.is_file():
+            issues.append(Issue("error", "missing_annotation", f"{_rel(image_path, root)}: annotation {rel_xml} "
+                                "does not exist", rel_xml, split=split, image=image_path))
+            continue
+        try:
+            width, height = image_size(image_path)
+        except OSError as e:
+            rel = _rel(image_path, root)
+            issues.append(Issue("error", "corrupt_image", f"{rel}: cannot read image ({e})", rel, split=split,
+                                image=image_path))
+            continue
+        objects, found = parse_voc_xml(xml_path, rel_xml)
+        for issue in found:
+            issue.split, issue.image = split, image_path
+        issues.extend(found)
+        records.append(ImageRecord(image_path, xml_path, objects, width, height, image_id))
+    return records
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(path.relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def _class_names(root: Path, records: list[ImageRecord]) -> list[str]:
+    class_file = root / CLASS_FILE
+    if class_file.is_file():
+        return [line.strip() for line in class_file.read_text().splitlines() if line.strip()]
+    return sorted({o.name for r in records for o in r.objects})
+
+
+def read_voc(folder: Path) -> DatasetSpec:
+    """Read a VOCdevkit-style dataset or a flat folder of images + XML files (labels assigned from class names).
+
+    VOCdevkit: splits from ``ImageSets/Main/<split>.txt`` (``valid`` is renamed ``val``); without ImageSets every
+    XML is in split ``train``. Flat folder: subfolders ``train/``, ``val/``, ``test/`` become splits, else the
+    folder itself is split ``train``.
+    """
+    issues: list[Issue] = []
+    voc_root = find_voc_root(folder)
+    splits: dict[str, list[ImageRecord]] = {}
+    if voc_root is not None:
+        image_dir = voc_root / "JPEGImages"
+        images = {p.stem: p for p in image_dir.iterdir() if is_image(p)} if image_dir.is_dir() else {}
+        ids_per_split = _split_ids(voc_root) or {"train": sorted(p.stem for p in (voc_root / "Annotations").glob("*.xml"))}
+        for split, ids in ids_per_split.items():
+            pairs = [(i, images.get(i), voc_root / "Annotations" / f"{i}.xml") for i in ids]
+            splits[split] = _read_images(pairs, folder, split, issues)
+        names_root = voc_root if (voc_root / CLASS_FILE).is_file() else folder
+    else:
+        subdirs = {_SPLIT_ALIASES.get(p.name, p.name): p for p in sorted(folder.iterdir())
+                   if p.is_dir() and p.name in ("train", "val", "valid", "validation", "test")}
+        for split, d in (subdirs or {"train": folder}).items():
+            images = {p.stem: p for p in d.iterdir() if is_image(p)}
+            pairs = [(x.stem, images.get(x.stem), x) for x in sorted(d.glob("*.xml"))]
+            splits[split] = _read_images(pairs, folder, split, issues)
+        names_root = folder
+    all_records = [r for recs in splits.values() for r in recs]
+    names = _class_names(names_root, all_records)
+    assign_labels(all_records, names)
+    return DatasetSpec(folder, "voc", names, splits, issues)
