@@ -1,0 +1,189 @@
+"""One training configuration from the command line, a YAML file or Python: :class:`TrainConfig`.
+
+Every field is a command-line option of ``ssd train`` (``batch_size`` is ``--batch-size``) and a key of the YAML
+file; ``TrainConfig.update(**overrides)`` applies either and answers an unknown key with the closest valid names.
+Fields left at ``None`` are resolved per model by :meth:`TrainConfig.resolved` (optimizer, learning rate, weight
+decay), so the defaults suit both the small CPU model and the VGG/MobileNet configurations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+__all__ = ["TrainConfig", "ConfigError", "MODEL_DEFAULTS"]
+
+
+class ConfigError(ValueError):
+    """An unknown option or an invalid value (the message names the option, the value and the rule)."""
+
+
+# Optimizer defaults per model name: AdamW trains the small from-scratch CPU model quickly (see
+# shared/notes/cpu-training.md); the paper's SGD recipe suits the VGG and MobileNet configurations.
+MODEL_DEFAULTS: dict[str, dict[str, typing.Any]] = {
+    "ssd_tiny": {"optimizer": "adamw", "lr": 3e-3, "weight_decay": 0.01},
+}
+OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
+    "sgd": {"lr": 1e-3, "weight_decay": 5e-4},
+    "adamw": {"lr": 1e-3, "weight_decay": 0.01},
+}
+
+
+def _help(text: str, **kwargs) -> typing.Any:
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything a training run needs; written to ``config.yaml`` in the run directory to reproduce it."""
+
+    data: str | None = _help("data.yaml (YOLO), dataset folder (VOC/YOLO) or COCO JSON", default=None)
+    model: str = _help("model name (see ssd.models.list_models())", default="ssdlite320_mobilenet_v3_large")
+    epochs: int = _help("number of training epochs", default=50)
+    batch_size: int = _help("images per batch (per process under torchrun)", default=16)
+    optimizer: Literal["sgd", "adamw"] | None = _help("sgd or adamw (default: per model)", default=None)
+    lr: float | None = _help("peak learning rate (default: per model and optimizer)", default=None)
+    momentum: float = _help("SGD momentum / AdamW beta1", default=0.9)
+    weight_decay: float | None = _help("weight decay, not applied to norms and biases (default: per optimizer)",
+                                       default=None)
+    warmup_epochs: float = _help("linear warmup length in epochs", default=1.0)
+    warmup_iters: int | None = _help("linear warmup length in iterations (wins over --warmup-epochs)", default=None)
+    scheduler: Literal["cosine", "multistep"] = _help("decay after warmup", default="cosine")
+    milestones: list[int] = _help("multistep: epochs where the lr is multiplied by --gamma "
+                                  "(default: 2/3 and 8/9 of the epochs)", default_factory=list)
+    gamma: float = _help("multistep decay factor", default=0.1)
+    final_lr_ratio: float = _help("cosine: final lr as a fraction of the peak", default=0.01)
+    grad_clip: float = _help("max gradient norm (0 disables clipping)", default=10.0)
+    device: str = _help("cpu, cuda, cuda:N or auto", default="auto")
+    amp: bool = _help("mixed precision on CUDA (bf16 where supported, else fp16 with a gradient scaler)", default=False)
+    channels_last: bool | None = _help("channels_last memory format (default: as the model configuration says)",
+                                       default=None)
+    compile: bool = _help("torch.compile the model", default=False)
+    workers: int = _help("data loading worker processes", default=2)
+    seed: int = _help("random seed (data order, augmentation, initialization)", default=0)
+    image_size: int | None = _help("network input size (default: the model's)", default=None)
+    augment: bool = _help("SSD training augmentation (photometric, zoom out, crop, flip)", default=True)
+    skip_invalid: bool = _help("drop invalid objects/images (reported) instead of refusing the data", default=False)
+    skip_nonfinite: bool = _help("skip and count steps with a non-finite loss instead of stopping", default=False)
+    val_interval: int = _help("validate every N epochs (and always after the last)", default=1)
+    metric: Literal["voc07", "voc", "coco"] = _help("validation metric: voc07 11-point, voc area, coco", default="voc07")
+    score_threshold: float = _help("validation score threshold", default=0.01)
+    iou_threshold: float = _help("validation NMS IoU threshold", default=0.45)
+    project: str = _help("parent folder of run directories", default="runs")
+    name: str = _help("run directory name (auto-incremented: exp, exp2, ...)", default="exp")
+    exist_ok: bool = _help("reuse runs/<name> instead of incrementing", default=False)
+    resume: str | None = _help("run directory or last.pt to continue", default=None)
+    weights: str | None = _help("SSD checkpoint to start from (class heads re-initialized if classes differ)",
+                                default=None)
+    backbone_weights: str | None = _help("local torchvision backbone state dict (.pth)", default=None)
+    sync_bn: bool = _help("SyncBatchNorm under torchrun", default=False)
+    quiet: bool = _help("no progress bars, one line per epoch", default=False)
+    num_plot_images: int = _help("validation images drawn with predictions", default=4)
+
+    def __post_init__(self) -> None:
+        self._check()
+
+    # ----------------------------------------------------------------------------------------------- building
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    def update(self, **overrides: typing.Any) -> TrainConfig:
+        """A copy with ``overrides`` applied; an unknown key raises :class:`ConfigError` naming the closest fields."""
+        _reject_unknown(overrides, "option")
+        return dataclasses.replace(self, **{k: _coerce(k, v) for k, v in overrides.items()})
+
+    @classmethod
+    def from_dict(cls, values: dict[str, typing.Any], source: str = "option") -> TrainConfig:
+        _reject_unknown(values, source)
+        return cls(**{k: _coerce(k, v) for k, v in values.items()})
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> TrainConfig:
+        """Read a YAML mapping of fields (as written by :meth:`to_yaml`)."""
+        path = Path(path)
+        try:
+            values = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML ({e})") from None
+        if not isinstance(values, dict):
+            raise ConfigError(f"{path}: expected a mapping of option: value, got {type(values).__name__}")
+        return cls.from_dict(values, source=f"key in {path}")
+
+    def to_dict(self) -> dict[str, typing.Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        """The YAML text of every field; also written to ``path`` when given."""
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    def resolved(self) -> TrainConfig:
+        """A copy with the per-model defaults filled in (optimizer, lr, weight decay, multistep milestones)."""
+        model_defaults = MODEL_DEFAULTS.get(self.model, {})
+        optimizer = self.optimizer or model_defaults.get("optimizer", "sgd")
+        from_model = model_defaults if model_defaults.get("optimizer", optimizer) == optimizer else {}
+        defaults = {**OPTIMIZER_DEFAULTS[optimizer], **{k: v for k, v in from_model.items() if k != "optimizer"}}
+        milestones = self.milestones
+        if self.scheduler == "multistep" and not milestones:
+            milestones = sorted({max(1, round(self.epochs * 2 / 3)), max(1, round(self.epochs * 8 / 9))})
+        return dataclasses.replace(
+            self,
+            optimizer=optimizer,
+            lr=self.lr if self.lr is not None else defaults["lr"],
+            weight_decay=self.weight_decay if self.weight_decay is not None else defaults["weight_decay"],
+            milestones=list(milestones),
+        )
+
+    # --------------------------------------------------------------------------------------------- checking
+    def _check(self) -> None:
+        positive = ("epochs", "batch_size", "val_interval")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} is invalid: must be at least 1")
+        for name in ("momentum", "warmup_epochs", "grad_clip", "gamma", "final_lr_ratio", "workers",
+                     "num_plot_images"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)} is invalid: must be >= 0")
+        if self.lr is not None and not self.lr > 0:
+            raise ConfigError(f"lr={self.lr} is invalid: must be > 0")
+        if self.weight_decay is not None and self.weight_decay < 0:
+            raise ConfigError(f"weight_decay={self.weight_decay} is invalid: must be >= 0")
+        if self.image_size is not None and self.image_size < 32:
+            raise ConfigError(f"image_size={self.image_size} is invalid: must be at least 32")
+        for name, choices in _CHOICES.items():
+            value = getattr(self, name)
+            if value is not None and value not in choices:
+                raise ConfigError(f"{name}={value!r} is invalid: choose one of {', '.join(choices)}")
+        if any(m < 1 for m in self.milestones) or list(self.milestones) != sorted(self.milestones):
+            raise ConfigError(f"milestones={self.milestones} is invalid: must be increasing epochs >= 1")
+
+
+_CHOICES = {name: typing.get_args(typing.get_args(hint)[0] if typing.get_origin(hint) is not Literal else hint)
+            for name, hint in typing.get_type_hints(TrainConfig).items() if "Literal" in str(hint)}
+
+
+def _reject_unknown(values: dict[str, typing.Any], what: str) -> None:
+    valid = TrainConfig.field_names()
+    for key in values:
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), valid, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else f"; valid: {', '.join(valid)}"
+            raise ConfigError(f"unknown {what} {key!r}{hint}")
+
+
+def _coerce(name: str, value: typing.Any) -> typing.Any:
+    """Paths become strings (so the config stays YAML-able); a tuple of milestones becomes a list."""
+    if isinstance(value, Path):
+        return str(value)
+    if name == "milestones" and value is not None:
+        return [int(v) for v in value]
+    return value
