@@ -40,11 +40,10 @@ def postprocess(
     """
     num_classes = validate_predictions(loc, logits, priors)
     batch, num_priors = logits.shape[:2]
-    scores = torch.softmax(logits, dim=-1)[..., 1:].transpose(1, 2)  # [B, K, P]
-    boxes = decode(loc, priors, variances).clamp_(0.0, 1.0)  # [B, P, 4]
-
     # Per image and class: the best candidates (topk, then the threshold below: same set as the reverse order).
+    scores = _object_scores(logits)  # [B, K, P]
     cand_scores, cand_prior = scores.topk(min(candidates_per_class, num_priors), dim=-1)  # [B, K, C]
+    del scores
     per_class = cand_scores.shape[-1]
     cand_scores, cand_prior = cand_scores.flatten(1), cand_prior.flatten(1)  # [B, K*C]
     num_valid = (cand_scores > score_threshold).sum(dim=1)  # [B]
@@ -58,7 +57,8 @@ def postprocess(
         image, column = (top_scores > score_threshold).nonzero(as_tuple=True)
         slot = top_slot[image, column]
         label = slot // per_class
-        box = boxes[image, cand_prior[image, slot]]
+        prior = cand_prior[image, slot]
+        box = decode(loc[image, prior], priors[prior], variances).clamp_(0.0, 1.0)  # only the candidates
         score = top_scores[image, column]
         keep = batched_nms(box, score, image * num_classes + label, iou_threshold)  # by decreasing score
         counts = torch.bincount(image[keep], minlength=batch)
@@ -77,3 +77,18 @@ def postprocess(
         {"boxes": b, "scores": s, "labels": lab}
         for b, s, lab in zip(box[keep].split(sizes), score[keep].split(sizes), label[keep].split(sizes))
     ]
+
+
+def _object_scores(logits: Tensor) -> Tensor:
+    """Softmax probabilities of the object classes, ``[B, P, K+1]`` logits -> contiguous ``[B, K, P]``.
+
+    Written into one buffer (no softmax copy plus a transposed copy, which ``topk`` over priors would need).
+    """
+    batch, num_priors, channels = logits.shape
+    largest = logits.amax(dim=-1)  # [B, P]
+    scores = logits.new_empty(batch, channels - 1, num_priors)
+    torch.sub(logits[..., 1:].transpose(1, 2), largest.unsqueeze(1), out=scores).exp_()
+    total = torch.sub(logits[..., 0], largest).exp_()  # softmax denominator [B, P]: background + objects
+    del largest
+    total += scores.sum(dim=1)
+    return scores.div_(total.unsqueeze(1))
