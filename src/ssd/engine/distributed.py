@@ -1,0 +1,122 @@
+"""DistributedDataParallel helpers for runs launched by ``torchrun`` (env ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``).
+
+Without those variables every helper degrades to the single-process behaviour, so the trainer has one code path.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["DistInfo", "setup", "cleanup", "resolve_device", "broadcast_object", "all_gather_objects",
+           "any_true", "barrier", "unwrap"]
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: ``rank`` of ``world_size`` processes, ``local_rank`` on its node."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        """Only the main process writes files, prints progress bars and logs."""
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls) -> DistInfo:
+        env = os.environ
+        return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
+
+
+def resolve_device(name: str, info: DistInfo = DistInfo()) -> torch.device:
+    """``"auto"`` -> CUDA when available else CPU; ``"cuda"`` under torchrun -> ``cuda:LOCAL_RANK``."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={name!r} was requested but CUDA is not available here (use cpu or auto)")
+        if device.index is None:
+            device = torch.device("cuda", info.local_rank if info.enabled else torch.cuda.current_device())
+        torch.cuda.set_device(device)
+    return device
+
+
+def setup(device_name: str) -> tuple[DistInfo, torch.device, bool]:
+    """Read the torchrun environment, pick the device and join the process group (gloo on CPU, nccl on CUDA).
+
+    Returns ``(info, device, created)``; ``created`` says this call initialized the group (so :func:`cleanup`
+    should destroy it).
+    """
+    info = DistInfo.from_env()
+    device = resolve_device(device_name, info)
+    created = False
+    if info.enabled and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=info.rank,
+                                world_size=info.world_size)
+        created = True
+    return info, device, created
+
+
+def cleanup(created: bool) -> None:
+    if created and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """``obj`` of rank ``src`` on every rank (picklable objects)."""
+    if not _active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    """One entry per rank, in rank order (``[obj]`` without a process group)."""
+    if not _active():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def any_true(flag: bool, device: torch.device) -> bool:
+    """True on every rank when ``flag`` is true on any rank (keeps ranks in step when one must skip a step)."""
+    if not _active():
+        return flag
+    t = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def barrier() -> None:
+    if _active():
+        dist.barrier()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DDP and/or ``torch.compile`` wrappers."""
+    while True:
+        if isinstance(model, nn.parallel.DistributedDataParallel):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
