@@ -10,7 +10,6 @@ the annotations, unless the caller gives ``class_names``.
 
 from __future__ import annotations
 
-import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
 

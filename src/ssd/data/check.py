@@ -1,0 +1,327 @@
+"""The ``ssd check`` doctor: every problem of a dataset, at its file and line, before training.
+
+``check(data, priors=None)`` returns a :class:`CheckReport`; ``validate_spec(spec, skip_invalid)`` applies the same
+rules for training/evaluation: it raises :class:`DataError` with the same messages, or with ``skip_invalid=True``
+drops the offending objects/images and says how many and which.
+
+Rules (errors refuse the data, warnings don't): unparseable annotation files, missing/corrupt images, labels outside
+``0..K-1``, unknown class names, non-finite / inverted / zero-area boxes, boxes entirely outside the image (errors);
+boxes extending past the border (clipped), boxes under 2 px, near-duplicate boxes (same class, IoU > 0.9), images
+without objects (warnings). With ``priors`` it adds default-box coverage (see :func:`prior_coverage`).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from torchvision.ops import box_convert, box_iou
+
+from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue
+from ssd.data.spec import closest_names, load_dataset
+
+__all__ = ["CheckReport", "check", "find_issues", "validate_spec", "prior_coverage", "SIZE_BUCKETS"]
+
+TINY_PIXELS = 2.0
+"""Boxes narrower or shorter than this (pixels, after clipping) get a warning."""
+DUPLICATE_IOU = 0.9
+BORDER_TOLERANCE = 1.0
+"""Pixels a box may extend past the image border before a warning."""
+SIZE_BUCKETS = (("small", 0.0, 0.1), ("medium", 0.1, 0.3), ("large", 0.3, math.inf))
+"""Object size buckets by ``sqrt(w * h)`` relative to the image (both normalized)."""
+ASPECT_BUCKETS = (("tall", 0.0, 1 / 3), ("regular", 1 / 3, 3.0), ("wide", 3.0, math.inf))
+"""Aspect buckets by ``w / h`` of the box after the model's plain resize to a square (normalized w / h)."""
+_SHOWN_PER_CODE = 20
+
+
+@dataclass
+class CheckReport:
+    """Result of :func:`check`. ``issues`` holds errors and warnings; ``stats`` per-split / per-class counts;
+    ``coverage`` the default-box coverage (or None); ``dropped`` what ``validate_spec(skip_invalid=True)`` removed."""
+
+    dataset: str
+    format: str
+    class_names: list[str]
+    stats: dict[str, dict] = field(default_factory=dict)
+    issues: list[Issue] = field(default_factory=list)
+    coverage: dict | None = None
+    dropped: dict | None = None
+
+    @property
+    def errors(self) -> list[Issue]:
+        return [i for i in self.issues if i.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Issue]:
+        return [i for i in self.issues if i.severity == "warning"]
+
+    @property
+    def ok(self) -> bool:
+        """True when there is no error (warnings do not fail)."""
+        return not self.errors
+
+    def to_dict(self) -> dict:
+        """JSON-serializable form (what ``ssd check --json`` prints)."""
+        return {"dataset": self.dataset, "format": self.format, "class_names": self.class_names,
+                "num_classes": len(self.class_names), "ok": self.ok, "stats": self.stats,
+                "errors": [i.to_dict() for i in self.errors], "warnings": [i.to_dict() for i in self.warnings],
+                "coverage": self.coverage, "dropped": self.dropped}
+
+    def format_table(self) -> str:
+        """Readable plain-text report: counts per split and class, problems grouped by kind, coverage, verdict."""
+        lines = [f"dataset: {self.dataset} ({self.format}, {len(self.class_names)} classes: "
+                 f"{', '.join(self.class_names)})", ""]
+        header = ["split", "images", "objects", "no objects", *self.class_names]
+        rows = [[s, st["images"], st["objects"], st["images_without_objects"],
+                 *(st["objects_per_class"].get(n, 0) for n in self.class_names)] for s, st in self.stats.items()]
+        lines += _table(header, rows) + [""]
+        for title, issues in (("errors", self.errors), ("warnings", self.warnings)):
+            if not issues:
+                continue
+            lines.append(f"{title} ({len(issues)}):")
+            by_code: dict[str, list[Issue]] = {}
+            for issue in issues:
+                by_code.setdefault(issue.code, []).append(issue)
+            for code, group in by_code.items():
+                lines.append(f"  {code} ({len(group)}):")
+                lines += [f"    {i.message}" for i in group[:_SHOWN_PER_CODE]]
+                if len(group) > _SHOWN_PER_CODE:
+                    lines.append(f"    ... and {len(group) - _SHOWN_PER_CODE} more (see --json)")
+            lines.append("")
+        if self.coverage:
+            cov = self.coverage
+            lines.append(f"default-box coverage (share of boxes whose best default box has IoU >= "
+                         f"{cov['iou_threshold']}): {cov['covered']:.1%} of {cov['boxes']} boxes")
+            rows = [[b["name"], b["boxes"], f"{b['covered']:.1%}" if b["boxes"] else "-", f"{b['median_iou']:.2f}"
+                     if b["boxes"] else "-"] for b in cov["by_size"] + cov["by_aspect"]]
+            lines += ["  " + r for r in _table(["bucket", "boxes", "covered", "median IoU"], rows)]
+            if cov["worst"]:
+                lines.append("  worst covered: " + "; ".join(f"{w['name']} ({w['covered']:.0%} of {w['boxes']})"
+                                                             for w in cov["worst"]))
+            lines.append("")
+        if self.dropped:
+            lines.append(f"skipped as invalid: {self.dropped['objects']} objects, {self.dropped['images']} images")
+        lines.append("OK: no errors" if self.ok else f"FAILED: {len(self.errors)} errors (fix them, or train with "
+                     "skip_invalid=true to drop the offending objects/images)")
+        return "\n".join(lines)
+
+
+def _table(header: list, rows: list[list]) -> list[str]:
+    cells = [[str(c) for c in r] for r in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return str(path)
+
+
+def _box_text(box) -> str:
+    return "(" + ", ".join(f"{v:g}" for v in box) + ")"
+
+
+def _object_issues(rec: ImageRecord, split: str, names: list[str]) -> list[Issue]:
+    """Per-object rules for one image, plus near-duplicates (same label, IoU > 0.9)."""
+    issues = []
+    k = len(names)
+    w, h = rec.width or 0, rec.height or 0
+    valid: list[int] = []
+    for idx, obj in enumerate(rec.objects):
+        def add(severity: str, code: str, text: str) -> None:
+            issues.append(Issue(severity, code, f"{obj.where}: {text}", str(obj.source or rec.path), obj.line,
+                                split, rec.path, idx))
+
+        x1, y1, x2, y2 = obj.box
+        if obj.label == -1 and obj.name not in names:
+            close = closest_names(obj.name, names)
+            add("error", "unknown_class", f"unknown class name {obj.name!r}"
+                + (f" (closest: {', '.join(map(repr, close))})" if close else "") + f"; known names: {names}")
+        elif not 0 <= obj.label < k:
+            hint = "; the background class is added internally, do not count it"
+            add("error", "label_out_of_range", f"label {obj.label} is out of range for {k} classes {names} "
+                f"(labels must be 0..{k - 1}{hint})")
+        elif not all(math.isfinite(v) for v in obj.box):
+            add("error", "non_finite", f"box {_box_text(obj.box)} is not finite (coordinates must be numbers)")
+        elif x2 < x1 or y2 < y1:
+            add("error", "inverted", f"box {_box_text(obj.box)} is inverted (boxes need x2 > x1 and y2 > y1)")
+        elif x2 == x1 or y2 == y1:
+            add("error", "zero_area", f"box {_box_text(obj.box)} has zero area (width {x2 - x1:g}, height "
+                f"{y2 - y1:g}; boxes need x2 > x1 and y2 > y1)")
+        elif x2 <= 0 or y2 <= 0 or x1 >= w or y1 >= h:
+            add("error", "outside_image", f"box {_box_text(obj.box)} lies outside the {w}x{h} image")
+        else:
+            if x1 < -BORDER_TOLERANCE or y1 < -BORDER_TOLERANCE or x2 > w + BORDER_TOLERANCE or y2 > h + BORDER_TOLERANCE:
+                add("warning", "beyond_border", f"box {_box_text(obj.box)} extends past the {w}x{h} image "
+                    "(clipped to the image when used)")
+            cw, ch = min(x2, w) - max(x1, 0), min(y2, h) - max(y1, 0)
+            if cw < TINY_PIXELS or ch < TINY_PIXELS:
+                add("warning", "tiny_box", f"box {_box_text(obj.box)} is only {cw:g}x{ch:g} px (under "
+                    f"{TINY_PIXELS:g} px; probably a stray click)")
+            valid.append(idx)
+    if len(valid) > 1:
+        boxes = torch.tensor([rec.objects[i].box for i in valid], dtype=torch.float64)
+        labels = torch.tensor([rec.objects[i].label for i in valid])
+        iou = box_iou(boxes, boxes).triu(diagonal=1)
+        pairs = ((iou > DUPLICATE_IOU) & (labels[:, None] == labels[None, :])).nonzero().tolist()
+        for a, b in pairs:
+            first, second = rec.objects[valid[a]], rec.objects[valid[b]]
+            issues.append(Issue("warning", "duplicate_box", f"{second.where}: box {_box_text(second.box)} nearly "
+                                f"duplicates {first.where} {_box_text(first.box)} (same class, IoU "
+                                f"{float(iou[a, b]):.2f} > {DUPLICATE_IOU})", str(second.source or rec.path),
+                                second.line, split, rec.path, valid[b]))
+    return issues
+
+
+def find_issues(spec: DatasetSpec) -> list[Issue]:
+    """All problems of ``spec``: those found while parsing plus the per-object and per-image rules."""
+    issues = list(spec.issues)
+    failed = {i.image for i in spec.issues if i.severity == "error"}
+    seen: set[Path] = set()
+    for split, records in spec.splits.items():
+        for rec in records:
+            if rec.path in seen:  # the same image in two splits (e.g. VOC trainval) is reported once
+                continue
+            seen.add(rec.path)
+            issues += _object_issues(rec, split, spec.class_names)
+            if not rec.objects and rec.path not in failed:
+                where = _relative(rec.annotation or rec.path, spec.root)
+                issues.append(Issue("warning", "no_objects", f"{where}: image without objects (kept as a "
+                                    "background-only image)", where, split=split, image=rec.path))
+    return issues
+
+
+def _stats(spec: DatasetSpec) -> dict[str, dict]:
+    stats = {}
+    for split, records in spec.splits.items():
+        per_class: dict[str, int] = {}
+        images_per_class: dict[str, int] = {}
+        for rec in records:
+            for name in {o.name for o in rec.objects}:
+                images_per_class[name] = images_per_class.get(name, 0) + 1
+            for obj in rec.objects:
+                per_class[obj.name] = per_class.get(obj.name, 0) + 1
+        stats[split] = {"images": len(records), "objects": sum(len(r.objects) for r in records),
+                        "images_without_objects": sum(not r.objects for r in records),
+                        "difficult_or_crowd": sum(o.ignore for r in records for o in r.objects),
+                        "objects_per_class": per_class, "images_per_class": images_per_class}
+    return stats
+
+
+def prior_coverage(spec: DatasetSpec, priors: Tensor, iou_threshold: float = 0.5, exclude: set | None = None) -> dict:
+    """Share of ground-truth boxes whose best default box reaches ``iou_threshold``, by size and aspect bucket.
+
+    Args:
+        priors: ``[P, 4]`` ``(cx, cy, w, h)`` normalized (``model.priors``).
+        exclude: ``(image path, object index)`` pairs to leave out (the invalid objects).
+
+    Each box is normalized by its image size, as the model's plain resize to a square input does. Returns a dict
+    with ``boxes``, ``covered`` (share), ``by_size`` / ``by_aspect`` (name, boxes, covered, median_iou) and ``worst``
+    (the size x aspect combinations with the lowest share, at least 5 boxes and under 90% covered).
+    """
+    exclude = exclude or set()
+    seen, rows = set(), []
+    for records in spec.splits.values():
+        for rec in records:
+            if rec.path in seen or not rec.width or not rec.height:
+                continue
+            seen.add(rec.path)
+            rows += [[o.box[0] / rec.width, o.box[1] / rec.height, o.box[2] / rec.width, o.box[3] / rec.height]
+                     for i, o in enumerate(rec.objects) if (rec.path, i) not in exclude]
+    boxes = torch.tensor(rows, dtype=torch.float32).reshape(-1, 4).clamp(0, 1)
+    prior_xyxy = box_convert(priors.detach().float().cpu(), "cxcywh", "xyxy")
+    best = torch.cat([box_iou(chunk, prior_xyxy).amax(dim=1) for chunk in boxes.split(2048)]) if len(boxes) else \
+        torch.zeros(0)
+    w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    size, aspect = (w * h).sqrt(), w / h.clamp_min(1e-9)
+    covered = best >= iou_threshold
+
+    def summary(name: str, mask: Tensor) -> dict:
+        n = int(mask.sum())
+        return {"name": name, "boxes": n, "covered": float(covered[mask].float().mean()) if n else 0.0,
+                "median_iou": float(best[mask].median()) if n else 0.0}
+
+    in_size = {n: (size >= lo) & (size < hi) for n, lo, hi in SIZE_BUCKETS}
+    in_aspect = {n: (aspect >= lo) & (aspect < hi) for n, lo, hi in ASPECT_BUCKETS}
+    combos = [summary(f"{s} {a}", in_size[s] & in_aspect[a]) for s in in_size for a in in_aspect]
+    worst = sorted((c for c in combos if c["boxes"] >= 5 and c["covered"] < 0.9), key=lambda c: c["covered"])[:3]
+    return {"iou_threshold": iou_threshold, "boxes": len(boxes),
+            "covered": float(covered.float().mean()) if len(boxes) else 0.0,
+            "by_size": [summary(n, m) for n, m in in_size.items()],
+            "by_aspect": [summary(n, m) for n, m in in_aspect.items()], "worst": worst}
+
+
+def _invalid(issues: list[Issue]) -> tuple[set, set]:
+    """(image paths to drop, (image path, object index) pairs to drop) for the error issues."""
+    images = {i.image for i in issues if i.severity == "error" and i.object_index is None and i.image is not None}
+    objects = {(i.image, i.object_index) for i in issues if i.severity == "error" and i.object_index is not None}
+    return images, objects
+
+
+def check(data: str | Path | DatasetSpec, priors: Tensor | None = None, *, split: str | None = None,
+          class_names: list[str] | None = None, iou_threshold: float = 0.5) -> CheckReport:
+    """Check a dataset (a data description or a loaded :class:`DatasetSpec`); never raises for bad data.
+
+    ``priors`` (``[P, 4]`` cx, cy, w, h normalized, e.g. ``build_model(name).priors``) adds default-box coverage.
+    """
+    if isinstance(data, DatasetSpec):
+        spec = data
+    else:
+        try:
+            spec = load_dataset(data, split=split, class_names=class_names)
+        except DataError as e:
+            return CheckReport(str(data), "unknown", list(class_names or []), issues=[
+                Issue("error", "unreadable_dataset", str(e), str(data))])
+    issues = find_issues(spec)
+    report = CheckReport(str(spec.root), spec.format, list(spec.class_names), _stats(spec), issues)
+    if priors is not None:
+        report.coverage = prior_coverage(spec, priors, iou_threshold, exclude=_invalid(issues)[1])
+        if report.coverage["worst"]:
+            worst = "; ".join(f"{w['name']} objects ({w['covered']:.0%} of {w['boxes']})"
+                              for w in report.coverage["worst"])
+            report.issues.append(Issue("warning", "low_prior_coverage", f"{report.coverage['covered']:.0%} of the "
+                                       f"boxes reach IoU {iou_threshold} with a default box; worst covered: {worst} "
+                                       "(too small or too elongated for the default boxes: consider a larger "
+                                       "image size or a model with finer default boxes)", str(spec.root)))
+    return report
+
+
+def validate_spec(spec: DatasetSpec, skip_invalid: bool = False, max_listed: int = 10) -> tuple[DatasetSpec, CheckReport]:
+    """Apply the check rules before training/evaluation.
+
+    Without ``skip_invalid`` a dataset with errors raises :class:`DataError` listing the first ``max_listed``
+    problems (the same messages as ``ssd check``). With it, the offending objects and images are dropped from a copy
+    of ``spec``; ``report.dropped`` says how many and which. Returns ``(clean spec, report)``.
+    """
+    report = check(spec)
+    if report.ok:
+        return spec, report
+    errors = report.errors
+    if not skip_invalid:
+        listed = "\n  ".join(i.message for i in errors[:max_listed])
+        more = f"\n  ... and {len(errors) - max_listed} more" if len(errors) > max_listed else ""
+        raise DataError(f"{len(errors)} problems in dataset {spec.root} (run `ssd check` for the full report, or "
+                        f"set skip_invalid=true to drop them):\n  {listed}{more}")
+    bad_images, bad_objects = _invalid(errors)
+    clean = copy.copy(spec)
+    clean.splits, dropped_objects = {}, []
+    for split, records in spec.splits.items():
+        kept = []
+        for rec in records:
+            if rec.path in bad_images:
+                continue
+            objects = [o for i, o in enumerate(rec.objects) if (rec.path, i) not in bad_objects]
+            dropped_objects += [o.where for i, o in enumerate(rec.objects) if (rec.path, i) in bad_objects]
+            kept.append(copy.copy(rec) if len(objects) == len(rec.objects) else
+                        ImageRecord(rec.path, rec.annotation, objects, rec.width, rec.height, rec.image_id))
+        clean.splits[split] = kept
+    dropped_images = sorted(str(p) for p in bad_images)
+    report.dropped = {"objects": len(dropped_objects), "images": len(dropped_images),
+                      "object_locations": dropped_objects, "image_paths": dropped_images}
+    return clean, report
