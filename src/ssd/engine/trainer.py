@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from ssd.checkpoint import load_checkpoint, save_checkpoint
 from ssd.config import ConfigError, TrainConfig
-from ssd.data import DetectionDataset, collate, load_dataset
+from ssd.data import DetectionDataset, collate, load_dataset, validate_spec
 from ssd.data.records import DataError
 from ssd.engine import distributed as ddp
 from ssd.engine.evaluator import evaluate_detections, predict_dataset
@@ -53,13 +53,15 @@ class NonFiniteLossError(ValueError):
 
 @dataclass
 class TrainResult:
-    """What :func:`train` returns. ``metrics`` are those of the last validation; ``model`` is the trained model
-    (unwrapped, on the training device)."""
+    """What :func:`train` returns. ``metrics`` are those of the last validation, ``history`` the rows of
+    ``results.csv``, ``step_losses`` the loss of every step this process ran (not those before a resume);
+    ``model`` is the trained model (unwrapped, on the training device)."""
 
     run_dir: Path | None
     best_map: float
     metrics: dict[str, Any]
-    epochs: int
+    history: list[dict[str, Any]]
+    step_losses: list[float] = field(default_factory=list, repr=False)
     nonfinite_skipped: int = 0
     model: nn.Module | None = field(default=None, repr=False)
 
@@ -170,23 +172,16 @@ class LRSchedule:
 
 
 # -------------------------------------------------------------------------------------------------------- data
-def load_checked(data: str | Path, skip_invalid: bool, *, class_names: list[str] | None = None,
-                 log=print):
-    """Load a dataset and run the ``ssd check`` rules; refuse it with the check's messages unless ``skip_invalid``,
-    in which case the offending objects/images are dropped and reported."""
-    from ssd.data import check, drop_invalid
-
+def load_checked(data: str | Path | None, skip_invalid: bool, *, class_names: list[str] | None = None, log=print):
+    """Load a dataset and apply the ``ssd check`` rules (:func:`ssd.data.validate_spec`): bad data is refused with
+    the check's messages, or with ``skip_invalid`` the offending objects/images are dropped and reported."""
     if data is None:
         raise ConfigError("no dataset given: set data (--data DATA: a data.yaml, dataset folder or COCO JSON)")
-    spec = load_dataset(data, class_names=class_names)
-    report = check(spec)
-    if report.errors:
-        if not skip_invalid:
-            lines = "\n".join(f"  {issue.message}" for issue in report.errors)
-            raise DataError(f"{data}: {len(report.errors)} problem(s) must be fixed before training "
-                            f"(or set skip_invalid to drop them):\n{lines}")
-        spec, dropped = drop_invalid(spec, report)
-        log(f"skip_invalid: dropped {dropped}")
+    spec, report = validate_spec(load_dataset(data, class_names=class_names), skip_invalid=skip_invalid)
+    dropped = report.dropped
+    if dropped:
+        log(f"skip_invalid: dropped {dropped['objects']} object(s) and {dropped['images']} image(s): "
+            f"{', '.join(dropped['object_locations'][:5] + dropped['image_paths'][:5])}")
     return spec
 
 
@@ -318,6 +313,7 @@ class _Trainer:
 
         self.start_epoch, self.best_map, self.history, self.nonfinite = 0, -1.0, [], 0
         self.metrics: dict[str, Any] = {}
+        self.step_losses: list[float] = []
         if self.resume_state is not None:
             self._restore(self.resume_state)
         self.net: nn.Module = self.model
@@ -389,7 +385,8 @@ class _Trainer:
             ddp.barrier()
         if main:
             self._finish()
-        return TrainResult(self.run_dir, self.best_map, self.metrics, config.epochs, self.nonfinite, self.model)
+        return TrainResult(self.run_dir, self.best_map, self.metrics, self.history, self.step_losses, self.nonfinite,
+                           self.model)
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         config, loader = self.config, self.train_loader
@@ -420,7 +417,9 @@ class _Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.scheduler.step()
-            totals += torch.tensor([loss.item(), loc_loss.item(), cls_loss.item()], dtype=torch.float64)
+            values = [loss.item(), loc_loss.item(), cls_loss.item()]
+            totals += torch.tensor(values, dtype=torch.float64)
+            self.step_losses.append(values[0])
             steps += 1
             if bar.disable:
                 continue

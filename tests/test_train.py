@@ -1,0 +1,188 @@
+"""Training: config, schedule, run directory, a 2-epoch run, resume equality, non-finite loss, YOLO seed scenario,
+``evaluate`` agreeing with the end of training."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image, ImageDraw
+
+import ssd
+from ssd.config import ConfigError, TrainConfig
+from ssd.data.records import DataError
+from ssd.engine import trainer
+from ssd.engine.trainer import LRSchedule, NonFiniteLossError, evaluate, make_run_dir, train
+
+# ssd_tiny on the 128 px synthetic fixture, small enough for seconds per epoch on 2 cores
+FAST = dict(model="ssd_tiny", image_size=128, batch_size=8, workers=0, device="cpu", quiet=True, seed=0)
+
+
+# ------------------------------------------------------------------------------------------------------ config
+def test_config_unknown_key_names_closest():
+    with pytest.raises(ConfigError, match=r"unknown option 'epoch'; did you mean epochs"):
+        TrainConfig().update(epoch=3)
+    with pytest.raises(ConfigError, match=r"optimizer='adam' is invalid: choose one of sgd, adamw"):
+        TrainConfig(optimizer="adam")
+    with pytest.raises(ConfigError, match="batch_size=0 is invalid"):
+        TrainConfig().update(batch_size=0)
+
+
+def test_config_yaml_round_trip_and_unknown_yaml_key(tmp_path):
+    config = TrainConfig(data="d.yaml", epochs=7, milestones=[3, 5], scheduler="multistep")
+    path = tmp_path / "c.yaml"
+    config.to_yaml(path)
+    assert TrainConfig.from_yaml(path) == config
+    path.write_text("epochs: 3\nlearning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"unknown key in .*c.yaml 'learning_rate'"):
+        TrainConfig.from_yaml(path)
+
+
+def test_config_per_model_defaults():
+    tiny = TrainConfig(model="ssd_tiny").resolved()
+    assert (tiny.optimizer, tiny.lr) == ("adamw", 3e-3)
+    vgg = TrainConfig(model="ssd300_vgg16").resolved()
+    assert (vgg.optimizer, vgg.lr, vgg.momentum, vgg.weight_decay) == ("sgd", 1e-3, 0.9, 5e-4)
+    assert TrainConfig(model="ssd_tiny", lr=0.01).resolved().lr == 0.01
+    assert TrainConfig(epochs=9, scheduler="multistep").resolved().milestones == [6, 8]
+
+
+def test_lr_schedule_warmup_cosine_multistep_by_hand():
+    cos = LRSchedule(total=10, warmup=2, kind="cosine", final_ratio=0.0, warmup_start=0.0)
+    assert [cos(i) for i in (0, 1, 2)] == [0.0, 0.5, 1.0]
+    assert cos(6) == pytest.approx(0.5)  # half way through the 8 cosine iterations
+    assert cos(10) == pytest.approx(0.0)
+    step = LRSchedule(total=10, warmup=0, kind="multistep", milestones=(4, 8), gamma=0.1)
+    assert [step(3), step(4), step(8)] == [1.0, 0.1, pytest.approx(0.01)]
+
+
+def test_run_dir_increments_never_overwrites(tmp_path):
+    assert [make_run_dir(tmp_path, "exp").name for _ in range(3)] == ["exp", "exp2", "exp3"]
+    assert make_run_dir(tmp_path, "exp", exist_ok=True).name == "exp"
+
+
+def test_param_groups_no_decay_on_norms_and_biases():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    decay, no_decay = trainer.param_groups(model, 5e-4)
+    assert [p.shape for p in decay["params"]] == [torch.Size([4, 3, 3, 3])]
+    assert len(no_decay["params"]) == 3 and no_decay["weight_decay"] == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------- training
+@pytest.fixture(scope="module")
+def two_epochs(synthetic_voc, tmp_path_factory):
+    project = tmp_path_factory.mktemp("runs")
+    return train(data=str(synthetic_voc), epochs=2, project=str(project), **FAST)
+
+
+def test_two_epochs_lower_loss_and_every_file(two_epochs):
+    result = two_epochs
+    assert all(math.isfinite(x) for x in result.step_losses)
+    assert result.history[-1]["train/loss"] < result.step_losses[0]
+    run = result.run_dir
+    for name in ("config.yaml", "results.csv", "results.png", "pr_curves.png", "labels.png",
+                 "weights/last.pt", "weights/best.pt"):
+        assert (run / name).is_file(), name
+    assert list(run.glob("events.out.tfevents*"))
+    assert len(list((run / "val_predictions").glob("*.jpg"))) == 4
+    rows = (run / "results.csv").read_text().splitlines()
+    assert len(rows) == 3  # header + 2 epochs
+    assert TrainConfig.from_yaml(run / "config.yaml").epochs == 2
+    ckpt = ssd.load_checkpoint(run / "weights" / "last.pt")
+    assert ckpt["epoch"] == 1 and ckpt["class_names"] == ["circle", "square", "triangle"]
+    assert {"optimizer", "scheduler", "scaler", "rng", "train_config"} <= set(ckpt)
+
+
+def test_evaluate_checkpoint_equals_end_of_training(two_epochs, synthetic_voc):
+    metrics = evaluate(two_epochs.run_dir / "weights" / "last.pt", synthetic_voc, metric="voc07", device="cpu")
+    assert metrics["map"] == pytest.approx(two_epochs.metrics["map"], abs=1e-9)
+    assert metrics["class_names"] == ["circle", "square", "triangle"]
+
+
+def test_resume_after_kill_matches_uninterrupted_run(two_epochs, synthetic_voc, tmp_path, monkeypatch):
+    saved = trainer.save_checkpoint
+
+    def save_then_die(path, *args, **kwargs):  # the process dies right after epoch 1's last.pt
+        saved(path, *args, **kwargs)
+        if Path(path).name == "last.pt":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
+    with pytest.raises(KeyboardInterrupt):
+        train(data=str(synthetic_voc), epochs=2, project=str(tmp_path), **FAST)
+    monkeypatch.setattr(trainer, "save_checkpoint", saved)
+    run = tmp_path / "exp"
+    assert ssd.load_checkpoint(run / "weights" / "last.pt")["epoch"] == 0
+
+    resumed = train(resume=str(run), quiet=True)
+    assert resumed.run_dir == run
+    assert not (tmp_path / "exp2").exists()
+    a = ssd.load_checkpoint(two_epochs.run_dir / "weights" / "last.pt")["model"]
+    b = ssd.load_checkpoint(run / "weights" / "last.pt")["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed.metrics["map"] == two_epochs.metrics["map"]
+    assert len((run / "results.csv").read_text().splitlines()) == 3
+
+
+def test_nonfinite_loss_stops_naming_step_and_files(synthetic_voc, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = trainer.MultiBoxLoss.forward
+
+    def nan_on_second_step(self, *args):
+        calls["n"] += 1
+        loc_loss, cls_loss = real(self, *args)
+        return (loc_loss * float("nan"), cls_loss) if calls["n"] == 2 else (loc_loss, cls_loss)
+
+    monkeypatch.setattr(trainer.MultiBoxLoss, "forward", nan_on_second_step)
+    with pytest.raises(NonFiniteLossError, match=r"non-finite loss \(nan\) at epoch 1, step 2") as info:
+        train(data=str(synthetic_voc), epochs=1, project=str(tmp_path), **FAST)
+    assert "synth_" in str(info.value) and ".jpg" in str(info.value)
+    assert not list(tmp_path.glob("*/weights/*.pt"))  # nothing saved
+
+    calls["n"] = 0
+    result = train(data=str(synthetic_voc), epochs=1, project=str(tmp_path), skip_nonfinite=True, **FAST)
+    assert result.nonfinite_skipped == 1
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+
+
+# ------------------------------------------------------------------------------------- the seed scenario (YOLO)
+def _write_yolo(root: Path, bad_label: bool = False) -> Path:
+    """6 classes labelled 0..5, coloured rectangles, 12 train / 4 val images of 96 px; optionally one label 6."""
+    names = ["a", "b", "c", "d", "e", "f"]
+    for split, count in (("train", 12), ("val", 4)):
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        for i in range(count):
+            image = Image.new("RGB", (96, 96), (90, 90, 90))
+            draw = ImageDraw.Draw(image)
+            lines = []
+            for j in range(2):
+                label = (i + 3 * j) % 6
+                x, y, s = 10 + 40 * j, 15 + 3 * i, 30
+                draw.rectangle([x, y, x + s - 1, y + s - 1], fill=(40 * label, 255 - 40 * label, 120))
+                lines.append(f"{label} {(x + s / 2) / 96:.5f} {(y + s / 2) / 96:.5f} {s / 96:.5f} {s / 96:.5f}")
+            if bad_label and split == "train" and i == 5:
+                lines.append("6 0.5 0.5 0.2 0.2")
+            image.save(root / "images" / split / f"img{i}.jpg")
+            (root / "labels" / split / f"img{i}.txt").write_text("\n".join(lines) + "\n")
+    (root / "data.yaml").write_text(
+        f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{', '.join(names)}]\n")
+    return root / "data.yaml"
+
+
+def test_yolo_six_classes_train_without_num_classes(tmp_path):
+    data = _write_yolo(tmp_path / "ok")
+    result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **FAST)
+    assert result.model.num_classes == 6
+    assert result.model.class_names == ["a", "b", "c", "d", "e", "f"]
+    assert math.isfinite(result.metrics["map"])
+
+
+def test_yolo_label_out_of_range_refused_before_training(tmp_path):
+    data = _write_yolo(tmp_path / "bad", bad_label=True)
+    with pytest.raises(DataError, match=r"img5\.txt.*3") as info:
+        train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **FAST)
+    assert "6" in str(info.value)
+    assert not (tmp_path / "runs").exists()  # refused before building anything
