@@ -59,12 +59,12 @@ class MultiBoxLoss(nn.Module):
     def _hard_negatives(self, logits: Tensor, positive: Tensor, num_pos: Tensor) -> Tensor:
         """Per image, the ``neg_pos_ratio * num_pos`` non-positive priors with the highest background loss.
 
-        Returns a ``[B, P]`` bool mask. The background loss is ``logsumexp(logits) - logits[..., 0]`` (no
-        ``[B, P, K+1]`` log-softmax copy); positives rank last. Only the top ``max(num_neg)`` are sorted.
+        Returns a ``[B, P]`` bool mask. The background loss is ``-log_softmax(logits)[..., 0]`` (one fused pass; on
+        CPU faster and lighter than ``logsumexp``); positives rank last. Only the top ``max(num_neg)`` are ranked.
         """
         num_priors = positive.shape[1]
-        background_loss = torch.logsumexp(logits, dim=-1) - logits[..., 0]
-        background_loss = background_loss.masked_fill(positive, -float("inf"))
+        background_loss = torch.log_softmax(logits, dim=-1)[..., 0].neg()
+        background_loss.masked_fill_(positive, -float("inf"))
         num_neg = torch.minimum(self.neg_pos_ratio * num_pos, num_priors - num_pos)  # [B]
         k = int(num_neg.max()) if num_neg.numel() else 0
         negative = torch.zeros_like(positive)
