@@ -68,7 +68,9 @@ class TrainConfig:
     workers: int = _help("data loading worker processes", default=2)
     seed: int = _help("random seed (data order, augmentation, initialization)", default=0)
     image_size: int | None = _help("network input size (default: the model's)", default=None)
-    augment: bool = _help("SSD training augmentation (photometric, zoom out, crop, flip)", default=True)
+    augment: Literal["ssd", "light", "none"] = _help("training augmentation: ssd (photometric, zoom out, IoU crop, "
+                                                     "flip), light (flip, mild jitter) or none", default="ssd")
+    cache_images: bool = _help("decode every image once and keep it in RAM", default=False)
     skip_invalid: bool = _help("drop invalid objects/images (reported) instead of refusing the data", default=False)
     skip_nonfinite: bool = _help("skip and count steps with a non-finite loss instead of stopping", default=False)
     val_interval: int = _help("validate every N epochs (and always after the last)", default=1)

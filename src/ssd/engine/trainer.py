@@ -20,6 +20,7 @@ uninterrupted one and, on CPU, ends with identical weights.
 from __future__ import annotations
 
 import csv
+import itertools
 import dataclasses
 import math
 import random
@@ -31,12 +32,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ssd.checkpoint import load_checkpoint, save_checkpoint
 from ssd.config import ConfigError, TrainConfig
-from ssd.data import DetectionDataset, collate, load_dataset, validate_spec
+from ssd.data import build_dataloader, load_dataset, validate_spec
 from ssd.data.records import DataError
 from ssd.engine import distributed as ddp
 from ssd.engine.evaluator import evaluate_detections, predict_dataset
@@ -44,7 +45,7 @@ from ssd.engine.plots import RESULTS_COLUMNS, draw_detections, plot_label_stats,
 from ssd.loss import MultiBoxLoss
 from ssd.models import build_model, model_from_checkpoint
 
-__all__ = ["train", "evaluate", "TrainResult", "NonFiniteLossError", "find_checkpoint"]
+__all__ = ["train", "evaluate", "Trainer", "TrainResult", "NonFiniteLossError", "find_checkpoint"]
 
 
 class NonFiniteLossError(ValueError):
@@ -191,25 +192,20 @@ def _records(spec, split: str, fallback: str | None = None):
     return spec.records(fallback)
 
 
-def make_loader(records, class_names, model_config: dict, *, train: bool, augment: bool, batch_size: int,
-                workers: int, info: ddp.DistInfo, seed: int) -> DataLoader:
-    """A DataLoader over ``records``. Training: a :class:`DistributedSampler` (also with one process) so the order
-    is a function of ``(seed, epoch)``; evaluation: rank ``r`` takes images ``r, r + W, ...`` in order."""
-    from ssd.data.loader import seed_worker
-    from ssd.data.transforms import eval_transform, train_transform
+def make_loader(records, class_names, model_config: dict, *, train: bool, config: TrainConfig,
+                info: ddp.DistInfo) -> DataLoader:
+    """:func:`ssd.data.build_dataloader` for this run: order and augmentation are functions of ``(seed, epoch)``;
+    under torchrun each rank takes every ``world_size``-th item (training and evaluation)."""
+    return build_dataloader(records, class_names, model_config["image_size"], model_config["mean"],
+                            model_config["std"], train=train, batch_size=config.batch_size, workers=config.workers,
+                            seed=config.seed, augment=config.augment if train else "none",
+                            cache_images=config.cache_images, drop_last=train, rank=info.rank,
+                            world_size=info.world_size, pin_memory=False)
 
-    size, mean, std = model_config["image_size"], model_config["mean"], model_config["std"]
-    transform = train_transform(size, mean, std) if train and augment else eval_transform(size, mean, std)
-    dataset = DetectionDataset(records, class_names, transform, train=train)
-    if train:
-        sampler = DistributedSampler(dataset, num_replicas=info.world_size, rank=info.rank, shuffle=True, seed=seed)
-        drop_last = len(sampler) >= batch_size  # no batch of 1 in train-mode BatchNorm at 1x1 feature maps
-    else:
-        sampler = range(info.rank, len(dataset), info.world_size)
-        drop_last = False
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
-                      drop_last=drop_last, worker_init_fn=seed_worker, generator=torch.Generator(),
-                      pin_memory=False)
+
+def steps_per_epoch(num_images: int, batch_size: int, world_size: int) -> int:
+    """Full batches of the smallest rank's share (every rank runs the same number of steps, as DDP requires)."""
+    return (num_images // world_size) // batch_size
 
 
 # ----------------------------------------------------------------------------------------------------- model
@@ -261,12 +257,15 @@ def train(config: TrainConfig | None = None, **overrides: Any) -> TrainResult:
     config = (config or TrainConfig()).update(**overrides)
     info, device, created = ddp.setup(config.device)
     try:
-        return _Trainer(config, info, device).run()
+        return Trainer(config, info, device).run()
     finally:
         ddp.cleanup(created)
 
 
-class _Trainer:
+class Trainer:
+    """One training run (what :func:`train` drives): data, model, optimizer, schedule and run directory are set up
+    on construction; :meth:`run` trains all remaining epochs, :meth:`train_step` does one step."""
+
     def __init__(self, config: TrainConfig, info: ddp.DistInfo, device: torch.device) -> None:
         self.info, self.device = info, device
         self.log = print if info.is_main else (lambda *a, **k: None)
@@ -290,21 +289,23 @@ class _Trainer:
 
         model = _build(config, self.class_names, self.log)
         if info.enabled and config.sync_bn:
+            if device.type != "cuda":
+                raise ConfigError("sync_bn needs CUDA devices (SyncBatchNorm has no CPU implementation)")
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.model, self.channels_last = prepare_model(model, device, config.channels_last)
         self.priors = self.model.priors
         self.loss_fn = MultiBoxLoss(variances=tuple(self.model.config.get("variances", (0.1, 0.2))))
 
-        loader_args = dict(class_names=self.class_names, model_config=self.model.config, info=info, seed=config.seed)
-        self.train_loader = make_loader(self.train_records, train=True, augment=config.augment,
-                                        batch_size=config.batch_size, workers=config.workers, **loader_args)
-        self.val_loader = make_loader(self.val_records, train=False, augment=False, batch_size=config.batch_size,
-                                      workers=config.workers, **loader_args)
-        if len(self.train_loader) == 0:
-            raise DataError(f"{config.data}: the train split has no images")
+        loader_args = dict(class_names=self.class_names, model_config=self.model.config, info=info, config=config)
+        self.train_loader = make_loader(self.train_records, train=True, **loader_args)
+        self.val_loader = make_loader(self.val_records, train=False, **loader_args)
+        self.steps = steps_per_epoch(len(self.train_records), config.batch_size, info.world_size)
+        if self.steps == 0:
+            raise DataError(f"{config.data}: the train split has {len(self.train_records)} image(s), fewer than one "
+                            f"batch of {config.batch_size} per process; lower batch_size")
 
         self.optimizer = build_optimizer(self.model, config)
-        self.schedule = LRSchedule.from_config(config, len(self.train_loader))
+        self.schedule = LRSchedule.from_config(config, self.steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self.schedule)
         self.amp_dtype = None
         if config.amp and device.type == "cuda":
@@ -390,34 +391,18 @@ class _Trainer:
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         config, loader = self.config, self.train_loader
-        seed = _epoch_seed(config.seed, epoch, self.info.rank)
-        seed_everything(seed)
+        seed_everything(_epoch_seed(config.seed, epoch, self.info.rank))
         loader.sampler.set_epoch(epoch)
-        loader.generator.manual_seed(seed)
         self.net.train()
         totals = torch.zeros(3, dtype=torch.float64)
         steps = 0
-        bar = tqdm(loader, desc=f"epoch {epoch + 1}/{config.epochs}", disable=config.quiet or not self.info.is_main,
-                   leave=True, dynamic_ncols=True)
+        bar = tqdm(itertools.islice(loader, self.steps), total=self.steps, desc=f"epoch {epoch + 1}/{config.epochs}",
+                   disable=config.quiet or not self.info.is_main, leave=True, dynamic_ncols=True)
         tic = time.perf_counter()
         for step, batch in enumerate(bar):
-            loc_loss, cls_loss = self._forward(batch)
-            loss = loc_loss + cls_loss
-            bad = ddp.any_true(not bool(torch.isfinite(loss)), self.device)
-            if bad:
-                self._nonfinite(epoch, step, loss, batch)
-                self.optimizer.zero_grad(set_to_none=True)
-                self.scheduler.step()
+            values = self.train_step(batch, epoch, step)
+            if values is None:
                 continue
-            self.optimizer.zero_grad(set_to_none=True)
-            self.scaler.scale(loss).backward()
-            if config.grad_clip > 0:
-                self.scaler.unscale_(self.optimizer)
-                nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.scheduler.step()
-            values = [loss.item(), loc_loss.item(), cls_loss.item()]
             totals += torch.tensor(values, dtype=torch.float64)
             self.step_losses.append(values[0])
             steps += 1
@@ -431,6 +416,26 @@ class _Trainer:
         return {"train/loss": mean[0], "train/loc_loss": mean[1], "train/cls_loss": mean[2],
                 "nonfinite_skipped": self.nonfinite}
 
+    def train_step(self, batch: dict[str, Any], epoch: int = 0, step: int = 0) -> list[float] | None:
+        """One optimization step on a :func:`ssd.data.collate` batch: forward, loss, backward, clipping, optimizer
+        and lr schedule. Returns ``[loss, loc_loss, cls_loss]``, or None when the step was skipped because the loss
+        was not finite on some rank (raises :class:`NonFiniteLossError` unless ``skip_nonfinite``)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loc_loss, cls_loss = self._forward(batch)
+        loss = loc_loss + cls_loss
+        if ddp.any_true(not bool(torch.isfinite(loss)), self.device):
+            self._nonfinite(epoch, step, loss, batch)
+            self.scheduler.step()
+            return None
+        self.scaler.scale(loss).backward()
+        if self.config.grad_clip > 0:
+            self.scaler.unscale_(self.optimizer)
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip)
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        return torch.stack([loss, loc_loss, cls_loss]).detach().tolist()
+
     def _forward(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
         images = batch["images"].to(self.device, non_blocking=True).contiguous(memory_format=memory_format)
@@ -440,7 +445,7 @@ class _Trainer:
         return self.loss_fn(loc.float(), logits.float(), self.priors, boxes, labels)
 
     def _nonfinite(self, epoch: int, step: int, loss: Tensor, batch: dict[str, Any]) -> None:
-        where = f"epoch {epoch + 1}, step {step + 1} (iteration {epoch * len(self.train_loader) + step + 1})"
+        where = f"epoch {epoch + 1}, step {step + 1} (iteration {epoch * self.steps + step + 1})"
         if self.config.skip_nonfinite:
             self.nonfinite += 1
             self.log(f"skipped a non-finite loss at {where} ({self.nonfinite} so far)")
@@ -522,8 +527,9 @@ def evaluate(weights: str | Path, data: str | Path, metric: str = "voc07", split
     model = model_from_checkpoint(weights)
     spec = load_checked(data, skip_invalid, class_names=list(model.class_names))
     model, channels_last = prepare_model(model, torch_device, None)
-    loader = make_loader(spec.records(split), list(model.class_names), model.config, train=False, augment=False,
-                         batch_size=batch_size, workers=workers, info=ddp.DistInfo(), seed=0)
+    config = TrainConfig(batch_size=batch_size, workers=workers)
+    loader = make_loader(spec.records(split), list(model.class_names), model.config, train=False, config=config,
+                         info=ddp.DistInfo())
     metrics = validate(model, loader, metric=metric, device=torch_device, channels_last=channels_last,
                        score_threshold=score_threshold, iou_threshold=iou_threshold,
                        class_names=list(model.class_names))
