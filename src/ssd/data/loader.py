@@ -1,0 +1,166 @@
+"""``DetectionDataset``, ``collate`` and ``build_dataloader`` (reproducible, with optional RAM image cache).
+
+Reproducibility: the sampler draws the epoch's order and one seed per item from ``torch.Generator(seed, epoch)``;
+each item's augmentation runs under its own seed (``torch.random.fork_rng``), so the same ``seed`` gives the same
+batches whatever the number of workers, and a resumed run can ``set_epoch`` to continue the sequence.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
+from torch.utils.data import DataLoader, Dataset, Sampler
+from torchvision import tv_tensors
+from torchvision.transforms.v2 import functional as F
+
+from ssd.data.images import read_image
+from ssd.data.records import ImageRecord
+from ssd.data.transforms import build_transform
+
+__all__ = ["DetectionDataset", "SeededSampler", "collate", "build_dataloader", "seed_worker"]
+
+
+class DetectionDataset(Dataset):
+    """Images and targets of ``records`` through ``transform``.
+
+    Args:
+        records: the split's :class:`ImageRecord` list (validated: labels in ``0..K-1``).
+        class_names: the K names (kept for users of the dataset; labels are already indices).
+        transform: ``transform(image, target)`` as built by :func:`ssd.data.transforms.build_transform`; None keeps
+            the uint8 image.
+        image_size: when given, images are resized to ``image_size x image_size`` right after decoding (boxes scaled
+            to match) so augmentation works on small images: fast, and what the final resize does anyway.
+        keep_difficult: keep difficult / crowd objects (True for evaluation, where they are flagged and ignored;
+            False for training, which leaves them out).
+        cache_images: decode every image once, up front, and keep the uint8 tensors in RAM.
+
+    Item ``i`` (or ``(i, seed)`` from :class:`SeededSampler`): ``(image [3, S, S] float normalized, target)`` with
+    ``target = dict(boxes=BoundingBoxes [N, 4] pixel xyxy of the transformed image, labels int64 [N], difficult bool
+    [N], image_id, path str, orig_size int64 [2] (h, w))``.
+    """
+
+    def __init__(self, records: Sequence[ImageRecord], class_names: Sequence[str], transform=None, *,
+                 image_size: int | None = None, keep_difficult: bool = True, cache_images: bool = False):
+        self.records = list(records)
+        self.class_names = list(class_names)
+        self.transform = transform
+        self.image_size = image_size
+        self.keep_difficult = keep_difficult
+        self._cache: list[Tensor] | None = None
+        if cache_images:
+            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+                self._cache = list(pool.map(self._decode, range(len(self.records))))
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def _decode(self, index: int) -> Tensor:
+        image = read_image(self.records[index].path)
+        if self.image_size is not None:
+            image = F.resize(image, [self.image_size, self.image_size], antialias=True)
+        return image
+
+    def __getitem__(self, key: int | tuple[int, int]):
+        index, seed = key if isinstance(key, tuple) else (key, None)
+        rec = self.records[index]
+        image = self._cache[index] if self._cache is not None else self._decode(index)
+        h, w = rec.height or image.shape[-2], rec.width or image.shape[-1]
+        objects = [o for o in rec.objects if self.keep_difficult or not o.ignore]
+        boxes = torch.tensor([o.box for o in objects], dtype=torch.float32).reshape(-1, 4)
+        boxes *= torch.tensor([image.shape[-1] / w, image.shape[-2] / h] * 2)
+        target = {
+            "boxes": F.clamp_bounding_boxes(tv_tensors.BoundingBoxes(boxes, format="XYXY",
+                                                                     canvas_size=tuple(image.shape[-2:]))),
+            "labels": torch.tensor([o.label for o in objects], dtype=torch.int64),
+            "difficult": torch.tensor([o.ignore for o in objects], dtype=torch.bool),
+        }
+        image = tv_tensors.Image(image)
+        if self.transform is not None:
+            with torch.random.fork_rng(devices=[], enabled=seed is not None):
+                if seed is not None:
+                    torch.manual_seed(seed)
+                image, target = self.transform(image, target)
+        target.update(image_id=rec.image_id, path=str(rec.path), orig_size=torch.tensor([h, w]))
+        return image, target
+
+
+class SeededSampler(Sampler):
+    """Yields ``(index, item seed)``; order and seeds come from ``(seed, epoch)``; epoch advances on each pass.
+
+    ``rank``/``world_size`` shard the epoch's order for distributed training (every rank sees the same permutation).
+    """
+
+    def __init__(self, length: int, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1):
+        self.length, self.shuffle, self.seed = length, shuffle, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.length, self.world_size))
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        self.epoch += 1
+        order = torch.randperm(self.length, generator=g) if self.shuffle else torch.arange(self.length)
+        seeds = torch.randint(0, 2**62, (self.length,), generator=g)
+        for i in order[self.rank::self.world_size].tolist():
+            yield i, int(seeds[i])
+
+
+def seed_worker(worker_id: int) -> None:
+    """``worker_init_fn``: seed ``random`` and ``numpy`` from the worker's torch seed (set by the loader's generator)."""
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def collate(batch: list[tuple[Tensor, dict]]) -> dict:
+    """Stack images and pad targets for the core's ``match`` / ``MultiBoxLoss``.
+
+    Returns ``dict(images [B, 3, S, S], boxes [B, G, 4] xyxy normalized to the network input (zeros in padding),
+    labels [B, G] int64 (-1 in padding), difficult [B, G] bool, paths list[str], orig_sizes [B, 2] int64 (h, w),
+    image_ids list)`` with ``G = max(1, most objects in an image)`` (a batch without objects has one padding row).
+    """
+    images = torch.stack([torch.as_tensor(img) for img, _ in batch])
+    scale = torch.tensor([images.shape[-1], images.shape[-2]] * 2, dtype=torch.float32)
+    boxes = pad_sequence([t["boxes"].as_subclass(Tensor).float() / scale for _, t in batch], batch_first=True)
+    labels = pad_sequence([t["labels"] for _, t in batch], batch_first=True, padding_value=-1)
+    difficult = pad_sequence([t["difficult"] for _, t in batch], batch_first=True)
+    if labels.shape[1] == 0:
+        boxes, labels, difficult = boxes.new_zeros(len(batch), 1, 4), labels.new_full((len(batch), 1), -1), \
+            difficult.new_zeros(len(batch), 1)
+    return {"images": images, "boxes": boxes, "labels": labels, "difficult": difficult,
+            "paths": [t["path"] for _, t in batch], "orig_sizes": torch.stack([t["orig_size"] for _, t in batch]),
+            "image_ids": [t["image_id"] for _, t in batch]}
+
+
+def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str], image_size: int,
+                     mean: Sequence[float], std: Sequence[float], train: bool, batch_size: int, workers: int = 0,
+                     seed: int = 0, *, augment: str = "ssd", keep_difficult: bool | None = None,
+                     cache_images: bool = False, shuffle: bool | None = None, drop_last: bool = False,
+                     rank: int = 0, world_size: int = 1, pin_memory: bool = False) -> DataLoader:
+    """A ``DataLoader`` of :func:`collate` batches for ``records``.
+
+    ``train`` turns on augmentation (``augment`` level) and shuffling, and by default leaves difficult/crowd objects
+    out (``keep_difficult`` overrides). The same ``seed`` gives the same batches, with any ``workers``.
+    ``loader.sampler.set_epoch(e)`` jumps to epoch ``e`` (resume).
+    """
+    transform = build_transform(image_size, mean, std, train=train, augment=augment)
+    dataset = DetectionDataset(records, class_names, transform, image_size=image_size,
+                               keep_difficult=(not train) if keep_difficult is None else keep_difficult,
+                               cache_images=cache_images)
+    sampler = SeededSampler(len(dataset), shuffle=train if shuffle is None else shuffle, seed=seed, rank=rank,
+                            world_size=world_size)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
+                      drop_last=drop_last, pin_memory=pin_memory, worker_init_fn=seed_worker,
+                      generator=torch.Generator().manual_seed(seed), persistent_workers=workers > 0)
