@@ -16,4 +16,5 @@ from ssd.priors import PRIOR_CONFIGS, default_boxes
 from ssd.validation import validate_targets
 # --- models ---
 # --- data ---
+from ssd.data import check, generate_synthetic, load_dataset
 # --- engine ---
