@@ -1,0 +1,282 @@
+"""Export an SSD to ONNX (network, optionally decoding + NMS in the graph) and check it with ONNX Runtime.
+
+The ONNX graph takes ``images [B, 3, S, S]`` float32: what :meth:`SSD.preprocess` returns (plain resize to
+``S = image_size``, then ``(x / 255 - mean) / std``). ``B`` is 1 unless exported with ``dynamic_batch=True``.
+
+Outputs without NMS (``nms=False``), the raw head outputs and the default boxes, so that
+:func:`ssd.postprocess` (softmax, decoding, per-class candidates, NMS, top-k) runs on them exactly as in PyTorch:
+
+- ``loc [B, P, 4]``: offsets from the priors (decode with ``ssd.boxes.decode`` and the ``variances`` metadata),
+- ``logits [B, P, K+1]``: class logits, index 0 is background,
+- ``priors [P, 4]``: default boxes, cxcywh normalized.
+
+Outputs with NMS (``nms=True``): softmax, decoding, score filtering (``score > score_threshold``), per-class
+candidates (``candidates_per_class`` best per image and class), class-aware NMS (ONNX ``NonMaxSuppression``, one
+NMS batch entry per image and class) and the ``max_det`` best per image, so a deployment needs nothing else:
+
+- ``detections [B, max_det, 6]``: rows ``(x1, y1, x2, y2, score, label)``, boxes xyxy normalized to ``[0, 1]`` of the
+  input (multiply by the original width/height), sorted by decreasing score; padding rows are all zeros except
+  ``label = -1``;
+- ``num_detections [B]`` int64: the number of real rows per image.
+
+Metadata (``metadata_props``, strings): ``ssd_version``, ``model_name``, ``class_names`` (JSON list), ``image_size``,
+``mean``, ``std``, ``variances`` (JSON lists), ``nms`` (``"true"``/``"false"``) and, with NMS, ``score_threshold``,
+``iou_threshold``, ``max_det``, ``candidates_per_class``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torchvision.ops import batched_nms, box_iou
+
+from ssd.boxes import decode
+
+__all__ = ["ExportCheckError", "export", "export_onnx", "export_torchscript", "check_onnx"]
+
+CANDIDATES_PER_CLASS = 400
+"""Best boxes per image and class that enter NMS (as :func:`ssd.postprocess`'s default)."""
+
+
+class ExportCheckError(ValueError):
+    """ONNX Runtime's outputs differ from PyTorch's beyond the tolerances (the message says where and by how much)."""
+
+
+# --- ONNX NonMaxSuppression as a PyTorch op: eager (torchvision) for tracing, NonMaxSuppression in the graph ---
+@torch.library.custom_op("ssd::onnx_nms", mutates_args=())
+def onnx_nms(boxes: Tensor, scores: Tensor, iou_threshold: float, score_threshold: float) -> Tensor:
+    """ONNX ``NonMaxSuppression`` semantics: ``boxes [N, C, 4]`` xyxy, ``scores [N, 1, C]`` -> ``[S, 3]`` int64 rows
+    ``(n, 0, c)`` of the kept boxes (``score > score_threshold``, greedy NMS per ``n``, suppress ``IoU > iou_threshold``)."""
+    n, c = (scores[:, 0] > score_threshold).nonzero(as_tuple=True)
+    keep = batched_nms(boxes[n, c], scores[n, 0, c], n, iou_threshold)
+    return torch.stack((n[keep], torch.zeros_like(keep), c[keep]), dim=1)
+
+
+@onnx_nms.register_fake
+def _(boxes, scores, iou_threshold, score_threshold):
+    return boxes.new_empty((torch.library.get_ctx().new_dynamic_size(), 3), dtype=torch.int64)
+
+
+def _onnx_nms_graph(boxes, scores, iou_threshold: float, score_threshold: float):
+    """The ONNX translation of :func:`onnx_nms` (onnxscript, used by ``torch.onnx.export``)."""
+    from onnxscript import opset18 as op
+
+    every_box = op.Shape(boxes, start=1, end=2)  # max_output_boxes_per_class: no limit
+    return op.NonMaxSuppression(
+        boxes, scores, every_box, op.Constant(value_float=iou_threshold), op.Constant(value_float=score_threshold)
+    )
+
+
+class _ExportGraph(nn.Module):
+    """The exported computation: ``images [B, 3, S, S]`` -> raw outputs, or detections (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, nms: bool, score_threshold: float, iou_threshold: float, max_det: int):
+        super().__init__()
+        self.model, self.nms = model, nms
+        self.score_threshold, self.iou_threshold, self.max_det = score_threshold, iou_threshold, max_det
+        self.variances = tuple(model.config.get("variances", (0.1, 0.2)))
+
+    def forward(self, images: Tensor):
+        loc, logits = self.model(images)
+        priors = self.model.priors
+        if not self.nms:
+            return loc, logits, priors.clone()
+        batch, num_classes = logits.shape[0], logits.shape[2] - 1
+        per_class = min(CANDIDATES_PER_CLASS, priors.shape[0])
+        scores = logits.softmax(dim=-1)[..., 1:].transpose(1, 2)  # [B, K, P]
+        cand_scores, cand_prior = scores.topk(per_class, dim=-1)  # [B, K, C]
+        boxes = decode(loc, priors, self.variances).clamp(0.0, 1.0)  # [B, P, 4]
+        cand_boxes = boxes.gather(1, cand_prior.reshape(batch, -1, 1).expand(-1, -1, 4))  # [B, K*C, 4]
+        kept = torch.ops.ssd.onnx_nms(
+            cand_boxes.reshape(batch * num_classes, per_class, 4),
+            cand_scores.reshape(batch * num_classes, 1, per_class),
+            self.iou_threshold,
+            self.score_threshold,
+        )
+        slot = kept[:, 0] * per_class + kept[:, 2]  # index into the flat [B*K*C] candidates
+        flat_scores = cand_scores.reshape(-1)
+        survivors = torch.full_like(flat_scores, -1.0).index_put((slot,), flat_scores[slot])
+        top_scores, top_slot = survivors.view(batch, -1).topk(min(self.max_det, num_classes * per_class), dim=1)
+        valid = top_scores > self.score_threshold  # [B, D]
+        top_boxes = cand_boxes.gather(1, top_slot.unsqueeze(-1).expand(-1, -1, 4)) * valid.unsqueeze(-1)
+        labels = torch.where(valid, top_slot // per_class, -1).to(top_boxes.dtype)
+        detections = torch.cat((top_boxes, (top_scores * valid).unsqueeze(-1), labels.unsqueeze(-1)), dim=-1)
+        return detections, valid.sum(dim=1)
+
+
+def _as_model(weights_or_model) -> nn.Module:
+    if isinstance(weights_or_model, nn.Module):
+        return weights_or_model
+    from ssd.models import model_from_checkpoint
+
+    return model_from_checkpoint(weights_or_model)
+
+
+def export_onnx(
+    weights_or_model,
+    out_path: str | Path,
+    opset: int = 17,
+    dynamic_batch: bool = False,
+    nms: bool = False,
+    check: bool = True,
+    sample_images: Sequence | None = None,
+    score_threshold: float = 0.25,
+    iou_threshold: float = 0.45,
+    max_det: int = 100,
+) -> Path:
+    """Export a checkpoint path or an ``SSD`` to ONNX at ``out_path`` and return the path.
+
+    Args:
+        weights_or_model: a checkpoint (``.pt``) or an ``SSD`` module (exported in eval mode, on the CPU).
+        out_path: the ``.onnx`` file to write (parent folders are created).
+        opset: ONNX opset version.
+        dynamic_batch: accept any batch size (else batch 1).
+        nms: put softmax, decoding, score filtering and NMS in the graph (see the module docstring for outputs).
+        check: run ONNX Runtime on ``sample_images`` and compare with PyTorch (:func:`check_onnx`).
+        sample_images: images for the check (paths or ``[3, H, W]`` tensors); default: two seeded random images.
+        score_threshold, iou_threshold, max_det: baked into the graph with ``nms=True``, used by the check.
+
+    Raises:
+        ExportCheckError: ONNX Runtime and PyTorch disagree beyond the tolerances.
+    """
+    import onnx
+
+    import ssd
+
+    model = _as_model(weights_or_model).cpu().eval()
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    size = int(model.config["image_size"])
+    graph = _ExportGraph(model, nms, score_threshold, iou_threshold, max_det).eval()
+    example = torch.zeros(2 if dynamic_batch else 1, 3, size, size)
+    output_names = ["detections", "num_detections"] if nms else ["loc", "logits", "priors"]
+    dynamic_shapes = {"images": {0: torch.export.Dim("batch", min=1)}} if dynamic_batch else None
+    with torch.no_grad():
+        program = torch.onnx.export(
+            graph, (example,), input_names=["images"], output_names=output_names, opset_version=opset,
+            dynamic_shapes=dynamic_shapes, custom_translation_table={torch.ops.ssd.onnx_nms.default: _onnx_nms_graph},
+            dynamo=True, verbose=False,
+        )
+    proto = program.model_proto
+    metadata = {
+        "ssd_version": ssd.__version__,
+        "model_name": str(model.config.get("name", "")),
+        "class_names": json.dumps(list(model.class_names)),
+        "image_size": str(size),
+        "mean": json.dumps([float(v) for v in model.config["mean"]]),
+        "std": json.dumps([float(v) for v in model.config["std"]]),
+        "variances": json.dumps([float(v) for v in graph.variances]),
+        "nms": json.dumps(nms),
+    }
+    if nms:
+        metadata.update(score_threshold=repr(float(score_threshold)), iou_threshold=repr(float(iou_threshold)),
+                        max_det=str(max_det), candidates_per_class=str(CANDIDATES_PER_CLASS))
+    onnx.helper.set_model_props(proto, metadata)
+    onnx.save(proto, out_path)
+    if check:
+        check_onnx(model, out_path, sample_images)
+    return out_path
+
+
+def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
+    """Trace ``SSD.forward`` (``images [1, 3, S, S]`` -> ``(loc, logits)``) to TorchScript; the model config and class
+    names are stored as the ``config.json`` extra file (``torch.jit.load(path, _extra_files={"config.json": ""})``)."""
+    model = _as_model(weights_or_model).cpu().eval()
+    size = int(model.config["image_size"])
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with torch.no_grad():
+        traced = torch.jit.trace(model, torch.zeros(1, 3, size, size))
+    extra = {"config.json": json.dumps({"config": model.config, "class_names": list(model.class_names)})}
+    torch.jit.save(traced, str(out_path), _extra_files=extra)
+    return out_path
+
+
+def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None = None, **options) -> Path:
+    """``ssd export``: ``fmt`` ``"onnx"`` (:func:`export_onnx` options) or ``"torchscript"``; the output defaults to
+    the weights path with the format's suffix."""
+    suffix = {"onnx": ".onnx", "torchscript": ".torchscript"}
+    if fmt not in suffix:
+        raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(suffix)})")
+    out_path = Path(out_path) if out_path else Path(weights).with_suffix(suffix[fmt])
+    if fmt == "onnx":
+        return export_onnx(weights, out_path, **options)
+    return export_torchscript(weights, out_path)
+
+
+def check_onnx(
+    model: nn.Module,
+    onnx_path: str | Path,
+    sample_images: Sequence | None = None,
+    box_tol: float = 1e-3,
+    score_tol: float = 1e-4,
+) -> None:
+    """Compare ONNX Runtime with PyTorch on ``sample_images`` (default: two seeded random images of different sizes).
+
+    Raw outputs (graphs without NMS): every prior's decoded box within ``box_tol`` (normalized, i.e. of the image size)
+    and class scores within ``score_tol``. Detections (the thresholds stored with NMS, else ``conf=0.25``): for each
+    image the same detections, labels equal, boxes within ``box_tol`` of the image size, scores within ``score_tol``;
+    a detection present on one side only is accepted only when a tolerance explains it (its score is within
+    ``score_tol`` of the threshold, or an overlapping same-class detection has a score within ``score_tol``: an NMS tie).
+
+    Raises:
+        ExportCheckError: naming the image, the detection and the difference.
+    """
+    from ssd.engine.predictor import Detector, load
+
+    if sample_images is None:
+        generator = torch.Generator().manual_seed(0)
+        sample_images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator)
+                         for h, w in ((240, 320), (300, 200))]
+    ours = load(onnx_path)
+    reference = Detector(model)
+    if not ours.nms:
+        _check_raw(reference, ours, sample_images, box_tol, score_tol)
+    conf, iou, max_det = (ours.score_threshold, ours.iou_threshold, ours.max_det) if ours.nms else (0.25, 0.45, 100)
+    expected = reference.predict(sample_images, conf=conf, iou=iou, max_det=max_det)
+    got = ours.predict(sample_images, conf=conf, iou=iou, max_det=max_det)
+    for index, (a, b) in enumerate(zip(expected, got)):
+        scale = torch.tensor([a.width, a.height, a.width, a.height], dtype=torch.float32)
+        for name, side, other in (("ONNX Runtime", a, b), ("PyTorch", b, a)):
+            problem = _unmatched(side, other, scale, conf, iou, box_tol, score_tol)
+            if problem:
+                raise ExportCheckError(f"{onnx_path}: image {index}: {problem} has no counterpart in {name}'s output "
+                                       f"(tolerances: boxes {box_tol} of the image size, scores {score_tol})")
+
+
+def _check_raw(reference, ours, images, box_tol: float, score_tol: float) -> None:
+    batch, _ = reference.model.preprocess(ours.to_tensors(images))
+    with torch.no_grad():
+        loc, logits = reference.model(batch)
+    got_loc, got_logits, priors = (torch.from_numpy(v) for v in ours.run(batch))
+    variances = ours.variances
+    box_diff = (decode(got_loc, priors, variances) - decode(loc, priors, variances)).abs().max().item()
+    score_diff = (got_logits.softmax(-1) - logits.softmax(-1)).abs().max().item()
+    if not box_diff <= box_tol or not score_diff <= score_tol:  # `not <=` also catches NaN
+        raise ExportCheckError(
+            f"ONNX Runtime's raw outputs differ from PyTorch's: largest box difference {box_diff:.3g} of the image "
+            f"size (allowed {box_tol}), largest score difference {score_diff:.3g} (allowed {score_tol})"
+        )
+
+
+def _unmatched(result, other, scale: Tensor, conf: float, iou: float, box_tol: float, score_tol: float) -> str | None:
+    """The first detection of ``result`` without a counterpart in ``other`` (same label, box and score within the
+    tolerances) that no tolerance explains; ``None`` when all match."""
+    if len(result.scores) == 0:
+        return None
+    same_label = result.labels[:, None] == other.labels[None, :]  # [N, M]
+    box_close = ((result.boxes[:, None] - other.boxes[None, :]).abs() <= box_tol * scale).all(-1)
+    score_diff = (result.scores[:, None] - other.scores[None, :]).abs()
+    matched = (same_label & box_close & (score_diff <= score_tol)).any(1)
+    near_threshold = result.scores <= conf + score_tol
+    tie = (same_label & (score_diff <= score_tol) & (box_iou(result.boxes, other.boxes) > iou)).any(1)
+    bad = ~(matched | near_threshold | tie)
+    if not bad.any():
+        return None
+    i = int(bad.nonzero()[0])
+    box = [round(v, 2) for v in result.boxes[i].tolist()]
+    return f"detection {i} (label {int(result.labels[i])}, score {float(result.scores[i]):.6f}, box {box})"
