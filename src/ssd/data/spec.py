@@ -30,7 +30,7 @@ def _detect(folder: Path) -> DatasetSpec:
     yamls = [p for p in sorted(folder.glob("*.y*ml")) if p.suffix in (".yaml", ".yml")]
     if yamls:
         return read_yolo_yaml(next((p for p in yamls if p.stem == "data"), yamls[0]))
-    if (folder / "images").is_dir() or any((p / "images").is_dir() for p in folder.iterdir() if p.is_dir()):
+    if any((p / "images").is_dir() and (p / "labels").is_dir() for p in [folder, *folder.iterdir()]):
         return read_yolo_folder(folder)
     jsons = sorted((folder / "annotations").glob("*.json")) or sorted(folder.glob("*.json"))
     if jsons:
