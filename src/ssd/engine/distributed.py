@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["DistInfo", "setup", "cleanup", "resolve_device", "broadcast_object", "all_gather_objects",
-           "any_true", "barrier", "unwrap"]
+           "any_true", "broadcast_buffers", "barrier", "unwrap"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,14 @@ def any_true(flag: bool, device: torch.device) -> bool:
     t = torch.tensor([int(flag)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
+
+
+def broadcast_buffers(model: nn.Module, src: int = 0) -> None:
+    """Copy rank ``src``'s buffers (BatchNorm running statistics) to every rank: DDP syncs them only at the start
+    of each forward, so after an epoch each rank holds the statistics of its own last batch."""
+    if _active():
+        for buffer in model.buffers():
+            dist.broadcast(buffer, src=src)
 
 
 def barrier() -> None:

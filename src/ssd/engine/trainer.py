@@ -365,6 +365,7 @@ class Trainer:
         start = time.perf_counter()
         for epoch in range(self.start_epoch, config.epochs):
             losses = self._train_epoch(epoch)
+            ddp.broadcast_buffers(self.model)
             last = epoch == config.epochs - 1
             row = {"epoch": epoch + 1, **losses, "lr": self.optimizer.param_groups[0]["lr"]}
             if last or (epoch + 1) % config.val_interval == 0:
