@@ -11,6 +11,9 @@ from PIL import Image
 from ssd.data import DataError, image_size, load_dataset, read_image
 from ssd.data.synthetic import SHAPE_NAMES
 
+# torchvision 0.29 flags its (working) decoders as deprecated in favour of TorchCodec, not a dependency here.
+pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
+
 
 def _jpg(path: Path, w: int, h: int, colour=(120, 30, 200)) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)

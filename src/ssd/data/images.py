@@ -6,7 +6,6 @@ Both honour the EXIF orientation tag, so sizes and pixels agree with what a view
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +17,6 @@ from torchvision.io import ImageReadMode, decode_image
 __all__ = ["IMAGE_SUFFIXES", "read_image", "image_size", "is_image"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
-# torchvision 0.29 marks its decoders deprecated in favour of TorchCodec (not a dependency here); the decoders work,
-# so this one notice is silenced rather than repeated in every worker.
-warnings.filterwarnings("ignore", message="The image decoding and encoding capabilities of TorchVision",
-                        category=DeprecationWarning)
 _EXIF_ORIENTATION = 0x0112
 _TRANSPOSED = (5, 6, 7, 8)  # orientations that swap width and height
 

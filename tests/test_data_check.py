@@ -1,0 +1,145 @@
+"""The ``ssd check`` rules, messages, report formats, default-box coverage and validate_spec (skip_invalid)."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+from ssd.data import DataError, check, load_dataset, validate_spec
+from ssd.data.check import prior_coverage
+from ssd.data.records import DatasetSpec, ImageRecord, ObjectRecord
+
+
+def _yolo_dataset(root: Path, labels: dict[str, str], names: list[str]) -> Path:
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    for stem, text in labels.items():
+        Image.new("RGB", (100, 50)).save(root / "images" / f"{stem}.jpg")
+        (root / "labels" / f"{stem}.txt").write_text(text)
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: images\nnames: {names}\n")
+    return root / "data.yaml"
+
+
+def test_seed_bug_label_equal_to_num_classes(tmp_path):
+    """6 classes named, labels 0..6 used: the check names the file, the line and explains the background rule."""
+    names = ["a", "b", "c", "d", "e", "f"]
+    data = _yolo_dataset(tmp_path, {"ok": "0 0.5 0.5 0.2 0.2\n5 0.3 0.3 0.1 0.1\n",
+                                    "bad": "1 0.5 0.5 0.2 0.2\n2 0.5 0.5 0.4 0.4\n6 0.2 0.2 0.1 0.1\n"}, names)
+    report = check(data)
+    assert not report.ok
+    (error,) = report.errors
+    assert error.code == "label_out_of_range" and error.file.endswith("labels/bad.txt") and error.line == 3
+    assert error.message.startswith("labels/bad.txt:3: label 6 is out of range for 6 classes")
+    assert "labels must be 0..5; the background class is added internally, do not count it" in error.message
+    assert "labels/bad.txt:3" in report.format_table()
+    with pytest.raises(DataError, match=r"1 problems in dataset .*\n  labels/bad.txt:3: label 6 is out of range"):
+        validate_spec(load_dataset(data))
+
+
+def test_box_rules_and_messages(tmp_path):
+    data = _yolo_dataset(tmp_path, {"img": "\n".join([
+        "0 0.5 0.5 0.2 0.2",      # 1 fine
+        "0 0.5 0.5 0.2 0.2",      # 2 exact duplicate of line 1
+        "0 0.3 0.3 0 0",          # 3 zero area
+        "0 0.3 0.3 -0.1 0.1",     # 4 inverted
+        "0 nan 0.3 0.1 0.1",      # 5 not finite
+        "0 1.5 0.5 0.2 0.2",      # 6 entirely outside
+        "0 0.95 0.5 0.2 0.2",     # 7 past the border: warning
+        "0 0.2 0.5 0.01 0.5",     # 8 1 px wide: warning
+        "0 0.2 0.2",              # 9 malformed
+        "x 0.2 0.2 0.1 0.1",      # 10 not numeric
+        "1.5 0.2 0.2 0.1 0.1",    # 11 non-integer class
+    ])}, ["only"])
+    report = check(data)
+    errors = {e.line: e for e in report.errors}
+    warnings = {(w.code, w.line) for w in report.warnings}
+    assert {line: e.code for line, e in errors.items()} == {
+        3: "zero_area", 4: "inverted", 5: "non_finite", 6: "outside_image", 9: "parse_error", 10: "parse_error",
+        11: "parse_error"}
+    assert errors[3].message == ("labels/img.txt:3: box (30, 15, 30, 15) has zero area (width 0, height 0; boxes "
+                                 "need x2 > x1 and y2 > y1)")
+    assert "has 3 values" in errors[9].message and "'x 0.2 0.2 0.1 0.1' is not numeric" in errors[10].message
+    assert "class '1.5' is not an integer" in errors[11].message
+    assert warnings == {("duplicate_box", 2), ("beyond_border", 7), ("tiny_box", 8)}
+    assert len(report.errors) == 7 and not report.ok
+
+
+def test_unknown_voc_name_suggests_closest(tmp_path):
+    (tmp_path / "Annotations").mkdir()
+    (tmp_path / "JPEGImages").mkdir()
+    (tmp_path / "classes.txt").write_text("RBC\nWBC\nPlatelets\n")
+    Image.new("RGB", (20, 20)).save(tmp_path / "JPEGImages" / "i.jpg")
+    (tmp_path / "Annotations" / "i.xml").write_text(
+        "<annotation><object><name>Platelet</name><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>9</xmax><ymax>9</ymax>"
+        "</bndbox></object></annotation>")
+    (error,) = check(tmp_path).errors
+    assert error.code == "unknown_class" and error.message == (
+        "Annotations/i.xml object 1 (Platelet): unknown class name 'Platelet' (closest: 'Platelets'); "
+        "known names: ['RBC', 'WBC', 'Platelets']")
+
+
+def _spec(objects_per_image, size=(100, 100), names=("a", "b")):
+    records = [ImageRecord(Path(f"/x/{i}.jpg"), None, [ObjectRecord(b, lbl, names[lbl] if 0 <= lbl < len(names)
+                                                                    else "?", where=f"{i}.txt:{j + 1}", line=j + 1)
+                                                       for j, (b, lbl) in enumerate(objs)], *size)
+               for i, objs in enumerate(objects_per_image)]
+    return DatasetSpec(Path("/x"), "yolo", list(names), {"train": records})
+
+
+def test_validate_spec_skip_invalid_drops_and_reports():
+    spec = _spec([[((0, 0, 10, 10), 0), ((5, 5, 5, 5), 1), ((1, 1, 20, 20), 2)], [((0, 0, 50, 50), 1)]])
+    with pytest.raises(DataError, match="2 problems"):
+        validate_spec(spec)
+    clean, report = validate_spec(spec, skip_invalid=True)
+    assert [len(r.objects) for r in clean.splits["train"]] == [1, 1]
+    assert [len(r.objects) for r in spec.splits["train"]] == [3, 1]  # the input is left as it was
+    assert report.dropped["objects"] == 2 and report.dropped["object_locations"] == ["0.txt:2", "0.txt:3"]
+    assert "skipped as invalid: 2 objects, 0 images" in report.format_table()
+    assert validate_spec(clean)[1].ok
+
+
+def test_report_dict_is_json_and_counts():
+    spec = _spec([[((0, 0, 10, 10), 0), ((20, 20, 40, 40), 0)], [], [((0, 0, 50, 50), 1)]])
+    report = check(spec)
+    d = json.loads(json.dumps(report.to_dict()))
+    assert d["ok"] and d["num_classes"] == 2 and d["errors"] == []
+    assert d["stats"]["train"] == {"images": 3, "objects": 3, "images_without_objects": 1, "difficult_or_crowd": 0,
+                                   "objects_per_class": {"a": 2, "b": 1}, "images_per_class": {"a": 1, "b": 1}}
+    assert [w["code"] for w in d["warnings"]] == ["no_objects"]
+    table = report.format_table()
+    assert "split  images  objects  no objects  a  b" in table and table.endswith("OK: no errors")
+
+
+def test_prior_coverage_hand_computed():
+    # one prior: the centred square of side 0.5 -> xyxy (0.25, 0.25, 0.75, 0.75)
+    priors = torch.tensor([[0.5, 0.5, 0.5, 0.5]])
+    spec = _spec([[((25, 25, 75, 75), 0),     # IoU 1, medium (sqrt area 0.5 -> large)
+                   ((25, 25, 75, 50), 0),     # IoU 0.5 exactly: covered (large)
+                   ((25, 25, 35, 35), 1),     # small: IoU 0.04
+                   ((0, 0, 100, 10), 1)]])    # wide 10:1, IoU 0
+    cov = prior_coverage(spec, priors)
+    assert cov["boxes"] == 4 and cov["covered"] == 0.5
+    by_size = {b["name"]: (b["boxes"], b["covered"]) for b in cov["by_size"]}
+    assert by_size == {"small": (1, 0.0), "medium": (0, 0.0), "large": (3, pytest.approx(2 / 3))}
+    by_aspect = {b["name"]: b["boxes"] for b in cov["by_aspect"]}
+    assert by_aspect == {"tall": 0, "regular": 3, "wide": 1}
+    report = check(spec, priors=priors)
+    assert report.coverage["covered"] == 0.5
+    assert "default-box coverage" in report.format_table()
+
+
+def test_prior_coverage_names_the_worst_sizes():
+    priors = torch.tensor([[0.5, 0.5, 0.5, 0.5]])
+    spec = _spec([[((25, 25, 75, 75), 0)] * 5 + [((48, 48, 52, 52), 0)] * 6])
+    report = check(spec, priors=priors)
+    assert [w["name"] for w in report.coverage["worst"]] == ["small regular"]
+    (warning,) = [w for w in report.warnings if w.code == "low_prior_coverage"]
+    assert "worst covered: small regular objects (0% of 6)" in warning.message
+
+
+def test_unreadable_dataset_is_a_report_error(tmp_path):
+    report = check(tmp_path / "missing")
+    assert not report.ok and report.errors[0].code == "unreadable_dataset" and "does not exist" in report.errors[0].message
+    assert "FAILED: 1 errors" in report.format_table()
