@@ -42,7 +42,7 @@ def test_box_iou_batched_matches_torchvision_per_image():
     out = box_iou_batched(a, b)
     assert out.shape == (3, 5, 7)
     for i in range(3):
-        torch.testing.assert_close(out[i], box_iou(a[i], b))
+        assert torch.equal(out[i], box_iou(a[i], b))
 
 
 def test_encode_by_hand():
@@ -51,6 +51,16 @@ def test_encode_by_hand():
     expected = torch.tensor([[0.05 / (0.1 * 0.2), -0.1 / (0.1 * 0.4), 0.0, math.log(0.5) / 0.2]])
     torch.testing.assert_close(encode(matched, priors), expected)
     torch.testing.assert_close(decode(expected, priors), matched)
+
+
+def test_encode_accepts_centre_form():
+    priors = torch.tensor([[0.5, 0.5, 0.2, 0.4]])
+    matched = torch.tensor([[0.45, 0.3, 0.65, 0.5]])
+    torch.testing.assert_close(
+        encode(xyxy_to_cxcywh(matched), priors, box_format="cxcywh"), encode(matched, priors), rtol=0, atol=0
+    )
+    with pytest.raises(ValueError, match='box_format must be "xyxy" or "cxcywh"'):
+        encode(matched, priors, box_format="xywh")
 
 
 def test_encode_custom_variances_and_batch_dims():

@@ -50,8 +50,9 @@ class MultiBoxLoss(nn.Module):
             num_pos = positive.sum(dim=1)  # [B]
             negative = self._hard_negatives(logits, positive, num_pos)
 
-        loc_loss = F.smooth_l1_loss(loc[positive], loc_t[positive], reduction="sum", beta=1.0)
-        chosen = positive | negative
+        pos_index = positive.nonzero(as_tuple=True)
+        loc_loss = F.smooth_l1_loss(loc[pos_index], loc_t[pos_index], reduction="sum", beta=1.0)
+        chosen = (positive | negative).nonzero(as_tuple=True)
         cls_loss = F.cross_entropy(logits[chosen], cls_t[chosen], reduction="sum")
         total = num_pos.sum().clamp(min=1)
         return loc_loss / total, cls_loss / total

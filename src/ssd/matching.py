@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ssd.boxes import box_iou_batched, cxcywh_to_xyxy, encode
+from ssd.boxes import box_iou_batched, cxcywh_to_xyxy, encode, xyxy_to_cxcywh
 from ssd.validation import PADDING, validate_targets
 
 __all__ = ["match"]
@@ -52,7 +52,7 @@ def match(
 
     is_object = gt_labels != PADDING  # [B, G]
     iou = box_iou_batched(gt_boxes, cxcywh_to_xyxy(priors))  # [B, G, P]
-    iou = iou.masked_fill(~is_object.unsqueeze(-1), -1.0)
+    iou.masked_fill_(~is_object.unsqueeze(-1), -1.0)
 
     overlap, gt_index = iou.max(dim=1)  # best ground truth of every prior: [B, P]
     best_prior = iou.argmax(dim=2)  # best prior of every ground truth: [B, G]
@@ -66,7 +66,8 @@ def match(
 
     positive = overlap >= iou_threshold
     cls_t = torch.where(positive, gt_labels.gather(1, gt_index) + 1, 0)
-    matched = gt_boxes.gather(1, gt_index.unsqueeze(-1).expand(batch, num_priors, 4))  # [B, P, 4]
+    # Convert the G boxes, not the P matched copies.
+    matched = xyxy_to_cxcywh(gt_boxes).gather(1, gt_index.unsqueeze(-1).expand(batch, num_priors, 4))  # [B, P, 4]
     # Background priors get a well-defined zero target (their matched box may be padding).
-    loc_t = encode(matched, priors, variances).masked_fill(~positive.unsqueeze(-1), 0.0)
+    loc_t = encode(matched, priors, variances, box_format="cxcywh").masked_fill_(~positive.unsqueeze(-1), 0.0)
     return loc_t, cls_t
