@@ -30,7 +30,7 @@ def test_seed_bug_label_equal_to_num_classes(tmp_path):
     report = check(data)
     assert not report.ok
     (error,) = report.errors
-    assert error.code == "label_out_of_range" and error.file.endswith("labels/bad.txt") and error.line == 3
+    assert error.code == "label_out_of_range" and error.file == "labels/bad.txt" and error.line == 3
     assert error.message.startswith("labels/bad.txt:3: label 6 is out of range for 6 classes")
     assert "labels must be 0..5; the background class is added internally, do not count it" in error.message
     assert "labels/bad.txt:3" in report.format_table()

@@ -127,7 +127,7 @@ def _box_text(box) -> str:
     return "(" + ", ".join(f"{v:g}" for v in box) + ")"
 
 
-def _object_issues(rec: ImageRecord, split: str, names: list[str]) -> list[Issue]:
+def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -> list[Issue]:
     """Per-object rules for one image, plus near-duplicates (same label, IoU > 0.9)."""
     issues = []
     k = len(names)
@@ -135,8 +135,8 @@ def _object_issues(rec: ImageRecord, split: str, names: list[str]) -> list[Issue
     valid: list[int] = []
     for idx, obj in enumerate(rec.objects):
         def add(severity: str, code: str, text: str) -> None:
-            issues.append(Issue(severity, code, f"{obj.where}: {text}", str(obj.source or rec.path), obj.line,
-                                split, rec.path, idx))
+            issues.append(Issue(severity, code, f"{obj.where}: {text}", _relative(obj.source or rec.path, root),
+                                obj.line, split, rec.path, idx))
 
         x1, y1, x2, y2 = obj.box
         if obj.label == -1 and obj.name not in names:
@@ -174,8 +174,8 @@ def _object_issues(rec: ImageRecord, split: str, names: list[str]) -> list[Issue
             first, second = rec.objects[valid[a]], rec.objects[valid[b]]
             issues.append(Issue("warning", "duplicate_box", f"{second.where}: box {_box_text(second.box)} nearly "
                                 f"duplicates {first.where} {_box_text(first.box)} (same class, IoU "
-                                f"{float(iou[a, b]):.2f} > {DUPLICATE_IOU})", str(second.source or rec.path),
-                                second.line, split, rec.path, valid[b]))
+                                f"{float(iou[a, b]):.2f} > {DUPLICATE_IOU})",
+                                _relative(second.source or rec.path, root), second.line, split, rec.path, valid[b]))
     return issues
 
 
@@ -189,7 +189,7 @@ def find_issues(spec: DatasetSpec) -> list[Issue]:
             if rec.path in seen:  # the same image in two splits (e.g. VOC trainval) is reported once
                 continue
             seen.add(rec.path)
-            issues += _object_issues(rec, split, spec.class_names)
+            issues += _object_issues(rec, split, spec.class_names, spec.root)
             if not rec.objects and rec.path not in failed:
                 where = _relative(rec.annotation or rec.path, spec.root)
                 issues.append(Issue("warning", "no_objects", f"{where}: image without objects (kept as a "
