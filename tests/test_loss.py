@@ -153,3 +153,16 @@ def test_cuda_matches_cpu_and_rejects_bad_labels():
     with pytest.raises(ValueError, match="label 3 in image 1, object 1 is out of range for num_classes=3"):
         MultiBoxLoss()(loc.cuda(), logits.cuda(), PRIORS.cuda(), boxes.cuda(), labels.cuda())
     torch.cuda.synchronize()
+
+
+def test_half_precision_predictions_give_float32_losses():
+    loc, logits, boxes, labels = example()
+    reference = MultiBoxLoss()(loc, logits, PRIORS, boxes, labels)
+    loc16 = loc.detach().bfloat16().requires_grad_()
+    logits16 = logits.detach().bfloat16().requires_grad_()
+    losses = MultiBoxLoss()(loc16, logits16, PRIORS, boxes, labels)
+    for ours, ref in zip(losses, reference):
+        assert ours.dtype == torch.float32
+        torch.testing.assert_close(ours, ref, rtol=1e-2, atol=1e-2)
+    sum(losses).backward()
+    assert loc16.grad.dtype == torch.bfloat16 and bool(torch.isfinite(logits16.grad.float()).all())

@@ -114,3 +114,9 @@ def test_cuda_matches_cpu():
     for a, b in zip(cpu, gpu):
         torch.testing.assert_close(b["scores"].cpu(), a["scores"])
         assert torch.equal(b["labels"].cpu(), a["labels"])
+
+
+def test_half_precision_inputs():
+    loc, logits, priors = make_inputs("random")
+    ours = postprocess(loc.bfloat16(), logits.bfloat16(), priors)
+    assert all(d["scores"].dtype == torch.float32 and len(d["scores"]) == 200 for d in ours)

@@ -27,6 +27,7 @@ class MultiBoxLoss(nn.Module):
       object gives finite zeros instead of NaN.
 
     K is read from ``logits.shape[-1] - 1`` and the labels are validated against it before any indexing.
+    Half-precision predictions are fine: the losses are computed in float32.
     """
 
     def __init__(
@@ -51,9 +52,9 @@ class MultiBoxLoss(nn.Module):
             negative = self._hard_negatives(logits, positive, num_pos)
 
         pos_index = positive.nonzero(as_tuple=True)
-        loc_loss = F.smooth_l1_loss(loc[pos_index], loc_t[pos_index], reduction="sum", beta=1.0)
+        loc_loss = F.smooth_l1_loss(loc[pos_index].float(), loc_t[pos_index].float(), reduction="sum", beta=1.0)
         chosen = (positive | negative).nonzero(as_tuple=True)
-        cls_loss = F.cross_entropy(logits[chosen], cls_t[chosen], reduction="sum")
+        cls_loss = F.cross_entropy(logits[chosen].float(), cls_t[chosen], reduction="sum")
         total = num_pos.sum().clamp(min=1)
         return loc_loss / total, cls_loss / total
 
@@ -64,7 +65,7 @@ class MultiBoxLoss(nn.Module):
         CPU faster and lighter than ``logsumexp``); positives rank last. Only the top ``max(num_neg)`` are ranked.
         """
         num_priors = positive.shape[1]
-        background_loss = torch.log_softmax(logits, dim=-1)[..., 0].neg()
+        background_loss = torch.log_softmax(logits, dim=-1, dtype=torch.float32)[..., 0].neg()
         background_loss.masked_fill_(positive, -float("inf"))
         num_neg = torch.minimum(self.neg_pos_ratio * num_pos, num_priors - num_pos)  # [B]
         k = int(num_neg.max()) if num_neg.numel() else 0

@@ -35,10 +35,11 @@ def postprocess(
         variances: encoding variances.
 
     Returns:
-        One dict per image: ``boxes [N, 4]`` xyxy normalized and clipped to ``[0, 1]``, ``scores [N]``,
+        One dict per image: ``boxes [N, 4]`` xyxy normalized and clipped to ``[0, 1]``, ``scores [N]`` (float32),
         ``labels [N]`` int64 in ``0..K-1``; sorted by decreasing score, ``N <= top_k`` (``N = 0`` is fine).
     """
     num_classes = validate_predictions(loc, logits, priors)
+    loc, logits = loc.float(), logits.float()  # no-op for float32; half-precision heads are scored in float32
     batch, num_priors = logits.shape[:2]
     # Per image and class: the best candidates (topk, then the threshold below: same set as the reverse order).
     scores = _object_scores(logits)  # [B, K, P]
