@@ -120,3 +120,9 @@ def test_half_precision_inputs():
     loc, logits, priors = make_inputs("random")
     ours = postprocess(loc.bfloat16(), logits.bfloat16(), priors)
     assert all(d["scores"].dtype == torch.float32 and len(d["scores"]) == 200 for d in ours)
+
+
+def test_outputs_of_a_model_in_training_mode():
+    loc, logits, priors = make_inputs("random")
+    out = postprocess(loc.requires_grad_(), logits.requires_grad_(), priors)
+    assert not out[0]["scores"].requires_grad and len(out[0]["scores"]) == 200

@@ -12,6 +12,7 @@ from ssd.validation import validate_predictions
 __all__ = ["postprocess"]
 
 
+@torch.no_grad()
 def postprocess(
     loc: Tensor,
     logits: Tensor,
@@ -22,7 +23,7 @@ def postprocess(
     candidates_per_class: int = 400,
     variances: tuple[float, float] = (0.1, 0.2),
 ) -> list[dict[str, Tensor]]:
-    """Detections of a batch of head outputs.
+    """Detections of a batch of head outputs (not differentiable: runs without autograd).
 
     Args:
         loc: ``[B, P, 4]`` predicted offsets (see :func:`ssd.boxes.encode`).
