@@ -1,0 +1,159 @@
+"""Self-describing checkpoints: saved atomically, loaded with ``torch.load(weights_only=True)``.
+
+A checkpoint is a dict: ``format`` (:data:`FORMAT`), ``version`` (``ssd.__version__``), ``config`` (the model's
+``config``), ``class_names``, ``model`` (state dict), plus whatever extras the caller adds (optimizer, scheduler,
+scaler, epoch, rng, metrics, train_config ...). Everything in it must be plain data (dicts, lists, tuples, strings,
+numbers, booleans, ``None``, tensors) so that loading never runs pickled code; :func:`save_checkpoint` checks this
+before writing (RNG states, for instance, must be stored as tensors).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import ssd
+
+__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "unwrap_model"]
+
+FORMAT = "ssd-checkpoint-v1"
+"""Value of the ``format`` key; the version suffix changes only with an incompatible layout."""
+
+_RESERVED = ("format", "version", "config", "class_names", "model")
+_LEAVES = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, torch.dtype, torch.device, torch.Size)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, truncated, corrupt, foreign, or does not fit the request."""
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The SSD inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        else:
+            return model
+
+
+def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> Path:
+    """Write ``model`` (an :class:`ssd.models.SSD`, possibly wrapped) and ``extra`` to ``path`` atomically.
+
+    The file is written to a temporary file in the same directory and renamed over ``path``, so a crash never
+    leaves a half-written checkpoint (an existing file stays intact). Parent directories are created.
+
+    Raises:
+        TypeError: an extra value (at any depth) is not plain data; the message names where it is.
+        ValueError: an extra uses a reserved key (``format``, ``version``, ``config``, ``class_names``, ``model``).
+    """
+    model = unwrap_model(model)
+    clash = [k for k in extra if k in _RESERVED]
+    if clash:
+        raise ValueError(f"save_checkpoint: extra key(s) {clash} are reserved ({', '.join(_RESERVED)})")
+    for key, value in extra.items():
+        _check_plain(value, key)
+    _check_plain(model.config, "model.config")
+    payload = {
+        "format": FORMAT,
+        "version": ssd.__version__,
+        "config": model.config,
+        "class_names": list(model.class_names),
+        "model": {k: v.contiguous() for k, v in model.state_dict().items()},
+        **extra,
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint` (``torch.load(weights_only=True)``: no code runs).
+
+    Returns:
+        The checkpoint dict (tensors on ``map_location``).
+
+    Raises:
+        CheckpointError: the file is missing, truncated or corrupt, not a checkpoint of this library (e.g. a plain
+            state dict or a torchvision weights file), or of an unknown format version.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} is not a file")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsupported content"
+        raise CheckpointError(f"{path} holds objects that cannot be loaded safely ({reason[:200]}); it is not a "
+                              "checkpoint of this library (a pickled model or another program's file?)") from None
+    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
+        raise CheckpointError(_unreadable(path, exc)) from None
+    if not isinstance(ckpt, Mapping):
+        raise CheckpointError(f"{path} holds a {type(ckpt).__name__}, not an ssd checkpoint (a dict with a "
+                              f"'format' tag)")
+    tag = ckpt.get("format")
+    if tag is None:
+        if ckpt and all(isinstance(v, torch.Tensor) for v in ckpt.values()):
+            raise CheckpointError(f"{path} is a plain state dict ({len(ckpt)} tensors, e.g. {next(iter(ckpt))!r}), "
+                                  "not an ssd checkpoint: it has no model configuration or class names. ImageNet "
+                                  "backbone files go to backbone_weights=, not to weights=")
+        raise CheckpointError(f"{path} is not an ssd checkpoint (no 'format' tag; keys: {sorted(map(str, ckpt))[:8]})")
+    if tag != FORMAT:
+        raise CheckpointError(f"{path} has format {tag!r}, but this version of ssd ({ssd.__version__}) reads "
+                              f"{FORMAT!r} (saved by ssd {ckpt.get('version', '?')})")
+    missing = [k for k in _RESERVED if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"{path} is an incomplete ssd checkpoint: missing {missing}")
+    return dict(ckpt)
+
+
+def _unreadable(path: Path, exc: BaseException) -> str:
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(4)
+    if head.startswith(b"PK") and not zipfile.is_zipfile(path):
+        return (f"{path} is truncated ({size} bytes, the end of the archive is missing): the save was interrupted "
+                "or the copy is incomplete")
+    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"{path} ({size} bytes) is corrupt or not a PyTorch file: {reason[:200]}"
+
+
+def _check_plain(value: Any, where: str) -> None:
+    """Raise ``TypeError`` naming the first value under ``where`` that ``weights_only`` loading would refuse."""
+    if isinstance(value, _LEAVES):
+        return
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, (str, int, float, bool, type(None), tuple)):
+                raise TypeError(f"save_checkpoint: {where} has a key of type {type(key).__name__} ({key!r}); "
+                                "keys must be strings or numbers")
+            _check_plain(item, f"{where}[{key!r}]")
+        return
+    if isinstance(value, (list, tuple, set, frozenset)):
+        for index, item in enumerate(value):
+            _check_plain(item, f"{where}[{index}]")
+        return
+    raise TypeError(f"save_checkpoint: {where} is a {type(value).__module__}.{type(value).__qualname__}, which "
+                    "torch.load(weights_only=True) cannot read back; store plain data (convert arrays and RNG "
+                    "states to tensors, objects to dicts)")

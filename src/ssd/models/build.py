@@ -1,0 +1,234 @@
+"""Build named SSD configurations, and rebuild them from checkpoints."""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from ssd.checkpoint import CheckpointError, load_checkpoint
+from ssd.models import mobilenet, tiny, vgg
+from ssd.models.spec import Architecture
+from ssd.models.ssd import SSD
+from ssd.models.weights import BackboneWeightsError, read_backbone_weights
+from ssd.priors import default_boxes
+
+__all__ = ["MODEL_CONFIGS", "build_model", "list_models", "model_from_checkpoint", "prior_config"]
+
+logger = logging.getLogger("ssd")
+
+MODEL_CONFIGS: dict[str, Architecture] = {**vgg.ARCHITECTURES, **mobilenet.ARCHITECTURES, **tiny.ARCHITECTURES}
+"""The named configurations :func:`build_model` knows."""
+
+VARIANCES = [0.1, 0.2]
+
+
+def list_models() -> dict[str, str]:
+    """Name -> one-line description of every configuration."""
+    return {name: arch.description for name, arch in MODEL_CONFIGS.items()}
+
+
+def build_model(name: str, num_classes: int | None = None, class_names: Sequence[str] | None = None, *,
+                backbone_weights: str | os.PathLike | None = None, image_size: int | None = None,
+                **options: Any) -> SSD:
+    """A new SSD of a named configuration (see :func:`list_models`).
+
+    Args:
+        name: configuration name, e.g. ``"ssd300_vgg16"``, ``"ssd512_vgg16"``, ``"ssdlite320_mobilenet_v3_large"``,
+            ``"ssd_tiny"``.
+        num_classes: K, the number of object classes (background excluded).
+        class_names: the K class names (wins over ``num_classes``; without it names are ``class0 .. classK-1``).
+        backbone_weights: path to a torchvision ImageNet state dict for the backbone, or ``"imagenet"`` to use the
+            file in the torch hub cache (``torch.hub.get_dir()/checkpoints``); nothing is ever downloaded.
+            ``None``: random initialisation.
+        image_size: side of the square input (default: the configuration's). The default boxes are recomputed
+            with the box sizes scaled to the new size and centres spread evenly over the new feature maps.
+        options: architecture options (``ssdlite320_mobilenet_v3_large``: ``reduced_tail``).
+
+    Returns:
+        The model in training mode, its ``config`` a plain dict that rebuilds it.
+    """
+    arch = _architecture(name)
+    class_names = _class_names(num_classes, class_names)
+    unknown = sorted(set(options) - set(arch.options))
+    if unknown:
+        accepted = ", ".join(arch.options) or "none"
+        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for model {name!r} (accepted: {accepted})")
+    options = {**arch.options, **options}
+    if "reduced_tail" in options and options["reduced_tail"] is None:
+        options["reduced_tail"] = backbone_weights is None
+    size = arch.priors["image_size"] if image_size is None else image_size
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ValueError(f"image_size must be a positive int (side of the square input), got {image_size!r}")
+    feature_maps, _ = _probe(name, options, size)
+    config = {
+        "name": name,
+        "num_classes": len(class_names),
+        "image_size": size,
+        "mean": list(arch.mean),
+        "std": list(arch.std),
+        "variances": list(VARIANCES),
+        "channels_last": arch.channels_last,
+        "priors": prior_config(arch.priors, size, feature_maps),
+        "options": options,
+    }
+    return _assemble(config, class_names, backbone_weights)
+
+
+def prior_config(base: Mapping[str, Any], image_size: int, feature_maps: list[int]) -> dict[str, Any]:
+    """:func:`ssd.priors.default_boxes` keyword arguments (without ``image_size``) for an input size.
+
+    ``base`` unchanged at its own size and feature maps; otherwise box sizes scale with ``image_size`` and the
+    steps become ``image_size / feature_map`` (centres spread evenly).
+    """
+    kwargs = {k: v for k, v in base.items() if k != "image_size"}
+    if image_size == base["image_size"] and list(feature_maps) == list(base["feature_maps"]):
+        return {k: [list(x) if isinstance(x, (list, tuple)) else x for x in v] for k, v in kwargs.items()}
+    scale = image_size / base["image_size"]
+    return {
+        "feature_maps": list(feature_maps),
+        "steps": [image_size / f for f in feature_maps],
+        "min_sizes": [s * scale for s in base["min_sizes"]],
+        "max_sizes": [s * scale for s in base["max_sizes"]],
+        "aspect_ratios": [list(r) for r in base["aspect_ratios"]],
+    }
+
+
+def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, class_names: Sequence[str] | None = None,
+                          reinit_heads: bool = False) -> SSD:
+    """Rebuild the model saved in a checkpoint (a path or the dict from :func:`ssd.checkpoint.load_checkpoint`).
+
+    Args:
+        class_names: the classes wanted (default: the checkpoint's). Different names (or order) are refused unless
+            ``reinit_heads``.
+        reinit_heads: with different ``class_names``, keep every weight but the class heads (``heads.N.cls``),
+            which start from their initialisation (fine-tuning to new classes); logged on the ``ssd`` logger.
+    """
+    ckpt = load_checkpoint(ckpt_or_path) if isinstance(ckpt_or_path, (str, os.PathLike)) else ckpt_or_path
+    source = str(ckpt_or_path) if isinstance(ckpt_or_path, (str, os.PathLike)) else "the checkpoint"
+    config, saved = dict(ckpt["config"]), list(ckpt["class_names"])
+    if config.get("name") not in MODEL_CONFIGS:
+        raise CheckpointError(f"{source} holds a model named {config.get('name')!r}, which this version of ssd does "
+                              f"not know (known: {', '.join(MODEL_CONFIGS)})")
+    wanted = saved if class_names is None else _class_names(None, class_names)
+    state = ckpt["model"]
+    if wanted != saved:
+        if not reinit_heads:
+            order = " (the same names in another order)" if sorted(wanted) == sorted(saved) else ""
+            raise CheckpointError(f"{source} was trained for {len(saved)} classes {_names(saved)} but the class "
+                                  f"names given are {len(wanted)} classes {_names(wanted)}{order}; pass "
+                                  "reinit_heads=True to fine-tune it with new class heads")
+        config["num_classes"] = len(wanted)
+        kept = {k: v for k, v in state.items() if not _is_class_head(k)}
+        model = _assemble(config, wanted)
+        _load(model, kept, source, allowed_missing=[k for k in model.state_dict() if _is_class_head(k)])
+        logger.warning("%s: kept %d of %d weight tensors; re-initialised the class heads (%d tensors) for %d "
+                       "classes %s (trained for %s)", source, len(kept), len(state), len(state) - len(kept),
+                       len(wanted), _names(wanted), _names(saved))
+        return model
+    model = _assemble(config, wanted)
+    _load(model, state, source)
+    return model
+
+
+def _assemble(config: dict[str, Any], class_names: list[str], backbone_weights: str | os.PathLike | None = None
+              ) -> SSD:
+    arch = MODEL_CONFIGS[config["name"]]
+    weights, source = None, None
+    if backbone_weights is not None:
+        if arch.imagenet_file is None:
+            raise BackboneWeightsError(f"{config['name']} has no ImageNet backbone (it trains from scratch); "
+                                       f"got backbone_weights={str(backbone_weights)!r}")
+        weights, source = read_backbone_weights(backbone_weights, arch.imagenet_file, config["name"])
+    feature_maps, channels = _probe(config["name"], config["options"], config["image_size"])
+    if feature_maps != list(config["priors"]["feature_maps"]):
+        raise ValueError(f"{config['name']} at {config['image_size']} px has feature maps {feature_maps}, but the "
+                         f"configuration says {config['priors']['feature_maps']}")
+    backbone = arch.backbone(config["options"], weights, source)
+    num_outputs = config["num_classes"] + 1
+    heads = nn.ModuleList([arch.head(c, 2 + 2 * len(ratios), num_outputs)
+                           for c, ratios in zip(channels, config["priors"]["aspect_ratios"])])
+    priors = default_boxes(config["image_size"], **config["priors"])
+    return SSD(backbone, heads, priors, config, class_names)
+
+
+def _probe(name: str, options: dict[str, Any], size: int) -> tuple[list[int], list[int]]:
+    """``(feature map sizes, channels)`` at ``size``, from a forward pass on the meta device (no memory, no compute)."""
+    maps, channels = _probe_cached(name, tuple(sorted(options.items())), size)
+    return list(maps), list(channels)
+
+
+@functools.lru_cache(maxsize=64)
+def _probe_cached(name: str, options: tuple, size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    arch = MODEL_CONFIGS[name]
+    with torch.device("meta"):
+        backbone = arch.backbone(dict(options), None, None).eval()
+        try:
+            features = backbone(torch.empty(1, 3, size, size))
+        except RuntimeError as exc:
+            raise ValueError(f"image_size={size} is too small for {name} (native size "
+                             f"{arch.priors['image_size']}): {str(exc).splitlines()[0]}") from None
+    return tuple(f.shape[-1] for f in features), tuple(f.shape[1] for f in features)
+
+
+def _is_class_head(key: str) -> bool:
+    parts = key.split(".")
+    return len(parts) > 2 and parts[0] == "heads" and parts[2] == "cls"
+
+
+def _load(model: SSD, state: Mapping[str, torch.Tensor], source: str, allowed_missing: Sequence[str] = ()) -> None:
+    """Load a checkpoint's weights, refusing (``CheckpointError``) keys or shapes that do not fit its own config."""
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state and k not in allowed_missing]
+    unexpected = [k for k in state if k not in expected]
+    mismatched = [f"{k} {list(state[k].shape)} (expected {list(v.shape)})"
+                  for k, v in expected.items() if k in state and state[k].shape != v.shape]
+    if missing or unexpected or mismatched:
+        raise CheckpointError(f"the weights in {source} do not fit the model configuration saved with them "
+                              f"(damaged or edited checkpoint?): missing {missing[:5]}, unexpected "
+                              f"{unexpected[:5]}, wrong shapes {mismatched[:5]}")
+    model.load_state_dict(state, strict=False)
+
+
+def _class_names(num_classes: int | None, class_names: Sequence[str] | None) -> list[str]:
+    """Validated class names: ``class_names`` (non-empty distinct strings), else ``class0 .. class{K-1}``."""
+    if class_names is None:
+        if num_classes is None:
+            raise ValueError("give num_classes (K, background excluded) or class_names")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes must be an int >= 1 (object classes, background excluded), "
+                             f"got {num_classes!r}")
+        return [f"class{k}" for k in range(num_classes)]
+    if isinstance(class_names, str) or not isinstance(class_names, Sequence):
+        raise ValueError(f"class_names must be a list of strings, got {type(class_names).__name__}")
+    names = list(class_names)
+    if not names:
+        raise ValueError("class_names is empty: a detector needs at least one object class")
+    for index, item in enumerate(names):
+        if not isinstance(item, str) or not item.strip():
+            raise ValueError(f"class_names[{index}] = {item!r}: class names must be non-empty strings")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"class_names has duplicates {duplicates}: every class needs a distinct name")
+    if num_classes is not None and num_classes != len(names):
+        raise ValueError(f"num_classes={num_classes} but {len(names)} class_names were given {_names(names)}")
+    return names
+
+
+def _names(names: list[str], limit: int = 30) -> str:
+    shown = ", ".join(map(repr, names[:limit]))
+    return f"[{shown}{', ...' if len(names) > limit else ''}]"
+
+
+def _architecture(name: str) -> Architecture:
+    if name not in MODEL_CONFIGS:
+        close = difflib.get_close_matches(str(name), MODEL_CONFIGS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown model {name!r}{hint}; known models: {', '.join(MODEL_CONFIGS)}")
+    return MODEL_CONFIGS[name]

@@ -1,0 +1,151 @@
+"""The SSD detector module: a multi-scale backbone, one box head per level, the default boxes and the class names.
+
+Head outputs are laid out in the order of :func:`ssd.priors.default_boxes`: level by level, then row ``i``, column
+``j`` of the feature map, then the boxes of that location (each head's channels are ``[A * C]`` with the box index
+major), so ``loc[:, p]`` and ``logits[:, p]`` belong to ``priors[p]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+from torchvision.transforms.v2 import functional as TF
+
+from ssd.postprocess import postprocess
+
+__all__ = ["SSD", "LevelHead"]
+
+
+class LevelHead(nn.Module):
+    """The two predictors of one feature level: ``loc`` (``A * 4`` channels) and ``cls`` (``A * (K+1)`` channels)."""
+
+    def __init__(self, loc: nn.Module, cls: nn.Module, num_outputs: int):
+        super().__init__()
+        self.loc = loc
+        self.cls = cls
+        self.num_outputs = num_outputs  # K + 1
+
+    def forward(self, feature: Tensor) -> tuple[Tensor, Tensor]:
+        """``[B, C, H, W]`` -> ``(loc [B, H*W*A, 4], logits [B, H*W*A, K+1])`` in (row, column, box) order."""
+        batch = feature.shape[0]
+        loc = self.loc(feature).permute(0, 2, 3, 1).reshape(batch, -1, 4)
+        logits = self.cls(feature).permute(0, 2, 3, 1).reshape(batch, -1, self.num_outputs)
+        return loc, logits
+
+
+class SSD(nn.Module):
+    """Single Shot MultiBox Detector.
+
+    Args:
+        backbone: module mapping normalized images ``[B, 3, S, S]`` to a list of feature maps (one per level).
+        heads: one :class:`LevelHead` per feature map.
+        priors: default boxes ``[P, 4]`` ``(cx, cy, w, h)`` normalized (a persistent buffer, saved with the weights).
+        config: plain dict that rebuilds the model (see :func:`ssd.models.build_model`), with at least ``name``,
+            ``num_classes``, ``image_size``, ``mean``, ``std``, ``variances``, ``channels_last``, ``priors``.
+        class_names: the K object class names; label ``k`` of every output is ``class_names[k]``.
+    """
+
+    __jit_unused_properties__ = ["num_classes", "image_size"]  # TorchScript compiles forward only
+
+    def __init__(self, backbone: nn.Module, heads: nn.ModuleList, priors: Tensor, config: dict,
+                 class_names: Sequence[str]):
+        super().__init__()
+        if len(class_names) != config["num_classes"]:
+            raise ValueError(f"{len(class_names)} class names given for num_classes={config['num_classes']}")
+        self.backbone = backbone
+        self.heads = heads
+        self.register_buffer("priors", priors)
+        self.config = config
+        self.class_names = list(class_names)
+
+    @property
+    def num_classes(self) -> int:
+        """K, the number of object classes (the heads have K+1 outputs, index 0 is background)."""
+        return self.config["num_classes"]
+
+    @property
+    def image_size(self) -> int:
+        """Side of the square network input."""
+        return self.config["image_size"]
+
+    def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
+        """``images [B, 3, S, S]`` normalized -> ``(loc [B, P, 4], logits [B, P, K+1])`` in prior order."""
+        features = self.backbone(images)
+        locs = []
+        logits = []
+        for i, head in enumerate(self.heads):
+            loc, cls = head(features[i])
+            locs.append(loc)
+            logits.append(cls)
+        return torch.cat(locs, dim=1), torch.cat(logits, dim=1)
+
+    def preprocess(self, images: Sequence[Tensor] | Tensor) -> tuple[Tensor, Tensor]:
+        """Resize (plain, no letterbox) and normalize images for :meth:`forward`.
+
+        Args:
+            images: a list of ``[3, H, W]`` tensors (sizes may differ), uint8 ``0..255`` or floating point in
+                ``[0, 1]``, or one ``[B, 3, H, W]`` tensor.
+
+        Returns:
+            ``(batch [B, 3, S, S] float32 normalized on the model's device, sizes [B, 2] int64 (h, w) of the originals)``.
+        """
+        if isinstance(images, Tensor) and images.dim() == 4:
+            images = list(images)
+        if isinstance(images, Tensor) or len(images) == 0:
+            raise ValueError("images must be a non-empty list of [3, H, W] tensors or a [B, 3, H, W] tensor")
+        for index, image in enumerate(images):
+            _check_image(image, index)
+        device = self.priors.device
+        size = [self.image_size, self.image_size]
+        sizes = torch.tensor([list(image.shape[-2:]) for image in images], dtype=torch.int64)
+        if bool((sizes == sizes[0]).all()):  # one resize call for the whole batch
+            resized = TF.resize(torch.stack(list(images)).to(device), size, antialias=True)
+        else:
+            resized = torch.stack([TF.resize(image.to(device), size, antialias=True) for image in images])
+        batch = TF.to_dtype(resized, torch.float32, scale=True)
+        return TF.normalize(batch, self.config["mean"], self.config["std"]), sizes
+
+    @torch.no_grad()
+    def predict(self, images: Sequence[Tensor] | Tensor, score_threshold: float = 0.01, iou_threshold: float = 0.45,
+                max_detections: int = 200) -> list[dict]:
+        """Detections in original-image pixels.
+
+        Runs in eval mode (the previous mode is restored). ``images`` as for :meth:`preprocess`.
+
+        Returns:
+            One dict per image: ``boxes [N, 4]`` float32 pixel xyxy of the original image, ``scores [N]``,
+            ``labels [N]`` int64 in ``0..K-1``, ``names`` list of N class names; sorted by decreasing score.
+        """
+        batch, sizes = self.preprocess(images)
+        if self.config.get("channels_last", False):
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        was_training = self.training
+        self.eval()
+        try:
+            loc, logits = self(batch)
+        finally:
+            self.train(was_training)
+        detections = postprocess(loc.float(), logits.float(), self.priors, score_threshold=score_threshold,
+                                 iou_threshold=iou_threshold, top_k=max_detections,
+                                 variances=tuple(self.config["variances"]))
+        scale = sizes.flip(1).repeat(1, 2).to(loc.device, torch.float32)  # [B, 4] (w, h, w, h)
+        for detection, factor in zip(detections, scale):
+            detection["boxes"] = detection["boxes"] * factor
+            detection["names"] = [self.class_names[k] for k in detection["labels"].tolist()]
+        return detections
+
+
+def _check_image(image: Tensor, index: int) -> None:
+    if not isinstance(image, Tensor):
+        raise ValueError(f"image {index} must be a tensor, got {type(image).__name__}")
+    if image.dim() != 3 or image.shape[0] != 3:
+        raise ValueError(f"image {index} must have shape [3, H, W] (RGB, channels first), got {list(image.shape)}")
+    if image.dtype != torch.uint8 and not image.is_floating_point():
+        raise ValueError(f"image {index} must be uint8 (0..255) or floating point (0..1), got {image.dtype}")
+    if image.is_floating_point() and image.numel():
+        low, high = (value.item() for value in torch.aminmax(image))
+        if low < 0 or high > 1:
+            raise ValueError(f"image {index} is floating point with values in [{low:.4g}, {high:.4g}]; "
+                             "floating point images must be scaled to [0, 1] (or pass uint8 0..255)")

@@ -1,0 +1,81 @@
+"""ImageNet backbone weights from local torchvision state dict files (never downloaded)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["read_backbone_weights", "load_checked", "BackboneWeightsError"]
+
+
+class BackboneWeightsError(ValueError):
+    """A backbone weights file that is missing, unreadable or made for another architecture."""
+
+
+def read_backbone_weights(spec: str | os.PathLike, filename: str, what: str) -> tuple[dict[str, Tensor], str]:
+    """Read a torchvision state dict for a backbone.
+
+    Args:
+        spec: a file path, or ``"imagenet"`` for ``torch.hub.get_dir()/checkpoints/<filename>`` (the file torchvision
+            would have downloaded there; it is only looked up, never downloaded).
+        filename: torchvision's file name for the ImageNet weights of this backbone (e.g. ``vgg16-397923af.pth``).
+        what: the backbone, for messages (e.g. ``"vgg16 (ssd300_vgg16)"``).
+
+    Returns:
+        ``(state_dict, source)``, ``source`` being the file path used (for later messages).
+    """
+    if str(spec) == "imagenet":
+        path = Path(torch.hub.get_dir()) / "checkpoints" / filename
+        if not path.is_file():
+            raise BackboneWeightsError(
+                f"backbone_weights='imagenet': {path} not found (nothing is downloaded). Copy torchvision's "
+                f"ImageNet weights for {what} ({filename}) there, or pass backbone_weights=PATH to the file")
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise BackboneWeightsError(f"backbone weights file {path} does not exist (expected a torchvision state "
+                                       f"dict for {what}, such as {filename})")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any reading failure means the same thing to the user
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BackboneWeightsError(f"cannot read backbone weights {path}: {reason} (expected a torchvision state "
+                                   f"dict for {what}, such as {filename})") from None
+    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
+        hint = " (this looks like an SSD checkpoint: use it as weights, not backbone_weights)" \
+            if isinstance(state, Mapping) and "format" in state else ""
+        raise BackboneWeightsError(f"backbone weights {path} is not a state dict of tensors{hint}; expected a "
+                                   f"torchvision state dict for {what}, such as {filename}")
+    return dict(state), str(path)
+
+
+def load_checked(module: nn.Module, state: Mapping[str, Tensor], *, source: str, what: str,
+                 ignore_prefixes: Iterable[str] = ()) -> None:
+    """Load ``state`` into ``module`` after checking that keys and shapes match exactly.
+
+    Keys starting with one of ``ignore_prefixes`` (e.g. an ImageNet classifier) are skipped on both sides. Raises
+    :class:`BackboneWeightsError` naming the missing, unexpected and mismatched keys (a few of each, with counts).
+    """
+    ignore = tuple(ignore_prefixes)
+    given = {k: v for k, v in state.items() if not k.startswith(ignore)}
+    expected = {k: v for k, v in module.state_dict().items() if not k.startswith(ignore)}
+    missing = [k for k in expected if k not in given]
+    unexpected = [k for k in given if k not in expected]
+    mismatched = [f"{k} {list(given[k].shape)} (expected {list(v.shape)})"
+                  for k, v in expected.items() if k in given and given[k].shape != v.shape]
+    if missing or unexpected or mismatched:
+        parts = [f"{label} ({len(keys)}): {_few(keys)}"
+                 for label, keys in (("missing keys", missing), ("unexpected keys", unexpected),
+                                     ("wrong shapes", mismatched)) if keys]
+        raise BackboneWeightsError(f"backbone weights {source} do not fit the {what} backbone (wrong file or "
+                                   f"architecture?): " + "; ".join(parts))
+    module.load_state_dict(given, strict=False)
+
+
+def _few(items: list[str], limit: int = 5) -> str:
+    shown = ", ".join(items[:limit])
+    return shown + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")
