@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ssd.data.images import is_image, read_image
+from ssd.models.ssd import SSD
 from ssd.postprocess import postprocess
 
 __all__ = ["Result", "Detector", "OnnxDetector", "PredictSummary", "load", "predict_source", "VIDEO_SUFFIXES"]
@@ -63,7 +65,7 @@ class Result:
 
 
 def _to_image(item, index: int) -> Tensor:
-    """One input -> ``[3, H, W]`` uint8 or float in ``0..1`` (what ``SSD.preprocess`` takes)."""
+    """One input -> ``[3, H, W]`` tensor (``SSD.preprocess`` checks tensors: shape, uint8 or float in ``0..1``)."""
     if isinstance(item, (str, Path)):
         return read_image(item)
     if isinstance(item, Image.Image):
@@ -74,16 +76,6 @@ def _to_image(item, index: int) -> Tensor:
                              f"got shape {list(item.shape)} dtype {item.dtype}")
         return torch.from_numpy(np.ascontiguousarray(item)).permute(2, 0, 1)
     if isinstance(item, Tensor):
-        if item.dim() != 3 or item.shape[0] != 3:
-            raise ValueError(f"input {index}: tensor image must have shape [3, H, W], got {list(item.shape)}")
-        if item.dtype == torch.uint8:
-            return item
-        if not item.is_floating_point():
-            raise ValueError(f"input {index}: tensor image must be uint8 or float in 0..1, got {item.dtype}")
-        low, high = item.aminmax()
-        if low < 0 or high > 1:
-            raise ValueError(f"input {index}: float tensor image values must be in 0..1, got "
-                             f"{float(low):.3g}..{float(high):.3g} (divide uint8 pixels by 255)")
         return item
     raise ValueError(f"input {index}: unsupported type {type(item).__name__} (give a path, a PIL image, a numpy HWC "
                      f"uint8 array or a [3, H, W] tensor)")
@@ -175,8 +167,11 @@ class OnnxDetector(Detector):
                                   f"export it with `ssd export --weights CKPT --format onnx`")
         self.class_names = json.loads(meta["class_names"])
         self.image_size = int(meta["image_size"])
-        self.mean = json.loads(meta["mean"])
-        self.std = json.loads(meta["std"])
+        # The model's own preprocessing (SSD.preprocess) reads only these attributes of the model.
+        self._preprocess_settings = SimpleNamespace(
+            image_size=self.image_size, priors=torch.empty(0),
+            config={"mean": json.loads(meta["mean"]), "std": json.loads(meta["std"])},
+        )
         self.variances = tuple(json.loads(meta["variances"]))
         self.nms = json.loads(meta["nms"])
         if self.nms:
@@ -201,7 +196,7 @@ class OnnxDetector(Detector):
         return [o.name for o in self.session.get_outputs()]
 
     def _detect(self, images: list[Tensor], conf: float, iou: float, max_det: int) -> list[dict]:
-        batch, sizes = _preprocess(images, self.image_size, self.mean, self.std)
+        batch, sizes = SSD.preprocess(self._preprocess_settings, images)
         outputs = [torch.from_numpy(v) for v in self.run(batch)]
         if self.nms:
             detections = self._unpack_nms(*outputs, conf, iou, max_det)
@@ -225,13 +220,6 @@ class OnnxDetector(Detector):
             {"boxes": r[k, :4][:max_det], "scores": r[k, 4][:max_det], "labels": r[k, 5][:max_det].long()}
             for r, k in zip(rows, keep)
         ]
-
-
-def _preprocess(images: list[Tensor], image_size: int, mean, std) -> tuple[Tensor, Tensor]:
-    from torchvision.transforms.v2 import functional as F  # TEMP until the models' shared preprocessing lands
-    sizes = torch.tensor([list(im.shape[-2:]) for im in images])
-    batch = torch.stack([F.resize(F.to_dtype(im, torch.float32, scale=True), [image_size] * 2) for im in images])
-    return F.normalize(batch, mean, std), sizes
 
 
 def load(path: str | Path, device: str = "cpu", half: bool = False) -> Detector:

@@ -1,0 +1,157 @@
+"""ONNX export: parity with PyTorch (ssd_tiny and SSD300, batch 1 and dynamic batch), in-graph NMS against
+``postprocess``, metadata, the parity check failing loudly, TorchScript."""
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+from ssd.engine.export import ExportCheckError, check_onnx, export, export_onnx, export_torchscript
+from ssd.models import build_model
+from ssd.postprocess import postprocess
+
+
+def biased_model(name: str, num_classes: int = 3, seed: int = 0, **options) -> nn.Module:
+    """A random-init model whose class logits are biased towards objects, so that it detects something."""
+    torch.manual_seed(seed)
+    model = build_model(name, num_classes=num_classes, **options).eval()
+    with torch.no_grad():
+        for head in model.heads:
+            conv = [m for m in head.cls.modules() if isinstance(m, nn.Conv2d)][-1]
+            bias = conv.bias.view(-1, num_classes + 1)  # [A, K+1], index 0 background
+            bias[:, 1:] += torch.linspace(1.5, 0.5, num_classes)
+    return model
+
+
+def random_images(count: int, seed: int = 1) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    sizes = [(120, 160), (90, 70), (64, 64), (100, 130)]
+    return [torch.randint(0, 256, (3, *sizes[i % 4]), dtype=torch.uint8, generator=generator) for i in range(count)]
+
+
+def run_raw(path, batch: torch.Tensor) -> list[torch.Tensor]:
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return [torch.from_numpy(v) for v in session.run(None, {"images": batch.numpy()})]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return biased_model("ssd_tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tiny, tmp_path_factory):
+    """``ssd export`` of a checkpoint: batch 1, no NMS, checked with ONNX Runtime on two images."""
+    from ssd.checkpoint import save_checkpoint
+
+    weights = save_checkpoint(tmp_path_factory.mktemp("export") / "best.pt", tiny)
+    return export(weights, fmt="onnx", sample_images=random_images(2))
+
+
+def test_tiny_onnx_batch1_matches_pytorch(tiny, tiny_onnx):
+    assert tiny_onnx.name == "best.onnx" and tiny_onnx.with_suffix(".pt").is_file()  # next to the weights
+    batch, _ = tiny.preprocess(random_images(1))
+    with torch.no_grad():
+        loc, logits = tiny(batch)
+    got_loc, got_logits, priors = run_raw(tiny_onnx, batch)
+    torch.testing.assert_close(got_loc, loc, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(got_logits, logits, atol=1e-4, rtol=1e-4)
+    assert torch.equal(priors, tiny.priors)
+
+    session = ort.InferenceSession(str(tiny_onnx), providers=["CPUExecutionProvider"])
+    assert session.get_inputs()[0].shape == [1, 3, tiny.image_size, tiny.image_size]
+    assert [o.name for o in session.get_outputs()] == ["loc", "logits", "priors"]
+    meta = session.get_modelmeta().custom_metadata_map
+    assert json.loads(meta["class_names"]) == tiny.class_names
+    assert int(meta["image_size"]) == tiny.image_size
+    assert json.loads(meta["mean"]) == pytest.approx(tiny.config["mean"])
+    assert json.loads(meta["std"]) == pytest.approx(tiny.config["std"])
+    assert json.loads(meta["variances"]) == pytest.approx(tiny.config["variances"])
+    assert json.loads(meta["nms"]) is False
+
+
+def test_ssd300_dynamic_batch_onnx_matches_pytorch(tmp_path):
+    model = biased_model("ssd300_vgg16", num_classes=2)
+    path = export_onnx(model, tmp_path / "ssd300.onnx", dynamic_batch=True)  # the parity check runs inside too
+    batch, _ = model.preprocess(random_images(2))
+    with torch.no_grad():
+        loc, logits = model(batch)
+    got_loc, got_logits, priors = run_raw(path, batch)
+    assert got_loc.shape == (2, 8732, 4) and priors.shape == (8732, 4)
+    torch.testing.assert_close(got_loc, loc, atol=1e-3, rtol=1e-3)
+    torch.testing.assert_close(got_logits.softmax(-1), logits.softmax(-1), atol=1e-4, rtol=0)
+
+
+def test_nms_export_equals_postprocess_batch1_and_dynamic(tiny, tmp_path):
+    conf, iou, max_det = 0.3, 0.45, 50
+    path = export_onnx(tiny, tmp_path / "nms.onnx", dynamic_batch=True, nms=True, score_threshold=conf,
+                       iou_threshold=iou, max_det=max_det)
+    meta = ort.InferenceSession(str(path)).get_modelmeta().custom_metadata_map
+    assert (float(meta["score_threshold"]), float(meta["iou_threshold"]), int(meta["max_det"])) == (conf, iou, max_det)
+    for count in (1, 3):
+        batch, _ = tiny.preprocess(random_images(count))
+        with torch.no_grad():
+            loc, logits = tiny(batch)
+        expected = postprocess(loc, logits, tiny.priors, score_threshold=conf, iou_threshold=iou, top_k=max_det)
+        rows, counts = run_raw(path, batch)
+        assert rows.shape == (count, max_det, 6) and counts.dtype == torch.int64
+        for image, (want, got, n) in enumerate(zip(expected, rows, counts.tolist())):
+            assert n == len(want["scores"]) > 0, f"image {image} of {count}"
+            torch.testing.assert_close(got[:n, :4], want["boxes"], atol=1e-4, rtol=0)
+            torch.testing.assert_close(got[:n, 4], want["scores"], atol=1e-5, rtol=0)
+            assert got[:n, 5].long().tolist() == want["labels"].tolist()
+            padding = got[n:]
+            assert (padding[:, :5] == 0).all() and (padding[:, 5] == -1).all()
+
+
+def test_check_fails_loudly_when_outputs_differ(tiny_onnx):
+    changed = biased_model("ssd_tiny", seed=1)  # same architecture, other weights
+    with pytest.raises(ExportCheckError, match="differ from PyTorch's: largest box difference"):
+        check_onnx(changed, tiny_onnx)
+
+
+def test_export_rejects_unknown_format(tmp_path):
+    with pytest.raises(ValueError, match="unknown export format 'tflite'"):
+        export(tmp_path / "best.pt", fmt="tflite")
+
+
+def test_torchscript_export(tiny, tmp_path):
+    path = export_torchscript(tiny, tmp_path / "tiny.torchscript")
+    extra = {"config.json": ""}
+    traced = torch.jit.load(str(path), _extra_files=extra)
+    batch, _ = tiny.preprocess(random_images(1))
+    with torch.no_grad():
+        for got, want in zip(traced(batch), tiny(batch)):
+            torch.testing.assert_close(got, want)
+    assert json.loads(extra["config.json"])["class_names"] == tiny.class_names
+
+
+def test_onnx_nms_strict_score_threshold():
+    """The eager op follows ONNX NonMaxSuppression: scores equal to the threshold are dropped, IoU > iou suppresses."""
+    boxes = torch.tensor([[[0, 0, 10, 10], [0, 0, 10, 9], [20, 20, 30, 30], [40, 40, 50, 50]]], dtype=torch.float32)
+    scores = torch.tensor([[[0.9, 0.8, 0.5, 0.3]]])
+    kept = torch.ops.ssd.onnx_nms(boxes, scores, 0.5, 0.3)
+    assert kept.tolist() == [[0, 0, 0], [0, 0, 2]]
+    session_kept = _ort_nms(boxes, scores, 0.5, 0.3)
+    assert sorted(map(tuple, session_kept.tolist())) == [(0, 0, 0), (0, 0, 2)]
+
+
+def _ort_nms(boxes, scores, iou, score):
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("NonMaxSuppression", ["boxes", "scores", "max", "iou", "score"], ["kept"])
+    graph = helper.make_graph(
+        [node], "nms",
+        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, None)],
+        [helper.make_tensor_value_info("kept", TensorProto.INT64, None)],
+        [helper.make_tensor("max", TensorProto.INT64, [1], [100]), helper.make_tensor("iou", TensorProto.FLOAT, [1], [iou]),
+         helper.make_tensor("score", TensorProto.FLOAT, [1], [score])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    session = ort.InferenceSession(onnx.shape_inference.infer_shapes(model).SerializeToString())
+    return session.run(None, {"boxes": boxes.numpy(), "scores": scores.numpy()})[0].astype(np.int64)
