@@ -20,3 +20,5 @@ from ssd.models import SSD, build_model, list_models, model_from_checkpoint
 # --- data ---
 from ssd.data import check, generate_synthetic, load_dataset
 # --- engine ---
+from ssd.engine.export import export_onnx
+from ssd.engine.predictor import Detector, load
