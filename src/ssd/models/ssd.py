@@ -100,11 +100,12 @@ class SSD(nn.Module):
         device = self.priors.device
         size = [self.image_size, self.image_size]
         sizes = torch.tensor([list(image.shape[-2:]) for image in images], dtype=torch.int64)
-        if bool((sizes == sizes[0]).all()):  # one resize call for the whole batch
-            resized = TF.resize(torch.stack(list(images)).to(device), size, antialias=True)
+        if bool((sizes == sizes[0]).all()) and len({image.dtype for image in images}) == 1:  # one call for all
+            batch = TF.to_dtype(TF.resize(torch.stack(list(images)).to(device), size, antialias=True),
+                                torch.float32, scale=True)
         else:
-            resized = torch.stack([TF.resize(image.to(device), size, antialias=True) for image in images])
-        batch = TF.to_dtype(resized, torch.float32, scale=True)
+            batch = torch.stack([TF.to_dtype(TF.resize(image.to(device), size, antialias=True), torch.float32,
+                                             scale=True) for image in images])
         return TF.normalize(batch, self.config["mean"], self.config["std"]), sizes
 
     @torch.no_grad()

@@ -99,12 +99,8 @@ class VGG16Backbone(nn.Module):
         fc6 ``[4096, 512*7*7]`` keeps every 4th output and every 3rd row and column of its 7x7 window (the dilation
         of conv6 makes up for the spacing), fc7 every 4th input and output. The 1000-class fc8 is ignored.
         """
-        features = {k[len("features."):]: v for k, v in state.items() if k.startswith("features.")}
-        others = sorted(k for k in state if not k.startswith(("features.", "classifier.")))
-        if others:
-            raise BackboneWeightsError(f"backbone weights {source} do not fit the vgg16 backbone (wrong file or "
-                                       f"architecture?): unexpected keys ({len(others)}): {', '.join(others[:5])}")
-        load_checked(self.features, features, source=source, what="vgg16 (keys features.N.*)")
+        load_checked(self.features, state, source=source, what="vgg16", prefix="features.",
+                     ignore_prefixes=("classifier.",))
         fc6, fc7 = state.get("classifier.0.weight"), state.get("classifier.3.weight")
         if fc6 is None or fc7 is None:
             return  # features only: conv6 / conv7 keep their random initialisation

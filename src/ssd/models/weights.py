@@ -53,16 +53,17 @@ def read_backbone_weights(spec: str | os.PathLike, filename: str, what: str) -> 
     return dict(state), str(path)
 
 
-def load_checked(module: nn.Module, state: Mapping[str, Tensor], *, source: str, what: str,
+def load_checked(module: nn.Module, state: Mapping[str, Tensor], *, source: str, what: str, prefix: str = "",
                  ignore_prefixes: Iterable[str] = ()) -> None:
     """Load ``state`` into ``module`` after checking that keys and shapes match exactly.
 
-    Keys starting with one of ``ignore_prefixes`` (e.g. an ImageNet classifier) are skipped on both sides. Raises
+    Keys of ``state`` are ``prefix`` + the module's keys (e.g. ``features.`` for a VGG ``features`` module). Keys
+    starting with one of ``ignore_prefixes`` (e.g. an ImageNet classifier) are skipped on both sides. Raises
     :class:`BackboneWeightsError` naming the missing, unexpected and mismatched keys (a few of each, with counts).
     """
     ignore = tuple(ignore_prefixes)
     given = {k: v for k, v in state.items() if not k.startswith(ignore)}
-    expected = {k: v for k, v in module.state_dict().items() if not k.startswith(ignore)}
+    expected = {prefix + k: v for k, v in module.state_dict().items() if not (prefix + k).startswith(ignore)}
     missing = [k for k in expected if k not in given]
     unexpected = [k for k in given if k not in expected]
     mismatched = [f"{k} {list(given[k].shape)} (expected {list(v.shape)})"
@@ -73,7 +74,7 @@ def load_checked(module: nn.Module, state: Mapping[str, Tensor], *, source: str,
                                      ("wrong shapes", mismatched)) if keys]
         raise BackboneWeightsError(f"backbone weights {source} do not fit the {what} backbone (wrong file or "
                                    f"architecture?): " + "; ".join(parts))
-    module.load_state_dict(given, strict=False)
+    module.load_state_dict({k[len(prefix):]: v for k, v in given.items()}, strict=False)
 
 
 def _few(items: list[str], limit: int = 5) -> str:
