@@ -1,0 +1,136 @@
+"""Training data pipeline throughput (decode + SSD augmentation + collate), next to the ssd_tiny training step rate.
+
+For each shared real dataset (BCCD trainval, Aquarium train) at 300x300, batch 32, ``build_dataloader`` with 0 and 2
+workers: median seconds per batch after one warm-up batch, as images/s. Also the synthetic demo path (256 px, RAM
+cache). Side by side, the per-image cost of the SSD transform with ``ssd.data.transforms.IoUCropWithBoxes``
+(vectorized trials) against the same pipeline with torchvision's stock ``RandomIoUCrop``, on the same decoded images.
+Last row: training steps/s of ``ssd_tiny`` (when ``ssd.build_model`` provides it) as images/s, to see whether data
+loading is the bottleneck. Run: ``.venv/bin/python benchmarks/data.py [--batches N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+SHARED = Path(os.environ.get("SSD_SHARED_DATA", REPO.parent / "shared" / "data"))
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+warnings.filterwarnings("ignore", message="The image decoding", category=DeprecationWarning)
+
+from ssd.data import build_dataloader, load_dataset  # noqa: E402
+from ssd.data.loader import DetectionDataset  # noqa: E402
+from ssd.data.transforms import IoUCropWithBoxes, build_transform  # noqa: E402
+
+
+def loader_rate(records, names, size, workers, batches, batch_size=32, cache=False) -> float:
+    """Images/s: batch_size / median seconds per batch (after one warm-up batch)."""
+    loader = build_dataloader(records, names, size, MEAN, STD, train=True, batch_size=batch_size, workers=workers,
+                              seed=0, cache_images=cache, drop_last=True)
+    it, times = iter(loader), []
+    next(it)
+    for _ in range(batches):
+        tic = time.perf_counter()
+        next(it)
+        times.append(time.perf_counter() - tic)
+    del it, loader
+    return batch_size / statistics.median(times)
+
+
+def transform_ms(records, names, size, stock: bool, n=24) -> float:
+    """Median ms per image of the SSD train transform on pre-decoded images (same images and seeds for both), on one
+    thread as in a loader worker."""
+    transform = build_transform(size, MEAN, STD, train=True, augment="ssd")
+    if stock:
+        transform.transforms[2] = _StockIoUCrop()
+    ds = DetectionDataset(records[:n], names, transform, image_size=size, cache_images=True, keep_difficult=False)
+    times, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)
+    for i in range(len(ds)):
+        tic = time.perf_counter()
+        ds[(i, i)]
+        times.append(time.perf_counter() - tic)
+    torch.set_num_threads(threads)
+    return 1000 * statistics.median(times)
+
+
+class _StockIoUCrop(IoUCropWithBoxes):
+    """torchvision's per-trial ``RandomIoUCrop.make_params`` (only the empty-image guard of ours kept)."""
+
+    make_params = IoUCropWithBoxes.__mro__[1].make_params
+
+
+def tiny_step_rate(num_classes: int, steps: int, batch_size=32):
+    try:
+        from ssd import MultiBoxLoss
+        from ssd.models import build_model
+
+        model = build_model("ssd_tiny", num_classes=num_classes)
+    except Exception as e:  # noqa: BLE001 - the models package may not exist yet
+        return None, f"skipped ({type(e).__name__}: {e})"
+    size = model.image_size
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    loss_fn = MultiBoxLoss()
+    images = torch.randn(batch_size, 3, size, size)
+    boxes = torch.tensor([[0.1, 0.1, 0.5, 0.6], [0.4, 0.3, 0.9, 0.8]]).expand(batch_size, 2, 4).contiguous()
+    labels = torch.zeros(batch_size, 2, dtype=torch.int64)
+    times = []
+    model.train()
+    for i in range(steps + 1):
+        tic = time.perf_counter()
+        loc, logits = model(images)
+        loc_loss, cls_loss = loss_fn(loc, logits, model.priors, boxes, labels)
+        opt.zero_grad()
+        (loc_loss + cls_loss).backward()
+        opt.step()
+        if i:
+            times.append(time.perf_counter() - tic)
+    return batch_size / statistics.median(times), f"{size}x{size}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=3, help="timed batches per configuration")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}; "
+          "shared machine: figures are noisy")
+    print(f"{'pipeline (train, ssd augment, batch 32)':<48} {'workers':>7} {'images/s':>9}")
+    datasets = []
+    if (SHARED / "bccd").is_dir():
+        spec = load_dataset(SHARED / "bccd")
+        datasets.append(("bccd trainval 640x480 @300", spec.splits["trainval"], spec.class_names, 300))
+    if (SHARED / "aquarium").is_dir():
+        spec = load_dataset(SHARED / "aquarium")
+        datasets.append(("aquarium train ~1024 px @300", spec.splits["train"], spec.class_names, 300))
+    tmp = tempfile.TemporaryDirectory()
+    from ssd.data.synthetic import generate_synthetic
+
+    synth = load_dataset(generate_synthetic(tmp.name, num_train=200, num_val=0, image_size=256, num_classes=6))
+    for name, records, names, size in datasets:
+        for workers in (0, 2):
+            print(f"{name:<48} {workers:>7} {loader_rate(records, names, size, workers, args.batches):>9.1f}")
+    for workers in (0, 2):
+        rate = loader_rate(synth.splits["train"], synth.class_names, 256, workers, args.batches, cache=True)
+        print(f"{'synthetic 256 px @256, cache_images':<48} {workers:>7} {rate:>9.1f}")
+
+    print(f"\n{'SSD train transform per image (median ms)':<48} {'ours':>7} {'stock':>9} {'stock/ours':>10}")
+    for name, records, names, size in datasets + [("synthetic @256", synth.splits["train"], synth.class_names, 256)]:
+        ours, stock = transform_ms(records, names, size, False), transform_ms(records, names, size, True)
+        print(f"{name:<48} {ours:>7.2f} {stock:>9.2f} {stock / ours:>10.2f}")
+
+    rate, note = tiny_step_rate(len(synth.class_names), steps=3)
+    print(f"\nssd_tiny training step (batch 32, {note}): "
+          + (f"{rate:.1f} images/s" if rate is not None else "not measured"))
+
+
+if __name__ == "__main__":
+    main()
