@@ -1,0 +1,193 @@
+"""Run-directory figures and drawn predictions.
+
+Figures are drawn on matplotlib ``Figure`` objects with the Agg canvas (no pyplot, no display, no global backend
+change). ``results.csv`` (written by the trainer, read by :func:`plot_results`) has the columns of
+:data:`RESULTS_COLUMNS`, one row per epoch; an empty cell (e.g. ``val/mAP`` of an epoch without validation) is
+skipped in the curves.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+import torch
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from PIL import Image, ImageFont
+from torch import Tensor
+from torchvision.utils import draw_bounding_boxes
+
+__all__ = ["RESULTS_COLUMNS", "plot_results", "plot_pr_curves", "plot_label_stats", "draw_detections", "save_image",
+           "class_color"]
+
+# results.csv, one row per epoch:
+#   epoch           1-based epoch number
+#   train/loss      mean training loss of the epoch (loc + cls)
+#   train/loc_loss  mean localization (smooth L1) loss
+#   train/cls_loss  mean classification (hard-negative-mined cross-entropy) loss
+#   lr              learning rate at the end of the epoch (first parameter group)
+#   val/mAP         validation mAP of the run's metric (empty when the epoch was not validated)
+#   time            seconds since the start of training
+RESULTS_COLUMNS = ("epoch", "train/loss", "train/loc_loss", "train/cls_loss", "lr", "val/mAP", "time")
+
+_PALETTE = [tuple(round(255 * c) for c in colormaps["tab20"](i)[:3]) for i in (*range(0, 20, 2), *range(1, 20, 2))]
+_FONT = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+
+
+def _save(fig: Figure, out_png: str | Path) -> Path:
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    return out
+
+
+def plot_results(csv_path: str | Path, out_png: str | Path) -> Path:
+    """Loss curves (total, loc, cls), learning rate and validation mAP against the epoch, from ``results.csv``."""
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+
+    def column(name: str) -> tuple[list[float], list[float]]:
+        pairs = [(float(r["epoch"]), float(r[name])) for r in rows if r.get(name) not in (None, "")]
+        return [p[0] for p in pairs], [p[1] for p in pairs]
+
+    fig = Figure(figsize=(14, 4), layout="constrained")
+    loss_ax, lr_ax, map_ax = fig.subplots(1, 3)
+    for name in ("train/loss", "train/loc_loss", "train/cls_loss"):
+        loss_ax.plot(*column(name), marker=".", label=name.split("/")[1])
+    loss_ax.set(title="training loss", xlabel="epoch")
+    loss_ax.legend()
+    lr_ax.plot(*column("lr"), marker=".")
+    lr_ax.set(title="learning rate", xlabel="epoch")
+    map_ax.plot(*column("val/mAP"), marker="o", color="tab:green")
+    map_ax.set(title="validation mAP", xlabel="epoch", ylim=(0, 1))
+    for ax in (loss_ax, lr_ax, map_ax):
+        ax.grid(alpha=0.3)
+    fig.suptitle(str(Path(csv_path).parent.name or csv_path))
+    return _save(fig, out_png)
+
+
+def plot_pr_curves(eval_result: Mapping[str, Any], class_names: Sequence[str], out_png: str | Path) -> Path:
+    """Precision/recall curve of each class with ground truth (``eval_result["per_class"]`` of an evaluation),
+    labelled with its AP; a legend up to 20 classes, thin grey lines beyond."""
+    fig = Figure(figsize=(8, 6), layout="constrained")
+    ax = fig.subplots()
+    per_class = eval_result["per_class"]
+    many = len(class_names) > 20
+    for k, name in enumerate(class_names):
+        row = per_class[name]
+        recall, precision = np.asarray(row["recall"]), np.asarray(row["precision"])
+        if recall.size == 0:
+            continue
+        color = "0.6" if many else np.asarray(class_color(k)) / 255
+        ax.plot(recall, precision, color=color, linewidth=1 if many else 1.5,
+                label=None if many else f"{name} {float(row['ap']):.3f}")
+    metric = eval_result.get("metric", "")
+    ax.set(xlabel="recall", ylabel="precision", xlim=(0, 1), ylim=(0, 1.02),
+           title=f"{metric} mAP {float(eval_result['map']):.4f}".strip())
+    ax.grid(alpha=0.3)
+    if not many and ax.lines:
+        ax.legend(loc="lower left", fontsize="small")
+    return _save(fig, out_png)
+
+
+def plot_label_stats(boxes: Tensor | np.ndarray, labels: Tensor | np.ndarray, class_names: Sequence[str],
+                     out_png: str | Path) -> Path:
+    """Objects per class (bars) and box width against height in pixels (scatter) of a split.
+
+    Args:
+        boxes: ``[N, 4]`` pixel xyxy of every object.
+        labels: ``[N]`` labels ``0..K-1``.
+    """
+    boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+    labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+    if len(boxes) != len(labels):
+        raise ValueError(f"plot_label_stats: {len(boxes)} boxes but {len(labels)} labels")
+    counts = np.bincount(labels, minlength=len(class_names))[: len(class_names)]
+    colors = [np.asarray(class_color(k)) / 255 for k in range(len(class_names))]
+    fig = Figure(figsize=(12, 5), layout="constrained")
+    count_ax, size_ax = fig.subplots(1, 2)
+    count_ax.bar(range(len(class_names)), counts, color=colors)
+    count_ax.set_xticks(range(len(class_names)), list(class_names), rotation=90 if len(class_names) > 8 else 0)
+    count_ax.set(title=f"objects per class ({len(labels)} in all)", ylabel="objects")
+    width, height = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    size_ax.scatter(width, height, s=4, alpha=min(1.0, max(0.05, 200 / max(len(labels), 1))),
+                    c=[colors[k] for k in labels] if len(labels) else None)
+    size_ax.set(title="box sizes", xlabel="width (px)", ylabel="height (px)")
+    size_ax.grid(alpha=0.3)
+    return _save(fig, out_png)
+
+
+def class_color(label: int) -> tuple[int, int, int]:
+    """RGB colour of a class (20 distinct tab20 colours, cycled)."""
+    return _PALETTE[int(label) % len(_PALETTE)]
+
+
+def draw_detections(image: Tensor, boxes: Tensor, labels: Tensor, scores: Tensor | None,
+                    class_names: Sequence[str], *, line_width: int | None = None,
+                    font_size: int | None = None) -> Tensor:
+    """Draw boxes with ``"name score"`` labels in per-class colours (:func:`class_color`).
+
+    Each label sits on a filled tag just above its box (inside it when there is no room above), shifted so it stays
+    inside the image. Line width and font size default to about 0.4% and 2.5% of the image size.
+
+    Args:
+        image: ``[3, H, W]`` uint8 RGB.
+        boxes: ``[N, 4]`` pixel xyxy (clipped to the image for drawing).
+        labels: ``[N]`` labels ``0..K-1``.
+        scores: ``[N]`` or None (labels without scores).
+        class_names: ``K`` names.
+
+    Returns:
+        A new ``[3, H, W]`` uint8 image.
+    """
+    if not isinstance(image, Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
+        raise ValueError(f"draw_detections: image must be a uint8 tensor [3, H, W], got "
+                         f"{getattr(image, 'dtype', type(image).__name__)} {tuple(getattr(image, 'shape', ()))}")
+    height, width = image.shape[-2:]
+    boxes = torch.as_tensor(boxes, dtype=torch.float32).detach().cpu().reshape(-1, 4)
+    labels = torch.as_tensor(labels).detach().cpu().reshape(-1).tolist()
+    if len(labels) != len(boxes) or (scores is not None and len(scores) != len(boxes)):
+        raise ValueError(f"draw_detections: {len(boxes)} boxes, {len(labels)} labels"
+                         f"{'' if scores is None else f', {len(scores)} scores'}: one of each per detection")
+    image = image.detach().cpu()
+    if len(boxes) == 0:
+        return image.clone()
+    bounds = torch.tensor([width - 1, height - 1] * 2, dtype=torch.float32)
+    boxes = torch.minimum(boxes.clamp(min=0), bounds)
+    line_width = line_width or max(1, round(0.004 * (height + width) / 2))
+    font_size = font_size or max(10, round(0.025 * max(height, width)))
+    names = [class_names[k] if 0 <= k < len(class_names) else str(k) for k in labels]
+    texts = names if scores is None else [f"{n} {float(s):.2f}" for n, s in zip(names, scores)]
+    colors = [class_color(k) for k in labels]
+    drawn = draw_bounding_boxes(image, boxes, colors=colors, width=line_width)
+
+    # Labels: draw_bounding_boxes writes text at (x1 + m, y1 + m) of a box with margin m = width + 1; give it
+    # zero-width "boxes" at the tag positions computed here so every tag stays inside the image.
+    font = ImageFont.truetype(str(_FONT), font_size)
+    anchors = []
+    for (x1, y1, _, _), text in zip(boxes.tolist(), texts):
+        left, top, right, bottom = font.getbbox(text)
+        tag_w, tag_h = right - left + 2, bottom - top + 2
+        y = y1 - tag_h - 1 if y1 - tag_h - 1 >= 0 else y1 + line_width
+        x = min(max(x1, 0), max(width - tag_w - 1, 0))
+        y = min(max(y, 0), max(height - tag_h - 1, 0))
+        anchors.append([x - left, y - top, x - left, y - top])
+    text_colors = [(0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b > 140 else (255, 255, 255) for r, g, b in colors]
+    return draw_bounding_boxes(drawn, torch.tensor(anchors), labels=texts, colors=colors, width=0, font=str(_FONT),
+                               font_size=font_size, label_colors=text_colors, fill_labels=True)
+
+
+def save_image(image: Tensor, path: str | Path) -> Path:
+    """Save a ``[3, H, W]`` uint8 RGB tensor (format from the suffix: .jpg, .png, ...), creating parent folders."""
+    if not isinstance(image, Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
+        raise ValueError(f"save_image: {path}: image must be a uint8 tensor [3, H, W], got "
+                         f"{getattr(image, 'dtype', type(image).__name__)} {tuple(getattr(image, 'shape', ()))}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(image.permute(1, 2, 0).cpu().numpy()).save(path)
+    return path
