@@ -141,5 +141,6 @@ def test_prior_coverage_names_the_worst_sizes():
 
 def test_unreadable_dataset_is_a_report_error(tmp_path):
     report = check(tmp_path / "missing")
-    assert not report.ok and report.errors[0].code == "unreadable_dataset" and "does not exist" in report.errors[0].message
+    (error,) = report.errors
+    assert not report.ok and error.code == "unreadable_dataset" and "does not exist" in error.message
     assert "FAILED: 1 errors" in report.format_table()

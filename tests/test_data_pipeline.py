@@ -57,7 +57,8 @@ def test_train_transform_keeps_boxes_inside_and_labels_attached(sample, augment)
 
 def test_eval_transform_is_resize_and_normalize():
     image = tv_tensors.Image(torch.full((3, 20, 40), 255, dtype=torch.uint8))
-    out_image, out = build_transform(10, MEAN, STD)(image, _target([[0, 0, 20, 10], [20, 10, 40, 20]], [0, 1], (20, 40)))
+    target = _target([[0, 0, 20, 10], [20, 10, 40, 20]], [0, 1], (20, 40))
+    out_image, out = build_transform(10, MEAN, STD)(image, target)
     assert torch.allclose(out["boxes"], torch.tensor([[0.0, 0, 5, 5], [5, 5, 10, 10]]))
     assert torch.allclose(out_image[:, 0, 0], (1 - torch.tensor(MEAN)) / torch.tensor(STD))
     with pytest.raises(ValueError, match="augment must be one of"):
@@ -163,8 +164,9 @@ def test_vectorized_iou_crop_follows_the_rule():
         crop = IoUCropWithBoxes(sampler_options=[min_iou])
         for _ in range(20):
             p = crop.make_params([image, boxes])
-            rect = torch.tensor([[p["left"], p["top"], p["left"] + p["width"], p["top"] + p["height"]]], dtype=torch.float)
-            assert 0.5 <= p["width"] / p["height"] <= 2 and p["left"] + p["width"] <= 200 and p["top"] + p["height"] <= 100
+            x2, y2 = p["left"] + p["width"], p["top"] + p["height"]
+            rect = torch.tensor([[p["left"], p["top"], x2, y2]], dtype=torch.float)
+            assert 0.5 <= p["width"] / p["height"] <= 2 and x2 <= 200 and y2 <= 100
             inside = p["is_within_crop_area"]
             assert inside.any() and box_iou(boxes[inside].float(), rect).max() >= min_iou
     assert IoUCropWithBoxes(sampler_options=[2.0]).make_params([image, boxes]) == {}  # "leave as is"

@@ -157,7 +157,8 @@ def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -
         elif x2 <= 0 or y2 <= 0 or x1 >= w or y1 >= h:
             add("error", "outside_image", f"box {_box_text(obj.box)} lies outside the {w}x{h} image")
         else:
-            if x1 < -BORDER_TOLERANCE or y1 < -BORDER_TOLERANCE or x2 > w + BORDER_TOLERANCE or y2 > h + BORDER_TOLERANCE:
+            tol = BORDER_TOLERANCE
+            if x1 < -tol or y1 < -tol or x2 > w + tol or y2 > h + tol:
                 add("warning", "beyond_border", f"box {_box_text(obj.box)} extends past the {w}x{h} image "
                     "(clipped to the image when used)")
             cw, ch = min(x2, w) - max(x1, 0), min(y2, h) - max(y1, 0)
@@ -292,7 +293,8 @@ def check(data: str | Path | DatasetSpec, priors: Tensor | None = None, *, split
     return report
 
 
-def validate_spec(spec: DatasetSpec, skip_invalid: bool = False, max_listed: int = 10) -> tuple[DatasetSpec, CheckReport]:
+def validate_spec(spec: DatasetSpec, skip_invalid: bool = False,
+                  max_listed: int = 10) -> tuple[DatasetSpec, CheckReport]:
     """Apply the check rules before training/evaluation.
 
     Without ``skip_invalid`` a dataset with errors raises :class:`DataError` listing the first ``max_listed``

@@ -118,7 +118,7 @@ class SeededSampler(Sampler):
 
 
 def seed_worker(worker_id: int) -> None:
-    """``worker_init_fn``: seed ``random`` and ``numpy`` from the worker's torch seed (set by the loader's generator)."""
+    """``worker_init_fn``: seed ``random`` and ``numpy`` from the worker's torch seed (from the loader's generator)."""
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)

@@ -51,7 +51,7 @@ class ObjectRecord:
 
 @dataclass
 class ImageRecord:
-    """One image and its objects. ``width``/``height`` are those of the decoded, EXIF-rotated image (None if unreadable)."""
+    """One image and its objects; ``width``/``height`` are those of the decoded, EXIF-rotated image."""
 
     path: Path
     annotation: Path | None
@@ -109,5 +109,6 @@ class DatasetSpec:
     def records(self, split: str) -> list[ImageRecord]:
         """The records of ``split``; a clear error lists the available splits."""
         if split not in self.splits:
-            raise DataError(f"dataset {self.root} has no split {split!r} (available: {', '.join(self.splits) or 'none'})")
+            available = ", ".join(self.splits) or "none"
+            raise DataError(f"dataset {self.root} has no split {split!r} (available: {available})")
         return self.splits[split]

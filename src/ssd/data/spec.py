@@ -58,7 +58,8 @@ def _apply_class_names(spec: DatasetSpec, class_names: list[str], declared: bool
     if declared:
         raise DataError(
             f"the class names given ({len(class_names)}): {class_names} disagree with the dataset's "
-            f"({len(spec.class_names)}): {spec.class_names}; class names come from the dataset, give none or the same list")
+            f"({len(spec.class_names)}): {spec.class_names}; class names come from the dataset, give none or the "
+            "same list")
     unknown = sorted(set(spec.class_names) - set(class_names))
     if unknown:
         hints = "; ".join(f"{u!r} (closest: {', '.join(map(repr, closest_names(u, class_names))) or 'none'})"

@@ -149,7 +149,8 @@ def read_voc(folder: Path) -> DatasetSpec:
     if voc_root is not None:
         image_dir = voc_root / "JPEGImages"
         images = {p.stem: p for p in image_dir.iterdir() if is_image(p)} if image_dir.is_dir() else {}
-        ids_per_split = _split_ids(voc_root) or {"train": sorted(p.stem for p in (voc_root / "Annotations").glob("*.xml"))}
+        all_ids = sorted(p.stem for p in (voc_root / "Annotations").glob("*.xml"))
+        ids_per_split = _split_ids(voc_root) or {"train": all_ids}
         for split, ids in ids_per_split.items():
             pairs = [(i, images.get(i), voc_root / "Annotations" / f"{i}.xml") for i in ids]
             splits[split] = _read_images(pairs, folder, split, issues)

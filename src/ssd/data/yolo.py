@@ -87,7 +87,8 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
             cls_f = float(tokens[0])
             values = [float(t) for t in tokens[1:]]
         except ValueError:
-            issues.append(Issue("error", "parse_error", f"{where}: {line.strip()!r} is not numeric {rule}", rel, number))
+            issues.append(Issue("error", "parse_error", f"{where}: {line.strip()!r} is not numeric {rule}", rel,
+                                number))
             continue
         if not cls_f.is_integer():
             issues.append(Issue("error", "parse_error", f"{where}: class {tokens[0]!r} is not an integer {rule}",
