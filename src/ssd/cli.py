@@ -28,6 +28,10 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # `--epoch` is a typo to point out, not a prefix to guess from
+        super().__init__(*args, **kwargs)
+
     def error(self, message):  # argparse prints usage and exits; we raise to print one clear message
         raise UsageError(f"{self.prog}: {message}")
 
