@@ -5,10 +5,12 @@
 (b) post-processing, B=8, same thresholds: ``ssd.postprocess`` versus ``SSD.postprocess_detections``, on dense
     random logits (every score above the threshold: the worst case) and on confident, background-heavy logits.
 
-Each variant runs in fresh subprocesses: one for the timings, one for the memory. Peak memory is the rise of the
-process's peak RSS during one call after the setup (``/proc/self/clear_refs`` resets the high-water mark), so the
-setup (imports, building torchvision's model just to call its methods) is not counted for either side; that process
-runs with ``MALLOC_MMAP_THRESHOLD_`` low so that freed tensors go back to the system and RSS follows live memory.
+Timings: both implementations of a task run in one fresh subprocess, alternating call by call, so that load from
+other processes on this shared machine hits both alike; medians are printed. Memory: each implementation runs once
+in its own fresh subprocess; peak memory is the rise of the process's peak RSS during one call after the setup
+(``/proc/self/clear_refs`` resets the high-water mark), so the setup (imports, building torchvision's model just to
+call its methods) is not counted for either side; that process runs with ``MALLOC_MMAP_THRESHOLD_`` low so that
+freed tensors go back to the system and RSS follows live memory.
 
 Usage: ``.venv/bin/python benchmarks/core.py [--repeats N]``
 """
@@ -24,14 +26,12 @@ import sys
 import time
 from pathlib import Path
 
-VARIANTS = {
-    "loss-ssd": "(a) ssd.MultiBoxLoss",
-    "loss-torchvision": "(a) torchvision SSDMatcher + compute_loss",
-    "post-dense-ssd": "(b) ssd.postprocess, dense",
-    "post-dense-torchvision": "(b) torchvision postprocess_detections, dense",
-    "post-confident-ssd": "(b) ssd.postprocess, confident",
-    "post-confident-torchvision": "(b) torchvision postprocess_detections, confident",
+TASKS = {
+    "loss": ("(a) match + loss fwd/bwd", "ssd.MultiBoxLoss", "torchvision SSDMatcher + compute_loss", 2.0),
+    "post-dense": ("(b) postprocess, dense", "ssd.postprocess", "torchvision postprocess_detections", 1.5),
+    "post-confident": ("(b) postprocess, confident", "ssd.postprocess", "torchvision postprocess_detections", 1.5),
 }
+IMPLS = ("ssd", "torchvision")
 THRESHOLDS = dict(score_threshold=0.01, iou_threshold=0.45, top_k=200, candidates_per_class=400)
 
 
@@ -144,62 +144,76 @@ def _post_step(impl: str, kind: str):
     return step, f"{count} detections, score sum {score_sum:.4f}"
 
 
-def run_variant(name: str, repeats: int, measure: str) -> dict:
-    """Run one variant in this process (a fresh subprocess): its median time or its peak memory."""
+def _setup(task: str, impl: str):
+    return _loss_step(impl) if task == "loss" else _post_step(impl, task.split("-")[1])
+
+
+def _grad_mode(task: str):
     import torch
 
-    what, _, impl = name.rpartition("-")
-    step, check = _loss_step(impl) if what == "loss" else _post_step(impl, what.split("-")[1])
-    grad = torch.enable_grad() if what == "loss" else torch.no_grad()
-    with grad:
-        if measure == "memory":
-            baseline = _rss_kib("VmRSS")
-            _reset_peak()
-            step()
-            return {"peak_mib": (_rss_kib("VmHWM") - baseline) / 1024}
-        times = []
+    return torch.enable_grad() if task == "loss" else torch.no_grad()
+
+
+def time_task(task: str, repeats: int) -> dict:
+    """Median time of both implementations, alternating call by call (in a fresh subprocess)."""
+    steps = {impl: _setup(task, impl) for impl in IMPLS}
+    times = {impl: [] for impl in IMPLS}
+    with _grad_mode(task):
         for _ in range(repeats):
-            start = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - start)
-    return {"median_ms": 1000 * statistics.median(times), "check": check}
+            for impl, (step, _) in steps.items():
+                start = time.perf_counter()
+                step()
+                times[impl].append(time.perf_counter() - start)
+    return {impl: {"median_ms": 1000 * statistics.median(times[impl]), "check": steps[impl][1]} for impl in IMPLS}
 
 
-def _child(name: str, repeats: int, measure: str) -> dict:
+def peak_memory(task: str, impl: str) -> dict:
+    """Rise of the peak RSS during one call after the setup (in a fresh subprocess)."""
+    step, _ = _setup(task, impl)
+    with _grad_mode(task):
+        baseline = _rss_kib("VmRSS")
+        _reset_peak()
+        step()
+        return {"peak_mib": (_rss_kib("VmHWM") - baseline) / 1024}
+
+
+def _child(*args: str, low_mmap_threshold: bool = False) -> dict:
     env = dict(os.environ)
-    if measure == "memory":
+    if low_mmap_threshold:
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    command = [sys.executable, __file__, "--variant", name, "--repeats", str(repeats), "--measure", measure]
-    proc = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, check=True, env=env)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--variant", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
-    parser.add_argument("--measure", choices=["time", "memory"], default="time", help=argparse.SUPPRESS)
+    parser.add_argument("--time", choices=sorted(TASKS), help=argparse.SUPPRESS)
+    parser.add_argument("--memory", nargs=2, metavar=("TASK", "IMPL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.variant:
-        print(json.dumps(run_variant(args.variant, args.repeats, args.measure)))
+    if args.time:
+        print(json.dumps(time_task(args.time, args.repeats)))
+        return
+    if args.memory:
+        print(json.dumps(peak_memory(*args.memory)))
         return
 
     import torch
     import torchvision
 
     print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, {torch.get_num_threads()} threads")
-    print(f"median of {args.repeats} runs; peak = rise of peak RSS during one call (fresh process per variant)\n")
-    results = {}
-    for name, title in VARIANTS.items():
-        results[name] = r = _child(name, args.repeats, "time") | _child(name, args.repeats, "memory")
-        print(f"{title:<52} {r['median_ms']:9.1f} ms  peak {r['peak_mib']:7.1f} MiB  [{r['check']}]")
-    print()
-    for prefix, target in (("loss", 2.0), ("post-dense", 1.5), ("post-confident", 1.5)):
-        ours, theirs = results[f"{prefix}-ssd"], results[f"{prefix}-torchvision"]
-        ratio = theirs["median_ms"] / ours["median_ms"]
-        memory = "no higher" if ours["peak_mib"] <= theirs["peak_mib"] else "HIGHER"
-        print(f"{prefix:<15} speed-up {ratio:5.2f}x (target {target}x: {'met' if ratio >= target else 'MISSED'}), "
-              f"peak memory {ours['peak_mib']:.1f} vs {theirs['peak_mib']:.1f} MiB ({memory})")
+    print(f"median of {args.repeats} alternating runs; peak = rise of peak RSS during one call, fresh process each\n")
+    for task, (title, ours_name, theirs_name, target) in TASKS.items():
+        timed = _child("--time", task, "--repeats", str(args.repeats))
+        memory = {impl: _child("--memory", task, impl, low_mmap_threshold=True)["peak_mib"] for impl in IMPLS}
+        print(title)
+        for impl, name in zip(IMPLS, (ours_name, theirs_name)):
+            r = timed[impl]
+            print(f"  {name:<40} {r['median_ms']:8.1f} ms  peak {memory[impl]:6.1f} MiB  [{r['check']}]")
+        ratio = timed["torchvision"]["median_ms"] / timed["ssd"]["median_ms"]
+        verdict = "met" if ratio >= target else "MISSED"
+        lower = "no higher" if memory["ssd"] <= memory["torchvision"] else "HIGHER"
+        print(f"  speed-up {ratio:.2f}x (target {target}x: {verdict}); peak memory {lower}\n")
 
 
 if __name__ == "__main__":

@@ -126,3 +126,8 @@ def test_outputs_of_a_model_in_training_mode():
     loc, logits, priors = make_inputs("random")
     out = postprocess(loc.requires_grad_(), logits.requires_grad_(), priors)
     assert not out[0]["scores"].requires_grad and len(out[0]["scores"]) == 200
+
+
+def test_limits_must_be_positive():
+    with pytest.raises(ValueError, match="top_k and candidates_per_class must be positive, got 0 and 400"):
+        postprocess(torch.zeros(1, 3, 4), torch.zeros(1, 3, 3), PRIORS, top_k=0)

@@ -42,6 +42,8 @@ def postprocess(
     num_classes = validate_predictions(loc, logits, priors)
     loc, logits = loc.float(), logits.float()  # no-op for float32; half-precision heads are scored in float32
     batch, num_priors = logits.shape[:2]
+    if top_k <= 0 or candidates_per_class <= 0:
+        raise ValueError(f"top_k and candidates_per_class must be positive, got {top_k} and {candidates_per_class}")
     # Per image and class: the best candidates (topk, then the threshold below: same set as the reverse order).
     scores = _object_scores(logits)  # [B, K, P]
     cand_scores, cand_prior = scores.topk(min(candidates_per_class, num_priors), dim=-1)  # [B, K, C]
@@ -84,7 +86,8 @@ def postprocess(
 def _object_scores(logits: Tensor) -> Tensor:
     """Softmax probabilities of the object classes, ``[B, P, K+1]`` logits -> contiguous ``[B, K, P]``.
 
-    Written into one buffer (no softmax copy plus a transposed copy, which ``topk`` over priors would need).
+    Written into one buffer, smaller than a softmax copy (no background column) and laid out for ``topk`` over
+    priors (which would copy a transposed view).
     """
     batch, num_priors, channels = logits.shape
     largest = logits.amax(dim=-1)  # [B, P]
