@@ -67,6 +67,7 @@ def default_boxes(
         for r in ratios:
             sizes += [(s * math.sqrt(r), s / math.sqrt(r)), (s / math.sqrt(r), s * math.sqrt(r))]
         wh = torch.tensor(sizes, dtype=torch.float64)  # [A, 2]
+        # (j + 0.5) * step / image_size, written as the original implementation does for bit-identical float32
         centres = (torch.arange(f, dtype=torch.float64) + 0.5) / (image_size / step)
         cy, cx = torch.meshgrid(centres, centres, indexing="ij")  # row i, column j
         xy = torch.stack((cx, cy), dim=-1).reshape(-1, 1, 2).expand(-1, len(sizes), 2)  # [f*f, A, 2]
