@@ -1,0 +1,102 @@
+"""evaluate_model with a fake detector whose priors are the ground-truth boxes (zero offsets decode onto them)."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from ssd.boxes import xyxy_to_cxcywh
+from ssd.engine.evaluator import evaluate_detections, evaluate_model, format_table, merge_results, save_coco_json
+
+CLASS_NAMES = ["cat", "dog"]
+# Two images (orig (h, w) = (100, 200) and (50, 50)), boxes normalized xyxy; the last object of image 1 is difficult
+# and never detected, the last row of image 0 is padding.
+GT_BOXES = torch.tensor([[[0.1, 0.2, 0.5, 0.6], [0.6, 0.1, 0.9, 0.5], [0, 0, 0, 0]],
+                         [[0.2, 0.2, 0.8, 0.8], [0.0, 0.0, 0.3, 0.3], [0.5, 0.5, 0.7, 0.9]]])
+GT_LABELS = torch.tensor([[0, 1, -1], [1, 0, 0]])
+DIFFICULT = torch.tensor([[False, False, False], [False, False, True]])
+ORIG_SIZES = torch.tensor([[100, 200], [50, 50]])
+
+
+class FakeDetector(nn.Module):
+    """Priors = every detected object's box; image ``i`` (its pixels hold ``i``) scores its own objects' priors
+    as their class and everything else as background."""
+
+    def __init__(self):
+        super().__init__()
+        keep = (GT_LABELS >= 0) & ~DIFFICULT
+        self.register_buffer("priors", xyxy_to_cxcywh(GT_BOXES[keep]))
+        owner = keep.nonzero()[:, 0]
+        logits = torch.full((2, len(owner), 3), -10.0)
+        logits[..., 0] = 10.0
+        logits[owner, torch.arange(len(owner)), 0] = -10.0
+        logits[owner, torch.arange(len(owner)), GT_LABELS[keep] + 1] = 10.0
+        self.register_buffer("table", logits)
+        self.class_names = CLASS_NAMES
+        self.config = {"variances": [0.1, 0.2]}
+
+    def forward(self, images):
+        index = images[:, 0, 0, 0].long()
+        return torch.zeros(len(images), self.priors.shape[0], 4), self.table[index]
+
+
+def _loader(batch_size):
+    images = torch.arange(2.0)[:, None, None, None].expand(2, 3, 8, 8)
+    return [{"images": images[i:i + batch_size], "boxes": GT_BOXES[i:i + batch_size],
+             "labels": GT_LABELS[i:i + batch_size], "difficult": DIFFICULT[i:i + batch_size],
+             "orig_sizes": ORIG_SIZES[i:i + batch_size], "paths": [f"img{j}.jpg" for j in range(i, i + batch_size)],
+             "image_ids": [f"img{j}" for j in range(i, i + batch_size)]} for i in range(0, 2, batch_size)]
+
+
+@pytest.mark.parametrize("metric", ["voc07", "voc", "coco"])
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_perfect_fake_model(metric, batch_size):
+    model = FakeDetector().train()
+    result = evaluate_model(model, _loader(batch_size), metric=metric, progress=False)
+    assert model.training  # mode restored
+    assert result["metric"] == metric
+    assert result["map"] == pytest.approx(1.0)
+    assert {n: result["per_class"][n]["num_gt"] for n in CLASS_NAMES} == {"cat": 2, "dog": 2}
+    assert {n: result["per_class"][n]["num_det"] for n in CLASS_NAMES} == {"cat": 2, "dog": 2}
+
+
+def test_pixels_and_raw_detections():
+    result = evaluate_model(FakeDetector(), _loader(2), progress=False)
+    first, second = result["detections"]
+    # image 0 is 200 wide, 100 high: [0.1, 0.2, 0.5, 0.6] -> [20, 20, 100, 60]
+    order = first["labels"].argsort()
+    torch.testing.assert_close(first["boxes"][order], torch.tensor([[20.0, 20, 100, 60], [120, 10, 180, 50]]))
+    assert (first["image_id"], first["path"]) == ("img0", "img0.jpg")
+    assert sorted(second["labels"].tolist()) == [0, 1]
+    gt = result["ground_truths"][1]
+    torch.testing.assert_close(gt["boxes"][2], torch.tensor([25.0, 25, 35, 45]))
+    assert gt["difficult"].tolist() == [False, False, True]
+    assert result["ground_truths"][0]["labels"].tolist() == [0, 1]  # padding removed
+
+
+def test_merge_results_and_scoring_split_ranks():
+    result = evaluate_model(FakeDetector(), _loader(1), progress=False)
+    dets, gts = result["detections"], result["ground_truths"]
+    merged_d = merge_results([dets[:1], dets[1:]])
+    merged_g = merge_results([gts[:1], gts[1:]])
+    assert len(merged_d) == 2
+    assert evaluate_detections(merged_d, merged_g, CLASS_NAMES, "voc")["map"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="unknown metric 'map50'"):
+        evaluate_detections(merged_d, merged_g, CLASS_NAMES, "map50")
+
+
+def test_format_table_and_coco_json(tmp_path):
+    result = evaluate_model(FakeDetector(), _loader(2), metric="coco", progress=False)
+    table = format_table(result, CLASS_NAMES)
+    lines = table.splitlines()
+    assert lines[0].split() == ["class", "AP", "num", "gt", "num", "det"]
+    assert lines[1].split() == ["cat", "1.0000", "2", "2"]
+    assert lines[3].split() == ["all", "1.0000", "4", "4"]
+    assert "AP50 1.0000" in table
+    path = save_coco_json(result, tmp_path / "out" / "detections.json")
+    entries = json.loads(path.read_text())
+    assert len(entries) == 4
+    assert {e["image_id"] for e in entries} == {"img0", "img1"}
+    cat0 = next(e for e in entries if e["image_id"] == "img0" and e["category_id"] == 0)
+    assert cat0["bbox"] == pytest.approx([20.0, 20.0, 80.0, 40.0])
