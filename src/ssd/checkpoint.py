@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
+import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -102,12 +103,14 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} is not a file")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # e.g. "pickle protocol 4" for foreign files: the error below says it all
+            warnings.simplefilter("ignore", UserWarning)
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsupported content"
         raise CheckpointError(f"{path} holds objects that cannot be loaded safely ({reason[:200]}); it is not a "
                               "checkpoint of this library (a pickled model or another program's file?)") from None
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for damaged files; all mean "unreadable"
         raise CheckpointError(_unreadable(path, exc)) from None
     if not isinstance(ckpt, Mapping):
         raise CheckpointError(f"{path} holds a {type(ckpt).__name__}, not an ssd checkpoint (a dict with a "

@@ -1,0 +1,195 @@
+"""Checkpoints: round trips, atomic writes, weights_only safety, clear refusals, fine-tuning to new classes."""
+
+import logging
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import ssd
+from ssd import CheckpointError, build_model, load_checkpoint, model_from_checkpoint, save_checkpoint
+from ssd.checkpoint import FORMAT
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    net = build_model("ssd_tiny", class_names=["cat", "dog", "bird"], image_size=128)
+    with torch.no_grad():  # non-default BatchNorm statistics, so that buffers are checked too
+        for module in net.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.running_mean.uniform_(-1, 1)
+                module.running_var.uniform_(0.5, 2)
+    return net.eval()
+
+
+@pytest.fixture(scope="module")
+def saved(model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "model.pt"
+    save_checkpoint(path, model)
+    return path
+
+
+def outputs(net, seed=1):
+    x = torch.randn(2, 3, 128, 128, generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return net.eval()(x)
+
+
+def test_round_trip_gives_identical_outputs(model, saved):
+    ckpt = load_checkpoint(saved)
+    assert ckpt["format"] == FORMAT and ckpt["version"] == ssd.__version__
+    assert ckpt["class_names"] == ["cat", "dog", "bird"] and ckpt["config"] == model.config
+    restored = model_from_checkpoint(saved)
+    assert restored.class_names == model.class_names and restored.config == model.config
+    assert torch.equal(restored.priors, model.priors)
+    for ours, theirs in zip(outputs(model), outputs(restored)):
+        assert torch.equal(ours, theirs)
+
+
+def test_training_state_round_trip(model, tmp_path):
+    net = build_model("ssd_tiny", 2, image_size=64)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=1e-3, total_steps=10)
+    sum(o.sum() for o in net(torch.rand(2, 3, 64, 64))).backward()
+    optimizer.step()
+    scheduler.step()
+    rng = {"torch": torch.get_rng_state(), "numpy": torch.from_numpy(np.random.get_state()[1].astype(np.int64))}
+    path = save_checkpoint(tmp_path / "run" / "last.pt", net, optimizer=optimizer.state_dict(),
+                           scheduler=scheduler.state_dict(), epoch=4, rng=rng, metrics={"map": 0.5},
+                           train_config={"model": "ssd_tiny", "lr": None})
+    assert path == tmp_path / "run" / "last.pt"
+    ckpt = load_checkpoint(path)
+    assert ckpt["epoch"] == 4 and ckpt["metrics"] == {"map": 0.5} and ckpt["train_config"]["lr"] is None
+    assert torch.equal(ckpt["rng"]["torch"], rng["torch"])
+    fresh = torch.optim.AdamW(net.parameters(), lr=1e-3)
+    fresh.load_state_dict(ckpt["optimizer"])
+    assert torch.equal(fresh.state_dict()["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    assert ckpt["scheduler"]["last_epoch"] == 1
+
+
+def test_wrapped_and_channels_last_models_save_the_inner_model(model, tmp_path):
+    inner = build_model("ssd_tiny", class_names=["cat", "dog", "bird"], image_size=128)
+    inner.load_state_dict(model.state_dict())
+    inner.to(memory_format=torch.channels_last)
+    save_checkpoint(tmp_path / "c.pt", nn.DataParallel(inner))  # as DDP: the model is .module
+    ckpt = load_checkpoint(tmp_path / "c.pt")
+    assert not any(k.startswith("module.") for k in ckpt["model"]) and ckpt["class_names"] == ["cat", "dog", "bird"]
+    for ours, theirs in zip(outputs(model), outputs(model_from_checkpoint(ckpt))):
+        torch.testing.assert_close(ours, theirs)
+
+
+def test_save_is_atomic(model, saved, tmp_path, monkeypatch):
+    path = tmp_path / "keep.pt"
+    save_checkpoint(path, model, epoch=1)
+    before = path.read_bytes()
+
+    def broken_save(obj, f):
+        f.write(b"PK partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, model, epoch=2)
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["keep.pt"]  # no temporary file left behind
+
+
+def test_extras_must_be_weights_only_loadable(model, tmp_path):
+    path = tmp_path / "x.pt"
+    with pytest.raises(TypeError, match=r"rng\['numpy'\]\[1\] is a numpy\.ndarray.*convert arrays"):
+        save_checkpoint(path, model, rng={"numpy": np.random.get_state()})
+    with pytest.raises(TypeError, match=r"train_config is a pathlib"):
+        save_checkpoint(path, model, train_config=tmp_path)
+    with pytest.raises(ValueError, match=r"extra key\(s\) \['config'\] are reserved"):
+        save_checkpoint(path, model, config={})
+    assert not path.exists() and os.listdir(tmp_path) == []
+
+
+def test_missing_and_truncated_files_are_refused(saved, tmp_path):
+    with pytest.raises(CheckpointError, match=r"nope\.pt does not exist"):
+        load_checkpoint(tmp_path / "nope.pt")
+    with pytest.raises(CheckpointError, match="is not a file"):
+        load_checkpoint(tmp_path)
+    data = saved.read_bytes()
+    for size in (len(data) // 2, len(data) - 30, 100):
+        cut = tmp_path / f"cut{size}.pt"
+        cut.write_bytes(data[:size])
+        with pytest.raises(CheckpointError, match=rf"cut{size}\.pt is truncated \({size} bytes"):
+            load_checkpoint(cut)
+        with pytest.raises(CheckpointError, match="truncated"):
+            model_from_checkpoint(cut)
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"empty\.pt \(0 bytes\) is corrupt or not a PyTorch file"):
+        load_checkpoint(empty)
+    text = tmp_path / "notes.pt"
+    text.write_text("hello")
+    with pytest.raises(CheckpointError, match="corrupt or not a PyTorch file"):
+        load_checkpoint(text)
+
+
+def test_foreign_files_are_refused(model, tmp_path):
+    plain = tmp_path / "state.pth"
+    torch.save(model.state_dict(), plain)
+    with pytest.raises(CheckpointError, match=r"is a plain state dict \(\d+ tensors.*backbone_weights="):
+        load_checkpoint(plain)
+    pickled = tmp_path / "module.pth"
+    torch.save(nn.Linear(2, 2), pickled)  # a whole pickled module: weights_only refuses to run its code
+    with pytest.raises(CheckpointError, match="cannot be loaded safely.*not a checkpoint of this library"):
+        load_checkpoint(pickled)
+    other = tmp_path / "other.pt"
+    torch.save({"epoch": 3, "weights": [1, 2]}, other)
+    with pytest.raises(CheckpointError, match=r"not an ssd checkpoint \(no 'format' tag; keys: \['epoch', 'weights'\]"):
+        load_checkpoint(other)
+    future = tmp_path / "future.pt"
+    torch.save({"format": "ssd-checkpoint-v9", "version": "9.0"}, future)
+    with pytest.raises(CheckpointError, match=r"has format 'ssd-checkpoint-v9'.*saved by ssd 9\.0"):
+        load_checkpoint(future)
+    raw = tmp_path / "raw.pkl"
+    raw.write_bytes(pickle.dumps({"a": 1}))
+    with pytest.raises(CheckpointError, match="raw.pkl"):
+        load_checkpoint(raw)
+
+
+def test_different_class_names_are_refused_with_both_lists(saved):
+    with pytest.raises(CheckpointError, match=r"trained for 3 classes \['cat', 'dog', 'bird'\] but the class names "
+                                              r"given are 2 classes \['apple', 'pear'\]; pass reinit_heads=True"):
+        model_from_checkpoint(saved, class_names=["apple", "pear"])
+    with pytest.raises(CheckpointError, match="the same names in another order"):
+        model_from_checkpoint(saved, class_names=["dog", "cat", "bird"])
+
+
+def test_reinit_heads_keeps_everything_but_the_class_heads(model, saved, caplog):
+    with caplog.at_level(logging.WARNING, logger="ssd"):
+        tuned = model_from_checkpoint(saved, class_names=["apple", "pear"], reinit_heads=True)
+    assert "re-initialised the class heads (10 tensors) for 2 classes ['apple', 'pear']" in caplog.text
+    assert tuned.class_names == ["apple", "pear"] and tuned.num_classes == tuned.config["num_classes"] == 2
+    old, new = model.state_dict(), tuned.state_dict()
+    assert set(old) == set(new)
+    for key in old:
+        if ".cls." in key:
+            assert new[key].shape[0] == old[key].shape[0] // 4 * 3  # 4 boxes x (2+1) instead of 4 x (3+1)
+        else:
+            assert torch.equal(new[key], old[key]), key
+    loc, logits = outputs(tuned)
+    assert torch.equal(loc, outputs(model)[0]) and logits.shape[-1] == 3
+
+
+def test_reinit_heads_with_the_same_names_changes_nothing(model, saved):
+    same = model_from_checkpoint(saved, class_names=["cat", "dog", "bird"], reinit_heads=True)
+    for ours, theirs in zip(outputs(model), outputs(same)):
+        assert torch.equal(ours, theirs)
+
+
+def test_edited_checkpoints_are_refused(saved):
+    ckpt = load_checkpoint(saved)
+    unknown = {**ckpt, "config": {**ckpt["config"], "name": "ssd1000_resnet"}}
+    with pytest.raises(CheckpointError, match=r"model named 'ssd1000_resnet'.*known: ssd300_vgg16"):
+        model_from_checkpoint(unknown)
+    damaged = {**ckpt, "model": {k: v for k, v in ckpt["model"].items() if k != "heads.0.loc.weight"}}
+    with pytest.raises(CheckpointError, match=r"do not fit the model configuration.*heads\.0\.loc\.weight"):
+        model_from_checkpoint(damaged)
