@@ -58,8 +58,8 @@ def test_box_rules_and_messages(tmp_path):
     assert {line: e.code for line, e in errors.items()} == {
         3: "zero_area", 4: "inverted", 5: "non_finite", 6: "outside_image", 9: "parse_error", 10: "parse_error",
         11: "parse_error"}
-    assert errors[3].message == ("labels/img.txt:3: box (30, 15, 30, 15) has zero area (width 0, height 0; boxes "
-                                 "need x2 > x1 and y2 > y1)")
+    assert errors[3].message == ("labels/img.txt:3: box (30, 15, 30, 15) (written: 0.3 0.3 0 0) has zero area "
+                                 "(width 0, height 0; boxes need x2 > x1 and y2 > y1)")
     assert "has 3 values" in errors[9].message and "'x 0.2 0.2 0.1 0.1' is not numeric" in errors[10].message
     assert "class '1.5' is not an integer" in errors[11].message
     assert warnings == {("duplicate_box", 2), ("beyond_border", 7), ("tiny_box", 8)}

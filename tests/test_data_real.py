@@ -52,3 +52,13 @@ def test_aquarium_counts_and_defects(shared_data, tmp_path):
     (empty,) = [w for w in report.warnings if w.code == "no_objects"]
     assert empty.file == "train/labels/IMG_3133_jpeg_jpg.rf.f439b9d382fd153b96f0a88cdf169172.txt"
     assert not [w for w in report.warnings if w.code == "duplicate_box"]
+
+
+def test_bccd_zero_area_message_quotes_the_file(shared_data):
+    """The message gives the values as written in the XML (1-based), next to the converted pixel box."""
+    report = check(load_dataset(shared_data / "bccd", split="trainval"))
+    assert [e.message for e in report.errors] == [
+        "BCCD/Annotations/BloodImage_00338.xml object 13 (RBC): box (503, 336, 503, 336) (written: xmin=504 ymin=337 "
+        "xmax=504 ymax=337) has zero area (width 0, height 0; boxes need x2 > x1 and y2 > y1)",
+        "BCCD/Annotations/BloodImage_00343.xml object 4 (RBC): box (180, 328, 180, 328) (written: xmin=181 ymin=329 "
+        "xmax=181 ymax=329) has zero area (width 0, height 0; boxes need x2 > x1 and y2 > y1)"]

@@ -127,6 +127,11 @@ def _box_text(box) -> str:
     return "(" + ", ".join(f"{v:g}" for v in box) + ")"
 
 
+def _written(obj) -> str:
+    """The pixel xyxy box, plus the values as written in the file when they differ in form."""
+    return f"box {_box_text(obj.box)}" + (f" (written: {obj.raw})" if obj.raw else "")
+
+
 def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -> list[Issue]:
     """Per-object rules for one image, plus near-duplicates (same label, IoU > 0.9)."""
     issues = []
@@ -148,22 +153,22 @@ def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -
             add("error", "label_out_of_range", f"label {obj.label} is out of range for {k} classes {names} "
                 f"(labels must be 0..{k - 1}{hint})")
         elif not all(math.isfinite(v) for v in obj.box):
-            add("error", "non_finite", f"box {_box_text(obj.box)} is not finite (coordinates must be numbers)")
+            add("error", "non_finite", f"{_written(obj)} is not finite (coordinates must be numbers)")
         elif x2 < x1 or y2 < y1:
-            add("error", "inverted", f"box {_box_text(obj.box)} is inverted (boxes need x2 > x1 and y2 > y1)")
+            add("error", "inverted", f"{_written(obj)} is inverted (boxes need x2 > x1 and y2 > y1)")
         elif x2 == x1 or y2 == y1:
-            add("error", "zero_area", f"box {_box_text(obj.box)} has zero area (width {x2 - x1:g}, height "
+            add("error", "zero_area", f"{_written(obj)} has zero area (width {x2 - x1:g}, height "
                 f"{y2 - y1:g}; boxes need x2 > x1 and y2 > y1)")
         elif x2 <= 0 or y2 <= 0 or x1 >= w or y1 >= h:
-            add("error", "outside_image", f"box {_box_text(obj.box)} lies outside the {w}x{h} image")
+            add("error", "outside_image", f"{_written(obj)} lies outside the {w}x{h} image")
         else:
             tol = BORDER_TOLERANCE
             if x1 < -tol or y1 < -tol or x2 > w + tol or y2 > h + tol:
-                add("warning", "beyond_border", f"box {_box_text(obj.box)} extends past the {w}x{h} image "
+                add("warning", "beyond_border", f"{_written(obj)} extends past the {w}x{h} image "
                     "(clipped to the image when used)")
             cw, ch = min(x2, w) - max(x1, 0), min(y2, h) - max(y1, 0)
             if cw < TINY_PIXELS or ch < TINY_PIXELS:
-                add("warning", "tiny_box", f"box {_box_text(obj.box)} is only {cw:g}x{ch:g} px (under "
+                add("warning", "tiny_box", f"{_written(obj)} is only {cw:g}x{ch:g} px (under "
                     f"{TINY_PIXELS:g} px; probably a stray click)")
             valid.append(idx)
     if len(valid) > 1:

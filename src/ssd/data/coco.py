@@ -81,5 +81,6 @@ def read_coco(json_path: Path, image_root: Path | None = None, split: str | None
         label = label_of.get(cat, -1)
         name = names[label] if label >= 0 else f"category {cat}"
         rec.objects.append(ObjectRecord((x, y, x + w, y + h), label, name, iscrowd=bool(ann.get("iscrowd", 0)),
-                                        line=int(ann.get("id", 0)), source=json_path, where=where))
+                                        line=int(ann.get("id", 0)), source=json_path, where=where,
+                                        raw=f"bbox {bbox}"))
     return DatasetSpec(json_path.parent, "coco", names, {split: list(records.values())}, issues)

@@ -61,7 +61,7 @@ def parse_voc_xml(xml_path: Path, rel: str) -> tuple[list[ObjectRecord], list[Is
         name = (obj.findtext("name") or "").strip()
         where = f"{rel} object {index} ({name or 'no name'})"
         try:
-            x1, y1, x2, y2 = (_number(obj, t) - 1.0 for t in ("xmin", "ymin", "xmax", "ymax"))
+            values = [_number(obj, t) for t in ("xmin", "ymin", "xmax", "ymax")]
         except ValueError as e:
             issues.append(Issue("error", "parse_error", f"{where}: {e} (VOC boxes need numeric xmin ymin xmax ymax)",
                                 rel, index))
@@ -69,8 +69,9 @@ def parse_voc_xml(xml_path: Path, rel: str) -> tuple[list[ObjectRecord], list[Is
         if not name:
             issues.append(Issue("error", "parse_error", f"{where}: object has no <name>", rel, index))
             continue
-        objects.append(ObjectRecord((x1, y1, x2, y2), -1, name, difficult=_flag(obj, "difficult"), line=index,
-                                    source=xml_path, where=where))
+        raw = " ".join(f"{t}={v:g}" for t, v in zip(("xmin", "ymin", "xmax", "ymax"), values))
+        objects.append(ObjectRecord(tuple(v - 1.0 for v in values), -1, name, difficult=_flag(obj, "difficult"),
+                                    line=index, source=xml_path, where=where, raw=raw))
     return objects, issues
 
 

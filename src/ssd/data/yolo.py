@@ -102,7 +102,8 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
             box = (min(xs) * width, min(ys) * height, max(xs) * width, max(ys) * height)
         label = int(cls_f)
         name = class_names[label] if 0 <= label < len(class_names) else f"class {label}"
-        objects.append(ObjectRecord(box, label, name, line=number, source=path, where=where))
+        objects.append(ObjectRecord(box, label, name, line=number, source=path, where=where,
+                                    raw=" ".join(tokens[1:])))
     return objects, issues
 
 
