@@ -81,6 +81,7 @@ def test_two_epochs_lower_loss_and_every_file(two_epochs):
     result = two_epochs
     assert all(math.isfinite(x) for x in result.step_losses)
     assert result.history[-1]["train/loss"] < result.step_losses[0]
+    assert result.history[-1]["val/mAP"] == result.metrics["map"]
     run = result.run_dir
     for name in ("config.yaml", "results.csv", "results.png", "pr_curves.png", "labels.png",
                  "weights/last.pt", "weights/best.pt"):

@@ -40,8 +40,9 @@ from ssd.config import ConfigError, TrainConfig
 from ssd.data import build_dataloader, load_dataset, validate_spec
 from ssd.data.records import DataError
 from ssd.engine import distributed as ddp
-from ssd.engine.evaluator import evaluate_detections, predict_dataset
-from ssd.engine.plots import RESULTS_COLUMNS, draw_detections, plot_label_stats, plot_pr_curves, plot_results
+from ssd.engine.evaluator import evaluate_detections, merge_results, predict_dataset, save_coco_json
+from ssd.engine.plots import (RESULTS_COLUMNS, draw_detections, plot_label_stats, plot_pr_curves, plot_results,
+                              save_image)
 from ssd.loss import MultiBoxLoss
 from ssd.models import build_model, model_from_checkpoint
 
@@ -228,23 +229,18 @@ def _build(config: TrainConfig, class_names: list[str], log) -> nn.Module:
     return build_model(config.model, class_names=class_names, backbone_weights=config.backbone_weights, **options)
 
 
-@torch.no_grad()
 def validate(model: nn.Module, loader: DataLoader, *, metric: str, device: torch.device, channels_last: bool,
              score_threshold: float, iou_threshold: float, class_names: list[str], amp_dtype=None,
              progress: bool = False) -> dict[str, Any]:
     """Predict this rank's share of the split, gather every rank's per-image detections and score the full set
-    (identical metrics on every rank)."""
-    model = ddp.unwrap(model)
-    was_training = model.training
-    model.eval()
-    detections, ground_truths = predict_dataset(model, loader, device=device, channels_last=channels_last,
+    (identical metrics on every rank). Runs the plain model: a DDP forward would sync buffers, a collective that
+    ranks with different numbers of validation batches would not all join."""
+    detections, ground_truths = predict_dataset(ddp.unwrap(model), loader, device=device, channels_last=channels_last,
                                                 score_threshold=score_threshold, iou_threshold=iou_threshold,
                                                 amp_dtype=amp_dtype, progress=progress)
     gathered = ddp.all_gather_objects((detections, ground_truths))
-    detections = [d for part, _ in gathered for d in part]
-    ground_truths = [g for _, part in gathered for g in part]
-    model.train(was_training)
-    return evaluate_detections(detections, ground_truths, class_names, metric=metric)
+    return evaluate_detections(merge_results([d for d, _ in gathered]), merge_results([g for _, g in gathered]),
+                               class_names, metric=metric)
 
 
 # ------------------------------------------------------------------------------------------------------ train
@@ -332,7 +328,9 @@ class Trainer:
             (self.run_dir / "weights").mkdir(parents=True, exist_ok=True)
             config.to_yaml(self.run_dir / "config.yaml")
             if self.resume_state is None:
-                plot_label_stats(self.train_records, self.class_names, self.run_dir / "labels.png")
+                objects = [o for record in self.train_records for o in record.objects]
+                plot_label_stats([o.box for o in objects], [o.label for o in objects], self.class_names,
+                                 self.run_dir / "labels.png")
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(self.run_dir))
@@ -373,7 +371,7 @@ class Trainer:
                                         channels_last=self.channels_last, score_threshold=config.score_threshold,
                                         iou_threshold=config.iou_threshold, class_names=self.class_names,
                                         amp_dtype=self.amp_dtype, progress=main and not config.quiet)
-                row.update({k: v for k, v in self.metrics.items() if isinstance(v, float)})
+                row["val/mAP"] = self.metrics["map"]
             row["time"] = time.perf_counter() - start
             self.history.append(row)
             improved = bool(self.metrics) and self.metrics["map"] > self.best_map
@@ -460,14 +458,14 @@ class Trainer:
     def _log_epoch(self, row: dict[str, Any]) -> None:
         write_results_csv(self.run_dir / "results.csv", self.history)
         for key, value in row.items():
-            if key != "epoch" and isinstance(value, (int, float)):
+            if key != "epoch":
                 self.writer.add_scalar(key, value, row["epoch"])
         self.writer.flush()
         if self.config.quiet:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and isinstance(v, float))
             print(f"epoch {row['epoch']}/{self.config.epochs}: {shown}")
-        elif "map" in row:
-            print(f"epoch {row['epoch']}/{self.config.epochs}: {self.config.metric} mAP {row['map']:.4f}")
+        elif "val/mAP" in row:
+            print(f"epoch {row['epoch']}/{self.config.epochs}: {self.config.metric} mAP {row['val/mAP']:.4f}")
 
     def _finish(self) -> None:
         run_dir = self.run_dir
@@ -486,8 +484,9 @@ class Trainer:
         self.model.eval()
         for record in self.val_records[: self.config.num_plot_images]:
             image = read_image(record.path)
-            detections = self.model.predict([image.to(self.device)], score_threshold=0.3)[0]
-            draw_detections(image, detections, self.class_names, out_dir / f"{record.path.stem}.jpg")
+            found = self.model.predict([image.to(self.device)], score_threshold=0.3)[0]
+            drawn = draw_detections(image, found["boxes"], found["labels"], found["scores"], self.class_names)
+            save_image(drawn, out_dir / f"{record.path.stem}.jpg")
 
 
 def write_results_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -535,7 +534,5 @@ def evaluate(weights: str | Path, data: str | Path, metric: str = "voc07", split
                        score_threshold=score_threshold, iou_threshold=iou_threshold,
                        class_names=list(model.class_names))
     if save_json is not None:
-        from ssd.engine.evaluator import save_coco_json
-
         save_coco_json(metrics, save_json)
     return {**metrics, "class_names": list(model.class_names)}
