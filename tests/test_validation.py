@@ -74,7 +74,8 @@ def test_padding_rows_are_not_checked():
 def test_empty_or_inverted_box(box):
     boxes, labels = targets([[0, 0]])
     boxes[0, 1] = torch.tensor(box)
-    with pytest.raises(ValueError, match=r"in image 0, object 1 \(label 0\) is empty or inverted .*x2 > x1 and y2 > y1"):
+    message = r"in image 0, object 1 \(label 0\) is empty or inverted .*x2 > x1 and y2 > y1"
+    with pytest.raises(ValueError, match=message):
         validate_targets(boxes, labels, num_classes=1)
 
 
