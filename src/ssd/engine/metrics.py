@@ -89,17 +89,20 @@ def _concat(items: Sequence[Mapping[str, Any]], kind: str, num_classes: int, key
         for key, value in row.items():
             if value.shape[0] != n:
                 raise ValueError(f"{kind} of image {index}: {key} has {value.shape[0]} entries but boxes has {n}")
-        bad = ((row["labels"] < 0) | (row["labels"] >= num_classes)).nonzero()
-        if bad.numel():
-            j = int(bad[0])
-            raise ValueError(f"{kind} of image {index}, object {j}: label {int(row['labels'][j])} is out of range for "
-                             f"num_classes={num_classes} (labels must be 0..{num_classes - 1})")
         for key, value in row.items():
             columns[key].append(value)
     empty = {"boxes": torch.zeros(0, 4, dtype=torch.float64), "image": torch.zeros(0, dtype=torch.int64),
              "labels": torch.zeros(0, dtype=torch.int64), "scores": torch.zeros(0, dtype=torch.float64),
              "difficult": torch.zeros(0, dtype=torch.bool)}
-    return {k: torch.cat(v) if v else empty[k] for k, v in columns.items()}
+    flat = {k: torch.cat(v) if v else empty[k] for k, v in columns.items()}
+    bad = ((flat["labels"] < 0) | (flat["labels"] >= num_classes)).nonzero()
+    if bad.numel():
+        i = int(bad[0])
+        image = int(flat["image"][i])
+        j = i - int((flat["image"] < image).sum())
+        raise ValueError(f"{kind} of image {image}, object {j}: label {int(flat['labels'][i])} is out of range for "
+                         f"num_classes={num_classes} (labels must be 0..{num_classes - 1})")
+    return flat
 
 
 def _check_inputs(detections: Sequence, ground_truths: Sequence, num_classes: int,
