@@ -33,7 +33,10 @@ from ssd.data.transforms import IoUCropWithBoxes, build_transform  # noqa: E402
 
 
 def loader_rate(records, names, size, workers, batches, batch_size=32, cache=False) -> float:
-    """Images/s: batch_size / median seconds per batch (after one warm-up batch)."""
+    """Images/s: batch_size / median seconds per batch (after one warm-up batch). With 0 workers the main process
+    runs on one torch thread, as each loader worker does (two threads on a loaded 2-core machine thrash)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1 if workers == 0 else threads)
     loader = build_dataloader(records, names, size, MEAN, STD, train=True, batch_size=batch_size, workers=workers,
                               seed=0, cache_images=cache, drop_last=True)
     it, times = iter(loader), []
@@ -43,6 +46,7 @@ def loader_rate(records, names, size, workers, batches, batch_size=32, cache=Fal
         next(it)
         times.append(time.perf_counter() - tic)
     del it, loader
+    torch.set_num_threads(threads)
     return batch_size / statistics.median(times)
 
 

@@ -102,7 +102,7 @@ def test_validate_spec_skip_invalid_drops_and_reports():
 
 def test_report_dict_is_json_and_counts():
     spec = _spec([[((0, 0, 10, 10), 0), ((20, 20, 40, 40), 0)], [], [((0, 0, 50, 50), 1)]])
-    report = check(spec)
+    report = check(spec, decode_images=False)
     d = json.loads(json.dumps(report.to_dict()))
     assert d["ok"] and d["num_classes"] == 2 and d["errors"] == []
     assert d["stats"]["train"] == {"images": 3, "objects": 3, "images_without_objects": 1, "difficult_or_crowd": 0,
@@ -125,7 +125,7 @@ def test_prior_coverage_hand_computed():
     assert by_size == {"small": (1, 0.0), "medium": (0, 0.0), "large": (3, pytest.approx(2 / 3))}
     by_aspect = {b["name"]: b["boxes"] for b in cov["by_aspect"]}
     assert by_aspect == {"tall": 0, "regular": 3, "wide": 1}
-    report = check(spec, priors=priors)
+    report = check(spec, priors=priors, decode_images=False)
     assert report.coverage["covered"] == 0.5
     assert "default-box coverage" in report.format_table()
 
@@ -133,7 +133,7 @@ def test_prior_coverage_hand_computed():
 def test_prior_coverage_names_the_worst_sizes():
     priors = torch.tensor([[0.5, 0.5, 0.5, 0.5]])
     spec = _spec([[((25, 25, 75, 75), 0)] * 5 + [((48, 48, 52, 52), 0)] * 6])
-    report = check(spec, priors=priors)
+    report = check(spec, priors=priors, decode_images=False)
     assert [w["name"] for w in report.coverage["worst"]] == ["small regular"]
     (warning,) = [w for w in report.warnings if w.code == "low_prior_coverage"]
     assert "worst covered: small regular objects (0% of 6)" in warning.message
@@ -144,3 +144,14 @@ def test_unreadable_dataset_is_a_report_error(tmp_path):
     (error,) = report.errors
     assert not report.ok and error.code == "unreadable_dataset" and "does not exist" in error.message
     assert "FAILED: 1 errors" in report.format_table()
+
+
+def test_truncated_image_is_reported(tmp_path):
+    data = _yolo_dataset(tmp_path, {"good": "0 0.5 0.5 0.2 0.2\n", "cut": "0 0.5 0.5 0.2 0.2\n"}, ["a"])
+    jpg = tmp_path / "images" / "cut.jpg"
+    Image.effect_noise((100, 50), 60).convert("RGB").save(jpg, quality=90)
+    jpg.write_bytes(jpg.read_bytes()[: len(jpg.read_bytes()) // 2])  # the header still reads
+    report = check(data)
+    (error,) = report.errors
+    assert error.code == "corrupt_image" and error.file == "images/cut.jpg" and "does not decode" in error.message
+    assert check(data, decode_images=False).ok

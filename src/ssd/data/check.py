@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_convert, box_iou
 
+from ssd.data.images import verify_image
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue
 from ssd.data.spec import closest_names, load_dataset
 
@@ -270,11 +272,29 @@ def _invalid(issues: list[Issue]) -> tuple[set, set]:
     return images, objects
 
 
+def _decode_issues(spec: DatasetSpec) -> list[Issue]:
+    """Corrupt/truncated images (full but cheap decode of each image once, on a thread pool)."""
+    records = {r.path: (split, r) for split, recs in spec.splits.items() for r in recs}
+
+    def probe(path: Path) -> Issue | None:
+        try:
+            verify_image(path)
+        except (OSError, SyntaxError, ValueError) as e:
+            split, rec = records[path]
+            rel = _relative(path, spec.root)
+            return Issue("error", "corrupt_image", f"{rel}: image does not decode ({e})", rel, split=split, image=path)
+        return None
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        return [i for i in pool.map(probe, records) if i is not None]
+
+
 def check(data: str | Path | DatasetSpec, priors: Tensor | None = None, *, split: str | None = None,
-          class_names: list[str] | None = None, iou_threshold: float = 0.5) -> CheckReport:
+          class_names: list[str] | None = None, iou_threshold: float = 0.5, decode_images: bool = True) -> CheckReport:
     """Check a dataset (a data description or a loaded :class:`DatasetSpec`); never raises for bad data.
 
     ``priors`` (``[P, 4]`` cx, cy, w, h normalized, e.g. ``build_model(name).priors``) adds default-box coverage.
+    ``decode_images`` decodes every image (cheaply, JPEGs at 1/8 scale) to find truncated or corrupt files.
     """
     if isinstance(data, DatasetSpec):
         spec = data
@@ -284,7 +304,7 @@ def check(data: str | Path | DatasetSpec, priors: Tensor | None = None, *, split
         except DataError as e:
             return CheckReport(str(data), "unknown", list(class_names or []), issues=[
                 Issue("error", "unreadable_dataset", str(e), str(data))])
-    issues = find_issues(spec)
+    issues = find_issues(spec) + (_decode_issues(spec) if decode_images else [])
     report = CheckReport(str(spec.root), spec.format, list(spec.class_names), _stats(spec), issues)
     if priors is not None:
         report.coverage = prior_coverage(spec, priors, iou_threshold, exclude=_invalid(issues)[1])
@@ -306,7 +326,7 @@ def validate_spec(spec: DatasetSpec, skip_invalid: bool = False,
     problems (the same messages as ``ssd check``). With it, the offending objects and images are dropped from a copy
     of ``spec``; ``report.dropped`` says how many and which. Returns ``(clean spec, report)``.
     """
-    report = check(spec)
+    report = check(spec, decode_images=False)  # a corrupt image fails later, in the loader, naming its file
     if report.ok:
         return spec, report
     errors = report.errors

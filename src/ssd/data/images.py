@@ -14,7 +14,7 @@ from PIL import Image, ImageOps
 from torch import Tensor
 from torchvision.io import ImageReadMode, decode_image
 
-__all__ = ["IMAGE_SUFFIXES", "read_image", "image_size", "is_image"]
+__all__ = ["IMAGE_SUFFIXES", "read_image", "image_size", "is_image", "verify_image"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 _EXIF_ORIENTATION = 0x0112
@@ -44,6 +44,14 @@ def read_image(path: str | Path) -> Tensor:
         from ssd.data.records import DataError
 
         raise DataError(f"cannot decode image {path}: {e}") from e
+
+
+def verify_image(path: str | Path) -> None:
+    """Decode ``path`` completely but cheaply (JPEG DCT scaling to 1/8 size); raises ``OSError`` for truncated or
+    corrupt files that a header read (:func:`image_size`) accepts."""
+    with Image.open(path) as im:
+        im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
+        im.load()
 
 
 def image_size(path: str | Path) -> tuple[int, int]:
