@@ -38,7 +38,7 @@ class FakeDetector(nn.Module):
 
     def forward(self, images):
         index = images[:, 0, 0, 0].long()
-        return torch.zeros(len(images), self.priors.shape[0], 4), self.table[index]
+        return self.priors.new_zeros(len(images), self.priors.shape[0], 4), self.table[index]
 
 
 def _loader(batch_size):
@@ -100,3 +100,10 @@ def test_format_table_and_coco_json(tmp_path):
     assert {e["image_id"] for e in entries} == {"img0", "img1"}
     cat0 = next(e for e in entries if e["image_id"] == "img0" and e["category_id"] == 0)
     assert cat0["bbox"] == pytest.approx([20.0, 20.0, 80.0, 40.0])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_model_cpu_results():
+    result = evaluate_model(FakeDetector().cuda(), _loader(2), metric="voc", device="cuda", progress=False)
+    assert result["map"] == pytest.approx(1.0)
+    assert all(d["boxes"].device.type == "cpu" for d in result["detections"])
