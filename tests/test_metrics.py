@@ -151,8 +151,11 @@ def test_classes_without_ground_truth_are_left_out():
     result = evaluate_voc(dets, gts, 5)  # classes 2..4 have no objects
     assert result["map"] == pytest.approx(1.0)
     assert all(math.isnan(result["per_class"][f"class{k}"]["ap"]) for k in (2, 3, 4))
-    assert math.isnan(evaluate_voc([{"boxes": [], "scores": [], "labels": []}],
-                                   [{"boxes": [], "labels": []}], 2)["map"])
+    no_objects = [{"boxes": [], "labels": []}]
+    assert math.isnan(evaluate_voc([{"boxes": [], "scores": [], "labels": []}], no_objects, 2)["map"])
+    one = [{"boxes": [[0, 0, 5, 5]], "scores": [0.5], "labels": [1]}]
+    assert math.isnan(evaluate_voc(one, no_objects, 2)["map"])
+    assert math.isnan(evaluate_coco(one, no_objects, 2)["map"])
 
 
 def test_bad_inputs_are_named():

@@ -171,7 +171,8 @@ def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequenc
 
     best_iou, best_gt = _best_ground_truth(det, gt, num_classes)
     hit = (best_gt >= 0) & (best_iou >= iou_threshold)
-    hit_difficult = hit & gt["difficult"][best_gt.clamp(min=0)]
+    difficult = torch.cat([gt["difficult"], gt["difficult"].new_zeros(1)])  # index -1 (no object): False
+    hit_difficult = hit & difficult[best_gt]
     candidate = hit & ~hit_difficult
     # Rank by class, then decreasing score (stable: image order on ties); the first candidate of an object is its TP.
     order = torch.argsort(-det["scores"], stable=True)
