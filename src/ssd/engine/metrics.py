@@ -73,7 +73,8 @@ def _as_tensor(value: Any, dtype: torch.dtype) -> Tensor:
     return torch.as_tensor(np.asarray(value) if not isinstance(value, Tensor) else value.detach().cpu(), dtype=dtype)
 
 
-def _concat(items: Sequence[Mapping[str, Any]], kind: str, num_classes: int, keys: tuple[str, ...]) -> dict[str, Tensor]:
+def _concat(items: Sequence[Mapping[str, Any]], kind: str, num_classes: int,
+            keys: tuple[str, ...]) -> dict[str, Tensor]:
     """Concatenate per-image dicts into flat tensors plus ``image`` (index of the image of each row), validated."""
     columns: dict[str, list[Tensor]] = {k: [] for k in (*keys, "image")}
     for index, item in enumerate(items):
@@ -275,8 +276,8 @@ def evaluate_coco(detections: Sequence[Mapping[str, Any]], ground_truths: Sequen
     quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
     with quiet:
         coco_gt = _coco(images, annotations(gt, {"iscrowd": gt["difficult"].int().tolist()}), categories)
-        coco_dt = _coco(images, annotations(det, {"score": det["scores"].tolist(), "iscrowd": [0] * len(det["scores"])}),
-                        categories)
+        det_extra = {"score": det["scores"].tolist(), "iscrowd": [0] * len(det["scores"])}
+        coco_dt = _coco(images, annotations(det, det_extra), categories)
         evaluator = COCOeval(coco_gt, coco_dt, iouType="bbox")
         evaluator.evaluate()
         evaluator.accumulate()
