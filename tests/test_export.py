@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ssd.engine.export import ExportCheckError, check_onnx, export, export_onnx, export_torchscript
+from ssd.engine.predictor import Detector, load
 from ssd.models import build_model
 from ssd.postprocess import postprocess
 
@@ -105,6 +106,15 @@ def test_nms_export_equals_postprocess_batch1_and_dynamic(tiny, tmp_path):
             assert got[:n, 5].long().tolist() == want["labels"].tolist()
             padding = got[n:]
             assert (padding[:, :5] == 0).all() and (padding[:, 5] == -1).all()
+
+    detector = load(path)  # stricter conf and fewer detections are applied to the graph's output
+    images = random_images(2)
+    want = Detector(tiny).predict(images, conf=0.35, iou=iou, max_det=10)
+    for got, expected in zip(detector.predict(images, conf=0.35, iou=iou, max_det=10), want):
+        assert got.labels.tolist() == expected.labels.tolist() and len(got.labels) > 0
+        torch.testing.assert_close(got.boxes, expected.boxes, atol=1e-3, rtol=0)
+    with pytest.raises(ValueError, match=r"exported with NMS at conf=0.3, iou=0.45, max_det=50; got conf=0.1"):
+        detector.predict(images, conf=0.1)
 
 
 def test_check_fails_loudly_when_outputs_differ(tiny_onnx):

@@ -119,7 +119,7 @@ def _as_model(weights_or_model) -> nn.Module:
 def export_onnx(
     weights_or_model,
     out_path: str | Path,
-    opset: int = 17,
+    opset: int = 18,
     dynamic_batch: bool = False,
     nms: bool = False,
     check: bool = True,
@@ -133,7 +133,8 @@ def export_onnx(
     Args:
         weights_or_model: a checkpoint (``.pt``) or an ``SSD`` module (exported in eval mode, on the CPU).
         out_path: the ``.onnx`` file to write (parent folders are created).
-        opset: ONNX opset version.
+        opset: ONNX opset version: 18 or newer is written natively by ``torch.onnx.export``; for a lower one the
+            graph is converted down, and a ``ValueError`` says so when that conversion fails.
         dynamic_batch: accept any batch size (else batch 1).
         nms: put softmax, decoding, score filtering and NMS in the graph (see the module docstring for outputs).
         check: run ONNX Runtime on ``sample_images`` and compare with PyTorch (:func:`check_onnx`).
@@ -162,6 +163,10 @@ def export_onnx(
             dynamo=True, verbose=False,
         )
     proto = program.model_proto
+    written = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+    if written != opset:
+        raise ValueError(f"cannot export {model.config.get('name', 'the model')} at opset {opset}: the conversion "
+                         f"from opset {written} failed (use opset {written} or newer)")
     metadata = {
         "ssd_version": ssd.__version__,
         "model_name": str(model.config.get("name", "")),
