@@ -70,15 +70,23 @@ def test_negatives_capped_at_non_positives():
     assert cls_loss.item() == pytest.approx(expected, rel=1e-6)
 
 
-def test_batch_without_objects_is_finite_and_zero():
+def test_batch_without_objects_is_finite_negatives_only():
+    # No object anywhere: 0 localization; each image contributes its neg_pos_ratio (3) hardest negatives, counted
+    # as if it had one positive, and the sum is divided by max(num_pos, 1) = 1.
     loc = torch.randn(2, 8, 4, requires_grad=True)
-    logits = torch.randn(2, 8, 4, requires_grad=True)
-    loc_loss, cls_loss = MultiBoxLoss()(loc, logits, PRIORS, torch.zeros(2, 3, 4), torch.full((2, 3), -1))
-    assert loc_loss.item() == 0.0 and cls_loss.item() == 0.0
+    logits = torch.zeros(2, 8, 4)
+    logits[:, :, 0] = torch.tensor([0.0, -1.0, 0.0, 0.0, -2.0, 0.0, -3.0, 0.0])  # hardest: priors 6, 4, 1
+    logits.requires_grad_()
+    for boxes, labels in [(torch.zeros(2, 3, 4), torch.full((2, 3), -1)),
+                          (torch.zeros(2, 0, 4), torch.zeros(2, 0, dtype=torch.long))]:
+        loc_loss, cls_loss = MultiBoxLoss()(loc, logits, PRIORS, boxes, labels)
+        # background CE of a prior with background logit b and three zero logits: log(e^b + 3) - b
+        expected = 2 * sum(math.log(math.exp(b) + 3) - b for b in (-3.0, -2.0, -1.0))
+        assert loc_loss.item() == 0.0
+        assert cls_loss.item() == pytest.approx(expected, rel=1e-6)
     (loc_loss + cls_loss).backward()
-    assert not loc.grad.any() and not logits.grad.any()
-    loc_loss, cls_loss = MultiBoxLoss()(loc, logits, PRIORS, torch.zeros(2, 0, 4), torch.zeros(2, 0, dtype=torch.long))
-    assert loc_loss.item() == 0.0 and cls_loss.item() == 0.0
+    assert not loc.grad.any()
+    assert logits.grad[:, [1, 4, 6]].abs().sum() > 0 and not logits.grad[:, [0, 2, 3, 5, 7]].any()
 
 
 def test_batch_equals_sum_of_images():

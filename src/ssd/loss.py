@@ -21,10 +21,12 @@ class MultiBoxLoss(nn.Module):
     - targets come from :func:`ssd.matching.match` (positives: ``cls_t > 0``);
     - ``loc_loss``: smooth L1 (beta 1) summed over the positive priors;
     - ``cls_loss``: cross-entropy summed over the positives and, per image, the ``neg_pos_ratio * num_pos``
-      background priors with the highest background loss (at most ``P - num_pos``; an image without objects
-      contributes no negatives, as in the original SSD);
+      background priors with the highest background loss (at most ``P - num_pos``); an image without objects
+      counts as one positive for this ratio, so background-only images still teach the classifier (the
+      original SSD gives them no negatives; every image with an object is unaffected, since it has a forced
+      positive);
     - both are divided by the number of positives in the batch, clamped to at least 1, so a batch without any
-      object gives finite zeros instead of NaN.
+      object gives a finite loss (0 localization, negatives-only classification) instead of NaN.
 
     K is read from ``logits.shape[-1] - 1`` and the labels are validated against it before any indexing.
     Half-precision predictions are fine: the losses are computed in float32.
@@ -67,7 +69,7 @@ class MultiBoxLoss(nn.Module):
         num_priors = positive.shape[1]
         background_loss = torch.log_softmax(logits, dim=-1, dtype=torch.float32)[..., 0].neg()
         background_loss.masked_fill_(positive, -float("inf"))
-        num_neg = torch.minimum(self.neg_pos_ratio * num_pos, num_priors - num_pos)  # [B]
+        num_neg = torch.minimum(self.neg_pos_ratio * num_pos.clamp(min=1), num_priors - num_pos)  # [B]
         k = int(num_neg.max()) if num_neg.numel() else 0
         negative = torch.zeros_like(positive)
         if k == 0:
