@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -16,8 +17,9 @@ from ssd.data.records import DataError
 from ssd.engine import trainer
 from ssd.engine.trainer import LRSchedule, NonFiniteLossError, evaluate, make_run_dir, train
 
-# ssd_tiny on the 128 px synthetic fixture, small enough for seconds per epoch on 2 cores
-FAST = dict(model="ssd_tiny", image_size=128, batch_size=8, workers=0, device="cpu", quiet=True, seed=0)
+# ssd_tiny at 128 px with the light augmentation: seconds per epoch of the synthetic fixture on 2 cores
+FAST = dict(model="ssd_tiny", image_size=128, batch_size=8, workers=0, device="cpu", quiet=True, seed=0,
+            augment="light")
 
 
 # ------------------------------------------------------------------------------------------------------ config
@@ -127,7 +129,8 @@ def test_resume_after_kill_matches_uninterrupted_run(two_epochs, synthetic_voc, 
     assert len((run / "results.csv").read_text().splitlines()) == 3
 
 
-def test_nonfinite_loss_stops_naming_step_and_files(synthetic_voc, tmp_path, monkeypatch):
+def test_nonfinite_loss_stops_naming_step_and_files(tmp_path, monkeypatch):
+    data = _write_yolo(tmp_path / "data")
     calls = {"n": 0}
     real = trainer.MultiBoxLoss.forward
 
@@ -137,14 +140,15 @@ def test_nonfinite_loss_stops_naming_step_and_files(synthetic_voc, tmp_path, mon
         return (loc_loss * float("nan"), cls_loss) if calls["n"] == 2 else (loc_loss, cls_loss)
 
     monkeypatch.setattr(trainer.MultiBoxLoss, "forward", nan_on_second_step)
+    small = {**FAST, "batch_size": 4, "augment": "none"}
     with pytest.raises(NonFiniteLossError, match=r"non-finite loss \(nan\) at epoch 1, step 2") as info:
-        train(data=str(synthetic_voc), epochs=1, project=str(tmp_path), **FAST)
-    assert "synth_" in str(info.value) and ".jpg" in str(info.value)
-    assert not list(tmp_path.glob("*/weights/*.pt"))  # nothing saved
+        train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **small)
+    assert len(re.findall(r"images/train/img\d+\.jpg", str(info.value))) == 4  # the batch's 4 files
+    assert not list(tmp_path.glob("runs/*/weights/*.pt"))  # nothing saved
 
     calls["n"] = 0
-    result = train(data=str(synthetic_voc), epochs=1, project=str(tmp_path), skip_nonfinite=True, **FAST)
-    assert result.nonfinite_skipped == 1
+    result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), skip_nonfinite=True, **small)
+    assert result.nonfinite_skipped == 1 and len(result.step_losses) == 2  # 3 steps, one skipped
     assert all(torch.isfinite(p).all() for p in result.model.parameters())
 
 
