@@ -190,6 +190,8 @@ def test_edited_checkpoints_are_refused(saved):
     unknown = {**ckpt, "config": {**ckpt["config"], "name": "ssd1000_resnet"}}
     with pytest.raises(CheckpointError, match=r"model named 'ssd1000_resnet'.*known: ssd300_vgg16"):
         model_from_checkpoint(unknown)
+    with pytest.raises(CheckpointError, match="not an ssd checkpoint dict"):
+        model_from_checkpoint({"model": ckpt["model"]})
     damaged = {**ckpt, "model": {k: v for k, v in ckpt["model"].items() if k != "heads.0.loc.weight"}}
     with pytest.raises(CheckpointError, match=r"do not fit the model configuration.*heads\.0\.loc\.weight"):
         model_from_checkpoint(damaged)

@@ -112,6 +112,9 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
     """
     ckpt = load_checkpoint(ckpt_or_path) if isinstance(ckpt_or_path, (str, os.PathLike)) else ckpt_or_path
     source = str(ckpt_or_path) if isinstance(ckpt_or_path, (str, os.PathLike)) else "the checkpoint"
+    if not isinstance(ckpt, Mapping) or not all(k in ckpt for k in ("config", "class_names", "model")):
+        raise CheckpointError(f"{source} is not an ssd checkpoint dict (needs 'config', 'class_names' and 'model'; "
+                              "see ssd.load_checkpoint)")
     config, saved = dict(ckpt["config"]), list(ckpt["class_names"])
     if config.get("name") not in MODEL_CONFIGS:
         raise CheckpointError(f"{source} holds a model named {config.get('name')!r}, which this version of ssd does "
