@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import glob
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -81,11 +81,6 @@ def _to_image(item, index: int) -> Tensor:
                      f"uint8 array or a [3, H, W] tensor)")
 
 
-def _batches(items: Sequence, size: int) -> Iterator[Sequence]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
-
-
 class Detector:
     """A loaded PyTorch SSD ready for inference (see :func:`load`).
 
@@ -109,12 +104,12 @@ class Detector:
         ``conf``: keep scores above it; ``iou``: NMS overlap threshold (per class); ``max_det``: detections per image.
         """
         items = list(source) if isinstance(source, (list, tuple)) else [source]
-        paths = [str(item) if isinstance(item, (str, Path)) else None for item in items]
-        images = self.to_tensors(items)
         results = []
-        for start in range(0, len(images), batch_size):
-            batch = images[start:start + batch_size]
-            results += self._results(batch, paths[start:start + batch_size], conf, iou, max_det)
+        for start in range(0, len(items), batch_size):  # decoded batch by batch
+            batch = items[start:start + batch_size]
+            paths = [str(item) if isinstance(item, (str, Path)) else None for item in batch]
+            images = [_to_image(item, start + offset) for offset, item in enumerate(batch)]
+            results += self._results(images, paths, conf, iou, max_det)
         return results
 
     @staticmethod
@@ -133,7 +128,6 @@ class Detector:
 
     def _detect(self, images: list[Tensor], conf: float, iou: float, max_det: int) -> list[dict]:
         """``SSD.predict`` (pixel xyxy of each image), in float16 autocast when ``half``."""
-        images = [image.to(self.device) for image in images]
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
             return self.model.predict(images, score_threshold=conf, iou_threshold=iou, max_detections=max_det)
 
@@ -189,11 +183,8 @@ class OnnxDetector(Detector):
         if self.fixed_batch != 1:
             raise ValueError(f"{self.path} takes batches of exactly {self.fixed_batch} images, got {len(array)}")
         outputs = [self.session.run(None, {"images": array[i:i + 1]}) for i in range(len(array))]
-        return [np.concatenate(parts) if parts[0].ndim and name != "priors" else parts[0]
-                for name, parts in zip(self._output_names(), zip(*outputs))]
-
-    def _output_names(self) -> list[str]:
-        return [o.name for o in self.session.get_outputs()]
+        names = [o.name for o in self.session.get_outputs()]
+        return [parts[0] if name == "priors" else np.concatenate(parts) for name, parts in zip(names, zip(*outputs))]
 
     def _detect(self, images: list[Tensor], conf: float, iou: float, max_det: int) -> list[dict]:
         batch, sizes = SSD.preprocess(self._preprocess_settings, images)
@@ -320,7 +311,8 @@ def predict_source(
     entries: list[dict] = []
     images = [f for f in files if not _is_video(f)]
     bar = tqdm(total=len(images), desc="images", unit="img", disable=not progress or not images)
-    for chunk in _batches(images, batch_size):
+    for start in range(0, len(images), batch_size):
+        chunk = images[start:start + batch_size]
         decoded, paths = [], []
         for path in chunk:
             try:
@@ -408,9 +400,11 @@ def _write_results(path: Path, entries: list[dict], class_names: list[str], fmt:
     if fmt == "json":
         content = {"class_names": class_names, "images": entries}
     else:
-        content = [
-            {"image_id": image_id, "category_id": d["label"], "score": d["score"],
-             "bbox": [d["box"][0], d["box"][1], d["box"][2] - d["box"][0], d["box"][3] - d["box"][1]]}
-            for image_id, entry in enumerate(entries) for d in entry["detections"]
-        ]
+        from ssd.engine.metrics import to_coco_detections
+
+        content = to_coco_detections([
+            {key: [d[field] for d in entry["detections"]] for key, field in
+             (("boxes", "box"), ("scores", "score"), ("labels", "label"))}
+            for entry in entries
+        ])
     path.write_text(json.dumps(content, indent=1))
