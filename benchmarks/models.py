@@ -194,7 +194,8 @@ def main() -> None:
             for task in TASKS:
                 ours = results[name, impl][task]
                 theirs = results.get((name, "torchvision"), {}).get(task)
-                tv = f"{theirs['img_s']:9.2f} {ours['img_s'] / theirs['img_s']:5.2f}x" if theirs else f"{'-':>9} {'-':>6}"
+                ratio = f"{theirs['img_s']:9.2f} {ours['img_s'] / theirs['img_s']:5.2f}x" if theirs else None
+                tv = ratio or f"{'-':>9} {'-':>6}"
                 tv_peak = f"{theirs['peak_mib']:8.0f}" if theirs else f"{'-':>8}"
                 print(f"{label:<31} {task:<10} {ours['img_s']:10.2f} {tv} {ours['peak_mib']:9.0f} {tv_peak}")
 

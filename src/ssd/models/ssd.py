@@ -89,7 +89,8 @@ class SSD(nn.Module):
                 ``[0, 1]``, or one ``[B, 3, H, W]`` tensor.
 
         Returns:
-            ``(batch [B, 3, S, S] float32 normalized on the model's device, sizes [B, 2] int64 (h, w) of the originals)``.
+            ``(batch [B, 3, S, S] float32 normalized, on the model's device; sizes [B, 2] int64 (h, w) of the
+            originals)``.
         """
         if isinstance(images, Tensor) and images.dim() == 4:
             images = list(images)
