@@ -26,6 +26,7 @@ Metadata (``metadata_props``, strings): ``ssd_version``, ``model_name``, ``class
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -109,11 +110,14 @@ class _ExportGraph(nn.Module):
 
 
 def _as_model(weights_or_model) -> nn.Module:
+    """A CPU copy in eval mode of the model (unwrapped from DDP), or the model of a checkpoint path."""
     if isinstance(weights_or_model, nn.Module):
-        return weights_or_model
+        from ssd.checkpoint import unwrap_model
+
+        return copy.deepcopy(unwrap_model(weights_or_model)).cpu().eval()
     from ssd.models import model_from_checkpoint
 
-    return model_from_checkpoint(weights_or_model)
+    return model_from_checkpoint(weights_or_model).eval()
 
 
 def export_onnx(
@@ -131,7 +135,7 @@ def export_onnx(
     """Export a checkpoint path or an ``SSD`` to ONNX at ``out_path`` and return the path.
 
     Args:
-        weights_or_model: a checkpoint (``.pt``) or an ``SSD`` module (exported in eval mode, on the CPU).
+        weights_or_model: a checkpoint (``.pt``) or an ``SSD`` module (a CPU copy in eval mode is exported).
         out_path: the ``.onnx`` file to write (parent folders are created).
         opset: ONNX opset version: 18 or newer is written natively by ``torch.onnx.export``; for a lower one the
             graph is converted down, and a ``ValueError`` says so when that conversion fails.
@@ -148,7 +152,7 @@ def export_onnx(
 
     import ssd
 
-    model = _as_model(weights_or_model).cpu().eval()
+    model = _as_model(weights_or_model)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     size = int(model.config["image_size"])
@@ -190,7 +194,7 @@ def export_onnx(
 def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
     """Trace ``SSD.forward`` (``images [1, 3, S, S]`` -> ``(loc, logits)``) to TorchScript; the model config and class
     names are stored as the ``config.json`` extra file (``torch.jit.load(path, _extra_files={"config.json": ""})``)."""
-    model = _as_model(weights_or_model).cpu().eval()
+    model = _as_model(weights_or_model)
     size = int(model.config["image_size"])
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
