@@ -126,7 +126,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt)")
     p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "torchscript"])
     p.add_argument("--output", type=Path, help="output file (default: next to the weights)")
-    p.add_argument("--opset", type=int, default=17)
+    p.add_argument("--opset", type=int, default=18,
+                   help="ONNX opset (default: 18; lower ones are down-converted when possible)")
     p.add_argument("--dynamic-batch", action="store_true", help="allow any batch size")
     p.add_argument("--nms", action="store_true", help="put score filtering and NMS inside the graph")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the ONNX Runtime parity check")
