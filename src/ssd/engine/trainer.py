@@ -360,7 +360,7 @@ class Trainer:
         config, main = self.config, self.info.is_main
         if self.start_epoch >= config.epochs:
             self.log(f"{self.run_dir}: all {config.epochs} epochs are already done")
-        start = time.perf_counter()
+        start = time.perf_counter() - (self.history[-1]["time"] if self.history else 0.0)  # cumulative on resume
         for epoch in range(self.start_epoch, config.epochs):
             losses = self._train_epoch(epoch)
             ddp.broadcast_buffers(self.model)
