@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ssd.config import TrainConfig
 from ssd.data.synthetic import generate_synthetic
+from ssd.engine import distributed as ddp
 from ssd.engine.trainer import TrainResult, train
 
 __all__ = ["run_demo", "DEMO_DATA"]
@@ -51,8 +52,8 @@ def run_demo(project: str | Path = "runs", *, device: str = "auto", quiet: bool 
                          warmup_epochs=0.5, val_interval=max(1, epochs // 3), metric="voc07").update(**overrides)
     result = train(config)
     elapsed = time.perf_counter() - start
-    if result.run_dir is not None:
-        run = result.run_dir
+    run = result.run_dir
+    if ddp.DistInfo.from_env().is_main:
         print(f"\nSSD demo done in {elapsed / 60:.1f} min (dataset {generated:.0f} s, training and evaluation "
               f"{elapsed - generated:.0f} s)")
         print(f"  validation mAP@0.5 (VOC07): {result.metrics['map']:.3f}")

@@ -59,7 +59,7 @@ class TrainResult:
     ``results.csv``, ``step_losses`` the loss of every step this process ran (not those before a resume);
     ``model`` is the trained model (unwrapped, on the training device)."""
 
-    run_dir: Path | None
+    run_dir: Path
     best_map: float
     metrics: dict[str, Any]
     history: list[dict[str, Any]]
@@ -273,7 +273,7 @@ class Trainer:
             # the run continues as it was configured; only where/how loudly it runs may change
             config = saved.update(resume=str(ckpt_path), device=config.device, workers=config.workers,
                                   quiet=config.quiet)
-            self.run_dir: Path | None = ckpt_path.parent.parent
+            self.run_dir: Path = ckpt_path.parent.parent
             self.log(f"resuming {self.run_dir} from {ckpt_path} (epoch {self.resume_state['epoch'] + 1} done)")
         self.config = config = config.resolved()
 
