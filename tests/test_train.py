@@ -191,3 +191,11 @@ def test_yolo_label_out_of_range_refused_before_training(tmp_path):
         train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **FAST)
     assert "6" in str(info.value)
     assert not (tmp_path / "runs").exists()  # refused before building anything
+
+
+def test_yolo_label_out_of_range_dropped_with_skip_invalid(tmp_path, capsys):
+    data = _write_yolo(tmp_path / "bad", bad_label=True)
+    result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), skip_invalid=True,
+                   **{**FAST, "augment": "none"})
+    assert "skip_invalid: dropped 1 object(s) and 0 image(s)" in capsys.readouterr().out
+    assert result.model.num_classes == 6
