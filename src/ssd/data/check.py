@@ -23,7 +23,7 @@ from torch import Tensor
 from torchvision.ops import box_convert, box_iou
 
 from ssd.data.images import verify_image
-from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue
+from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.spec import closest_names, load_dataset
 
 __all__ = ["CheckReport", "check", "find_issues", "validate_spec", "prior_coverage", "SIZE_BUCKETS"]
@@ -118,13 +118,6 @@ def _table(header: list, rows: list[list]) -> list[str]:
     return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
 
 
-def _relative(path: Path, root: Path) -> str:
-    try:
-        return str(Path(path).relative_to(root))
-    except ValueError:
-        return str(path)
-
-
 def _box_text(box) -> str:
     return "(" + ", ".join(f"{v:g}" for v in box) + ")"
 
@@ -142,7 +135,7 @@ def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -
     valid: list[int] = []
     for idx, obj in enumerate(rec.objects):
         def add(severity: str, code: str, text: str) -> None:
-            issues.append(Issue(severity, code, f"{obj.where}: {text}", _relative(obj.source or rec.path, root),
+            issues.append(Issue(severity, code, f"{obj.where}: {text}", relative_path(obj.source or rec.path, root),
                                 obj.line, split, rec.path, idx))
 
         x1, y1, x2, y2 = obj.box
@@ -183,7 +176,7 @@ def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -
             issues.append(Issue("warning", "duplicate_box", f"{second.where}: box {_box_text(second.box)} nearly "
                                 f"duplicates {first.where} {_box_text(first.box)} (same class, IoU "
                                 f"{float(iou[a, b]):.2f} > {DUPLICATE_IOU})",
-                                _relative(second.source or rec.path, root), second.line, split, rec.path, valid[b]))
+                                relative_path(second.source or rec.path, root), second.line, split, rec.path, valid[b]))
     return issues
 
 
@@ -199,7 +192,7 @@ def find_issues(spec: DatasetSpec) -> list[Issue]:
             seen.add(rec.path)
             issues += _object_issues(rec, split, spec.class_names, spec.root)
             if not rec.objects and rec.path not in failed:
-                where = _relative(rec.annotation or rec.path, spec.root)
+                where = relative_path(rec.annotation or rec.path, spec.root)
                 issues.append(Issue("warning", "no_objects", f"{where}: image without objects (kept as a "
                                     "background-only image)", where, split=split, image=rec.path))
     return issues
@@ -281,7 +274,7 @@ def _decode_issues(spec: DatasetSpec) -> list[Issue]:
             verify_image(path)
         except (OSError, SyntaxError, ValueError) as e:
             split, rec = records[path]
-            rel = _relative(path, spec.root)
+            rel = relative_path(path, spec.root)
             return Issue("error", "corrupt_image", f"{rel}: image does not decode ({e})", rel, split=split, image=path)
         return None
 

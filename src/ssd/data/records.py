@@ -116,3 +116,11 @@ class DatasetSpec:
             available = ", ".join(self.splits) or "none"
             raise DataError(f"dataset {self.root} has no split {split!r} (available: {available})")
         return self.splits[split]
+
+
+def relative_path(path: str | Path, root: Path) -> str:
+    """``path`` relative to the dataset ``root`` for messages (unchanged when it lies elsewhere)."""
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return str(path)

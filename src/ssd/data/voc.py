@@ -14,7 +14,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ssd.data.images import image_size, is_image
-from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord
+from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
 
 __all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "CLASS_FILE"]
 
@@ -99,19 +99,20 @@ def _read_images(pairs: list[tuple[str, Path | None, Path]], root: Path, split: 
     """Records for (id, image path or None, xml path) triples; unreadable images become issues, not records."""
     records = []
     for image_id, image_path, xml_path in pairs:
-        rel_xml = _rel(xml_path, root)
+        rel_xml = relative_path(xml_path, root)
         if image_path is None or not image_path.is_file():
             issues.append(Issue("error", "missing_image", f"{rel_xml}: no image found for id {image_id!r}", rel_xml,
                                 split=split))
             continue
         if not xml_path.is_file():
-            issues.append(Issue("error", "missing_annotation", f"{_rel(image_path, root)}: annotation {rel_xml} "
-                                "does not exist", rel_xml, split=split, image=image_path))
+            issues.append(Issue("error", "missing_annotation",
+                                f"{relative_path(image_path, root)}: annotation {rel_xml} does not exist", rel_xml,
+                                split=split, image=image_path))
             continue
         try:
             width, height = image_size(image_path)
         except OSError as e:
-            rel = _rel(image_path, root)
+            rel = relative_path(image_path, root)
             issues.append(Issue("error", "corrupt_image", f"{rel}: cannot read image ({e})", rel, split=split,
                                 image=image_path))
             continue
@@ -121,13 +122,6 @@ def _read_images(pairs: list[tuple[str, Path | None, Path]], root: Path, split: 
         issues.extend(found)
         records.append(ImageRecord(image_path, xml_path, objects, width, height, image_id))
     return records
-
-
-def _rel(path: Path, root: Path) -> str:
-    try:
-        return str(path.relative_to(root))
-    except ValueError:
-        return str(path)
 
 
 def _class_names(root: Path, records: list[ImageRecord]) -> list[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from ssd.data.images import image_size, is_image
-from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord
+from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
 
 __all__ = ["read_yolo_yaml", "read_yolo_folder", "label_path"]
 
@@ -110,9 +110,9 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
 def _read_split(images: list[Path], split: str, root: Path, class_names: list[str], issues: list[Issue]):
     records = []
     for image in images:
-        rel = _rel(image, root)
+        rel = relative_path(image, root)
         lbl = label_path(image)
-        rel_lbl = _rel(lbl, root)
+        rel_lbl = relative_path(lbl, root)
         try:
             width, height = image_size(image)
         except OSError as e:
@@ -130,13 +130,6 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
                                 "read as an image without objects", rel_lbl, split=split, image=image))
         records.append(ImageRecord(image, lbl if lbl.is_file() else None, objects, width, height, image.stem))
     return records
-
-
-def _rel(path: Path, root: Path) -> str:
-    try:
-        return str(path.relative_to(root))
-    except ValueError:
-        return str(path)
 
 
 def read_yolo_yaml(yaml_path: Path) -> DatasetSpec:
