@@ -199,3 +199,23 @@ def test_yolo_label_out_of_range_dropped_with_skip_invalid(tmp_path, capsys):
                    **{**FAST, "augment": "none"})
     assert "skip_invalid: dropped 1 object(s) and 0 image(s)" in capsys.readouterr().out
     assert result.model.num_classes == 6
+
+
+def test_amp_on_cpu_autocasts_to_bfloat16(tmp_path, monkeypatch):
+    supported = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert trainer.amp_dtype(torch.device("cpu")) == (torch.bfloat16 if supported else None)
+    monkeypatch.setattr(trainer, "amp_dtype", lambda device: torch.bfloat16)  # the path, even where it is slow
+    dtypes = []
+    build = trainer._build
+
+    def build_and_watch(*args, **kwargs):
+        model = build(*args, **kwargs)
+        first_conv = next(m for m in model.modules() if isinstance(m, torch.nn.Conv2d))
+        first_conv.register_forward_hook(lambda module, inputs, output: dtypes.append((module.training, output.dtype)))
+        return model
+
+    monkeypatch.setattr(trainer, "_build", build_and_watch)
+    data = _write_yolo(tmp_path / "ok")
+    result = train(data=str(data), epochs=1, amp=True, project=str(tmp_path / "runs"), **FAST)
+    assert {dtype for training, dtype in dtypes if training} == {torch.bfloat16}  # every training step
+    assert all(math.isfinite(v) for v in result.step_losses)

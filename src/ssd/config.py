@@ -61,7 +61,8 @@ class TrainConfig:
     final_lr_ratio: float = _help("cosine: final lr as a fraction of the peak", default=0.01)
     grad_clip: float = _help("max gradient norm (0 disables clipping)", default=10.0)
     device: str = _help("cpu, cuda, cuda:N or auto", default="auto")
-    amp: bool = _help("mixed precision on CUDA (bf16 where supported, else fp16 with a gradient scaler)", default=False)
+    amp: bool = _help("mixed precision: CUDA bf16 where supported, else fp16 with a gradient scaler; "
+                      "CPU bf16 where it has native bf16 kernels (AVX512-BF16/AMX)", default=False)
     channels_last: bool | None = _help("channels_last memory format (default: as the model configuration says)",
                                        default=None)
     compile: bool = _help("torch.compile the model", default=False)

@@ -4,7 +4,14 @@ No download and no arguments: about 5 minutes on a 2-core CPU (data generation, 
 reaching VOC mAP@0.5 >= 0.9 on the validation split. The schedule is fixed in epochs (deterministic), sized after
 the measurements in ``shared/notes/cpu-training.md`` (mAP@0.5 0.95 after about 20000 training images):
 ``ssd_tiny`` with channels_last, AdamW at 3e-3, half an epoch of warmup, gradient clipping and a cosine decay over
-10 epochs of 2000 images, images decoded once and kept in RAM.
+8 epochs of 2000 images, images decoded once and kept in RAM.
+
+Measured on the 2-core CPU: bfloat16 autocast (``amp``, where the CPU has native bf16 kernels) halves the training
+step; the light augmentation (flip, mild scale/translation jitter) costs 2.3 ms per image against 7.3 ms for the
+full SSD one, which the shapes do not need; and loading in the main process (``workers=0``) beats one worker
+process, which would take a core from the training step's two threads. The metric is the VOC2010+ area AP@0.5:
+the VOC2007 11-point variant caps a class at 10/11 = 0.909 as soon as one of its objects (e.g. a shape hidden
+under another) is never found.
 """
 
 from __future__ import annotations
@@ -35,8 +42,8 @@ def demo_dataset(root: Path, **overrides) -> Path:
     return root
 
 
-def run_demo(project: str | Path = "runs", *, device: str = "auto", quiet: bool = False, epochs: int = 10,
-             batch_size: int = 16, workers: int = 1, data: dict | None = None, **overrides) -> TrainResult:
+def run_demo(project: str | Path = "runs", *, device: str = "auto", quiet: bool = False, epochs: int = 8,
+             batch_size: int = 16, workers: int = 0, data: dict | None = None, **overrides) -> TrainResult:
     """Run the demo into ``project`` (dataset in ``project/demo_data``, run in ``project/demo``, ``demo2``, ...).
 
     ``data`` overrides :data:`DEMO_DATA` (e.g. a smaller set for tests); other keyword ``overrides`` go to
@@ -49,14 +56,15 @@ def run_demo(project: str | Path = "runs", *, device: str = "auto", quiet: bool 
     generated = time.perf_counter() - start
     config = TrainConfig(data=str(root), model="ssd_tiny", epochs=epochs, batch_size=batch_size, device=device,
                          quiet=quiet, workers=workers, cache_images=True, project=str(project), name="demo",
-                         warmup_epochs=0.5, val_interval=max(1, epochs // 3), metric="voc07").update(**overrides)
+                         warmup_epochs=0.5, val_interval=max(1, epochs // 2), metric="voc", amp=True,
+                         augment="light").update(**overrides)
     result = train(config)
     elapsed = time.perf_counter() - start
     run = result.run_dir
     if ddp.DistInfo.from_env().is_main:
         print(f"\nSSD demo done in {elapsed / 60:.1f} min (dataset {generated:.0f} s, training and evaluation "
               f"{elapsed - generated:.0f} s)")
-        print(f"  validation mAP@0.5 (VOC07): {result.metrics['map']:.3f}")
+        print(f"  validation mAP@0.5 (VOC area): {result.metrics['map']:.3f}")
         print(f"  dataset:        {root}")
         print(f"  run directory:  {run}")
         print(f"  predictions:    {run / 'val_predictions'}")
