@@ -1,7 +1,7 @@
 """Training data pipeline throughput (decode + SSD augmentation + collate), next to the ssd_tiny training step rate.
 
 For each shared real dataset (BCCD trainval, Aquarium train) at 300x300, batch 32, ``build_dataloader`` with 0 and 2
-workers: median seconds per batch after one warm-up batch, as images/s. Also the synthetic demo path (256 px, RAM
+workers: images/s over the batches after one warm-up batch. Also the synthetic demo path (256 px, RAM
 cache). Side by side, the per-image cost of the SSD transform with ``ssd.data.transforms.IoUCropWithBoxes``
 (vectorized trials) against the same pipeline with torchvision's stock ``RandomIoUCrop``, on the same decoded images.
 Last row: training steps/s of ``ssd_tiny`` (when ``ssd.build_model`` provides it) as images/s, to see whether data
@@ -33,21 +33,22 @@ from ssd.data.transforms import IoUCropWithBoxes, build_transform  # noqa: E402
 
 
 def loader_rate(records, names, size, workers, batches, batch_size=32, cache=False) -> float:
-    """Images/s: batch_size / median seconds per batch (after one warm-up batch). With 0 workers the main process
-    runs on one torch thread, as each loader worker does (two threads on a loaded 2-core machine thrash)."""
+    """Images/s over ``batches`` batches after one warm-up batch, from their total time: a per-batch median would
+    time batches the workers prefetched during the warm-up (2 per worker). With 0 workers the main process runs on
+    one torch thread, as each loader worker does (two threads on a loaded 2-core machine thrash)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1 if workers == 0 else threads)
     loader = build_dataloader(records, names, size, MEAN, STD, train=True, batch_size=batch_size, workers=workers,
                               seed=0, cache_images=cache, drop_last=True)
-    it, times = iter(loader), []
+    it = iter(loader)
     next(it)
+    tic = time.perf_counter()
     for _ in range(batches):
-        tic = time.perf_counter()
         next(it)
-        times.append(time.perf_counter() - tic)
+    elapsed = time.perf_counter() - tic
     del it, loader
     torch.set_num_threads(threads)
-    return batch_size / statistics.median(times)
+    return batches * batch_size / elapsed
 
 
 def transform_ms(records, names, size, stock: bool, n=24) -> float:
@@ -103,7 +104,8 @@ def tiny_step_rate(num_classes: int, steps: int, batch_size=32):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=3, help="timed batches per configuration")
+    parser.add_argument("--batches", type=int, default=8,
+                        help="timed batches per configuration (more than the 4 that 2 workers prefetch)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}; "
           "shared machine: figures are noisy")
@@ -118,7 +120,7 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory()
     from ssd.data.synthetic import generate_synthetic
 
-    synth = load_dataset(generate_synthetic(tmp.name, num_train=200, num_val=0, image_size=256, num_classes=6))
+    synth = load_dataset(generate_synthetic(tmp.name, num_train=320, num_val=0, image_size=256, num_classes=6))
     for name, records, names, size in datasets:
         for workers in (0, 2):
             print(f"{name:<48} {workers:>7} {loader_rate(records, names, size, workers, args.batches):>9.1f}")

@@ -1,9 +1,11 @@
 """The `ssd` command line: grammar, help, suggestions and exit codes."""
 
+import json
 import subprocess
 import sys
 
 import pytest
+from PIL import Image
 
 from ssd.cli import main
 
@@ -52,3 +54,42 @@ def test_no_command_prints_help(capsys):
 def test_python_dash_m_runs_the_cli():
     out = subprocess.run([sys.executable, "-m", "ssd", "--version"], capture_output=True, text=True, check=True)
     assert out.stdout.strip()
+
+
+def test_check_exit_codes_and_json(synthetic_voc, tmp_path, capsys):
+    assert main(["check", str(synthetic_voc), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["errors"] == []
+    bad = tmp_path / "bad"
+    (bad / "images").mkdir(parents=True)
+    (bad / "labels").mkdir()
+    Image.new("RGB", (64, 64)).save(bad / "images" / "a.jpg")
+    (bad / "labels" / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n2 0.5 0.5 0.2 0.2\n")
+    (bad / "data.yaml").write_text("path: .\ntrain: images\nval: images\nnames: [cat, dog]\n")
+    assert main(["check", str(bad / "data.yaml")]) == 1
+    out = capsys.readouterr().out
+    assert "labels/a.txt:2: label 2 is out of range" in out and "background class is added internally" in out
+
+
+def test_train_then_val_from_the_command_line(synthetic_voc, tmp_path, capsys):
+    args = ["train", "--data", str(synthetic_voc), "--model", "ssd_tiny", "--epochs", "1", "--image-size", "128",
+            "--batch-size", "8", "--workers", "0", "--device", "cpu", "--augment", "none", "--quiet",
+            "--project", str(tmp_path), "--name", "cli"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"run directory: {tmp_path / 'cli'}" in out
+    config = (tmp_path / "cli" / "config.yaml").read_text()
+    assert "epochs: 1" in config and "image_size: 128" in config
+    best = tmp_path / "cli" / "weights" / "best.pt"
+    assert main(["val", "--weights", str(best), "--data", str(synthetic_voc), "--device", "cpu"]) == 0
+    table = capsys.readouterr().out
+    assert "circle" in table and "mAP" in table
+    # the saved config reproduces the run: --config reads it, the command line wins
+    assert main(["train", "--config", str(tmp_path / "cli" / "config.yaml"), "--name", "again", "--epochs", "1"]) == 0
+    assert (tmp_path / "again" / "weights" / "last.pt").is_file()
+
+
+def test_errors_are_one_line_not_tracebacks(tmp_path, capsys):
+    assert main(["val", "--weights", str(tmp_path / "missing.pt"), "--data", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err

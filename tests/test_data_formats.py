@@ -178,6 +178,23 @@ def test_read_image_modes_and_exif(tmp_path):
     bad.write_bytes(b"not an image")
     with pytest.raises(DataError, match="cannot decode image .*bad.jpg"):
         read_image(bad)
+    with pytest.raises(DataError, match="cannot decode image .*bad.jpg"):
+        read_image(bad, min_size=8)
+
+
+def test_read_image_reduced_jpeg_decode_keeps_min_size_and_orientation(tmp_path):
+    # 1000x700 photo-like gradient, EXIF-rotated: decoded for a 300 px network at 1/2 scale (500x350 -> 350x500)
+    y, x = np.mgrid[0:700, 0:1000]
+    arr = np.stack([x * 255 // 999, y * 255 // 699, np.full_like(x, 90)], -1).astype(np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    path = tmp_path / "big.jpg"
+    Image.fromarray(arr).save(path, exif=exif, quality=95)
+    full, reduced = read_image(path), read_image(path, min_size=300)
+    assert full.shape == (3, 1000, 700) and reduced.shape == (3, 500, 350)
+    resized = torch.nn.functional.interpolate(full[None].float(), size=(500, 350), mode="area")[0]
+    assert (resized - reduced.float()).abs().mean() < 2.0  # same picture, same orientation
+    assert read_image(path, min_size=600).shape == (3, 1000, 700)  # not twice the size: full decode
 
 
 def test_synthetic_through_voc_reader(synthetic_voc):

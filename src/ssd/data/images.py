@@ -25,25 +25,40 @@ def is_image(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_SUFFIXES
 
 
-def read_image(path: str | Path) -> Tensor:
+def read_image(path: str | Path, min_size: int | None = None) -> Tensor:
     """Decode ``path`` to a ``uint8`` tensor ``[3, H, W]`` RGB, EXIF orientation applied.
 
     Uses ``torchvision.io.decode_image`` and falls back to PIL for what it cannot read (e.g. some TIFF/GIF files).
     Raises ``DataError`` naming the file when neither can decode it.
+
+    ``min_size``: the caller resizes the image to at most ``min_size`` on each side next, so a JPEG at least twice
+    that size is decoded at a reduced DCT scale (1/2, 1/4 or 1/8) that keeps both sides >= ``min_size`` (JPEG
+    "draft" mode): 2-4x faster for phone photos fed to a 300 px network, and no detail the resize would keep is lost.
     """
     path = Path(path)
+    if min_size is not None:
+        try:
+            with Image.open(path) as im:
+                if im.format == "JPEG" and min(im.size) >= 2 * min_size:
+                    im.draft("RGB", (min_size, min_size))
+                    return _to_tensor(ImageOps.exif_transpose(im).convert("RGB"))
+        except (OSError, ValueError, SyntaxError):
+            pass  # the full decoders below report the problem
     try:
         return decode_image(str(path), mode=ImageReadMode.RGB, apply_exif_orientation=True)
     except (RuntimeError, ValueError):
         pass
     try:
         with Image.open(path) as im:
-            im = ImageOps.exif_transpose(im).convert("RGB")
-            return torch.from_numpy(np.asarray(im).copy()).permute(2, 0, 1).contiguous()
+            return _to_tensor(ImageOps.exif_transpose(im).convert("RGB"))
     except (OSError, ValueError, SyntaxError) as e:
         from ssd.data.records import DataError
 
         raise DataError(f"cannot decode image {path}: {e}") from e
+
+
+def _to_tensor(image: Image.Image) -> Tensor:
+    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).contiguous()
 
 
 def verify_image(path: str | Path) -> None:

@@ -62,7 +62,7 @@ class DetectionDataset(Dataset):
         return len(self.records)
 
     def _decode(self, index: int) -> Tensor:
-        image = read_image(self.records[index].path)
+        image = read_image(self.records[index].path, min_size=self.image_size)
         if self.image_size is not None:
             image = F.resize(image, [self.image_size, self.image_size], antialias=True)
         return image
