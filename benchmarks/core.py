@@ -73,7 +73,6 @@ def _torchvision_ssd(**kwargs):
 
 def _loss_step(impl: str):
     """Return a callable doing one match + loss forward + backward, and a string of the loss values."""
-    import torch
     from torchvision.models.detection._utils import SSDMatcher
     from torchvision.ops import box_iou
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torchvision.ops import box_iou
 
-from ssd.boxes import box_iou_batched, cxcywh_to_xyxy, decode, encode, xyxy_to_cxcywh
+from ssd.boxes import box_iou_batched, cxcywh_to_xyxy, decode, encode, pixel_scale, xyxy_to_cxcywh
 
 
 def test_conversions_by_hand():
@@ -116,3 +116,12 @@ def test_encode_decode_cuda():
     priors = torch.tensor([[0.5, 0.5, 0.2, 0.4]], device="cuda")
     matched = torch.tensor([[0.45, 0.3, 0.65, 0.5]], device="cuda")
     torch.testing.assert_close(decode(encode(matched, priors), priors), matched)
+
+
+def test_pixel_scale_takes_normalized_boxes_to_pixels():
+    sizes = torch.tensor([[480, 640], [100, 50]])  # (h, w)
+    scale = pixel_scale(sizes)
+    assert scale.dtype == torch.float32
+    assert scale.tolist() == [[640.0, 480.0, 640.0, 480.0], [50.0, 100.0, 50.0, 100.0]]
+    boxes = torch.tensor([[0.25, 0.5, 0.5, 1.0]])
+    assert (boxes * scale[0]).tolist() == [[160.0, 240.0, 320.0, 480.0]]

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_convert
 
-__all__ = ["xyxy_to_cxcywh", "cxcywh_to_xyxy", "box_iou_batched", "encode", "decode"]
+__all__ = ["xyxy_to_cxcywh", "cxcywh_to_xyxy", "box_iou_batched", "encode", "decode", "pixel_scale"]
 
 
 def xyxy_to_cxcywh(boxes: Tensor) -> Tensor:
@@ -68,3 +68,9 @@ def decode(offsets: Tensor, priors: Tensor, variances: tuple[float, float] = (0.
     centre = priors[:, :2] + offsets[..., :2] * variances[0] * priors[:, 2:]
     size = priors[:, 2:] * torch.exp(offsets[..., 2:] * variances[1])
     return cxcywh_to_xyxy(torch.cat((centre, size), dim=-1))
+
+
+def pixel_scale(sizes: Tensor) -> Tensor:
+    """``[B, 2]`` image sizes as ``(h, w)`` -> ``[B, 4]`` float32 factors ``(w, h, w, h)``: normalized xyxy boxes
+    times a row are in that image's pixels."""
+    return sizes.flip(-1).repeat(1, 2).to(torch.float32)

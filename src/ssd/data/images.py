@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
-import torch
 from PIL import Image, ImageOps
 from torch import Tensor
 from torchvision.io import ImageReadMode, decode_image
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 __all__ = ["IMAGE_SUFFIXES", "read_image", "image_size", "is_image", "verify_image"]
 
@@ -41,7 +40,7 @@ def read_image(path: str | Path, min_size: int | None = None) -> Tensor:
             with Image.open(path) as im:
                 if im.format == "JPEG" and min(im.size) >= 2 * min_size:
                     im.draft("RGB", (min_size, min_size))
-                    return _to_tensor(ImageOps.exif_transpose(im).convert("RGB"))
+                    return pil_to_tensor(ImageOps.exif_transpose(im).convert("RGB"))
         except (OSError, ValueError, SyntaxError):
             pass  # the full decoders below report the problem
     try:
@@ -50,15 +49,11 @@ def read_image(path: str | Path, min_size: int | None = None) -> Tensor:
         pass
     try:
         with Image.open(path) as im:
-            return _to_tensor(ImageOps.exif_transpose(im).convert("RGB"))
+            return pil_to_tensor(ImageOps.exif_transpose(im).convert("RGB"))
     except (OSError, ValueError, SyntaxError) as e:
         from ssd.data.records import DataError
 
         raise DataError(f"cannot decode image {path}: {e}") from e
-
-
-def _to_tensor(image: Image.Image) -> Tensor:
-    return torch.from_numpy(np.asarray(image).copy()).permute(2, 0, 1).contiguous()
 
 
 def verify_image(path: str | Path) -> None:

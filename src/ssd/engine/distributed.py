@@ -40,7 +40,7 @@ class DistInfo:
         return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
 
 
-def resolve_device(name: str, info: DistInfo = DistInfo()) -> torch.device:
+def resolve_device(name: str | torch.device, info: DistInfo = DistInfo()) -> torch.device:
     """``"auto"`` -> CUDA when available else CPU; ``"cuda"`` under torchrun -> ``cuda:LOCAL_RANK``."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from ssd.engine.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
+from ssd.boxes import pixel_scale
 from ssd.postprocess import postprocess
 
 __all__ = ["METRICS", "evaluate_model", "predict_dataset", "evaluate_detections", "merge_results", "format_table",
@@ -62,7 +63,7 @@ def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, devic
                 loc, logits = model(images)
                 outputs = postprocess(loc, logits, priors, score_threshold=score_threshold,
                                       iou_threshold=iou_threshold, top_k=max_detections, variances=variances)
-            scale = batch["orig_sizes"].flip(-1).repeat(1, 2).to(torch.float32)  # [B, 4] (w, h, w, h)
+            scale = pixel_scale(batch["orig_sizes"])
             counts = [len(out["scores"]) for out in outputs]
             boxes = torch.cat([out["boxes"].cpu() for out in outputs]) * scale.repeat_interleave(
                 torch.tensor(counts), dim=0)

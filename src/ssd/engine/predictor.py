@@ -17,9 +17,12 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor, nn
+from torchvision.transforms.v2.functional import pil_to_tensor
 from tqdm import tqdm
 
+from ssd.boxes import pixel_scale
 from ssd.data.images import is_image, read_image
+from ssd.engine.distributed import resolve_device
 from ssd.models.ssd import SSD
 from ssd.postprocess import postprocess
 
@@ -69,7 +72,7 @@ def _to_image(item, index: int) -> Tensor:
     if isinstance(item, (str, Path)):
         return read_image(item)
     if isinstance(item, Image.Image):
-        return torch.from_numpy(np.asarray(item.convert("RGB")).copy()).permute(2, 0, 1)
+        return pil_to_tensor(item.convert("RGB"))
     if isinstance(item, np.ndarray):
         if item.dtype != np.uint8 or item.ndim != 3 or item.shape[2] != 3:
             raise ValueError(f"input {index}: numpy image must be HWC uint8 RGB (shape [H, W, 3]), "
@@ -195,8 +198,8 @@ class OnnxDetector(Detector):
             loc, logits, priors = outputs
             detections = postprocess(loc, logits, priors, score_threshold=conf, iou_threshold=iou, top_k=max_det,
                                      variances=self.variances)
-        for d, (height, width) in zip(detections, sizes.tolist()):
-            d["boxes"] = d["boxes"] * torch.tensor([width, height, width, height], dtype=d["boxes"].dtype)
+        for d, factor in zip(detections, pixel_scale(sizes)):
+            d["boxes"] = d["boxes"] * factor
         return detections
 
     def _unpack_nms(self, rows: Tensor, counts: Tensor, conf: float, iou: float, max_det: int) -> list[dict]:
@@ -213,7 +216,7 @@ class OnnxDetector(Detector):
         ]
 
 
-def load(path: str | Path, device: str = "cpu", half: bool = False) -> Detector:
+def load(path: str | Path, device: str | torch.device = "cpu", half: bool = False) -> Detector:
     """A :class:`Detector` for a checkpoint (``.pt``) or an :class:`OnnxDetector` for an exported ``.onnx`` model.
 
     ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available). ``half``: float16 inference
@@ -222,8 +225,7 @@ def load(path: str | Path, device: str = "cpu", half: bool = False) -> Detector:
     from ssd.checkpoint import CheckpointError
 
     path = Path(path)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = resolve_device(device)
     if not path.is_file():
         raise CheckpointError(f"weights file {path} does not exist")
     if path.suffix.lower() == ".onnx":

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.transforms.v2 import functional as TF
 
+from ssd.boxes import pixel_scale
 from ssd.postprocess import postprocess
 
 __all__ = ["SSD", "LevelHead"]
@@ -132,7 +133,7 @@ class SSD(nn.Module):
         detections = postprocess(loc.float(), logits.float(), self.priors, score_threshold=score_threshold,
                                  iou_threshold=iou_threshold, top_k=max_detections,
                                  variances=tuple(self.config["variances"]))
-        scale = sizes.flip(1).repeat(1, 2).to(loc.device, torch.float32)  # [B, 4] (w, h, w, h)
+        scale = pixel_scale(sizes).to(loc.device)
         for detection, factor in zip(detections, scale):
             detection["boxes"] = detection["boxes"] * factor
             detection["names"] = [self.class_names[k] for k in detection["labels"].tolist()]
