@@ -10,7 +10,7 @@ channels_last, with ``--compile`` also under ``torch.compile``). Tasks, on the s
   torchvision's thresholds for that model. Ours: ``model.predict``; torchvision: ``model(images)`` in eval mode.
 
 Each (model, implementation) runs in its own fresh subprocess, in the memory format its configuration recommends
-(``config["channels_last"]`` for ours, torchvision as it comes). Figures are medians of images/s over the timed
+(``config.channels_last`` for ours, torchvision as it comes). Figures are medians of images/s over the timed
 iterations (default 1, ``--iters``: an SSD300 training step at batch 16 takes tens of seconds on 2 cores), after one
 warm-up. Peak memory is the rise of the process's peak RSS during a task (warm-up included)
 over the RSS before it (``/proc/self/clear_refs`` resets the high-water mark), with ``MALLOC_MMAP_THRESHOLD_`` low
@@ -67,14 +67,14 @@ def _ours(name: str, variant: str):
 
     torch.manual_seed(0)
     model = build_model(name, NUM_CLASSES)
-    channels_last = model.config["channels_last"] and variant != "nchw"
+    channels_last = model.config.channels_last and variant != "nchw"
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     model = model.to(memory_format=memory_format)
-    model.config["channels_last"] = channels_last  # predict follows it
+    model.config = model.config.replace(channels_last=channels_last)  # predict follows it
     net = torch.compile(model) if variant == "compile" else model
     size = model.image_size
     images01, boxes, labels = _targets(16, size)
-    mean, std = torch.tensor(model.config["mean"]).view(3, 1, 1), torch.tensor(model.config["std"]).view(3, 1, 1)
+    mean, std = torch.tensor(model.config.mean).view(3, 1, 1), torch.tensor(model.config.std).view(3, 1, 1)
     images = ((images01 - mean) / std).contiguous(memory_format=memory_format)
     loss_fn = MultiBoxLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)

@@ -2,6 +2,8 @@
 
 import json
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch import nn
@@ -34,7 +36,7 @@ class FakeDetector(nn.Module):
         logits[owner, torch.arange(len(owner)), GT_LABELS[keep] + 1] = 10.0
         self.register_buffer("table", logits)
         self.class_names = CLASS_NAMES
-        self.config = {"variances": [0.1, 0.2]}
+        self.config = SimpleNamespace(variances=(0.1, 0.2))
 
     def forward(self, images):
         index = images[:, 0, 0, 0].long()

@@ -68,9 +68,9 @@ def test_tiny_onnx_batch1_matches_pytorch(tiny, tiny_onnx):
     meta = session.get_modelmeta().custom_metadata_map
     assert json.loads(meta["class_names"]) == tiny.class_names
     assert int(meta["image_size"]) == tiny.image_size
-    assert json.loads(meta["mean"]) == pytest.approx(tiny.config["mean"])
-    assert json.loads(meta["std"]) == pytest.approx(tiny.config["std"])
-    assert json.loads(meta["variances"]) == pytest.approx(tiny.config["variances"])
+    assert json.loads(meta["mean"]) == pytest.approx(tiny.config.mean)
+    assert json.loads(meta["std"]) == pytest.approx(tiny.config.std)
+    assert json.loads(meta["variances"]) == pytest.approx(tiny.config.variances)
     assert json.loads(meta["nms"]) is False
 
 

@@ -41,9 +41,9 @@ def test_shapes_and_default_box_counts(name):
     with torch.device("meta"):
         model = build_model(name, 5)
         loc, logits = model(torch.empty(2, 3, size, size))
-    assert model.config["image_size"] == model.image_size == size
-    assert model.config["priors"]["feature_maps"] == maps
-    assert [2 + 2 * len(r) for r in model.config["priors"]["aspect_ratios"]] == boxes
+    assert model.config.image_size == model.image_size == size
+    assert list(model.config.priors.feature_maps) == maps
+    assert [2 + 2 * len(r) for r in model.config.priors.aspect_ratios] == boxes
     assert model.priors.shape == (total, 4)
     assert loc.shape == (2, total, 4) and logits.shape == (2, total, 6)
     assert model.num_classes == 5 and model.class_names == [f"class{k}" for k in range(5)]
@@ -54,7 +54,7 @@ def test_vgg_default_boxes_are_the_papers(name):
     model = build_model(name, 2)
     base = PRIOR_CONFIGS[name[:6]]
     assert torch.equal(model.priors, default_boxes(**base))
-    assert model.config["priors"] == {k: v for k, v in base.items() if k != "image_size"}
+    assert model.config.priors.to_dict() == {"clip": True, **{k: v for k, v in base.items() if k != "image_size"}}
 
 
 def test_vgg_layers_are_the_papers():
@@ -82,7 +82,7 @@ def test_parameter_counts_match_torchvision(name, tv_builder):
 def test_tiny_size_and_boxes():
     model = build_model("ssd_tiny", 6)
     assert 1.05e6 < params(model) < 1.15e6
-    assert model.config["channels_last"] is True
+    assert model.config.channels_last is True
     assert sum(isinstance(m, nn.BatchNorm2d) and m.momentum == 0.1 for m in model.modules()) == 11
     smallest = model.priors[: 32 * 32 * 4]
     assert torch.allclose(smallest[0], torch.tensor([4 / 256, 4 / 256, 16 / 256, 16 / 256]))
@@ -126,7 +126,7 @@ def test_forward_levels_follow_prior_order():
     with torch.no_grad():
         loc, _ = model(torch.rand(1, 3, 256, 256))
     start = 0
-    for f, level in zip(model.config["priors"]["feature_maps"], outputs):
+    for f, level in zip(model.config.priors.feature_maps, outputs):
         assert level.shape[1] == f * f * 4
         assert torch.equal(loc[:, start:start + level.shape[1]], level)
         start += level.shape[1]
@@ -150,7 +150,7 @@ def test_real_forward(name):
 
 def test_image_size_override_recomputes_default_boxes():
     model = build_model("ssd_tiny", 2, image_size=320)
-    priors = model.config["priors"]
+    priors = model.config.priors.to_dict()
     assert model.image_size == 320 and priors["feature_maps"] == [40, 20, 10, 5, 3]
     assert priors["steps"] == pytest.approx([8, 16, 32, 64, 320 / 3])
     assert priors["min_sizes"] == pytest.approx([20, 40, 80, 140, 220])  # scaled with the image
@@ -159,7 +159,7 @@ def test_image_size_override_recomputes_default_boxes():
     with torch.device("meta"):
         vgg = build_model("ssd300_vgg16", 2, image_size=512)
         loc, _ = vgg(torch.empty(1, 3, 512, 512))
-    assert vgg.config["priors"]["feature_maps"] == [64, 32, 16, 8, 6, 4]
+    assert vgg.config.priors.feature_maps == (64, 32, 16, 8, 6, 4)
     assert loc.shape[1] == vgg.priors.shape[0]
 
 
@@ -187,7 +187,7 @@ def test_build_model_argument_errors():
 
 
 def test_config_is_plain_data():
-    config = build_model("ssdlite320_mobilenet_v3_large", 2).config
+    config = build_model("ssdlite320_mobilenet_v3_large", 2).config.to_dict()
     plain = (dict, list, str, int, float, bool, type(None))
 
     def walk(value):
@@ -237,7 +237,7 @@ def test_predict_returns_original_pixel_coordinates_for_non_square_images():
         torch.testing.assert_close(detection["boxes"], expected.unsqueeze(0))
     # uint8 255 -> 1.0 -> (1 - mean) / std after the resize
     first = seen["images"][0]
-    expected_pixel = (1 - torch.tensor(model.config["mean"])) / torch.tensor(model.config["std"])
+    expected_pixel = (1 - torch.tensor(model.config.mean)) / torch.tensor(model.config.std)
     torch.testing.assert_close(first[:, 100, 100], expected_pixel)
 
 
@@ -289,7 +289,7 @@ def mobilenet_file(tmp_path_factory):
 def test_mobilenet_backbone_weights_load(mobilenet_file):
     state = torch.load(mobilenet_file, weights_only=True)
     model = build_model("ssdlite320_mobilenet_v3_large", 2, backbone_weights=mobilenet_file)
-    assert model.config["options"]["reduced_tail"] is False
+    assert model.config.options["reduced_tail"] is False
     first, last = model.backbone.stages[0], model.backbone.stages[1]
     assert torch.equal(first[0][0].weight, state["features.0.0.weight"])
     assert torch.equal(last[-1][1].running_var, state["features.16.1.running_var"])
@@ -337,7 +337,7 @@ def test_imagenet_uses_only_the_hub_cache(mobilenet_file, tmp_path, monkeypatch)
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "mobilenet_v3_large-8738ca79.pth").write_bytes(mobilenet_file.read_bytes())
     model = build_model("ssdlite320_mobilenet_v3_large", 2, backbone_weights="imagenet")
-    assert model.config["options"]["reduced_tail"] is False
+    assert model.config.options["reduced_tail"] is False
 
 
 def test_unreadable_backbone_files_are_refused(tmp_path):

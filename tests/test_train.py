@@ -24,7 +24,7 @@ FAST = dict(model="ssd_tiny", image_size=128, batch_size=8, workers=0, device="c
 
 # ------------------------------------------------------------------------------------------------------ config
 def test_config_unknown_key_names_closest():
-    with pytest.raises(ConfigError, match=r"unknown option 'epoch'; did you mean epochs"):
+    with pytest.raises(ConfigError, match=r"unknown option 'epoch'; did you mean 'epochs'"):
         TrainConfig().update(epoch=3)
     with pytest.raises(ConfigError, match=r"optimizer='adam' is invalid: choose one of sgd, adamw"):
         TrainConfig(optimizer="adam")

@@ -4,7 +4,7 @@ Label convention: a dataset with K object classes has labels 0..K-1 and ``num_cl
 The background class is added internally (classifier heads have K+1 outputs).
 """
 
-__version__ = "0.1.0"
+from ssd._version import __version__
 
 # Public API: each area adds its re-exports in its own block below.
 # --- core ---

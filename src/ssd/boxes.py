@@ -13,7 +13,11 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_convert
 
-__all__ = ["xyxy_to_cxcywh", "cxcywh_to_xyxy", "box_iou_batched", "encode", "decode", "pixel_scale"]
+__all__ = ["VARIANCES", "xyxy_to_cxcywh", "cxcywh_to_xyxy", "box_iou_batched", "encode", "decode", "pixel_scale"]
+
+VARIANCES: tuple[float, float] = (0.1, 0.2)
+"""The original SSD's offset variances ``(v0, v1)`` (centre, size): the default of every function that encodes or
+decodes, and of every model configuration."""
 
 
 def xyxy_to_cxcywh(boxes: Tensor) -> Tensor:
@@ -43,7 +47,7 @@ def box_iou_batched(a: Tensor, b: Tensor) -> Tensor:
 
 
 def encode(
-    matched: Tensor, priors: Tensor, variances: tuple[float, float] = (0.1, 0.2), *, box_format: str = "xyxy"
+    matched: Tensor, priors: Tensor, variances: tuple[float, float] = VARIANCES, *, box_format: str = "xyxy"
 ) -> Tensor:
     """Encode matched ground-truth boxes as offsets from the priors.
 
@@ -63,7 +67,7 @@ def encode(
     return torch.cat((centre, size), dim=-1)
 
 
-def decode(offsets: Tensor, priors: Tensor, variances: tuple[float, float] = (0.1, 0.2)) -> Tensor:
+def decode(offsets: Tensor, priors: Tensor, variances: tuple[float, float] = VARIANCES) -> Tensor:
     """Inverse of :func:`encode`: offsets ``[..., P, 4]`` and priors ``[P, 4]`` cxcywh -> boxes ``[..., P, 4]`` xyxy."""
     centre = priors[:, :2] + offsets[..., :2] * variances[0] * priors[:, 2:]
     size = priors[:, 2:] * torch.exp(offsets[..., 2:] * variances[1])

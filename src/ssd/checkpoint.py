@@ -1,7 +1,7 @@
 """Self-describing checkpoints: saved atomically, loaded with ``torch.load(weights_only=True)``.
 
-A checkpoint is a dict: ``format`` (:data:`FORMAT`), ``version`` (``ssd.__version__``), ``config`` (the model's
-``config``), ``class_names``, ``model`` (state dict), plus whatever extras the caller adds (optimizer, scheduler,
+A checkpoint is a dict: ``format`` (:data:`FORMAT`), ``version`` (``__version__``), ``config`` (the model's
+``config.to_dict()``), ``class_names``, ``model`` (state dict), plus whatever extras the caller adds (optimizer, scheduler,
 scaler, epoch, rng, metrics, train_config ...). Everything in it must be plain data (dicts, lists, tuples, strings,
 numbers, booleans, ``None``, tensors) so that loading never runs pickled code; :func:`save_checkpoint` checks this
 before writing (RNG states, for instance, must be stored as tensors).
@@ -21,9 +21,10 @@ from typing import Any
 import torch
 from torch import nn
 
-import ssd
+from ssd._utils import unwrap_model
+from ssd._version import __version__
 
-__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "unwrap_model"]
+__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint"]
 
 FORMAT = "ssd-checkpoint-v1"
 """Value of the ``format`` key; the version suffix changes only with an incompatible layout."""
@@ -34,17 +35,6 @@ _LEAVES = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, torc
 
 class CheckpointError(ValueError):
     """A checkpoint that is missing, truncated, corrupt, foreign, or does not fit the request."""
-
-
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The SSD inside ``DistributedDataParallel`` / ``DataParallel`` / ``torch.compile`` wrappers."""
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
-            model = model.module
-        else:
-            return model
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> Path:
@@ -63,11 +53,10 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> 
         raise ValueError(f"save_checkpoint: extra key(s) {clash} are reserved ({', '.join(_RESERVED)})")
     for key, value in extra.items():
         _check_plain(value, key)
-    _check_plain(model.config, "model.config")
     payload = {
         "format": FORMAT,
-        "version": ssd.__version__,
-        "config": model.config,
+        "version": __version__,
+        "config": model.config.to_dict(),
         "class_names": list(model.class_names),
         "model": {k: v.contiguous() for k, v in model.state_dict().items()},
         **extra,
@@ -123,7 +112,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
                                   "backbone files go to backbone_weights=, not to weights=")
         raise CheckpointError(f"{path} is not an ssd checkpoint (no 'format' tag; keys: {sorted(map(str, ckpt))[:8]})")
     if tag != FORMAT:
-        raise CheckpointError(f"{path} has format {tag!r}, but this version of ssd ({ssd.__version__}) reads "
+        raise CheckpointError(f"{path} has format {tag!r}, but this version of ssd ({__version__}) reads "
                               f"{FORMAT!r} (saved by ssd {ckpt.get('version', '?')})")
     missing = [k for k in _RESERVED if k not in ckpt]
     if missing:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import os
 import sys
 import types
 import typing
 from pathlib import Path
+
+from ssd._utils import closest_names
 
 EPILOG = "Labels: a dataset with K classes uses labels 0..K-1; the background class is added internally."
 
@@ -44,7 +45,7 @@ def _suggest(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
             lines.append(f"unexpected argument {token!r}")
             continue
         name = token.split("=", 1)[0]
-        close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
+        close = closest_names(name, valid)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         lines.append(f"unknown option {name!r}{hint}")
     return "\n".join(lines) + f"\nsee `{parser.prog} --help` for every option"

@@ -3,13 +3,13 @@
 Every field is a command-line option of ``ssd train`` (``batch_size`` is ``--batch-size``) and a key of the YAML
 file; ``TrainConfig.update(**overrides)`` applies either and answers an unknown key with the closest valid names.
 Fields left at ``None`` are resolved per model by :meth:`TrainConfig.resolved` (optimizer, learning rate, weight
-decay), so the defaults suit both the small CPU model and the VGG/MobileNet configurations.
+decay) from the architecture's ``train_defaults``, so the defaults suit both the small CPU model and the
+VGG/MobileNet configurations.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,18 +17,16 @@ from typing import Literal
 
 import yaml
 
-__all__ = ["TrainConfig", "ConfigError", "MODEL_DEFAULTS"]
+from ssd._utils import did_you_mean
+
+__all__ = ["TrainConfig", "ConfigError"]
 
 
 class ConfigError(ValueError):
     """An unknown option or an invalid value (the message names the option, the value and the rule)."""
 
 
-# Optimizer defaults per model name: AdamW trains the small from-scratch CPU model quickly (see
-# shared/notes/cpu-training.md); the paper's SGD recipe suits the VGG and MobileNet configurations.
-MODEL_DEFAULTS: dict[str, dict[str, typing.Any]] = {
-    "ssd_tiny": {"optimizer": "adamw", "lr": 3e-3, "weight_decay": 0.01},
-}
+# The paper's SGD recipe unless the architecture says otherwise (Architecture.train_defaults).
 OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
     "sgd": {"lr": 1e-3, "weight_decay": 5e-4},
     "adamw": {"lr": 1e-3, "weight_decay": 0.01},
@@ -131,7 +129,9 @@ class TrainConfig:
 
     def resolved(self) -> TrainConfig:
         """A copy with the per-model defaults filled in (optimizer, lr, weight decay, multistep milestones)."""
-        model_defaults = MODEL_DEFAULTS.get(self.model, {})
+        from ssd.models import MODEL_CONFIGS  # the architectures (and torch) only when a run is set up
+
+        model_defaults = MODEL_CONFIGS[self.model].train_defaults if self.model in MODEL_CONFIGS else {}
         optimizer = self.optimizer or model_defaults.get("optimizer", "sgd")
         from_model = model_defaults if model_defaults.get("optimizer", optimizer) == optimizer else {}
         defaults = {**OPTIMIZER_DEFAULTS[optimizer], **{k: v for k, v in from_model.items() if k != "optimizer"}}
@@ -178,9 +178,7 @@ def _reject_unknown(values: dict[str, typing.Any], what: str) -> None:
     valid = TrainConfig.field_names()
     for key in values:
         if key not in valid:
-            close = difflib.get_close_matches(str(key), valid, n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(close)}?" if close else f"; valid: {', '.join(valid)}"
-            raise ConfigError(f"unknown {what} {key!r}{hint}")
+            raise ConfigError(f"unknown {what} {key!r}{did_you_mean(key, valid)}")
 
 
 def _coerce(name: str, value: typing.Any) -> typing.Any:

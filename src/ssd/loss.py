@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ssd.boxes import VARIANCES
 from ssd.matching import match
 from ssd.validation import validate_predictions, validate_targets
 
@@ -33,7 +34,7 @@ class MultiBoxLoss(nn.Module):
     """
 
     def __init__(
-        self, neg_pos_ratio: int = 3, iou_threshold: float = 0.5, variances: tuple[float, float] = (0.1, 0.2)
+        self, neg_pos_ratio: int = 3, iou_threshold: float = 0.5, variances: tuple[float, float] = VARIANCES
     ) -> None:
         super().__init__()
         self.neg_pos_ratio = neg_pos_ratio

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ssd.boxes import box_iou_batched, cxcywh_to_xyxy, encode, xyxy_to_cxcywh
+from ssd.boxes import VARIANCES, box_iou_batched, cxcywh_to_xyxy, encode, xyxy_to_cxcywh
 from ssd.validation import PADDING, validate_targets
 
 __all__ = ["match"]
@@ -25,7 +25,7 @@ def match(
     gt_labels: Tensor,
     priors: Tensor,
     iou_threshold: float = 0.5,
-    variances: tuple[float, float] = (0.1, 0.2),
+    variances: tuple[float, float] = VARIANCES,
     *,
     validate: bool = True,
 ) -> tuple[Tensor, Tensor]:

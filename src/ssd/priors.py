@@ -10,12 +10,14 @@ the square ``(s, s)``, the square ``(sqrt(s * s'), sqrt(s * s'))``, then for eac
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["default_boxes", "PRIOR_CONFIGS"]
+__all__ = ["default_boxes", "PriorConfig", "PRIOR_CONFIGS"]
 
 PRIOR_CONFIGS: dict[str, dict] = {
     "ssd300": {
@@ -36,6 +38,42 @@ PRIOR_CONFIGS: dict[str, dict] = {
     },
 }
 """Named keyword sets for :func:`default_boxes`: SSD300 gives 8732 boxes, SSD512 gives 24564."""
+
+
+@dataclass(frozen=True)
+class PriorConfig:
+    """The :func:`default_boxes` arguments besides ``image_size`` (sizes and steps in pixels of the input).
+
+    Lists become tuples, so a configuration is immutable and comparable; :meth:`to_dict` gives plain lists
+    (checkpoints, YAML) and :meth:`from_dict` reads them back.
+    """
+
+    feature_maps: tuple[int, ...]
+    steps: tuple[float, ...]
+    min_sizes: tuple[float, ...]
+    max_sizes: tuple[float, ...]
+    aspect_ratios: tuple[tuple[float, ...], ...]
+    clip: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("feature_maps", "steps", "min_sizes", "max_sizes"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "aspect_ratios", tuple(tuple(r) for r in self.aspect_ratios))
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> PriorConfig:
+        """From :meth:`to_dict`'s keys (an ``image_size`` key, as in :data:`PRIOR_CONFIGS`, is ignored)."""
+        return cls(**{k: v for k, v in values.items() if k != "image_size"})
+
+    def to_dict(self) -> dict[str, Any]:
+        values = asdict(self)
+        return {k: [list(r) for r in v] if k == "aspect_ratios" else (list(v) if isinstance(v, tuple) else v)
+                for k, v in values.items()}
+
+    def boxes(self, image_size: int) -> Tensor:
+        """:func:`default_boxes` of this configuration at ``image_size``."""
+        return default_boxes(image_size, self.feature_maps, self.steps, self.min_sizes, self.max_sizes,
+                             self.aspect_ratios, self.clip)
 
 
 def default_boxes(

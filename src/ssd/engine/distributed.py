@@ -14,7 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = ["DistInfo", "setup", "cleanup", "resolve_device", "broadcast_object", "all_gather_objects",
-           "any_true", "broadcast_buffers", "barrier", "unwrap"]
+           "any_true", "broadcast_buffers", "barrier"]
 
 
 @dataclass(frozen=True)
@@ -117,14 +117,3 @@ def broadcast_buffers(model: nn.Module, src: int = 0) -> None:
 def barrier() -> None:
     if _active():
         dist.barrier()
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain model inside DDP and/or ``torch.compile`` wrappers."""
-    while True:
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model

@@ -37,7 +37,7 @@ def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, devic
     """Detections and ground truths of every image of ``loader``, in pixel xyxy of the original images.
 
     ``model`` (or a DDP wrapper of it) maps ``images [B, 3, S, S]`` to ``(loc [B, P, 4], logits [B, P, K+1])`` and
-    has ``priors [P, 4]`` (and optionally ``config["variances"]``); it runs in eval mode under
+    has ``priors [P, 4]`` and ``config.variances``; it runs in eval mode under
     ``torch.inference_mode`` (autocast to ``amp_dtype`` when given) and its train/eval mode is restored after.
 
     Returns:
@@ -49,7 +49,7 @@ def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, devic
     priors = net.priors
     device = torch.device(device) if device is not None else priors.device
     priors = priors.to(device)
-    variances = tuple(getattr(net, "config", {}).get("variances", (0.1, 0.2)))
+    variances = net.config.variances
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     was_training = model.training
     model.eval()

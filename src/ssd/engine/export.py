@@ -79,7 +79,7 @@ class _ExportGraph(nn.Module):
         super().__init__()
         self.model, self.nms = model, nms
         self.score_threshold, self.iou_threshold, self.max_det = score_threshold, iou_threshold, max_det
-        self.variances = tuple(model.config.get("variances", (0.1, 0.2)))
+        self.variances = model.config.variances
 
     def forward(self, images: Tensor):
         loc, logits = self.model(images)
@@ -112,7 +112,7 @@ class _ExportGraph(nn.Module):
 def _as_model(weights_or_model) -> nn.Module:
     """A CPU copy in eval mode of the model (unwrapped from DDP), or the model of a checkpoint path."""
     if isinstance(weights_or_model, nn.Module):
-        from ssd.checkpoint import unwrap_model
+        from ssd._utils import unwrap_model
 
         return copy.deepcopy(unwrap_model(weights_or_model)).cpu().eval()
     from ssd.models import model_from_checkpoint
@@ -150,12 +150,12 @@ def export_onnx(
     """
     import onnx
 
-    import ssd
+    from ssd._version import __version__
 
     model = _as_model(weights_or_model)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    size = int(model.config["image_size"])
+    size = model.config.image_size
     graph = _ExportGraph(model, nms, score_threshold, iou_threshold, max_det).eval()
     example = torch.zeros(2 if dynamic_batch else 1, 3, size, size)
     output_names = ["detections", "num_detections"] if nms else ["loc", "logits", "priors"]
@@ -169,15 +169,15 @@ def export_onnx(
     proto = program.model_proto
     written = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     if written != opset:
-        raise ValueError(f"cannot export {model.config.get('name', 'the model')} at opset {opset}: the conversion "
+        raise ValueError(f"cannot export {model.config.name} at opset {opset}: the conversion "
                          f"from opset {written} failed (use opset {written} or newer)")
     metadata = {
-        "ssd_version": ssd.__version__,
-        "model_name": str(model.config.get("name", "")),
+        "ssd_version": __version__,
+        "model_name": model.config.name,
         "class_names": json.dumps(list(model.class_names)),
         "image_size": str(size),
-        "mean": json.dumps([float(v) for v in model.config["mean"]]),
-        "std": json.dumps([float(v) for v in model.config["std"]]),
+        "mean": json.dumps([float(v) for v in model.config.mean]),
+        "std": json.dumps([float(v) for v in model.config.std]),
         "variances": json.dumps([float(v) for v in graph.variances]),
         "nms": json.dumps(nms),
     }
@@ -195,12 +195,12 @@ def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
     """Trace ``SSD.forward`` (``images [1, 3, S, S]`` -> ``(loc, logits)``) to TorchScript; the model config and class
     names are stored as the ``config.json`` extra file (``torch.jit.load(path, _extra_files={"config.json": ""})``)."""
     model = _as_model(weights_or_model)
-    size = int(model.config["image_size"])
+    size = model.config.image_size
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         traced = torch.jit.trace(model, torch.zeros(1, 3, size, size))
-    extra = {"config.json": json.dumps({"config": model.config, "class_names": list(model.class_names)})}
+    extra = {"config.json": json.dumps({"config": model.config.to_dict(), "class_names": list(model.class_names)})}
     torch.jit.save(traced, str(out_path), _extra_files=extra)
     return out_path
 

@@ -97,7 +97,7 @@ class Detector:
         self.model = model.to(self.device).eval()
         self.half = half
         self.class_names = list(model.class_names)
-        self.image_size = int(model.config["image_size"])
+        self.image_size = model.config.image_size
 
     def predict(self, source, conf: float = 0.25, iou: float = 0.45, max_det: int = 100,
                 batch_size: int = 8) -> list[Result]:
@@ -167,7 +167,7 @@ class OnnxDetector(Detector):
         # The model's own preprocessing (SSD.preprocess) reads only these attributes of the model.
         self._preprocess_settings = SimpleNamespace(
             image_size=self.image_size, priors=torch.empty(0),
-            config={"mean": json.loads(meta["mean"]), "std": json.loads(meta["std"])},
+            config=SimpleNamespace(mean=json.loads(meta["mean"]), std=json.loads(meta["std"])),
         )
         self.variances = tuple(json.loads(meta["variances"]))
         self.nms = json.loads(meta["nms"])

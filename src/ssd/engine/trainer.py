@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from ssd._utils import unwrap_model
 from ssd.checkpoint import load_checkpoint, save_checkpoint
 from ssd.config import ConfigError, TrainConfig
 from ssd.data import build_dataloader, load_dataset, validate_spec
@@ -44,6 +45,7 @@ from ssd.engine.plots import (RESULTS_COLUMNS, draw_detections, plot_label_stats
                               save_image)
 from ssd.loss import MultiBoxLoss
 from ssd.models import build_model, model_from_checkpoint
+from ssd.models.config import ModelConfig
 
 __all__ = ["train", "evaluate", "Trainer", "TrainResult", "NonFiniteLossError", "find_checkpoint"]
 
@@ -192,12 +194,12 @@ def _records(spec, split: str, fallback: str | None = None):
     return spec.records(fallback)
 
 
-def make_loader(records, class_names, model_config: dict, *, train: bool, config: TrainConfig,
+def make_loader(records, class_names, model_config: ModelConfig, *, train: bool, config: TrainConfig,
                 info: ddp.DistInfo) -> DataLoader:
     """:func:`ssd.data.build_dataloader` for this run: order and augmentation are functions of ``(seed, epoch)``;
     under torchrun each rank takes every ``world_size``-th item (training and evaluation)."""
-    return build_dataloader(records, class_names, model_config["image_size"], model_config["mean"],
-                            model_config["std"], train=train, batch_size=config.batch_size, workers=config.workers,
+    return build_dataloader(records, class_names, model_config.image_size, model_config.mean,
+                            model_config.std, train=train, batch_size=config.batch_size, workers=config.workers,
                             seed=config.seed, augment=config.augment if train else "none",
                             cache_images=config.cache_images, drop_last=train, rank=info.rank,
                             world_size=info.world_size, pin_memory=False)
@@ -225,7 +227,7 @@ def amp_dtype(device: torch.device) -> torch.dtype | None:
 def prepare_model(model: nn.Module, device: torch.device, channels_last: bool | None) -> tuple[nn.Module, bool]:
     """Move to ``device`` and to channels_last when asked (``None``: as the model configuration says)."""
     if channels_last is None:
-        channels_last = bool(model.config.get("channels_last", False))
+        channels_last = model.config.channels_last
     model = model.to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -247,7 +249,7 @@ def validate(model: nn.Module, loader: DataLoader, *, metric: str, device: torch
     """Predict this rank's share of the split, gather every rank's per-image detections and score the full set
     (identical metrics on every rank). Runs the plain model: a DDP forward would sync buffers, a collective that
     ranks with different numbers of validation batches would not all join."""
-    detections, ground_truths = predict_dataset(ddp.unwrap(model), loader, device=device, channels_last=channels_last,
+    detections, ground_truths = predict_dataset(unwrap_model(model), loader, device=device, channels_last=channels_last,
                                                 score_threshold=score_threshold, iou_threshold=iou_threshold,
                                                 amp_dtype=amp_dtype, progress=progress)
     gathered = ddp.all_gather_objects((detections, ground_truths))
@@ -302,7 +304,7 @@ class Trainer:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.model, self.channels_last = prepare_model(model, device, config.channels_last)
         self.priors = self.model.priors
-        self.loss_fn = MultiBoxLoss(variances=tuple(self.model.config.get("variances", (0.1, 0.2))))
+        self.loss_fn = MultiBoxLoss(variances=self.model.config.variances)
 
         loader_args = dict(class_names=self.class_names, model_config=self.model.config, info=info, config=config)
         self.train_loader = make_loader(self.train_records, train=True, **loader_args)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 import logging
 import os
@@ -12,12 +11,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ssd._utils import did_you_mean, state_dict_mismatch
 from ssd.checkpoint import CheckpointError, load_checkpoint
 from ssd.models import mobilenet, tiny, vgg
-from ssd.models.spec import Architecture
+from ssd.models.architecture import Architecture
+from ssd.models.config import ModelConfig, ModelConfigError
 from ssd.models.ssd import SSD
 from ssd.models.weights import BackboneWeightsError, read_backbone_weights
-from ssd.priors import default_boxes
+from ssd.priors import PriorConfig
 
 __all__ = ["MODEL_CONFIGS", "build_model", "list_models", "model_from_checkpoint", "prior_config"]
 
@@ -25,8 +26,6 @@ logger = logging.getLogger("ssd")
 
 MODEL_CONFIGS: dict[str, Architecture] = {**vgg.ARCHITECTURES, **mobilenet.ARCHITECTURES, **tiny.ARCHITECTURES}
 """The named configurations :func:`build_model` knows."""
-
-VARIANCES = [0.1, 0.2]
 
 
 def list_models() -> dict[str, str]:
@@ -52,7 +51,7 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
         options: architecture options (``ssdlite320_mobilenet_v3_large``: ``reduced_tail``).
 
     Returns:
-        The model in training mode, its ``config`` a plain dict that rebuilds it.
+        The model in training mode, its ``config`` the :class:`ModelConfig` that rebuilds it.
     """
     arch = _architecture(name)
     class_names = _class_names(num_classes, class_names)
@@ -63,41 +62,29 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
     options = {**arch.options, **options}
     if "reduced_tail" in options and options["reduced_tail"] is None:
         options["reduced_tail"] = backbone_weights is None
-    size = arch.priors["image_size"] if image_size is None else image_size
+    size = arch.image_size if image_size is None else image_size
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"image_size must be a positive int (side of the square input), got {image_size!r}")
     feature_maps, _ = _probe(name, options, size)
-    config = {
-        "name": name,
-        "num_classes": len(class_names),
-        "image_size": size,
-        "mean": list(arch.mean),
-        "std": list(arch.std),
-        "variances": list(VARIANCES),
-        "channels_last": arch.channels_last,
-        "priors": prior_config(arch.priors, size, feature_maps),
-        "options": options,
-    }
+    config = ModelConfig(name=name, num_classes=len(class_names), image_size=size,
+                         priors=prior_config(arch, size, feature_maps), mean=arch.mean, std=arch.std,
+                         channels_last=arch.channels_last, options=options)
     return _assemble(config, class_names, backbone_weights)
 
 
-def prior_config(base: Mapping[str, Any], image_size: int, feature_maps: list[int]) -> dict[str, Any]:
-    """:func:`ssd.priors.default_boxes` keyword arguments (without ``image_size``) for an input size.
+def prior_config(arch: Architecture, image_size: int, feature_maps: list[int]) -> PriorConfig:
+    """The default boxes of ``arch`` at an input size.
 
-    ``base`` unchanged at its own size and feature maps; otherwise box sizes scale with ``image_size`` and the
-    steps become ``image_size / feature_map`` (centres spread evenly).
+    ``arch.priors`` unchanged at its own size and feature maps; otherwise box sizes scale with ``image_size`` and
+    the steps become ``image_size / feature_map`` (centres spread evenly).
     """
-    kwargs = {k: v for k, v in base.items() if k != "image_size"}
-    if image_size == base["image_size"] and list(feature_maps) == list(base["feature_maps"]):
-        return {k: [list(x) if isinstance(x, (list, tuple)) else x for x in v] for k, v in kwargs.items()}
-    scale = image_size / base["image_size"]
-    return {
-        "feature_maps": list(feature_maps),
-        "steps": [image_size / f for f in feature_maps],
-        "min_sizes": [s * scale for s in base["min_sizes"]],
-        "max_sizes": [s * scale for s in base["max_sizes"]],
-        "aspect_ratios": [list(r) for r in base["aspect_ratios"]],
-    }
+    base = arch.priors
+    if image_size == arch.image_size and tuple(feature_maps) == base.feature_maps:
+        return base
+    scale = image_size / arch.image_size
+    return PriorConfig(feature_maps=feature_maps, steps=[image_size / f for f in feature_maps],
+                       min_sizes=[s * scale for s in base.min_sizes], max_sizes=[s * scale for s in base.max_sizes],
+                       aspect_ratios=base.aspect_ratios, clip=base.clip)
 
 
 def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, class_names: Sequence[str] | None = None,
@@ -115,9 +102,13 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
     if not isinstance(ckpt, Mapping) or not all(k in ckpt for k in ("config", "class_names", "model")):
         raise CheckpointError(f"{source} is not an ssd checkpoint dict (needs 'config', 'class_names' and 'model'; "
                               "see ssd.load_checkpoint)")
-    config, saved = dict(ckpt["config"]), list(ckpt["class_names"])
-    if config.get("name") not in MODEL_CONFIGS:
-        raise CheckpointError(f"{source} holds a model named {config.get('name')!r}, which this version of ssd does "
+    saved = list(ckpt["class_names"])
+    try:
+        config = ModelConfig.from_dict(ckpt["config"], source=source)
+    except ModelConfigError as exc:
+        raise CheckpointError(str(exc)) from None
+    if config.name not in MODEL_CONFIGS:
+        raise CheckpointError(f"{source} holds a model named {config.name!r}, which this version of ssd does "
                               f"not know (known: {', '.join(MODEL_CONFIGS)})")
     wanted = saved if class_names is None else _class_names(None, class_names)
     state = ckpt["model"]
@@ -127,9 +118,8 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
             raise CheckpointError(f"{source} was trained for {len(saved)} classes {_names(saved)} but the class "
                                   f"names given are {len(wanted)} classes {_names(wanted)}{order}; pass "
                                   "reinit_heads=True to fine-tune it with new class heads")
-        config["num_classes"] = len(wanted)
         kept = {k: v for k, v in state.items() if not _is_class_head(k)}
-        model = _assemble(config, wanted)
+        model = _assemble(config.replace(num_classes=len(wanted)), wanted)
         _load(model, kept, source, allowed_missing=[k for k in model.state_dict() if _is_class_head(k)])
         logger.warning("%s: kept %d of %d weight tensors; re-initialised the class heads (%d tensors) for %d "
                        "classes %s (trained for %s)", source, len(kept), len(state), len(state) - len(kept),
@@ -140,28 +130,27 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
     return model
 
 
-def _assemble(config: dict[str, Any], class_names: list[str], backbone_weights: str | os.PathLike | None = None
+def _assemble(config: ModelConfig, class_names: list[str], backbone_weights: str | os.PathLike | None = None
               ) -> SSD:
-    arch = MODEL_CONFIGS[config["name"]]
+    arch = MODEL_CONFIGS[config.name]
     weights, source = None, None
     if backbone_weights is not None:
         if arch.imagenet_file is None:
-            raise BackboneWeightsError(f"{config['name']} has no ImageNet backbone (it trains from scratch); "
+            raise BackboneWeightsError(f"{config.name} has no ImageNet backbone (it trains from scratch); "
                                        f"got backbone_weights={str(backbone_weights)!r}")
-        weights, source = read_backbone_weights(backbone_weights, arch.imagenet_file, config["name"])
-    feature_maps, channels = _probe(config["name"], config["options"], config["image_size"])
-    if feature_maps != list(config["priors"]["feature_maps"]):
-        raise ValueError(f"{config['name']} at {config['image_size']} px has feature maps {feature_maps}, but the "
-                         f"configuration says {config['priors']['feature_maps']}")
-    backbone = arch.backbone(config["options"], weights, source)
-    num_outputs = config["num_classes"] + 1
+        weights, source = read_backbone_weights(backbone_weights, arch.imagenet_file, config.name)
+    feature_maps, channels = _probe(config.name, config.options, config.image_size)
+    if tuple(feature_maps) != config.priors.feature_maps:
+        raise ValueError(f"{config.name} at {config.image_size} px has feature maps {feature_maps}, but the "
+                         f"configuration says {list(config.priors.feature_maps)}")
+    backbone = arch.backbone(dict(config.options), weights, source)
+    num_outputs = config.num_classes + 1
     heads = nn.ModuleList([arch.head(c, 2 + 2 * len(ratios), num_outputs)
-                           for c, ratios in zip(channels, config["priors"]["aspect_ratios"])])
-    priors = default_boxes(config["image_size"], **config["priors"])
-    return SSD(backbone, heads, priors, config, class_names)
+                           for c, ratios in zip(channels, config.priors.aspect_ratios)])
+    return SSD(backbone, heads, config.priors.boxes(config.image_size), config, class_names)
 
 
-def _probe(name: str, options: dict[str, Any], size: int) -> tuple[list[int], list[int]]:
+def _probe(name: str, options: Mapping[str, Any], size: int) -> tuple[list[int], list[int]]:
     """``(feature map sizes, channels)`` at ``size``, from a forward pass on the meta device (no memory, no compute)."""
     maps, channels = _probe_cached(name, tuple(sorted(options.items())), size)
     return list(maps), list(channels)
@@ -176,7 +165,7 @@ def _probe_cached(name: str, options: tuple, size: int) -> tuple[tuple[int, ...]
             features = backbone(torch.empty(1, 3, size, size))
         except RuntimeError as exc:
             raise ValueError(f"image_size={size} is too small for {name} (native size "
-                             f"{arch.priors['image_size']}): {str(exc).splitlines()[0]}") from None
+                             f"{arch.image_size}): {str(exc).splitlines()[0]}") from None
     return tuple(f.shape[-1] for f in features), tuple(f.shape[1] for f in features)
 
 
@@ -187,15 +176,10 @@ def _is_class_head(key: str) -> bool:
 
 def _load(model: SSD, state: Mapping[str, torch.Tensor], source: str, allowed_missing: Sequence[str] = ()) -> None:
     """Load a checkpoint's weights, refusing (``CheckpointError``) keys or shapes that do not fit its own config."""
-    expected = model.state_dict()
-    missing = [k for k in expected if k not in state and k not in allowed_missing]
-    unexpected = [k for k in state if k not in expected]
-    mismatched = [f"{k} {list(state[k].shape)} (expected {list(v.shape)})"
-                  for k, v in expected.items() if k in state and state[k].shape != v.shape]
-    if missing or unexpected or mismatched:
+    mismatch = state_dict_mismatch(model.state_dict(), state, allowed_missing)
+    if mismatch:
         raise CheckpointError(f"the weights in {source} do not fit the model configuration saved with them "
-                              f"(damaged or edited checkpoint?): missing {missing[:5]}, unexpected "
-                              f"{unexpected[:5]}, wrong shapes {mismatched[:5]}")
+                              f"(damaged or edited checkpoint?): {mismatch}")
     model.load_state_dict(state, strict=False)
 
 
@@ -231,7 +215,6 @@ def _names(names: list[str], limit: int = 30) -> str:
 
 def _architecture(name: str) -> Architecture:
     if name not in MODEL_CONFIGS:
-        close = difflib.get_close_matches(str(name), MODEL_CONFIGS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown model {name!r}{hint}; known models: {', '.join(MODEL_CONFIGS)}")
+        raise ValueError(f"unknown model {name!r}{did_you_mean(name, MODEL_CONFIGS)} (known models: "
+                         f"{', '.join(MODEL_CONFIGS)})")
     return MODEL_CONFIGS[name]

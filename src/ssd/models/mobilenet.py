@@ -14,9 +14,10 @@ from torch import Tensor, nn
 from torchvision.models import MobileNet_V3_Large_Weights, mobilenet_v3_large
 from torchvision.ops.misc import Conv2dNormActivation
 
-from ssd.models.spec import Architecture
+from ssd.models.architecture import Architecture, MultiScaleBackbone
 from ssd.models.ssd import LevelHead
-from ssd.models.weights import load_checked
+from ssd.models.weights import load_backbone_state
+from ssd.priors import PriorConfig
 
 __all__ = ["MobileNetV3Backbone", "ARCHITECTURES"]
 
@@ -43,7 +44,7 @@ def _extra(in_channels: int, out_channels: int) -> nn.Sequential:
                          _conv(mid, out_channels, 1))
 
 
-class MobileNetV3Backbone(nn.Module):
+class MobileNetV3Backbone(MultiScaleBackbone):
     """``[B, 3, S, S]`` -> six feature maps (strides 16, 32, 64, 128, 256, 512 for ``S = 320``: 20 ... 1).
 
     Args:
@@ -60,7 +61,7 @@ class MobileNetV3Backbone(nn.Module):
             normal_init(net)
         else:
             what = f"mobilenet_v3_large (reduced_tail={reduced_tail})"
-            load_checked(net, weights, source=source, what=what, ignore_prefixes=("classifier.",))
+            load_backbone_state(net, weights, source=source, what=what, ignore_prefixes=("classifier.",))
         features = net.features
         c4 = [i for i, block in enumerate(features) if getattr(block, "_is_cn", False)][-1]
         self.stages = nn.Sequential(
@@ -71,16 +72,6 @@ class MobileNetV3Backbone(nn.Module):
                                 _extra(256, 128)])
         normal_init(extras)
         self.extras = extras
-
-    def forward(self, x: Tensor) -> list[Tensor]:
-        outputs: list[Tensor] = []
-        for stage in self.stages:
-            x = stage(x)
-            outputs.append(x)
-        for block in self.extras:
-            x = block(x)
-            outputs.append(x)
-        return outputs
 
 
 def lite_head(in_channels: int, boxes: int, num_outputs: int) -> LevelHead:
@@ -106,14 +97,14 @@ ARCHITECTURES = {
     "ssdlite320_mobilenet_v3_large": Architecture(
         backbone=_backbone,
         head=lite_head,
-        priors={
-            "image_size": _SIZE,
-            "feature_maps": _MAPS,
-            "steps": [_SIZE / f for f in _MAPS],
-            "min_sizes": [s * _SIZE for s in _SCALES[:-1]],
-            "max_sizes": [s * _SIZE for s in _SCALES[1:]],
-            "aspect_ratios": [[2, 3]] * len(_MAPS),
-        },
+        image_size=_SIZE,
+        priors=PriorConfig(
+            feature_maps=_MAPS,
+            steps=[_SIZE / f for f in _MAPS],
+            min_sizes=[s * _SIZE for s in _SCALES[:-1]],
+            max_sizes=[s * _SIZE for s in _SCALES[1:]],
+            aspect_ratios=[[2, 3]] * len(_MAPS),
+        ),
         description="SSDLite on MobileNetV3-Large as torchvision's (3234 default boxes at 320 px)",
         options={"reduced_tail": None},  # None: True without ImageNet weights (as torchvision), False with them
         imagenet_file=MobileNet_V3_Large_Weights.IMAGENET1K_V1.url.rsplit("/", 1)[-1],

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from torchvision.transforms.v2 import functional as TF
 
 from ssd.boxes import pixel_scale
+from ssd.models.config import ModelConfig
 from ssd.postprocess import postprocess
 
 __all__ = ["SSD", "LevelHead"]
@@ -43,18 +44,17 @@ class SSD(nn.Module):
         backbone: module mapping normalized images ``[B, 3, S, S]`` to a list of feature maps (one per level).
         heads: one :class:`LevelHead` per feature map.
         priors: default boxes ``[P, 4]`` ``(cx, cy, w, h)`` normalized (a persistent buffer, saved with the weights).
-        config: plain dict that rebuilds the model (see :func:`ssd.models.build_model`), with at least ``name``,
-            ``num_classes``, ``image_size``, ``mean``, ``std``, ``variances``, ``channels_last``, ``priors``.
+        config: the :class:`ModelConfig` that rebuilds the model (see :func:`ssd.models.build_model`).
         class_names: the K object class names; label ``k`` of every output is ``class_names[k]``.
     """
 
     __jit_unused_properties__ = ["num_classes", "image_size"]  # TorchScript compiles forward only
 
-    def __init__(self, backbone: nn.Module, heads: nn.ModuleList, priors: Tensor, config: dict,
+    def __init__(self, backbone: nn.Module, heads: nn.ModuleList, priors: Tensor, config: ModelConfig,
                  class_names: Sequence[str]):
         super().__init__()
-        if len(class_names) != config["num_classes"]:
-            raise ValueError(f"{len(class_names)} class names given for num_classes={config['num_classes']}")
+        if len(class_names) != config.num_classes:
+            raise ValueError(f"{len(class_names)} class names given for num_classes={config.num_classes}")
         self.backbone = backbone
         self.heads = heads
         self.register_buffer("priors", priors)
@@ -64,12 +64,12 @@ class SSD(nn.Module):
     @property
     def num_classes(self) -> int:
         """K, the number of object classes (the heads have K+1 outputs, index 0 is background)."""
-        return self.config["num_classes"]
+        return self.config.num_classes
 
     @property
     def image_size(self) -> int:
         """Side of the square network input."""
-        return self.config["image_size"]
+        return self.config.image_size
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
         """``images [B, 3, S, S]`` normalized -> ``(loc [B, P, 4], logits [B, P, K+1])`` in prior order."""
@@ -108,7 +108,7 @@ class SSD(nn.Module):
         else:
             batch = torch.stack([TF.to_dtype(TF.resize(image.to(device), size, antialias=True), torch.float32,
                                              scale=True) for image in images])
-        return TF.normalize(batch, self.config["mean"], self.config["std"]), sizes
+        return TF.normalize(batch, list(self.config.mean), list(self.config.std)), sizes
 
     @torch.no_grad()
     def predict(self, images: Sequence[Tensor] | Tensor, score_threshold: float = 0.01, iou_threshold: float = 0.45,
@@ -122,7 +122,7 @@ class SSD(nn.Module):
             ``labels [N]`` int64 in ``0..K-1``, ``names`` list of N class names; sorted by decreasing score.
         """
         batch, sizes = self.preprocess(images)
-        if self.config.get("channels_last", False):
+        if self.config.channels_last:
             batch = batch.contiguous(memory_format=torch.channels_last)
         was_training = self.training
         self.eval()
@@ -132,7 +132,7 @@ class SSD(nn.Module):
             self.train(was_training)
         detections = postprocess(loc.float(), logits.float(), self.priors, score_threshold=score_threshold,
                                  iou_threshold=iou_threshold, top_k=max_detections,
-                                 variances=tuple(self.config["variances"]))
+                                 variances=self.config.variances)
         scale = pixel_scale(sizes).to(loc.device)
         for detection, factor in zip(detections, scale):
             detection["boxes"] = detection["boxes"] * factor

@@ -17,10 +17,10 @@ from torch import Tensor, nn
 from torchvision.models import VGG16_Weights
 from torchvision.models.vgg import cfgs, make_layers
 
-from ssd.models.spec import Architecture
+from ssd.models.architecture import Architecture
 from ssd.models.ssd import LevelHead
-from ssd.models.weights import BackboneWeightsError, load_checked
-from ssd.priors import PRIOR_CONFIGS
+from ssd.models.weights import BackboneWeightsError, load_backbone_state
+from ssd.priors import PRIOR_CONFIGS, PriorConfig
 
 __all__ = ["L2Norm", "VGG16Backbone", "ARCHITECTURES"]
 
@@ -99,7 +99,7 @@ class VGG16Backbone(nn.Module):
         fc6 ``[4096, 512*7*7]`` keeps every 4th output and every 3rd row and column of its 7x7 window (the dilation
         of conv6 makes up for the spacing), fc7 every 4th input and output. The 1000-class fc8 is ignored.
         """
-        load_checked(self.features, state, source=source, what="vgg16", prefix="features.",
+        load_backbone_state(self.features, state, source=source, what="vgg16", prefix="features.",
                      ignore_prefixes=("classifier.",))
         fc6, fc7 = state.get("classifier.0.weight"), state.get("classifier.3.weight")
         if fc6 is None or fc7 is None:
@@ -147,7 +147,8 @@ ARCHITECTURES = {
     f"ssd{size}_vgg16": Architecture(
         backbone=_backbone(size),
         head=conv_head,
-        priors=PRIOR_CONFIGS[f"ssd{size}"],
+        image_size=size,
+        priors=PriorConfig.from_dict(PRIOR_CONFIGS[f"ssd{size}"]),
         description=f"SSD{size} on VGG16 as in the paper ({boxes} default boxes at {size} px)",
         imagenet_file=_VGG16_FILE,
     )

@@ -9,7 +9,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-__all__ = ["read_backbone_weights", "load_checked", "BackboneWeightsError"]
+from ssd._utils import state_dict_mismatch
+
+__all__ = ["read_backbone_weights", "load_backbone_state", "BackboneWeightsError"]
 
 
 class BackboneWeightsError(ValueError):
@@ -53,7 +55,7 @@ def read_backbone_weights(spec: str | os.PathLike, filename: str, what: str) -> 
     return dict(state), str(path)
 
 
-def load_checked(module: nn.Module, state: Mapping[str, Tensor], *, source: str, what: str, prefix: str = "",
+def load_backbone_state(module: nn.Module, state: Mapping[str, Tensor], *, source: str, what: str, prefix: str = "",
                  ignore_prefixes: Iterable[str] = ()) -> None:
     """Load ``state`` into ``module`` after checking that keys and shapes match exactly.
 
@@ -64,19 +66,8 @@ def load_checked(module: nn.Module, state: Mapping[str, Tensor], *, source: str,
     ignore = tuple(ignore_prefixes)
     given = {k: v for k, v in state.items() if not k.startswith(ignore)}
     expected = {prefix + k: v for k, v in module.state_dict().items() if not (prefix + k).startswith(ignore)}
-    missing = [k for k in expected if k not in given]
-    unexpected = [k for k in given if k not in expected]
-    mismatched = [f"{k} {list(given[k].shape)} (expected {list(v.shape)})"
-                  for k, v in expected.items() if k in given and given[k].shape != v.shape]
-    if missing or unexpected or mismatched:
-        parts = [f"{label} ({len(keys)}): {_few(keys)}"
-                 for label, keys in (("missing keys", missing), ("unexpected keys", unexpected),
-                                     ("wrong shapes", mismatched)) if keys]
+    mismatch = state_dict_mismatch(expected, given)
+    if mismatch:
         raise BackboneWeightsError(f"backbone weights {source} do not fit the {what} backbone (wrong file or "
-                                   f"architecture?): " + "; ".join(parts))
+                                   f"architecture?): {mismatch}")
     module.load_state_dict({k[len(prefix):]: v for k, v in given.items()}, strict=False)
-
-
-def _few(items: list[str], limit: int = 5) -> str:
-    shown = ", ".join(items[:limit])
-    return shown + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")
