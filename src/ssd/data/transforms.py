@@ -39,8 +39,8 @@ class IoUCropWithBoxes(v2.RandomIoUCrop):
 
     Same acceptance rule as torchvision's: pick a minimum IoU option (or "no crop"), then among ``trials`` random
     crops (side scale in ``[min_scale, max_scale]``, aspect in ``[min_aspect, max_aspect]``) take the first one that
-    contains at least one box centre and reaches the minimum IoU with one of those boxes. Vectorizing the trials
-    makes it ~10x faster than the per-trial Python loop at SSD input sizes.
+    contains at least one box centre and reaches the minimum IoU with one of those boxes. The trials are evaluated
+    together rather than in a per-trial Python loop.
     """
 
     def forward(self, *inputs):

@@ -30,7 +30,7 @@ class Architecture:
             (see ``build.prior_config``).
         description: one line for ``list_models``.
         options: the architecture options ``build_model`` accepts, with their defaults.
-        channels_last: recommended memory format (the trainer applies it; measured faster on CPU).
+        channels_last: recommended memory format (the trainer and ``predict`` apply it).
         imagenet_file: torchvision's file name of the backbone's ImageNet weights (``None``: no such weights).
         mean, std: input normalization of images in ``[0, 1]``.
         train_defaults: ``TrainConfig`` fields this architecture trains best with when the user leaves them unset
