@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test lint install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/ssd demo
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+
+test: lint
 	$(PY) -m pytest -q
 
 clean:
