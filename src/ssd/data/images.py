@@ -73,7 +73,7 @@ def _open(path: Path, data: bytes | None = None) -> Image.Image:
     try:
         im = Image.open(io.BytesIO(data) if data is not None else path)
     except FileNotFoundError as e:
-        raise _error(path, f"image file does not exist ({e.strerror})", "missing_image") from e
+        raise _error(path, "image file does not exist", "missing_image") from e
     except UnidentifiedImageError as e:
         raise _error(path, "not an image (no image format Pillow knows starts this file)") from e
     except Image.DecompressionBombError as e:
@@ -146,9 +146,10 @@ def read_image(path: str | Path, min_size: int | None = None) -> Tensor:
     path = Path(path)
     try:
         data = path.read_bytes()  # read once: the header checked is the one decoded
+    except FileNotFoundError as e:
+        raise _error(path, "image file does not exist", "missing_image") from e
     except OSError as e:
-        code = "missing_image" if isinstance(e, FileNotFoundError) else "corrupt_image"
-        raise _error(path, f"cannot read image file ({e.strerror or e})", code) from e
+        raise _error(path, f"cannot read image file ({e.strerror or e})") from e
     with _open(path, data) as im:
         try:
             if min_size is not None and im.format in ("JPEG", "MPO") and min(im.size) >= 2 * min_size:
