@@ -66,8 +66,8 @@ def _size_issue(root: ET.Element, rel: str, width: int | None, height: int | Non
     if width is None or height is None or size == (0, 0) or size in ((width, height), (height, width)):
         return []
     return [Issue("warning", "size_mismatch", f"{rel}: <size> says {'x'.join(written)} but the image is "
-                  f"{width}x{height} (boxes are read in the image's pixels; if they were drawn on another version of the picture they "
-                  "are misplaced)", rel)]
+                  f"{width}x{height} (boxes are read in the image's pixels; if they were drawn on another version "
+                  "of the picture they are misplaced)", rel)]
 
 
 def parse_voc_xml(xml_path: Path, rel: str, width: int | None = None,
