@@ -22,10 +22,12 @@ DECODERS = {"read_image_size": read_image_size, "verify_image": verify_image, "r
             "read_image(min_size)": lambda p: read_image(p, min_size=8)}
 
 
-def _png(path: Path, width: int, height: int, bit_depth: int, colour_type: int, rows: bytes | None = None) -> Path:
+def _png(path: Path, width: int, height: int, bit_depth: int, colour_type: int, rows: bytes | None = None,
+         row_filter: bytes = b"\0") -> Path:
     """A PNG written chunk by chunk (Pillow writes neither 16-bit RGB nor a cheap 20000x20000 image).
 
-    ``rows``: the raw scanlines without filter bytes; ``None`` means all zero (streamed: a bomb stays cheap)."""
+    ``rows``: the raw scanlines without filter bytes; ``None`` means all zero (streamed: a bomb stays cheap).
+    ``row_filter``: the filter byte of every row (0: none; 5 and up are invalid)."""
     def chunk(tag: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data))
 
@@ -35,7 +37,7 @@ def _png(path: Path, width: int, height: int, bit_depth: int, colour_type: int, 
         zero_row = bytes(1 + row_bytes)
         idat = b"".join(packer.compress(zero_row) for _ in range(height)) + packer.flush()
     else:
-        idat = zlib.compress(b"".join(b"\0" + rows[i * row_bytes:(i + 1) * row_bytes] for i in range(height)))
+        idat = zlib.compress(b"".join(row_filter + rows[i * row_bytes:(i + 1) * row_bytes] for i in range(height)))
     ihdr = struct.pack(">IIBBBBB", width, height, bit_depth, colour_type, 0, 0, 0)
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
     return path
@@ -98,8 +100,8 @@ def test_16_bit_images_are_scaled_to_8_bits(tmp_path):
     values = np.array([[0, 255, 256, 4095], [32768, 40000, 65280, 65535]], np.uint16)
     expected = torch.from_numpy((values >> 8).astype(np.uint8))
     gray_png, gray_tif = tmp_path / "g.png", tmp_path / "g.tif"
-    Image.fromarray(values).save(gray_png)  # Pillow mode I;16: torchvision decodes it to uint16
-    Image.fromarray(values).save(gray_tif)  # the Pillow path
+    Image.fromarray(values).save(gray_png)  # Pillow mode I;16
+    Image.fromarray(values).save(gray_tif)
     rgb = np.stack([values, 65535 - values, np.full_like(values, 513)], -1)
     rgb_png = _png(tmp_path / "rgb.png", 4, 2, 16, 2, rgb.astype(">u2").tobytes())
     for path in (gray_png, gray_tif):
@@ -181,6 +183,15 @@ def test_unreadable_files_name_the_file_and_the_reason(tmp_path):
             with pytest.raises(ImageError, match=f"^{cut}: .*truncated") as e:
                 decode(cut)
             assert e.value.code == "corrupt_image"
+
+
+def test_png_with_an_invalid_row_filter_does_not_crash_the_process(tmp_path):
+    # torchvision 0.29's PNG decoder segfaults on this file ("bad adaptive filter value"): PNGs go through Pillow
+    path = _png(tmp_path / "filter.png", 16, 12, 8, 2, bytes(range(48)) * 12, row_filter=b"\x07")
+    try:
+        assert read_image(path).shape == (3, 12, 16)
+    except ImageError as e:
+        assert e.code == "corrupt_image"
 
 
 def test_image_error_survives_pickling_from_loader_workers(tmp_path):

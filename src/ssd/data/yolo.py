@@ -72,14 +72,23 @@ def _resolve(root: Path, entry: str) -> Path:
 def _images(entries, root: Path, source: Path, split: str) -> list[Path]:
     images: list[Path] = []
     for entry in entries if isinstance(entries, (list, tuple)) else [entries]:
-        p = _resolve(root, str(entry))
-        if p.is_dir():
-            images += sorted(q for q in p.rglob("*") if is_image(q))
-        elif p.is_file() and p.suffix == ".txt":
-            images += [_absolute(p.parent / line) for line in read_lines(p)]
-        else:
-            raise DataError(f"{source}: split {split!r} points to {p}, which does not exist "
-                            "(paths are relative to 'path', or to the YAML's folder when 'path' is absent)")
+        if not isinstance(entry, (str, int)) or isinstance(entry, bool):  # a folder may be named 2017
+            raise DataError(f"{source}: split {split!r} must name image folders or .txt lists of images (text), "
+                            f"got {entry!r:.60}")
+        try:
+            p = _resolve(root, str(entry))
+            if p.is_dir():
+                images += sorted(q for q in p.rglob("*") if is_image(q))
+                continue
+            if p.is_file() and p.suffix == ".txt":
+                images += [_absolute(p.parent / line) for line in read_lines(p)]
+                continue
+        except DataError:
+            raise
+        except (OSError, ValueError) as e:  # a name too long, a NUL byte, a folder that cannot be listed
+            raise DataError(f"{source}: split {split!r}: cannot list {entry!r:.80} ({e})") from e
+        raise DataError(f"{source}: split {split!r} points to {p}, which does not exist "
+                        "(paths are relative to 'path', or to the YAML's folder when 'path' is absent)")
     return images
 
 
