@@ -44,9 +44,10 @@ _ACCEPTED = ("RGB", "L", "RGBA", "P")
 _CONVERTED = ("1", "LA", "La", "PA", "RGBX", "RGBa", "CMYK", "YCbCr")
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 _REFUSED = {"F": "32-bit float pixels (mode F)", "I": "32-bit integer pixels (mode I)"}
-# JPEG goes through torchvision (2-3x faster than Pillow for photos); the rest through Pillow, as fast for PNG, and
-# safe: torchvision 0.29's PNG decoder crashes the process (segfault) on some corrupt PNGs (found by the fuzz tests).
-_TORCHVISION = ("JPEG", "MPO")
+# JPEG (and the camera multi-picture JPEG, MPO) goes through torchvision, 2-3x faster than Pillow for photos; the
+# rest through Pillow, as fast for PNG and safe: torchvision 0.29's PNG decoder crashes the process (segfault) on
+# some corrupt PNGs (found by the fuzz tests).
+_JPEG = ("JPEG", "MPO")
 
 
 class ImageError(DataError):
@@ -79,8 +80,9 @@ def _open(path: Path, data: bytes | None = None) -> Image.Image:
     except UnidentifiedImageError as e:
         raise _error(path, "not an image (no image format Pillow knows starts this file)") from e
     except Image.DecompressionBombError as e:
-        raise _error(path, f"too many pixels to decode safely ({e}); the limit is PIL.Image.MAX_IMAGE_PIXELS = "
-                     f"{Image.MAX_IMAGE_PIXELS:,} (set it higher to accept larger images)", "unsupported_image") from e
+        raise _error(path, f"over twice the pixel limit of {Image.MAX_IMAGE_PIXELS:,} (PIL.Image.MAX_IMAGE_PIXELS, a "
+                     f"guard against decompression bombs; set it higher to accept larger images): {e}",
+                     "unsupported_image") from e
     except Exception as e:  # Pillow's plugins raise many kinds (OSError, SyntaxError, struct.error, ...) on bad bytes
         raise _error(path, f"cannot read image ({type(e).__name__}: {e})") from e
     try:
@@ -149,10 +151,10 @@ def read_image(path: str | Path, min_size: int | None = None) -> Tensor:
         raise _error(path, f"cannot read image file ({e.strerror or e})") from e
     with _open(path, data) as im:
         try:
-            if min_size is not None and im.format in ("JPEG", "MPO") and min(im.size) >= 2 * min_size:
+            if min_size is not None and im.format in _JPEG and min(im.size) >= 2 * min_size:
                 im.draft("RGB", (min_size, min_size))
                 return pil_to_rgb(im)
-            if im.format in _TORCHVISION:
+            if im.format in _JPEG:
                 try:
                     buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
                     return decode_image(buffer, mode=ImageReadMode.RGB, apply_exif_orientation=True)
