@@ -8,7 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
-from ssd.data import DataError, image_size, load_dataset, read_image
+from ssd.data import DataError, check, load_dataset, read_image, read_image_size
+from ssd.data.coco import read_coco
 from ssd.data.synthetic import SHAPE_NAMES
 
 # torchvision 0.29 flags its (working) decoders as deprecated in favour of TorchCodec, not a dependency here.
@@ -141,6 +142,7 @@ def test_coco(tmp_path):
     assert one.image_id == 7 and (one.width, one.height) == (64, 48)
     assert [(o.box, o.label, o.iscrowd) for o in one.objects] == [((1, 2, 11, 22), 1, False), ((0, 0, 64, 48), 0, True)]
     assert two.objects[0].label == -1 and two.objects[0].where == "instances_val.json annotation id 3"
+    assert spec.category_ids == [2, 5]  # label k is the dataset's category category_ids[k]
     (issue,) = spec.issues
     assert issue.line == 4 and "bbox 'oops' is not [x, y, w, h]" in issue.message
     assert list(load_dataset(tmp_path).splits) == ["val"]  # folder detection
@@ -172,13 +174,13 @@ def test_read_image_modes_and_exif(tmp_path):
     exif[0x0112] = 6  # rotate 90 degrees clockwise to display
     Image.fromarray(arr).save(rotated, exif=exif, quality=100)
     img = read_image(rotated)
-    assert img.shape == (3, 20, 10) and image_size(rotated) == (10, 20)
+    assert img.shape == (3, 20, 10) and read_image_size(rotated) == (10, 20)
     assert img[:, :5].float().mean() > 200 and img[:, 15:].float().mean() < 50  # white half now on top
     bad = tmp_path / "bad.jpg"
     bad.write_bytes(b"not an image")
-    with pytest.raises(DataError, match="cannot decode image .*bad.jpg"):
+    with pytest.raises(DataError, match="bad.jpg: not an image"):
         read_image(bad)
-    with pytest.raises(DataError, match="cannot decode image .*bad.jpg"):
+    with pytest.raises(DataError, match="bad.jpg: not an image"):
         read_image(bad, min_size=8)
 
 
@@ -206,3 +208,210 @@ def test_synthetic_through_voc_reader(synthetic_voc):
     assert len(objects) >= 2 * 48 and sides.min() < 0.1 and sides.max() > 0.4
     assert {o.label for o in objects} == {0, 1, 2}
     assert any(o.box[0] == 0 or o.box[2] == 128 for o in objects)  # some touch the border
+
+
+# --- COCO structure (issue 12, BAD 6, 7, 8 and WEAK) ---------------------------------------------------------------
+
+def _coco(tmp_path: Path, **changes) -> Path:
+    """A valid two-image COCO file with ``changes`` applied to its top-level keys; returns the JSON path."""
+    _jpg(tmp_path / "images" / "1.jpg", 64, 48)
+    _jpg(tmp_path / "images" / "2.jpg", 64, 48)
+    ann = {"images": [{"id": 1, "file_name": "1.jpg", "width": 64, "height": 48},
+                      {"id": 2, "file_name": "2.jpg", "width": 64, "height": 48}],
+           "categories": [{"id": 90, "name": "zebra"}, {"id": 1, "name": "yak"}, {"id": 5, "name": "ox"}],
+           "annotations": [{"id": 10, "image_id": 1, "category_id": 90, "bbox": [1, 2, 10, 20]},
+                           {"id": 11, "image_id": 2, "category_id": 5, "bbox": [0, 0, 5, 5]}]}
+    ann.update(changes)
+    path = tmp_path / "instances_train.json"
+    path.write_text(json.dumps(ann))
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(images=[{"id": 1, "file_name": "1.jpg"}, {"id": 2}]),
+     r"images\[1\] \{'id': 2\} needs an 'id' .* and a 'file_name'"),
+    (dict(images=[{"file_name": "1.jpg"}]), r"images\[0\] .* needs an 'id'"),
+    (dict(images=[{"id": [1], "file_name": "1.jpg"}]), r"images\[0\] .* needs an 'id' \(integer or string\)"),
+    (dict(categories=[{"name": "zebra"}]), r"categories\[0\] \{'name': 'zebra'\} needs an integer 'id' and a 'name'"),
+    (dict(categories=[{"id": 1, "name": "a"}, {"id": 2}]), r"categories\[1\] .* needs an integer 'id' and a 'name'"),
+    (dict(categories=[{"id": 1, "name": "a"}, {"id": 1, "name": "b"}]), r"category id 1 is listed twice"),
+    (dict(annotations=[{"id": 1}, "oops"]), r"annotations\[1\] is 'oops', not an object"),
+    (dict(images={"id": 1}), r"a COCO file needs a list 'images'"),
+])
+def test_coco_structure_errors_name_the_file_and_the_entry(tmp_path, change, message):
+    path = _coco(tmp_path, **change)
+    with pytest.raises(DataError, match=f"^{path}: {message}"):
+        read_coco(path)
+
+
+def test_coco_top_level_array_bom_and_bad_json(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text("[]")
+    with pytest.raises(DataError, match=f"^{path}: a COCO file is a JSON object .* not a list"):
+        read_coco(path)
+    good = _coco(tmp_path)
+    path.write_bytes(b"\xef\xbb\xbf" + good.read_bytes().replace(b"}, ", b"},\r\n"))  # BOM + CRLF
+    assert read_coco(path).class_names == ["yak", "ox", "zebra"]
+    path.write_bytes(b"\xff\xfe{")
+    with pytest.raises(DataError, match=f"^{path}: cannot read the JSON \\(UnicodeDecodeError"):
+        read_coco(path)
+    path.write_text('{"images": [' + "9" * 5000 + "]}")  # Python refuses ints of over 4300 digits
+    with pytest.raises(DataError, match=f"^{path}: cannot read the JSON \\(ValueError"):
+        read_coco(path)
+
+
+def test_coco_duplicate_image_ids_name_both_files(tmp_path):
+    path = _coco(tmp_path, images=[{"id": 1, "file_name": "1.jpg"}, {"id": 1, "file_name": "2.jpg"}])
+    with pytest.raises(DataError, match=r"image id 1 is listed twice: '1.jpg' \(images\[0\]\) and '2.jpg' "
+                                        r"\(images\[1\]\); .*merged files"):
+        read_coco(path)
+
+
+def test_coco_category_ids_are_kept_for_writers(tmp_path):
+    spec = load_dataset(_coco(tmp_path))
+    assert spec.class_names == ["yak", "ox", "zebra"] and spec.category_ids == [1, 5, 90]
+    labels = [o.label for r in spec.splits["train"] for o in r.objects]
+    assert [spec.category_ids[k] for k in labels] == [90, 5]
+
+
+def test_coco_annotation_defects_name_file_and_annotation(tmp_path):
+    anns = [{"id": "ten", "image_id": 1, "category_id": 1, "bbox": [1, 2, 3, 4]},
+            {"id": 11, "image_id": 1, "category_id": 1, "bbox": [1, 2, 3, 4], "iscrowd": "0"},
+            {"id": 12, "image_id": 1, "category_id": 1, "bbox": [True, 2, 3, 4]},
+            {"id": 13, "image_id": [1], "category_id": 1, "bbox": [1, 2, 3, 4]},
+            {"id": 14, "image_id": 2, "category_id": [1], "bbox": [1, 2, 3, 4]},
+            {"id": 15, "image_id": 2, "category_id": 1, "bbox": [1, 2, 10 ** 400, 4]}]
+    spec = read_coco(_coco(tmp_path, annotations=anns))
+    messages = [i.message for i in spec.issues]
+    assert messages == ["instances_train.json annotations[0]: id 'ten' is not an integer",
+                        "instances_train.json annotation id 11: iscrowd '0' is not 0 or 1",
+                        "instances_train.json annotation id 12: bbox [True, 2, 3, 4] is not [x, y, w, h] numbers",
+                        "instances_train.json annotation id 13: image_id [1] is not in 'images'"]
+    unknown, huge = spec.splits["train"][1].objects
+    assert unknown.label == -1 and unknown.name == "category [1]"
+    report = check(spec, decode_images=False)
+    assert [(i.code, i.line) for i in report.errors if i.line in (14, 15)] == [("unknown_class", 14),
+                                                                                ("non_finite", 15)]
+
+
+def test_coco_xyxy_bbox_gets_a_hint_and_listed_size_is_compared(tmp_path):
+    anns = [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [30, 20, 60, 40]},  # xyxy: fits; xywh: past the edge
+            {"id": 2, "image_id": 1, "category_id": 1, "bbox": [50, 20, 30, 10]}]  # x2 < x: plain xywh overflow
+    images = [{"id": 1, "file_name": "1.jpg", "width": 64, "height": 48},
+              {"id": 2, "file_name": "2.jpg", "width": 640, "height": 480}]
+    spec = read_coco(_coco(tmp_path, annotations=anns, images=images))
+    (size,) = spec.issues
+    assert size.code == "size_mismatch" and size.severity == "warning"
+    assert "image id 2: listed as 640x480 but 2.jpg is 64x48" in size.message
+    first, second = (i for i in check(spec, decode_images=False).issues if i.line in (1, 2))
+    assert "looks like [x1, y1, x2, y2]; COCO bboxes are [x, y, width, height]" in first.message
+    assert "looks like" not in second.message
+
+
+# --- YOLO (issue 12, BAD 1, 9 and WEAK) ------------------------------------------------------------------------------
+
+def test_yolo_images_folder_symlink_keeps_labels_beside_the_link(tmp_path):
+    store = tmp_path / "elsewhere"
+    _jpg(store / "p.jpg", 100, 50)
+    root = tmp_path / "data"
+    (root / "images").mkdir(parents=True)
+    (root / "images" / "train").symlink_to(store, target_is_directory=True)
+    (root / "labels" / "train").mkdir(parents=True)
+    (root / "labels" / "train" / "p.txt").write_text("0 0.5 0.5 0.2 0.4\n")
+    (root / "data.yaml").write_text("train: images/train\nnames: [ant]\n")
+    spec = load_dataset(root / "data.yaml")
+    (record,) = spec.splits["train"]
+    assert record.path == root / "images" / "train" / "p.jpg"
+    assert record.annotation == root / "labels" / "train" / "p.txt"
+    assert len(record.objects) == 1 and not spec.issues
+
+
+def test_yolo_relative_yaml_path_from_another_folder(tmp_path, monkeypatch):
+    _jpg(tmp_path / "aq" / "train" / "images" / "p.jpg", 100, 50)
+    (tmp_path / "aq" / "train" / "labels").mkdir()
+    (tmp_path / "aq" / "train" / "labels" / "p.txt").write_text("0 0.5 0.5 0.2 0.4\n")
+    (tmp_path / "aq" / "data.yaml").write_text("train: ../train/images\nval: train/images\nnames: [fish]\n")
+    monkeypatch.chdir(tmp_path)
+    spec = load_dataset("aq/data.yaml")
+    assert [len(spec.splits[s][0].objects) for s in ("train", "val")] == [1, 1]
+    assert spec.splits["train"][0].path == tmp_path / "aq" / "train" / "images" / "p.jpg"
+
+
+def test_yolo_negative_class_reads_as_out_of_range(tmp_path):
+    data = _yolo(tmp_path, "names: [ant, bee]")
+    (tmp_path / "labels" / "train" / "q.txt").write_text("-1 0.5 0.5 0.2 0.2\n")
+    report = check(data, decode_images=False)
+    (error,) = report.errors
+    assert error.code == "label_out_of_range" and error.file == "labels/train/q.txt" and error.line == 1
+    assert "class -1 is out of range for 2 classes ['ant', 'bee'] (classes are 0..1)" in error.message
+
+
+def test_yolo_bom_and_crlf_in_labels_class_list_and_image_list(tmp_path):
+    _jpg(tmp_path / "images" / "p.jpg", 100, 50)
+    (tmp_path / "labels").mkdir()
+    (tmp_path / "labels" / "p.txt").write_bytes("\ufeff1 0.5 0.5 0.2 0.4\r\n0 0.1 0.2 0.2 0.2\r\n".encode())
+    (tmp_path / "classes.txt").write_bytes("\ufeffant\r\nbee\r\n".encode())
+    spec = load_dataset(tmp_path)
+    assert spec.class_names == ["ant", "bee"] and not spec.issues
+    assert [o.name for o in spec.splits["train"][0].objects] == ["bee", "ant"]
+    (tmp_path / "train.txt").write_bytes("\ufeffimages/p.jpg\r\n".encode())
+    (tmp_path / "data.yaml").write_bytes("\ufefftrain: train.txt\r\nnames: [ant, bee]\r\n".encode())
+    assert len(load_dataset(tmp_path / "data.yaml").splits["train"][0].objects) == 2
+
+
+@pytest.mark.parametrize("yaml_text, message", [
+    ("train: images/train\nnames: []", r"'names' is empty"),
+    ("train: images/train\nnames: [a, b]\nnc: three", r"nc: 'three' disagrees with the 2 names"),
+    ("train: images/train\nnames: {a: x}", r"'names' keys must be class ids"),
+    ("train: images/train\nnames: [[a], b]", r"'names' must be plain names \(text\), got \['a'\]"),
+    ("train: images/train\nnames: [a]\npath: [1]", r"'path' must be a folder \(text\)"),
+    ("- a\n- b", r"a YOLO data.yaml needs 'names'"),
+])
+def test_yolo_yaml_values_are_checked(tmp_path, yaml_text, message):
+    path = tmp_path / "data.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(DataError, match=f"^{path}: {message}"):
+        load_dataset(path)
+
+
+# --- VOC (issue 12, WEAK) --------------------------------------------------------------------------------------------
+
+def test_voc_size_disagreeing_with_the_image_warns_unless_rotated(tmp_path):
+    _jpg(tmp_path / "a.jpg", 50, 20)
+    for size, warned in (((999, 999), True), ((20, 50), False), ((50, 20), False), ((0, 0), False), (("x", 3), True)):
+        _voc_xml(tmp_path / "a.xml", _voc_object("cat", (2, 2, 9, 9)), size=size)
+        issues = load_dataset(tmp_path).issues
+        assert [i.code for i in issues] == (["size_mismatch"] if warned else []), size
+    assert issues[0].severity == "warning" and issues[0].file == "a.xml"
+    assert "<size> says xx3 but the image is 50x20" in issues[0].message
+
+
+def test_voc_absurd_box_is_an_error_not_a_clipped_warning(tmp_path):
+    _jpg(tmp_path / "a.jpg", 50, 20)
+    _voc_xml(tmp_path / "a.xml", _voc_object("cat", (1, 1, 1e12, 10)) + _voc_object("cat", (40, 1, 53, 10)))
+    report = check(tmp_path, decode_images=False)
+    assert [(i.severity, i.code, i.line) for i in report.issues] == [("error", "far_outside", 1),
+                                                                     ("warning", "beyond_border", 2)]
+    assert "extends more than the image's size past the 50x20 image" in report.errors[0].message
+
+
+def test_voc_difficult_flag_values(tmp_path):
+    _jpg(tmp_path / "a.jpg", 50, 20)
+    objects = "".join(_voc_object("cat", (1, 1, 9, 9), flag) for flag in ("maybe", "true", "No", " 1 "))
+    _voc_xml(tmp_path / "a.xml", objects)
+    spec = load_dataset(tmp_path)
+    assert [o.difficult for o in spec.splits["train"][0].objects] == [False, True, False, True]
+    (issue,) = spec.issues
+    assert issue.severity == "warning" and issue.object_index == 0
+    assert issue.message == "a.xml object 1 (cat): <difficult> is 'maybe', read as 0 (not difficult; write 0 or 1)"
+
+
+def test_voc_bom_and_crlf_in_class_list_and_image_sets(voc_dir):
+    root = voc_dir / "VOCdevkit" / "VOC2007"
+    (root / "classes.txt").write_bytes("\ufeffdog\r\ncat\r\n".encode())
+    (root / "ImageSets" / "Main" / "train.txt").write_bytes("\ufeffa\r\n".encode())
+    spec = load_dataset(voc_dir)
+    assert spec.class_names == ["dog", "cat"] and [r.image_id for r in spec.splits["train"]] == ["a"]
+    (root / "classes.txt").write_bytes(b"\xff\xfed\x00")
+    with pytest.raises(DataError, match="classes.txt: cannot read .*text files must be UTF-8"):
+        load_dataset(voc_dir)

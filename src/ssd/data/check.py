@@ -156,6 +156,8 @@ def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -
                 f"{y2 - y1:g}; boxes need x2 > x1 and y2 > y1)")
         elif x2 <= 0 or y2 <= 0 or x1 >= w or y1 >= h:
             add("error", "outside_image", f"{_written(obj)} lies outside the {w}x{h} image")
+        elif x1 < -w or y1 < -h or x2 > 2 * w or y2 > 2 * h:  # not a sloppy click: a wrong unit or a typo
+            add("error", "far_outside", f"{_written(obj)} extends more than the image's size past the {w}x{h} image")
         else:
             tol = BORDER_TOLERANCE
             if x1 < -tol or y1 < -tol or x2 > w + tol or y2 > h + tol:

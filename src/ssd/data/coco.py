@@ -1,21 +1,31 @@
 """COCO JSON reader.
 
-Categories are mapped to contiguous labels ``0..K-1`` in ascending category id, names kept. ``bbox`` is
-``[x, y, w, h]`` in pixels, converted to ``xyxy``. ``iscrowd`` annotations are kept as ignore regions
-(``ObjectRecord.iscrowd``): never trained on, ignored in evaluation. Image files are looked up relative to the JSON's
-folder, its ``images/`` subfolder, or ``../images`` (the usual ``annotations/`` + ``images/`` layout), or
-``image_root`` when given.
+Categories are mapped to contiguous labels ``0..K-1`` in ascending category id, names kept; the ids themselves are
+kept in ``DatasetSpec.category_ids`` (label ``k`` is category ``category_ids[k]``) so results can be written in the
+dataset's own ids. ``bbox`` is ``[x, y, w, h]`` in pixels, converted to ``xyxy``; a bbox that only fits the image
+when read as ``[x1, y1, x2, y2]`` carries that hint into every message about it. ``iscrowd`` annotations are kept as
+ignore regions (``ObjectRecord.iscrowd``): never trained on, ignored in evaluation. Image files are looked up
+relative to the JSON's folder, its ``images/`` subfolder, or ``../images`` (the usual ``annotations/`` + ``images/``
+layout), or ``image_root`` when given.
+
+The file's structure must hold (else ``DataError`` naming the file and the entry): a JSON object with lists
+``images`` (objects with ``id`` and ``file_name``, ids unique), ``categories`` (objects with an integer ``id``, unique,
+and a ``name``) and ``annotations`` (objects). Defects of single annotations (a bad ``bbox``, an unknown
+``image_id``, a non-integer ``id``) are issues for ``check``, as in the other readers.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
-from ssd.data.images import image_size
+from ssd.data.images import ImageError, read_image_size
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord
 
 __all__ = ["read_coco", "split_name"]
+
+_TOLERANCE = 1.0  # pixels a box may pass the border before the xyxy hint is considered (as check's border rule)
 
 
 def split_name(json_path: Path) -> str:
@@ -36,51 +46,133 @@ def _find_image(file_name: str, json_path: Path, image_root: Path | None) -> Pat
     return bases[0] / file_name
 
 
-def read_coco(json_path: Path, image_root: Path | None = None, split: str | None = None) -> DatasetSpec:
-    """Read one COCO JSON as split ``split`` (default from the file name, see :func:`split_name`)."""
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _load(json_path: Path) -> dict:
+    """The parsed file, checked to be an object holding the three lists of dicts."""
     try:
-        data = json.loads(json_path.read_text())
+        data = json.loads(json_path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as e:
         raise DataError(f"{json_path}:{e.lineno}: JSON does not parse ({e.msg})") from e
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: an int of > 4300 digits
+        raise DataError(f"{json_path}: cannot read the JSON ({type(e).__name__}: {e})") from e
+    if not isinstance(data, dict):
+        raise DataError(f"{json_path}: a COCO file is a JSON object with lists 'images', 'annotations' and "
+                        f"'categories', not a {type(data).__name__}")
     for key in ("images", "annotations", "categories"):
         if not isinstance(data.get(key), list):
             raise DataError(f"{json_path}: a COCO file needs a list {key!r}")
+        for i, entry in enumerate(data[key]):
+            if not isinstance(entry, dict):
+                raise DataError(f"{json_path}: {key}[{i}] is {entry!r:.60}, not an object")
+    return data
+
+
+def _categories(data: dict, json_path: Path) -> tuple[list[int], list[str]]:
+    """Category ids in ascending order and their names; each needs an integer ``id`` (unique) and a ``name``."""
+    seen: dict[int, int] = {}
+    for i, cat in enumerate(data["categories"]):
+        if not _is_int(cat.get("id")) or not isinstance(cat.get("name"), str) or not cat["name"].strip():
+            raise DataError(f"{json_path}: categories[{i}] {cat!r:.80} needs an integer 'id' and a 'name'")
+        if cat["id"] in seen:
+            raise DataError(f"{json_path}: category id {cat['id']} is listed twice (categories[{seen[cat['id']]}] "
+                            f"and categories[{i}])")
+        seen[cat["id"]] = i
     cats = sorted(data["categories"], key=lambda c: c["id"])
-    label_of = {c["id"]: i for i, c in enumerate(cats)}
-    names = [str(c["name"]) for c in cats]
-    split = split or split_name(json_path)
+    return [c["id"] for c in cats], [str(c["name"]) for c in cats]
+
+
+def _images(data: dict, json_path: Path, image_root: Path | None, split: str,
+            issues: list[Issue]) -> dict[int | str, ImageRecord]:
+    """Records by image id (readable images only; the others become issues). Ids must be unique."""
     rel = json_path.name
-    issues: list[Issue] = []
-    records: dict[int, ImageRecord] = {}
-    listed = {img.get("id") for img in data["images"]}
-    for img in data["images"]:
-        path = _find_image(str(img["file_name"]), json_path, image_root)
+    records: dict[int | str, ImageRecord] = {}
+    first: dict[int | str, tuple[int, str]] = {}
+    for i, img in enumerate(data["images"]):
+        image_id, file_name = img.get("id"), img.get("file_name")
+        if not (_is_int(image_id) or isinstance(image_id, str)) or not isinstance(file_name, str) or not file_name:
+            raise DataError(f"{json_path}: images[{i}] {img!r:.80} needs an 'id' (integer or string) and a "
+                            "'file_name'")
+        if image_id in first:
+            j, other = first[image_id]
+            raise DataError(f"{json_path}: image id {image_id!r} is listed twice: {other!r} (images[{j}]) and "
+                            f"{file_name!r} (images[{i}]); their annotations cannot be told apart (merged files? "
+                            "give every image its own id)")
+        first[image_id] = (i, file_name)
+        path = _find_image(file_name, json_path, image_root)
         try:
-            width, height = image_size(path)
-        except OSError as e:
-            issues.append(Issue("error", "missing_image" if not path.exists() else "corrupt_image",
-                                f"{rel} image id {img.get('id')}: cannot read {path} ({e})", rel, split=split,
-                                image=path))
+            width, height = read_image_size(path)
+        except ImageError as e:
+            issues.append(Issue("error", e.code, f"{rel} image id {image_id!r}: {e}", rel, split=split, image=path))
             continue
-        records[img["id"]] = ImageRecord(path, json_path, [], width, height, img["id"])
-    for ann in data["annotations"]:
-        where = f"{rel} annotation id {ann.get('id')}"
-        rec = records.get(ann.get("image_id"))
+        listed = (img.get("width"), img.get("height"))
+        if listed not in ((width, height), (height, width)) and all(_is_int(v) and v > 0 for v in listed):
+            issues.append(Issue("warning", "size_mismatch", f"{rel} image id {image_id!r}: listed as "
+                                f"{listed[0]}x{listed[1]} but {path.name} is {width}x{height} (bboxes are read in "
+                                "the image's pixels; if they were drawn on another version of the picture they are "
+                                "misplaced)", rel, split=split, image=path))
+        records[image_id] = ImageRecord(path, json_path, [], width, height, image_id)
+    return records
+
+
+def _bbox(bbox, width: int, height: int) -> tuple[tuple[float, float, float, float], str] | None:
+    """``(xyxy box, raw text)`` of a ``[x, y, w, h]`` bbox (None when it is not four numbers)."""
+    if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                            for v in bbox)):
+        return None
+    x, y, w, h = (_float(v) for v in bbox)
+    raw = f"bbox {bbox}"
+    tol = _TOLERANCE
+    if (x + w > width + tol or y + h > height + tol) and x < w <= width + tol and y < h <= height + tol:
+        raw += " - it looks like [x1, y1, x2, y2]; COCO bboxes are [x, y, width, height]"
+    return (x, y, x + w, y + h), raw
+
+
+def _float(value: int | float) -> float:
+    try:
+        return float(value)
+    except OverflowError:  # a JSON integer beyond float range: infinite, which check reports
+        return math.inf if value > 0 else -math.inf
+
+
+def _add_objects(data: dict, json_path: Path, records: dict, label_of: dict[int, int], names: list[str],
+                 split: str, issues: list[Issue]) -> None:
+    rel = json_path.name
+    listed = {img["id"] for img in data["images"]}
+    for index, ann in enumerate(data["annotations"]):
+        ann_id, image_id = ann.get("id"), ann.get("image_id")
+        where = f"{rel} annotation id {ann_id}" if _is_int(ann_id) else f"{rel} annotations[{index}]"
+        line = ann_id if _is_int(ann_id) else None
+        hashable = _is_int(image_id) or isinstance(image_id, str)
+        rec = records.get(image_id) if hashable else None
         if rec is None:
-            if ann.get("image_id") not in listed:  # images listed but unreadable are reported once, above
-                issues.append(Issue("error", "parse_error", f"{where}: image_id {ann.get('image_id')!r} is not in "
-                                    "'images'", rel, ann.get("id"), split=split))
+            if not hashable or image_id not in listed:  # images listed but unreadable are reported once, above
+                issues.append(Issue("error", "parse_error", f"{where}: image_id {image_id!r:.60} is not in 'images'",
+                                    rel, line, split=split))
             continue
-        bbox = ann.get("bbox")
-        if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox)):
-            issues.append(Issue("error", "parse_error", f"{where}: bbox {bbox!r} is not [x, y, w, h] numbers", rel,
-                                ann.get("id"), split=split, image=rec.path))
+        parsed = _bbox(ann.get("bbox"), rec.width, rec.height)
+        problem = (f"bbox {ann.get('bbox')!r:.80} is not [x, y, w, h] numbers" if parsed is None else
+                   f"id {ann_id!r:.60} is not an integer" if not _is_int(ann_id) else
+                   f"iscrowd {ann.get('iscrowd')!r:.60} is not 0 or 1" if ann.get("iscrowd", 0) not in (0, 1) else None)
+        if problem:
+            issues.append(Issue("error", "parse_error", f"{where}: {problem}", rel, line, split=split,
+                                image=rec.path))
             continue
-        x, y, w, h = (float(v) for v in bbox)
         cat = ann.get("category_id")
-        label = label_of.get(cat, -1)
-        name = names[label] if label >= 0 else f"category {cat}"
-        rec.objects.append(ObjectRecord((x, y, x + w, y + h), label, name, iscrowd=bool(ann.get("iscrowd", 0)),
-                                        line=int(ann.get("id", 0)), source=json_path, where=where,
-                                        raw=f"bbox {bbox}"))
-    return DatasetSpec(json_path.parent, "coco", names, {split: list(records.values())}, issues)
+        label = label_of.get(cat, -1) if _is_int(cat) else -1
+        name = names[label] if label >= 0 else f"category {cat!r:.40}"
+        rec.objects.append(ObjectRecord(parsed[0], label, name, iscrowd=bool(ann.get("iscrowd", 0)), line=ann_id,
+                                        source=json_path, where=where, raw=parsed[1]))
+
+
+def read_coco(json_path: Path, image_root: Path | None = None, split: str | None = None) -> DatasetSpec:
+    """Read one COCO JSON as split ``split`` (default from the file name, see :func:`split_name`)."""
+    data = _load(json_path)
+    category_ids, names = _categories(data, json_path)
+    split = split or split_name(json_path)
+    issues: list[Issue] = []
+    records = _images(data, json_path, image_root, split, issues)
+    _add_objects(data, json_path, records, {c: i for i, c in enumerate(category_ids)}, names, split, issues)
+    return DatasetSpec(json_path.parent, "coco", names, {split: list(records.values())}, issues, category_ids)

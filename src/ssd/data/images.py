@@ -1,78 +1,189 @@
-"""Image decoding: ``read_image`` (full decode) and ``image_size`` (cheap header read).
+"""Image decoding: the one guarded entry point for every image file the library reads.
 
-Both honour the EXIF orientation tag, so sizes and pixels agree with what a viewer shows; every image becomes RGB
-(grayscale, RGBA and palette images are converted).
+``read_image`` (full decode, used by training, validation and predict), ``verify_image`` (full but cheap decode,
+used by ``ssd check``) and ``read_image_size`` (header only, used by the annotation readers) apply the same rules
+and raise :class:`ImageError` (a ``DataError``) naming the file for anything they cannot or will not decode:
+
+- **Pixel limit**: ``width * height`` at most ``PIL.Image.MAX_IMAGE_PIXELS`` (about 89.5 MP by default; raise it,
+  or set it to ``None``, to accept larger images), checked from the header before any decoder runs, Pillow's and
+  torchvision's alike; Pillow's own decompression-bomb error is reported the same way.
+- **One picture**: animated GIF/PNG/WebP and multi-page TIFF files are refused (the boxes of an annotation describe
+  one picture, and which frame would it be?). A camera's multi-picture JPEG (MPO) is read as its primary picture,
+  which is what viewers show and what the JPEG decoder reads.
+- **8-bit RGB out**: RGB, gray (``L``), RGBA and palette (``P``) images are accepted (alpha dropped); bilevel
+  (``1``), gray+alpha, CMYK, YCbCr and RGBX images are converted to RGB; 16-bit images (PNG, TIFF) are scaled to
+  8 bits (``value >> 8``: the picture a viewer shows); float (``F``) and 32-bit integer (``I``) images
+  are refused, because they have no defined 0..255 range and a guess would decode them as, say, an all-black image.
+
+Sizes and pixels honour the EXIF orientation tag, so they agree with what a viewer shows.
 """
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
-from PIL import Image, ImageOps
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-__all__ = ["IMAGE_SUFFIXES", "read_image", "image_size", "is_image", "verify_image"]
+from ssd.data.records import DataError
+
+__all__ = ["IMAGE_SUFFIXES", "ImageError", "read_image", "read_image_size", "is_image", "verify_image", "pil_to_rgb"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 _EXIF_ORIENTATION = 0x0112
+_TRANSPOSE = {2: Image.Transpose.FLIP_LEFT_RIGHT, 3: Image.Transpose.ROTATE_180, 4: Image.Transpose.FLIP_TOP_BOTTOM,
+              5: Image.Transpose.TRANSPOSE, 6: Image.Transpose.ROTATE_270, 7: Image.Transpose.TRANSVERSE,
+              8: Image.Transpose.ROTATE_90}  # EXIF orientation -> the transpose that displays the image upright
 _TRANSPOSED = (5, 6, 7, 8)  # orientations that swap width and height
+_ACCEPTED = ("RGB", "L", "RGBA", "P")
+_CONVERTED = ("1", "LA", "La", "PA", "RGBX", "RGBa", "CMYK", "YCbCr")
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+_REFUSED = {"F": "32-bit float pixels (mode F)", "I": "32-bit integer pixels (mode I)"}
+# JPEG (and the camera multi-picture JPEG, MPO) goes through torchvision, 2-3x faster than Pillow for photos; the
+# rest through Pillow, as fast for PNG and safe: torchvision 0.29's PNG decoder crashes the process (segfault) on
+# some corrupt PNGs (found by the fuzz tests).
+_JPEG = ("JPEG", "MPO")
+
+
+class ImageError(DataError):
+    """An image file that cannot or will not be decoded; the message starts with the file.
+
+    ``code`` is ``missing_image``, ``corrupt_image`` (does not decode) or ``unsupported_image`` (refused by a rule:
+    too many pixels, several frames, a pixel format without an 8-bit meaning); ``reason`` is the message without the
+    file, for reports that name the file their own way.
+    """
+
+    def __init__(self, message: str, code: str = "corrupt_image", reason: str = ""):
+        super().__init__(message)
+        self.code, self.reason = code, reason or message
+
+
+def _error(path: Path, reason: str, code: str = "corrupt_image") -> ImageError:
+    return ImageError(f"{path}: {reason}", code, reason)
 
 
 def is_image(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_SUFFIXES
 
 
-def read_image(path: str | Path, min_size: int | None = None) -> Tensor:
-    """Decode ``path`` to a ``uint8`` tensor ``[3, H, W]`` RGB, EXIF orientation applied.
+def _open(path: Path, data: bytes | None = None) -> Image.Image:
+    """Pillow's lazy open (header only) plus the pixel-limit, frame and mode rules; ``ImageError`` otherwise."""
+    try:
+        im = Image.open(io.BytesIO(data) if data is not None else path)
+    except FileNotFoundError as e:
+        raise _error(path, "image file does not exist", "missing_image") from e
+    except UnidentifiedImageError as e:
+        raise _error(path, "not an image (no image format Pillow knows starts this file)") from e
+    except Image.DecompressionBombError as e:
+        raise _error(path, f"over twice the pixel limit of {Image.MAX_IMAGE_PIXELS:,} (PIL.Image.MAX_IMAGE_PIXELS, a "
+                     f"guard against decompression bombs; set it higher to accept larger images): {e}",
+                     "unsupported_image") from e
+    except Exception as e:  # Pillow's plugins raise many kinds (OSError, SyntaxError, struct.error, ...) on bad bytes
+        raise _error(path, f"cannot read image ({type(e).__name__}: {e})") from e
+    try:
+        _check_rules(im, path)
+    except BaseException:
+        im.close()
+        raise
+    return im
 
-    Uses ``torchvision.io.decode_image`` and falls back to PIL for what it cannot read (e.g. some TIFF/GIF files).
-    Raises ``DataError`` naming the file when neither can decode it.
+
+def _check_rules(im: Image.Image, path: Path) -> None:
+    w, h = im.size
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and w * h > limit:
+        raise _error(path, f"{w}x{h} = {w * h:,} pixels exceed the limit of {limit:,} (PIL.Image.MAX_IMAGE_PIXELS, "
+                     "a guard against decompression bombs; set it higher to accept larger images)", "unsupported_image")
+    try:
+        frames = 1 if im.format == "MPO" or not getattr(im, "is_animated", False) else im.n_frames
+    except Exception as e:  # counting frames reads them: a broken frame is a broken file
+        raise _error(path, f"cannot read image frames ({type(e).__name__}: {e})") from e
+    if frames > 1:
+        raise _error(path, f"{im.format} image with {frames} frames (animated or multi-page) refused: an annotation "
+                     "describes one picture; save the annotated frame as a still image", "unsupported_image")
+    if im.mode not in _ACCEPTED + _CONVERTED + _SIXTEEN_BIT:
+        what = _REFUSED.get(im.mode, f"pixel mode {im.mode}")
+        raise _error(path, f"{what} refused: no defined 8-bit RGB meaning (accepted: 8-bit RGB, gray, RGBA, palette; "
+                     "converted: 1-bit, gray+alpha, CMYK, YCbCr, 16-bit); convert the image to 8-bit RGB yourself",
+                     "unsupported_image")
+
+
+def _orientation(im: Image.Image) -> int | None:
+    try:
+        return im.getexif().get(_EXIF_ORIENTATION)
+    except Exception:  # malformed EXIF blocks: treat as no rotation, as decoders do
+        return None
+
+
+def pil_to_rgb(im: Image.Image) -> Tensor:
+    """A Pillow image (of a mode the rules accept) to ``uint8 [3, H, W]`` RGB, EXIF orientation applied."""
+    method = _TRANSPOSE.get(_orientation(im))
+    if method is not None:
+        im = im.transpose(method)
+    if im.mode in _SIXTEEN_BIT:  # scale to 8 bits; Pillow's own conversion would clip at 255 (a white image)
+        im = Image.fromarray((np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8), "L")
+    elif im.mode == "P" and "transparency" in im.info:
+        im = im.convert("RGBA")  # the palette-with-transparency path Pillow asks for (no warning, same colours)
+    return pil_to_tensor(im.convert("RGB"))
+
+
+def read_image(path: str | Path, min_size: int | None = None) -> Tensor:
+    """Decode ``path`` to a ``uint8`` tensor ``[3, H, W]`` RGB, EXIF orientation applied (rules: module docstring).
+
+    JPEGs are decoded by ``torchvision.io.decode_image`` (Pillow when it refuses one), the rest by Pillow. Raises
+    :class:`ImageError` naming the file when the file is missing, refused or does not decode.
 
     ``min_size``: the caller resizes the image to at most ``min_size`` on each side next, so a JPEG at least twice
     that size is decoded at a reduced DCT scale (1/2, 1/4 or 1/8) that keeps both sides >= ``min_size`` (JPEG
     "draft" mode): 2-4x faster for phone photos fed to a 300 px network, and no detail the resize would keep is lost.
     """
     path = Path(path)
-    if min_size is not None:
+    try:
+        data = path.read_bytes()  # read once: the header checked is the one decoded
+    except FileNotFoundError as e:
+        raise _error(path, "image file does not exist", "missing_image") from e
+    except OSError as e:
+        raise _error(path, f"cannot read image file ({e.strerror or e})") from e
+    with _open(path, data) as im:
         try:
-            with Image.open(path) as im:
-                if im.format == "JPEG" and min(im.size) >= 2 * min_size:
-                    im.draft("RGB", (min_size, min_size))
-                    return pil_to_tensor(ImageOps.exif_transpose(im).convert("RGB"))
-        except (OSError, ValueError, SyntaxError):
-            pass  # the full decoders below report the problem
-    try:
-        return decode_image(str(path), mode=ImageReadMode.RGB, apply_exif_orientation=True)
-    except (RuntimeError, ValueError):
-        pass
-    try:
-        with Image.open(path) as im:
-            return pil_to_tensor(ImageOps.exif_transpose(im).convert("RGB"))
-    except (OSError, ValueError, SyntaxError) as e:
-        from ssd.data.records import DataError
-
-        raise DataError(f"cannot decode image {path}: {e}") from e
+            if min_size is not None and im.format in _JPEG and min(im.size) >= 2 * min_size:
+                im.draft("RGB", (min_size, min_size))
+                return pil_to_rgb(im)
+            if im.format in _JPEG:
+                try:
+                    buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                    return decode_image(buffer, mode=ImageReadMode.RGB, apply_exif_orientation=True)
+                except RuntimeError:
+                    pass  # e.g. a truncated file: Pillow decodes it or names the problem below
+            return pil_to_rgb(im)
+        except Exception as e:  # Pillow's decoders raise many kinds (OSError, SyntaxError, struct.error, ...)
+            raise _error(path, f"cannot decode image ({type(e).__name__}: {e})") from e
 
 
 def verify_image(path: str | Path) -> None:
-    """Decode ``path`` completely but cheaply (JPEG DCT scaling to 1/8 size); raises ``OSError`` for truncated or
-    corrupt files that a header read (:func:`image_size`) accepts."""
-    with Image.open(path) as im:
-        im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
-        im.load()
+    """Apply the rules and decode ``path`` completely but cheaply (JPEG DCT scaling to 1/8 size): raises
+    :class:`ImageError` for what :func:`read_image` refuses, including truncated or corrupt files that a header
+    read (:func:`read_image_size`) accepts."""
+    path = Path(path)
+    with _open(path) as im:
+        try:
+            im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
+            im.load()
+        except Exception as e:  # as in read_image
+            raise _error(path, f"image does not decode ({type(e).__name__}: {e})") from e
 
 
-def image_size(path: str | Path) -> tuple[int, int]:
+def read_image_size(path: str | Path) -> tuple[int, int]:
     """``(width, height)`` of the image as displayed (EXIF rotation applied), from the header only (no decode).
 
-    Raises ``OSError`` when the file is missing or not an image.
+    Raises :class:`ImageError` naming the file when it is missing, not an image, or refused by the rules.
     """
-    with Image.open(path) as im:
+    path = Path(path)
+    with _open(path) as im:
         w, h = im.size
-        try:
-            orientation = im.getexif().get(_EXIF_ORIENTATION)
-        except Exception:  # malformed EXIF blocks: treat as no rotation, as decoders do
-            orientation = None
-    return (h, w) if orientation in _TRANSPOSED else (w, h)
+        return (h, w) if _orientation(im) in _TRANSPOSED else (w, h)

@@ -98,6 +98,8 @@ class DatasetSpec:
     """A parsed dataset: ``format`` is ``"voc"``, ``"coco"`` or ``"yolo"``; ``splits`` maps split names to records.
 
     ``issues`` holds problems found while parsing (unparseable files, missing images); ``check`` adds the rest.
+    ``category_ids``: the dataset's own category id of each label (COCO: label ``k`` is category
+    ``category_ids[k]``), for results written in the dataset's ids; ``None`` for formats without ids.
     """
 
     root: Path
@@ -105,6 +107,7 @@ class DatasetSpec:
     class_names: list[str]
     splits: dict[str, list[ImageRecord]]
     issues: list[Issue] = field(default_factory=list)
+    category_ids: list[int] | None = None
 
     @property
     def num_classes(self) -> int:

@@ -2,10 +2,13 @@
 
 Coordinates: VOC writes 1-based pixel indices; like the reference SSD implementations we subtract 1 from all four
 values, so ``xmin == xmax`` stays a zero-area box (reported by ``check``). Image sizes come from the image file
-(header read, EXIF applied), never from ``<size>`` (real files say 0 there, or hold a PNG named .jpg).
+(header read, EXIF applied), never from ``<size>`` (real files say 0 there, or hold a PNG named .jpg); a ``<size>``
+that disagrees with the image (other than by an EXIF rotation) is a warning, since the boxes were probably drawn on
+another version of the picture. ``<difficult>`` is 0/1 (also true/false, yes/no); anything else is a warning and
+reads as 0.
 
 Class names: ``classes.txt`` (one name per line) at the dataset root when present, else the sorted set of names in
-the annotations, unless the caller gives ``class_names``.
+the annotations, unless the caller gives ``class_names``. Text files may have Windows line ends or a UTF-8 BOM.
 """
 
 from __future__ import annotations
@@ -13,13 +16,24 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ssd.data.images import image_size, is_image
-from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
+from ssd.data.images import ImageError, is_image, read_image_size
+from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
 
-__all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "CLASS_FILE"]
+__all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "CLASS_FILE"]
 
 CLASS_FILE = "classes.txt"
 _SPLIT_ALIASES = {"valid": "val", "validation": "val"}
+_FLAGS = {"0": False, "false": False, "no": False, "1": True, "true": True, "yes": True}
+
+
+def read_lines(path: Path) -> list[str]:
+    """The non-blank lines of a text file, stripped (a UTF-8 BOM and Windows line ends are fine); ``DataError``
+    naming the file when it cannot be read."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read ({e}; text files must be UTF-8)") from e
+    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def find_voc_root(folder: Path) -> Path | None:
@@ -42,13 +56,26 @@ def _number(obj: ET.Element, tag: str) -> float:
         raise ValueError(f"<{tag}> is {text.strip()!r}, not a number") from None
 
 
-def _flag(obj: ET.Element, tag: str) -> bool:
-    text = (obj.findtext(tag) or "0").strip().lower()
-    return text in ("1", "true", "yes")
+def _size_issue(root: ET.Element, rel: str, width: int | None, height: int | None) -> list[Issue]:
+    """A warning when ``<size>`` disagrees with the image (0 or absent means unknown; an EXIF rotation is fine)."""
+    written = [(root.findtext(f"size/{tag}") or "0").strip() for tag in ("width", "height")]
+    try:
+        size = tuple(float(v) for v in written)
+    except ValueError:
+        size = None  # not numbers: a disagreement
+    if width is None or height is None or size == (0, 0) or size in ((width, height), (height, width)):
+        return []
+    return [Issue("warning", "size_mismatch", f"{rel}: <size> says {'x'.join(written)} but the image is "
+                  f"{width}x{height} (boxes are read in the image's pixels; if they were drawn on another version "
+                  "of the picture they are misplaced)", rel)]
 
 
-def parse_voc_xml(xml_path: Path, rel: str) -> tuple[list[ObjectRecord], list[Issue]]:
-    """Objects of one VOC XML file (labels left at -1, see :func:`assign_labels`) and the parse problems found."""
+def parse_voc_xml(xml_path: Path, rel: str, width: int | None = None,
+                  height: int | None = None) -> tuple[list[ObjectRecord], list[Issue]]:
+    """Objects of one VOC XML file (labels left at -1, see :func:`assign_labels`) and the parse problems found.
+
+    ``width``/``height``: the image's real size, compared with ``<size>`` (a warning when they disagree).
+    """
     try:
         root = ET.parse(xml_path).getroot()
     except ET.ParseError as e:
@@ -56,7 +83,7 @@ def parse_voc_xml(xml_path: Path, rel: str) -> tuple[list[ObjectRecord], list[Is
         return [], [Issue("error", "parse_error", f"{rel}:{line}: XML does not parse ({e})", rel, line)]
     except OSError as e:
         return [], [Issue("error", "parse_error", f"{rel}: cannot read annotation ({e})", rel)]
-    objects, issues = [], []
+    objects, issues = [], _size_issue(root, rel, width, height)
     for index, obj in enumerate(root.iter("object"), start=1):
         name = (obj.findtext("name") or "").strip()
         where = f"{rel} object {index} ({name or 'no name'})"
@@ -70,8 +97,13 @@ def parse_voc_xml(xml_path: Path, rel: str) -> tuple[list[ObjectRecord], list[Is
             issues.append(Issue("error", "parse_error", f"{where}: object has no <name>", rel, index))
             continue
         raw = " ".join(f"{t}={v:g}" for t, v in zip(("xmin", "ymin", "xmax", "ymax"), values))
-        objects.append(ObjectRecord(tuple(v - 1.0 for v in values), -1, name, difficult=_flag(obj, "difficult"),
-                                    line=index, source=xml_path, where=where, raw=raw))
+        difficult = (obj.findtext("difficult") or "0").strip()
+        if difficult.lower() not in _FLAGS:
+            issues.append(Issue("warning", "bad_flag", f"{where}: <difficult> is {difficult!r}, read as 0 (not "
+                                "difficult; write 0 or 1)", rel, index, object_index=len(objects)))
+        objects.append(ObjectRecord(tuple(v - 1.0 for v in values), -1, name,
+                                    difficult=_FLAGS.get(difficult.lower(), False), line=index, source=xml_path,
+                                    where=where, raw=raw))
     return objects, issues
 
 
@@ -89,7 +121,7 @@ def _split_ids(voc_root: Path) -> dict[str, list[str]]:
     for txt in sorted(main.glob("*.txt")) if main.is_dir() else []:
         if "_" in txt.stem:  # per-class lists such as aeroplane_train.txt
             continue
-        ids = [line.split()[0] for line in txt.read_text().splitlines() if line.strip()]
+        ids = [line.split()[0] for line in read_lines(txt)]
         splits[_SPLIT_ALIASES.get(txt.stem, txt.stem)] = ids
     return splits
 
@@ -110,13 +142,12 @@ def _read_images(pairs: list[tuple[str, Path | None, Path]], root: Path, split: 
                                 split=split, image=image_path))
             continue
         try:
-            width, height = image_size(image_path)
-        except OSError as e:
+            width, height = read_image_size(image_path)
+        except ImageError as e:
             rel = relative_path(image_path, root)
-            issues.append(Issue("error", "corrupt_image", f"{rel}: cannot read image ({e})", rel, split=split,
-                                image=image_path))
+            issues.append(Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=image_path))
             continue
-        objects, found = parse_voc_xml(xml_path, rel_xml)
+        objects, found = parse_voc_xml(xml_path, rel_xml, width, height)
         for issue in found:
             issue.split, issue.image = split, image_path
         issues.extend(found)
@@ -127,7 +158,7 @@ def _read_images(pairs: list[tuple[str, Path | None, Path]], root: Path, split: 
 def _class_names(root: Path, records: list[ImageRecord]) -> list[str]:
     class_file = root / CLASS_FILE
     if class_file.is_file():
-        return [line.strip() for line in class_file.read_text().splitlines() if line.strip()]
+        return read_lines(class_file)
     return sorted({o.name for r in records for o in r.objects})
 
 

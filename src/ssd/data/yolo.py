@@ -4,17 +4,23 @@ A ``data.yaml`` names ``path`` (dataset root; default: the YAML's folder), ``tra
 images, a ``.txt`` list of image paths, or a list of those; relative to ``path``) and ``names`` (a list, or a dict
 ``{id: name}``). Each image ``.../images/x.jpg`` pairs with ``.../labels/x.txt`` (the last ``images`` folder replaced
 by ``labels``); each line is ``class cx cy w h`` normalized to ``[0, 1]`` (a polygon ``class x1 y1 x2 y2 ...`` is
-read as its bounding box). An empty or missing label file means an image with no objects.
+read as its bounding box). An empty or missing label file means an image with no objects. Text files may have
+Windows line ends or a UTF-8 BOM.
+
+Paths are made absolute without resolving symbolic links: labels are looked up beside the images' path as given
+(an ``images/`` folder that links elsewhere still pairs with the ``labels/`` folder beside the link).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import yaml
 
-from ssd.data.images import image_size, is_image
+from ssd.data.images import ImageError, is_image, read_image_size
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
+from ssd.data.voc import read_lines
 
 __all__ = ["read_yolo_yaml", "read_yolo_folder", "label_path"]
 
@@ -32,13 +38,27 @@ def label_path(image: Path) -> Path:
 
 def _names(raw, source: Path) -> list[str]:
     if isinstance(raw, dict):
-        keys = sorted(int(k) for k in raw)
+        try:
+            by_id = {int(k): v for k, v in raw.items()}
+        except (TypeError, ValueError):
+            raise DataError(f"{source}: 'names' keys must be class ids 0, 1, ..., got {list(raw)!r:.80}") from None
+        keys = sorted(by_id)
         if keys != list(range(len(keys))):
             raise DataError(f"{source}: 'names' keys must be 0..{len(keys) - 1} without gaps, got {keys}")
-        return [str(raw[k] if k in raw else raw[str(k)]) for k in keys]
-    if isinstance(raw, (list, tuple)):
-        return [str(n) for n in raw]
-    raise DataError(f"{source}: 'names' must be a list or a dict {{id: name}}, got {type(raw).__name__}")
+        raw = [by_id[k] for k in keys]
+    if not isinstance(raw, (list, tuple)):
+        raise DataError(f"{source}: 'names' must be a list or a dict {{id: name}}, got {type(raw).__name__}")
+    if not raw:
+        raise DataError(f"{source}: 'names' is empty (list the class names, e.g. names: [cat, dog])")
+    bad = [n for n in raw if isinstance(n, (list, tuple, dict, bool)) or n is None or not str(n).strip()]
+    if bad:
+        raise DataError(f"{source}: 'names' must be plain names (text), got {bad[0]!r:.60}")
+    return [str(n).strip() for n in raw]
+
+
+def _absolute(path: Path) -> Path:
+    """``path`` absolute and normalized, symbolic links kept (labels pair with the image path as given)."""
+    return Path(os.path.abspath(path))
 
 
 def _resolve(root: Path, entry: str) -> Path:
@@ -46,23 +66,29 @@ def _resolve(root: Path, entry: str) -> Path:
     p = p if p.is_absolute() else (root / p)
     if not p.exists() and str(entry).startswith("../"):  # Ultralytics' fallback for Roboflow exports
         p = root / str(entry)[3:]
-    return p.resolve()
+    return _absolute(p)
 
 
 def _images(entries, root: Path, source: Path, split: str) -> list[Path]:
     images: list[Path] = []
     for entry in entries if isinstance(entries, (list, tuple)) else [entries]:
-        p = _resolve(root, str(entry))
-        if p.is_dir():
-            images += sorted(q for q in p.rglob("*") if is_image(q))
-        elif p.is_file() and p.suffix == ".txt":
-            for line in p.read_text().splitlines():
-                if line.strip():
-                    q = Path(line.strip())
-                    images.append(q if q.is_absolute() else (p.parent / q).resolve())
-        else:
-            raise DataError(f"{source}: split {split!r} points to {p}, which does not exist "
-                            "(paths are relative to 'path', or to the YAML's folder when 'path' is absent)")
+        if not isinstance(entry, (str, int)) or isinstance(entry, bool):  # a folder may be named 2017
+            raise DataError(f"{source}: split {split!r} must name image folders or .txt lists of images (text), "
+                            f"got {entry!r:.60}")
+        try:
+            p = _resolve(root, str(entry))
+            if p.is_dir():
+                images += sorted(q for q in p.rglob("*") if is_image(q))
+                continue
+            if p.is_file() and p.suffix == ".txt":
+                images += [_absolute(p.parent / line) for line in read_lines(p)]
+                continue
+        except DataError:
+            raise
+        except (OSError, ValueError) as e:  # a name too long, a NUL byte, a folder that cannot be listed
+            raise DataError(f"{source}: split {split!r}: cannot list {entry!r:.80} ({e})") from e
+        raise DataError(f"{source}: split {split!r} points to {p}, which does not exist "
+                        "(paths are relative to 'path', or to the YAML's folder when 'path' is absent)")
     return images
 
 
@@ -70,7 +96,7 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
     """Objects of one label file (pixel xyxy) and the parse problems found (file:line, the bad text, the rule)."""
     objects, issues = [], []
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         return [], [Issue("error", "parse_error", f"{rel}: cannot read label file ({e})", rel)]
     for number, line in enumerate(lines, start=1):
@@ -101,6 +127,11 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
             xs, ys = values[0::2], values[1::2]
             box = (min(xs) * width, min(ys) * height, max(xs) * width, max(ys) * height)
         label = int(cls_f)
+        if label < 0:  # a literal -1 would read as the "unknown name" marker, so it is reported here
+            issues.append(Issue("error", "label_out_of_range", f"{where}: class {tokens[0]} is out of range for "
+                                f"{len(class_names)} classes {class_names} (classes are 0..{len(class_names) - 1})",
+                                rel, number))
+            continue
         name = class_names[label] if 0 <= label < len(class_names) else f"class {label}"
         objects.append(ObjectRecord(box, label, name, line=number, source=path, where=where,
                                     raw=" ".join(tokens[1:])))
@@ -114,10 +145,9 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
         lbl = label_path(image)
         rel_lbl = relative_path(lbl, root)
         try:
-            width, height = image_size(image)
-        except OSError as e:
-            issues.append(Issue("error", "corrupt_image", f"{rel}: cannot read image ({e})", rel, split=split,
-                                image=image))
+            width, height = read_image_size(image)
+        except ImageError as e:
+            issues.append(Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=image))
             continue
         objects: list[ObjectRecord] = []
         if lbl.is_file():
@@ -135,19 +165,24 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
 def read_yolo_yaml(yaml_path: Path) -> DatasetSpec:
     """Read a YOLO dataset described by ``data.yaml`` (splits named there; ``valid`` is renamed ``val``)."""
     try:
-        desc = yaml.safe_load(yaml_path.read_text())
+        desc = yaml.safe_load(yaml_path.read_bytes())  # bytes: PyYAML detects the encoding and skips a BOM
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
         raise DataError(f"{yaml_path}{line}: YAML does not parse ({e})") from e
+    except (OSError, RecursionError) as e:
+        raise DataError(f"{yaml_path}: cannot read ({type(e).__name__}: {e})") from e
     if not isinstance(desc, dict) or "names" not in desc:
         raise DataError(f"{yaml_path}: a YOLO data.yaml needs 'names' (a list of class names) and split folders "
                         "('train', 'val', optionally 'test')")
     names = _names(desc["names"], yaml_path)
-    if "nc" in desc and int(desc["nc"]) != len(names):
-        raise DataError(f"{yaml_path}: nc: {desc['nc']} disagrees with the {len(names)} names {names}")
-    root = Path(desc.get("path") or yaml_path.parent)
-    root = (root if root.is_absolute() else yaml_path.parent / root).resolve()
+    nc = desc.get("nc", len(names))
+    if not isinstance(nc, int) or isinstance(nc, bool) or nc != len(names):
+        raise DataError(f"{yaml_path}: nc: {nc!r:.40} disagrees with the {len(names)} names {names} (nc is the "
+                        "number of names; it may be left out)")
+    if not isinstance(desc.get("path") or "", str):
+        raise DataError(f"{yaml_path}: 'path' must be a folder (text), got {desc['path']!r:.60}")
+    root = _absolute(yaml_path.parent / desc["path"] if desc.get("path") else yaml_path.parent)
     issues: list[Issue] = []
     splits = {}
     for key, split in _SPLITS.items():
@@ -164,7 +199,7 @@ def read_yolo_folder(folder: Path) -> DatasetSpec:
     Class names come from ``classes.txt`` in the folder, else ``class0..class{max label}``.
     """
     class_file = folder / "classes.txt"
-    names = [n.strip() for n in class_file.read_text().splitlines() if n.strip()] if class_file.is_file() else []
+    names = read_lines(class_file) if class_file.is_file() else []
     split_dirs = {_SPLITS[p.name]: p / "images" for p in sorted(folder.iterdir())
                   if p.name in _SPLITS and (p / "images").is_dir()}
     if not split_dirs:
