@@ -164,7 +164,7 @@ def test_names_no_font_has_are_drawn_as_indices_with_a_legend(tmp_path, fonts, f
         _is_png(plot_label_stats(boxes, labels, names, tmp_path / "labels.png"))
         _is_png(plot_pr_curves(result, names, tmp_path / "pr.png"))
         _is_png(plot_results(run / "results.csv", tmp_path / "results.png"))
-    stats, pr, results = (fig.axes[0] for fig in figures)
+    stats, pr, _ = (fig.axes[0] for fig in figures)
     assert [t.get_text() for t in stats.get_xticklabels()] == ["0", "1"]
     assert [t.get_text() for t in stats.get_legend().get_texts()] == ["0 = \\u732b", "1 = dog"]
     assert [t.get_text() for t in pr.get_legend().get_texts()] == ["0 = \\u732b 1.000", "1 = dog 1.000"]
