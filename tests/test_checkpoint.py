@@ -11,7 +11,7 @@ from torch import nn
 
 import ssd
 from ssd import CheckpointError, build_model, load_checkpoint, model_from_checkpoint, save_checkpoint
-from ssd.checkpoint import FORMAT
+from ssd.checkpoint import FORMAT, remove_stale_temporaries
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +98,49 @@ def test_save_is_atomic(model, saved, tmp_path, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["keep.pt"]  # no temporary file left behind
 
 
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+def test_checkpoints_get_the_permissions_of_any_new_file(model, tmp_path):
+    old = os.umask(0o022)
+    try:
+        assert save_checkpoint(tmp_path / "a.pt", model).stat().st_mode & 0o777 == 0o644
+        os.umask(0o027)
+        assert save_checkpoint(tmp_path / "b.pt", model).stat().st_mode & 0o777 == 0o640
+        (tmp_path / "a.pt").chmod(0o600)  # a file being replaced keeps its own permissions
+        assert save_checkpoint(tmp_path / "a.pt", model, epoch=2).stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old)
+    assert load_checkpoint(tmp_path / "a.pt")["epoch"] == 2
+
+
+def test_remove_stale_temporaries_removes_only_save_checkpoint_temporaries(model, tmp_path, monkeypatch):
+    seen = []
+    real_save = torch.save
+    monkeypatch.setattr(torch, "save", lambda obj, f: (seen.extend(os.listdir(tmp_path)), real_save(obj, f)))
+    save_checkpoint(tmp_path / "last.pt", model)
+    monkeypatch.undo()
+    (temporary,) = seen  # the name save_checkpoint used while writing, which a kill would leave behind
+    assert temporary.startswith(".last.pt.") and temporary.endswith(".tmp") and len(temporary) == len(".last.pt.tmp") + 9
+
+    leftovers = [temporary, ".best.pt.ab_12xyz.tmp", ".my model.pth.a1b2c3d4.tmp"]  # mkstemp-style names too
+    kept = ["last.pt", ".last.pt.tmp", ".last.pt.ABCDEFGH.tmp", ".last.pt.abc.tmp", ".last.pt.abcdefghi.tmp",
+            "last.pt.abcdefgh.tmp", "x.abcdefgh.tmp", ".last.pt.abcdefgh.tmp.bak", "notes.tmp"]
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    for name in leftovers + kept:
+        (weights / name).write_bytes(b"PK partial")
+    (weights / ".dir.abcdefgh.tmp").mkdir()  # a folder with the pattern's name is not a file of ours
+    outside = tmp_path / "elsewhere.pt"
+    outside.write_bytes(b"keep")
+    (weights / ".link.pt.abcdefgh.tmp").symlink_to(outside)  # nor is a link (nor what it points to)
+    (weights / "sub").mkdir()
+    (weights / "sub" / ".last.pt.abcdefgh.tmp").write_bytes(b"x")  # nothing below the folder is touched
+    removed = remove_stale_temporaries(weights)
+    assert removed == sorted(weights / name for name in leftovers)
+    assert sorted(os.listdir(weights)) == sorted(kept + [".dir.abcdefgh.tmp", ".link.pt.abcdefgh.tmp", "sub"])
+    assert outside.read_bytes() == b"keep" and os.listdir(weights / "sub") == [".last.pt.abcdefgh.tmp"]
+    assert remove_stale_temporaries(weights) == [] and remove_stale_temporaries(tmp_path / "missing") == []
+
+
 def test_extras_must_be_weights_only_loadable(model, tmp_path):
     path = tmp_path / "x.pt"
     with pytest.raises(TypeError, match=r"rng\['numpy'\]\[1\] is a numpy\.ndarray.*convert arrays"):
@@ -139,8 +182,11 @@ def test_foreign_files_are_refused(model, tmp_path):
         load_checkpoint(plain)
     pickled = tmp_path / "module.pth"
     torch.save(nn.Linear(2, 2), pickled)  # a whole pickled module: weights_only refuses to run its code
-    with pytest.raises(CheckpointError, match="cannot be loaded safely.*not a checkpoint of this library"):
+    with pytest.raises(CheckpointError, match=r"module\.pth is refused: loading it could execute code \(it refers to "
+                                              r"torch\.nn\.modules\.linear\.Linear;.*not a checkpoint of this library"
+                       ) as refused:
         load_checkpoint(pickled)
+    assert "weights_only" not in str(refused.value) and "trust" not in str(refused.value)  # no advice to load it
     other = tmp_path / "other.pt"
     torch.save({"epoch": 3, "weights": [1, 2]}, other)
     with pytest.raises(CheckpointError, match=r"not an ssd checkpoint \(no 'format' tag; keys: \['epoch', 'weights'\]"):
@@ -151,8 +197,10 @@ def test_foreign_files_are_refused(model, tmp_path):
         load_checkpoint(future)
     raw = tmp_path / "raw.pkl"
     raw.write_bytes(pickle.dumps({"a": 1}))
-    with pytest.raises(CheckpointError, match="raw.pkl"):
+    with pytest.raises(CheckpointError, match=r"raw\.pkl is refused: loading it could execute code \(it holds pickled "
+                                              r"content other than plain data") as refused:
         load_checkpoint(raw)
+    assert "weights_only" not in str(refused.value)
 
 
 def test_different_class_names_are_refused_with_both_lists(saved):

@@ -1,15 +1,21 @@
-"""Run-directory figures are valid PNGs; drawn detections change the pixels of their boxes only."""
+"""Run-directory figures are valid PNGs; drawn detections change the pixels of their boxes only; names without glyphs
+in any installed font are drawn as indices with a legend, never as empty boxes."""
 
+import contextlib
 import csv
+import logging
+import string
+import warnings
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from ssd.engine import plots
 from ssd.engine.metrics import evaluate_voc
-from ssd.engine.plots import (RESULTS_COLUMNS, class_color, draw_detections, plot_label_stats, plot_pr_curves,
-                              plot_results, save_image)
+from ssd.engine.plots import (RESULTS_COLUMNS, class_color, draw_detections, font_for, plot_label_stats,
+                              plot_pr_curves, plot_results, save_image)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -72,3 +78,129 @@ def test_save_image_round_trip(tmp_path):
     assert Image.open(tmp_path / "c.jpg").size == (24, 16)
     with pytest.raises(ValueError, match="c.png: image must be a uint8 tensor"):
         save_image(image[0], tmp_path / "c.png")
+
+
+# --- class names without glyphs in the default font (CJK) ------------------------------------------------------------
+
+def _make_font(path, chars, family="SSD Test Glyphs"):
+    """A tiny TrueType font whose glyphs (plain blocks) cover exactly ``chars``."""
+    from fontTools.fontBuilder import FontBuilder
+    from fontTools.pens.ttGlyphPen import TTGlyphPen
+
+    def block():
+        pen = TTGlyphPen(None)
+        pen.moveTo((50, 0))
+        pen.lineTo((50, 700))
+        pen.lineTo((550, 700))
+        pen.lineTo((550, 0))
+        pen.closePath()
+        return pen.glyph()
+
+    glyphs = {f"u{ord(c):04X}": ord(c) for c in sorted(set(chars))}
+    builder = FontBuilder(1000, isTTF=True)
+    builder.setupGlyphOrder([".notdef", *glyphs])
+    builder.setupCharacterMap({code: name for name, code in glyphs.items()})
+    builder.setupGlyf({name: block() for name in [".notdef", *glyphs]})
+    builder.setupHorizontalMetrics({name: (600, 50) for name in [".notdef", *glyphs]})
+    builder.setupHorizontalHeader(ascent=800, descent=-200)
+    builder.setupNameTable({"familyName": family, "styleName": "Regular"})
+    builder.setupOS2(sTypoAscender=800, sTypoDescender=-200, usWinAscent=800, usWinDescent=200)
+    builder.setupPost()
+    builder.save(str(path))
+    return path
+
+
+@pytest.fixture
+def fonts(monkeypatch):
+    """matplotlib's installed-font list reduced to DejaVu (no CJK font, whatever this system has); returns a function
+    adding a font file to it."""
+    from matplotlib.font_manager import fontManager, ttfFontProperty
+    from matplotlib.ft2font import FT2Font
+
+    monkeypatch.setattr(fontManager, "ttflist", [f for f in fontManager.ttflist if "DejaVu" in f.name])
+
+    def add(path):
+        monkeypatch.setattr(fontManager, "ttflist", [*fontManager.ttflist, ttfFontProperty(FT2Font(str(path)))])
+        return str(path)
+
+    return add
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the plot functions save, for reading back what they wrote."""
+    saved = []
+    real = plots._save
+    monkeypatch.setattr(plots, "_save", lambda fig, out: (saved.append(fig), real(fig, out))[1])
+    return saved
+
+
+@contextlib.contextmanager
+def no_font_warnings(caplog):
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING, logger="matplotlib"):
+        warnings.simplefilter("always")
+        yield
+    assert [str(w.message) for w in caught if "glyph" in str(w.message).lower() or "font" in str(w.message).lower()
+            ] == []
+    assert caplog.records == []
+
+
+def _pr_inputs(names):
+    boxes = torch.tensor([[0, 0, 10, 10], [20, 20, 50, 40.0]])
+    labels = torch.tensor([0, 1])
+    dets = [{"boxes": boxes, "scores": torch.tensor([0.9, 0.8]), "labels": labels}]
+    return boxes, labels, evaluate_voc(dets, [{"boxes": boxes, "labels": labels}], 2, names)
+
+
+def test_names_no_font_has_are_drawn_as_indices_with_a_legend(tmp_path, fonts, figures, caplog):
+    names = ["猫", "dog"]
+    assert font_for(["cat 0.90", "é"]) == str(plots._FONT) and font_for(names) is None
+    boxes, labels, result = _pr_inputs(names)
+    run = tmp_path / "実験"
+    run.mkdir()
+    with open(run / "results.csv", "w", newline="") as f:
+        csv.writer(f).writerows([RESULTS_COLUMNS, [1, 3, 1, 2, 0.01, 0.5, 9]])
+    with no_font_warnings(caplog):
+        _is_png(plot_label_stats(boxes, labels, names, tmp_path / "labels.png"))
+        _is_png(plot_pr_curves(result, names, tmp_path / "pr.png"))
+        _is_png(plot_results(run / "results.csv", tmp_path / "results.png"))
+    stats, pr, _ = (fig.axes[0] for fig in figures)
+    assert [t.get_text() for t in stats.get_xticklabels()] == ["0", "1"]
+    assert [t.get_text() for t in stats.get_legend().get_texts()] == ["0 = \\u732b", "1 = dog"]
+    assert [t.get_text() for t in pr.get_legend().get_texts()] == ["0 = \\u732b 1.000", "1 = dog 1.000"]
+    assert figures[2].get_suptitle() == "\\u5b9f\\u9a13"
+
+    image = torch.full((3, 120, 200), 128, dtype=torch.uint8)
+    box, score = torch.tensor([[120.0, 60, 190, 110]]), torch.tensor([0.9])
+    with no_font_warnings(caplog):
+        drawn = draw_detections(image, box, torch.tensor([0]), score, names)
+    as_index = draw_detections(image, box, torch.tensor([0]), score, ["0", "dog"])  # the tag reads "0 0.90"
+    assert torch.equal(drawn[:, 30:], as_index[:, 30:])  # the same box and tag ...
+    assert (drawn[:, :15, :40] != image[:, :15, :40]).any() and torch.equal(as_index[:, :30], image[:, :30])
+    assert torch.equal(drawn[:, :30, 100:], image[:, :30, 100:])  # ... plus a legend in the top left corner only
+
+
+def test_a_font_with_the_glyphs_is_used_when_installed(tmp_path, fonts, figures, caplog):
+    names = ["猫", "狗"]
+    path = fonts(_make_font(tmp_path / "test.ttf", string.printable.strip() + "".join(names)))
+    assert font_for(["猫 0.90", "狗"]) == path
+    assert font_for(["猫", "é"]) is None  # one font must have every glyph (the test font has no é)
+    boxes, labels, result = _pr_inputs(names)
+    with no_font_warnings(caplog):
+        plot_label_stats(boxes, labels, names, tmp_path / "labels.png")
+        plot_pr_curves(result, names, tmp_path / "pr.png")
+    stats, pr = (fig.axes[0] for fig in figures)
+    ticks = stats.get_xticklabels()
+    assert [t.get_text() for t in ticks] == names and stats.get_legend() is None
+    assert ticks[0].get_fontfamily()[0] == "SSD Test Glyphs"
+    assert [t.get_text() for t in pr.get_legend().get_texts()] == ["猫 1.000", "狗 1.000"]
+
+    image = torch.full((3, 120, 200), 128, dtype=torch.uint8)
+    box, score = torch.tensor([[120.0, 60, 190, 110]]), torch.tensor([0.9])
+    with no_font_warnings(caplog):
+        drawn = draw_detections(image, box, torch.tensor([0]), score, names)
+    assert torch.equal(drawn[:, :30], image[:, :30])  # no legend
+    tag = (drawn[:, 40:60, 120:] != image[:, 40:60, 120:]).any(dim=0)
+    ascii_tag = (draw_detections(image, box, torch.tensor([0]), score, ["0", "1"])[:, 40:60, 120:]
+                 != image[:, 40:60, 120:]).any(dim=0)
+    assert tag.any() and not torch.equal(tag, ascii_tag)  # the tag holds the name, drawn in the test font

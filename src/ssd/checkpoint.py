@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
+import re
+import secrets
+import stat
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -24,12 +26,16 @@ from torch import nn
 from ssd._utils import unwrap_model
 from ssd._version import __version__
 
-__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint"]
+__all__ = ["FORMAT", "CheckpointError", "load_checkpoint", "remove_stale_temporaries", "save_checkpoint"]
 
 FORMAT = "ssd-checkpoint-v1"
 """Value of the ``format`` key; the version suffix changes only with an incompatible layout."""
 
 _RESERVED = ("format", "version", "config", "class_names", "model")
+# Temporary files of save_checkpoint: ".<name>.<8 characters>.tmp" next to the target (the 8 characters are drawn
+# from the alphabet tempfile.mkstemp used before, so that files left by earlier versions are recognised too).
+_TEMP_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789_"
+_TEMP_PATTERN = re.compile(r"\.(.+)\.[a-z0-9_]{8}\.tmp")
 _LEAVES = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, torch.dtype, torch.device, torch.Size)
 
 
@@ -40,8 +46,11 @@ class CheckpointError(ValueError):
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> Path:
     """Write ``model`` (an :class:`ssd.models.SSD`, possibly wrapped) and ``extra`` to ``path`` atomically.
 
-    The file is written to a temporary file in the same directory and renamed over ``path``, so a crash never
-    leaves a half-written checkpoint (an existing file stays intact). Parent directories are created.
+    The file is written to a temporary file ``.<name>.<8 characters>.tmp`` in the same directory and renamed over
+    ``path``, so a crash never leaves a half-written checkpoint (an existing file stays intact; a process killed
+    mid-write leaves the temporary file, which :func:`remove_stale_temporaries` removes). Parent directories are
+    created. The file gets the permissions any new file gets (``0o666`` less the umask), or keeps those of the file
+    it replaces.
 
     Raises:
         TypeError: an extra value (at any depth) is not plain data; the message names where it is.
@@ -63,15 +72,21 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> 
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except FileNotFoundError:
+        mode = None
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None:  # a file rewritten in place would keep its permissions: so does a replaced one
+                os.chmod(tmp, mode)
             torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     return path
 
@@ -96,9 +111,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             warnings.simplefilter("ignore", UserWarning)
             ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else "unsupported content"
-        raise CheckpointError(f"{path} holds objects that cannot be loaded safely ({reason[:200]}); it is not a "
-                              "checkpoint of this library (a pickled model or another program's file?)") from None
+        raise CheckpointError(_unsafe(path, exc)) from None
     except Exception as exc:  # noqa: BLE001 - torch raises many types for damaged files; all mean "unreadable"
         raise CheckpointError(_unreadable(path, exc)) from None
     if not isinstance(ckpt, Mapping):
@@ -118,6 +131,54 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if missing:
         raise CheckpointError(f"{path} is an incomplete ssd checkpoint: missing {missing}")
     return dict(ckpt)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files that :func:`save_checkpoint` left in ``directory`` when its process was killed
+    while writing.
+
+    Only regular files directly in ``directory`` named like those temporaries (``.<name>.<8 characters>.tmp``) are
+    removed: no sub-folder, link or other file is touched. Call it when no save into ``directory`` is under way
+    (e.g. when a training run starts, before its first save). A missing directory has nothing to remove.
+
+    Returns:
+        The removed paths, sorted.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if _TEMP_PATTERN.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
+                Path(entry.path).unlink(missing_ok=True)  # missing_ok: another cleanup may have been faster
+                removed.append(Path(entry.path))
+    return sorted(removed)
+
+
+def _create_temporary(path: Path) -> tuple[int, Path]:
+    """Create and open (write-only) a new temporary file beside ``path``; ``O_EXCL`` never opens an existing one.
+
+    ``os.open`` with mode ``0o666`` lets the system apply the umask (and default ACLs) as for any new file, where
+    ``tempfile.mkstemp`` would force ``0o600``.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):  # 37**8 names: a clash is already unlikely, a hundred in a row means something is wrong
+        tmp = path.with_name(f".{path.name}.{''.join(secrets.choice(_TEMP_ALPHABET) for _ in range(8))}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"save_checkpoint: could not create a new temporary file beside {path}")
+
+
+def _unsafe(path: Path, exc: pickle.UnpicklingError) -> str:
+    """The refusal of a file holding pickled objects (torch's own message would advise loading it unsafely)."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(exc))
+    what = f"it refers to {found.group(1)}" if found else "it holds pickled content other than plain data"
+    return (f"{path} is refused: loading it could execute code ({what}; checkpoints of this library hold only "
+            "tensors and plain data). It is not a checkpoint of this library: a pickled model or another program's "
+            "file?")
 
 
 def _unreadable(path: Path, exc: BaseException) -> str:

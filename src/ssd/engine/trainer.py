@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from ssd._utils import unwrap_model
-from ssd.checkpoint import load_checkpoint, save_checkpoint
+from ssd.checkpoint import load_checkpoint, remove_stale_temporaries, save_checkpoint
 from ssd.config import ConfigError, TrainConfig
 from ssd.data import build_dataloader, load_dataset, validate_spec
 from ssd.data.records import DataError
@@ -340,6 +340,7 @@ class Trainer:
         self.writer = None
         if info.is_main:
             (self.run_dir / "weights").mkdir(parents=True, exist_ok=True)
+            remove_stale_temporaries(self.run_dir / "weights")  # left by a run killed while saving
             config.to_yaml(self.run_dir / "config.yaml")
             if self.resume_state is None:
                 objects = [o for record in self.train_records for o in record.objects]
