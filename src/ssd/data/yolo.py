@@ -144,10 +144,10 @@ def read_yolo_yaml(yaml_path: Path) -> DatasetSpec:
         raise DataError(f"{yaml_path}: a YOLO data.yaml needs 'names' (a list of class names) and split folders "
                         "('train', 'val', optionally 'test')")
     names = _names(desc["names"], yaml_path)
-    if "nc" in desc and int(desc["nc"]) != len(names):
-        raise DataError(f"{yaml_path}: nc: {desc['nc']} disagrees with the {len(names)} names {names}")
-    root = Path(desc.get("path") or yaml_path.parent)
-    root = (root if root.is_absolute() else yaml_path.parent / root).resolve()
+    if "nc" in desc and (desc["nc"] != len(names) or isinstance(desc["nc"], bool)):
+        raise DataError(f"{yaml_path}: nc: {desc['nc']!r} disagrees with the {len(names)} names {names} (nc, when "
+                        "given, must be the number of names)")
+    root = (yaml_path.parent / str(desc.get("path") or "")).resolve()  # an absolute 'path' replaces the folder
     issues: list[Issue] = []
     splits = {}
     for key, split in _SPLITS.items():
