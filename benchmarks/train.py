@@ -60,10 +60,10 @@ def run_torchvision(data: str, batch_size: int, workers: int, warmup: int, iters
     from torch.utils.data import DataLoader
     from torchvision.models.detection import ssdlite320_mobilenet_v3_large
 
-    from ssd.data import DetectionDataset, load_dataset, validate_spec
+    from ssd.data import DetectionDataset, load_training_data
     from ssd.data.transforms import build_transform
 
-    spec, _ = validate_spec(load_dataset(data), skip_invalid=True)  # the same images and boxes as the trainer
+    spec = load_training_data(data, skip_invalid=True, log=lambda _: None)  # the same images and boxes as the trainer
     # the same augmentation; torchvision's model normalizes itself, so the pipeline ends with [0, 1] images
     transform = build_transform(320, [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], train=True, augment="ssd")
     dataset = DetectionDataset(spec.records("train"), spec.class_names, transform, image_size=320,

@@ -1,4 +1,4 @@
-"""The ``ssd check`` rules, messages, report formats, default-box coverage and validate_spec (skip_invalid)."""
+"""The ``ssd check`` rules, messages, report formats, default-box coverage and the gate's skip_invalid."""
 
 import json
 from pathlib import Path
@@ -7,8 +7,8 @@ import pytest
 import torch
 from PIL import Image
 
-from ssd.data import DataError, check, load_dataset, validate_spec
-from ssd.data.check import prior_coverage
+from ssd.data import DataError, check_dataset, load_training_data
+from ssd.data.check import prior_coverage, screen
 from ssd.data.records import DatasetSpec, ImageRecord, ObjectRecord
 
 
@@ -25,9 +25,9 @@ def _yolo_dataset(root: Path, labels: dict[str, str], names: list[str]) -> Path:
 def test_seed_bug_label_equal_to_num_classes(tmp_path):
     """6 classes named, labels 0..6 used: the check names the file, the line and explains the background rule."""
     names = ["a", "b", "c", "d", "e", "f"]
-    data = _yolo_dataset(tmp_path, {"ok": "0 0.5 0.5 0.2 0.2\n5 0.3 0.3 0.1 0.1\n",
+    data = _yolo_dataset(tmp_path, {"ok": "0 0.5 0.5 0.2 0.2\n5 0.3 0.3 0.1 0.1\n3 0.7 0.7 0.1 0.1\n4 0.2 0.7 0.1 0.1",
                                     "bad": "1 0.5 0.5 0.2 0.2\n2 0.5 0.5 0.4 0.4\n6 0.2 0.2 0.1 0.1\n"}, names)
-    report = check(data)
+    report = check_dataset(data)
     assert not report.ok
     (error,) = report.errors
     assert error.code == "label_out_of_range" and error.file == "labels/bad.txt" and error.line == 3
@@ -35,7 +35,7 @@ def test_seed_bug_label_equal_to_num_classes(tmp_path):
     assert "labels must be 0..5; the background class is added internally, do not count it" in error.message
     assert "labels/bad.txt:3" in report.format_table()
     with pytest.raises(DataError, match=r"1 problems in dataset .*\n  labels/bad.txt:3: label 6 is out of range"):
-        validate_spec(load_dataset(data))
+        load_training_data(data)
 
 
 def test_box_rules_and_messages(tmp_path):
@@ -52,18 +52,20 @@ def test_box_rules_and_messages(tmp_path):
         "x 0.2 0.2 0.1 0.1",      # 10 not numeric
         "1.5 0.2 0.2 0.1 0.1",    # 11 non-integer class
     ])}, ["only"])
-    report = check(data)
+    report = check_dataset(data)
     errors = {e.line: e for e in report.errors}
     warnings = {(w.code, w.line) for w in report.warnings}
     assert {line: e.code for line, e in errors.items()} == {
         3: "zero_area", 4: "inverted", 5: "non_finite", 6: "outside_image", 9: "parse_error", 10: "parse_error",
-        11: "parse_error"}
+        11: "parse_error", None: "no_valid_images"}  # a label file that does not parse makes its image unusable
     assert errors[3].message == ("labels/img.txt:3: box (30, 15, 30, 15) (written: 0.3 0.3 0 0) has zero area "
                                  "(width 0, height 0; boxes need x2 > x1 and y2 > y1)")
     assert "has 3 values" in errors[9].message and "'x 0.2 0.2 0.1 0.1' is not numeric" in errors[10].message
     assert "class '1.5' is not an integer" in errors[11].message
     assert warnings == {("duplicate_box", 2), ("beyond_border", 7), ("tiny_box", 8)}
-    assert len(report.errors) == 7 and not report.ok
+    assert errors[None].message == (f"split 'train' ({tmp_path / 'data.yaml'}): none of its 1 images is usable (see "
+                                    "the errors about them)")
+    assert len(report.errors) == 8 and not report.ok
 
 
 def test_unknown_voc_name_suggests_closest(tmp_path):
@@ -74,35 +76,41 @@ def test_unknown_voc_name_suggests_closest(tmp_path):
     (tmp_path / "Annotations" / "i.xml").write_text(
         "<annotation><object><name>Platelet</name><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>9</xmax><ymax>9</ymax>"
         "</bndbox></object></annotation>")
-    (error,) = check(tmp_path).errors
+    report = check_dataset(tmp_path)
+    assert [e.code for e in report.errors] == ["unknown_class", "no_objects_in_split"]
+    assert report.errors[1].message == "split 'train' (JPEGImages): all 1 objects of its images have errors (see them)"
+    error = report.errors[0]
     assert error.code == "unknown_class" and error.message == (
         "Annotations/i.xml object 1 (Platelet): unknown class name 'Platelet' (closest: 'Platelets'); "
         "known names: ['RBC', 'WBC', 'Platelets']")
 
 
-def _spec(objects_per_image, size=(100, 100), names=("a", "b")):
-    records = [ImageRecord(Path(f"/x/{i}.jpg"), None, [ObjectRecord(b, lbl, names[lbl] if 0 <= lbl < len(names)
-                                                                    else "?", where=f"{i}.txt:{j + 1}", line=j + 1)
-                                                       for j, (b, lbl) in enumerate(objs)], *size)
-               for i, objs in enumerate(objects_per_image)]
-    return DatasetSpec(Path("/x"), "yolo", list(names), {"train": records})
+def _spec(objects_per_image, size=(100, 100), names=("a", "b"), root=Path("/x")):
+    """Records of images ``root/<i>.jpg`` (written when ``root`` exists) with label files ``<i>.txt``."""
+    records = [ImageRecord(root / f"{i}.jpg", root / f"{i}.txt", [
+        ObjectRecord(b, lbl, names[lbl] if 0 <= lbl < len(names) else "?", where=f"{i}.txt:{j + 1}", line=j + 1)
+        for j, (b, lbl) in enumerate(objs)], *size) for i, objs in enumerate(objects_per_image)]
+    for rec in records if root.is_dir() else []:
+        Image.new("RGB", size).save(rec.path)
+    return DatasetSpec(root, "yolo", list(names), {"train": records})
 
 
-def test_validate_spec_skip_invalid_drops_and_reports():
-    spec = _spec([[((0, 0, 10, 10), 0), ((5, 5, 5, 5), 1), ((1, 1, 20, 20), 2)], [((0, 0, 50, 50), 1)]])
+def test_screen_skip_invalid_drops_and_reports(tmp_path):
+    spec = _spec([[((0, 0, 10, 10), 0), ((5, 5, 5, 5), 1), ((1, 1, 20, 20), 2)], [((0, 0, 50, 50), 1)]],
+                 root=tmp_path)
     with pytest.raises(DataError, match="2 problems"):
-        validate_spec(spec)
-    clean, report = validate_spec(spec, skip_invalid=True)
+        screen(spec, ["train"])
+    clean, report = screen(spec, ["train"], skip_invalid=True)
     assert [len(r.objects) for r in clean.splits["train"]] == [1, 1]
     assert [len(r.objects) for r in spec.splits["train"]] == [3, 1]  # the input is left as it was
     assert report.dropped["objects"] == 2 and report.dropped["object_locations"] == ["0.txt:2", "0.txt:3"]
     assert "skipped as invalid: 2 objects, 0 images" in report.format_table()
-    assert validate_spec(clean)[1].ok
+    assert screen(clean, ["train"])[1].ok
 
 
 def test_report_dict_is_json_and_counts():
     spec = _spec([[((0, 0, 10, 10), 0), ((20, 20, 40, 40), 0)], [], [((0, 0, 50, 50), 1)]])
-    report = check(spec, decode_images=False)
+    report = check_dataset(spec, decode_images=False)
     d = json.loads(json.dumps(report.to_dict()))
     assert d["ok"] and d["num_classes"] == 2 and d["errors"] == []
     assert d["stats"]["train"] == {"images": 3, "objects": 3, "images_without_objects": 1, "difficult_or_crowd": 0,
@@ -125,7 +133,7 @@ def test_prior_coverage_hand_computed():
     assert by_size == {"small": (1, 0.0), "medium": (0, 0.0), "large": (3, pytest.approx(2 / 3))}
     by_aspect = {b["name"]: b["boxes"] for b in cov["by_aspect"]}
     assert by_aspect == {"tall": 0, "regular": 3, "wide": 1}
-    report = check(spec, priors=priors, decode_images=False)
+    report = check_dataset(spec, priors=priors, decode_images=False)
     assert report.coverage["covered"] == 0.5
     assert "default-box coverage" in report.format_table()
 
@@ -133,14 +141,14 @@ def test_prior_coverage_hand_computed():
 def test_prior_coverage_names_the_worst_sizes():
     priors = torch.tensor([[0.5, 0.5, 0.5, 0.5]])
     spec = _spec([[((25, 25, 75, 75), 0)] * 5 + [((48, 48, 52, 52), 0)] * 6])
-    report = check(spec, priors=priors, decode_images=False)
+    report = check_dataset(spec, priors=priors, decode_images=False)
     assert [w["name"] for w in report.coverage["worst"]] == ["small regular"]
     (warning,) = [w for w in report.warnings if w.code == "low_prior_coverage"]
     assert "worst covered: small regular objects (0% of 6)" in warning.message
 
 
 def test_unreadable_dataset_is_a_report_error(tmp_path):
-    report = check(tmp_path / "missing")
+    report = check_dataset(tmp_path / "missing")
     (error,) = report.errors
     assert not report.ok and error.code == "unreadable_dataset" and "does not exist" in error.message
     assert "FAILED: 1 errors" in report.format_table()
@@ -151,7 +159,7 @@ def test_truncated_image_is_reported(tmp_path):
     jpg = tmp_path / "images" / "cut.jpg"
     Image.effect_noise((100, 50), 60).convert("RGB").save(jpg, quality=90)
     jpg.write_bytes(jpg.read_bytes()[: len(jpg.read_bytes()) // 2])  # the header still reads
-    report = check(data)
+    report = check_dataset(data)
     (error,) = report.errors
     assert error.code == "corrupt_image" and error.file == "images/cut.jpg" and "does not decode" in error.message
-    assert check(data, decode_images=False).ok
+    assert check_dataset(data, decode_images=False).ok

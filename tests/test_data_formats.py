@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from ssd.data import DataError, check, load_dataset, read_image, read_image_size
+from ssd.data import DataError, check_dataset, load_dataset, read_image, read_image_size
 from ssd.data.coco import read_coco
 from ssd.data.synthetic import SHAPE_NAMES
 
@@ -289,7 +289,7 @@ def test_coco_annotation_defects_name_file_and_annotation(tmp_path):
                         "instances_train.json annotation id 13: image_id [1] is not in 'images'"]
     unknown, huge = spec.splits["train"][1].objects
     assert unknown.label == -1 and unknown.name == "category [1]"
-    report = check(spec, decode_images=False)
+    report = check_dataset(spec, decode_images=False)
     assert [(i.code, i.line) for i in report.errors if i.line in (14, 15)] == [("unknown_class", 14),
                                                                                 ("non_finite", 15)]
 
@@ -303,7 +303,7 @@ def test_coco_xyxy_bbox_gets_a_hint_and_listed_size_is_compared(tmp_path):
     (size,) = spec.issues
     assert size.code == "size_mismatch" and size.severity == "warning"
     assert "image id 2: listed as 640x480 but 2.jpg is 64x48" in size.message
-    first, second = (i for i in check(spec, decode_images=False).issues if i.line in (1, 2))
+    first, second = (i for i in check_dataset(spec, decode_images=False).issues if i.line in (1, 2))
     assert "looks like [x1, y1, x2, y2]; COCO bboxes are [x, y, width, height]" in first.message
     assert "looks like" not in second.message
 
@@ -340,7 +340,7 @@ def test_yolo_relative_yaml_path_from_another_folder(tmp_path, monkeypatch):
 def test_yolo_negative_class_reads_as_out_of_range(tmp_path):
     data = _yolo(tmp_path, "names: [ant, bee]")
     (tmp_path / "labels" / "train" / "q.txt").write_text("-1 0.5 0.5 0.2 0.2\n")
-    report = check(data, decode_images=False)
+    report = check_dataset(data, decode_images=False)
     (error,) = report.errors
     assert error.code == "label_out_of_range" and error.file == "labels/train/q.txt" and error.line == 1
     assert "class -1 is out of range for 2 classes ['ant', 'bee'] (classes are 0..1)" in error.message
@@ -389,7 +389,7 @@ def test_voc_size_disagreeing_with_the_image_warns_unless_rotated(tmp_path):
 def test_voc_absurd_box_is_an_error_not_a_clipped_warning(tmp_path):
     _jpg(tmp_path / "a.jpg", 50, 20)
     _voc_xml(tmp_path / "a.xml", _voc_object("cat", (1, 1, 1e12, 10)) + _voc_object("cat", (40, 1, 53, 10)))
-    report = check(tmp_path, decode_images=False)
+    report = check_dataset(tmp_path, decode_images=False)
     assert [(i.severity, i.code, i.line) for i in report.issues] == [("error", "far_outside", 1),
                                                                      ("warning", "beyond_border", 2)]
     assert "extends more than the image's size past the 50x20 image" in report.errors[0].message

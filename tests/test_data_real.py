@@ -2,7 +2,7 @@
 
 import pytest
 
-from ssd.data import check, load_dataset
+from ssd.data import check_dataset, load_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
@@ -24,7 +24,7 @@ def test_bccd_counts_and_defects(shared_data):
                 per_class[o.name] = per_class.get(o.name, 0) + 1
     assert per_class == {"RBC": 4155, "WBC": 372, "Platelets": 361}
 
-    report = check(spec)
+    report = check_dataset(spec)
     zero = sorted((e.file.split("/")[-1], e.line) for e in report.errors if e.code == "zero_area")
     assert [z[0] for z in zero] == ["BloodImage_00338.xml", "BloodImage_00343.xml"] and len(report.errors) == 2
     dup_images = sorted(w.file.split("_")[-1][:5] for w in report.warnings if w.code == "duplicate_box")
@@ -43,7 +43,7 @@ def test_aquarium_counts_and_defects(shared_data, tmp_path):
                     "names: [fish, jellyfish, penguin, puffin, shark, starfish, stingray]\n")
     full = load_dataset(yaml)
     assert (len(full.splits["test"]), _objects(full, "test")) == (63, 584)
-    report = check(full, decode_images=False)  # the BCCD test covers decoding real JPEGs
+    report = check_dataset(full, decode_images=False)  # the BCCD test covers decoding real JPEGs
     zero = sorted(e.file.split("/")[-1].split(".")[0] for e in report.errors)
     assert [e.code for e in report.errors] == ["zero_area", "zero_area"]
     assert zero == ["IMG_2423_jpeg_jpg", "IMG_2570_jpeg_jpg"]
@@ -56,7 +56,7 @@ def test_aquarium_counts_and_defects(shared_data, tmp_path):
 
 def test_bccd_zero_area_message_quotes_the_file(shared_data):
     """The message gives the values as written in the XML (1-based), next to the converted pixel box."""
-    report = check(load_dataset(shared_data / "bccd", split="trainval"), decode_images=False)
+    report = check_dataset(load_dataset(shared_data / "bccd", split="trainval"), decode_images=False)
     assert [e.message for e in report.errors] == [
         "BCCD/Annotations/BloodImage_00338.xml object 13 (RBC): box (503, 336, 503, 336) (written: xmin=504 ymin=337 "
         "xmax=504 ymax=337) has zero area (width 0, height 0; boxes need x2 > x1 and y2 > y1)",

@@ -11,8 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from ssd.data import check, load_dataset, validate_spec
+from ssd.data import check_dataset, load_dataset
 from ssd.data import images as images_module
+from ssd.data.check import screen
 from ssd.data.images import ImageError, pil_to_rgb, read_image, read_image_size, verify_image
 from ssd.data.loader import DetectionDataset
 
@@ -217,13 +218,13 @@ def test_check_train_and_loader_share_the_rules(tmp_path):
     for stem in ("good", "bomb", "anim", "float", "deep"):
         (tmp_path / "labels" / f"{stem}.txt").write_text("0 0.5 0.5 0.5 0.5\n")
     (tmp_path / "classes.txt").write_text("thing\n")
-    report = check(tmp_path)
+    report = check_dataset(tmp_path)
     refused = {Path(i.file).name: i for i in report.errors}
     assert sorted(refused) == ["anim.gif", "bomb.png", "float.tif"]
     assert all(i.code == "unsupported_image" for i in refused.values())
     assert "2 frames" in refused["anim.gif"].message and "mode F" in refused["float.tif"].message
     assert "MAX_IMAGE_PIXELS" in refused["bomb.png"].message
-    clean, report = validate_spec(load_dataset(tmp_path), skip_invalid=True)
+    clean, report = screen(load_dataset(tmp_path), ["train"], skip_invalid=True)
     assert report.dropped["images"] == 3
     kept = clean.splits["train"]
     assert sorted(r.path.name for r in kept) == ["deep.png", "good.jpg"]

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from ssd.data import DataError, check, load_dataset
+from ssd.data import DataError, check_dataset, load_dataset
 from ssd.data.images import ImageError, read_image, read_image_size, verify_image
 
 pytestmark = [pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning"),
@@ -111,7 +111,7 @@ def _assert_reads_or_names(read, path: Path) -> None:
     except DataError as e:
         assert path.name in str(e), str(e)
         return
-    report = check(spec, decode_images=False)
+    report = check_dataset(spec, decode_images=False)
     for issue in report.issues:
         assert issue.file and Path(issue.file).name in issue.message or issue.file in issue.message, issue
 

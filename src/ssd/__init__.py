@@ -18,7 +18,7 @@ from ssd.validation import validate_targets
 from ssd.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ssd.models import SSD, build_model, list_models, model_from_checkpoint
 # --- data ---
-from ssd.data import check, generate_synthetic, load_dataset
+from ssd.data import check_dataset, generate_synthetic, load_dataset
 # --- engine ---
 from ssd.config import TrainConfig
 from ssd.engine.trainer import evaluate, train

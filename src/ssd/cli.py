@@ -199,15 +199,17 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from ssd.data import check
+    from ssd.config import TrainConfig
+    from ssd.data.check import check_dataset
 
+    TrainConfig(image_size=args.image_size)  # the image size rule (and message) of `ssd train`
     priors = None
     if args.model:
         from ssd.models import build_model
 
         options = {"image_size": args.image_size} if args.image_size else {}
         priors = build_model(args.model, num_classes=1, **options).priors
-    report = check(args.data, priors=priors)
+    report = check_dataset(args.data, priors=priors)
     print(json.dumps(report.to_dict(), indent=2) if args.as_json else report.format_table())
     return 0 if report.ok else 1
 

@@ -1,19 +1,22 @@
 """The ``ssd check`` doctor: every problem of a dataset, at its file and line, before training.
 
-``check(data, priors=None)`` returns a :class:`CheckReport`; ``validate_spec(spec, skip_invalid)`` applies the same
-rules for training/evaluation: it raises :class:`DataError` with the same messages, or with ``skip_invalid=True``
-drops the offending objects/images and says how many and which.
+``check_dataset(data, priors=None)`` returns a :class:`CheckReport`; :func:`screen` applies the same rules for
+training/evaluation (the gate :func:`ssd.data.load.load_training_data`): it raises :class:`DataError` with the same
+messages, or with ``skip_invalid=True`` drops the offending objects/images and says how many and which.
 
-Rules (errors refuse the data, warnings don't): unparseable annotation files, missing/corrupt images, labels outside
-``0..K-1``, unknown class names, non-finite / inverted / zero-area boxes, boxes entirely outside the image (errors);
-boxes extending past the border (clipped), boxes under 2 px, near-duplicate boxes (same class, IoU > 0.9), images
-without objects (warnings). With ``priors`` it adds default-box coverage (see :func:`prior_coverage`).
+Rules (errors refuse the data, warnings don't): unparseable annotation files, missing/corrupt/truncated images,
+labels outside ``0..K-1``, unknown class names, non-finite / inverted / zero-area boxes, boxes entirely outside the
+image (errors); boxes extending past the border (clipped), boxes under 2 px, near-duplicate boxes (same class,
+IoU > 0.9), images without objects (warnings); and the dataset-wide rules of :mod:`ssd.data.rules` (class names,
+empty splits, classes without training objects, train/val overlap). With ``priors`` it adds default-box coverage
+(see :func:`prior_coverage`).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,11 +25,13 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_convert, box_iou
 
-from ssd.data.images import verify_image
+from ssd._utils import closest_names, render_table
+from ssd.data.images import ImageError, verify_image
+from ssd.data.load import load_dataset
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relative_path
-from ssd.data.spec import closest_names, load_dataset
+from ssd.data.rules import DATASET_RULES, dataset_issues
 
-__all__ = ["CheckReport", "check", "find_issues", "validate_spec", "prior_coverage", "SIZE_BUCKETS"]
+__all__ = ["CheckReport", "check_dataset", "find_issues", "screen", "prior_coverage", "SIZE_BUCKETS"]
 
 TINY_PIXELS = 2.0
 """Boxes narrower or shorter than this (pixels, after clipping) get a warning."""
@@ -42,8 +47,8 @@ _SHOWN_PER_CODE = 20
 
 @dataclass
 class CheckReport:
-    """Result of :func:`check`. ``issues`` holds errors and warnings; ``stats`` per-split / per-class counts;
-    ``coverage`` the default-box coverage (or None); ``dropped`` what ``validate_spec(skip_invalid=True)`` removed."""
+    """Result of :func:`check_dataset`. ``issues`` holds errors and warnings; ``stats`` per-split / per-class counts;
+    ``coverage`` the default-box coverage (or None); ``dropped`` what :func:`screen` with ``skip_invalid`` removed."""
 
     dataset: str
     format: str
@@ -80,7 +85,7 @@ class CheckReport:
         header = ["split", "images", "objects", "no objects", *self.class_names]
         rows = [[s, st["images"], st["objects"], st["images_without_objects"],
                  *(st["objects_per_class"].get(n, 0) for n in self.class_names)] for s, st in self.stats.items()]
-        lines += _table(header, rows) + [""]
+        lines += render_table(header, rows) + [""]
         for title, issues in (("errors", self.errors), ("warnings", self.warnings)):
             if not issues:
                 continue
@@ -100,7 +105,7 @@ class CheckReport:
                          f"{cov['iou_threshold']}): {cov['covered']:.1%} of {cov['boxes']} boxes")
             rows = [[b["name"], b["boxes"], f"{b['covered']:.1%}" if b["boxes"] else "-", f"{b['median_iou']:.2f}"
                      if b["boxes"] else "-"] for b in cov["by_size"] + cov["by_aspect"]]
-            lines += ["  " + r for r in _table(["bucket", "boxes", "covered", "median IoU"], rows)]
+            lines += ["  " + r for r in render_table(["bucket", "boxes", "covered", "median IoU"], rows)]
             if cov["worst"]:
                 lines.append("  worst covered: " + "; ".join(f"{w['name']} ({w['covered']:.0%} of {w['boxes']})"
                                                              for w in cov["worst"]))
@@ -110,12 +115,6 @@ class CheckReport:
         lines.append("OK: no errors" if self.ok else f"FAILED: {len(self.errors)} errors (fix them, or train with "
                      "skip_invalid=true to drop the offending objects/images)")
         return "\n".join(lines)
-
-
-def _table(header: list, rows: list[list]) -> list[str]:
-    cells = [[str(c) for c in r] for r in [header, *rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in cells]
 
 
 def _box_text(box) -> str:
@@ -182,13 +181,13 @@ def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -
     return issues
 
 
-def find_issues(spec: DatasetSpec) -> list[Issue]:
-    """All problems of ``spec``: those found while parsing plus the per-object and per-image rules."""
-    issues = list(spec.issues)
+def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
+    """Per-object rules and images without objects, for the images of ``splits`` (each image once)."""
+    issues = []
     failed = {i.image for i in spec.issues if i.severity == "error"}
     seen: set[Path] = set()
-    for split, records in spec.splits.items():
-        for rec in records:
+    for split in splits:
+        for rec in spec.splits[split]:
             if rec.path in seen:  # the same image in two splits (e.g. VOC trainval) is reported once
                 continue
             seen.add(rec.path)
@@ -198,6 +197,19 @@ def find_issues(spec: DatasetSpec) -> list[Issue]:
                 issues.append(Issue("warning", "no_objects", f"{where}: image without objects (kept as a "
                                     "background-only image)", where, split=split, image=rec.path))
     return issues
+
+
+def find_issues(spec: DatasetSpec, splits: Sequence[str] | None = None, *, decode_images: bool = False
+                ) -> list[Issue]:
+    """All problems of ``spec`` (or of its ``splits`` only): those found while parsing, the per-object and
+    per-image rules, corrupt images (``decode_images``), then the split, class and train/val overlap rules
+    (see :mod:`ssd.data.rules`), which count only the objects and images free of errors."""
+    used = list(spec.splits) if splits is None else [s for s in splits if s in spec.splits]
+    issues = [i for i in spec.issues if i.split is None or i.split in used]
+    issues += _record_issues(spec, used)
+    if decode_images:
+        issues += _decode_issues(spec, used)
+    return issues + dataset_issues(spec, used, *_invalid(issues))
 
 
 def _stats(spec: DatasetSpec) -> dict[str, dict]:
@@ -267,25 +279,27 @@ def _invalid(issues: list[Issue]) -> tuple[set, set]:
     return images, objects
 
 
-def _decode_issues(spec: DatasetSpec) -> list[Issue]:
-    """Corrupt/truncated images (full but cheap decode of each image once, on a thread pool)."""
-    records = {r.path: (split, r) for split, recs in spec.splits.items() for r in recs}
+def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
+    """Corrupt/truncated images of ``splits``: a full but cheap decode of each image once (JPEG DCT scaling; a
+    truncated file fails it), on a thread pool."""
+    records = {r.path: (split, r) for split in splits for r in spec.splits[split]}
 
     def probe(path: Path) -> Issue | None:
         try:
             verify_image(path)
-        except (OSError, SyntaxError, ValueError) as e:
-            split, rec = records[path]
+        except ImageError as e:  # names the file its own way: the reason alone
+            split, _ = records[path]
             rel = relative_path(path, spec.root)
-            return Issue("error", "corrupt_image", f"{rel}: image does not decode ({e})", rel, split=split, image=path)
+            return Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=path)
         return None
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         return [i for i in pool.map(probe, records) if i is not None]
 
 
-def check(data: str | Path | DatasetSpec, priors: Tensor | None = None, *, split: str | None = None,
-          class_names: list[str] | None = None, iou_threshold: float = 0.5, decode_images: bool = True) -> CheckReport:
+def check_dataset(data: str | Path | DatasetSpec, priors: Tensor | None = None, *, split: str | None = None,
+                  class_names: list[str] | None = None, iou_threshold: float = 0.5, decode_images: bool = True
+                  ) -> CheckReport:
     """Check a dataset (a data description or a loaded :class:`DatasetSpec`); never raises for bad data.
 
     ``priors`` (``[P, 4]`` cx, cy, w, h normalized, e.g. ``build_model(name).priors``) adds default-box coverage.
@@ -299,7 +313,7 @@ def check(data: str | Path | DatasetSpec, priors: Tensor | None = None, *, split
         except DataError as e:
             return CheckReport(str(data), "unknown", list(class_names or []), issues=[
                 Issue("error", "unreadable_dataset", str(e), str(data))])
-    issues = find_issues(spec) + (_decode_issues(spec) if decode_images else [])
+    issues = find_issues(spec, decode_images=decode_images)
     report = CheckReport(str(spec.root), spec.format, list(spec.class_names), _stats(spec), issues)
     if priors is not None:
         report.coverage = prior_coverage(spec, priors, iou_threshold, exclude=_invalid(issues)[1])
@@ -313,23 +327,39 @@ def check(data: str | Path | DatasetSpec, priors: Tensor | None = None, *, split
     return report
 
 
-def validate_spec(spec: DatasetSpec, skip_invalid: bool = False,
-                  max_listed: int = 10) -> tuple[DatasetSpec, CheckReport]:
-    """Apply the check rules before training/evaluation.
+def _refusal(spec: DatasetSpec, errors: list[Issue], skip_invalid: bool, max_listed: int) -> DataError:
+    """The gate's error: the problems (whole-split/class ones first), as ``ssd check`` words them."""
+    lasting = [i for i in errors if i.code in DATASET_RULES]
+    shown = lasting if skip_invalid else lasting + [i for i in errors if i.code not in DATASET_RULES]
+    if skip_invalid:
+        advice = "skip_invalid cannot drop these; run `ssd check` for the full report"
+    elif lasting:
+        advice = (f"run `ssd check` for the full report; skip_invalid=true drops invalid objects/images, not the "
+                  f"first {len(lasting)}")
+    else:
+        advice = "run `ssd check` for the full report, or set skip_invalid=true to drop them"
+    listed = "\n  ".join(i.message for i in shown[:max_listed])
+    more = f"\n  ... and {len(shown) - max_listed} more" if len(shown) > max_listed else ""
+    return DataError(f"{len(shown)} problems in dataset {spec.root} ({advice}):\n  {listed}{more}")
+
+
+def screen(spec: DatasetSpec, splits: Sequence[str], skip_invalid: bool = False,
+           max_listed: int = 10) -> tuple[DatasetSpec, CheckReport]:
+    """Apply the check rules to the images of ``splits`` (decoded) and the dataset-wide rules, before training or
+    evaluation.
 
     Without ``skip_invalid`` a dataset with errors raises :class:`DataError` listing the first ``max_listed``
     problems (the same messages as ``ssd check``). With it, the offending objects and images are dropped from a copy
-    of ``spec``; ``report.dropped`` says how many and which. Returns ``(clean spec, report)``.
+    of ``spec`` (``report.dropped`` says how many and which); errors about a whole split or class
+    (:data:`ssd.data.rules.DATASET_RULES`) are refused all the same. Returns ``(clean spec, report)``.
     """
-    report = check(spec, decode_images=False)  # a corrupt image fails later, in the loader, naming its file
-    if report.ok:
-        return spec, report
+    issues = find_issues(spec, splits, decode_images=True)
+    report = CheckReport(str(spec.root), spec.format, list(spec.class_names), _stats(spec), issues)
     errors = report.errors
-    if not skip_invalid:
-        listed = "\n  ".join(i.message for i in errors[:max_listed])
-        more = f"\n  ... and {len(errors) - max_listed} more" if len(errors) > max_listed else ""
-        raise DataError(f"{len(errors)} problems in dataset {spec.root} (run `ssd check` for the full report, or "
-                        f"set skip_invalid=true to drop them):\n  {listed}{more}")
+    if not errors:
+        return spec, report
+    if not skip_invalid or any(i.code in DATASET_RULES for i in errors):
+        raise _refusal(spec, errors, skip_invalid, max_listed)
     bad_images, bad_objects = _invalid(errors)
     clean = copy.copy(spec)
     clean.splits, dropped_objects = {}, []

@@ -3,6 +3,9 @@
 Reproducibility: the sampler draws the epoch's order and one seed per item from ``torch.Generator(seed, epoch)``;
 each item's augmentation runs under its own seed (``torch.random.fork_rng``), so the same ``seed`` gives the same
 batches whatever the number of workers, and a resumed run can ``set_epoch`` to continue the sequence.
+
+Errors: a :class:`DataError` met while loading an item (e.g. an image that no longer decodes) is raised by the loader
+with its own message, also from worker processes (where torch would wrap it in the worker's traceback).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import os
 import random
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -21,7 +25,7 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
 from ssd.data.images import read_image
-from ssd.data.records import ImageRecord
+from ssd.data.records import DataError, ImageRecord
 from ssd.data.transforms import build_transform
 
 __all__ = ["DetectionDataset", "SeededSampler", "collate", "build_dataloader", "seed_worker"]
@@ -124,13 +128,49 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
+class _Failed(NamedTuple):
+    """A :class:`DataError` message carried from a worker to the main process as a value (see :class:`_Loader`)."""
+
+    message: str
+
+
+class _Guarded(Dataset):
+    """``dataset[key]``, or :class:`_Failed` with the message of the :class:`DataError` it raised."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        try:
+            return self.dataset[key]
+        except DataError as e:
+            return _Failed(str(e))
+
+
+class _Loader(DataLoader):
+    """A ``DataLoader`` over a :class:`_Guarded` dataset that raises a failed item's :class:`DataError` itself."""
+
+    def __iter__(self):
+        for batch in super().__iter__():
+            if isinstance(batch, _Failed):
+                raise DataError(batch.message)
+            yield batch
+
+
 def collate(batch: list[tuple[Tensor, dict]]) -> dict:
     """Stack images and pad targets for the core's ``match`` / ``MultiBoxLoss``.
 
     Returns ``dict(images [B, 3, S, S], boxes [B, G, 4] xyxy normalized to the network input (zeros in padding),
     labels [B, G] int64 (-1 in padding), difficult [B, G] bool, paths list[str], orig_sizes [B, 2] int64 (h, w),
     image_ids list)`` with ``G = max(1, most objects in an image)`` (a batch without objects has one padding row).
+    A batch holding a :class:`_Failed` item is that item (the loader raises it).
     """
+    failed = next((item for item in batch if isinstance(item, _Failed)), None)
+    if failed is not None:
+        return failed
     images = torch.stack([torch.as_tensor(img) for img, _ in batch])
     scale = torch.tensor([images.shape[-1], images.shape[-2]] * 2, dtype=torch.float32)
     boxes = pad_sequence([t["boxes"].as_subclass(Tensor).float() / scale for _, t in batch], batch_first=True)
@@ -149,7 +189,8 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
                      seed: int = 0, *, augment: str = "ssd", keep_difficult: bool | None = None,
                      cache_images: bool = False, shuffle: bool | None = None, drop_last: bool = False,
                      rank: int = 0, world_size: int = 1, pin_memory: bool = False) -> DataLoader:
-    """A ``DataLoader`` of :func:`collate` batches for ``records``.
+    """A ``DataLoader`` of :func:`collate` batches for ``records`` (a :class:`DataError` of an item is raised with
+    its own message, with or without workers).
 
     ``train`` turns on augmentation (``augment`` level) and shuffling, and by default leaves difficult/crowd objects
     out (``keep_difficult`` overrides). The same ``seed`` gives the same batches, with any ``workers``.
@@ -161,6 +202,6 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
                                cache_images=cache_images)
     sampler = SeededSampler(len(dataset), shuffle=train if shuffle is None else shuffle, seed=seed, rank=rank,
                             world_size=world_size)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, collate_fn=collate,
-                      drop_last=drop_last, pin_memory=pin_memory, worker_init_fn=seed_worker,
-                      generator=torch.Generator().manual_seed(seed), persistent_workers=workers > 0)
+    return _Loader(_Guarded(dataset), batch_size=batch_size, sampler=sampler, num_workers=workers,
+                   collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, worker_init_fn=seed_worker,
+                   generator=torch.Generator().manual_seed(seed), persistent_workers=workers > 0)

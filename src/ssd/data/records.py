@@ -3,7 +3,7 @@
 Every parser (VOC, COCO, YOLO) produces the same records. Boxes are pixel ``xyxy`` floats of the image as decoded
 (EXIF orientation applied), with continuous pixel edges: a box covering pixel columns 0..9 is ``x1=0, x2=10``.
 Parsers do not reject defective objects; they keep them (``label`` may be out of range, a box may be empty) so that
-:func:`ssd.data.check` can report every problem at its file and line.
+:func:`ssd.data.check.check_dataset` can report every problem at its file and line.
 """
 
 from __future__ import annotations
@@ -97,7 +97,9 @@ class Issue:
 class DatasetSpec:
     """A parsed dataset: ``format`` is ``"voc"``, ``"coco"`` or ``"yolo"``; ``splits`` maps split names to records.
 
-    ``issues`` holds problems found while parsing (unparseable files, missing images); ``check`` adds the rest.
+    ``issues`` holds problems found while parsing (unparseable files, missing images); ``check_dataset`` adds the
+    rest. ``sources`` maps a split to the file that describes it (``data.yaml``, a COCO JSON), for messages; a split
+    without an entry was read from folders under ``root``.
     ``category_ids``: the dataset's own category id of each label (COCO: label ``k`` is category
     ``category_ids[k]``), for results written in the dataset's ids; ``None`` for formats without ids.
     """
@@ -108,6 +110,7 @@ class DatasetSpec:
     splits: dict[str, list[ImageRecord]]
     issues: list[Issue] = field(default_factory=list)
     category_ids: list[int] | None = None
+    sources: dict[str, Path] = field(default_factory=dict)
 
     @property
     def num_classes(self) -> int:

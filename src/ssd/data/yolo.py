@@ -49,7 +49,8 @@ def _names(raw, source: Path) -> list[str]:
     if not isinstance(raw, (list, tuple)):
         raise DataError(f"{source}: 'names' must be a list or a dict {{id: name}}, got {type(raw).__name__}")
     if not raw:
-        raise DataError(f"{source}: 'names' is empty (list the class names, e.g. names: [cat, dog])")
+        raise DataError(f"{source}: 'names' is empty: list the class names (e.g. names: [cat, dog]; label k is the "
+                        "k-th name)")
     bad = [n for n in raw if isinstance(n, (list, tuple, dict, bool)) or n is None or not str(n).strip()]
     if bad:
         raise DataError(f"{source}: 'names' must be plain names (text), got {bad[0]!r:.60}")

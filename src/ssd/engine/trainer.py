@@ -37,7 +37,8 @@ from tqdm import tqdm
 from ssd._utils import unwrap_model
 from ssd.checkpoint import load_checkpoint, remove_stale_temporaries, save_checkpoint
 from ssd.config import ConfigError, TrainConfig
-from ssd.data import build_dataloader, load_dataset, validate_spec
+from ssd.data import build_dataloader
+from ssd.data.load import load_training_data
 from ssd.data.records import DataError
 from ssd.engine import distributed as ddp
 from ssd.engine.evaluator import evaluate_detections, merge_results, predict_dataset, save_coco_json
@@ -175,19 +176,6 @@ class LRSchedule:
 
 
 # -------------------------------------------------------------------------------------------------------- data
-def load_checked(data: str | Path | None, skip_invalid: bool, *, class_names: list[str] | None = None, log=print):
-    """Load a dataset and apply the ``ssd check`` rules (:func:`ssd.data.validate_spec`): bad data is refused with
-    the check's messages, or with ``skip_invalid`` the offending objects/images are dropped and reported."""
-    if data is None:
-        raise ConfigError("no dataset given: set data (--data DATA: a data.yaml, dataset folder or COCO JSON)")
-    spec, report = validate_spec(load_dataset(data, class_names=class_names), skip_invalid=skip_invalid)
-    dropped = report.dropped
-    if dropped:
-        log(f"skip_invalid: dropped {dropped['objects']} object(s) and {dropped['images']} image(s): "
-            f"{', '.join(dropped['object_locations'][:5] + dropped['image_paths'][:5])}")
-    return spec
-
-
 def _records(spec, split: str, fallback: str | None = None):
     if split in spec.splits or fallback is None:
         return spec.records(split)
@@ -292,7 +280,7 @@ class Trainer:
         self.config = config = config.resolved()
 
         seed_everything(config.seed)
-        spec = load_checked(config.data, config.skip_invalid, log=self.log)
+        spec = load_training_data(config.data, skip_invalid=config.skip_invalid, log=self.log)
         self.class_names = list(spec.class_names)
         self.train_records = spec.records("train")
         self.val_records = _records(spec, "val", fallback="test" if "test" in spec.splits else "train")
@@ -540,7 +528,7 @@ def evaluate(weights: str | Path, data: str | Path, metric: str = "voc07", split
     """
     torch_device = ddp.resolve_device(device)
     model = model_from_checkpoint(weights)
-    spec = load_checked(data, skip_invalid, class_names=list(model.class_names))
+    spec = load_training_data(data, skip_invalid=skip_invalid, class_names=list(model.class_names), splits=(split,))
     model, channels_last = prepare_model(model, torch_device, None)
     config = TrainConfig(batch_size=batch_size, workers=workers)
     loader = make_loader(spec.records(split), list(model.class_names), model.config, train=False, config=config,

@@ -1,0 +1,211 @@
+"""Reading a data description: ``load_dataset`` (any layout -> :class:`DatasetSpec`) and ``load_training_data``,
+the one dataset gate of ``ssd train`` and ``ssd val`` (the ``ssd check`` rules, refused or skipped).
+
+Detection for a folder, in order: a VOC ``Annotations/`` folder (itself, a child, or ``VOCdevkit/<child>``); a YAML
+with ``names`` (YOLO); ``images/`` + ``labels/`` folders (YOLO, also per split); COCO JSON files (``annotations/*.json``
+or ``*.json``, one split each); XML files beside images (flat VOC: in the folder, in its split folders, or in split
+folders deeper down such as ``<a>/train`` + ``<b>/test``). A YOLO split whose images have no ``.txt`` labels but VOC
+XML files beside them (a "Pascal VOC" export described by a ``data.yaml``) is read from the XML, with the YAML's names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ssd._utils import closest_names, few
+from ssd.data.coco import read_coco
+from ssd.data.records import DataError, DatasetSpec, relative_path
+from ssd.data.voc import assign_labels, find_voc_root, parse_voc_xml, read_voc
+from ssd.data.yolo import read_yolo_folder, read_yolo_yaml
+
+__all__ = ["load_dataset", "load_training_data"]
+
+_SPLIT_DIRS = ("train", "val", "valid", "validation", "test")
+"""Folder names the flat VOC reader takes as splits."""
+
+
+def _read_file(path: Path) -> DatasetSpec:
+    """A ``data.yaml`` or a COCO JSON; ``spec.sources`` names the file for each split."""
+    if path.suffix in (".yaml", ".yml"):
+        spec = read_yolo_yaml(path)
+    elif path.suffix == ".json":
+        spec = read_coco(path)
+    else:
+        raise DataError(f"{path}: unsupported data file (expected .yaml/.yml, .json or a folder)")
+    spec.sources = {split: path for split in spec.splits}
+    return spec
+
+
+def _read_coco_files(folder: Path, jsons: list[Path]) -> DatasetSpec:
+    """One split per COCO JSON (see :func:`ssd.data.coco.split_name`); their categories must agree."""
+    specs = [_read_file(j) for j in jsons]
+    first = specs[0]
+    for other in specs[1:]:
+        if other.class_names != first.class_names:
+            raise DataError(f"COCO files in {folder} disagree on categories: {first.class_names} vs "
+                            f"{other.class_names}")
+        first.splits.update(other.splits)
+        first.sources.update(other.sources)
+        first.issues += other.issues
+    first.root = folder
+    return first
+
+
+def _read_xml_folders(folder: Path) -> DatasetSpec:
+    """VOC XML beside images: in ``folder`` or its split folders (:func:`read_voc`), else in split folders deeper
+    down (``<a>/train``, ``<b>/test``): each parent is read and the splits merged (names: the sorted union, unless
+    the parts agree, e.g. from their ``classes.txt``). XML elsewhere only is refused, never read as 0 classes."""
+    xml_dirs = sorted({p.parent for p in folder.rglob("*.xml")})
+    if any(d == folder or (d.parent == folder and d.name in _SPLIT_DIRS) for d in xml_dirs):
+        return read_voc(folder)
+    parents = sorted({d.parent for d in xml_dirs if d.name in _SPLIT_DIRS})
+    if not parents:
+        shown = few([str(d.relative_to(folder)) for d in xml_dirs])
+        raise DataError(f"{folder}: XML files found only in {shown}, none of them a split folder "
+                        f"({', '.join(_SPLIT_DIRS)}) or the folder itself; give the folder that holds the images "
+                        "and their XML files")
+    parts = [read_voc(p) for p in parents]
+    names = parts[0].class_names
+    if any(p.class_names != names for p in parts):
+        names = sorted({n for p in parts for n in p.class_names})
+    splits: dict = {}
+    for part in parts:
+        for split, records in part.splits.items():
+            splits.setdefault(split, []).extend(records)
+    assign_labels([r for records in splits.values() for r in records], names)
+    return DatasetSpec(folder, "voc", names, splits, [i for p in parts for i in p.issues])
+
+
+def _detect(folder: Path) -> DatasetSpec:
+    if find_voc_root(folder) is not None:
+        return read_voc(folder)
+    yamls = [p for p in sorted(folder.glob("*.y*ml")) if p.suffix in (".yaml", ".yml")]
+    if yamls:
+        return _read_file(next((p for p in yamls if p.stem == "data"), yamls[0]))
+    if any((p / "images").is_dir() and (p / "labels").is_dir() for p in [folder, *folder.iterdir()]):
+        return read_yolo_folder(folder)
+    jsons = sorted((folder / "annotations").glob("*.json")) or sorted(folder.glob("*.json"))
+    if jsons:
+        return _read_coco_files(folder, jsons)
+    if any(folder.rglob("*.xml")):
+        return _read_xml_folders(folder)
+    raise DataError(f"{folder}: no dataset format recognised (expected VOC Annotations/ + JPEGImages/, a YOLO "
+                    "data.yaml or images/ + labels/, or a COCO JSON)")
+
+
+def _read_xml_beside_images(spec: DatasetSpec) -> None:
+    """YOLO splits where no image has a ``.txt`` label but some have a VOC XML file beside them: read the XML."""
+    for split, records in spec.splits.items():
+        xmls = {r.path: r.path.with_suffix(".xml") for r in records}
+        if any(r.annotation is not None for r in records) or not any(x.is_file() for x in xmls.values()):
+            continue
+        read = {path for path, xml in xmls.items() if xml.is_file()}
+        spec.issues = [i for i in spec.issues if not (i.code == "missing_label_file" and i.image in read)]
+        for rec in records:
+            if rec.path in read:
+                rec.annotation = xmls[rec.path]
+                rec.objects, found = parse_voc_xml(rec.annotation, relative_path(rec.annotation, spec.root))
+                for issue in found:
+                    issue.split, issue.image = split, rec.path
+                spec.issues += found
+        assign_labels(records, spec.class_names)
+
+
+def _no_classes(spec: DatasetSpec) -> str:
+    source = next(iter(spec.sources.values()), spec.root)
+    if spec.format == "coco":
+        return f"{source}: 'categories' is empty: list the object classes (each with an 'id' and a 'name')"
+    images = sum(len(r) for r in spec.splits.values())
+    return (f"{spec.root}: no class names: no classes.txt, and no object in the annotations of the {images} "
+            f"image(s) read ({spec.format})")
+
+
+def _apply_class_names(spec: DatasetSpec, class_names: list[str], declared: bool) -> None:
+    """Use the caller's class list: it must equal the dataset's declared names; VOC names are relabelled."""
+    class_names = list(class_names)
+    if class_names == spec.class_names:
+        return
+    if declared:
+        raise DataError(
+            f"the class names given ({len(class_names)}): {class_names} disagree with the dataset's "
+            f"({len(spec.class_names)}): {spec.class_names}; class names come from the dataset, give none or the "
+            "same list")
+    unknown = sorted(set(spec.class_names) - set(class_names))
+    if unknown:
+        hints = "; ".join(f"{u!r} (closest: {', '.join(map(repr, closest_names(u, class_names))) or 'none'})"
+                          for u in unknown)
+        raise DataError(f"the class names given: {class_names} do not cover the names in the annotations: "
+                        f"{spec.class_names}; unknown: {hints}")
+    spec.class_names = class_names
+    assign_labels([r for recs in spec.splits.values() for r in recs], class_names)
+
+
+def load_dataset(data: str | Path, split: str | None = None, class_names: list[str] | None = None) -> DatasetSpec:
+    """Read a dataset: a YOLO ``data.yaml``, a dataset folder (format detected) or a COCO JSON.
+
+    Args:
+        data: the data description.
+        split: keep only this split (error listing the available ones when absent).
+        class_names: optional; must agree with the dataset's names (an error lists both). For VOC without a
+            ``classes.txt``, it may reorder/extend the names found in the annotations (which fixes label order).
+
+    Raises :class:`DataError` for a description that cannot be read, and for a dataset without class names.
+    Per-file defects do not raise here; they are kept in the records / ``spec.issues`` for
+    :func:`ssd.data.check.check_dataset`.
+    """
+    path = Path(data).expanduser()
+    if not path.exists():
+        raise DataError(f"dataset {path} does not exist (give a data.yaml, a dataset folder or a COCO JSON)")
+    spec = _detect(path) if path.is_dir() else _read_file(path)
+    if spec.format == "yolo":
+        _read_xml_beside_images(spec)
+    if not spec.class_names:
+        raise DataError(_no_classes(spec))
+    if class_names is not None:
+        declared = spec.format != "voc" or (Path(spec.root) / "classes.txt").is_file() or any(
+            (p / "classes.txt").is_file() for p in Path(spec.root).iterdir() if p.is_dir())
+        _apply_class_names(spec, class_names, declared)
+    if split is not None:
+        spec.splits = {split: spec.records(split)}
+        spec.issues = [i for i in spec.issues if i.split in (None, split)]
+    return spec
+
+
+def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, class_names: list[str] | None = None,
+                       splits: Sequence[str] = ("train", "val"), log: Callable[[str], object] = print
+                       ) -> DatasetSpec:
+    """The dataset gate of training and evaluation: :func:`load_dataset`, then the ``ssd check`` rules.
+
+    It refuses exactly what :func:`ssd.data.check.check_dataset` (same data and class names) reports as errors in
+    the splits it reads, with the same messages; images are decoded to find truncated or corrupt files.
+
+    Args:
+        data: a data.yaml, dataset folder or COCO JSON.
+        skip_invalid: drop the invalid objects and images instead of refusing them (logged: how many, which). Errors
+            no dropping can mend (an empty split, a class without training objects, duplicate class names) are
+            refused all the same.
+        class_names: the model's class names (evaluation), see :func:`load_dataset`.
+        splits: the splits the caller reads; the first must exist, the others are read where present.
+        log: where the dropped objects/images and a summary of the warnings go.
+
+    Returns the spec with the invalid objects/images removed from the splits read (the input files are untouched).
+    """
+    from ssd.data.check import screen  # check.py reads paths through load_dataset: imported here, not at the top
+
+    if data is None:
+        raise DataError("no dataset given: set data (--data DATA: a data.yaml, dataset folder or COCO JSON)")
+    spec = load_dataset(data, class_names=class_names)
+    spec.records(splits[0])
+    clean, report = screen(spec, [s for s in splits if s in spec.splits], skip_invalid=skip_invalid)
+    dropped = report.dropped
+    if dropped:
+        log(f"skip_invalid: dropped {dropped['objects']} object(s) and {dropped['images']} image(s): "
+            f"{', '.join(dropped['object_locations'][:5] + dropped['image_paths'][:5])}")
+    for issue in report.warnings:
+        if issue.image is None:  # dataset- and split-wide warnings in full, per-file ones counted below
+            log(f"warning: {issue.message}")
+    per_file = [i for i in report.warnings if i.image is not None]
+    if per_file:
+        log(f"{len(per_file)} warning(s) about files of {data} (`ssd check {data}` lists them)")
+    return clean
