@@ -1,7 +1,6 @@
 """evaluate_split with a fake detector whose priors are the ground-truth boxes (zero offsets decode onto them)."""
 
 import json
-
 from types import SimpleNamespace
 
 import pytest

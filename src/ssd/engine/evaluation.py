@@ -29,6 +29,7 @@ from ssd.data.records import DatasetSpec, ImageRecord
 from ssd.engine import distributed as ddp
 from ssd.engine.device import autocast, prepare_model, resolve_device
 from ssd.engine.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
+from ssd.engine.run import plain_data_errors
 from ssd.models import model_from_checkpoint
 from ssd.models.config import ModelConfig
 from ssd.postprocess import postprocess
@@ -78,9 +79,10 @@ def evaluate(weights: str | Path, data: str | Path, metric: str = "voc07", split
     spec = load_training_data(data, skip_invalid=skip_invalid, class_names=class_names)
     model, channels_last = prepare_model(model, torch_device, None)
     loader = split_loader(spec.records(split), class_names, model.config, batch_size=batch_size, workers=workers)
-    result = evaluate_split(model, loader, class_names=class_names, metric=metric, device=torch_device,
-                            channels_last=channels_last, score_threshold=score_threshold,
-                            iou_threshold=iou_threshold)
+    with plain_data_errors():
+        result = evaluate_split(model, loader, class_names=class_names, metric=metric, device=torch_device,
+                                channels_last=channels_last, score_threshold=score_threshold,
+                                iou_threshold=iou_threshold)
     if save_json is not None:
         save_coco_json(result, save_json, category_ids=getattr(spec, "category_ids", None))
     return {**result, "class_names": class_names}
