@@ -13,7 +13,6 @@ import torch
 
 import ssd
 from ssd.engine import distributed as ddp
-from ssd.engine.trainer import steps_per_epoch
 
 SCRIPT = """
 import os, sys, torch
@@ -35,8 +34,8 @@ def test_single_process_helpers_are_identity():
 
 
 def test_steps_per_epoch_equal_on_every_rank():
-    assert steps_per_epoch(49, 8, 2) == 3  # ranks hold 25 and 24 images: both run 3 full batches
-    assert steps_per_epoch(48, 8, 1) == 6
+    assert ddp.steps_per_epoch(49, 8, 2) == 3  # ranks hold 25 and 24 images: both run 3 full batches
+    assert ddp.steps_per_epoch(48, 8, 1) == 6
 
 
 @pytest.mark.slow

@@ -1,7 +1,6 @@
-"""evaluate_model with a fake detector whose priors are the ground-truth boxes (zero offsets decode onto them)."""
+"""evaluate_split with a fake detector whose priors are the ground-truth boxes (zero offsets decode onto them)."""
 
 import json
-
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +8,7 @@ import torch
 from torch import nn
 
 from ssd.boxes import xyxy_to_cxcywh
-from ssd.engine.evaluator import evaluate_detections, evaluate_model, format_table, merge_results, save_coco_json
+from ssd.engine.evaluation import evaluate_split, format_table, merge_results, save_coco_json, score_detections
 
 CLASS_NAMES = ["cat", "dog"]
 # Two images (orig (h, w) = (100, 200) and (50, 50)), boxes normalized xyxy; the last object of image 1 is difficult
@@ -55,7 +54,7 @@ def _loader(batch_size):
 @pytest.mark.parametrize("batch_size", [1, 2])
 def test_perfect_fake_model(metric, batch_size):
     model = FakeDetector().train()
-    result = evaluate_model(model, _loader(batch_size), metric=metric, progress=False)
+    result = evaluate_split(model, _loader(batch_size), metric=metric, progress=False)
     assert model.training  # mode restored
     assert result["metric"] == metric
     assert result["map"] == pytest.approx(1.0)
@@ -64,7 +63,7 @@ def test_perfect_fake_model(metric, batch_size):
 
 
 def test_pixels_and_raw_detections():
-    result = evaluate_model(FakeDetector(), _loader(2), progress=False)
+    result = evaluate_split(FakeDetector(), _loader(2), progress=False)
     first, second = result["detections"]
     # image 0 is 200 wide, 100 high: [0.1, 0.2, 0.5, 0.6] -> [20, 20, 100, 60]
     order = first["labels"].argsort()
@@ -78,18 +77,18 @@ def test_pixels_and_raw_detections():
 
 
 def test_merge_results_and_scoring_split_ranks():
-    result = evaluate_model(FakeDetector(), _loader(1), progress=False)
+    result = evaluate_split(FakeDetector(), _loader(1), progress=False)
     dets, gts = result["detections"], result["ground_truths"]
     merged_d = merge_results([dets[:1], dets[1:]])
     merged_g = merge_results([gts[:1], gts[1:]])
     assert len(merged_d) == 2
-    assert evaluate_detections(merged_d, merged_g, CLASS_NAMES, "voc")["map"] == pytest.approx(1.0)
+    assert score_detections(merged_d, merged_g, CLASS_NAMES, "voc")["map"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="unknown metric 'map50'"):
-        evaluate_detections(merged_d, merged_g, CLASS_NAMES, "map50")
+        score_detections(merged_d, merged_g, CLASS_NAMES, "map50")
 
 
 def test_format_table_and_coco_json(tmp_path):
-    result = evaluate_model(FakeDetector(), _loader(2), metric="coco", progress=False)
+    result = evaluate_split(FakeDetector(), _loader(2), metric="coco", progress=False)
     table = format_table(result, CLASS_NAMES)
     lines = table.splitlines()
     assert lines[0].split() == ["class", "AP", "num", "gt", "num", "det"]
@@ -106,6 +105,6 @@ def test_format_table_and_coco_json(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_model_cpu_results():
-    result = evaluate_model(FakeDetector().cuda(), _loader(2), metric="voc", device="cuda", progress=False)
+    result = evaluate_split(FakeDetector().cuda(), _loader(2), metric="voc", device="cuda", progress=False)
     assert result["map"] == pytest.approx(1.0)
     assert all(d["boxes"].device.type == "cpu" for d in result["detections"])

@@ -14,8 +14,11 @@ from PIL import Image, ImageDraw
 import ssd
 from ssd.config import ConfigError, TrainConfig
 from ssd.data.records import DataError
-from ssd.engine import trainer
-from ssd.engine.trainer import LRSchedule, NonFiniteLossError, evaluate, make_run_dir, train
+from ssd.engine import device, trainer
+from ssd.engine.evaluation import evaluate
+from ssd.engine.optim import LRSchedule, param_groups
+from ssd.engine.run import make_run_dir
+from ssd.engine.trainer import NonFiniteLossError, train
 
 # ssd_tiny at 128 px with the light augmentation: seconds per epoch of the synthetic fixture on 2 cores
 FAST = dict(model="ssd_tiny", image_size=128, batch_size=8, workers=0, device="cpu", quiet=True, seed=0,
@@ -67,7 +70,7 @@ def test_run_dir_increments_never_overwrites(tmp_path):
 
 def test_param_groups_no_decay_on_norms_and_biases():
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
-    decay, no_decay = trainer.param_groups(model, 5e-4)
+    decay, no_decay = param_groups(model, 5e-4)
     assert [p.shape for p in decay["params"]] == [torch.Size([4, 3, 3, 3])]
     assert len(no_decay["params"]) == 3 and no_decay["weight_decay"] == 0.0
 
@@ -203,10 +206,10 @@ def test_yolo_label_out_of_range_dropped_with_skip_invalid(tmp_path, capsys):
 
 def test_amp_on_cpu_autocasts_to_bfloat16(tmp_path, monkeypatch):
     supported = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    assert trainer.amp_dtype(torch.device("cpu")) == (torch.bfloat16 if supported else None)
+    assert device.amp_dtype(torch.device("cpu")) == (torch.bfloat16 if supported else None)
     monkeypatch.setattr(trainer, "amp_dtype", lambda device: torch.bfloat16)  # the path, even where it is slow
     dtypes = []
-    build = trainer._build
+    build = trainer.build_run_model
 
     def build_and_watch(*args, **kwargs):
         model = build(*args, **kwargs)
@@ -214,7 +217,7 @@ def test_amp_on_cpu_autocasts_to_bfloat16(tmp_path, monkeypatch):
         first_conv.register_forward_hook(lambda module, inputs, output: dtypes.append((module.training, output.dtype)))
         return model
 
-    monkeypatch.setattr(trainer, "_build", build_and_watch)
+    monkeypatch.setattr(trainer, "build_run_model", build_and_watch)
     data = _write_yolo(tmp_path / "ok")
     result = train(data=str(data), epochs=1, amp=True, project=str(tmp_path / "runs"), **FAST)
     assert {dtype for training, dtype in dtypes if training} == {torch.bfloat16}  # every training step

@@ -21,8 +21,8 @@ from ssd.models import SSD, build_model, list_models, model_from_checkpoint
 from ssd.data import check_dataset, generate_synthetic, load_dataset
 # --- engine ---
 from ssd.config import TrainConfig
-from ssd.engine.trainer import evaluate, train
-from ssd.engine.evaluator import evaluate_model
+from ssd.engine.trainer import train
+from ssd.engine.evaluation import evaluate, evaluate_split
 from ssd.engine.metrics import evaluate_coco, evaluate_voc, voc_ap
 from ssd.engine.export import export_onnx
 from ssd.engine.predictor import Detector, load

@@ -105,7 +105,7 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="voc07: VOC2007 11-point AP@0.5; voc: VOC2010+ area AP@0.5; coco: AP@[.5:.95] (default: voc07)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--conf", type=float, default=0.01, help="score threshold (default: 0.01)")
     p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold (default: 0.45)")
     p.add_argument("--save-json", type=Path, help="also write the detections as COCO-format JSON here")
@@ -143,7 +143,7 @@ def _build_parser() -> argparse.ArgumentParser:
                        epilog="No download, no arguments needed; about 5 minutes on a 2-core CPU.")
     p.add_argument("--project", type=Path, default=Path("runs"), help="where the demo writes (default: runs)")
     p.add_argument("--epochs", type=int, help="override the demo's number of epochs")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--quiet", action="store_true")
     return parser
 
@@ -162,14 +162,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "version", "config_file")}
     config = TrainConfig.from_yaml(args.config_file) if args.config_file else TrainConfig()
-    result = train(config.update(**overrides))
+    result = train(config, **overrides)  # separately: on --resume / --weights, options given explicitly are checked
     print(f"run directory: {result.run_dir}")
     return 0
 
 
 def _cmd_val(args: argparse.Namespace) -> int:
-    from ssd.engine.evaluator import format_table
-    from ssd.engine.trainer import evaluate
+    from ssd.engine.evaluation import evaluate, format_table
 
     result = evaluate(args.weights, args.data, metric=args.metric, split=args.split, batch_size=args.batch_size,
                       workers=args.workers, device=args.device, score_threshold=args.conf, iou_threshold=args.iou,

@@ -10,6 +10,7 @@ VGG/MobileNet configurations.
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,12 +54,14 @@ class TrainConfig:
     warmup_epochs: float = _help("linear warmup length in epochs", default=1.0)
     warmup_iters: int | None = _help("linear warmup length in iterations (wins over --warmup-epochs)", default=None)
     scheduler: Literal["cosine", "multistep"] = _help("decay after warmup", default="cosine")
-    milestones: list[int] = _help("multistep: epochs where the lr is multiplied by --gamma "
-                                  "(default: 2/3 and 8/9 of the epochs)", default_factory=list)
+    milestones: list[int] = field(default_factory=list, metadata={
+        "help": "multistep: epochs where the lr is multiplied by --gamma (default: 2/3 and 8/9 of the epochs)"})
     gamma: float = _help("multistep decay factor", default=0.1)
     final_lr_ratio: float = _help("cosine: final lr as a fraction of the peak", default=0.01)
+    schedule_epochs: int | None = _help("length of the lr schedule in epochs (default: epochs); later epochs keep "
+                                        "its final lr (set when a resumed run is extended)", default=None)
     grad_clip: float = _help("max gradient norm (0 disables clipping)", default=10.0)
-    device: str = _help("cpu, cuda, cuda:N or auto", default="auto")
+    device: str = _help("cpu, cuda, cuda:N, mps or auto", default="auto")
     amp: bool = _help("mixed precision: CUDA bf16 where supported, else fp16 with a gradient scaler; "
                       "CPU bf16 where it has native bf16 kernels (AVX512-BF16/AMX)", default=False)
     channels_last: bool | None = _help("channels_last memory format (default: as the model configuration says)",
@@ -73,7 +76,8 @@ class TrainConfig:
     skip_invalid: bool = _help("drop invalid objects/images (reported) instead of refusing the data", default=False)
     skip_nonfinite: bool = _help("skip and count steps with a non-finite loss instead of stopping", default=False)
     val_interval: int = _help("validate every N epochs (and always after the last)", default=1)
-    metric: Literal["voc07", "voc", "coco"] = _help("validation metric: voc07 11-point, voc area, coco", default="voc07")
+    metric: Literal["voc07", "voc", "coco"] = _help("validation metric: voc07 11-point, voc area, coco",
+                                                    default="voc07")
     score_threshold: float = _help("validation score threshold", default=0.01)
     iou_threshold: float = _help("validation NMS IoU threshold", default=0.45)
     project: str = _help("parent folder of run directories", default="runs")
@@ -137,7 +141,8 @@ class TrainConfig:
         defaults = {**OPTIMIZER_DEFAULTS[optimizer], **{k: v for k, v in from_model.items() if k != "optimizer"}}
         milestones = self.milestones
         if self.scheduler == "multistep" and not milestones:
-            milestones = sorted({max(1, round(self.epochs * 2 / 3)), max(1, round(self.epochs * 8 / 9))})
+            length = self.schedule_epochs or self.epochs
+            milestones = sorted({max(1, round(length * 2 / 3)), max(1, round(length * 8 / 9))})
         return dataclasses.replace(
             self,
             optimizer=optimizer,
@@ -148,26 +153,31 @@ class TrainConfig:
 
     # --------------------------------------------------------------------------------------------- checking
     def _check(self) -> None:
-        positive = ("epochs", "batch_size", "val_interval")
-        for name in positive:
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name}={getattr(self, name)} is invalid: must be at least 1")
-        for name in ("momentum", "warmup_epochs", "grad_clip", "gamma", "final_lr_ratio", "workers",
-                     "num_plot_images"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name}={getattr(self, name)} is invalid: must be >= 0")
-        if self.lr is not None and not self.lr > 0:
-            raise ConfigError(f"lr={self.lr} is invalid: must be > 0")
-        if self.weight_decay is not None and self.weight_decay < 0:
-            raise ConfigError(f"weight_decay={self.weight_decay} is invalid: must be >= 0")
-        if self.image_size is not None and self.image_size < 32:
-            raise ConfigError(f"image_size={self.image_size} is invalid: must be at least 32")
+        for name in ("epochs", "batch_size", "val_interval"):
+            _require(self, name, getattr(self, name) >= 1, "must be at least 1")
+        if self.schedule_epochs is not None:
+            _require(self, "schedule_epochs", self.schedule_epochs >= 1, "must be at least 1")
+        for name in ("warmup_epochs", "grad_clip", "gamma", "workers", "num_plot_images"):
+            _require(self, name, getattr(self, name) >= 0, "must be >= 0")
+        _require(self, "momentum", 0 <= self.momentum < 1, "must be in [0, 1) (SGD momentum / AdamW beta1)")
+        _require(self, "final_lr_ratio", 0 <= self.final_lr_ratio <= 1, "must be in [0, 1] (a fraction of the peak lr)")
+        if self.lr is not None:
+            _require(self, "lr", 0 < self.lr < math.inf, "must be a finite number > 0")
+        if self.weight_decay is not None:
+            _require(self, "weight_decay", 0 <= self.weight_decay < math.inf, "must be a finite number >= 0")
+        if self.image_size is not None:
+            _require(self, "image_size", self.image_size >= 32, "must be at least 32")
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
-            if value is not None and value not in choices:
-                raise ConfigError(f"{name}={value!r} is invalid: choose one of {', '.join(choices)}")
-        if any(m < 1 for m in self.milestones) or list(self.milestones) != sorted(self.milestones):
-            raise ConfigError(f"milestones={self.milestones} is invalid: must be increasing epochs >= 1")
+            _require(self, name, value is None or value in choices, f"choose one of {', '.join(choices)}")
+        _require(self, "milestones", all(m >= 1 for m in self.milestones)
+                 and list(self.milestones) == sorted(self.milestones), "must be increasing epochs >= 1")
+
+
+def _require(config: TrainConfig, name: str, ok: bool, rule: str) -> None:
+    """Raise :class:`ConfigError` naming the field, its command-line option, the value and the rule."""
+    if not ok:
+        raise ConfigError(f"{name}={getattr(config, name)!r} is invalid: {rule} (--{name.replace('_', '-')})")
 
 
 _CHOICES = {name: typing.get_args(typing.get_args(hint)[0] if typing.get_origin(hint) is not Literal else hint)

@@ -1,17 +1,12 @@
 """``ssd demo``: generate the synthetic shapes dataset, train the small model, evaluate, draw predictions.
 
-No download and no arguments: about 5 minutes on a 2-core CPU (data generation, training, evaluation and drawing),
-reaching VOC mAP@0.5 >= 0.9 on the validation split. The schedule is fixed in epochs (deterministic), sized after
-the measurements in ``shared/notes/cpu-training.md`` (mAP@0.5 0.95 after about 20000 training images):
-``ssd_tiny`` with channels_last, AdamW at 3e-3, half an epoch of warmup, gradient clipping and a cosine decay over
-8 epochs of 2000 images, images decoded once and kept in RAM.
-
-Measured on the 2-core CPU: bfloat16 autocast (``amp``, where the CPU has native bf16 kernels) halves the training
-step; the light augmentation (flip, mild scale/translation jitter) costs 2.3 ms per image against 7.3 ms for the
-full SSD one, which the shapes do not need; and loading in the main process (``workers=0``) beats one worker
-process, which would take a core from the training step's two threads. The metric is the VOC2010+ area AP@0.5:
-the VOC2007 11-point variant caps a class at 10/11 = 0.909 as soon as one of its objects (e.g. a shape hidden
-under another) is never found.
+No download and no arguments: about 5 minutes on a 2-core CPU, reaching VOC mAP@0.5 >= 0.9 on the validation
+split. The schedule is fixed in epochs (deterministic): ``ssd_tiny`` with channels_last, AdamW at 3e-3, half an
+epoch of warmup, gradient clipping and a cosine decay over 8 epochs of 2000 images, images decoded once and kept in
+RAM, bfloat16 autocast where the CPU has native kernels, the light augmentation (the shapes need no more) and
+loading in the main process (a worker process would take a core from the training step). The metric is the
+VOC2010+ area AP@0.5: the 2007 11-point variant caps a class at 10/11 as soon as one of its objects (e.g. a shape
+hidden under another) is never found. The measurements behind these choices are in ``benchmarks/README.md``.
 """
 
 from __future__ import annotations

@@ -13,8 +13,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DistInfo", "setup", "cleanup", "resolve_device", "broadcast_object", "all_gather_objects",
-           "any_true", "broadcast_buffers", "barrier"]
+from ssd.engine.device import resolve_device
+
+__all__ = ["DistInfo", "setup", "cleanup", "steps_per_epoch", "broadcast_object", "all_gather_objects", "any_true",
+           "broadcast_buffers", "barrier"]
 
 
 @dataclass(frozen=True)
@@ -40,28 +42,15 @@ class DistInfo:
         return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
 
 
-def resolve_device(name: str | torch.device, info: DistInfo = DistInfo()) -> torch.device:
-    """``"auto"`` -> CUDA when available else CPU; ``"cuda"`` under torchrun -> ``cuda:LOCAL_RANK``."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(name)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={name!r} was requested but CUDA is not available here (use cpu or auto)")
-        if device.index is None:
-            device = torch.device("cuda", info.local_rank if info.enabled else torch.cuda.current_device())
-        torch.cuda.set_device(device)
-    return device
-
-
 def setup(device_name: str) -> tuple[DistInfo, torch.device, bool]:
-    """Read the torchrun environment, pick the device and join the process group (gloo on CPU, nccl on CUDA).
+    """Read the torchrun environment, pick the device (:func:`ssd.engine.device.resolve_device`) and join the
+    process group (gloo on CPU, nccl on CUDA).
 
     Returns ``(info, device, created)``; ``created`` says this call initialized the group (so :func:`cleanup`
     should destroy it).
     """
     info = DistInfo.from_env()
-    device = resolve_device(device_name, info)
+    device = resolve_device(device_name, info.local_rank if info.enabled else None)
     created = False
     if info.enabled and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=info.rank,
@@ -73,6 +62,11 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device, bool]:
 def cleanup(created: bool) -> None:
     if created and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def steps_per_epoch(num_images: int, batch_size: int, world_size: int) -> int:
+    """Full batches of the smallest rank's share (every rank runs the same number of steps, as DDP requires)."""
+    return (num_images // world_size) // batch_size
 
 
 def _active() -> bool:

@@ -1,0 +1,153 @@
+"""What a run does, before it starts: ``config`` reconciled with the checkpoints it names (``resume``, ``weights``).
+
+``plan_run`` refuses contradictions with messages that name the options: a resumed run continues as it was
+configured (only the dataset's location and the number of epochs may change), and weights decide the architecture
+and input size, so ``config.yaml`` records what really runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ssd.checkpoint import CheckpointError, load_checkpoint
+from ssd.config import ConfigError, TrainConfig
+from ssd.data.records import DataError
+from ssd.engine.run import find_checkpoint
+from ssd.models import build_model, model_from_checkpoint
+from ssd.models.config import ModelConfig
+
+__all__ = ["TRAINING_STATE", "RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model"]
+
+TRAINING_STATE = ("train_config", "epoch", "optimizer", "scheduler", "scaler", "rng", "best_map", "history",
+                  "metrics", "nonfinite_skipped")
+"""Checkpoint keys (besides the model) that ``--resume`` needs; ``ssd train`` writes them in every checkpoint."""
+
+# Options a resumed run may change when given; device, workers and quiet always come from the resuming call.
+_RESUMABLE = ("data", "epochs")
+_CURRENT = ("device", "workers", "quiet")
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run does: ``config`` (resolved; what ``config.yaml`` records), and on resume the checkpoint ``state``,
+    its ``checkpoint`` path and the ``run_dir`` it continues."""
+
+    config: TrainConfig
+    state: dict[str, Any] | None = None
+    checkpoint: Path | None = None
+    run_dir: Path | None = None
+
+
+def given_fields(config: TrainConfig, overrides: Iterable[str] = ()) -> set[str]:
+    """Fields the caller set: ``overrides`` plus every field of ``config`` that differs from its default."""
+    given = set(overrides)
+    for f in dataclasses.fields(TrainConfig):
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        if getattr(config, f.name) != default:
+            given.add(f.name)
+    return given
+
+
+def plan_run(config: TrainConfig, given: set[str], log: Callable[[str], object] = print) -> RunPlan:
+    """Reconcile ``config`` with the checkpoints it names, refusing contradictions.
+
+    ``resume``: the run continues as it was configured; ``data`` (a moved dataset) and ``epochs`` (longer or
+    shorter, the lr schedule keeping its length) may change, anything else given that differs is refused.
+    ``weights``: the checkpoint decides the architecture and input size; a different ``model`` or
+    ``image_size`` given explicitly (or ``backbone_weights``) is refused, else adopted with a message.
+    """
+    if config.resume:
+        return _plan_resume(config, given, log)
+    if config.weights:
+        config = _adopt_weights(config, given, log)
+    return RunPlan(config.resolved())
+
+
+def _plan_resume(config: TrainConfig, given: set[str], log: Callable[[str], object]) -> RunPlan:
+    path = find_checkpoint(config.resume)
+    state = load_checkpoint(path)
+    missing = [key for key in TRAINING_STATE if key not in state]
+    if missing:
+        raise CheckpointError(
+            f"cannot resume from {path}: it holds model weights but no training state (missing "
+            f"{', '.join(missing)}): it was not written by `ssd train` (e.g. by ssd.save_checkpoint(path, model)). "
+            f"Start a new run from these weights instead: --weights {path} (optimizer and lr schedule start afresh)")
+    saved = TrainConfig.from_dict(state["train_config"], source=f"key in {path} train_config")
+    run_dir = path.parent.parent if path.parent.name == "weights" else path.parent
+    changed = {k for k in given - {"resume", *_CURRENT} if getattr(config, k) != getattr(saved, k)}
+    refused = sorted(changed - set(_RESUMABLE))
+    if refused:
+        shown = "; ".join(f"{_flag(k)} {getattr(config, k)} (the run has {getattr(saved, k)})" for k in refused)
+        raise ConfigError(f"--resume continues {run_dir} as it was configured, but {shown}: only --data, --epochs, "
+                          "--device, --workers and --quiet may change on resume. To train with other settings, "
+                          f"start a new run from its weights: --weights {path}")
+    updates: dict[str, Any] = {"resume": str(path), **{k: getattr(config, k) for k in _CURRENT}}
+    if "data" in changed:
+        log(f"resume: reading the dataset from {config.data} (the run started on {saved.data})")
+        updates["data"] = config.data
+    if "epochs" in changed:
+        done, length = int(state["epoch"]) + 1, saved.schedule_epochs or saved.epochs
+        if config.epochs < done:
+            raise ConfigError(f"--epochs {config.epochs} is fewer than the {done} epochs {path} has already done")
+        if config.epochs > length:
+            log(f"resume: training to {config.epochs} epochs; the lr schedule keeps its {length}-epoch length, "
+                f"epochs {length + 1}-{config.epochs} use its final lr")
+        updates.update(epochs=config.epochs, schedule_epochs=length)
+    log(f"resuming {run_dir} from {path} ({int(state['epoch']) + 1} epoch(s) done)")
+    return RunPlan(saved.update(**updates).resolved(), state, path, run_dir)
+
+
+def _adopt_weights(config: TrainConfig, given: set[str], log: Callable[[str], object]) -> TrainConfig:
+    model = ModelConfig.from_dict(load_checkpoint(config.weights)["config"], source=str(config.weights))
+    conflicts = []
+    if "model" in given and config.model != model.name:
+        conflicts.append(f"--model {config.model}")
+    if "image_size" in given and config.image_size not in (None, model.image_size):
+        conflicts.append(f"--image-size {config.image_size}")
+    if "backbone_weights" in given and config.backbone_weights:
+        conflicts.append(f"--backbone-weights {config.backbone_weights}")
+    if conflicts:
+        raise ConfigError(f"--weights {config.weights} holds a {model.name} model for {model.image_size} px "
+                          f"inputs, which {' and '.join(conflicts)} contradict: the weights decide the architecture "
+                          "and input size. Leave those options out, or leave out --weights to train from scratch")
+    if (config.model, config.image_size) != (model.name, model.image_size):
+        log(f"weights: {config.weights} holds a {model.name} model for {model.image_size} px inputs: training that")
+    return config.update(model=model.name, image_size=model.image_size)
+
+
+def check_resumed_data(plan: RunPlan, class_names: list[str], num_train: int) -> None:
+    """Refuse resuming on a dataset other than the run's: other class names, or another number of train images."""
+    state, data = plan.state, plan.config.data
+    trained = list(state["class_names"])
+    if list(class_names) != trained:
+        raise DataError(f"cannot resume {plan.run_dir}: the dataset {data} has the classes {class_names} but the "
+                        f"run was trained on {trained}. Give the run's dataset (--data, if it moved), or start a new "
+                        f"run on this dataset from its weights: --weights {plan.checkpoint}")
+    expected = state.get("train_images")
+    if expected is not None and expected != num_train:
+        raise DataError(f"cannot resume {plan.run_dir}: the train split of {data} has {num_train} images but the "
+                        f"run was trained on {expected}; a resumed run continues on the same data. Start a new "
+                        f"run from its weights instead: --weights {plan.checkpoint}")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def build_run_model(plan: RunPlan, class_names: list[str], log: Callable[[str], object] = print) -> nn.Module:
+    """The run's model: the resumed checkpoint's own (neither ``weights`` nor ``backbone_weights`` files are read
+    again), ``weights`` with new class heads where the classes differ, or a new one (``backbone_weights``)."""
+    config = plan.config
+    if plan.state is not None:
+        return model_from_checkpoint(plan.state)
+    if config.weights:
+        log(f"weights: started from {config.weights}")
+        return model_from_checkpoint(config.weights, class_names=class_names, reinit_heads=True)
+    return build_model(config.model, class_names=class_names, backbone_weights=config.backbone_weights,
+                       image_size=config.image_size)
