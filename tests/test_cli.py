@@ -56,6 +56,20 @@ def test_python_dash_m_runs_the_cli():
     assert out.stdout.strip()
 
 
+def test_import_and_help_do_not_load_torch():
+    """`import ssd` and `ssd --help` stay light: the package names its API lazily (PEP 562)."""
+    code = ("import sys, ssd, contextlib, io\n"
+            "from ssd.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()): main([])\n"
+            "assert ssd.__version__ and 'train' in dir(ssd)\n"
+            "print(sorted(m for m in ('torch', 'torchvision', 'matplotlib', 'onnx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+    loaded = subprocess.run([sys.executable, "-c", "import ssd, sys; ssd.MultiBoxLoss; print('torch' in sys.modules)"],
+                            capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "True"  # a name is imported on first use
+
+
 def test_check_exit_codes_and_json(synthetic_voc, tmp_path, capsys):
     assert main(["check", str(synthetic_voc), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -2,27 +2,91 @@
 
 Label convention: a dataset with K object classes has labels 0..K-1 and ``num_classes = K``.
 The background class is added internally (classifier heads have K+1 outputs).
+
+The public names below are imported on first use (PEP 562), so ``import ssd`` and ``ssd --help`` do not pay for
+torch, the models or the engine until something needs them.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from ssd._version import __version__
 
-# Public API: each area adds its re-exports in its own block below.
-# --- core ---
-from ssd.boxes import decode, encode
-from ssd.loss import MultiBoxLoss
-from ssd.matching import match
-from ssd.postprocess import postprocess
-from ssd.priors import PRIOR_CONFIGS, default_boxes
-from ssd.validation import validate_targets
-# --- models ---
-from ssd.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from ssd.models import SSD, build_model, list_models, model_from_checkpoint
-# --- data ---
-from ssd.data import check_dataset, generate_synthetic, load_dataset
-# --- engine ---
-from ssd.config import TrainConfig
-from ssd.engine.trainer import train
-from ssd.engine.evaluation import evaluate, evaluate_split
-from ssd.engine.metrics import evaluate_coco, evaluate_voc, voc_ap
-from ssd.engine.export import export_onnx
-from ssd.engine.predictor import Detector, load
+# public name -> the module that defines it, by layer
+_EXPORTS: dict[str, str] = {
+    # core
+    "VARIANCES": "ssd.boxes",
+    "decode": "ssd.boxes",
+    "encode": "ssd.boxes",
+    "MultiBoxLoss": "ssd.loss",
+    "match": "ssd.matching",
+    "postprocess_detections": "ssd.postprocess",
+    "PRIOR_CONFIGS": "ssd.priors",
+    "PriorConfig": "ssd.priors",
+    "default_boxes": "ssd.priors",
+    "validate_targets": "ssd.checks",
+    # models and checkpoints
+    "CheckpointError": "ssd.checkpoint",
+    "load_checkpoint": "ssd.checkpoint",
+    "save_checkpoint": "ssd.checkpoint",
+    "SSD": "ssd.models",
+    "ModelConfig": "ssd.models.config",
+    "build_model": "ssd.models",
+    "list_models": "ssd.models",
+    "model_from_checkpoint": "ssd.models",
+    # data
+    "DataError": "ssd.data.records",
+    "check_dataset": "ssd.data.check",
+    "generate_synthetic": "ssd.data.synthetic",
+    "load_dataset": "ssd.data.load",
+    # engine
+    "TrainConfig": "ssd.config",
+    "train": "ssd.engine.trainer",
+    "evaluate": "ssd.engine.evaluation",
+    "evaluate_split": "ssd.engine.evaluation",
+    "evaluate_coco": "ssd.engine.metrics",
+    "evaluate_voc": "ssd.engine.metrics",
+    "voc_ap": "ssd.engine.metrics",
+    "export_onnx": "ssd.engine.export",
+    "Detector": "ssd.engine.predictor",
+    "load": "ssd.engine.predictor",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ssd' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from ssd.boxes import VARIANCES, decode, encode
+    from ssd.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from ssd.checks import validate_targets
+    from ssd.config import TrainConfig
+    from ssd.data.check import check_dataset
+    from ssd.data.load import load_dataset
+    from ssd.data.records import DataError
+    from ssd.data.synthetic import generate_synthetic
+    from ssd.engine.evaluation import evaluate, evaluate_split
+    from ssd.engine.export import export_onnx
+    from ssd.engine.metrics import evaluate_coco, evaluate_voc, voc_ap
+    from ssd.engine.predictor import Detector, load
+    from ssd.engine.trainer import train
+    from ssd.loss import MultiBoxLoss
+    from ssd.matching import match
+    from ssd.models import SSD, build_model, list_models, model_from_checkpoint
+    from ssd.models.config import ModelConfig
+    from ssd.postprocess import postprocess_detections
+    from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes

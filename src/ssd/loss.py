@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from ssd.boxes import VARIANCES
 from ssd.matching import match
-from ssd.validation import validate_predictions, validate_targets
+from ssd.checks import validate_predictions, validate_targets
 
 __all__ = ["MultiBoxLoss"]
 

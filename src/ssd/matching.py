@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from ssd.boxes import VARIANCES, box_iou_batched, cxcywh_to_xyxy, encode, xyxy_to_cxcywh
-from ssd.validation import PADDING, validate_targets
+from ssd.checks import PADDING, validate_targets
 
 __all__ = ["match"]
 
@@ -37,7 +37,7 @@ def match(
         priors: ``[P, 4]`` cxcywh normalized (:func:`ssd.priors.default_boxes`).
         iou_threshold: minimum IoU of a positive prior (besides the forced best priors).
         variances: encoding variances, see :func:`ssd.boxes.encode`.
-        validate: run :func:`ssd.validation.validate_targets` (labels are not range-checked here: K is unknown).
+        validate: run :func:`ssd.checks.validate_targets` (labels are not range-checked here: K is unknown).
 
     Returns:
         ``loc_t [B, P, 4]``: offsets of the matched ground truth for positive priors, ``0`` for background ones.

@@ -7,7 +7,7 @@ from torch import Tensor
 from torchvision.ops import batched_nms
 
 from ssd.boxes import decode
-from ssd.validation import validate_predictions
+from ssd.checks import validate_predictions
 
 __all__ = ["postprocess"]
 

@@ -5,7 +5,7 @@ import re
 import pytest
 import torch
 
-from ssd.validation import validate_predictions, validate_targets
+from ssd.checks import validate_predictions, validate_targets
 
 BOX = [0.1, 0.1, 0.5, 0.5]
 
