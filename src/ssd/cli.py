@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         parser = _build_parser()
         args = _parse(parser, argv)
         if args.version:
-            from ssd import __version__
+            from ssd._version import __version__
 
             print(__version__)
             return 0
