@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ssd.engine.export import ExportCheckError, check_onnx, export, export_onnx, export_torchscript
-from ssd.engine.predictor import Detector, load
+from ssd.engine.inference import Detector, load
 from ssd.models import build_model
 from ssd.postprocess import postprocess
 
@@ -89,7 +89,7 @@ def test_ssd300_dynamic_batch_onnx_matches_pytorch(tmp_path):
 def test_nms_export_equals_postprocess_batch1_and_dynamic(tiny, tmp_path):
     conf, iou, max_det = 0.3, 0.45, 50
     path = export_onnx(tiny, tmp_path / "nms.onnx", dynamic_batch=True, nms=True, score_threshold=conf,
-                       iou_threshold=iou, max_det=max_det)
+                       iou_threshold=iou, max_detections=max_det)
     meta = ort.InferenceSession(str(path)).get_modelmeta().custom_metadata_map
     assert (float(meta["score_threshold"]), float(meta["iou_threshold"]), int(meta["max_det"])) == (conf, iou, max_det)
     for count in (1, 3):
@@ -109,12 +109,14 @@ def test_nms_export_equals_postprocess_batch1_and_dynamic(tiny, tmp_path):
 
     detector = load(path)  # stricter conf and fewer detections are applied to the graph's output
     images = random_images(2)
-    want = Detector(tiny).predict(images, conf=0.35, iou=iou, max_det=10)
-    for got, expected in zip(detector.predict(images, conf=0.35, iou=iou, max_det=10), want):
+    want = Detector(tiny).predict(images, score_threshold=0.35, iou_threshold=iou, max_detections=10)
+    got = detector.predict(images, score_threshold=0.35, iou_threshold=iou, max_detections=10)
+    for got, expected in zip(got, want):
         assert got.labels.tolist() == expected.labels.tolist() and len(got.labels) > 0
         torch.testing.assert_close(got.boxes, expected.boxes, atol=1e-3, rtol=0)
-    with pytest.raises(ValueError, match=r"exported with NMS at conf=0.3, iou=0.45, max_det=50; got conf=0.1"):
-        detector.predict(images, conf=0.1)
+    with pytest.raises(ValueError, match=r"exported with NMS at score_threshold=0.3, iou_threshold=0.45, "
+                                         r"max_detections=50; got score_threshold=0.1"):
+        detector.predict(images, score_threshold=0.1)
 
 
 def test_check_fails_loudly_when_outputs_differ(tiny_onnx):

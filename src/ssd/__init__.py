@@ -25,4 +25,4 @@ from ssd.engine.trainer import evaluate, train
 from ssd.engine.evaluator import evaluate_model
 from ssd.engine.metrics import evaluate_coco, evaluate_voc, voc_ap
 from ssd.engine.export import export_onnx
-from ssd.engine.predictor import Detector, load
+from ssd.engine.inference import Detector, load
