@@ -13,8 +13,9 @@ from torch import nn
 from ssd.checkpoint import save_checkpoint
 from ssd.cli import main
 from ssd.engine.backends import OnnxBackend, OnnxModelError
-from ssd.engine.export import ExportCheckError, check_onnx, export, export_onnx, export_torchscript
+from ssd.engine.export import export, export_onnx, export_torchscript
 from ssd.engine.inference import Detector, load
+from ssd.engine.parity import ExportCheckError, check_onnx
 from ssd.models import build_model
 from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess
 

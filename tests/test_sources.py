@@ -165,11 +165,13 @@ def test_coco_output_uses_the_checkpoints_category_ids(tmp_path):
     assert [r["category_id"] for r in results] == [[1, 5, 90][label] for label in labels]
 
     no_ids = load(save_checkpoint(tmp_path / "plain.pt", model))  # without ids: the labels 0..K-1
-    results = json.loads(predict_source(no_ids, source, tmp_path / "c2", fmt="coco", **options).results_file.read_text())
+    summary = predict_source(no_ids, source, tmp_path / "c2", fmt="coco", **options)
+    results = json.loads(summary.results_file.read_text())
     assert [r["category_id"] for r in results] == labels
 
     onnx_path = export_onnx(with_ids, tmp_path / "ids.onnx", check=False)  # the export carries them
     assert load(onnx_path).category_ids == [1, 5, 90]
     bad = save_checkpoint(tmp_path / "bad.pt", model, category_ids=[1, 2])
-    with pytest.raises(CheckpointError, match=r"bad\.pt: category_ids must be 3 integers \(one per class\), got \[1, 2\]"):
+    with pytest.raises(CheckpointError, match=r"bad\.pt: category_ids must be 3 integers \(one per class\), got "
+                                              r"\[1, 2\]"):
         load(bad)

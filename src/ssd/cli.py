@@ -111,8 +111,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-json", type=Path, help="also write the detections as COCO-format JSON here")
 
     p = sub.add_parser("predict", help="detect objects in images, folders, globs or videos", epilog=EPILOG)
-    p.add_argument("--weights", required=True, type=Path,
-                   help="checkpoint (.pt), exported model (.onnx) or run directory (its weights/best.pt)")
+    p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt), exported .onnx or run directory")
     p.add_argument("--source", required=True, help="image, folder, glob or video file")
     p.add_argument("--conf", type=float, default=0.3, help="score threshold in [0, 1] (default: 0.3)")
     p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold in [0, 1] (default: 0.45)")
@@ -120,9 +119,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--half", action="store_true", help="half precision (CUDA only)")
-    p.add_argument("--save-dir", type=Path, default=Path("runs/predict"),
-                   help="output folder, incremented (predict2, ...) when it exists (default: runs/predict)")
-    p.add_argument("--exist-ok", action="store_true", help="write into --save-dir even if it exists")
+    p.add_argument("--save-dir", type=Path, default=Path("runs/predict"), help="output folder (default: runs/predict)")
+    p.add_argument("--exist-ok", action="store_true", help="write into --save-dir if it exists (else: predict2, ...)")
     p.add_argument("--format", dest="fmt", default="json", choices=["json", "coco"], help="detections file format")
     p.add_argument("--no-save-images", dest="save_images", action="store_false", help="only write the JSON")
 

@@ -33,14 +33,16 @@ class OnnxModelError(CheckpointError):
     """An ONNX file that ``ssd`` cannot run: unreadable, not exported by ``ssd export``, modified or inconsistent."""
 
 
-def check_category_ids(ids: Any, num_classes: int, source: str) -> list[int] | None:
-    """``ids`` (a sequence of ``K`` integers: label ``k`` -> the dataset's category id) as a list, or ``None``."""
+def check_category_ids(ids: Any, num_classes: int, source: str, error: type[Exception] = CheckpointError
+                       ) -> list[int] | None:
+    """``ids`` (a sequence of ``K`` integers: label ``k`` -> the dataset's category id) as a list, or ``None``;
+    raises ``error`` naming ``source`` otherwise."""
     if ids is None:
         return None
     values = ids.tolist() if isinstance(ids, Tensor) else ids
     if (not isinstance(values, Sequence) or isinstance(values, str) or len(values) != num_classes
             or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)):
-        raise CheckpointError(f"{source}: category_ids must be {num_classes} integers (one per class), got {ids!r}")
+        raise error(f"{source}: category_ids must be {num_classes} integers (one per class), got {ids!r}")
     return list(values)
 
 
@@ -138,7 +140,8 @@ def _read_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
     if missing:
         raise OnnxModelError(f"{path}: the metadata lacks {', '.join(missing)} (has {', '.join(raw) or 'nothing'}); "
                              f"it was edited or written by another tool; export the model again with `ssd export`")
-    meta["category_ids"] = check_category_ids(meta.get("category_ids"), len(meta["class_names"]), str(path))
+    meta["category_ids"] = check_category_ids(meta.get("category_ids"), len(meta["class_names"]), str(path),
+                                              OnnxModelError)
     return meta
 
 

@@ -40,23 +40,27 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from torchvision.ops import batched_nms, box_iou
+from torchvision.ops import batched_nms
 
+from ssd._utils import unwrap_model
+from ssd._version import __version__
 from ssd.boxes import decode
+from ssd.checkpoint import load_checkpoint
+from ssd.engine.backends import check_category_ids, graph_digest
+from ssd.engine.inference import check_thresholds, weights_file
+from ssd.engine.parity import ExportCheckError, check_onnx
+from ssd.models import model_from_checkpoint
 from ssd.postprocess import CANDIDATES_PER_CLASS
 
 __all__ = ["ExportCheckError", "export", "export_onnx", "export_torchscript", "check_onnx"]
-
-
-class ExportCheckError(ValueError):
-    """ONNX Runtime's outputs differ from PyTorch's beyond the tolerances (the message says where and by how much)."""
 
 
 # --- ONNX NonMaxSuppression as a PyTorch op: eager (torchvision) for tracing, NonMaxSuppression in the graph ---
 @torch.library.custom_op("ssd::onnx_nms", mutates_args=())
 def onnx_nms(boxes: Tensor, scores: Tensor, iou_threshold: float, score_threshold: float) -> Tensor:
     """ONNX ``NonMaxSuppression`` semantics: ``boxes [N, C, 4]`` xyxy, ``scores [N, 1, C]`` -> ``[S, 3]`` int64 rows
-    ``(n, 0, c)`` of the kept boxes (``score > score_threshold``, greedy NMS per ``n``, suppress ``IoU > iou_threshold``)."""
+    ``(n, 0, c)`` of the kept boxes (``score > score_threshold``, greedy NMS per ``n``, suppress
+    ``IoU > iou_threshold``)."""
     n, c = (scores[:, 0] > score_threshold).nonzero(as_tuple=True)
     keep = batched_nms(boxes[n, c], scores[n, 0, c], n, iou_threshold)
     return torch.stack((n[keep], torch.zeros_like(keep), c[keep]), dim=1)
@@ -119,13 +123,7 @@ def _as_model(weights_or_model, out_path: Path) -> tuple[nn.Module, list[int] | 
     """A CPU copy in eval mode of the model (unwrapped from DDP), or the model of a checkpoint path with its
     ``category_ids`` (``None`` when it has none). Refuses an ``out_path`` that is the checkpoint itself."""
     if isinstance(weights_or_model, nn.Module):
-        from ssd._utils import unwrap_model
-
         return copy.deepcopy(unwrap_model(weights_or_model)).cpu().eval(), None
-    from ssd.checkpoint import load_checkpoint
-    from ssd.engine.backends import check_category_ids
-    from ssd.models import model_from_checkpoint
-
     weights = Path(weights_or_model)
     if out_path.resolve() == weights.resolve() or (out_path.exists() and os.path.samefile(out_path, weights)):
         raise ValueError(f"refusing to export over the weights: the output {out_path} is the checkpoint {weights}; "
@@ -165,9 +163,6 @@ def export_onnx(
     """
     import onnx
 
-    from ssd.engine.backends import graph_digest
-    from ssd.engine.inference import check_thresholds
-
     check_thresholds(score_threshold, iou_threshold, max_detections)
     out_path = Path(out_path)
     model, category_ids = _as_model(weights_or_model, out_path)
@@ -188,21 +183,17 @@ def export_onnx(
     if written != opset:
         raise ValueError(f"cannot export {model.config.name} at opset {opset}: the conversion "
                          f"from opset {written} failed (use opset {written} or newer)")
-    metadata = _metadata(model, nms, category_ids, graph_digest(proto))
-    if nms:
-        metadata.update(score_threshold=repr(float(score_threshold)), iou_threshold=repr(float(iou_threshold)),
-                        max_det=str(max_detections), candidates_per_class=str(CANDIDATES_PER_CLASS))
-    onnx.helper.set_model_props(proto, metadata)
+    thresholds = (score_threshold, iou_threshold, max_detections) if nms else None
+    onnx.helper.set_model_props(proto, _metadata(model, category_ids, graph_digest(proto), thresholds))
     onnx.save(proto, out_path)
     if check:
         check_onnx(model, out_path, sample_images)
     return out_path
 
 
-def _metadata(model: nn.Module, nms: bool, category_ids: list[int] | None, digest: str) -> dict[str, str]:
-    """The metadata every export carries (see the module docstring)."""
-    from ssd._version import __version__
-
+def _metadata(model: nn.Module, category_ids: list[int] | None, digest: str,
+              thresholds: tuple[float, float, int] | None) -> dict[str, str]:
+    """The metadata of an export (see the module docstring); ``thresholds``: those of in-graph NMS, or ``None``."""
     config = model.config
     metadata = {
         "ssd_version": __version__,
@@ -212,11 +203,15 @@ def _metadata(model: nn.Module, nms: bool, category_ids: list[int] | None, diges
         "mean": json.dumps(list(config.mean)),
         "std": json.dumps(list(config.std)),
         "variances": json.dumps(list(config.variances)),
-        "nms": json.dumps(nms),
+        "nms": json.dumps(thresholds is not None),
         "graph_sha256": digest,
     }
     if category_ids is not None:
         metadata["category_ids"] = json.dumps(category_ids)
+    if thresholds is not None:
+        score_threshold, iou_threshold, max_detections = thresholds
+        metadata.update(score_threshold=repr(float(score_threshold)), iou_threshold=repr(float(iou_threshold)),
+                        max_det=str(max_detections), candidates_per_class=str(CANDIDATES_PER_CLASS))
     return metadata
 
 
@@ -238,8 +233,6 @@ def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None =
     """``ssd export``: ``fmt`` ``"onnx"`` (:func:`export_onnx` options) or ``"torchscript"``; ``weights`` is a
     checkpoint or a run directory (its best checkpoint); the output defaults to the weights path with the format's
     suffix and is never the weights file itself."""
-    from ssd.engine.inference import weights_file
-
     suffix = {"onnx": ".onnx", "torchscript": ".torchscript"}
     if fmt not in suffix:
         raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(suffix)})")
@@ -248,79 +241,3 @@ def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None =
     if fmt == "onnx":
         return export_onnx(weights, out_path, **options)
     return export_torchscript(weights, out_path)
-
-
-def check_onnx(
-    model: nn.Module,
-    onnx_path: str | Path,
-    sample_images: Sequence | None = None,
-    box_tol: float = 1e-3,
-    score_tol: float = 1e-4,
-) -> None:
-    """Compare ONNX Runtime with PyTorch on ``sample_images`` (default: two seeded random images of different sizes).
-
-    Raw outputs (graphs without NMS): every prior's decoded box within ``box_tol`` (normalized, i.e. of the image size)
-    and class scores within ``score_tol``. Detections (the thresholds stored with NMS, else a score threshold of
-    0.25, IoU 0.45, 100 per image), both through :func:`ssd.engine.inference.detect_batch`: for each
-    image the same detections, labels equal, boxes within ``box_tol`` of the image size, scores within ``score_tol``;
-    a detection present on one side only is accepted only when a tolerance explains it (its score is within
-    ``score_tol`` of the threshold, or an overlapping same-class detection has a score within ``score_tol``: an NMS tie).
-
-    Raises:
-        ExportCheckError: naming the image, the detection and the difference.
-    """
-    from ssd.engine.backends import OnnxBackend, TorchBackend
-    from ssd.engine.inference import Detector
-
-    if sample_images is None:
-        generator = torch.Generator().manual_seed(0)
-        sample_images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator)
-                         for h, w in ((240, 320), (300, 200))]
-    ours, reference = Detector(OnnxBackend(onnx_path)), Detector(TorchBackend(model))
-    images = ours.to_tensors(sample_images)
-    onnx = ours.backend
-    if not onnx.nms:
-        _check_raw(reference, ours, images, box_tol, score_tol)
-    conf, iou, max_det = (onnx.score_threshold, onnx.iou_threshold, onnx.max_det) if onnx.nms else (0.25, 0.45, 100)
-    options = dict(score_threshold=conf, iou_threshold=iou, max_detections=max_det)
-    expected, got = reference.predict(images, **options), ours.predict(images, **options)
-    for index, (a, b) in enumerate(zip(expected, got)):
-        scale = torch.tensor([a.width, a.height, a.width, a.height], dtype=torch.float32)
-        for name, side, other in (("ONNX Runtime", a, b), ("PyTorch", b, a)):
-            problem = _unmatched(side, other, scale, conf, iou, box_tol, score_tol)
-            if problem:
-                raise ExportCheckError(f"{onnx_path}: image {index}: {problem} has no counterpart in {name}'s output "
-                                       f"(tolerances: boxes {box_tol} of the image size, scores {score_tol})")
-
-
-def _check_raw(reference, ours, images, box_tol: float, score_tol: float) -> None:
-    batch, _ = ours.preprocess(images)
-    loc, logits = (t.float().cpu() for t in reference.backend(batch))
-    got_loc, got_logits = ours.backend(batch)
-    priors, variances = ours.backend.priors, ours.backend.variances
-    box_diff = (decode(got_loc, priors, variances) - decode(loc, priors, variances)).abs().max().item()
-    score_diff = (got_logits.softmax(-1) - logits.softmax(-1)).abs().max().item()
-    if not box_diff <= box_tol or not score_diff <= score_tol:  # `not <=` also catches NaN
-        raise ExportCheckError(
-            f"ONNX Runtime's raw outputs differ from PyTorch's: largest box difference {box_diff:.3g} of the image "
-            f"size (allowed {box_tol}), largest score difference {score_diff:.3g} (allowed {score_tol})"
-        )
-
-
-def _unmatched(result, other, scale: Tensor, conf: float, iou: float, box_tol: float, score_tol: float) -> str | None:
-    """The first detection of ``result`` without a counterpart in ``other`` (same label, box and score within the
-    tolerances) that no tolerance explains; ``None`` when all match."""
-    if len(result.scores) == 0:
-        return None
-    same_label = result.labels[:, None] == other.labels[None, :]  # [N, M]
-    box_close = ((result.boxes[:, None] - other.boxes[None, :]).abs() <= box_tol * scale).all(-1)
-    score_diff = (result.scores[:, None] - other.scores[None, :]).abs()
-    matched = (same_label & box_close & (score_diff <= score_tol)).any(1)
-    near_threshold = result.scores <= conf + score_tol
-    tie = (same_label & (score_diff <= score_tol) & (box_iou(result.boxes, other.boxes) > iou)).any(1)
-    bad = ~(matched | near_threshold | tie)
-    if not bad.any():
-        return None
-    i = int(bad.nonzero()[0])
-    box = [round(v, 2) for v in result.boxes[i].tolist()]
-    return f"detection {i} (label {int(result.labels[i])}, score {float(result.scores[i]):.6f}, box {box})"

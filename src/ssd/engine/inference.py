@@ -55,7 +55,8 @@ class Result:
     path: str | None = None
 
     def to_dict(self) -> dict:
-        """JSON-able: ``file``, ``width``, ``height``, ``detections`` (``box`` xyxy pixels, ``score``, ``label``, ``name``)."""
+        """JSON-able: ``file``, ``width``, ``height``, ``detections`` (``box`` xyxy pixels, ``score``, ``label``,
+        ``name``)."""
         return {
             "file": self.path,
             "width": self.width,

@@ -222,8 +222,8 @@ def _predict_video(detector: Detector, path: Path, outputs: dict[Path, Path] | N
                 if outputs is not None:
                     if writer is None:
                         outputs[path].parent.mkdir(parents=True, exist_ok=True)
-                        writer = cv2.VideoWriter(str(outputs[path]), cv2.VideoWriter_fourcc(*"mp4v"),
-                                                 capture.get(cv2.CAP_PROP_FPS) or 25.0, (image.shape[-1], image.shape[-2]))
+                        fps, size = capture.get(cv2.CAP_PROP_FPS) or 25.0, (image.shape[-1], image.shape[-2])
+                        writer = cv2.VideoWriter(str(outputs[path]), cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
                     drawn = _draw(image, result, detector.class_names).permute(1, 2, 0).numpy()
                     writer.write(cv2.cvtColor(np.ascontiguousarray(drawn), cv2.COLOR_RGB2BGR))
             bar.update(len(chunk))
