@@ -13,7 +13,7 @@ NMS overlap), ``max_detections`` (per image). Every output box is pixel ``xyxy``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,10 +189,6 @@ class Detector:
             results += self.detect(images, paths, score_threshold=score_threshold, iou_threshold=iou_threshold,
                                    max_detections=max_detections)
         return results
-
-    def to_tensors(self, items: Iterable) -> list[Tensor]:
-        """Inputs (see :meth:`predict`) -> ``[3, H, W]`` tensors; ``ValueError`` names a bad one."""
-        return [to_image(item, index) for index, item in enumerate(items)]
 
 
 def weights_file(path: str | Path) -> Path:

@@ -12,7 +12,7 @@ from torchvision.ops import box_iou
 
 from ssd.boxes import decode
 from ssd.engine.backends import OnnxBackend, TorchBackend
-from ssd.engine.inference import Detector
+from ssd.engine.inference import Detector, to_image
 
 __all__ = ["ExportCheckError", "check_onnx"]
 
@@ -46,7 +46,7 @@ def check_onnx(
         sample_images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator)
                          for h, w in ((240, 320), (300, 200))]
     ours, reference = Detector(OnnxBackend(onnx_path)), Detector(TorchBackend(model))
-    images = ours.to_tensors(sample_images)
+    images = [to_image(item, index) for index, item in enumerate(sample_images)]
     onnx = ours.backend
     if not onnx.nms:
         _check_raw(reference, ours, images, box_tol, score_tol)
