@@ -28,7 +28,7 @@ import torch
 import torchvision
 
 from ssd.engine.export import export_onnx
-from ssd.engine.predictor import Detector, load
+from ssd.engine.inference import Detector, load
 from ssd.models import build_model
 
 CONF, IOU, MAX_DET, CANDIDATES = 0.25, 0.45, 100, 400
@@ -40,14 +40,15 @@ def _variants(tmp: Path) -> dict:
     model = build_model("ssdlite320_mobilenet_v3_large", num_classes=NUM_CLASSES).eval()
     raw = export_onnx(model, tmp / "raw.onnx", dynamic_batch=True, opset=18)
     nms = export_onnx(model, tmp / "nms.onnx", dynamic_batch=True, opset=18, nms=True, score_threshold=CONF,
-                      iou_threshold=IOU, max_det=MAX_DET)
+                      iou_threshold=IOU, max_detections=MAX_DET)
     reference = torchvision.models.detection.ssdlite320_mobilenet_v3_large(
         weights=None, weights_backbone=None, num_classes=NUM_CLASSES + 1, score_thresh=CONF, nms_thresh=IOU,
         detections_per_img=MAX_DET, topk_candidates=CANDIDATES).eval()
     ours = {"ssd eager": Detector(model), "ssd onnxruntime": load(raw), "ssd onnxruntime --nms": load(nms)}
 
     def run_ours(detector):
-        return lambda images: detector.predict(images, conf=CONF, iou=IOU, max_det=MAX_DET, batch_size=len(images))
+        return lambda images: detector.predict(images, score_threshold=CONF, iou_threshold=IOU,
+                                               max_detections=MAX_DET, batch_size=len(images))
 
     def run_torchvision(images):
         with torch.no_grad():

@@ -4,15 +4,20 @@
 import json
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
 from torch import nn
 
-from ssd.engine.export import ExportCheckError, check_onnx, export, export_onnx, export_torchscript
-from ssd.engine.predictor import Detector, load
+from ssd.checkpoint import save_checkpoint
+from ssd.cli import main
+from ssd.engine.backends import OnnxBackend, OnnxModelError
+from ssd.engine.export import export, export_onnx, export_torchscript
+from ssd.engine.inference import Detector, load
+from ssd.engine.parity import ExportCheckError, check_onnx
 from ssd.models import build_model
-from ssd.postprocess import postprocess
+from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess
 
 
 def biased_model(name: str, num_classes: int = 3, seed: int = 0, **options) -> nn.Module:
@@ -46,8 +51,6 @@ def tiny():
 @pytest.fixture(scope="module")
 def tiny_onnx(tiny, tmp_path_factory):
     """``ssd export`` of a checkpoint: batch 1, no NMS, checked with ONNX Runtime on two images."""
-    from ssd.checkpoint import save_checkpoint
-
     weights = save_checkpoint(tmp_path_factory.mktemp("export") / "best.pt", tiny)
     return export(weights, fmt="onnx", sample_images=random_images(2))
 
@@ -89,7 +92,7 @@ def test_ssd300_dynamic_batch_onnx_matches_pytorch(tmp_path):
 def test_nms_export_equals_postprocess_batch1_and_dynamic(tiny, tmp_path):
     conf, iou, max_det = 0.3, 0.45, 50
     path = export_onnx(tiny, tmp_path / "nms.onnx", dynamic_batch=True, nms=True, score_threshold=conf,
-                       iou_threshold=iou, max_det=max_det)
+                       iou_threshold=iou, max_detections=max_det)
     meta = ort.InferenceSession(str(path)).get_modelmeta().custom_metadata_map
     assert (float(meta["score_threshold"]), float(meta["iou_threshold"]), int(meta["max_det"])) == (conf, iou, max_det)
     for count in (1, 3):
@@ -109,12 +112,14 @@ def test_nms_export_equals_postprocess_batch1_and_dynamic(tiny, tmp_path):
 
     detector = load(path)  # stricter conf and fewer detections are applied to the graph's output
     images = random_images(2)
-    want = Detector(tiny).predict(images, conf=0.35, iou=iou, max_det=10)
-    for got, expected in zip(detector.predict(images, conf=0.35, iou=iou, max_det=10), want):
+    want = Detector(tiny).predict(images, score_threshold=0.35, iou_threshold=iou, max_detections=10)
+    got = detector.predict(images, score_threshold=0.35, iou_threshold=iou, max_detections=10)
+    for got, expected in zip(got, want):
         assert got.labels.tolist() == expected.labels.tolist() and len(got.labels) > 0
         torch.testing.assert_close(got.boxes, expected.boxes, atol=1e-3, rtol=0)
-    with pytest.raises(ValueError, match=r"exported with NMS at conf=0.3, iou=0.45, max_det=50; got conf=0.1"):
-        detector.predict(images, conf=0.1)
+    with pytest.raises(ValueError, match=r"exported with NMS at score_threshold=0.3, iou_threshold=0.45, "
+                                         r"max_detections=50; got score_threshold=0.1"):
+        detector.predict(images, score_threshold=0.1)
 
 
 def test_check_fails_loudly_when_outputs_differ(tiny_onnx):
@@ -165,3 +170,94 @@ def _ort_nms(boxes, scores, iou, score):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     session = ort.InferenceSession(onnx.shape_inference.infer_shapes(model).SerializeToString())
     return session.run(None, {"boxes": boxes.numpy(), "scores": scores.numpy()})[0].astype(np.int64)
+
+
+def test_in_graph_nms_equals_postprocess_on_the_same_outputs(tiny, tmp_path):
+    """Both graphs run on one batch; ``postprocess`` of the raw graph's outputs must give the NMS graph's rows, in the
+    regime where the candidate cap binds (every prior of every class above the threshold)."""
+    conf, iou, max_det = 0.05, 0.45, 200
+    raw = export_onnx(tiny, tmp_path / "raw.onnx", dynamic_batch=True, check=False)
+    nms = export_onnx(tiny, tmp_path / "nms.onnx", dynamic_batch=True, nms=True, check=False, score_threshold=conf,
+                      iou_threshold=iou, max_detections=max_det)
+    meta = ort.InferenceSession(str(nms)).get_modelmeta().custom_metadata_map
+    assert int(meta["candidates_per_class"]) == CANDIDATES_PER_CLASS
+    batch, _ = tiny.preprocess(random_images(3))
+    loc, logits, priors = run_raw(raw, batch)
+    assert int((logits.softmax(-1)[..., 1:] > conf).sum(1).min()) > CANDIDATES_PER_CLASS
+    expected = postprocess(loc, logits, priors, score_threshold=conf, iou_threshold=iou, top_k=max_det)
+    rows, counts = run_raw(nms, batch)
+    for want, got, n in zip(expected, rows, counts.tolist()):
+        assert n == len(want["scores"]) == max_det
+        torch.testing.assert_close(got[:n, :4], want["boxes"], atol=1e-5, rtol=0)
+        torch.testing.assert_close(got[:n, 4], want["scores"], atol=1e-6, rtol=0)
+        assert got[:n, 5].long().tolist() == want["labels"].tolist()
+
+
+def test_export_refuses_to_overwrite_the_weights(tiny, tmp_path, capsys):
+    weights = save_checkpoint(tmp_path / "best.pt", tiny)
+    before = weights.read_bytes()
+    link = tmp_path / "link.onnx"
+    link.symlink_to(weights)
+    for out in (weights, link, tmp_path / "." / "best.pt"):
+        with pytest.raises(ValueError, match=r"refusing to export over the weights: the output .* is the checkpoint "
+                                             r".*best\.pt; choose another output path \(--output\)"):
+            export(weights, out_path=out)
+    with pytest.raises(ValueError, match="refusing to export over the weights"):
+        export(weights, fmt="torchscript", out_path=weights)
+    assert main(["export", "--weights", str(weights), "--output", str(weights)]) == 1
+    assert "refusing to export over the weights" in capsys.readouterr().err
+    assert weights.read_bytes() == before
+
+
+def with_metadata(source, target, **changes):
+    """A copy of an ONNX file with metadata keys changed (``None`` removes one); the graph is untouched."""
+    proto = onnx.load(str(source))
+    props = {p.key: p.value for p in proto.metadata_props}
+    props.update(changes)
+    onnx.helper.set_model_props(proto, {k: v for k, v in props.items() if v is not None})
+    onnx.save(proto, str(target))
+    return target
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(image_size=None), r"the metadata lacks image_size \(has "),
+    (dict(mean=None, std=None), r"the metadata lacks mean, std \(has "),
+    (dict(nms=None), r"the metadata lacks nms \(has "),
+    (dict(class_names=None, image_size=None), r"was not written by `ssd export` \(no class_names or image_size"),
+    (dict(class_names='["a", "b"]'), r"the graph scores 3 classes \(\+ background\) but the metadata names 2: "
+                                     r"\['a', 'b'\]"),
+    (dict(image_size="300"), r"the metadata says image_size=300 but the graph's input is \[1, 3, 256, 256\]"),
+    (dict(mean="[0.5]"), r"metadata mean='\[0.5\]' is not a JSON list of 3 finite numbers"),
+    (dict(class_names="cat, dog"), r"metadata class_names='cat, dog' is not a non-empty JSON list of strings"),
+    (dict(nms="true"), r"the metadata lacks score_threshold, iou_threshold, max_det"),
+    (dict(nms="true", score_threshold="0.3", iou_threshold="0.45", max_det="100"),
+     r"the metadata says nms=true but the graph's outputs are \['loc', 'logits', 'priors'\]"),
+    (dict(category_ids="[1, 2]"), r"category_ids must be 3 integers \(one per class\), got \[1, 2\]"),
+])
+def test_onnx_metadata_problems_are_named(tiny_onnx, tmp_path, changes, message):
+    path = with_metadata(tiny_onnx, tmp_path / "edited.onnx", **changes)
+    with pytest.raises(OnnxModelError, match=message) as error:
+        load(path)
+    assert str(error.value).startswith(str(path))
+
+
+def test_onnx_backend_knows_its_priors_and_settings(tiny, tiny_onnx):
+    backend = OnnxBackend(tiny_onnx)
+    assert torch.equal(backend.priors, tiny.priors)  # before any batch ran
+    assert (backend.class_names, backend.image_size, backend.category_ids) == (tiny.class_names, 256, None)
+    assert (backend.mean, backend.std, backend.variances) == (tiny.config.mean, tiny.config.std, tiny.config.variances)
+
+
+def test_flipped_weight_bytes_fail_the_checksum(tiny_onnx, tmp_path):
+    proto = onnx.load(str(tiny_onnx))
+    assert proto.graph.initializer and all(p.key != "graph_sha256" or len(p.value) == 64 for p in proto.metadata_props)
+    weight = max(proto.graph.initializer, key=lambda t: len(t.raw_data)).raw_data
+    data = bytearray(tiny_onnx.read_bytes())
+    at = data.find(weight[:64])
+    assert at > 0 and data.find(weight[:64], at + 1) == -1
+    data[at + 40] ^= 0x10
+    damaged = tmp_path / "damaged.onnx"
+    damaged.write_bytes(bytes(data))
+    ort.InferenceSession(str(damaged))  # ONNX Runtime alone runs it silently
+    with pytest.raises(OnnxModelError, match=r"damaged\.onnx: the graph does not match the checksum stored at export"):
+        load(damaged)

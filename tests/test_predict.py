@@ -14,9 +14,12 @@ from conftest import requires_cuda
 from ssd.checkpoint import CheckpointError, save_checkpoint
 from ssd.data.images import read_image
 from ssd.engine.export import export_onnx
-from ssd.engine.predictor import Detector, OnnxDetector, load, predict_source
+from ssd.engine.backends import OnnxBackend
+from ssd.engine.inference import Detector, load
+from ssd.engine.sources import predict_source
 
 CONF, IOU, MAX_DET = 0.3, 0.45, 20
+OPTS = dict(score_threshold=CONF, iou_threshold=IOU, max_detections=MAX_DET)
 
 
 @pytest.fixture(scope="module")
@@ -54,22 +57,22 @@ def test_inputs_path_pil_numpy_tensor_agree(tiny, weights, folder):
     detector = load(weights)
     path = folder / "img0.png"
     image = read_image(path)
-    expected = tiny.predict([image], score_threshold=CONF, iou_threshold=IOU, max_detections=MAX_DET)
+    expected = tiny.predict([image], **OPTS)
     array = image.permute(1, 2, 0).numpy()
     for source in (path, str(path), Image.open(path), array, image):
-        [result] = detector.predict(source, conf=CONF, iou=IOU, max_det=MAX_DET)
+        [result] = detector.predict(source, **OPTS)
         assert_same([result], expected)
         assert (result.width, result.height) == (image.shape[2], image.shape[1])
-    assert detector.predict(path, conf=CONF, iou=IOU, max_det=MAX_DET)[0].path == str(path)
-    assert detector.predict(array, conf=CONF, iou=IOU, max_det=MAX_DET)[0].path is None
+    assert detector.predict(path, **OPTS)[0].path == str(path)
+    assert detector.predict(array, **OPTS)[0].path is None
 
     scaled = image.float() / 255  # float tensors in 0..1 take the model's float path
-    expected = tiny.predict([scaled], score_threshold=CONF, iou_threshold=IOU, max_detections=MAX_DET)
-    assert_same(detector.predict([scaled], conf=CONF, iou=IOU, max_det=MAX_DET), expected)
+    expected = tiny.predict([scaled], **OPTS)
+    assert_same(detector.predict([scaled], **OPTS), expected)
 
     images = random_images(3)
-    batched = detector.predict(images, conf=CONF, iou=IOU, max_det=MAX_DET, batch_size=2)
-    assert_same(batched, tiny.predict(images, score_threshold=CONF, iou_threshold=IOU, max_detections=MAX_DET))
+    batched = detector.predict(images, **OPTS, batch_size=2)
+    assert_same(batched, tiny.predict(images, **OPTS))
 
 
 def test_bad_inputs_are_named(weights):
@@ -83,8 +86,8 @@ def test_bad_inputs_are_named(weights):
 
 
 def test_folder_with_corrupt_image_json_equals_model(tiny, weights, folder, tmp_path, capsys):
-    summary = predict_source(load(weights), folder, tmp_path / "out", conf=CONF, iou=IOU, max_det=MAX_DET,
-                             batch_size=2, progress=False)
+    summary = predict_source(load(weights), folder, tmp_path / "out", **OPTS, batch_size=2,
+                             progress=False)
     assert summary.images == 3
     assert [name for name, _ in summary.skipped] == [str(folder / "broken.jpg")]
     assert "skipped 1 unreadable file" in str(summary) and "broken.jpg" in str(summary)
@@ -98,7 +101,7 @@ def test_folder_with_corrupt_image_json_equals_model(tiny, weights, folder, tmp_
     entries = content["images"]
     assert [e["file"] for e in entries] == [str(folder / f"img{i}.png") for i in range(3)]
     images = [read_image(folder / f"img{i}.png") for i in range(3)]
-    expected = tiny.predict(images, score_threshold=CONF, iou_threshold=IOU, max_detections=MAX_DET)
+    expected = tiny.predict(images, **OPTS)
     assert summary.detections == sum(len(d["scores"]) for d in expected)
     for entry, image, want in zip(entries, images, expected):
         assert (entry["width"], entry["height"]) == (image.shape[2], image.shape[1])
@@ -111,13 +114,13 @@ def test_folder_with_corrupt_image_json_equals_model(tiny, weights, folder, tmp_
 
 
 def test_coco_format_glob(tiny, weights, folder, tmp_path):
-    summary = predict_source(load(weights), str(folder / "img*.png"), tmp_path, conf=CONF, iou=IOU,
-                             max_det=MAX_DET, save_images=False, fmt="coco", progress=False)
+    summary = predict_source(load(weights), str(folder / "img*.png"), tmp_path, **OPTS, save_images=False,
+                             fmt="coco", progress=False, exist_ok=True)
     assert summary.images == 3 and not summary.skipped
     assert not list(tmp_path.glob("*.png"))
     results = json.loads((tmp_path / "predictions_coco.json").read_text())
     images = [read_image(folder / f"img{i}.png") for i in range(3)]
-    expected = tiny.predict(images, score_threshold=CONF, iou_threshold=IOU, max_detections=MAX_DET)
+    expected = tiny.predict(images, **OPTS)
     assert len(results) == summary.detections == sum(len(d["scores"]) for d in expected)
     first = [r for r in results if r["image_id"] == 0]
     x1, y1, x2, y2 = expected[0]["boxes"][0].tolist()
@@ -128,15 +131,15 @@ def test_coco_format_glob(tiny, weights, folder, tmp_path):
 def test_onnx_detector_equals_checkpoint(weights, folder, tmp_path):
     onnx_path = export_onnx(weights, tmp_path / "best.onnx", dynamic_batch=True)
     detector = load(onnx_path)
-    assert isinstance(detector, OnnxDetector) and not detector.nms
+    assert isinstance(detector.backend, OnnxBackend) and not detector.backend.nms
     images = [folder / f"img{i}.png" for i in range(3)] + random_images(2)
-    got = detector.predict(images, conf=CONF, iou=IOU, max_det=MAX_DET, batch_size=4)
-    want = load(weights).predict(images, conf=CONF, iou=IOU, max_det=MAX_DET, batch_size=4)
+    got = detector.predict(images, **OPTS, batch_size=4)
+    want = load(weights).predict(images, **OPTS, batch_size=4)
     assert_same(got, [{"boxes": r.boxes, "scores": r.scores, "labels": r.labels, "names": r.names} for r in want],
                 atol=1e-3)
 
-    summary = predict_source(detector, folder, tmp_path / "onnx", conf=CONF, iou=IOU, max_det=MAX_DET,
-                             save_images=False, progress=False)
+    summary = predict_source(detector, folder, tmp_path / "onnx", **OPTS, save_images=False,
+                             progress=False)
     assert summary.images == 3 and len(summary.skipped) == 1
 
 
@@ -154,8 +157,7 @@ def test_video_round_trip(weights, tmp_path):
     (tmp_path / "broken.mp4").write_bytes(b"not a video")
     detector = load(weights)
     out = tmp_path / "out"
-    summary = predict_source(detector, str(tmp_path / "*.*"), out, conf=CONF, iou=IOU, max_det=MAX_DET, batch_size=2,
-                             progress=False)
+    summary = predict_source(detector, str(tmp_path / "*.*"), out, **OPTS, batch_size=2, progress=False)
     assert (summary.videos, summary.frames, summary.images) == (1, 5, 0)
     assert [name for name, _ in summary.skipped] == [str(tmp_path / "broken.mp4")]
 
@@ -165,7 +167,7 @@ def test_video_round_trip(weights, tmp_path):
     entries = json.loads(summary.results_file.read_text())["images"]
     assert [e["frame"] for e in entries] == list(range(5))
     assert all(e["file"] == str(source) and (e["width"], e["height"]) == (96, 64) for e in entries)
-    expected = detector.predict(frames, conf=CONF, iou=IOU, max_det=MAX_DET)
+    expected = detector.predict(frames, **OPTS)
     for entry, want in zip(entries, expected):
         assert len(entry["detections"]) == len(want.scores) > 0
         np.testing.assert_allclose([d["box"] for d in entry["detections"]], want.boxes.numpy(), atol=1e-4)
@@ -194,7 +196,7 @@ def test_missing_and_foreign_weights(tmp_path):
 @requires_cuda
 def test_half_precision_on_cuda(tiny, weights):
     images = random_images(2)
-    got = load(weights, device="cuda", half=True).predict(images, conf=CONF, iou=IOU, max_det=MAX_DET)
-    want = Detector(tiny).predict(images, conf=CONF, iou=IOU, max_det=MAX_DET)
+    got = load(weights, device="cuda", half=True).predict(images, **OPTS)
+    want = Detector(tiny).predict(images, **OPTS)
     for g, w in zip(got, want):
         assert g.boxes.device.type == "cpu" and abs(len(g.scores) - len(w.scores)) <= 2

@@ -50,8 +50,8 @@ _EXPORTS: dict[str, str] = {
     "evaluate_voc": "ssd.engine.metrics",
     "voc_ap": "ssd.engine.metrics",
     "export_onnx": "ssd.engine.export",
-    "Detector": "ssd.engine.predictor",
-    "load": "ssd.engine.predictor",
+    "Detector": "ssd.engine.inference",
+    "load": "ssd.engine.inference",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -81,8 +81,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ssd.data.synthetic import generate_synthetic
     from ssd.engine.evaluation import evaluate, evaluate_split
     from ssd.engine.export import export_onnx
+    from ssd.engine.inference import Detector, load
     from ssd.engine.metrics import evaluate_coco, evaluate_voc, voc_ap
-    from ssd.engine.predictor import Detector, load
     from ssd.engine.trainer import train
     from ssd.loss import MultiBoxLoss
     from ssd.matching import match

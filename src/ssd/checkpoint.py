@@ -112,7 +112,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         raise CheckpointError(_unsafe(path, exc)) from None
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for damaged files; all mean "unreadable"
+    except Exception as exc:
         raise CheckpointError(_unreadable(path, exc)) from None
     if not isinstance(ckpt, Mapping):
         raise CheckpointError(f"{path} holds a {type(ckpt).__name__}, not an ssd checkpoint (a dict with a "

@@ -111,22 +111,23 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-json", type=Path, help="also write the detections as COCO-format JSON here")
 
     p = sub.add_parser("predict", help="detect objects in images, folders, globs or videos", epilog=EPILOG)
-    p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or exported model (.onnx)")
+    p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt), exported .onnx or run directory")
     p.add_argument("--source", required=True, help="image, folder, glob or video file")
-    p.add_argument("--conf", type=float, default=0.3, help="score threshold (default: 0.3)")
-    p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold (default: 0.45)")
+    p.add_argument("--conf", type=float, default=0.3, help="score threshold in [0, 1] (default: 0.3)")
+    p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold in [0, 1] (default: 0.45)")
     p.add_argument("--max-det", type=int, default=100, help="detections kept per image (default: 100)")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--half", action="store_true", help="half precision (CUDA only)")
     p.add_argument("--save-dir", type=Path, default=Path("runs/predict"), help="output folder (default: runs/predict)")
+    p.add_argument("--exist-ok", action="store_true", help="write into --save-dir if it exists (else: predict2, ...)")
     p.add_argument("--format", dest="fmt", default="json", choices=["json", "coco"], help="detections file format")
     p.add_argument("--no-save-images", dest="save_images", action="store_false", help="only write the JSON")
 
     p = sub.add_parser("export", help="export a checkpoint to ONNX (checked with ONNX Runtime)", epilog=EPILOG)
-    p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt)")
+    p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
     p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "torchscript"])
-    p.add_argument("--output", type=Path, help="output file (default: next to the weights)")
+    p.add_argument("--output", type=Path, help="output file, not the weights file (default: next to the weights)")
     p.add_argument("--opset", type=int, default=18,
                    help="ONNX opset (default: 18; lower ones are down-converted when possible)")
     p.add_argument("--dynamic-batch", action="store_true", help="allow any batch size")
@@ -177,14 +178,27 @@ def _cmd_val(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_predict(args: argparse.Namespace) -> int:
-    from ssd.engine.predictor import load, predict_source
+PREDICT_OPTIONS = {"score_threshold": "--conf", "iou_threshold": "--iou", "max_detections": "--max-det",
+                   "batch_size": "--batch-size"}
 
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    from ssd.engine.inference import check_thresholds, load
+    from ssd.engine.sources import predict_source
+
+    options = dict(score_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det,
+                   batch_size=args.batch_size)
+    try:
+        check_thresholds(**options, names=PREDICT_OPTIONS)
+    except ValueError as e:
+        raise UsageError(f"ssd predict: {e}") from None
     detector = load(args.weights, device=args.device, half=args.half)
-    summary = predict_source(detector, args.source, save_dir=args.save_dir, conf=args.conf, iou=args.iou,
-                             max_det=args.max_det, batch_size=args.batch_size, save_images=args.save_images,
-                             fmt=args.fmt)
+    summary = predict_source(detector, args.source, args.save_dir, **options, save_images=args.save_images,
+                             fmt=args.fmt, exist_ok=args.exist_ok)
     print(summary)
+    if summary.skipped and not (summary.images or summary.videos):
+        print(f"error: none of the {len(summary.skipped)} inputs could be read", file=sys.stderr)
+        return 1
     return 0
 
 

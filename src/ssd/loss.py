@@ -7,8 +7,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssd.boxes import VARIANCES
-from ssd.matching import match
 from ssd.checks import validate_predictions, validate_targets
+from ssd.matching import match
 
 __all__ = ["MultiBoxLoss"]
 

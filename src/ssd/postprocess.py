@@ -9,7 +9,10 @@ from torchvision.ops import batched_nms
 from ssd.boxes import decode
 from ssd.checks import validate_predictions
 
-__all__ = ["postprocess"]
+__all__ = ["postprocess", "CANDIDATES_PER_CLASS"]
+
+CANDIDATES_PER_CLASS = 400
+"""Default of ``candidates_per_class``: the best boxes per image and class that enter NMS (also in exported graphs)."""
 
 
 @torch.no_grad()
@@ -20,7 +23,7 @@ def postprocess(
     score_threshold: float = 0.01,
     iou_threshold: float = 0.45,
     top_k: int = 200,
-    candidates_per_class: int = 400,
+    candidates_per_class: int = CANDIDATES_PER_CLASS,
     variances: tuple[float, float] = (0.1, 0.2),
 ) -> list[dict[str, Tensor]]:
     """Detections of a batch of head outputs (not differentiable: runs without autograd).

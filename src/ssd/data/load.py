@@ -33,7 +33,7 @@ def _read_file(path: Path) -> DatasetSpec:
         spec = read_coco(path)
     else:
         raise DataError(f"{path}: unsupported data file (expected .yaml/.yml, .json or a folder)")
-    spec.sources = {split: path for split in spec.splits}
+    spec.sources = dict.fromkeys(spec.splits, path)
     return spec
 
 

@@ -28,11 +28,11 @@ from ssd.data.load import load_training_data
 from ssd.data.records import ImageRecord
 from ssd.engine import distributed as ddp
 from ssd.engine.device import autocast, prepare_model, resolve_device
+from ssd.engine.inference import detect_batch
 from ssd.engine.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
 from ssd.engine.run import plain_data_errors
 from ssd.models import model_from_checkpoint
 from ssd.models.config import ModelConfig
-from ssd.postprocess import postprocess
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",
            "merge_results", "format_table", "save_coco_json"]
@@ -124,11 +124,7 @@ def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, devic
         ``boxes [N, 4]`` float32, ``scores [N]``, ``labels [N]`` int64 ``0..K-1``, ``image_id``, ``path``.
         Ground truths: ``boxes [M, 4]``, ``labels [M]``, ``difficult [M]`` bool (padding removed).
     """
-    net = unwrap_model(model)
-    priors = net.priors
-    device = torch.device(device) if device is not None else priors.device
-    priors = priors.to(device)
-    variances = net.config.variances
+    device = torch.device(device) if device is not None else unwrap_model(model).priors.device
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     was_training = model.training
     model.eval()
@@ -139,17 +135,13 @@ def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, devic
             for batch in bar:
                 images = batch["images"].to(device, non_blocking=True).contiguous(memory_format=memory_format)
                 with torch.inference_mode(), autocast(device, amp_dtype):
-                    loc, logits = model(images)
-                    outputs = postprocess(loc, logits, priors, score_threshold=score_threshold,
-                                          iou_threshold=iou_threshold, top_k=max_detections, variances=variances)
-                scale = pixel_scale(batch["orig_sizes"])
-                counts = [len(out["scores"]) for out in outputs]
-                boxes = torch.cat([out["boxes"].cpu() for out in outputs]) * scale.repeat_interleave(
-                    torch.tensor(counts), dim=0)
-                for out, b, image_id, path in zip(outputs, boxes.split(counts), batch["image_ids"], batch["paths"]):
-                    detections.append({"boxes": b, "scores": out["scores"].cpu().clone(),
-                                       "labels": out["labels"].cpu().clone(), "image_id": image_id, "path": path})
-                ground_truths += _ground_truths(batch, scale)
+                    outputs = detect_batch(model, images, batch["orig_sizes"].to(device),
+                                           score_threshold=score_threshold, iou_threshold=iou_threshold,
+                                           max_detections=max_detections)
+                for out, image_id, path in zip(outputs, batch["image_ids"], batch["paths"]):
+                    detections.append({**{k: out[k].cpu().clone() for k in ("boxes", "scores", "labels")},
+                                       "image_id": image_id, "path": path})
+                ground_truths += _ground_truths(batch, pixel_scale(batch["orig_sizes"]))
     finally:
         model.train(was_training)
     return detections, ground_truths

@@ -19,39 +19,48 @@ NMS batch entry per image and class) and the ``max_det`` best per image, so a de
   ``label = -1``;
 - ``num_detections [B]`` int64: the number of real rows per image.
 
-Metadata (``metadata_props``, strings): ``ssd_version``, ``model_name``, ``class_names`` (JSON list), ``image_size``,
-``mean``, ``std``, ``variances`` (JSON lists), ``nms`` (``"true"``/``"false"``) and, with NMS, ``score_threshold``,
-``iou_threshold``, ``max_det``, ``candidates_per_class``.
+Metadata (``metadata_props``, strings, JSON values): ``ssd_version``, ``model_name``, ``class_names`` (list),
+``image_size``, ``mean``, ``std``, ``variances`` (lists), ``nms`` (``true``/``false``), ``graph_sha256`` (the
+checksum of the graph: :func:`ssd.engine.backends.graph_digest`, verified at load), ``category_ids`` (list, when the
+checkpoint has the dataset's ids) and, with NMS, ``score_threshold``, ``iou_threshold``, ``max_det``,
+``candidates_per_class``. :class:`ssd.engine.backends.OnnxBackend` validates all of them against the graph.
+
+The in-graph post-processing (:class:`_ExportGraph`) is written with ONNX-exportable ops, apart from
+:func:`ssd.postprocess.postprocess`, with the same rule and the same ``CANDIDATES_PER_CLASS``; tests prove its
+output equal to ``postprocess`` on the same head outputs.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from torchvision.ops import batched_nms, box_iou
+from torchvision.ops import batched_nms
 
+from ssd._utils import unwrap_model
+from ssd._version import __version__
 from ssd.boxes import decode
+from ssd.checkpoint import load_checkpoint
+from ssd.engine.backends import check_category_ids, graph_digest
+from ssd.engine.inference import check_thresholds, weights_file
+from ssd.engine.parity import ExportCheckError, check_onnx
+from ssd.models import model_from_checkpoint
+from ssd.postprocess import CANDIDATES_PER_CLASS
 
 __all__ = ["ExportCheckError", "export", "export_onnx", "export_torchscript", "check_onnx"]
-
-CANDIDATES_PER_CLASS = 400
-"""Best boxes per image and class that enter NMS (as :func:`ssd.postprocess`'s default)."""
-
-
-class ExportCheckError(ValueError):
-    """ONNX Runtime's outputs differ from PyTorch's beyond the tolerances (the message says where and by how much)."""
 
 
 # --- ONNX NonMaxSuppression as a PyTorch op: eager (torchvision) for tracing, NonMaxSuppression in the graph ---
 @torch.library.custom_op("ssd::onnx_nms", mutates_args=())
 def onnx_nms(boxes: Tensor, scores: Tensor, iou_threshold: float, score_threshold: float) -> Tensor:
     """ONNX ``NonMaxSuppression`` semantics: ``boxes [N, C, 4]`` xyxy, ``scores [N, 1, C]`` -> ``[S, 3]`` int64 rows
-    ``(n, 0, c)`` of the kept boxes (``score > score_threshold``, greedy NMS per ``n``, suppress ``IoU > iou_threshold``)."""
+    ``(n, 0, c)`` of the kept boxes (``score > score_threshold``, greedy NMS per ``n``, suppress
+    ``IoU > iou_threshold``)."""
     n, c = (scores[:, 0] > score_threshold).nonzero(as_tuple=True)
     keep = batched_nms(boxes[n, c], scores[n, 0, c], n, iou_threshold)
     return torch.stack((n[keep], torch.zeros_like(keep), c[keep]), dim=1)
@@ -75,10 +84,11 @@ def _onnx_nms_graph(boxes, scores, iou_threshold: float, score_threshold: float)
 class _ExportGraph(nn.Module):
     """The exported computation: ``images [B, 3, S, S]`` -> raw outputs, or detections (see the module docstring)."""
 
-    def __init__(self, model: nn.Module, nms: bool, score_threshold: float, iou_threshold: float, max_det: int):
+    def __init__(self, model: nn.Module, nms: bool, score_threshold: float, iou_threshold: float,
+                 max_detections: int):
         super().__init__()
         self.model, self.nms = model, nms
-        self.score_threshold, self.iou_threshold, self.max_det = score_threshold, iou_threshold, max_det
+        self.score_threshold, self.iou_threshold, self.max_detections = score_threshold, iou_threshold, max_detections
         self.variances = model.config.variances
 
     def forward(self, images: Tensor):
@@ -101,7 +111,7 @@ class _ExportGraph(nn.Module):
         slot = kept[:, 0] * per_class + kept[:, 2]  # index into the flat [B*K*C] candidates
         flat_scores = cand_scores.reshape(-1)
         survivors = torch.full_like(flat_scores, -1.0).index_put((slot,), flat_scores[slot])
-        top_scores, top_slot = survivors.view(batch, -1).topk(min(self.max_det, num_classes * per_class), dim=1)
+        top_scores, top_slot = survivors.view(batch, -1).topk(min(self.max_detections, num_classes * per_class), dim=1)
         valid = top_scores > self.score_threshold  # [B, D]
         top_boxes = cand_boxes.gather(1, top_slot.unsqueeze(-1).expand(-1, -1, 4)) * valid.unsqueeze(-1)
         labels = torch.where(valid, top_slot // per_class, -1).to(top_boxes.dtype)
@@ -109,15 +119,18 @@ class _ExportGraph(nn.Module):
         return detections, valid.sum(dim=1)
 
 
-def _as_model(weights_or_model) -> nn.Module:
-    """A CPU copy in eval mode of the model (unwrapped from DDP), or the model of a checkpoint path."""
+def _as_model(weights_or_model, out_path: Path) -> tuple[nn.Module, list[int] | None]:
+    """A CPU copy in eval mode of the model (unwrapped from DDP), or the model of a checkpoint path with its
+    ``category_ids`` (``None`` when it has none). Refuses an ``out_path`` that is the checkpoint itself."""
     if isinstance(weights_or_model, nn.Module):
-        from ssd._utils import unwrap_model
-
-        return copy.deepcopy(unwrap_model(weights_or_model)).cpu().eval()
-    from ssd.models import model_from_checkpoint
-
-    return model_from_checkpoint(weights_or_model).eval()
+        return copy.deepcopy(unwrap_model(weights_or_model)).cpu().eval(), None
+    weights = Path(weights_or_model)
+    if out_path.resolve() == weights.resolve() or (out_path.exists() and os.path.samefile(out_path, weights)):
+        raise ValueError(f"refusing to export over the weights: the output {out_path} is the checkpoint {weights}; "
+                         "choose another output path (--output)")
+    ckpt = load_checkpoint(weights)
+    model = model_from_checkpoint(ckpt).eval()
+    return model, check_category_ids(ckpt.get("category_ids"), model.num_classes, str(weights))
 
 
 def export_onnx(
@@ -130,7 +143,7 @@ def export_onnx(
     sample_images: Sequence | None = None,
     score_threshold: float = 0.25,
     iou_threshold: float = 0.45,
-    max_det: int = 100,
+    max_detections: int = 100,
 ) -> Path:
     """Export a checkpoint path or an ``SSD`` to ONNX at ``out_path`` and return the path.
 
@@ -143,20 +156,19 @@ def export_onnx(
         nms: put softmax, decoding, score filtering and NMS in the graph (see the module docstring for outputs).
         check: run ONNX Runtime on ``sample_images`` and compare with PyTorch (:func:`check_onnx`).
         sample_images: images for the check (paths or ``[3, H, W]`` tensors); default: two seeded random images.
-        score_threshold, iou_threshold, max_det: baked into the graph with ``nms=True``, used by the check.
+        score_threshold, iou_threshold, max_detections: baked into the graph with ``nms=True``, used by the check.
 
     Raises:
         ExportCheckError: ONNX Runtime and PyTorch disagree beyond the tolerances.
     """
     import onnx
 
-    from ssd._version import __version__
-
-    model = _as_model(weights_or_model)
+    check_thresholds(score_threshold, iou_threshold, max_detections)
     out_path = Path(out_path)
+    model, category_ids = _as_model(weights_or_model, out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     size = model.config.image_size
-    graph = _ExportGraph(model, nms, score_threshold, iou_threshold, max_det).eval()
+    graph = _ExportGraph(model, nms, score_threshold, iou_threshold, max_detections).eval()
     example = torch.zeros(2 if dynamic_batch else 1, 3, size, size)
     output_names = ["detections", "num_detections"] if nms else ["loc", "logits", "priors"]
     dynamic_shapes = {"images": {0: torch.export.Dim("batch", min=1)}} if dynamic_batch else None
@@ -171,32 +183,44 @@ def export_onnx(
     if written != opset:
         raise ValueError(f"cannot export {model.config.name} at opset {opset}: the conversion "
                          f"from opset {written} failed (use opset {written} or newer)")
-    metadata = {
-        "ssd_version": __version__,
-        "model_name": model.config.name,
-        "class_names": json.dumps(list(model.class_names)),
-        "image_size": str(size),
-        "mean": json.dumps([float(v) for v in model.config.mean]),
-        "std": json.dumps([float(v) for v in model.config.std]),
-        "variances": json.dumps([float(v) for v in graph.variances]),
-        "nms": json.dumps(nms),
-    }
-    if nms:
-        metadata.update(score_threshold=repr(float(score_threshold)), iou_threshold=repr(float(iou_threshold)),
-                        max_det=str(max_det), candidates_per_class=str(CANDIDATES_PER_CLASS))
-    onnx.helper.set_model_props(proto, metadata)
+    thresholds = (score_threshold, iou_threshold, max_detections) if nms else None
+    onnx.helper.set_model_props(proto, _metadata(model, category_ids, graph_digest(proto), thresholds))
     onnx.save(proto, out_path)
     if check:
         check_onnx(model, out_path, sample_images)
     return out_path
 
 
+def _metadata(model: nn.Module, category_ids: list[int] | None, digest: str,
+              thresholds: tuple[float, float, int] | None) -> dict[str, str]:
+    """The metadata of an export (see the module docstring); ``thresholds``: those of in-graph NMS, or ``None``."""
+    config = model.config
+    metadata = {
+        "ssd_version": __version__,
+        "model_name": config.name,
+        "class_names": json.dumps(list(model.class_names)),
+        "image_size": str(config.image_size),
+        "mean": json.dumps(list(config.mean)),
+        "std": json.dumps(list(config.std)),
+        "variances": json.dumps(list(config.variances)),
+        "nms": json.dumps(thresholds is not None),
+        "graph_sha256": digest,
+    }
+    if category_ids is not None:
+        metadata["category_ids"] = json.dumps(category_ids)
+    if thresholds is not None:
+        score_threshold, iou_threshold, max_detections = thresholds
+        metadata.update(score_threshold=repr(float(score_threshold)), iou_threshold=repr(float(iou_threshold)),
+                        max_det=str(max_detections), candidates_per_class=str(CANDIDATES_PER_CLASS))
+    return metadata
+
+
 def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
     """Trace ``SSD.forward`` (``images [1, 3, S, S]`` -> ``(loc, logits)``) to TorchScript; the model config and class
     names are stored as the ``config.json`` extra file (``torch.jit.load(path, _extra_files={"config.json": ""})``)."""
-    model = _as_model(weights_or_model)
-    size = model.config.image_size
     out_path = Path(out_path)
+    model, _ = _as_model(weights_or_model, out_path)
+    size = model.config.image_size
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         traced = torch.jit.trace(model, torch.zeros(1, 3, size, size))
@@ -206,86 +230,14 @@ def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
 
 
 def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None = None, **options) -> Path:
-    """``ssd export``: ``fmt`` ``"onnx"`` (:func:`export_onnx` options) or ``"torchscript"``; the output defaults to
-    the weights path with the format's suffix."""
+    """``ssd export``: ``fmt`` ``"onnx"`` (:func:`export_onnx` options) or ``"torchscript"``; ``weights`` is a
+    checkpoint or a run directory (its best checkpoint); the output defaults to the weights path with the format's
+    suffix and is never the weights file itself."""
     suffix = {"onnx": ".onnx", "torchscript": ".torchscript"}
     if fmt not in suffix:
         raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(suffix)})")
+    weights = weights_file(weights)
     out_path = Path(out_path) if out_path else Path(weights).with_suffix(suffix[fmt])
     if fmt == "onnx":
         return export_onnx(weights, out_path, **options)
     return export_torchscript(weights, out_path)
-
-
-def check_onnx(
-    model: nn.Module,
-    onnx_path: str | Path,
-    sample_images: Sequence | None = None,
-    box_tol: float = 1e-3,
-    score_tol: float = 1e-4,
-) -> None:
-    """Compare ONNX Runtime with PyTorch on ``sample_images`` (default: two seeded random images of different sizes).
-
-    Raw outputs (graphs without NMS): every prior's decoded box within ``box_tol`` (normalized, i.e. of the image size)
-    and class scores within ``score_tol``. Detections (the thresholds stored with NMS, else ``conf=0.25``): for each
-    image the same detections, labels equal, boxes within ``box_tol`` of the image size, scores within ``score_tol``;
-    a detection present on one side only is accepted only when a tolerance explains it (its score is within
-    ``score_tol`` of the threshold, or an overlapping same-class detection has a score within ``score_tol``: an NMS tie).
-
-    Raises:
-        ExportCheckError: naming the image, the detection and the difference.
-    """
-    from ssd.engine.predictor import Detector, load
-
-    if sample_images is None:
-        generator = torch.Generator().manual_seed(0)
-        sample_images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator)
-                         for h, w in ((240, 320), (300, 200))]
-    ours = load(onnx_path)
-    reference = Detector(model)
-    if not ours.nms:
-        _check_raw(reference, ours, sample_images, box_tol, score_tol)
-    conf, iou, max_det = (ours.score_threshold, ours.iou_threshold, ours.max_det) if ours.nms else (0.25, 0.45, 100)
-    expected = reference.predict(sample_images, conf=conf, iou=iou, max_det=max_det)
-    got = ours.predict(sample_images, conf=conf, iou=iou, max_det=max_det)
-    for index, (a, b) in enumerate(zip(expected, got)):
-        scale = torch.tensor([a.width, a.height, a.width, a.height], dtype=torch.float32)
-        for name, side, other in (("ONNX Runtime", a, b), ("PyTorch", b, a)):
-            problem = _unmatched(side, other, scale, conf, iou, box_tol, score_tol)
-            if problem:
-                raise ExportCheckError(f"{onnx_path}: image {index}: {problem} has no counterpart in {name}'s output "
-                                       f"(tolerances: boxes {box_tol} of the image size, scores {score_tol})")
-
-
-def _check_raw(reference, ours, images, box_tol: float, score_tol: float) -> None:
-    batch, _ = reference.model.preprocess(ours.to_tensors(images))
-    with torch.no_grad():
-        loc, logits = reference.model(batch)
-    got_loc, got_logits, priors = (torch.from_numpy(v) for v in ours.run(batch))
-    variances = ours.variances
-    box_diff = (decode(got_loc, priors, variances) - decode(loc, priors, variances)).abs().max().item()
-    score_diff = (got_logits.softmax(-1) - logits.softmax(-1)).abs().max().item()
-    if not box_diff <= box_tol or not score_diff <= score_tol:  # `not <=` also catches NaN
-        raise ExportCheckError(
-            f"ONNX Runtime's raw outputs differ from PyTorch's: largest box difference {box_diff:.3g} of the image "
-            f"size (allowed {box_tol}), largest score difference {score_diff:.3g} (allowed {score_tol})"
-        )
-
-
-def _unmatched(result, other, scale: Tensor, conf: float, iou: float, box_tol: float, score_tol: float) -> str | None:
-    """The first detection of ``result`` without a counterpart in ``other`` (same label, box and score within the
-    tolerances) that no tolerance explains; ``None`` when all match."""
-    if len(result.scores) == 0:
-        return None
-    same_label = result.labels[:, None] == other.labels[None, :]  # [N, M]
-    box_close = ((result.boxes[:, None] - other.boxes[None, :]).abs() <= box_tol * scale).all(-1)
-    score_diff = (result.scores[:, None] - other.scores[None, :]).abs()
-    matched = (same_label & box_close & (score_diff <= score_tol)).any(1)
-    near_threshold = result.scores <= conf + score_tol
-    tie = (same_label & (score_diff <= score_tol) & (box_iou(result.boxes, other.boxes) > iou)).any(1)
-    bad = ~(matched | near_threshold | tie)
-    if not bad.any():
-        return None
-    i = int(bad.nonzero()[0])
-    box = [round(v, 2) for v in result.boxes[i].tolist()]
-    return f"detection {i} (label {int(result.labels[i])}, score {float(result.scores[i]):.6f}, box {box})"

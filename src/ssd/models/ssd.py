@@ -11,11 +11,10 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
-from torchvision.transforms.v2 import functional as TF
 
-from ssd.boxes import pixel_scale
 from ssd.models.config import ModelConfig
 from ssd.postprocess import postprocess
+from ssd.preprocess import preprocess, to_pixels
 
 __all__ = ["SSD", "LevelHead"]
 
@@ -83,37 +82,15 @@ class SSD(nn.Module):
         return torch.cat(locs, dim=1), torch.cat(logits, dim=1)
 
     def preprocess(self, images: Sequence[Tensor] | Tensor) -> tuple[Tensor, Tensor]:
-        """Resize (plain, no letterbox) and normalize images for :meth:`forward`.
-
-        Args:
-            images: a list of ``[3, H, W]`` tensors (sizes may differ), uint8 ``0..255`` or floating point in
-                ``[0, 1]``, or one ``[B, 3, H, W]`` tensor.
-
-        Returns:
-            ``(batch [B, 3, S, S] float32 normalized, on the model's device; sizes [B, 2] int64 (h, w) of the
-            originals)``.
-        """
-        if isinstance(images, Tensor) and images.dim() == 4:
-            images = list(images)
-        if isinstance(images, Tensor) or len(images) == 0:
-            raise ValueError("images must be a non-empty list of [3, H, W] tensors or a [B, 3, H, W] tensor")
-        for index, image in enumerate(images):
-            _check_image(image, index)
-        device = self.priors.device
-        size = [self.image_size, self.image_size]
-        sizes = torch.tensor([list(image.shape[-2:]) for image in images], dtype=torch.int64)
-        if bool((sizes == sizes[0]).all()) and len({image.dtype for image in images}) == 1:  # one call for all
-            batch = TF.to_dtype(TF.resize(torch.stack(list(images)).to(device), size, antialias=True),
-                                torch.float32, scale=True)
-        else:
-            batch = torch.stack([TF.to_dtype(TF.resize(image.to(device), size, antialias=True), torch.float32,
-                                             scale=True) for image in images])
-        return TF.normalize(batch, list(self.config.mean), list(self.config.std)), sizes
+        """:func:`ssd.preprocess.preprocess` with this model's input size and normalization, on its device:
+        ``images`` (``[3, H, W]`` uint8 or float in ``[0, 1]``) -> ``(batch [B, 3, S, S], sizes [B, 2] (h, w))``."""
+        return preprocess(images, self.image_size, self.config.mean, self.config.std, device=self.priors.device)
 
     @torch.no_grad()
     def predict(self, images: Sequence[Tensor] | Tensor, score_threshold: float = 0.01, iou_threshold: float = 0.45,
                 max_detections: int = 200) -> list[dict]:
-        """Detections in original-image pixels.
+        """Detections in original-image pixels: :meth:`preprocess`, :meth:`forward`, :func:`ssd.postprocess.postprocess`
+        and :func:`ssd.preprocess.to_pixels` (the steps of every inference backend, see :mod:`ssd.engine.inference`).
 
         Runs in eval mode (the previous mode is restored). ``images`` as for :meth:`preprocess`.
 
@@ -130,25 +107,8 @@ class SSD(nn.Module):
             loc, logits = self(batch)
         finally:
             self.train(was_training)
-        detections = postprocess(loc.float(), logits.float(), self.priors, score_threshold=score_threshold,
-                                 iou_threshold=iou_threshold, top_k=max_detections,
-                                 variances=self.config.variances)
-        scale = pixel_scale(sizes).to(loc.device)
-        for detection, factor in zip(detections, scale):
-            detection["boxes"] = detection["boxes"] * factor
+        detections = postprocess(loc, logits, self.priors, score_threshold=score_threshold,
+                                 iou_threshold=iou_threshold, top_k=max_detections, variances=self.config.variances)
+        for detection in to_pixels(detections, sizes):
             detection["names"] = [self.class_names[k] for k in detection["labels"].tolist()]
         return detections
-
-
-def _check_image(image: Tensor, index: int) -> None:
-    if not isinstance(image, Tensor):
-        raise ValueError(f"image {index} must be a tensor, got {type(image).__name__}")
-    if image.dim() != 3 or image.shape[0] != 3:
-        raise ValueError(f"image {index} must have shape [3, H, W] (RGB, channels first), got {list(image.shape)}")
-    if image.dtype != torch.uint8 and not image.is_floating_point():
-        raise ValueError(f"image {index} must be uint8 (0..255) or floating point (0..1), got {image.dtype}")
-    if image.is_floating_point() and image.numel():
-        low, high = (value.item() for value in torch.aminmax(image))
-        if low < 0 or high > 1:
-            raise ValueError(f"image {index} is floating point with values in [{low:.4g}, {high:.4g}]; "
-                             "floating point images must be scaled to [0, 1] (or pass uint8 0..255)")

@@ -43,7 +43,7 @@ def read_backbone_weights(spec: str | os.PathLike, filename: str, what: str) -> 
                                        f"dict for {what}, such as {filename})")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any reading failure means the same thing to the user
+    except Exception as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise BackboneWeightsError(f"cannot read backbone weights {path}: {reason} (expected a torchvision state "
                                    f"dict for {what}, such as {filename})") from None

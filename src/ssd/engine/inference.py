@@ -1,0 +1,235 @@
+"""The inference pipeline: ``preprocess -> backend -> postprocess -> pixels``, written once for every caller.
+
+- :func:`detect_batch`: a preprocessed batch through a backend (:class:`~ssd.engine.backends.TorchBackend`,
+  :class:`~ssd.engine.backends.OnnxBackend`) or a plain SSD module, :func:`ssd.postprocess.postprocess` (or the
+  graph's own NMS) and :func:`ssd.preprocess.to_pixels`. Used by :class:`Detector`, evaluation and the export check.
+- :class:`Detector`: a backend plus the input handling (paths, PIL images, numpy arrays, tensors) and batching;
+  :func:`load` makes one from a checkpoint, a run directory or an exported ONNX file.
+
+Thresholds have one vocabulary: ``score_threshold`` (keep scores strictly above it), ``iou_threshold`` (per-class
+NMS overlap), ``max_detections`` (per image). Every output box is pixel ``xyxy`` of the original image; labels are
+``0..K-1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor, nn
+from torchvision.transforms.v2.functional import pil_to_tensor
+
+from ssd._utils import unwrap_model
+from ssd.engine.backends import OnnxBackend, TorchBackend, check_category_ids
+from ssd.postprocess import postprocess
+from ssd.preprocess import preprocess, to_pixels
+
+__all__ = ["Backend", "Detector", "Result", "check_thresholds", "detect_batch", "load", "to_image", "weights_file"]
+
+Backend = TorchBackend | OnnxBackend
+
+
+@dataclass
+class Result:
+    """Detections of one image.
+
+    Attributes:
+        boxes: ``[N, 4]`` float32 pixel ``xyxy`` of the original image, sorted by decreasing score.
+        scores: ``[N]`` float32.
+        labels: ``[N]`` int64 in ``0..K-1``.
+        names: ``N`` class names (``class_names[label]``).
+        width, height: the original image size in pixels.
+        path: the image file, or ``None`` for in-memory images.
+    """
+
+    boxes: Tensor
+    scores: Tensor
+    labels: Tensor
+    names: list[str]
+    width: int
+    height: int
+    path: str | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-able: ``file``, ``width``, ``height``, ``detections`` (``box`` xyxy pixels, ``score``, ``label``,
+        ``name``)."""
+        return {
+            "file": self.path,
+            "width": self.width,
+            "height": self.height,
+            "detections": [
+                {"box": box, "score": score, "label": label, "name": name}
+                for box, score, label, name in zip(
+                    self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(), self.names
+                )
+            ],
+        }
+
+
+def check_thresholds(score_threshold: float, iou_threshold: float, max_detections: int, batch_size: int = 1, *,
+                     names: Mapping[str, str] | None = None) -> None:
+    """Raise ``ValueError`` for a score or IoU threshold outside ``[0, 1]`` (or NaN), or a ``max_detections`` or
+    ``batch_size`` that is not a positive integer. ``names`` renames the options in the message (the CLI's flags)."""
+    names = names or {}
+    for key, value in (("score_threshold", score_threshold), ("iou_threshold", iou_threshold)):
+        if not (isinstance(value, (int, float)) and 0 <= value <= 1):  # `not <=` also refuses NaN
+            raise ValueError(f"{names.get(key, key)} must be a number in [0, 1], got {value}")
+    for key, value in (("max_detections", max_detections), ("batch_size", batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{names.get(key, key)} must be a positive integer, got {value}")
+
+
+def detect_batch(backend: Backend | nn.Module, batch: Tensor, sizes: Tensor, *, score_threshold: float = 0.01,
+                 iou_threshold: float = 0.45, max_detections: int = 200) -> list[dict[str, Tensor]]:
+    """Detections of a preprocessed batch, in pixels of the original images.
+
+    Args:
+        backend: a backend, or an SSD module (possibly DDP-wrapped) called as it is: its train/eval mode, device and
+            autocast are the caller's.
+        batch: ``[B, 3, S, S]`` from :func:`ssd.preprocess.preprocess` (or the evaluation transform: plain resize,
+            normalized).
+        sizes: ``[B, 2]`` int ``(h, w)`` of the original images.
+
+    Returns:
+        One dict per image: ``boxes [N, 4]`` float32 pixel xyxy, ``scores [N]``, ``labels [N]`` int64 ``0..K-1``,
+        sorted by decreasing score (on the device of the outputs).
+    """
+    check_thresholds(score_threshold, iou_threshold, max_detections)
+    if getattr(backend, "nms", False):
+        return to_pixels(backend.nms_detections(batch, score_threshold=score_threshold, iou_threshold=iou_threshold,
+                                                max_detections=max_detections), sizes)
+    if isinstance(backend, nn.Module):
+        model = unwrap_model(backend)
+        with torch.no_grad():
+            loc, logits = backend(batch)
+        priors, variances = model.priors, model.config.variances
+    else:
+        loc, logits = backend(batch)
+        priors, variances = backend.priors, backend.variances
+    detections = postprocess(loc, logits, priors.to(loc.device), score_threshold=score_threshold,
+                             iou_threshold=iou_threshold, top_k=max_detections, variances=variances)
+    return to_pixels(detections, sizes)
+
+
+def to_image(item, index: int = 0) -> Tensor:
+    """One input -> ``[3, H, W]`` tensor: a path (decoded with :func:`ssd.data.images.read_image`), a PIL image, a
+    numpy ``[H, W, 3]`` uint8 RGB array or a tensor (checked by :func:`ssd.preprocess.check_image`); a bad input
+    raises ``ValueError`` naming it by ``index``."""
+    if isinstance(item, (str, Path)):
+        from ssd.data.images import read_image
+
+        return read_image(item)
+    if isinstance(item, Image.Image):
+        return pil_to_tensor(item.convert("RGB"))
+    if isinstance(item, np.ndarray):
+        if item.dtype != np.uint8 or item.ndim != 3 or item.shape[2] != 3:
+            raise ValueError(f"input {index}: numpy image must be HWC uint8 RGB (shape [H, W, 3]), "
+                             f"got shape {list(item.shape)} dtype {item.dtype}")
+        return torch.from_numpy(np.ascontiguousarray(item)).permute(2, 0, 1)
+    if isinstance(item, Tensor):
+        return item
+    raise ValueError(f"input {index}: unsupported type {type(item).__name__} (give a path, a PIL image, a numpy HWC "
+                     f"uint8 array or a [3, H, W] tensor)")
+
+
+class Detector:
+    """A backend ready for images (see :func:`load`): ``Detector(backend)``, or ``Detector(model)`` for an SSD module
+    (run as a :class:`~ssd.engine.backends.TorchBackend` on its own device)."""
+
+    def __init__(self, backend: Backend | nn.Module):
+        self.backend = TorchBackend(backend) if isinstance(backend, nn.Module) else backend
+
+    @property
+    def class_names(self) -> list[str]:
+        return self.backend.class_names
+
+    @property
+    def image_size(self) -> int:
+        return self.backend.image_size
+
+    @property
+    def category_ids(self) -> list[int] | None:
+        """The dataset's category id of each label (from the checkpoint), or ``None`` (the labels themselves)."""
+        return self.backend.category_ids
+
+    def preprocess(self, images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        """``[3, H, W]`` tensors -> ``(batch [B, 3, S, S], sizes [B, 2] (h, w))`` for this backend."""
+        backend = self.backend
+        return preprocess(images, backend.image_size, backend.mean, backend.std, device=backend.device)
+
+    def detect(self, images: Sequence[Tensor], paths: Sequence[str | None] | None = None, *,
+               score_threshold: float = 0.25, iou_threshold: float = 0.45, max_detections: int = 100) -> list[Result]:
+        """One batch of ``[3, H, W]`` tensors (uint8 or float in ``0..1``) -> one :class:`Result` per image."""
+        batch, sizes = self.preprocess(images)
+        detections = detect_batch(self.backend, batch, sizes, score_threshold=score_threshold,
+                                  iou_threshold=iou_threshold, max_detections=max_detections)
+        paths = paths if paths is not None else [None] * len(images)
+        return [
+            Result(d["boxes"].float().cpu(), d["scores"].float().cpu(), d["labels"].cpu(),
+                   [self.class_names[i] for i in d["labels"].tolist()], image.shape[-1], image.shape[-2], path)
+            for d, image, path in zip(detections, images, paths)
+        ]
+
+    def predict(self, source, *, score_threshold: float = 0.25, iou_threshold: float = 0.45,
+                max_detections: int = 100, batch_size: int = 8) -> list[Result]:
+        """Detect objects in ``source``: one or a list of paths, PIL images, numpy ``[H, W, 3]`` uint8 RGB arrays,
+        tensors ``[3, H, W]`` (uint8, or float in ``0..1``). Returns one :class:`Result` per image, in order;
+        inputs are decoded ``batch_size`` at a time."""
+        check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
+        items = list(source) if isinstance(source, (list, tuple)) else [source]
+        results = []
+        for start in range(0, len(items), batch_size):
+            chunk = items[start:start + batch_size]
+            paths = [str(item) if isinstance(item, (str, Path)) else None for item in chunk]
+            images = [to_image(item, start + offset) for offset, item in enumerate(chunk)]
+            results += self.detect(images, paths, score_threshold=score_threshold, iou_threshold=iou_threshold,
+                                   max_detections=max_detections)
+        return results
+
+
+def weights_file(path: str | Path) -> Path:
+    """A weights file, or a run directory's ``weights/best.pt`` (else ``weights/last.pt``)."""
+    from ssd.checkpoint import CheckpointError
+
+    path = Path(path)
+    if path.is_dir():
+        for candidate in (path / "weights" / "best.pt", path / "weights" / "last.pt", path / "best.pt",
+                          path / "last.pt"):
+            if candidate.is_file():
+                return candidate
+        raise CheckpointError(f"{path} is a folder without weights/best.pt or weights/last.pt (give a checkpoint "
+                              "file, an exported .onnx file or a run directory)")
+    if not path.is_file():
+        raise CheckpointError(f"weights file {path} does not exist")
+    return path
+
+
+def load(path: str | Path, device: str | torch.device = "cpu", half: bool = False) -> Detector:
+    """A :class:`Detector` for a checkpoint (``.pt``), a run directory (its best checkpoint) or an exported ``.onnx``.
+
+    ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available). ``half``: float16 inference
+    (PyTorch on CUDA only). A checkpoint's ``category_ids`` (the dataset's ids, when training stored them) become
+    :attr:`Detector.category_ids`. Raises ``CheckpointError`` for a missing file or one not written by this library.
+    """
+    from ssd.engine.distributed import resolve_device
+
+    path = weights_file(path)
+    device = resolve_device(device)
+    if path.suffix.lower() == ".onnx":
+        if half:
+            raise ValueError(f"half precision applies to PyTorch checkpoints, not to the ONNX model {path}")
+        return Detector(OnnxBackend(path, device))
+    from ssd.checkpoint import CheckpointError, load_checkpoint
+    from ssd.models import model_from_checkpoint
+
+    ckpt = load_checkpoint(path)
+    try:
+        model = model_from_checkpoint(ckpt)
+    except CheckpointError as e:  # it names "the checkpoint": say which file
+        raise CheckpointError(f"{path}: {e}") from None
+    category_ids = check_category_ids(ckpt.get("category_ids"), model.num_classes, str(path))
+    return Detector(TorchBackend(model, device, half, category_ids=category_ids))

@@ -1,0 +1,95 @@
+"""The export check: an exported ONNX model against the PyTorch model it came from, both run through the same
+inference pipeline (:class:`ssd.engine.inference.Detector`), on raw outputs and on detections."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+from torchvision.ops import box_iou
+
+from ssd.boxes import decode
+from ssd.engine.backends import OnnxBackend, TorchBackend
+from ssd.engine.inference import Detector, to_image
+
+__all__ = ["ExportCheckError", "check_onnx"]
+
+
+class ExportCheckError(ValueError):
+    """ONNX Runtime's outputs differ from PyTorch's beyond the tolerances (the message says where and by how much)."""
+
+
+def check_onnx(
+    model: nn.Module,
+    onnx_path: str | Path,
+    sample_images: Sequence | None = None,
+    box_tol: float = 1e-3,
+    score_tol: float = 1e-4,
+) -> None:
+    """Compare ONNX Runtime with PyTorch on ``sample_images`` (default: two seeded random images of different sizes).
+
+    Raw outputs (graphs without NMS): every prior's decoded box within ``box_tol`` (normalized, i.e. of the image size)
+    and class scores within ``score_tol``. Detections (the thresholds stored with NMS, else a score threshold of
+    0.25, IoU 0.45, 100 per image), both through :func:`ssd.engine.inference.detect_batch`: for each image the same
+    detections, labels equal, boxes within ``box_tol`` of the image size, scores within ``score_tol``;
+    a detection present on one side only is accepted only when a tolerance explains it (its score is within
+    ``score_tol`` of the threshold, or an overlapping same-class detection has a score within ``score_tol``: an NMS
+    tie).
+
+    Raises:
+        ExportCheckError: naming the image, the detection and the difference.
+    """
+    if sample_images is None:
+        generator = torch.Generator().manual_seed(0)
+        sample_images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator)
+                         for h, w in ((240, 320), (300, 200))]
+    ours, reference = Detector(OnnxBackend(onnx_path)), Detector(TorchBackend(model))
+    images = [to_image(item, index) for index, item in enumerate(sample_images)]
+    onnx = ours.backend
+    if not onnx.nms:
+        _check_raw(reference, ours, images, box_tol, score_tol)
+    conf, iou, max_det = (onnx.score_threshold, onnx.iou_threshold, onnx.max_det) if onnx.nms else (0.25, 0.45, 100)
+    options = dict(score_threshold=conf, iou_threshold=iou, max_detections=max_det)
+    expected, got = reference.predict(images, **options), ours.predict(images, **options)
+    for index, (a, b) in enumerate(zip(expected, got)):
+        scale = torch.tensor([a.width, a.height, a.width, a.height], dtype=torch.float32)
+        for name, side, other in (("ONNX Runtime", a, b), ("PyTorch", b, a)):
+            problem = _unmatched(side, other, scale, conf, iou, box_tol, score_tol)
+            if problem:
+                raise ExportCheckError(f"{onnx_path}: image {index}: {problem} has no counterpart in {name}'s output "
+                                       f"(tolerances: boxes {box_tol} of the image size, scores {score_tol})")
+
+
+def _check_raw(reference, ours, images, box_tol: float, score_tol: float) -> None:
+    batch, _ = ours.preprocess(images)
+    loc, logits = (t.float().cpu() for t in reference.backend(batch))
+    got_loc, got_logits = ours.backend(batch)
+    priors, variances = ours.backend.priors, ours.backend.variances
+    box_diff = (decode(got_loc, priors, variances) - decode(loc, priors, variances)).abs().max().item()
+    score_diff = (got_logits.softmax(-1) - logits.softmax(-1)).abs().max().item()
+    if not box_diff <= box_tol or not score_diff <= score_tol:  # `not <=` also catches NaN
+        raise ExportCheckError(
+            f"ONNX Runtime's raw outputs differ from PyTorch's: largest box difference {box_diff:.3g} of the image "
+            f"size (allowed {box_tol}), largest score difference {score_diff:.3g} (allowed {score_tol})"
+        )
+
+
+def _unmatched(result, other, scale: Tensor, conf: float, iou: float, box_tol: float, score_tol: float) -> str | None:
+    """The first detection of ``result`` without a counterpart in ``other`` (same label, box and score within the
+    tolerances) that no tolerance explains; ``None`` when all match."""
+    if len(result.scores) == 0:
+        return None
+    same_label = result.labels[:, None] == other.labels[None, :]  # [N, M]
+    box_close = ((result.boxes[:, None] - other.boxes[None, :]).abs() <= box_tol * scale).all(-1)
+    score_diff = (result.scores[:, None] - other.scores[None, :]).abs()
+    matched = (same_label & box_close & (score_diff <= score_tol)).any(1)
+    near_threshold = result.scores <= conf + score_tol
+    tie = (same_label & (score_diff <= score_tol) & (box_iou(result.boxes, other.boxes) > iou)).any(1)
+    bad = ~(matched | near_threshold | tie)
+    if not bad.any():
+        return None
+    i = int(bad.nonzero()[0])
+    box = [round(v, 2) for v in result.boxes[i].tolist()]
+    return f"detection {i} (label {int(result.labels[i])}, score {float(result.scores[i]):.6f}, box {box})"

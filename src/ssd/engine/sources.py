@@ -1,0 +1,254 @@
+"""``ssd predict``'s front end: :func:`predict_source` over an image, a folder, a glob or a video, writing drawn
+copies and one detections file per run (the detections themselves come from :class:`ssd.engine.inference.Detector`).
+
+Outputs never overwrite inputs: the save directory is a fresh one (``predict``, ``predict2``, ... like training runs)
+unless ``exist_ok``, drawn copies keep the inputs' paths relative to their common folder (equal file names from
+different folders stay apart), and a plan that would write over an input is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from ssd.data.images import IMAGE_SUFFIXES, is_image, read_image
+from ssd.engine.inference import Detector, Result, check_thresholds
+
+__all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
+
+VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".webm", ".wmv", ".mpg", ".mpeg")
+RESULTS_FILES = {"json": "predictions.json", "coco": "predictions_coco.json"}
+
+
+@dataclass
+class PredictSummary:
+    """What :func:`predict_source` did: counts, where it wrote, and the inputs it skipped (name and reason)."""
+
+    save_dir: Path
+    results_file: Path
+    images: int = 0
+    videos: int = 0
+    frames: int = 0
+    detections: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        done = f"{self.images} image{'s' * (self.images != 1)}"
+        if self.videos:
+            done += f", {self.videos} video{'s' * (self.videos != 1)} ({self.frames} frames)"
+        lines = [f"{done}, {self.detections} detections -> {self.results_file}"]
+        if self.skipped:
+            lines.append(f"skipped {len(self.skipped)} unreadable file{'s' * (len(self.skipped) != 1)}:")
+            lines += [f"  {name}: {reason}" for name, reason in self.skipped]
+        return "\n".join(lines)
+
+    def skip(self, path: Path, error: Exception, bar: tqdm | None = None) -> None:
+        """Record an unreadable input and say so now (image errors name the file themselves: their reason only)."""
+        reason = getattr(error, "reason", str(error))
+        self.skipped.append((str(path), reason))
+        (bar.write if bar is not None else print)(f"skipped {path}: {reason}")
+
+
+def is_video(path: Path) -> bool:
+    return path.suffix.lower() in VIDEO_SUFFIXES
+
+
+def resolve_source(source: str | Path) -> list[Path]:
+    """Files of a source: the file itself, a folder's images and videos (sorted), or a glob's files (sorted)."""
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(f for f in path.iterdir() if f.is_file() and (is_image(f) or is_video(f)))
+    elif path.is_file():
+        return [path]
+    elif glob.has_magic(str(source)):
+        files = sorted(Path(f) for f in glob.glob(str(source), recursive=True) if Path(f).is_file())
+    else:
+        raise FileNotFoundError(f"source {source} does not exist (give an image, a folder, a glob or a video file)")
+    if not files:
+        raise FileNotFoundError(f"no images or videos in {source} (images: "
+                                f"{', '.join(s[1:] for s in IMAGE_SUFFIXES)}; videos: "
+                                f"{', '.join(s[1:] for s in VIDEO_SUFFIXES)})")
+    return files
+
+
+def output_paths(files: list[Path], save_dir: Path) -> dict[Path, Path]:
+    """Where the drawn copy of each input goes: ``save_dir`` / its path relative to the inputs' common folder
+    (videos as ``.mp4``); a name taken twice gets ``_2``, ``_3``, ... before its suffix."""
+    root = os.path.commonpath([os.path.abspath(f.parent) for f in files])
+    taken: set[Path] = set()
+    plan = {}
+    for file in files:
+        relative = Path(os.path.relpath(os.path.abspath(file), root))
+        first = out = save_dir / (relative.with_suffix(".mp4") if is_video(file) else relative)
+        index = 1
+        while out in taken:  # e.g. clip.avi and clip.mkv, both drawn as clip.mp4
+            index += 1
+            out = first.with_name(f"{first.stem}_{index}{first.suffix}")
+        taken.add(out)
+        plan[file] = out
+    return plan
+
+
+def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, fmt: str) -> tuple[Path, dict[Path, Path]]:
+    """The save directory (a fresh ``name``, ``name2``, ... unless ``exist_ok``) and the output of every input;
+    refuses a plan in which an output is one of the inputs."""
+    if exist_ok:
+        save_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        from ssd.engine.run import make_run_dir
+
+        save_dir = make_run_dir(save_dir.parent, save_dir.name)
+    plan = output_paths(files, save_dir)
+    inputs = {f.resolve(): f for f in files}
+    for out in [*plan.values(), save_dir / RESULTS_FILES[fmt]]:
+        if out.resolve() in inputs:
+            raise ValueError(f"refusing to write into {save_dir}: the output {out} would overwrite the input "
+                             f"{inputs[out.resolve()]}; choose a save directory (--save-dir) outside the inputs")
+    return save_dir, plan
+
+
+def predict_source(
+    detector: Detector,
+    source: str | Path,
+    save_dir: str | Path = "runs/predict",
+    *,
+    score_threshold: float = 0.25,
+    iou_threshold: float = 0.45,
+    max_detections: int = 100,
+    batch_size: int = 8,
+    save_images: bool = True,
+    fmt: str = "json",
+    progress: bool = True,
+    exist_ok: bool = False,
+) -> PredictSummary:
+    """Predict on an image, a folder, a glob or a video file and write the results to ``save_dir``.
+
+    ``save_dir`` is used as it is with ``exist_ok``, else as a fresh run directory (``save_dir``, or ``save_dir2``,
+    ``save_dir3``, ... when taken). Images are decoded with :func:`ssd.data.images.read_image` and run
+    ``batch_size`` at a time; videos are read frame by frame with OpenCV. With ``save_images``, each image is saved
+    with its boxes drawn (see :func:`output_paths`) and each video as ``.mp4``. ``fmt="json"`` writes
+    ``predictions.json``: ``{"class_names", "images": [per image or frame: file, frame (videos only), width, height,
+    detections: [box xyxy pixels, score, label, name]]}``; ``fmt="coco"`` writes ``predictions_coco.json``, COCO
+    detection results (``image_id`` = the running index of the image or frame, ``category_id`` = the dataset's
+    category id of the label when the checkpoint stores them (:attr:`Detector.category_ids`), else the label
+    ``0..K-1``, ``bbox`` xywh pixels, ``score``). An unreadable image or video is reported by name, skipped and
+    listed in the summary.
+    """
+    check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
+    if fmt not in RESULTS_FILES:
+        raise ValueError(f"unknown results format {fmt!r} (choose json or coco)")
+    files = resolve_source(source)
+    save_dir, plan = _prepare(files, Path(save_dir), exist_ok, fmt)
+    summary = PredictSummary(save_dir, save_dir / RESULTS_FILES[fmt])
+    options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections)
+    outputs = plan if save_images else None
+    entries: list[dict] = []
+    images = [f for f in files if not is_video(f)]
+    bar = tqdm(total=len(images), desc="images", unit="img", disable=not progress or not images)
+    for start in range(0, len(images), batch_size):
+        chunk = images[start:start + batch_size]
+        _predict_images(detector, chunk, outputs, options, entries, summary, bar)
+        bar.update(len(chunk))
+    bar.close()
+    for video in (f for f in files if is_video(f)):
+        _predict_video(detector, video, outputs, batch_size, options, entries, summary, progress)
+    _write_results(summary.results_file, entries, detector, fmt)
+    return summary
+
+
+def _predict_images(detector: Detector, paths: list[Path], outputs: dict[Path, Path] | None, options: dict,
+                    entries: list[dict], summary: PredictSummary, bar: tqdm) -> None:
+    """One batch of image files; an unreadable one (``DataError`` / ``ValueError`` / ``OSError``) is skipped."""
+    decoded, kept = [], []
+    for path in paths:
+        try:
+            decoded.append(read_image(path))
+            kept.append(path)
+        except (ValueError, OSError) as e:
+            summary.skip(path, e, bar)
+    if not decoded:
+        return
+    for result, image, path in zip(detector.detect(decoded, [str(p) for p in kept], **options), decoded, kept):
+        entries.append(result.to_dict())
+        summary.images += 1
+        summary.detections += len(result.scores)
+        if outputs is not None:
+            from ssd.engine.plots import save_image
+
+            save_image(_draw(image, result, detector.class_names), outputs[path])
+
+
+def _draw(image: Tensor, result: Result, class_names: list[str]) -> Tensor:
+    from ssd.engine.plots import draw_detections
+
+    return draw_detections(image, result.boxes, result.labels, result.scores, class_names)
+
+
+def _read_frames(capture, count: int) -> list[Tensor]:
+    import cv2
+
+    frames = []
+    while len(frames) < count:
+        ok, frame = capture.read()
+        if not ok:
+            break
+        frames.append(torch.from_numpy(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)).permute(2, 0, 1))
+    return frames
+
+
+def _predict_video(detector: Detector, path: Path, outputs: dict[Path, Path] | None, batch_size: int, options: dict,
+                   entries: list[dict], summary: PredictSummary, progress: bool) -> None:
+    """Frames read with OpenCV, run ``batch_size`` at a time, written to ``outputs[path]`` (mp4) with boxes."""
+    import cv2
+
+    capture = cv2.VideoCapture(str(path))
+    writer = None
+    frames = 0
+    total = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) if capture.isOpened() else 0
+    bar = tqdm(total=total or None, desc=path.name, unit="frame", disable=not progress)
+    try:
+        while capture.isOpened() and (chunk := _read_frames(capture, batch_size)):
+            for result, image in zip(detector.detect(chunk, [str(path)] * len(chunk), **options), chunk):
+                entries.append({**result.to_dict(), "frame": frames})
+                summary.detections += len(result.scores)
+                frames += 1
+                if outputs is not None:
+                    if writer is None:
+                        outputs[path].parent.mkdir(parents=True, exist_ok=True)
+                        fps, size = capture.get(cv2.CAP_PROP_FPS) or 25.0, (image.shape[-1], image.shape[-2])
+                        writer = cv2.VideoWriter(str(outputs[path]), cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
+                    drawn = _draw(image, result, detector.class_names).permute(1, 2, 0).numpy()
+                    writer.write(cv2.cvtColor(np.ascontiguousarray(drawn), cv2.COLOR_RGB2BGR))
+            bar.update(len(chunk))
+    finally:
+        bar.close()
+        capture.release()
+        if writer is not None:
+            writer.release()
+    if frames == 0:
+        summary.skip(path, ValueError("cannot read any frame (not a video OpenCV can decode)"))
+        return
+    summary.videos += 1
+    summary.frames += frames
+
+
+def _write_results(path: Path, entries: list[dict], detector: Detector, fmt: str) -> None:
+    if fmt == "json":
+        content = {"class_names": detector.class_names, "images": entries}
+    else:
+        from ssd.engine.metrics import to_coco_detections
+
+        content = to_coco_detections([
+            {key: [d[field] for d in entry["detections"]] for key, field in
+             (("boxes", "box"), ("scores", "score"), ("labels", "label"))}
+            for entry in entries
+        ], category_ids=detector.category_ids)
+    path.write_text(json.dumps(content, indent=1))

@@ -1,0 +1,177 @@
+"""``ssd predict``'s front end against hostile but realistic use: outputs never overwrite inputs, out-of-range options
+are named, output folders are incremented, equal file names from different folders stay apart, unreadable inputs are
+skipped (exit 1 when none is readable), a run directory is accepted as weights, and COCO output carries the dataset's
+category ids."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+from test_export import biased_model, random_images
+
+from ssd.checkpoint import CheckpointError, save_checkpoint
+from ssd.cli import main
+from ssd.engine.export import export_onnx
+from ssd.engine.inference import load, weights_file
+from ssd.engine.sources import output_paths, predict_source
+
+OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    return save_checkpoint(tmp_path_factory.mktemp("weights") / "best.pt", biased_model("ssd_tiny"))
+
+
+def make_images(folder: Path, names: list[str], seed: int = 1) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, image in zip(names, random_images(len(names), seed=seed)):
+        Image.fromarray(image.permute(1, 2, 0).numpy()).save(folder / name)
+    return folder
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_save_dir_equal_to_the_source_never_overwrites_inputs(weights, tmp_path, capsys):
+    source = make_images(tmp_path / "images", ["a.png", "b.png"])
+    before = snapshot(source)
+    detector = load(weights)
+    with pytest.raises(ValueError, match=r"refusing to write into .*images: the output .*a\.png would overwrite the "
+                                         r"input .*a\.png; choose a save directory \(--save-dir\) outside the inputs"):
+        predict_source(detector, source, source, exist_ok=True, progress=False)
+    assert snapshot(source) == before
+
+    summary = predict_source(detector, source, source, progress=False)  # without exist_ok: a fresh folder
+    assert summary.save_dir == tmp_path / "images2" and (tmp_path / "images2" / "a.png").is_file()
+    assert snapshot(source) == before
+
+    previous = snapshot(summary.save_dir)  # a re-run on the previous output folder
+    with pytest.raises(ValueError, match="would overwrite the input"):
+        predict_source(detector, summary.save_dir, summary.save_dir, exist_ok=True, progress=False)
+    assert snapshot(summary.save_dir) == previous
+
+    args = ["predict", "--weights", str(weights), "--source", str(source), "--save-dir", str(source), "--exist-ok"]
+    assert main(args) == 1
+    assert "would overwrite the input" in capsys.readouterr().err
+    assert snapshot(source) == before
+
+
+def test_save_dir_is_incremented_like_training_runs(weights, tmp_path):
+    source = make_images(tmp_path / "images", ["a.png"])
+    detector = load(weights)
+    runs = [predict_source(detector, source, tmp_path / "predict", progress=False, **OPTS) for _ in range(2)]
+    again = predict_source(detector, source, tmp_path / "predict", progress=False, exist_ok=True, **OPTS)
+    assert [r.save_dir for r in (*runs, again)] == [tmp_path / "predict", tmp_path / "predict2", tmp_path / "predict"]
+    assert sorted(p.name for p in (tmp_path / "predict2").iterdir()) == ["a.png", "predictions.json"]
+
+
+def test_glob_over_folders_with_equal_names_keeps_sub_paths(weights, tmp_path):
+    make_images(tmp_path / "src" / "a", ["x.png"], seed=1)
+    make_images(tmp_path / "src" / "b", ["x.png"], seed=2)
+    summary = predict_source(load(weights), str(tmp_path / "src" / "*" / "x.png"), tmp_path / "out", progress=False,
+                             **OPTS)
+    assert summary.images == 2
+    first, second = tmp_path / "out" / "a" / "x.png", tmp_path / "out" / "b" / "x.png"
+    assert first.is_file() and second.is_file() and first.read_bytes() != second.read_bytes()
+    files = [entry["file"] for entry in json.loads(summary.results_file.read_text())["images"]]
+    assert files == [str(tmp_path / "src" / "a" / "x.png"), str(tmp_path / "src" / "b" / "x.png")]
+
+
+def test_output_paths_keep_every_input_apart():
+    files = [Path("/d/clip.avi"), Path("/d/clip.mkv"), Path("/d/clip.mp4"), Path("/d/x/img.png"), Path("/d/y/img.png")]
+    plan = output_paths(files, Path("/out"))
+    assert [str(plan[f]) for f in files] == ["/out/clip.mp4", "/out/clip_2.mp4", "/out/clip_3.mp4", "/out/x/img.png",
+                                             "/out/y/img.png"]
+    assert output_paths([Path("/d/one.jpg")], Path("/out")) == {Path("/d/one.jpg"): Path("/out/one.jpg")}
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--conf", "2", "--conf must be a number in [0, 1], got 2.0"),
+    ("--conf", "nan", "--conf must be a number in [0, 1], got nan"),
+    ("--iou", "-1", "--iou must be a number in [0, 1], got -1.0"),
+    ("--iou", "2", "--iou must be a number in [0, 1], got 2.0"),
+    ("--max-det", "0", "--max-det must be a positive integer, got 0"),
+    ("--batch-size", "0", "--batch-size must be a positive integer, got 0"),
+    ("--batch-size", "-1", "--batch-size must be a positive integer, got -1"),
+])
+def test_out_of_range_options_are_named(option, value, message, tmp_path, capsys):
+    assert main(["predict", "--weights", str(tmp_path / "w.pt"), "--source", str(tmp_path), option, value]) == 2
+    assert f"error: ssd predict: {message}" in capsys.readouterr().err
+
+
+def test_library_names_its_own_options(weights, tmp_path):
+    source = make_images(tmp_path / "images", ["a.png"])
+    detector = load(weights)
+    with pytest.raises(ValueError, match=r"^batch_size must be a positive integer, got -1$"):
+        predict_source(detector, source, tmp_path / "out", batch_size=-1, progress=False)
+    with pytest.raises(ValueError, match=r"^max_detections must be a positive integer, got 0$"):
+        detector.predict(source / "a.png", max_detections=0)
+    with pytest.raises(ValueError, match=r"^score_threshold must be a number in \[0, 1\], got nan$"):
+        detector.predict(source / "a.png", score_threshold=float("nan"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_input_unreadable_exits_non_zero(weights, tmp_path, capsys):
+    source = tmp_path / "bad"
+    source.mkdir()
+    (source / "a.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    (source / "b.png").write_bytes(b"")
+    args = ["predict", "--weights", str(weights), "--source", str(source), "--save-dir", str(tmp_path / "out")]
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    assert "error: none of the 2 inputs could be read" in captured.err
+    assert f"skipped {source / 'a.jpg'}: cannot read image (OSError: Truncated" in captured.out and "b.png" in captured.out
+
+    make_images(source, ["c.png"])  # one readable input: the run succeeds and lists the others
+    assert main([*args[:-1], str(tmp_path / "out2")]) == 0
+    assert "skipped 2 unreadable files" in capsys.readouterr().out
+
+
+def test_run_directory_as_weights(weights, tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "weights").mkdir(parents=True)
+    with pytest.raises(CheckpointError, match=r"run is a folder without weights/best.pt or weights/last.pt"):
+        load(run)
+    shutil.copy(weights, run / "weights" / "last.pt")
+    assert weights_file(run) == run / "weights" / "last.pt"
+    shutil.copy(weights, run / "weights" / "best.pt")
+    assert weights_file(run) == run / "weights" / "best.pt"
+    source = make_images(tmp_path / "images", ["a.png"])
+    assert main(["predict", "--weights", str(run), "--source", str(source), "--save-dir", str(tmp_path / "o")]) == 0
+    assert "1 image," in capsys.readouterr().out
+
+
+def test_coco_output_uses_the_checkpoints_category_ids(tmp_path):
+    model = biased_model("ssd_tiny")
+    with torch.no_grad():  # box shape a of every location favours class a % 3: every class is detected
+        for head in model.heads:
+            bias = [m for m in head.cls.modules() if isinstance(m, torch.nn.Conv2d)][-1].bias.view(-1, 4)
+            bias[:, 1:] = 0
+            bias[torch.arange(len(bias)), 1 + torch.arange(len(bias)) % 3] = 2.0
+    with_ids = save_checkpoint(tmp_path / "ids.pt", model, category_ids=[1, 5, 90])
+    source = make_images(tmp_path / "images", ["a.png", "b.png", "c.png"])
+    options = dict(save_images=False, progress=False, score_threshold=0.3, iou_threshold=0.45, max_detections=100)
+    detector = load(with_ids)
+    coco = predict_source(detector, source, tmp_path / "coco", fmt="coco", **options)
+    plain = predict_source(detector, source, tmp_path / "json", **options)
+    labels = [d["label"] for e in json.loads(plain.results_file.read_text())["images"] for d in e["detections"]]
+    assert sorted(set(labels)) == [0, 1, 2]
+    results = json.loads(coco.results_file.read_text())
+    assert [r["category_id"] for r in results] == [[1, 5, 90][label] for label in labels]
+
+    no_ids = load(save_checkpoint(tmp_path / "plain.pt", model))  # without ids: the labels 0..K-1
+    summary = predict_source(no_ids, source, tmp_path / "c2", fmt="coco", **options)
+    results = json.loads(summary.results_file.read_text())
+    assert [r["category_id"] for r in results] == labels
+
+    onnx_path = export_onnx(with_ids, tmp_path / "ids.onnx", check=False)  # the export carries them
+    assert load(onnx_path).category_ids == [1, 5, 90]
+    bad = save_checkpoint(tmp_path / "bad.pt", model, category_ids=[1, 2])
+    with pytest.raises(CheckpointError, match=r"bad\.pt: category_ids must be 3 integers \(one per class\), got "
+                                              r"\[1, 2\]"):
+        load(bad)
