@@ -3,11 +3,11 @@
 
 import pytest
 import torch
-from test_export import biased_model, random_images
 
 from ssd.engine.backends import TorchBackend
 from ssd.engine.inference import Detector, detect_batch
 from ssd.preprocess import preprocess, to_pixels
+from test_export import biased_model, random_images
 
 OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)
 

@@ -14,8 +14,16 @@ from PIL import Image
 
 from ssd.engine import plots
 from ssd.engine.metrics import evaluate_voc
-from ssd.engine.plots import (RESULTS_COLUMNS, class_color, draw_detections, font_for, plot_label_stats,
-                              plot_pr_curves, plot_results, save_image)
+from ssd.engine.plots import (
+    RESULTS_COLUMNS,
+    class_color,
+    draw_detections,
+    font_for,
+    plot_label_stats,
+    plot_pr_curves,
+    plot_results,
+    save_image,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -101,7 +109,7 @@ def _make_font(path, chars, family="SSD Test Glyphs"):
     builder.setupGlyphOrder([".notdef", *glyphs])
     builder.setupCharacterMap({code: name for name, code in glyphs.items()})
     builder.setupGlyf({name: block() for name in [".notdef", *glyphs]})
-    builder.setupHorizontalMetrics({name: (600, 50) for name in [".notdef", *glyphs]})
+    builder.setupHorizontalMetrics(dict.fromkeys([".notdef", *glyphs], (600, 50)))
     builder.setupHorizontalHeader(ascent=800, descent=-200)
     builder.setupNameTable({"familyName": family, "styleName": "Regular"})
     builder.setupOS2(sTypoAscender=800, sTypoDescender=-200, usWinAscent=800, usWinDescent=200)

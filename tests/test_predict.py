@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from test_export import biased_model, random_images
 
 from conftest import requires_cuda
 from ssd.checkpoint import CheckpointError, save_checkpoint
 from ssd.data.images import read_image
-from ssd.engine.export import export_onnx
 from ssd.engine.backends import OnnxBackend
+from ssd.engine.export import export_onnx
 from ssd.engine.inference import Detector, load
 from ssd.engine.sources import predict_source
+from test_export import biased_model, random_images
 
 CONF, IOU, MAX_DET = 0.3, 0.45, 20
 OPTS = dict(score_threshold=CONF, iou_threshold=IOU, max_detections=MAX_DET)

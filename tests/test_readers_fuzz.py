@@ -113,7 +113,7 @@ def _assert_reads_or_names(read, path: Path) -> None:
         return
     report = check_dataset(spec, decode_images=False)
     for issue in report.issues:
-        assert issue.file and Path(issue.file).name in issue.message or issue.file in issue.message, issue
+        assert (issue.file and Path(issue.file).name in issue.message) or issue.file in issue.message, issue
 
 
 # --- COCO ------------------------------------------------------------------------------------------------------------

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 from PIL import Image
-from test_export import biased_model, random_images
 
 from ssd.checkpoint import CheckpointError, save_checkpoint
 from ssd.cli import main
 from ssd.engine.export import export_onnx
 from ssd.engine.inference import load, weights_file
 from ssd.engine.sources import output_paths, predict_source
+from test_export import biased_model, random_images
 
 OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)
 

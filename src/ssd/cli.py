@@ -84,6 +84,16 @@ def _add_config_options(parser: argparse.ArgumentParser, config_cls) -> None:
             parser.add_argument(flag, type=scalar, choices=choices, **kwargs)
 
 
+def _image_size_option(text: str) -> int | str:
+    """``ssd check --image-size``: the rules of ``TrainConfig.image_size``, as an argparse error."""
+    from ssd.config import ConfigError, parse_image_size
+
+    try:
+        return parse_image_size(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from ssd.config import TrainConfig
 
@@ -137,7 +147,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="report problems in a dataset before training", epilog=EPILOG)
     p.add_argument("data", help="data.yaml, dataset folder or COCO JSON")
     p.add_argument("--model", help="also report default-box coverage for this model (see `ssd train --help`)")
-    p.add_argument("--image-size", type=int, help="input size of --model (default: the model's)")
+    p.add_argument("--image-size", type=_image_size_option,
+                   help="input size of --model: N (square) or HxW, height x width, e.g. 512x288 (default: the model's)")
     p.add_argument("--json", dest="as_json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("demo", help="generate a synthetic dataset, train, evaluate and draw predictions",
@@ -212,17 +223,15 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from ssd.config import TrainConfig
     from ssd.data.check import check_dataset
 
-    TrainConfig(image_size=args.image_size)  # the image size rule (and message) of `ssd train`
     priors = None
     if args.model:
         from ssd.models import build_model
 
         options = {"image_size": args.image_size} if args.image_size else {}
         priors = build_model(args.model, num_classes=1, **options).priors
-    report = check_dataset(args.data, priors=priors)
+    report = check_dataset(args.data, priors=priors, model=args.model, image_size=args.image_size)
     print(json.dumps(report.to_dict(), indent=2) if args.as_json else report.format_table())
     return 0 if report.ok else 1
 

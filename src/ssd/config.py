@@ -18,9 +18,9 @@ from typing import Literal
 
 import yaml
 
-from ssd._utils import did_you_mean
+from ssd._utils import as_hw, did_you_mean, size_text
 
-__all__ = ["TrainConfig", "ConfigError"]
+__all__ = ["TrainConfig", "ConfigError", "parse_image_size"]
 
 
 class ConfigError(ValueError):
@@ -69,7 +69,8 @@ class TrainConfig:
     compile: bool = _help("torch.compile the model", default=False)
     workers: int = _help("data loading worker processes", default=2)
     seed: int = _help("random seed (data order, augmentation, initialization)", default=0)
-    image_size: int | None = _help("network input size (default: the model's)", default=None)
+    image_size: int | str | None = _help("network input size: N (square) or HxW, height x width, e.g. 512x288 "
+                                         "(default: the model's)", default=None)
     augment: Literal["ssd", "light", "none"] = _help("training augmentation: ssd (photometric, zoom out, IoU crop, "
                                                      "flip), light (flip, mild jitter) or none", default="ssd")
     cache_images: bool = _help("decode every image once and keep it in RAM", default=False)
@@ -92,6 +93,8 @@ class TrainConfig:
     num_plot_images: int = _help("validation images drawn with predictions", default=4)
 
     def __post_init__(self) -> None:
+        if self.image_size is not None:  # stored as an int when square, else "HxW" (YAML and command line alike)
+            object.__setattr__(self, "image_size", parse_image_size(self.image_size))
         self._check()
 
     # ----------------------------------------------------------------------------------------------- building
@@ -165,8 +168,6 @@ class TrainConfig:
             _require(self, "lr", 0 < self.lr < math.inf, "must be a finite number > 0")
         if self.weight_decay is not None:
             _require(self, "weight_decay", 0 <= self.weight_decay < math.inf, "must be a finite number >= 0")
-        if self.image_size is not None:
-            _require(self, "image_size", self.image_size >= 32, "must be at least 32")
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             _require(self, name, value is None or value in choices, f"choose one of {', '.join(choices)}")
@@ -189,6 +190,19 @@ def _reject_unknown(values: dict[str, typing.Any], what: str) -> None:
     for key in values:
         if key not in valid:
             raise ConfigError(f"unknown {what} {key!r}{did_you_mean(key, valid)}")
+
+
+def parse_image_size(value: typing.Any) -> int | str:
+    """An input size (``300``, ``"300"``, ``"512x288"`` height x width, ``[512, 288]``) as ``TrainConfig`` stores it:
+    an int when square, else ``"HxW"``. :class:`ConfigError` for anything else or a side under 32."""
+    try:
+        h, w = as_hw(value)
+    except ValueError:
+        raise ConfigError(f"image_size={value!r} is invalid: give N for a square N x N input or HxW (height x width, "
+                          "e.g. 512x288)") from None
+    if min(h, w) < 32:
+        raise ConfigError(f"image_size={value!r} is invalid: must be at least 32 on each side")
+    return h if h == w else size_text((h, w))
 
 
 def _coerce(name: str, value: typing.Any) -> typing.Any:

@@ -15,19 +15,20 @@ import torch
 from torch import Tensor
 from torchvision.transforms.v2 import functional as TF
 
+from ssd._utils import as_hw
 from ssd.boxes import pixel_scale
 
 __all__ = ["preprocess", "check_image", "to_pixels"]
 
 
-def preprocess(images: Sequence[Tensor] | Tensor, image_size: int, mean: Sequence[float], std: Sequence[float],
+def preprocess(images: Sequence[Tensor] | Tensor, image_size: int | tuple[int, int], mean: Sequence[float], std: Sequence[float],
                device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """Resize (plain, no letterbox) to ``image_size`` and normalize images for a network.
 
     Args:
         images: a list of ``[3, H, W]`` tensors (sizes may differ), uint8 ``0..255`` or floating point in
             ``[0, 1]``, or one ``[B, 3, H, W]`` tensor.
-        image_size: side ``S`` of the square network input.
+        image_size: the network input, ``S`` (square) or ``(H, W)``.
         mean, std: per-channel normalization of images scaled to ``[0, 1]``.
         device: where the batch is made (default: where the images are).
 
@@ -43,7 +44,7 @@ def preprocess(images: Sequence[Tensor] | Tensor, image_size: int, mean: Sequenc
         raise ValueError("images must be a non-empty list of [3, H, W] tensors or a [B, 3, H, W] tensor")
     for index, image in enumerate(images):
         check_image(image, index)
-    size = [image_size, image_size]
+    size = list(as_hw(image_size))
     sizes = torch.tensor([list(image.shape[-2:]) for image in images], dtype=torch.int64)
     if bool((sizes == sizes[0]).all()) and len({image.dtype for image in images}) == 1:  # one call for all
         batch = TF.to_dtype(TF.resize(torch.stack(list(images)).to(device), size, antialias=True),

@@ -1,10 +1,13 @@
 """Default boxes (priors) of SSD, in the order of the original implementation.
 
-For each feature map ``k`` (size ``f``), each row ``i`` and each column ``j`` the boxes centred at
-``((j + 0.5) * steps[k] / image_size, (i + 0.5) * steps[k] / image_size)`` are, with
-``s = min_sizes[k] / image_size`` and ``s' = max_sizes[k] / image_size``:
-the square ``(s, s)``, the square ``(sqrt(s * s'), sqrt(s * s'))``, then for each ratio ``r`` of
-``aspect_ratios[k]`` the pair ``(s * sqrt(r), s / sqrt(r))`` and ``(s / sqrt(r), s * sqrt(r))``.
+The input is ``height x width`` pixels (an int ``image_size`` is the square ``S x S``). For each feature map ``k``
+of ``rows x cols`` cells, each row ``i`` and each column ``j`` the boxes are centred at
+``((j + 0.5) * step_x / width, (i + 0.5) * step_y / height)``; a box size ``s`` in pixels is ``s / width`` wide and
+``s / height`` high (normalized), so the boxes are square in pixels and aspect ratios apply in pixels. With
+``min_sizes[k] = m`` and ``max_sizes[k] = M`` the boxes are: the ``m x m`` square, the ``sqrt(m M) x sqrt(m M)``
+square, then for each ratio ``r`` of ``aspect_ratios[k]`` the ``m sqrt(r) x m / sqrt(r)`` box and its transpose
+(sizes as width x height in pixels). A square input with square maps and scalar steps is computed exactly as the
+original SSD does (bit for bit).
 """
 
 from __future__ import annotations
@@ -17,7 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["default_boxes", "PriorConfig", "PRIOR_CONFIGS"]
+from ssd._utils import as_hw
+
+__all__ = ["default_boxes", "PriorConfig", "PRIOR_CONFIGS", "as_hw"]
 
 PRIOR_CONFIGS: dict[str, dict] = {
     "ssd300": {
@@ -44,19 +49,24 @@ PRIOR_CONFIGS: dict[str, dict] = {
 class PriorConfig:
     """The :func:`default_boxes` arguments besides ``image_size`` (sizes and steps in pixels of the input).
 
-    Lists become tuples, so a configuration is immutable and comparable; :meth:`to_dict` gives plain lists
-    (checkpoints, YAML) and :meth:`from_dict` reads them back.
+    A ``feature_maps`` entry is an int (square map) or ``(rows, cols)``; a ``steps`` entry a number or
+    ``(step_y, step_x)``; a pair with equal values is stored as the single value, so square configurations compare
+    equal whatever form they were given in. Lists become tuples, so a configuration is immutable and comparable;
+    :meth:`to_dict` gives plain lists (checkpoints, YAML) and :meth:`from_dict` reads them back.
     """
 
-    feature_maps: tuple[int, ...]
-    steps: tuple[float, ...]
+    feature_maps: tuple[int | tuple[int, int], ...]
+    steps: tuple[float | tuple[float, float], ...]
     min_sizes: tuple[float, ...]
     max_sizes: tuple[float, ...]
     aspect_ratios: tuple[tuple[float, ...], ...]
     clip: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("feature_maps", "steps", "min_sizes", "max_sizes"):
+        for name in ("feature_maps", "steps"):
+            values = tuple(_compact(v, f"{name}[{k}]") for k, v in enumerate(getattr(self, name)))
+            object.__setattr__(self, name, values)
+        for name in ("min_sizes", "max_sizes"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "aspect_ratios", tuple(tuple(r) for r in self.aspect_ratios))
 
@@ -66,31 +76,32 @@ class PriorConfig:
         return cls(**{k: v for k, v in values.items() if k != "image_size"})
 
     def to_dict(self) -> dict[str, Any]:
-        values = asdict(self)
-        return {k: [list(r) for r in v] if k == "aspect_ratios" else (list(v) if isinstance(v, tuple) else v)
-                for k, v in values.items()}
+        return {k: _lists(v) for k, v in asdict(self).items()}
 
-    def boxes(self, image_size: int) -> Tensor:
-        """:func:`default_boxes` of this configuration at ``image_size``."""
+    def boxes(self, image_size: int | tuple[int, int]) -> Tensor:
+        """:func:`default_boxes` of this configuration at ``image_size`` (an int or ``(height, width)``)."""
         return default_boxes(image_size, self.feature_maps, self.steps, self.min_sizes, self.max_sizes,
                              self.aspect_ratios, self.clip)
 
 
 def default_boxes(
-    image_size: int,
-    feature_maps: Sequence[int],
-    steps: Sequence[float],
+    image_size: int | Sequence[int],
+    feature_maps: Sequence[int | Sequence[int]],
+    steps: Sequence[float | Sequence[float]],
     min_sizes: Sequence[float],
     max_sizes: Sequence[float],
     aspect_ratios: Sequence[Sequence[float]],
     clip: bool = True,
 ) -> Tensor:
-    """Default boxes of a square ``image_size`` input, ``[P, 4]`` float32 ``(cx, cy, w, h)`` normalized.
+    """Default boxes of an ``image_size`` input, ``[P, 4]`` float32 ``(cx, cy, w, h)`` normalized per axis.
 
-    All sizes and steps are in pixels of the input. ``P = sum(f * f * (2 + 2 * len(ratios)))`` over the maps.
+    ``image_size`` is an int (square) or ``(height, width)``; a ``feature_maps`` entry an int (square map) or
+    ``(rows, cols)``; a ``steps`` entry a number or ``(step_y, step_x)``. All sizes and steps are in pixels of the
+    input. ``P = sum(rows * cols * (2 + 2 * len(ratios)))`` over the maps, ordered level, row, column, box.
     With ``clip`` each of ``cx, cy, w, h`` is clamped to ``[0, 1]`` (as the original SSD and torchvision do; the
     corners are not clipped). Computed in float64 and rounded once to float32.
     """
+    height, width = as_hw(image_size)
     lengths = {len(feature_maps), len(steps), len(min_sizes), len(max_sizes), len(aspect_ratios)}
     if len(lengths) != 1:
         raise ValueError(
@@ -98,19 +109,44 @@ def default_boxes(
             f"{len(feature_maps)}, {len(steps)}, {len(min_sizes)}, {len(max_sizes)}, {len(aspect_ratios)}"
         )
     per_map = []
-    for f, step, min_size, max_size, ratios in zip(feature_maps, steps, min_sizes, max_sizes, aspect_ratios):
-        s = min_size / image_size
-        s_prime = math.sqrt(s * (max_size / image_size))
-        sizes = [(s, s), (s_prime, s_prime)]
+    for k, (f, step, min_size, max_size, ratios) in enumerate(zip(feature_maps, steps, min_sizes, max_sizes,
+                                                                   aspect_ratios)):
+        (rows, cols), (step_y, step_x) = _pair(f, f"feature_maps[{k}]"), _pair(step, f"steps[{k}]")
+        # the same float operations per axis as the square original (bit-identical when width == height)
+        sx, sy = min_size / width, min_size / height
+        sx_prime, sy_prime = math.sqrt(sx * (max_size / width)), math.sqrt(sy * (max_size / height))
+        sizes = [(sx, sy), (sx_prime, sy_prime)]
         for r in ratios:
-            sizes += [(s * math.sqrt(r), s / math.sqrt(r)), (s / math.sqrt(r), s * math.sqrt(r))]
+            sizes += [(sx * math.sqrt(r), sy / math.sqrt(r)), (sx / math.sqrt(r), sy * math.sqrt(r))]
         wh = torch.tensor(sizes, dtype=torch.float64)  # [A, 2]
-        # (j + 0.5) * step / image_size, written as the original implementation does for bit-identical float32
-        centres = (torch.arange(f, dtype=torch.float64) + 0.5) / (image_size / step)
-        cy, cx = torch.meshgrid(centres, centres, indexing="ij")  # row i, column j
-        xy = torch.stack((cx, cy), dim=-1).reshape(-1, 1, 2).expand(-1, len(sizes), 2)  # [f*f, A, 2]
+        # (j + 0.5) * step / size, written as the original implementation does for bit-identical float32
+        centres_x = (torch.arange(cols, dtype=torch.float64) + 0.5) / (width / step_x)
+        centres_y = (torch.arange(rows, dtype=torch.float64) + 0.5) / (height / step_y)
+        cy, cx = torch.meshgrid(centres_y, centres_x, indexing="ij")  # row i, column j
+        xy = torch.stack((cx, cy), dim=-1).reshape(-1, 1, 2).expand(-1, len(sizes), 2)  # [rows*cols, A, 2]
         per_map.append(torch.cat((xy, wh.expand_as(xy)), dim=-1).reshape(-1, 4))
     boxes = torch.cat(per_map)
     if clip:
         boxes = boxes.clamp(0.0, 1.0)
     return boxes.to(torch.float32)
+
+
+def _pair(value: Any, name: str) -> tuple[Any, Any]:
+    """``(y, x)`` of a per-axis setting given as one number (both axes) or a ``(y, x)`` pair."""
+    if isinstance(value, Sequence) and not isinstance(value, str):
+        if len(value) != 2:
+            raise ValueError(f"{name} = {list(value)!r} must be one number or a (y, x) pair (rows, cols for a "
+                             "feature map; step_y, step_x for a step)")
+        return value[0], value[1]
+    return value, value
+
+
+def _compact(value: Any, name: str) -> Any:
+    """A per-axis setting as stored in :class:`PriorConfig`: the single value when both axes agree."""
+    y, x = _pair(value, name)
+    return y if y == x else (y, x)
+
+
+def _lists(value: Any) -> Any:
+    """Tuples (nested too) as lists, for YAML and checkpoints."""
+    return [_lists(v) for v in value] if isinstance(value, (tuple, list)) else value

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_convert, box_iou
 
-from ssd._utils import closest_names, render_table
+from ssd._utils import as_hw, closest_names, render_table, size_text
 from ssd.data.images import ImageError, verify_image
 from ssd.data.load import load_dataset
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relative_path
@@ -298,11 +298,13 @@ def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
 
 
 def check_dataset(data: str | Path | DatasetSpec, priors: Tensor | None = None, *, split: str | None = None,
-                  class_names: list[str] | None = None, iou_threshold: float = 0.5, decode_images: bool = True
-                  ) -> CheckReport:
+                  class_names: list[str] | None = None, iou_threshold: float = 0.5, decode_images: bool = True,
+                  model: str | None = None, image_size: int | tuple[int, int] | str | None = None) -> CheckReport:
     """Check a dataset (a data description or a loaded :class:`DatasetSpec`); never raises for bad data.
 
     ``priors`` (``[P, 4]`` cx, cy, w, h normalized, e.g. ``build_model(name).priors``) adds default-box coverage.
+    ``model`` (a model name, with its ``image_size``) adds the non-square input suggestion
+    (:func:`suggest_image_size`) as a ``non_square_images`` warning.
     ``decode_images`` decodes every image (cheaply, JPEGs at 1/8 scale) to find truncated or corrupt files.
     """
     if isinstance(data, DatasetSpec):
@@ -324,6 +326,9 @@ def check_dataset(data: str | Path | DatasetSpec, priors: Tensor | None = None, 
                                        f"boxes reach IoU {iou_threshold} with a default box; worst covered: {worst} "
                                        "(too small or too elongated for the default boxes: consider a larger "
                                        "image size or a model with finer default boxes)", str(spec.root)))
+    suggestion = suggest_image_size(spec, model, image_size, iou_threshold, _invalid(issues)[1]) if model else None
+    if suggestion:
+        report.issues.append(Issue("warning", "non_square_images", suggestion["message"], str(spec.root)))
     return report
 
 
@@ -377,3 +382,52 @@ def screen(spec: DatasetSpec, splits: Sequence[str], skip_invalid: bool = False,
     report.dropped = {"objects": len(dropped_objects), "images": len(dropped_images),
                       "object_locations": dropped_objects, "image_paths": dropped_images}
     return clean, report
+
+
+def suggest_image_size(spec: DatasetSpec, model: str, image_size: int | tuple[int, int] | str | None = None,
+                       iou_threshold: float = 0.5, exclude: set | None = None) -> dict | None:
+    """A non-square input size for ``model`` when most training images share an aspect ratio far from 1.
+
+    Rule: at least 60% of the training images (every image without a ``train`` split) have a width / height within
+    10% of one ratio ``r`` outside ``[0.8, 1.25]``. The size keeps about the pixels of the model's input
+    (``image_size``, default the model's) with sides multiples of 32, so the default boxes keep their sizes in
+    pixels (``build.prior_config``), or the smallest such size the model takes (VGG's last levels need ~270 px). Returns ``dict(image_size (h, w), text "HxW", ratio r (median of those
+    images), share, coverage (the :func:`prior_coverage` dict at that size), current (its share at the current
+    size), message)``, or ``None`` (no dominant ratio, the same size, or a size the model cannot take).
+    """
+    from ssd.models import MODEL_CONFIGS, build_model  # the architectures (and their weights) only when asked
+
+    records = spec.splits.get("train") or [r for recs in spec.splits.values() for r in recs]
+    ratios = torch.tensor([r.width / r.height for r in records if r.width and r.height], dtype=torch.float64)
+    if len(ratios) == 0 or model not in MODEL_CONFIGS:
+        return None
+    ratios = ratios.sort().values
+    counts = torch.searchsorted(ratios, ratios * 1.1, right=True) - torch.searchsorted(ratios, ratios * 0.9)
+    best = int(counts.argmax())  # the ratio with the most images within 10% of it
+    share = float(counts[best]) / len(ratios)
+    ratio = float(ratios[(ratios >= ratios[best] * 0.9) & (ratios <= ratios[best] * 1.1)].median())
+    if share < 0.6 or 0.8 <= ratio <= 1.25:
+        return None
+    height, width = as_hw(MODEL_CONFIGS[model].image_size if image_size is None else image_size)
+    side = round(math.sqrt(height * width / ratio) / 32)  # h * w = pixels and w / h = ratio, in units of 32
+    for rows in range(max(1, side), side + 8):  # the first size the model takes (VGG needs ~270 px per side)
+        size = (rows * 32, max(1, round(rows * ratio)) * 32)
+        try:
+            priors = build_model(model, 1, image_size=size).priors
+            break
+        except ValueError:  # too small for the model's last levels
+            continue
+    else:
+        return None
+    if size == (height, width):
+        return None
+    coverage = prior_coverage(spec, priors, iou_threshold, exclude)
+    current = prior_coverage(spec, build_model(model, 1, image_size=(height, width)).priors, iou_threshold,
+                             exclude)["covered"]
+    text = size_text(size)
+    message = (f"{share:.0%} of the {len(ratios)} training images are {ratio:.2f}:1 (width / height, within 10%), "
+               f"which the {size_text((height, width))} input of {model} distorts: --image-size {text} (height x "
+               f"width, {size[0] * size[1] / (height * width):.2f}x the pixels) gives {coverage['covered']:.1%} "
+               f"default-box coverage (now {current:.1%})")
+    return {"image_size": size, "text": text, "ratio": ratio, "share": share, "coverage": coverage,
+            "current": current, "message": message}

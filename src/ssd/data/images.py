@@ -30,6 +30,7 @@ from torch import Tensor
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import pil_to_tensor
 
+from ssd._utils import as_hw
 from ssd.data.records import DataError
 
 __all__ = ["IMAGE_SUFFIXES", "ImageError", "read_image", "read_image_size", "is_image", "verify_image", "pil_to_rgb"]
@@ -132,15 +133,16 @@ def pil_to_rgb(im: Image.Image) -> Tensor:
     return pil_to_tensor(im.convert("RGB"))
 
 
-def read_image(path: str | Path, min_size: int | None = None) -> Tensor:
+def read_image(path: str | Path, min_size: int | tuple[int, int] | None = None) -> Tensor:
     """Decode ``path`` to a ``uint8`` tensor ``[3, H, W]`` RGB, EXIF orientation applied (rules: module docstring).
 
     JPEGs are decoded by ``torchvision.io.decode_image`` (Pillow when it refuses one), the rest by Pillow. Raises
     :class:`ImageError` naming the file when the file is missing, refused or does not decode.
 
-    ``min_size``: the caller resizes the image to at most ``min_size`` on each side next, so a JPEG at least twice
-    that size is decoded at a reduced DCT scale (1/2, 1/4 or 1/8) that keeps both sides >= ``min_size`` (JPEG
-    "draft" mode): 2-4x faster for phone photos fed to a 300 px network, and no detail the resize would keep is lost.
+    ``min_size``: the caller resizes the image next to at most this size (an int: square; or ``(height, width)``),
+    so a JPEG at least twice that size on each axis is decoded at a reduced DCT scale (1/2, 1/4 or 1/8) that keeps
+    its height and width >= the target's (JPEG "draft" mode, per axis, in the upright orientation the EXIF tag
+    gives): 2-4x faster for phone photos fed to a 300 px network, and no detail the resize would keep is lost.
     """
     path = Path(path)
     try:
@@ -151,9 +153,13 @@ def read_image(path: str | Path, min_size: int | None = None) -> Tensor:
         raise _error(path, f"cannot read image file ({e.strerror or e})") from e
     with _open(path, data) as im:
         try:
-            if min_size is not None and im.format in _JPEG and min(im.size) >= 2 * min_size:
-                im.draft("RGB", (min_size, min_size))
-                return pil_to_rgb(im)
+            if min_size is not None and im.format in _JPEG:
+                height, width = as_hw(min_size)
+                if _orientation(im) in _TRANSPOSED:  # the file stores the picture transposed: its width is our height
+                    height, width = width, height
+                if im.width >= 2 * width and im.height >= 2 * height:
+                    im.draft("RGB", (width, height))
+                    return pil_to_rgb(im)
             if im.format in _JPEG:
                 try:
                     buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
+from ssd._utils import as_hw
 from ssd.data.images import read_image
 from ssd.data.records import DataError, ImageRecord
 from ssd.data.transforms import build_transform
@@ -39,23 +40,26 @@ class DetectionDataset(Dataset):
         class_names: the K names (kept for users of the dataset; labels are already indices).
         transform: ``transform(image, target)`` as built by :func:`ssd.data.transforms.build_transform`; None keeps
             the uint8 image.
-        image_size: when given, images are resized to ``image_size x image_size`` right after decoding (boxes scaled
-            to match) so augmentation works on small images: fast, and what the final resize does anyway.
+        image_size: when given (an int: square; or ``(height, width)``), images are resized to that size right after
+            decoding (boxes scaled to match) so augmentation works on small images: fast, and what the final resize
+            does anyway.
         keep_difficult: keep difficult / crowd objects (True for evaluation, where they are flagged and ignored;
             False for training, which leaves them out).
         cache_images: decode every image once, up front, and keep the uint8 tensors in RAM.
 
-    Item ``i`` (or ``(i, seed)`` from :class:`SeededSampler`): ``(image [3, S, S] float normalized, target)`` with
+    Item ``i`` (or ``(i, seed)`` from :class:`SeededSampler`): ``(image [3, H, W] float normalized, target)`` with
     ``target = dict(boxes=BoundingBoxes [N, 4] pixel xyxy of the transformed image, labels int64 [N], difficult bool
     [N], image_id, path str, orig_size int64 [2] (h, w))``.
     """
 
     def __init__(self, records: Sequence[ImageRecord], class_names: Sequence[str], transform=None, *,
-                 image_size: int | None = None, keep_difficult: bool = True, cache_images: bool = False):
+                 image_size: int | tuple[int, int] | None = None, keep_difficult: bool = True,
+                 cache_images: bool = False):
         self.records = list(records)
         self.class_names = list(class_names)
         self.transform = transform
         self.image_size = image_size
+        self._hw = None if image_size is None else as_hw(image_size)
         self.keep_difficult = keep_difficult
         self._cache: list[Tensor] | None = None
         if cache_images:
@@ -66,9 +70,9 @@ class DetectionDataset(Dataset):
         return len(self.records)
 
     def _decode(self, index: int) -> Tensor:
-        image = read_image(self.records[index].path, min_size=self.image_size)
-        if self.image_size is not None:
-            image = F.resize(image, [self.image_size, self.image_size], antialias=True)
+        image = read_image(self.records[index].path, min_size=self._hw)
+        if self._hw is not None:
+            image = F.resize(image, list(self._hw), antialias=True)
         return image
 
     def __getitem__(self, key: int | tuple[int, int]):
@@ -163,9 +167,10 @@ class _Loader(DataLoader):
 def collate(batch: list[tuple[Tensor, dict]]) -> dict:
     """Stack images and pad targets for the core's ``match`` / ``MultiBoxLoss``.
 
-    Returns ``dict(images [B, 3, S, S], boxes [B, G, 4] xyxy normalized to the network input (zeros in padding),
-    labels [B, G] int64 (-1 in padding), difficult [B, G] bool, paths list[str], orig_sizes [B, 2] int64 (h, w),
-    image_ids list)`` with ``G = max(1, most objects in an image)`` (a batch without objects has one padding row).
+    Returns ``dict(images [B, 3, H, W], boxes [B, G, 4] xyxy normalized per axis to the network input (zeros in
+    padding), labels [B, G] int64 (-1 in padding), difficult [B, G] bool, paths list[str], orig_sizes [B, 2] int64
+    (h, w), image_ids list)`` with ``G = max(1, most objects in an image)`` (a batch without objects has one padding
+    row).
     A batch holding a :class:`_Failed` item is that item (the loader raises it).
     """
     failed = next((item for item in batch if isinstance(item, _Failed)), None)
@@ -184,7 +189,7 @@ def collate(batch: list[tuple[Tensor, dict]]) -> dict:
             "image_ids": [t["image_id"] for _, t in batch]}
 
 
-def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str], image_size: int,
+def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str], image_size: int | tuple[int, int],
                      mean: Sequence[float], std: Sequence[float], train: bool, batch_size: int, workers: int = 0,
                      seed: int = 0, *, augment: str = "ssd", keep_difficult: bool | None = None,
                      cache_images: bool = False, shuffle: bool | None = None, drop_last: bool = False,
@@ -192,8 +197,9 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
     """A ``DataLoader`` of :func:`collate` batches for ``records`` (a :class:`DataError` of an item is raised with
     its own message, with or without workers).
 
-    ``train`` turns on augmentation (``augment`` level) and shuffling, and by default leaves difficult/crowd objects
-    out (``keep_difficult`` overrides). The same ``seed`` gives the same batches, with any ``workers``.
+    ``image_size``: an int (square) or ``(height, width)``. ``train`` turns on augmentation (``augment`` level)
+    and shuffling, and by default leaves difficult/crowd objects out (``keep_difficult`` overrides). The same
+    ``seed`` gives the same batches, with any ``workers``.
     ``loader.sampler.set_epoch(e)`` jumps to epoch ``e`` (resume).
     """
     transform = build_transform(image_size, mean, std, train=train, augment=augment)

@@ -2,8 +2,9 @@
 
 A transform is called as ``transform(image, target)`` with ``image`` a ``tv_tensors.Image`` uint8 ``[3, H, W]`` and
 ``target`` a dict holding ``boxes`` (``tv_tensors.BoundingBoxes`` pixel xyxy), ``labels`` int64 ``[N]`` and
-``difficult`` bool ``[N]``; it returns both with the image float ``[3, S, S]`` normalized and the boxes in pixels of
-that ``S x S`` image. Boxes that become degenerate (or leave the crop) are dropped with their labels and flags.
+``difficult`` bool ``[N]``; it returns both with the image float ``[3, H, W]`` normalized (``(H, W)`` the network
+input size) and the boxes in pixels of that image. Boxes that become degenerate (or leave the crop) are dropped
+with their labels and flags.
 
 Augmentation levels (``augment``):
 - ``"ssd"``: photometric distortion, zoom-out up to 4x (canvas filled with the mean), IoU-constrained random crop,
@@ -22,6 +23,8 @@ from torchvision.ops import box_iou
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2._utils import get_bounding_boxes, query_size
+
+from ssd._utils import as_hw
 
 __all__ = ["AUGMENT_LEVELS", "build_transform"]
 
@@ -75,9 +78,10 @@ class IoUCropWithBoxes(v2.RandomIoUCrop):
                             is_within_crop_area=inside[t])
 
 
-def build_transform(image_size: int, mean: Sequence[float], std: Sequence[float], train: bool = False,
-                    augment: str = "ssd") -> v2.Compose:
-    """The SSD pipeline to a square ``image_size`` input; ``mean``/``std`` are per channel for images in ``[0, 1]``.
+def build_transform(image_size: int | tuple[int, int], mean: Sequence[float], std: Sequence[float],
+                    train: bool = False, augment: str = "ssd") -> v2.Compose:
+    """The SSD pipeline to an ``image_size`` input (an int: square; or ``(height, width)``); ``mean``/``std`` are per
+    channel for images in ``[0, 1]``.
 
     ``train=False`` (or ``augment="none"``) is resize + normalize.
     """
@@ -92,7 +96,7 @@ def build_transform(image_size: int, mean: Sequence[float], std: Sequence[float]
         fill = {tv_tensors.Image: [round(255 * m) for m in mean], "others": 0}
         steps += [v2.RandomHorizontalFlip(), v2.RandomAffine(degrees=0, translate=(0.05, 0.05), scale=(0.85, 1.15),
                                                              fill=fill)]
-    steps += [v2.Resize((image_size, image_size), antialias=True),
+    steps += [v2.Resize(as_hw(image_size), antialias=True),
               v2.ClampBoundingBoxes(),
               v2.SanitizeBoundingBoxes(min_size=1.0, labels_getter=boxes_labels_difficult),
               v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True),

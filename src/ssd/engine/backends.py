@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ssd._utils import unwrap_model
+from ssd._utils import as_hw, compact_size, unwrap_model
 from ssd.checkpoint import CheckpointError
 
 __all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "check_category_ids"]
@@ -106,7 +106,8 @@ def _positive_int(v) -> bool:
 _RULES = {
     "class_names": (lambda v: isinstance(v, list) and len(v) > 0 and all(isinstance(n, str) for n in v),
                     "a non-empty JSON list of strings"),
-    "image_size": (_positive_int, "a positive integer"),
+    "image_size": (lambda v: _positive_int(v) or (isinstance(v, list) and len(v) == 2 and all(map(_positive_int, v))),
+                   "a positive integer S or a list [H, W]"),
     "mean": (_numbers(3), "a JSON list of 3 finite numbers"),
     "std": (_numbers(3, positive=True), "a JSON list of 3 positive numbers"),
     "variances": (_numbers(2, positive=True), "a JSON list of 2 positive numbers"),
@@ -178,7 +179,7 @@ class OnnxBackend:
         if "graph_sha256" in raw:  # files exported before the checksum existed have none
             _verify_digest(self.path, raw["graph_sha256"])
         self.class_names, self.category_ids = meta["class_names"], meta["category_ids"]
-        self.image_size = meta["image_size"]
+        self.image_size = compact_size(meta["image_size"])
         self.mean, self.std, self.variances = tuple(meta["mean"]), tuple(meta["std"]), tuple(meta["variances"])
         self.nms = meta["nms"]
         if self.nms:
@@ -194,7 +195,7 @@ class OnnxBackend:
         if len(inputs) != 1 or len(shape) != 4 or shape[1] != 3:
             raise OnnxModelError(f"{self.path}: the graph takes {[(i.name, i.shape) for i in inputs]}, not one "
                                  f"image batch [B, 3, S, S]; it was not written by `ssd export`")
-        if any(isinstance(side, int) and side != self.image_size for side in shape[2:]):
+        if any(isinstance(side, int) and side != want for side, want in zip(shape[2:], as_hw(self.image_size))):
             raise OnnxModelError(f"{self.path}: the metadata says image_size={self.image_size} but the graph's input "
                                  f"is {shape}; the metadata was edited or belongs to another model")
         names = [o.name for o in outputs]
@@ -235,7 +236,7 @@ class OnnxBackend:
     def priors(self) -> Tensor:
         """``[P, 4]``, the graph's ``priors`` output (computed once on a blank batch if no batch ran yet)."""
         if self._priors is None:
-            self(torch.zeros(self.fixed_batch or 1, 3, self.image_size, self.image_size))
+            self(torch.zeros(self.fixed_batch or 1, 3, *as_hw(self.image_size)))
         return self._priors
 
     def nms_detections(self, batch: Tensor, *, score_threshold: float, iou_threshold: float,

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import batched_nms
 
-from ssd._utils import unwrap_model
+from ssd._utils import as_hw, unwrap_model
 from ssd._version import __version__
 from ssd.boxes import decode
 from ssd.checkpoint import load_checkpoint
@@ -169,7 +169,7 @@ def export_onnx(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     size = model.config.image_size
     graph = _ExportGraph(model, nms, score_threshold, iou_threshold, max_detections).eval()
-    example = torch.zeros(2 if dynamic_batch else 1, 3, size, size)
+    example = torch.zeros(2 if dynamic_batch else 1, 3, *as_hw(size))
     output_names = ["detections", "num_detections"] if nms else ["loc", "logits", "priors"]
     dynamic_shapes = {"images": {0: torch.export.Dim("batch", min=1)}} if dynamic_batch else None
     with torch.no_grad():
@@ -199,7 +199,7 @@ def _metadata(model: nn.Module, category_ids: list[int] | None, digest: str,
         "ssd_version": __version__,
         "model_name": config.name,
         "class_names": json.dumps(list(model.class_names)),
-        "image_size": str(config.image_size),
+        "image_size": json.dumps(config.image_size),  # S, or [H, W]
         "mean": json.dumps(list(config.mean)),
         "std": json.dumps(list(config.std)),
         "variances": json.dumps(list(config.variances)),
@@ -223,7 +223,7 @@ def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
     size = model.config.image_size
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
-        traced = torch.jit.trace(model, torch.zeros(1, 3, size, size))
+        traced = torch.jit.trace(model, torch.zeros(1, 3, *as_hw(size)))
     extra = {"config.json": json.dumps({"config": model.config.to_dict(), "class_names": list(model.class_names)})}
     torch.jit.save(traced, str(out_path), _extra_files=extra)
     return out_path

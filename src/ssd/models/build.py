@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ssd._utils import did_you_mean, state_dict_mismatch
+from ssd._utils import as_hw, compact_size, did_you_mean, size_text, state_dict_mismatch
 from ssd.checkpoint import CheckpointError, load_checkpoint
 from ssd.models import mobilenet, tiny, vgg
 from ssd.models.architecture import Architecture
@@ -34,8 +35,8 @@ def list_models() -> dict[str, str]:
 
 
 def build_model(name: str, num_classes: int | None = None, class_names: Sequence[str] | None = None, *,
-                backbone_weights: str | os.PathLike | None = None, image_size: int | None = None,
-                **options: Any) -> SSD:
+                backbone_weights: str | os.PathLike | None = None,
+                image_size: int | tuple[int, int] | str | None = None, **options: Any) -> SSD:
     """A new SSD of a named configuration (see :func:`list_models`).
 
     Args:
@@ -46,8 +47,10 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
         backbone_weights: path to a torchvision ImageNet state dict for the backbone, or ``"imagenet"`` to use the
             file in the torch hub cache (``torch.hub.get_dir()/checkpoints``); nothing is ever downloaded.
             ``None``: random initialisation.
-        image_size: side of the square input (default: the configuration's). The default boxes are recomputed
-            with the box sizes scaled to the new size and centres spread evenly over the new feature maps.
+        image_size: the input size (default: the configuration's square size): an int (square), a
+            ``(height, width)`` pair or a ``"HxW"`` string such as ``"512x288"`` (height x width). The default boxes
+            are recomputed for it (see :func:`prior_config`); the heads keep their shapes, so weights trained at
+            one size load at another.
         options: architecture options (``ssdlite320_mobilenet_v3_large``: ``reduced_tail``).
 
     Returns:
@@ -62,9 +65,7 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
     options = {**arch.options, **options}
     if "reduced_tail" in options and options["reduced_tail"] is None:
         options["reduced_tail"] = backbone_weights is None
-    size = arch.image_size if image_size is None else image_size
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise ValueError(f"image_size must be a positive int (side of the square input), got {image_size!r}")
+    size = compact_size(arch.image_size if image_size is None else image_size)
     feature_maps, _ = _probe(name, options, size)
     config = ModelConfig(name=name, num_classes=len(class_names), image_size=size,
                          priors=prior_config(arch, size, feature_maps), mean=arch.mean, std=arch.std,
@@ -72,17 +73,23 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
     return _assemble(config, class_names, backbone_weights)
 
 
-def prior_config(arch: Architecture, image_size: int, feature_maps: list[int]) -> PriorConfig:
-    """The default boxes of ``arch`` at an input size.
+def prior_config(arch: Architecture, image_size: int | tuple[int, int],
+                 feature_maps: list[int | tuple[int, int]]) -> PriorConfig:
+    """The default boxes of ``arch`` at an input size (an int or ``(height, width)``).
 
-    ``arch.priors`` unchanged at its own size and feature maps; otherwise box sizes scale with ``image_size`` and
-    the steps become ``image_size / feature_map`` (centres spread evenly).
+    ``arch.priors`` unchanged at its own size and feature maps. Otherwise the steps become ``height / rows`` and
+    ``width / cols`` per axis (centres spread evenly over each map) and the box sizes scale by
+    ``sqrt(height * width) / native size``: the square of the same pixel count keeps every box size in pixels,
+    which is what the network's strides and receptive fields (fixed in pixels) call for, and a square input
+    scales as before (``side / native``). Boxes stay square in pixels (see :func:`ssd.priors.default_boxes`).
     """
     base = arch.priors
-    if image_size == arch.image_size and tuple(feature_maps) == base.feature_maps:
+    height, width = as_hw(image_size)
+    if (height, width) == (arch.image_size, arch.image_size) and tuple(feature_maps) == base.feature_maps:
         return base
-    scale = image_size / arch.image_size
-    return PriorConfig(feature_maps=feature_maps, steps=[image_size / f for f in feature_maps],
+    scale = math.sqrt(height * width) / arch.image_size  # exact for a square input: sqrt(s * s) == s
+    grids = [f if isinstance(f, tuple) else (f, f) for f in feature_maps]  # (rows, cols)
+    return PriorConfig(feature_maps=feature_maps, steps=[(height / rows, width / cols) for rows, cols in grids],
                        min_sizes=[s * scale for s in base.min_sizes], max_sizes=[s * scale for s in base.max_sizes],
                        aspect_ratios=base.aspect_ratios, clip=base.clip)
 
@@ -141,8 +148,8 @@ def _assemble(config: ModelConfig, class_names: list[str], backbone_weights: str
         weights, source = read_backbone_weights(backbone_weights, arch.imagenet_file, config.name)
     feature_maps, channels = _probe(config.name, config.options, config.image_size)
     if tuple(feature_maps) != config.priors.feature_maps:
-        raise ValueError(f"{config.name} at {config.image_size} px has feature maps {feature_maps}, but the "
-                         f"configuration says {list(config.priors.feature_maps)}")
+        raise ValueError(f"{config.name} at {size_text(config.image_size)} px has feature maps {feature_maps}, but "
+                         f"the configuration says {list(config.priors.feature_maps)}")
     backbone = arch.backbone(dict(config.options), weights, source)
     num_outputs = config.num_classes + 1
     heads = nn.ModuleList([arch.head(c, 2 + 2 * len(ratios), num_outputs)
@@ -150,23 +157,25 @@ def _assemble(config: ModelConfig, class_names: list[str], backbone_weights: str
     return SSD(backbone, heads, config.priors.boxes(config.image_size), config, class_names)
 
 
-def _probe(name: str, options: Mapping[str, Any], size: int) -> tuple[list[int], list[int]]:
-    """``(feature map sizes, channels)`` at ``size``, from a forward pass on the meta device (no memory, no compute)."""
-    maps, channels = _probe_cached(name, tuple(sorted(options.items())), size)
+def _probe(name: str, options: Mapping[str, Any], size: int | tuple[int, int]
+           ) -> tuple[list[int | tuple[int, int]], list[int]]:
+    """``(feature map sizes, channels)`` at ``size`` (an int or ``(height, width)``), from a forward pass on the meta
+    device (no memory, no compute). A map size is an int for a square map, else ``(rows, cols)``."""
+    maps, channels = _probe_cached(name, tuple(sorted(options.items())), as_hw(size))
     return list(maps), list(channels)
 
 
 @functools.lru_cache(maxsize=64)
-def _probe_cached(name: str, options: tuple, size: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _probe_cached(name: str, options: tuple, size: tuple[int, int]) -> tuple[tuple, tuple[int, ...]]:
     arch = MODEL_CONFIGS[name]
     with torch.device("meta"):
         backbone = arch.backbone(dict(options), None, None).eval()
         try:
-            features = backbone(torch.empty(1, 3, size, size))
+            features = backbone(torch.empty(1, 3, *size))
         except RuntimeError as exc:
-            raise ValueError(f"image_size={size} is too small for {name} (native size "
+            raise ValueError(f"image_size={size_text(size)} is too small for {name} (native size "
                              f"{arch.image_size}): {str(exc).splitlines()[0]}") from None
-    return tuple(f.shape[-1] for f in features), tuple(f.shape[1] for f in features)
+    return tuple(compact_size(tuple(f.shape[-2:])) for f in features), tuple(f.shape[1] for f in features)
 
 
 def _is_class_head(key: str) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ssd._utils import compact_size
 from ssd.boxes import VARIANCES
 from ssd.priors import PriorConfig
 
@@ -24,7 +25,8 @@ class ModelConfig:
     Attributes:
         name: architecture name (a key of :data:`ssd.models.MODEL_CONFIGS`).
         num_classes: K, object classes (the heads have K+1 outputs, index 0 is background).
-        image_size: side of the square network input in pixels.
+        image_size: the network input in pixels: an int (square side) or a ``(height, width)`` tuple (a square
+            pair is stored as the int; ``ssd.priors.as_hw`` gives ``(height, width)`` of either form).
         priors: the default boxes at ``image_size``.
         mean, std: per-channel normalization of images scaled to ``[0, 1]`` (RGB).
         variances: offset variances of the box encoding.
@@ -34,7 +36,7 @@ class ModelConfig:
 
     name: str
     num_classes: int
-    image_size: int
+    image_size: int | tuple[int, int]
     priors: PriorConfig
     mean: tuple[float, ...]
     std: tuple[float, ...]
@@ -43,6 +45,7 @@ class ModelConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "image_size", compact_size(self.image_size))
         for name in ("mean", "std", "variances"):
             object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
         object.__setattr__(self, "options", dict(self.options))
@@ -56,7 +59,7 @@ class ModelConfig:
         return {
             "name": self.name,
             "num_classes": self.num_classes,
-            "image_size": self.image_size,
+            "image_size": list(self.image_size) if isinstance(self.image_size, tuple) else self.image_size,
             "priors": self.priors.to_dict(),
             "mean": list(self.mean),
             "std": list(self.std),

@@ -66,12 +66,13 @@ class SSD(nn.Module):
         return self.config.num_classes
 
     @property
-    def image_size(self) -> int:
-        """Side of the square network input."""
+    def image_size(self) -> int | tuple[int, int]:
+        """The network input size: an int (square side) or ``(height, width)`` (``ssd.priors.as_hw`` reads both)."""
         return self.config.image_size
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        """``images [B, 3, S, S]`` normalized -> ``(loc [B, P, 4], logits [B, P, K+1])`` in prior order."""
+        """``images [B, 3, H, W]`` normalized (``(H, W)`` the input size) -> ``(loc [B, P, 4], logits [B, P, K+1])``
+        in prior order."""
         features = self.backbone(images)
         locs = []
         logits = []
