@@ -100,6 +100,18 @@ def test_defaults_already_optimal_are_returned_unchanged():
     assert "already as good" in result.format_table() and "nothing changed" in result.format_table()
 
 
+def test_ceiling_says_what_no_fit_can_reach():
+    # 6 px objects half way between the centres of both levels (at multiples of 16 px): the best default box of any
+    # shape reaches IoU 36 / 196 on level 0 (14 px, 4 px off in x and y), less on level 1
+    centres = torch.tensor([16.0, 32.0, 48.0])
+    cy, cx = (t.flatten() for t in torch.meshgrid(centres, centres, indexing="ij"))
+    boxes = torch.stack([cx - 3, cy - 3, cx + 3, cy + 3], dim=1) / 64
+    result = fit_priors(boxes, 64, SMALL)
+    assert result.ceiling == 0.0 and result.after["covered"] == 0.0 and not result.changed
+    assert fit_priors(squares_at_level0(20), 64, SMALL).ceiling == 1.0
+    assert "could cover at most 0.0%" in result.format_table()
+
+
 def test_small_gain_under_min_gain_changes_nothing():
     result = fit_priors(squares_at_level0(20), 64, SMALL, min_gain=1.01)  # gains 100 points, asked for 101
     assert result.after["covered"] == 1.0 and not result.changed and result.priors is SMALL
