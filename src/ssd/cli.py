@@ -149,6 +149,12 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="also report default-box coverage for this model (see `ssd train --help`)")
     p.add_argument("--image-size", type=_image_size_option,
                    help="input size of --model: N (square) or HxW, height x width, e.g. 512x288 (default: the model's)")
+    p.add_argument("--fit-priors", nargs="?", const="keep", choices=["keep", "free"],
+                   help="fit the default boxes of --model to the training split and write them to --priors-out "
+                        "(for `ssd train --priors FILE`); --fit-priors=free may also change the number of aspect "
+                        "ratios per level (new head shapes: pretrained heads no longer load)")
+    p.add_argument("--priors-out", type=Path, default=Path("priors.yaml"),
+                   help="where --fit-priors writes (default: priors.yaml)")
     p.add_argument("--json", dest="as_json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("demo", help="generate a synthetic dataset, train, evaluate and draw predictions",
@@ -224,15 +230,30 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from ssd.data.check import check_dataset
+    from ssd.data.load import load_dataset
 
-    priors = None
+    priors, data = None, args.data
+    if args.fit_priors and not args.model:
+        raise UsageError("ssd check: --fit-priors needs --model NAME (the model whose default boxes to fit)")
     if args.model:
         from ssd.models import build_model
 
         options = {"image_size": args.image_size} if args.image_size else {}
         priors = build_model(args.model, num_classes=1, **options).priors
-    report = check_dataset(args.data, priors=priors, model=args.model, image_size=args.image_size)
-    print(json.dumps(report.to_dict(), indent=2) if args.as_json else report.format_table())
+    if args.fit_priors:
+        data = load_dataset(args.data)  # once, for the check and the fit
+    report = check_dataset(data, priors=priors, model=args.model, image_size=args.image_size)
+    output = report.to_dict() if args.as_json else report.format_table()
+    if args.fit_priors:
+        from ssd.engine.priors import fit_for_model, save_priors
+
+        fit = fit_for_model(data, args.model, args.image_size, free=args.fit_priors == "free")
+        path = save_priors(args.priors_out, fit, args.model, source=args.data)
+        if args.as_json:
+            output["prior_fit"] = {**fit.to_dict(), "file": str(path)}
+        else:
+            output += f"\n\n{fit.format_table()}\nwritten: {path} (ssd train --model {args.model} --priors {path})"
+    print(json.dumps(output, indent=2) if args.as_json else output)
     return 0 if report.ok else 1
 
 

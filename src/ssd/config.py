@@ -71,6 +71,8 @@ class TrainConfig:
     seed: int = _help("random seed (data order, augmentation, initialization)", default=0)
     image_size: int | str | None = _help("network input size: N (square) or HxW, height x width, e.g. 512x288 "
                                          "(default: the model's)", default=None)
+    priors: str | None = _help("default boxes: a YAML file written by `ssd check DATA --model NAME --fit-priors`, "
+                               "or auto to fit them to the training split (default: the model's)", default=None)
     augment: Literal["ssd", "light", "none"] = _help("training augmentation: ssd (photometric, zoom out, IoU crop, "
                                                      "flip), light (flip, mild jitter) or none", default="ssd")
     cache_images: bool = _help("decode every image once and keep it in RAM", default=False)

@@ -23,25 +23,22 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
-from torchvision.ops import box_convert, box_iou
+from torchvision.ops import box_iou
 
 from ssd._utils import as_hw, closest_names, render_table, size_text
+from ssd.coverage import SIZE_BUCKETS, coverage
 from ssd.data.images import ImageError, verify_image
 from ssd.data.load import load_dataset
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
 
-__all__ = ["CheckReport", "check_dataset", "find_issues", "screen", "prior_coverage", "SIZE_BUCKETS"]
+__all__ = ["CheckReport", "check_dataset", "find_issues", "screen", "prior_coverage", "spec_boxes", "SIZE_BUCKETS"]
 
 TINY_PIXELS = 2.0
 """Boxes narrower or shorter than this (pixels, after clipping) get a warning."""
 DUPLICATE_IOU = 0.9
 BORDER_TOLERANCE = 1.0
 """Pixels a box may extend past the image border before a warning."""
-SIZE_BUCKETS = (("small", 0.0, 0.1), ("medium", 0.1, 0.3), ("large", 0.3, math.inf))
-"""Object size buckets by ``sqrt(w * h)`` relative to the image (both normalized)."""
-ASPECT_BUCKETS = (("tall", 0.0, 1 / 3), ("regular", 1 / 3, 3.0), ("wide", 3.0, math.inf))
-"""Aspect buckets by ``w / h`` of the box after the model's plain resize to a square (normalized w / h)."""
 _SHOWN_PER_CODE = 20
 
 
@@ -229,47 +226,26 @@ def _stats(spec: DatasetSpec) -> dict[str, dict]:
     return stats
 
 
-def prior_coverage(spec: DatasetSpec, priors: Tensor, iou_threshold: float = 0.5, exclude: set | None = None) -> dict:
-    """Share of ground-truth boxes whose best default box reaches ``iou_threshold``, by size and aspect bucket.
-
-    Args:
-        priors: ``[P, 4]`` ``(cx, cy, w, h)`` normalized (``model.priors``).
-        exclude: ``(image path, object index)`` pairs to leave out (the invalid objects).
-
-    Each box is normalized by its image size, as the model's plain resize to a square input does. Returns a dict
-    with ``boxes``, ``covered`` (share), ``by_size`` / ``by_aspect`` (name, boxes, covered, median_iou) and ``worst``
-    (the size x aspect combinations with the lowest share, at least 5 boxes and under 90% covered).
-    """
+def spec_boxes(spec: DatasetSpec, splits: list[str] | None = None, exclude: set | None = None) -> Tensor:
+    """The boxes of ``splits`` (default: all; an image in two splits counts once) as ``[N, 4]`` xyxy normalized by
+    their image's size, as the model's plain resize to a square input does; ``exclude``: ``(image path, object
+    index)`` pairs to leave out (the invalid objects)."""
     exclude = exclude or set()
     seen, rows = set(), []
-    for records in spec.splits.values():
-        for rec in records:
+    for split in spec.splits if splits is None else splits:
+        for rec in spec.records(split):
             if rec.path in seen or not rec.width or not rec.height:
                 continue
             seen.add(rec.path)
             rows += [[o.box[0] / rec.width, o.box[1] / rec.height, o.box[2] / rec.width, o.box[3] / rec.height]
                      for i, o in enumerate(rec.objects) if (rec.path, i) not in exclude]
-    boxes = torch.tensor(rows, dtype=torch.float32).reshape(-1, 4).clamp(0, 1)
-    prior_xyxy = box_convert(priors.detach().float().cpu(), "cxcywh", "xyxy")
-    best = torch.cat([box_iou(chunk, prior_xyxy).amax(dim=1) for chunk in boxes.split(2048)]) if len(boxes) else \
-        torch.zeros(0)
-    w, h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-    size, aspect = (w * h).sqrt(), w / h.clamp_min(1e-9)
-    covered = best >= iou_threshold
+    return torch.tensor(rows, dtype=torch.float32).reshape(-1, 4)
 
-    def summary(name: str, mask: Tensor) -> dict:
-        n = int(mask.sum())
-        return {"name": name, "boxes": n, "covered": float(covered[mask].float().mean()) if n else 0.0,
-                "median_iou": float(best[mask].median()) if n else 0.0}
 
-    in_size = {n: (size >= lo) & (size < hi) for n, lo, hi in SIZE_BUCKETS}
-    in_aspect = {n: (aspect >= lo) & (aspect < hi) for n, lo, hi in ASPECT_BUCKETS}
-    combos = [summary(f"{s} {a}", in_size[s] & in_aspect[a]) for s in in_size for a in in_aspect]
-    worst = sorted((c for c in combos if c["boxes"] >= 5 and c["covered"] < 0.9), key=lambda c: c["covered"])[:3]
-    return {"iou_threshold": iou_threshold, "boxes": len(boxes),
-            "covered": float(covered.float().mean()) if len(boxes) else 0.0,
-            "by_size": [summary(n, m) for n, m in in_size.items()],
-            "by_aspect": [summary(n, m) for n, m in in_aspect.items()], "worst": worst}
+def prior_coverage(spec: DatasetSpec, priors: Tensor, iou_threshold: float = 0.5, exclude: set | None = None) -> dict:
+    """:func:`ssd.coverage.coverage` of every box of ``spec`` (:func:`spec_boxes`) with ``priors`` ``[P, 4]``
+    ``(cx, cy, w, h)`` normalized (``model.priors``); ``exclude``: ``(image path, object index)`` pairs to leave out."""
+    return coverage(spec_boxes(spec, exclude=exclude), priors, iou_threshold)
 
 
 def _invalid(issues: list[Issue]) -> tuple[set, set]:

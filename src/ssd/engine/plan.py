@@ -17,7 +17,8 @@ from torch import nn
 
 from ssd.checkpoint import CheckpointError, load_checkpoint
 from ssd.config import ConfigError, TrainConfig
-from ssd.data.records import DataError
+from ssd.data.records import DataError, DatasetSpec
+from ssd.engine.priors import resolve_priors
 from ssd.engine.run import find_checkpoint
 from ssd.models import build_model, model_from_checkpoint
 from ssd.models.config import ModelConfig
@@ -140,14 +141,19 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def build_run_model(plan: RunPlan, class_names: list[str], log: Callable[[str], object] = print) -> nn.Module:
+def build_run_model(plan: RunPlan, spec: DatasetSpec, log: Callable[[str], object] = print) -> nn.Module:
     """The run's model: the resumed checkpoint's own (neither ``weights`` nor ``backbone_weights`` files are read
-    again), ``weights`` with new class heads where the classes differ, or a new one (``backbone_weights``)."""
-    config = plan.config
+    again, and its default boxes are kept), ``weights`` with new class heads where the classes differ, or a new one
+    (``backbone_weights``); ``priors`` (a file, or ``auto``: fitted to ``spec``'s training boxes) replaces the
+    default boxes of the last two."""
+    config, class_names = plan.config, list(spec.class_names)
     if plan.state is not None:
         return model_from_checkpoint(plan.state)
     if config.weights:
         log(f"weights: started from {config.weights}")
-        return model_from_checkpoint(config.weights, class_names=class_names, reinit_heads=True)
+        saved = ModelConfig.from_dict(load_checkpoint(config.weights)["config"], source=config.weights)
+        priors = resolve_priors(spec, saved.name, saved.image_size, config.priors, seed=config.seed, log=log)
+        return model_from_checkpoint(config.weights, class_names=class_names, reinit_heads=True, priors=priors)
+    priors = resolve_priors(spec, config.model, config.image_size, config.priors, seed=config.seed, log=log)
     return build_model(config.model, class_names=class_names, backbone_weights=config.backbone_weights,
-                       image_size=config.image_size)
+                       image_size=config.image_size, priors=priors)

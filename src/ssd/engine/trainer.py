@@ -24,7 +24,7 @@ from ssd.checkpoint import save_checkpoint
 from ssd.config import ConfigError, TrainConfig
 from ssd.data import build_dataloader
 from ssd.data.load import load_training_data
-from ssd.data.records import DataError
+from ssd.data.records import DataError, DatasetSpec
 from ssd.engine import distributed as ddp
 from ssd.engine.device import amp_dtype, autocast, prepare_model
 from ssd.engine.evaluation import evaluate_split, split_loader
@@ -105,7 +105,7 @@ class Trainer:
         self.val_records = spec.records(fallback)
         if self.plan.state is not None:
             check_resumed_data(self.plan, self.class_names, len(self.train_records))
-        self._setup_model()
+        self._setup_model(spec)
         self._setup_optimization()
         self.start_epoch, self.best_map, self.history, self.nonfinite = 0, -1.0, [], 0
         self.metrics: dict[str, Any] = {}
@@ -119,9 +119,9 @@ class Trainer:
         if config.compile:
             self.net = torch.compile(self.net)
 
-    def _setup_model(self) -> None:
+    def _setup_model(self, spec: DatasetSpec) -> None:
         config, info = self.config, self.info
-        model = build_run_model(self.plan, self.class_names, self.log)
+        model = build_run_model(self.plan, spec, self.log)
         if info.enabled and config.sync_bn:
             if self.device.type != "cuda":
                 raise ConfigError("sync_bn needs CUDA devices (SyncBatchNorm has no CPU implementation)")

@@ -21,7 +21,7 @@ from ssd.models.ssd import SSD
 from ssd.models.weights import BackboneWeightsError, read_backbone_weights
 from ssd.priors import PriorConfig
 
-__all__ = ["MODEL_CONFIGS", "build_model", "list_models", "model_from_checkpoint", "prior_config"]
+__all__ = ["MODEL_CONFIGS", "build_model", "default_priors", "list_models", "model_from_checkpoint", "prior_config"]
 
 logger = logging.getLogger("ssd")
 
@@ -36,7 +36,8 @@ def list_models() -> dict[str, str]:
 
 def build_model(name: str, num_classes: int | None = None, class_names: Sequence[str] | None = None, *,
                 backbone_weights: str | os.PathLike | None = None,
-                image_size: int | tuple[int, int] | str | None = None, **options: Any) -> SSD:
+                image_size: int | tuple[int, int] | str | None = None,
+                priors: PriorConfig | Mapping[str, Any] | None = None, **options: Any) -> SSD:
     """A new SSD of a named configuration (see :func:`list_models`).
 
     Args:
@@ -51,6 +52,9 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
             ``(height, width)`` pair or a ``"HxW"`` string such as ``"512x288"`` (height x width). The default boxes
             are recomputed for it (see :func:`prior_config`); the heads keep their shapes, so weights trained at
             one size load at another.
+        priors: default boxes to use instead of the configuration's (e.g. fitted by
+            :func:`ssd.prior_fit.fit_priors`), in pixels of ``image_size``: the same feature maps as the network
+            at that size (see :func:`default_priors`); boxes per location may differ (the heads are new).
         options: architecture options (``ssdlite320_mobilenet_v3_large``: ``reduced_tail``).
 
     Returns:
@@ -58,6 +62,24 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
     """
     arch = _architecture(name)
     class_names = _class_names(num_classes, class_names)
+    options, size = _options(name, options, backbone_weights, image_size)
+    default = prior_config(arch, size, _probe(name, options, size)[0])
+    config = ModelConfig(name=name, num_classes=len(class_names), image_size=size,
+                         priors=default if priors is None else _checked_priors(priors, default, name, size),
+                         mean=arch.mean, std=arch.std, channels_last=arch.channels_last, options=options)
+    return _assemble(config, class_names, backbone_weights)
+
+
+def default_priors(name: str, image_size: int | tuple[int, int] | str | None = None, **options: Any) -> PriorConfig:
+    """The default boxes :func:`build_model` gives ``name`` at ``image_size`` (default: its own), without building."""
+    options, size = _options(name, options, None, image_size)
+    return prior_config(_architecture(name), size, _probe(name, options, size)[0])
+
+
+def _options(name: str, options: Mapping[str, Any], backbone_weights: Any,
+             image_size: int | tuple[int, int] | str | None) -> tuple[dict[str, Any], int | tuple[int, int]]:
+    """``(every architecture option, input size)``, checked."""
+    arch = _architecture(name)
     unknown = sorted(set(options) - set(arch.options))
     if unknown:
         accepted = ", ".join(arch.options) or "none"
@@ -66,11 +88,35 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
     if "reduced_tail" in options and options["reduced_tail"] is None:
         options["reduced_tail"] = backbone_weights is None
     size = compact_size(arch.image_size if image_size is None else image_size)
-    feature_maps, _ = _probe(name, options, size)
-    config = ModelConfig(name=name, num_classes=len(class_names), image_size=size,
-                         priors=prior_config(arch, size, feature_maps), mean=arch.mean, std=arch.std,
-                         channels_last=arch.channels_last, options=options)
-    return _assemble(config, class_names, backbone_weights)
+    return options, size
+
+
+def _checked_priors(priors: PriorConfig | Mapping[str, Any], default: PriorConfig, name: str,
+                    size: int | tuple[int, int], same_heads: bool = False) -> PriorConfig:
+    """``priors`` (a :class:`PriorConfig` or its dict) if they fit the network: one level per feature map, the
+    network's feature maps, positive sizes, steps and ratios; with ``same_heads`` also ``default``'s boxes per
+    location (so that trained heads still load)."""
+    try:
+        priors = priors if isinstance(priors, PriorConfig) else PriorConfig.from_dict(priors)
+    except TypeError as exc:
+        raise ValueError(f"priors for {name}: not a prior configuration ({exc})") from None
+    where = f"{name} at {size_text(size)} px"
+    if priors.feature_maps != default.feature_maps:
+        raise ValueError(f"the priors are for feature maps {list(priors.feature_maps)} but {where} has "
+                         f"{list(default.feature_maps)} (fitted for another model or input size?)")
+    lengths = {len(v) for v in (priors.steps, priors.min_sizes, priors.max_sizes, priors.aspect_ratios)}
+    if lengths != {len(default.feature_maps)}:
+        raise ValueError(f"the priors need one step, min_size, max_size and aspect-ratio list per level of {where} "
+                         f"({len(default.feature_maps)}), got {priors.to_dict()}")
+    values = [*priors.steps, *priors.min_sizes, *priors.max_sizes, *(r for rs in priors.aspect_ratios for r in rs)]
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf") for v in values):
+        raise ValueError(f"the priors' steps, sizes and aspect ratios must be positive numbers, got {priors.to_dict()}")
+    boxes, expected = ([2 + 2 * len(r) for r in p.aspect_ratios] for p in (priors, default))
+    if same_heads and boxes != expected:
+        raise ValueError(f"the priors give {boxes} boxes per location but the heads of {where} have {expected}: "
+                         "fit them keeping the boxes per location (`ssd check --fit-priors`, not `=free`) or train "
+                         "from scratch")
+    return priors
 
 
 def prior_config(arch: Architecture, image_size: int | tuple[int, int],
@@ -95,7 +141,7 @@ def prior_config(arch: Architecture, image_size: int | tuple[int, int],
 
 
 def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, class_names: Sequence[str] | None = None,
-                          reinit_heads: bool = False) -> SSD:
+                          reinit_heads: bool = False, priors: PriorConfig | Mapping[str, Any] | None = None) -> SSD:
     """Rebuild the model saved in a checkpoint (a path or the dict from :func:`ssd.checkpoint.load_checkpoint`).
 
     Args:
@@ -103,6 +149,8 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
             ``reinit_heads``.
         reinit_heads: with different ``class_names``, keep every weight but the class heads (``heads.N.cls``),
             which start from their initialisation (fine-tuning to new classes); logged on the ``ssd`` logger.
+        priors: default boxes replacing the checkpoint's (fine-tuning with fitted default boxes): its feature maps
+            and, so that every head loads, its boxes per location.
     """
     ckpt = load_checkpoint(ckpt_or_path) if isinstance(ckpt_or_path, (str, os.PathLike)) else ckpt_or_path
     source = str(ckpt_or_path) if isinstance(ckpt_or_path, (str, os.PathLike)) else "the checkpoint"
@@ -119,6 +167,11 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
                               f"not know (known: {', '.join(MODEL_CONFIGS)})")
     wanted = saved if class_names is None else _class_names(None, class_names)
     state = ckpt["model"]
+    fresh = [] if priors is None else ["priors"]  # the new default boxes, not the saved buffer
+    if priors is not None:
+        config = config.replace(priors=_checked_priors(priors, config.priors, config.name, config.image_size,
+                                                       same_heads=True))
+        state = {k: v for k, v in state.items() if k != "priors"}
     if wanted != saved:
         if not reinit_heads:
             order = " (the same names in another order)" if sorted(wanted) == sorted(saved) else ""
@@ -127,13 +180,13 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
                                   "reinit_heads=True to fine-tune it with new class heads")
         kept = {k: v for k, v in state.items() if not _is_class_head(k)}
         model = _assemble(config.replace(num_classes=len(wanted)), wanted)
-        _load(model, kept, source, allowed_missing=[k for k in model.state_dict() if _is_class_head(k)])
+        _load(model, kept, source, allowed_missing=[k for k in model.state_dict() if _is_class_head(k)] + fresh)
         logger.warning("%s: kept %d of %d weight tensors; re-initialised the class heads (%d tensors) for %d "
                        "classes %s (trained for %s)", source, len(kept), len(state), len(state) - len(kept),
                        len(wanted), _names(wanted), _names(saved))
         return model
     model = _assemble(config, wanted)
-    _load(model, state, source)
+    _load(model, state, source, allowed_missing=fresh)
     return model
 
 
