@@ -16,7 +16,7 @@ from ssd.priors import PRIOR_CONFIGS, default_boxes
 from ssd.validation import validate_targets
 # --- models ---
 from ssd.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from ssd.models import SSD, build_model, list_models, model_from_checkpoint
+from ssd.models import SSD, build_model, import_model, list_models, model_from_checkpoint
 # --- data ---
 from ssd.data import check, generate_synthetic, load_dataset
 # --- engine ---

@@ -24,7 +24,7 @@ from torch import nn
 from ssd._utils import unwrap_model
 from ssd._version import __version__
 
-__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint"]
+__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "read_file", "checked_checkpoint"]
 
 FORMAT = "ssd-checkpoint-v1"
 """Value of the ``format`` key; the version suffix changes only with an incompatible layout."""
@@ -86,6 +86,16 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         CheckpointError: the file is missing, truncated or corrupt, not a checkpoint of this library (e.g. a plain
             state dict or a torchvision weights file), or of an unknown format version.
     """
+    return checked_checkpoint(read_file(path, map_location), path)
+
+
+def read_file(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Any:
+    """The content of any PyTorch file, read with ``torch.load(weights_only=True)`` (no code runs): a checkpoint
+    of this library or a foreign state dict (what ``ssd.models.importers`` converts).
+
+    Raises:
+        CheckpointError: the file is missing, truncated, corrupt or holds pickled objects other than plain data.
+    """
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -101,6 +111,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
                               "checkpoint of this library (a pickled model or another program's file?)") from None
     except Exception as exc:  # noqa: BLE001 - torch raises many types for damaged files; all mean "unreadable"
         raise CheckpointError(_unreadable(path, exc)) from None
+    return ckpt
+
+
+def checked_checkpoint(ckpt: Any, path: str | os.PathLike) -> dict[str, Any]:
+    """``ckpt`` (read from ``path``) if it is a checkpoint of this library; :class:`CheckpointError` otherwise."""
     if not isinstance(ckpt, Mapping):
         raise CheckpointError(f"{path} holds a {type(ckpt).__name__}, not an ssd checkpoint (a dict with a "
                               f"'format' tag)")

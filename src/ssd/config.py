@@ -80,9 +80,15 @@ class TrainConfig:
     name: str = _help("run directory name (auto-incremented: exp, exp2, ...)", default="exp")
     exist_ok: bool = _help("reuse runs/<name> instead of incrementing", default=False)
     resume: str | None = _help("run directory or last.pt to continue", default=None)
-    weights: str | None = _help("SSD checkpoint to start from (class heads re-initialized if classes differ)",
+    weights: str | None = _help("checkpoint to start from: an ssd checkpoint or an ssd.pytorch / torchvision / "
+                                "lufficc detector; classes named as the data's carry over, the others start afresh",
                                 default=None)
     backbone_weights: str | None = _help("local torchvision backbone state dict (.pth)", default=None)
+    freeze: Literal["none", "backbone"] = _help("backbone: freeze the base network (VGG16 up to conv7, the "
+                                                "MobileNet / ssd_tiny stages); extra layers and heads train",
+                                                default="none")
+    freeze_epochs: int | None = _help("with --freeze backbone: epochs it stays frozen, then everything trains "
+                                      "(default: all epochs)", default=None)
     sync_bn: bool = _help("SyncBatchNorm under torchrun", default=False)
     quiet: bool = _help("no progress bars, one line per epoch", default=False)
     num_plot_images: int = _help("validation images drawn with predictions", default=4)
@@ -160,6 +166,8 @@ class TrainConfig:
             raise ConfigError(f"lr={self.lr} is invalid: must be > 0")
         if self.weight_decay is not None and self.weight_decay < 0:
             raise ConfigError(f"weight_decay={self.weight_decay} is invalid: must be >= 0")
+        if self.freeze_epochs is not None and self.freeze_epochs < 0:
+            raise ConfigError(f"freeze_epochs={self.freeze_epochs} is invalid: must be >= 0")
         if self.image_size is not None and self.image_size < 32:
             raise ConfigError(f"image_size={self.image_size} is invalid: must be at least 32")
         for name, choices in _CHOICES.items():
