@@ -454,6 +454,8 @@ def test_ssd_import_command(original_file, tmp_path, capsys):
     assert "has 20 classes" in capsys.readouterr().err
     assert main(["import", str(original_file), "--output", str(out), "--format", "lufficc"]) == 1
     assert "fits none of the formats tried (lufficc:" in capsys.readouterr().err
+    assert main(["import", str(out), "--output", str(tmp_path / "again.pt")]) == 1
+    assert "is already a checkpoint of this library" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------------- freezing

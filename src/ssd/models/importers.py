@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +133,9 @@ def resolve_class_names(spec: Sequence[str] | str | os.PathLike | None) -> list[
 def _recognise(obj: Any, source: str, format: str) -> Identified:
     if format not in FORMAT_CHOICES:
         raise ValueError(f"format={format!r} is not one of {', '.join(FORMAT_CHOICES)}")
+    if isinstance(obj, Mapping) and "format" in obj and "config" in obj:
+        raise WeightsImportError(f"{source} is already a checkpoint of this library: load it with "
+                                 "ssd.model_from_checkpoint (or give it to --weights) as it is")
     found = identify(obj)
     if found is not None and found.kind == "backbone":
         models = "ssd300_vgg16 / ssd512_vgg16" if found.family == "vgg" else "ssdlite320_mobilenet_v3_large"
