@@ -444,6 +444,14 @@ def test_class_names_must_fit_the_file(original_file, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ command line
+def test_ssd_import_help(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["import", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: ssd import" in out and "--classes" in out and "ssd.pytorch,torchvision,lufficc" in out
+
+
 def test_ssd_import_command(original_file, tmp_path, capsys):
     out = tmp_path / "voc.pt"
     assert main(["import", str(original_file), "--output", str(out)]) == 0

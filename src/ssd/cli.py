@@ -148,6 +148,11 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.add_argument("--quiet", action="store_true")
 
+    _add_import_parser(sub)
+    return parser
+
+
+def _add_import_parser(sub) -> None:
     p = sub.add_parser("import", help="convert an ssd.pytorch, torchvision or lufficc/SSD detector to a checkpoint",
                        description="Recognise the file by its keys and shapes, convert it (input normalization and "
                                    "default boxes included) and write a checkpoint that every command reads. "
@@ -158,7 +163,6 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="the file's format (default: auto, recognised by its keys)")
     p.add_argument("--classes", help="names of the file's classes: voc, coco or a text file with one name per line "
                                      "(default: VOC names for 21 outputs, COCO names for 81 and torchvision's 91)")
-    return parser
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
