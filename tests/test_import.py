@@ -15,10 +15,10 @@ from PIL import Image
 from torchvision.models.detection import ssd300_vgg16, ssdlite320_mobilenet_v3_large
 
 import ssd
-from ssd.checkpoint import CheckpointError, load_checkpoint
+from ssd.checkpoint import FORMAT, CheckpointError, load_checkpoint
 from ssd.cli import main
 from ssd.config import ConfigError, TrainConfig
-from ssd.models import BackboneWeightsError, WeightsImportError, build_model, model_from_checkpoint
+from ssd.models import BackboneWeightsError, WeightsImportError, build_model, model_from_checkpoint, read_weights
 from ssd.models.finetune import match_classes, set_backbone_trainable
 from ssd.models.formats import VOC_NAMES, coco_categories, coco_names
 from ssd.postprocess import postprocess
@@ -113,6 +113,17 @@ def test_original_port_through_ssd_predict(original_file, original, tmp_path, ca
     torch.testing.assert_close(torch.tensor([d["box"] for d in detections]), want["boxes"] * 300, rtol=0, atol=1e-3)
     torch.testing.assert_close(torch.tensor([d["score"] for d in detections]), want["scores"], rtol=0, atol=1e-5)
     assert [d["name"] for d in detections] == [VOC_NAMES[k] for k in want["labels"].tolist()]
+
+
+def test_read_weights_gives_a_checkpoint_dict_for_any_file(original_file, original, tmp_path):
+    ckpt = read_weights(original_file)
+    assert ckpt["format"] == FORMAT and ckpt["class_names"] == list(VOC_NAMES)
+    assert ckpt["config"] == original.config.to_dict()
+    rebuilt = model_from_checkpoint(ckpt)
+    for key, value in original.state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[key], value), key
+    ssd.save_checkpoint(tmp_path / "own.pt", rebuilt, epoch=3)
+    assert read_weights(tmp_path / "own.pt")["epoch"] == 3
 
 
 def lufficc_file(state: dict, path: Path) -> Path:

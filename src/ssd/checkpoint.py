@@ -24,7 +24,8 @@ from torch import nn
 from ssd._utils import unwrap_model
 from ssd._version import __version__
 
-__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "read_file", "checked_checkpoint"]
+__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "read_file", "checked_checkpoint",
+           "checkpoint_dict"]
 
 FORMAT = "ssd-checkpoint-v1"
 """Value of the ``format`` key; the version suffix changes only with an incompatible layout."""
@@ -47,20 +48,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> 
         TypeError: an extra value (at any depth) is not plain data; the message names where it is.
         ValueError: an extra uses a reserved key (``format``, ``version``, ``config``, ``class_names``, ``model``).
     """
-    model = unwrap_model(model)
-    clash = [k for k in extra if k in _RESERVED]
-    if clash:
-        raise ValueError(f"save_checkpoint: extra key(s) {clash} are reserved ({', '.join(_RESERVED)})")
-    for key, value in extra.items():
-        _check_plain(value, key)
-    payload = {
-        "format": FORMAT,
-        "version": __version__,
-        "config": model.config.to_dict(),
-        "class_names": list(model.class_names),
-        "model": {k: v.contiguous() for k, v in model.state_dict().items()},
-        **extra,
-    }
+    payload = checkpoint_dict(model, **extra)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -74,6 +62,24 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> 
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def checkpoint_dict(model: nn.Module, **extra: Any) -> dict[str, Any]:
+    """What :func:`save_checkpoint` writes for ``model`` and ``extra`` (same checks, same errors)."""
+    model = unwrap_model(model)
+    clash = [k for k in extra if k in _RESERVED]
+    if clash:
+        raise ValueError(f"save_checkpoint: extra key(s) {clash} are reserved ({', '.join(_RESERVED)})")
+    for key, value in extra.items():
+        _check_plain(value, key)
+    return {
+        "format": FORMAT,
+        "version": __version__,
+        "config": model.config.to_dict(),
+        "class_names": list(model.class_names),
+        "model": {k: v.contiguous() for k, v in model.state_dict().items()},
+        **extra,
+    }
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:

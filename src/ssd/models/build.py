@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ssd._utils import did_you_mean, state_dict_mismatch
-from ssd.checkpoint import CheckpointError, checked_checkpoint, read_file
+from ssd.checkpoint import CheckpointError, checked_checkpoint, checkpoint_dict, read_file
 from ssd.models import mobilenet, tiny, vgg
 from ssd.models.architecture import Architecture
 from ssd.models.config import ModelConfig, ModelConfigError
@@ -22,7 +22,7 @@ from ssd.models.weights import BackboneWeightsError, read_backbone_weights
 from ssd.priors import PriorConfig
 
 __all__ = ["MODEL_CONFIGS", "build_model", "build_from_config", "list_models", "model_from_checkpoint",
-           "prior_config"]
+           "prior_config", "read_weights"]
 
 logger = logging.getLogger("ssd")
 
@@ -128,6 +128,20 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
                               f"names given are {len(wanted)} classes {_names(wanted)}{order}; pass "
                               "reinit_heads=True to fine-tune it with new class heads")
     return _fine_tune(config, saved, state, wanted, source)
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint dict of a weights file, whatever wrote it: a checkpoint of this library as
+    :func:`ssd.checkpoint.load_checkpoint` reads it, or a foreign detector imported (its format logged, see
+    :func:`ssd.models.importers.import_model`) as the dict :func:`ssd.checkpoint.save_checkpoint` would write.
+    For code that needs more of a checkpoint than the model (its config, extras); :func:`model_from_checkpoint`
+    takes the dict."""
+    obj = read_file(path)
+    if _is_own_checkpoint(obj):
+        return checked_checkpoint(obj, path)
+    from ssd.models.importers import import_weights  # importers build models with this module
+
+    return checkpoint_dict(import_weights(obj, str(path)))
 
 
 def build_from_config(config: ModelConfig, class_names: Sequence[str]) -> SSD:
