@@ -211,20 +211,24 @@ def test_different_class_names_are_refused_with_both_lists(saved):
         model_from_checkpoint(saved, class_names=["dog", "cat", "bird"])
 
 
-def test_reinit_heads_keeps_everything_but_the_class_heads(model, saved, caplog):
+def test_reinit_heads_keeps_everything_but_the_class_rows(model, saved, caplog):
     with caplog.at_level(logging.WARNING, logger="ssd"):
-        tuned = model_from_checkpoint(saved, class_names=["apple", "pear"], reinit_heads=True)
-    assert "re-initialised the class heads (10 tensors) for 2 classes ['apple', 'pear']" in caplog.text
-    assert tuned.class_names == ["apple", "pear"] and tuned.num_classes == tuned.config.num_classes == 2
+        tuned = model_from_checkpoint(saved, class_names=["apple", "Dog"], reinit_heads=True)
+    assert "fine-tuning from 3 classes to 2" in caplog.text
+    assert "class rows carried over for 1 (Dog <- dog); initialised for 1 (apple)" in caplog.text
+    assert tuned.class_names == ["apple", "Dog"] and tuned.num_classes == tuned.config.num_classes == 2
     old, new = model.state_dict(), tuned.state_dict()
     assert set(old) == set(new)
     for key in old:
-        if ".cls." in key:
-            assert new[key].shape[0] == old[key].shape[0] // 4 * 3  # 4 boxes x (2+1) instead of 4 x (3+1)
+        if ".cls." in key:  # 4 boxes x (2+1) outputs instead of 4 x (3+1): background and dog rows carried over
+            rows_old, rows_new = old[key].unflatten(0, (4, 4)), new[key].unflatten(0, (4, 3))
+            assert torch.equal(rows_new[:, 0], rows_old[:, 0]) and torch.equal(rows_new[:, 2], rows_old[:, 2]), key
+            assert not torch.equal(rows_new[:, 1], rows_old[:, 1]), key
         else:
             assert torch.equal(new[key], old[key]), key
     loc, logits = outputs(tuned)
     assert torch.equal(loc, outputs(model)[0]) and logits.shape[-1] == 3
+    torch.testing.assert_close(logits[..., [0, 2]], outputs(model)[1][..., [0, 2]], rtol=0, atol=1e-5)
 
 
 def test_reinit_heads_with_the_same_names_changes_nothing(model, saved):
@@ -238,7 +242,8 @@ def test_edited_checkpoints_are_refused(saved):
     unknown = {**ckpt, "config": {**ckpt["config"], "name": "ssd1000_resnet"}}
     with pytest.raises(CheckpointError, match=r"model named 'ssd1000_resnet'.*known: ssd300_vgg16"):
         model_from_checkpoint(unknown)
-    with pytest.raises(CheckpointError, match="not an ssd checkpoint dict"):
+    with pytest.raises(CheckpointError, match="not an ssd checkpoint and fits none of the formats tried.*without its "
+                                              "configuration"):
         model_from_checkpoint({"model": ckpt["model"]})
     damaged = {**ckpt, "model": {k: v for k, v in ckpt["model"].items() if k != "heads.0.loc.weight"}}
     with pytest.raises(CheckpointError, match=r"do not fit the model configuration.*heads\.0\.loc\.weight"):

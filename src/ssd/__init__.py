@@ -34,6 +34,7 @@ _EXPORTS: dict[str, str] = {
     "SSD": "ssd.models",
     "ModelConfig": "ssd.models.config",
     "build_model": "ssd.models",
+    "import_model": "ssd.models",
     "list_models": "ssd.models",
     "model_from_checkpoint": "ssd.models",
     # data
@@ -86,7 +87,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ssd.engine.trainer import train
     from ssd.loss import MultiBoxLoss
     from ssd.matching import match
-    from ssd.models import SSD, build_model, list_models, model_from_checkpoint
+    from ssd.models import SSD, build_model, import_model, list_models, model_from_checkpoint
     from ssd.models.config import ModelConfig
     from ssd.postprocess import postprocess_detections
     from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes

@@ -26,7 +26,8 @@ from torch import nn
 from ssd._utils import unwrap_model
 from ssd._version import __version__
 
-__all__ = ["FORMAT", "CheckpointError", "load_checkpoint", "remove_stale_temporaries", "save_checkpoint"]
+__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "read_file", "checked_checkpoint",
+           "checkpoint_dict", "remove_stale_temporaries"]
 
 FORMAT = "ssd-checkpoint-v1"
 """Value of the ``format`` key; the version suffix changes only with an incompatible layout."""
@@ -56,20 +57,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> 
         TypeError: an extra value (at any depth) is not plain data; the message names where it is.
         ValueError: an extra uses a reserved key (``format``, ``version``, ``config``, ``class_names``, ``model``).
     """
-    model = unwrap_model(model)
-    clash = [k for k in extra if k in _RESERVED]
-    if clash:
-        raise ValueError(f"save_checkpoint: extra key(s) {clash} are reserved ({', '.join(_RESERVED)})")
-    for key, value in extra.items():
-        _check_plain(value, key)
-    payload = {
-        "format": FORMAT,
-        "version": __version__,
-        "config": model.config.to_dict(),
-        "class_names": list(model.class_names),
-        "model": {k: v.contiguous() for k, v in model.state_dict().items()},
-        **extra,
-    }
+    payload = checkpoint_dict(model, **extra)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -91,6 +79,24 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> 
     return path
 
 
+def checkpoint_dict(model: nn.Module, **extra: Any) -> dict[str, Any]:
+    """What :func:`save_checkpoint` writes for ``model`` and ``extra`` (same checks, same errors)."""
+    model = unwrap_model(model)
+    clash = [k for k in extra if k in _RESERVED]
+    if clash:
+        raise ValueError(f"save_checkpoint: extra key(s) {clash} are reserved ({', '.join(_RESERVED)})")
+    for key, value in extra.items():
+        _check_plain(value, key)
+    return {
+        "format": FORMAT,
+        "version": __version__,
+        "config": model.config.to_dict(),
+        "class_names": list(model.class_names),
+        "model": {k: v.contiguous() for k, v in model.state_dict().items()},
+        **extra,
+    }
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint` (``torch.load(weights_only=True)``: no code runs).
 
@@ -100,6 +106,16 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     Raises:
         CheckpointError: the file is missing, truncated or corrupt, not a checkpoint of this library (e.g. a plain
             state dict or a torchvision weights file), or of an unknown format version.
+    """
+    return checked_checkpoint(read_file(path, map_location), path)
+
+
+def read_file(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Any:
+    """The content of any PyTorch file, read with ``torch.load(weights_only=True)`` (no code runs): a checkpoint
+    of this library or a foreign state dict (what ``ssd.models.importers`` converts).
+
+    Raises:
+        CheckpointError: the file is missing, truncated, corrupt or holds pickled objects other than plain data.
     """
     path = Path(path)
     if not path.exists():
@@ -114,6 +130,11 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise CheckpointError(_unsafe(path, exc)) from None
     except Exception as exc:
         raise CheckpointError(_unreadable(path, exc)) from None
+    return ckpt
+
+
+def checked_checkpoint(ckpt: Any, path: str | os.PathLike) -> dict[str, Any]:
+    """``ckpt`` (read from ``path``) if it is a checkpoint of this library; :class:`CheckpointError` otherwise."""
     if not isinstance(ckpt, Mapping):
         raise CheckpointError(f"{path} holds a {type(ckpt).__name__}, not an ssd checkpoint (a dict with a "
                               f"'format' tag)")

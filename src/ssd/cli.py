@@ -1,4 +1,4 @@
-"""The ``ssd`` command line: ``ssd train|val|predict|export|check|demo``.
+"""The ``ssd`` command line: ``ssd train|val|predict|export|check|demo|import``.
 
 One grammar everywhere: ``--option value`` (``--epochs 50``), booleans as ``--amp`` / ``--no-amp``.
 ``ssd train`` takes every field of :class:`ssd.config.TrainConfig` as an option and ``--config FILE.yaml``
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import sys
 import types
@@ -99,7 +100,8 @@ def _build_parser() -> argparse.ArgumentParser:
 
     parser = _Parser(prog="ssd", description="SSD object detection that just works on your own data.", epilog=EPILOG)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{train,val,predict,export,check,demo}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{train,val,predict,export,check,demo,import}",
+                                parser_class=_Parser)
 
     p = sub.add_parser("train", help="train a detector on a dataset", epilog=EPILOG,
                        description="Validate the data (the `ssd check` rules), then train. "
@@ -163,7 +165,22 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, help="override the demo's number of epochs")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--quiet", action="store_true")
+
+    _add_import_parser(sub)
     return parser
+
+
+def _add_import_parser(sub) -> None:
+    p = sub.add_parser("import", help="convert an ssd.pytorch, torchvision or lufficc/SSD detector to a checkpoint",
+                       description="Recognise the file by its keys and shapes, convert it (input normalization and "
+                                   "default boxes included) and write a checkpoint that every command reads. "
+                                   "predict/val/export/train also take such files directly.", epilog=EPILOG)
+    p.add_argument("source", type=Path, help="the weights file (.pth)")
+    p.add_argument("--output", required=True, type=Path, help="the checkpoint to write (.pt)")
+    p.add_argument("--format", dest="fmt", default="auto", choices=["auto", "ssd.pytorch", "torchvision", "lufficc"],
+                   help="the file's format (default: auto, recognised by its keys)")
+    p.add_argument("--classes", help="names of the file's classes: voc, coco or a text file with one name per line "
+                                     "(default: VOC names for 21 outputs, COCO names for 81 and torchvision's 91)")
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -265,8 +282,35 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_import(args: argparse.Namespace) -> int:
+    from ssd.checkpoint import save_checkpoint
+    from ssd.models.importers import import_model
+
+    model = import_model(args.source, format=args.fmt, class_names=args.classes)
+    out = save_checkpoint(args.output, model)
+    print(f"wrote {out} ({model.config.name}, {model.num_classes} classes); predict with: "
+          f"ssd predict --weights {out} --source IMAGES")
+    return 0
+
+
+def _with_library_messages(command, args: argparse.Namespace) -> int:
+    """Run ``command`` with what the library reports on the ``ssd`` logger (the format of imported weights, the
+    classes carried over when fine-tuning, ...) shown on stderr: part of the command's output."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("ssd")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        return command(args)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "export": _cmd_export,
-            "check": _cmd_check, "demo": _cmd_demo}
+            "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return 2
-        return COMMANDS[args.command](args)
+        return _with_library_messages(COMMANDS[args.command], args)
     except UsageError as e:
         if debug:
             raise

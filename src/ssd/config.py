@@ -87,9 +87,15 @@ class TrainConfig:
     name: str = _help("run directory name (auto-incremented: exp, exp2, ...)", default="exp")
     exist_ok: bool = _help("reuse runs/<name> instead of incrementing", default=False)
     resume: str | None = _help("run directory or last.pt to continue", default=None)
-    weights: str | None = _help("SSD checkpoint to start from (class heads re-initialized if classes differ)",
+    weights: str | None = _help("checkpoint to start from: an ssd checkpoint or an ssd.pytorch / torchvision / "
+                                "lufficc detector; classes named as the data's carry over, the others start afresh",
                                 default=None)
     backbone_weights: str | None = _help("local torchvision backbone state dict (.pth)", default=None)
+    freeze: Literal["none", "backbone"] = _help("backbone: freeze the base network (VGG16 up to conv7, the "
+                                                "MobileNet / ssd_tiny stages); extra layers and heads train",
+                                                default="none")
+    freeze_epochs: int | None = _help("with --freeze backbone: epochs it stays frozen, then everything trains "
+                                      "(default: all epochs)", default=None)
     sync_bn: bool = _help("SyncBatchNorm under torchrun", default=False)
     quiet: bool = _help("no progress bars, one line per epoch", default=False)
     num_plot_images: int = _help("validation images drawn with predictions", default=4)
@@ -170,6 +176,8 @@ class TrainConfig:
             _require(self, "lr", 0 < self.lr < math.inf, "must be a finite number > 0")
         if self.weight_decay is not None:
             _require(self, "weight_decay", 0 <= self.weight_decay < math.inf, "must be a finite number >= 0")
+        if self.freeze_epochs is not None:
+            _require(self, "freeze_epochs", self.freeze_epochs >= 0, "must be >= 0")
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             _require(self, name, value is None or value in choices, f"choose one of {', '.join(choices)}")

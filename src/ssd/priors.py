@@ -60,7 +60,7 @@ class PriorConfig:
     min_sizes: tuple[float, ...]
     max_sizes: tuple[float, ...]
     aspect_ratios: tuple[tuple[float, ...], ...]
-    clip: bool = True
+    clip: bool | str = True
 
     def __post_init__(self) -> None:
         for name in ("feature_maps", "steps"):
@@ -91,15 +91,16 @@ def default_boxes(
     min_sizes: Sequence[float],
     max_sizes: Sequence[float],
     aspect_ratios: Sequence[Sequence[float]],
-    clip: bool = True,
+    clip: bool | str = True,
 ) -> Tensor:
     """Default boxes of an ``image_size`` input, ``[P, 4]`` float32 ``(cx, cy, w, h)`` normalized per axis.
 
     ``image_size`` is an int (square) or ``(height, width)``; a ``feature_maps`` entry an int (square map) or
     ``(rows, cols)``; a ``steps`` entry a number or ``(step_y, step_x)``. All sizes and steps are in pixels of the
     input. ``P = sum(rows * cols * (2 + 2 * len(ratios)))`` over the maps, ordered level, row, column, box.
-    With ``clip`` each of ``cx, cy, w, h`` is clamped to ``[0, 1]`` (as the original SSD and torchvision do; the
-    corners are not clipped). Computed in float64 and rounded once to float32.
+    With ``clip=True`` each of ``cx, cy, w, h`` is clamped to ``[0, 1]`` (as the original SSD does; the corners are
+    not clipped); ``clip="size"`` clamps only ``w, h`` (torchvision's ``DefaultBoxGenerator``, whose centres may
+    pass 1 when a step does not divide the image). Computed in float64 and rounded once to float32.
     """
     height, width = as_hw(image_size)
     lengths = {len(feature_maps), len(steps), len(min_sizes), len(max_sizes), len(aspect_ratios)}
@@ -126,7 +127,11 @@ def default_boxes(
         xy = torch.stack((cx, cy), dim=-1).reshape(-1, 1, 2).expand(-1, len(sizes), 2)  # [rows*cols, A, 2]
         per_map.append(torch.cat((xy, wh.expand_as(xy)), dim=-1).reshape(-1, 4))
     boxes = torch.cat(per_map)
-    if clip:
+    if clip not in (True, False, "size"):
+        raise ValueError(f"clip must be True, False or 'size', got {clip!r}")
+    if clip == "size":
+        boxes[:, 2:] = boxes[:, 2:].clamp(0.0, 1.0)
+    elif clip:
         boxes = boxes.clamp(0.0, 1.0)
     return boxes.to(torch.float32)
 

@@ -45,11 +45,11 @@ from torchvision.ops import batched_nms
 from ssd._utils import as_hw, unwrap_model
 from ssd._version import __version__
 from ssd.boxes import decode
-from ssd.checkpoint import load_checkpoint
 from ssd.engine.backends import check_category_ids, graph_digest
 from ssd.engine.inference import check_thresholds, weights_file
 from ssd.engine.parity import ExportCheckError, check_onnx
 from ssd.models import model_from_checkpoint
+from ssd.models.build import read_weights
 from ssd.postprocess import CANDIDATES_PER_CLASS
 
 __all__ = ["ExportCheckError", "export", "export_onnx", "export_torchscript", "check_onnx"]
@@ -128,7 +128,7 @@ def _as_model(weights_or_model, out_path: Path) -> tuple[nn.Module, list[int] | 
     if out_path.resolve() == weights.resolve() or (out_path.exists() and os.path.samefile(out_path, weights)):
         raise ValueError(f"refusing to export over the weights: the output {out_path} is the checkpoint {weights}; "
                          "choose another output path (--output)")
-    ckpt = load_checkpoint(weights)
+    ckpt = read_weights(weights)  # a checkpoint, or a foreign detector imported
     model = model_from_checkpoint(ckpt).eval()
     return model, check_category_ids(ckpt.get("category_ids"), model.num_classes, str(weights))
 

@@ -223,10 +223,11 @@ def load(path: str | Path, device: str | torch.device = "cpu", half: bool = Fals
         if half:
             raise ValueError(f"half precision applies to PyTorch checkpoints, not to the ONNX model {path}")
         return Detector(OnnxBackend(path, device))
-    from ssd.checkpoint import CheckpointError, load_checkpoint
+    from ssd.checkpoint import CheckpointError
     from ssd.models import model_from_checkpoint
+    from ssd.models.build import read_weights
 
-    ckpt = load_checkpoint(path)
+    ckpt = read_weights(path)  # a checkpoint, or a foreign detector imported
     try:
         model = model_from_checkpoint(ckpt)
     except CheckpointError as e:  # it names "the checkpoint": say which file

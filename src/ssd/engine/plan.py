@@ -21,6 +21,7 @@ from ssd.data.records import DataError, DatasetSpec
 from ssd.engine.priors import resolve_priors
 from ssd.engine.run import find_checkpoint
 from ssd.models import build_model, model_from_checkpoint
+from ssd.models.build import read_weights
 from ssd.models.config import ModelConfig
 
 __all__ = ["TRAINING_STATE", "RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model"]
@@ -105,7 +106,7 @@ def _plan_resume(config: TrainConfig, given: set[str], log: Callable[[str], obje
 
 
 def _adopt_weights(config: TrainConfig, given: set[str], log: Callable[[str], object]) -> TrainConfig:
-    model = ModelConfig.from_dict(load_checkpoint(config.weights)["config"], source=str(config.weights))
+    model = ModelConfig.from_dict(read_weights(config.weights)["config"], source=str(config.weights))
     conflicts = []
     if "model" in given and config.model != model.name:
         conflicts.append(f"--model {config.model}")
@@ -151,7 +152,7 @@ def build_run_model(plan: RunPlan, spec: DatasetSpec, log: Callable[[str], objec
         return model_from_checkpoint(plan.state)
     if config.weights:
         log(f"weights: started from {config.weights}")
-        saved = ModelConfig.from_dict(load_checkpoint(config.weights)["config"], source=config.weights)
+        saved = ModelConfig.from_dict(read_weights(config.weights)["config"], source=config.weights)
         priors = resolve_priors(spec, saved.name, saved.image_size, config.priors, seed=config.seed, log=log)
         return model_from_checkpoint(config.weights, class_names=class_names, reinit_heads=True, priors=priors)
     priors = resolve_priors(spec, config.model, config.image_size, config.priors, seed=config.seed, log=log)

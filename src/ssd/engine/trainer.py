@@ -41,6 +41,7 @@ from ssd.engine.run import (
     set_rng_state,
 )
 from ssd.loss import MultiBoxLoss
+from ssd.models import set_backbone_trainable
 
 __all__ = ["train", "Trainer", "TrainResult", "NonFiniteLossError", "NONFINITE_SHARE"]
 
@@ -114,8 +115,9 @@ class Trainer:
             self._restore(self.plan.state)
         self.net: nn.Module = self.model
         if info.enabled:
-            self.net = nn.parallel.DistributedDataParallel(self.model, device_ids=[device.index]
-                                                           if device.type == "cuda" else None)
+            self.net = nn.parallel.DistributedDataParallel(  # a frozen backbone leaves parameters without gradients
+                self.model, device_ids=[device.index] if device.type == "cuda" else None,
+                find_unused_parameters=config.freeze != "none")
         if config.compile:
             self.net = torch.compile(self.net)
 
@@ -222,6 +224,8 @@ class Trainer:
         seed_everything(epoch_seed(config.seed, epoch, self.info.rank))
         self.train_loader.sampler.set_epoch(epoch)
         self.net.train()
+        if config.freeze == "backbone":  # frozen for freeze_epochs epochs (None: the whole run)
+            set_backbone_trainable(self.model, config.freeze_epochs is not None and epoch >= config.freeze_epochs)
         totals = torch.zeros(3, dtype=torch.float64)
         steps = 0
         tic = time.perf_counter()

@@ -33,6 +33,8 @@ class Architecture:
         channels_last: recommended memory format (the trainer and ``predict`` apply it).
         imagenet_file: torchvision's file name of the backbone's ImageNet weights (``None``: no such weights).
         mean, std: input normalization of images in ``[0, 1]``.
+        weights_normalization: ``state -> (mean, std) | None``: the input normalization a backbone weights file
+            was trained with when it is not ``mean`` / ``std`` (e.g. VGG16 files that take 0..255 pixels).
         train_defaults: ``TrainConfig`` fields this architecture trains best with when the user leaves them unset
             (e.g. ``optimizer``, ``lr``, ``weight_decay``); the rest come from the optimizer's defaults.
     """
@@ -47,6 +49,8 @@ class Architecture:
     imagenet_file: str | None = None
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
+    weights_normalization: Callable[[dict[str, Tensor]], tuple[tuple[float, ...], tuple[float, ...]] | None] | None \
+        = None
     train_defaults: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -13,15 +13,17 @@ import torch
 from torch import nn
 
 from ssd._utils import as_hw, compact_size, did_you_mean, size_text, state_dict_mismatch
-from ssd.checkpoint import CheckpointError, load_checkpoint
+from ssd.checkpoint import CheckpointError, checked_checkpoint, checkpoint_dict, read_file
 from ssd.models import mobilenet, tiny, vgg
 from ssd.models.architecture import Architecture
 from ssd.models.config import ModelConfig, ModelConfigError
+from ssd.models.finetune import match_classes, remap_class_rows
 from ssd.models.ssd import SSD
 from ssd.models.weights import BackboneWeightsError, read_backbone_weights
 from ssd.priors import PriorConfig
 
-__all__ = ["MODEL_CONFIGS", "build_model", "default_priors", "list_models", "model_from_checkpoint", "prior_config"]
+__all__ = ["MODEL_CONFIGS", "build_model", "build_from_config", "default_priors", "list_models",
+           "model_from_checkpoint", "prior_config", "read_weights"]
 
 logger = logging.getLogger("ssd")
 
@@ -144,20 +146,78 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
                           reinit_heads: bool = False, priors: PriorConfig | Mapping[str, Any] | None = None) -> SSD:
     """Rebuild the model saved in a checkpoint (a path or the dict from :func:`ssd.checkpoint.load_checkpoint`).
 
+    A file (or dict) that is not a checkpoint of this library is imported when it is a detector of a known format
+    (ssd.pytorch, torchvision, lufficc/SSD: see :func:`ssd.models.importers.import_model`, the format is logged).
+
     Args:
         class_names: the classes wanted (default: the checkpoint's). Different names (or order) are refused unless
             ``reinit_heads``.
-        reinit_heads: with different ``class_names``, keep every weight but the class heads (``heads.N.cls``),
-            which start from their initialisation (fine-tuning to new classes); logged on the ``ssd`` logger.
+        reinit_heads: with different ``class_names``, fine-tune to them: keep every weight (backbone, extra layers,
+            box regressors, the background row) but the class predictor rows of the classes, which start from
+            their initialisation, except for a wanted class that names a class of the checkpoint (case-insensitive,
+            VOC / COCO synonyms, see :func:`ssd.models.finetune.match_classes`): it starts from that class's rows.
+            The mapping is logged on the ``ssd`` logger.
         priors: default boxes replacing the checkpoint's (fine-tuning with fitted default boxes): its feature maps
             and, so that every head loads, its boxes per location.
     """
-    ckpt = load_checkpoint(ckpt_or_path) if isinstance(ckpt_or_path, (str, os.PathLike)) else ckpt_or_path
-    source = str(ckpt_or_path) if isinstance(ckpt_or_path, (str, os.PathLike)) else "the checkpoint"
-    if not isinstance(ckpt, Mapping) or not all(k in ckpt for k in ("config", "class_names", "model")):
+    is_path = isinstance(ckpt_or_path, (str, os.PathLike))
+    source = str(ckpt_or_path) if is_path else "the checkpoint"
+    ckpt = read_file(ckpt_or_path) if is_path else ckpt_or_path
+    if not _is_own_checkpoint(ckpt):
+        from ssd.models.importers import import_weights  # importers build models with this module
+
+        model = import_weights(ckpt, source)
+        config, saved, state = model.config, model.class_names, model.state_dict()
+    else:
+        model = None
+        config, saved, state = _read_own(checked_checkpoint(ckpt, source) if is_path else ckpt, source)
+    if priors is not None:  # new default boxes: the same heads, another priors buffer
+        config = config.replace(priors=_checked_priors(priors, config.priors, config.name, config.image_size,
+                                                       same_heads=True))
+        state, model = {**state, "priors": config.priors.boxes(config.image_size)}, None
+    wanted = saved if class_names is None else _class_names(None, class_names)
+    if wanted == saved:
+        if model is None:
+            model = _assemble(config, wanted)
+            _load(model, state, source)
+        return model
+    if not reinit_heads:
+        order = " (the same names in another order)" if sorted(wanted) == sorted(saved) else ""
+        raise CheckpointError(f"{source} was trained for {len(saved)} classes {_names(saved)} but the class "
+                              f"names given are {len(wanted)} classes {_names(wanted)}{order}; pass "
+                              "reinit_heads=True to fine-tune it with new class heads")
+    return _fine_tune(config, saved, state, wanted, source)
+
+
+def read_weights(path: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint dict of a weights file, whatever wrote it: a checkpoint of this library as
+    :func:`ssd.checkpoint.load_checkpoint` reads it, or a foreign detector imported (its format logged, see
+    :func:`ssd.models.importers.import_model`) as the dict :func:`ssd.checkpoint.save_checkpoint` would write.
+    For code that needs more of a checkpoint than the model (its config, extras); :func:`model_from_checkpoint`
+    takes the dict."""
+    obj = read_file(path)
+    if _is_own_checkpoint(obj):
+        return checked_checkpoint(obj, path)
+    from ssd.models.importers import import_weights  # importers build models with this module
+
+    return checkpoint_dict(import_weights(obj, str(path)))
+
+
+def build_from_config(config: ModelConfig, class_names: Sequence[str]) -> SSD:
+    """A new model (initial weights) of a complete :class:`ModelConfig` (what checkpoints and importers hold)."""
+    return _assemble(config, _class_names(config.num_classes, class_names))
+
+
+def _is_own_checkpoint(ckpt: Any) -> bool:
+    """A checkpoint of this library (possibly damaged: its own checks report that), not a foreign file."""
+    return isinstance(ckpt, Mapping) and ("format" in ckpt or "config" in ckpt or "class_names" in ckpt)
+
+
+def _read_own(ckpt: Mapping[str, Any], source: str) -> tuple[ModelConfig, list[str], Mapping[str, torch.Tensor]]:
+    """``(config, class names, state dict)`` of a checkpoint of this library."""
+    if not all(k in ckpt for k in ("config", "class_names", "model")):
         raise CheckpointError(f"{source} is not an ssd checkpoint dict (needs 'config', 'class_names' and 'model'; "
                               "see ssd.load_checkpoint)")
-    saved = list(ckpt["class_names"])
     try:
         config = ModelConfig.from_dict(ckpt["config"], source=source)
     except ModelConfigError as exc:
@@ -165,28 +225,22 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
     if config.name not in MODEL_CONFIGS:
         raise CheckpointError(f"{source} holds a model named {config.name!r}, which this version of ssd does "
                               f"not know (known: {', '.join(MODEL_CONFIGS)})")
-    wanted = saved if class_names is None else _class_names(None, class_names)
-    state = ckpt["model"]
-    fresh = [] if priors is None else ["priors"]  # the new default boxes, not the saved buffer
-    if priors is not None:
-        config = config.replace(priors=_checked_priors(priors, config.priors, config.name, config.image_size,
-                                                       same_heads=True))
-        state = {k: v for k, v in state.items() if k != "priors"}
-    if wanted != saved:
-        if not reinit_heads:
-            order = " (the same names in another order)" if sorted(wanted) == sorted(saved) else ""
-            raise CheckpointError(f"{source} was trained for {len(saved)} classes {_names(saved)} but the class "
-                                  f"names given are {len(wanted)} classes {_names(wanted)}{order}; pass "
-                                  "reinit_heads=True to fine-tune it with new class heads")
-        kept = {k: v for k, v in state.items() if not _is_class_head(k)}
-        model = _assemble(config.replace(num_classes=len(wanted)), wanted)
-        _load(model, kept, source, allowed_missing=[k for k in model.state_dict() if _is_class_head(k)] + fresh)
-        logger.warning("%s: kept %d of %d weight tensors; re-initialised the class heads (%d tensors) for %d "
-                       "classes %s (trained for %s)", source, len(kept), len(state), len(state) - len(kept),
-                       len(wanted), _names(wanted), _names(saved))
-        return model
-    model = _assemble(config, wanted)
-    _load(model, state, source, allowed_missing=fresh)
+    return config, list(ckpt["class_names"]), ckpt["model"]
+
+
+def _fine_tune(config: ModelConfig, saved: list[str], state: Mapping[str, torch.Tensor], wanted: list[str],
+               source: str) -> SSD:
+    """A model for ``wanted`` classes from the weights of one trained for ``saved`` (see model_from_checkpoint)."""
+    model = _assemble(config.replace(num_classes=len(wanted)), wanted)
+    columns = match_classes(saved, wanted)
+    _load(model, remap_class_rows(state, model, columns), source)
+    carried = [f"{name} <- {saved[c - 1]}" if name != saved[c - 1] else name
+               for name, c in zip(wanted, columns[1:]) if c is not None]
+    fresh = [name for name, c in zip(wanted, columns[1:]) if c is None]
+    logger.warning("%s: fine-tuning from %d classes to %d: kept the backbone, extra layers, box regressors and "
+                   "background row; class rows carried over for %d (%s); initialised for %d (%s)", source,
+                   len(saved), len(wanted), len(carried), ", ".join(carried) or "none", len(fresh),
+                   ", ".join(fresh) or "none")
     return model
 
 
@@ -199,6 +253,11 @@ def _assemble(config: ModelConfig, class_names: list[str], backbone_weights: str
             raise BackboneWeightsError(f"{config.name} has no ImageNet backbone (it trains from scratch); "
                                        f"got backbone_weights={str(backbone_weights)!r}")
         weights, source = read_backbone_weights(backbone_weights, arch.imagenet_file, config.name)
+        normalization = arch.weights_normalization(weights) if arch.weights_normalization else None
+        if normalization is not None:  # these weights were trained on other inputs than the architecture's default
+            config = config.replace(mean=normalization[0], std=normalization[1])
+            logger.info("backbone weights %s: input normalization mean %s, std %s (per RGB channel in [0, 1])",
+                        source, _rounded(config.mean), _rounded(config.std))
     feature_maps, channels = _probe(config.name, config.options, config.image_size)
     if tuple(feature_maps) != config.priors.feature_maps:
         raise ValueError(f"{config.name} at {size_text(config.image_size)} px has feature maps {feature_maps}, but "
@@ -208,6 +267,10 @@ def _assemble(config: ModelConfig, class_names: list[str], backbone_weights: str
     heads = nn.ModuleList([arch.head(c, 2 + 2 * len(ratios), num_outputs)
                            for c, ratios in zip(channels, config.priors.aspect_ratios)])
     return SSD(backbone, heads, config.priors.boxes(config.image_size), config, class_names)
+
+
+def _rounded(values: Sequence[float]) -> list[float]:
+    return [round(v, 5) for v in values]
 
 
 def _probe(name: str, options: Mapping[str, Any], size: int | tuple[int, int]
@@ -231,14 +294,9 @@ def _probe_cached(name: str, options: tuple, size: tuple[int, int]) -> tuple[tup
     return tuple(compact_size(tuple(f.shape[-2:])) for f in features), tuple(f.shape[1] for f in features)
 
 
-def _is_class_head(key: str) -> bool:
-    parts = key.split(".")
-    return len(parts) > 2 and parts[0] == "heads" and parts[2] == "cls"
-
-
-def _load(model: SSD, state: Mapping[str, torch.Tensor], source: str, allowed_missing: Sequence[str] = ()) -> None:
+def _load(model: SSD, state: Mapping[str, torch.Tensor], source: str) -> None:
     """Load a checkpoint's weights, refusing (``CheckpointError``) keys or shapes that do not fit its own config."""
-    mismatch = state_dict_mismatch(model.state_dict(), state, allowed_missing)
+    mismatch = state_dict_mismatch(model.state_dict(), state)
     if mismatch:
         raise CheckpointError(f"the weights in {source} do not fit the model configuration saved with them "
                               f"(damaged or edited checkpoint?): {mismatch}")

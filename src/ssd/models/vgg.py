@@ -18,11 +18,12 @@ from torchvision.models import VGG16_Weights
 from torchvision.models.vgg import cfgs, make_layers
 
 from ssd.models.architecture import Architecture
+from ssd.models.formats import identify
 from ssd.models.ssd import LevelHead
 from ssd.models.weights import BackboneWeightsError, load_backbone_state
 from ssd.priors import PRIOR_CONFIGS, PriorConfig
 
-__all__ = ["L2Norm", "VGG16Backbone", "ARCHITECTURES"]
+__all__ = ["L2Norm", "VGG16Backbone", "ARCHITECTURES", "weights_normalization"]
 
 
 
@@ -94,15 +95,27 @@ class VGG16Backbone(nn.Module):
         return outputs
 
     def load_imagenet(self, state: dict[str, Tensor], source: str) -> None:
-        """Load a torchvision ``vgg16`` state dict: ``features.*`` as is, fc6 / fc7 subsampled into conv6 / conv7.
+        """Load VGG16 backbone weights, in one of three layouts (recognised by :func:`ssd.models.formats.identify`):
 
-        fc6 ``[4096, 512*7*7]`` keeps every 4th output and every 3rd row and column of its 7x7 window (the dilation
-        of conv6 makes up for the spacing), fc7 every 4th input and output. The 1000-class fc8 is ignored.
+        - torchvision ``vgg16`` (``vgg16-397923af.pth``): ``features.*`` as is, fc6 / fc7 subsampled into conv6 /
+          conv7: fc6 ``[4096, 512*7*7]`` keeps every 4th output and every 3rd row and column of its 7x7 window
+          (the dilation of conv6 makes up for the spacing), fc7 every 4th input and output; fc8 is ignored.
+        - torchvision ``vgg16_features-amdegroot-88682ab5.pth``: the same keys, but the classifier holds no values
+          (NaN): ``features.*`` only, conv6 / conv7 keep their initialisation.
+        - ssd.pytorch's ``vgg16_reducedfc.pth``: ``N.weight`` / ``N.bias`` of its ``vgg`` layer list, conv1_1 ...
+          conv5_3 at the indices of ``features`` and conv6 / conv7 (already reduced) at 31 / 33.
         """
+        found = identify(state)
+        if found is not None and found.format == "vgg16_reducedfc":
+            renamed = {(f"features.{n}.{p}" if int(n) < 30 else f"fc.{int(n) - 30}.{p}"): v
+                       for n, p, v in ((*k.split(".", 1), v) for k, v in state.items())}
+            load_backbone_state(self, renamed, source=source, what="vgg16_reducedfc (ssd.pytorch)",
+                                ignore_prefixes=("extras.", "l2norm."))
+            return
         load_backbone_state(self.features, state, source=source, what="vgg16", prefix="features.",
-                     ignore_prefixes=("classifier.",))
+                            ignore_prefixes=("classifier.",))
         fc6, fc7 = state.get("classifier.0.weight"), state.get("classifier.3.weight")
-        if fc6 is None or fc7 is None:
+        if fc6 is None or fc7 is None or not (fc6.isfinite().all() and fc7.isfinite().all()):
             return  # features only: conv6 / conv7 keep their random initialisation
         if fc6.shape != (4096, 512 * 7 * 7) or fc7.shape != (4096, 4096):
             raise BackboneWeightsError(f"backbone weights {source}: classifier.0.weight {list(fc6.shape)} / "
@@ -113,6 +126,26 @@ class VGG16Backbone(nn.Module):
             self.fc[1].bias.copy_(state["classifier.0.bias"][::4])
             self.fc[3].weight.copy_(fc7[::4, ::4].view(1024, 1024, 1, 1))
             self.fc[3].bias.copy_(state["classifier.3.bias"][::4])
+
+
+SSD_PYTORCH_MEAN = (123 / 255, 117 / 255, 104 / 255)
+"""Input mean of the ssd.pytorch / lufficc VGG16 weights for RGB images in [0, 1] (they subtract R 123, G 117,
+B 104 from 0..255 pixels, without scaling)."""
+TORCHVISION_SSD_MEAN = (0.48235, 0.45882, 0.40784)
+"""torchvision's rounding of the same mean (``ssd300_vgg16`` and ``vgg16_features-amdegroot-88682ab5.pth``)."""
+UNSCALED_STD = (1 / 255, 1 / 255, 1 / 255)
+"""Undoes the scaling to [0, 1]: those weights take pixels in 0..255 (minus the mean)."""
+
+
+def weights_normalization(state: dict[str, Tensor]) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The input normalization (mean, std of RGB images in [0, 1]) that VGG16 backbone weights were trained with:
+    ssd.pytorch's ``vgg16_reducedfc.pth`` and torchvision's ``vgg16_features`` take 0..255 pixels minus the mean;
+    ``None`` (the architecture's ImageNet mean / std) for torchvision's ImageNet ``vgg16``."""
+    found = identify(state)
+    if found is None:
+        return None
+    return {"vgg16_reducedfc": (SSD_PYTORCH_MEAN, UNSCALED_STD),
+            "vgg16_features": (TORCHVISION_SSD_MEAN, UNSCALED_STD)}.get(found.format)
 
 
 def xavier_init(module: nn.Module) -> None:
@@ -151,6 +184,7 @@ ARCHITECTURES = {
         priors=PriorConfig.from_dict(PRIOR_CONFIGS[f"ssd{size}"]),
         description=f"SSD{size} on VGG16 as in the paper ({boxes} default boxes at {size} px)",
         imagenet_file=_VGG16_FILE,
+        weights_normalization=weights_normalization,
     )
     for size, boxes in ((300, 8732), (512, 24564))
 }

@@ -10,6 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from ssd._utils import state_dict_mismatch
+from ssd.checkpoint import CheckpointError, read_file
+from ssd.models.formats import identify
 
 __all__ = ["read_backbone_weights", "load_backbone_state", "BackboneWeightsError"]
 
@@ -42,11 +44,15 @@ def read_backbone_weights(spec: str | os.PathLike, filename: str, what: str) -> 
             raise BackboneWeightsError(f"backbone weights file {path} does not exist (expected a torchvision state "
                                        f"dict for {what}, such as {filename})")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise BackboneWeightsError(f"cannot read backbone weights {path}: {reason} (expected a torchvision state "
-                                   f"dict for {what}, such as {filename})") from None
+        state = read_file(path)
+    except CheckpointError as exc:
+        raise BackboneWeightsError(f"cannot read backbone weights: {exc} (expected a torchvision state dict for "
+                                   f"{what}, such as {filename})") from None
+    found = identify(state)
+    if found is not None and found.kind == "detector":
+        raise BackboneWeightsError(f"backbone weights {path} is a whole detector ({found.description}), not a "
+                                   "backbone: start from it with weights= (ssd train --weights) or convert it with "
+                                   "`ssd import`")
     if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
         hint = " (this looks like an SSD checkpoint: use it as weights, not backbone_weights)" \
             if isinstance(state, Mapping) and "format" in state else ""
