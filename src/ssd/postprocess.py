@@ -1,6 +1,8 @@
-"""Turn head outputs into detections: softmax, decode, per-class candidates, NMS, top-k, batched."""
+"""Turn head outputs into detections: softmax, per-class candidates, decode, NMS, top-k, batched."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -38,62 +40,136 @@ def postprocess(
     Returns:
         One dict per image: ``boxes [N, 4]`` xyxy normalized and clipped to ``[0, 1]``, ``scores [N]`` (float32),
         ``labels [N]`` int64 in ``0..K-1``; sorted by decreasing score, ``N <= top_k`` (``N = 0`` is fine).
+        Equal scores are ordered by label, then by prior index; where they compete for the last places (among
+        the ``candidates_per_class`` of a class, or in NMS), the earlier in that order wins.
     """
     num_classes = validate_predictions(loc, logits, priors)
     loc, logits = loc.float(), logits.float()  # no-op for float32; half-precision heads are scored in float32
     batch, num_priors = logits.shape[:2]
     if top_k <= 0 or candidates_per_class <= 0:
         raise ValueError(f"top_k and candidates_per_class must be positive, got {top_k} and {candidates_per_class}")
-    # Per image and class: the best candidates (topk, then the threshold below: same set as the reverse order).
-    scores = _object_scores(logits)  # [B, K, P]
-    cand_scores, cand_prior = scores.topk(min(candidates_per_class, num_priors), dim=-1)  # [B, K, C]
-    del scores
-    per_class = cand_scores.shape[-1]
-    cand_scores, cand_prior = cand_scores.flatten(1), cand_prior.flatten(1)  # [B, K*C]
-    num_valid = (cand_scores > score_threshold).sum(dim=1)  # [B]
+    image, label, prior, score = _candidates(logits, score_threshold, candidates_per_class)
+    num_valid = torch.bincount(image, minlength=batch)  # [B] candidates per image
+    rank = torch.arange(image.numel(), device=image.device) - (torch.cumsum(num_valid, 0) - num_valid)[image]
 
     # Greedy NMS keeps or drops a box looking only at higher scores of its own image and class, so running it on
     # the best `limit` candidates of each image is exact for them. Stop once every image has top_k survivors or
     # no candidate left out; otherwise widen. Usually one round, with far fewer boxes than all candidates.
-    limit = min(2 * top_k, cand_scores.shape[1])
+    per_image = num_classes * min(candidates_per_class, num_priors)  # the most candidates an image can have
+    limit = min(2 * top_k, per_image)
     while True:
-        top_scores, top_slot = cand_scores.topk(limit, dim=1)  # [B, limit], by decreasing score
-        image, column = (top_scores > score_threshold).nonzero(as_tuple=True)
-        slot = top_slot[image, column]
-        label = slot // per_class
-        prior = cand_prior[image, slot]
-        box = decode(loc[image, prior], priors[prior], variances).clamp_(0.0, 1.0)  # only the candidates
-        score = top_scores[image, column]
-        keep = batched_nms(box, score, image * num_classes + label, iou_threshold)  # by decreasing score
-        counts = torch.bincount(image[keep], minlength=batch)
-        if limit == cand_scores.shape[1] or bool(((counts >= top_k) | (num_valid <= limit)).all()):
+        taken = (rank < limit).nonzero().squeeze(1)  # by image, then decreasing score
+        box = decode(loc[image[taken], prior[taken]], priors[prior[taken]], variances).clamp_(0.0, 1.0)
+        keep = batched_nms(box, score[taken], image[taken] * num_classes + label[taken], iou_threshold)
+        counts = torch.bincount(image[taken[keep]], minlength=batch)
+        if limit == per_image or bool(((counts >= top_k) | (num_valid <= limit)).all()):
             break
-        limit = min(4 * limit, cand_scores.shape[1])
+        limit = min(4 * limit, per_image)
 
-    # Group the survivors by image (stable, so still by score) and keep the first top_k of each.
-    keep = keep[torch.sort(image[keep], stable=True).indices]
-    kept_image = image[keep]
+    # Back in input order (by image, then decreasing score, ties as documented); the first top_k of each image.
+    keep = keep.sort().values
     first = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(keep.numel(), device=keep.device) - first[kept_image]
-    keep = keep[rank < top_k]
+    keep = keep[torch.arange(keep.numel(), device=keep.device) - first[image[taken[keep]]] < top_k]
     sizes = counts.clamp(max=top_k).tolist()
+    picked = taken[keep]
     return [
         {"boxes": b, "scores": s, "labels": lab}
-        for b, s, lab in zip(box[keep].split(sizes), score[keep].split(sizes), label[keep].split(sizes))
+        for b, s, lab in zip(box[keep].split(sizes), score[picked].split(sizes), label[picked].split(sizes))
     ]
 
 
-def _object_scores(logits: Tensor) -> Tensor:
+def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The class scores above the threshold, at most ``per_class`` per image and class (the highest).
+
+    Args:
+        logits: ``[B, P, K+1]`` class logits, index 0 is background.
+
+    Returns:
+        ``image, label, prior, score``, each ``[N]``, sorted by image, then by decreasing score, then by label and
+        prior. On a confident model almost no score passes: only the priors that can pass are scored, and only the
+        classes with more than ``per_class`` scores above the threshold are ranked.
+    """
+    batch, num_priors, _ = logits.shape
+    best = logits[..., 1:].amax(dim=-1)  # [B, P] highest object logit
+    largest = torch.maximum(logits[..., 0], best)  # [B, P], the same as logits.amax(-1)
+    found = None
+    if score_threshold > 0:
+        # A class score is at most exp(logit - largest) (the softmax denominator is >= 1): priors whose best object
+        # logit is further than log(score_threshold) below the largest cannot pass. The margin dwarfs rounding.
+        near = (best - largest > math.log(score_threshold) - 1e-3).nonzero(as_tuple=True)
+        if 4 * near[0].numel() <= batch * num_priors:  # else scoring every prior is cheaper (same bits either way)
+            found = _few(_scores_at(logits, largest, *near), *near, score_threshold, per_class)
+    image, label, prior, score = found or _many(_object_scores(logits, largest), score_threshold, per_class)
+    # One stable sort on the image and the decreasing score: the bits of a float >= 0 read as an int32 rise with
+    # it, so `image * 2**31 + (2**31 - 1 - bits)` orders by image, then by decreasing score; ties keep their order.
+    key = image * 2**31 + (0x7FFFFFFF - score.view(torch.int32)).long()
+    order = key.sort(stable=True).indices
+    return image[order], label[order], prior[order], score[order]
+
+
+def _object_scores(logits: Tensor, largest: Tensor) -> Tensor:
     """Softmax probabilities of the object classes, ``[B, P, K+1]`` logits -> contiguous ``[B, K, P]``.
 
-    Written into one buffer, smaller than a softmax copy (no background column) and laid out for ``topk`` over
-    priors (which would copy a transposed view).
+    ``largest`` is ``logits.amax(-1)`` ``[B, P]``. Written into one buffer, smaller than a softmax copy (no
+    background column) and laid out for per-class selection over priors (which would copy a transposed view).
     """
     batch, num_priors, channels = logits.shape
-    largest = logits.amax(dim=-1)  # [B, P]
     scores = logits.new_empty(batch, channels - 1, num_priors)
     torch.sub(logits[..., 1:].transpose(1, 2), largest.unsqueeze(1), out=scores).exp_()
     total = torch.sub(logits[..., 0], largest).exp_()  # softmax denominator [B, P]: background + objects
-    del largest
     total += scores.sum(dim=1)
     return scores.div_(total.unsqueeze(1))
+
+
+def _scores_at(logits: Tensor, largest: Tensor, image: Tensor, prior: Tensor) -> Tensor:
+    """:func:`_object_scores` of the priors ``(image, prior)`` only, ``[N]`` each -> ``[N, K]``, bit for bit.
+
+    How a sum over classes rounds depends on where its prior sits in the ``[B, K, P]`` buffer (vectorized or
+    remainder loop, thread chunks), not on the other priors: so the same sum runs over a buffer that is zero
+    except at these priors. Exponentials, differences and quotients do not depend on the position.
+    """
+    batch, num_priors, channels = logits.shape
+    exps = torch.sub(logits[image, prior], largest[image, prior].unsqueeze(1)).exp_()  # [N, K+1]
+    buffer = logits.new_zeros(batch, channels - 1, num_priors)
+    buffer[image, :, prior] = exps[:, 1:]
+    total = exps[:, 0] + buffer.sum(dim=1)[image, prior]
+    return exps[:, 1:].div_(total.unsqueeze(1))
+
+
+def _few(
+    scores: Tensor, image: Tensor, prior: Tensor, score_threshold: float, per_class: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+    """Candidates among the scores ``[N, K]`` of the priors ``(image, prior)``, by label, then image and prior; or
+    None when more than ``per_class`` pass for an image and class (they need ranking: :func:`_many`)."""
+    num_classes = scores.shape[1]
+    label, column = (scores.T > score_threshold).nonzero(as_tuple=True)
+    image, prior = image[column], prior[column]
+    if image.numel() and int(torch.bincount(image * num_classes + label).max()) > per_class:
+        return None
+    return image, label, prior, scores[column, label]
+
+
+def _many(scores: Tensor, score_threshold: float, per_class: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Candidates ``image, label, prior, score`` among all scores ``[B, K, P]``, by image, label and prior."""
+    batch, num_classes, num_priors = scores.shape
+    rows = scores.view(batch * num_classes, num_priors)  # one row per image and class
+    chosen = rows > score_threshold  # [B*K, P]
+    crowded = (chosen.sum(dim=1) > per_class).nonzero().squeeze(1)
+    if crowded.numel():
+        chosen[crowded] = _highest(rows[crowded], per_class)
+    index = chosen.view(-1).nonzero().squeeze(1)
+    row, prior = index // num_priors, index % num_priors
+    return row // num_classes, row % num_classes, prior, rows.view(-1)[index]
+
+
+def _highest(rows: Tensor, count: int) -> Tensor:
+    """Mask of the ``count`` highest values of each row of ``rows [R, N]``; ties for the last place go to the
+    lowest indices (``topk`` alone leaves them unspecified)."""
+    last = rows.topk(count, dim=1, sorted=False).values.amin(dim=1, keepdim=True)  # [R, 1] count-th highest
+    chosen = rows >= last
+    tied = (chosen.sum(dim=1) > count).nonzero().squeeze(1)  # rows where values equal to the last spill over
+    if tied.numel():
+        equal = rows[tied] == last[tied]
+        room = count - (rows[tied] > last[tied]).sum(dim=1, keepdim=True)
+        chosen[tied] = chosen[tied] & (~equal | (equal.cumsum(dim=1) <= room))
+    return chosen
