@@ -14,7 +14,7 @@ in its own fresh subprocess; peak memory is the rise of the process's peak RSS d
 call its methods) is not counted for either side; that process runs with ``MALLOC_MMAP_THRESHOLD_`` low so that
 freed tensors go back to the system and RSS follows live memory.
 
-Usage: ``.venv/bin/python benchmarks/core.py [--repeats N]``
+Usage: ``.venv/bin/python benchmarks/core.py [--repeats N] [--tasks TASK ...]``
 """
 
 from __future__ import annotations
@@ -196,6 +196,7 @@ def _child(*args: str, low_mmap_threshold: bool = False) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS), help="default: all")
     parser.add_argument("--time", choices=sorted(TASKS), help=argparse.SUPPRESS)
     parser.add_argument("--memory", nargs=2, metavar=("TASK", "IMPL"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -211,7 +212,8 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, torchvision {torchvision.__version__}, {torch.get_num_threads()} threads")
     print(f"median of {args.repeats} alternating runs; peak = rise of peak RSS during one call, fresh process each\n")
-    for task, (title, ours_name, theirs_name, target) in TASKS.items():
+    for task in args.tasks:
+        title, ours_name, theirs_name, target = TASKS[task]
         timed = _child("--time", task, "--repeats", str(args.repeats))
         memory = {impl: _child("--memory", task, impl, low_mmap_threshold=True)["peak_mib"] for impl in IMPLS}
         print(title)

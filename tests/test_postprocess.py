@@ -227,6 +227,13 @@ def test_outputs_of_a_model_in_training_mode():
     assert not out[0]["scores"].requires_grad and len(out[0]["scores"]) == 200
 
 
+def test_too_many_scores_for_one_call():
+    shape = (2**16, 2**10)  # 2**16 images x 64 classes x 2**10 priors = 2**32 class scores (expanded: no memory)
+    loc, logits = torch.zeros(1, 1, 1).expand(*shape, 4), torch.zeros(1, 1, 1).expand(*shape, 65)
+    with pytest.raises(ValueError, match=r"fewer than 2\*\*32 class scores per call, got 65536 images x 64 classes"):
+        postprocess(loc, logits, torch.zeros(1, 4).expand(shape[1], 4))
+
+
 def test_limits_must_be_positive():
     with pytest.raises(ValueError, match="top_k and candidates_per_class must be positive, got 0 and 400"):
         postprocess(torch.zeros(1, 3, 4), torch.zeros(1, 3, 3), PRIORS, top_k=0)

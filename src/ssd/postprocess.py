@@ -86,38 +86,55 @@ def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple
 
     Returns:
         ``image, label, prior, score``, each ``[N]``, sorted by image, then by decreasing score, then by label and
-        prior. On a confident model almost no score passes: only the priors that can pass are scored, and only the
-        classes with more than ``per_class`` scores above the threshold are ranked.
+        prior. On a confident model almost no score passes: only the priors that can pass are scored.
     """
-    batch, num_priors, _ = logits.shape
+    batch, num_priors, channels = logits.shape
+    cells = (channels - 1) * num_priors  # candidates are indexed (image * K + label) * P + prior
+    if batch * cells >= 2**32:  # see _order
+        raise ValueError(
+            f"postprocess takes fewer than 2**32 class scores per call, got {batch} images x {channels - 1} classes"
+            f" x {num_priors} priors: split the batch"
+        )
     best = logits[..., 1:].amax(dim=-1)  # [B, P] highest object logit
     largest = torch.maximum(logits[..., 0], best)  # [B, P], the same as logits.amax(-1)
-    found = None
+    near = None
     if score_threshold > 0:
         # A class score is at most exp(logit - largest) (the softmax denominator is >= 1): priors whose best object
         # logit is further than log(score_threshold) below the largest cannot pass. The margin dwarfs rounding.
-        near = (best - largest > math.log(score_threshold) - 1e-3).nonzero(as_tuple=True)
-        if 4 * near[0].numel() <= batch * num_priors:  # else scoring every prior is cheaper (same bits either way)
-            found = _few(_scores_at(logits, largest, *near), *near, score_threshold, per_class)
-    image, label, prior, score = found or _many(_object_scores(logits, largest), score_threshold, per_class)
-    # One stable sort on the image and the decreasing score: the bits of a float >= 0 read as an int32 rise with
-    # it, so `image * 2**31 + (2**31 - 1 - bits)` orders by image, then by decreasing score; ties keep their order.
-    key = image * 2**31 + (0x7FFFFFFF - score.view(torch.int32)).long()
-    order = key.sort(stable=True).indices
-    return image[order], label[order], prior[order], score[order]
+        mask = best - largest > math.log(score_threshold) - 1e-3  # [B, P]
+        if 4 * int(mask.count_nonzero()) <= mask.numel():  # else scoring every prior is faster (same bits)
+            near = mask.nonzero(as_tuple=True)
+    del best  # before the [B, K, P] buffers
+    if near is not None:
+        index, score = _few(_scores_at(logits, largest, *near), *near, num_priors, score_threshold, per_class)
+    else:
+        index, score = _many(_object_scores(logits, largest), score_threshold, per_class)
+    order = _order(index // cells, score, index % cells, cells)
+    index, score = index[order], score[order]
+    return index // cells, index // num_priors % (channels - 1), index % num_priors, score
+
+
+def _order(major: Tensor, score: Tensor, minor: Tensor, span: int) -> Tensor:
+    """Indices that sort by ``major``, then by decreasing ``score`` (>= 0), then by ``minor`` (< ``span``).
+
+    One int64 key: the bits of a float >= 0 read as an int32 rise with it, and
+    ``(major * 2**31 + 2**31 - 1 - bits) * span + minor`` fits while ``(major + 1) * span <= 2**32``.
+    """
+    return ((major * 2**31 + (0x7FFFFFFF - score.view(torch.int32))) * span + minor).sort().indices
 
 
 def _object_scores(logits: Tensor, largest: Tensor) -> Tensor:
     """Softmax probabilities of the object classes, ``[B, P, K+1]`` logits -> contiguous ``[B, K, P]``.
 
-    ``largest`` is ``logits.amax(-1)`` ``[B, P]``. Written into one buffer, smaller than a softmax copy (no
-    background column) and laid out for per-class selection over priors (which would copy a transposed view).
+    ``largest`` is ``logits.amax(-1)`` ``[B, P]``, overwritten (its buffer takes the sum of the class terms).
+    Written into one buffer, smaller than a softmax copy (no background column) and laid out for ``topk`` over
+    priors (which would copy a transposed view).
     """
     batch, num_priors, channels = logits.shape
     scores = logits.new_empty(batch, channels - 1, num_priors)
     torch.sub(logits[..., 1:].transpose(1, 2), largest.unsqueeze(1), out=scores).exp_()
     total = torch.sub(logits[..., 0], largest).exp_()  # softmax denominator [B, P]: background + objects
-    total += scores.sum(dim=1)
+    total += torch.sum(scores, dim=1, out=largest)
     return scores.div_(total.unsqueeze(1))
 
 
@@ -137,39 +154,47 @@ def _scores_at(logits: Tensor, largest: Tensor, image: Tensor, prior: Tensor) ->
 
 
 def _few(
-    scores: Tensor, image: Tensor, prior: Tensor, score_threshold: float, per_class: int
-) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
-    """Candidates among the scores ``[N, K]`` of the priors ``(image, prior)``, by label, then image and prior; or
-    None when more than ``per_class`` pass for an image and class (they need ranking: :func:`_many`)."""
+    scores: Tensor, image: Tensor, prior: Tensor, num_priors: int, score_threshold: float, per_class: int
+) -> tuple[Tensor, Tensor]:
+    """Candidates ``index, score`` among the scores ``[N, K]`` of the priors ``(image, prior)``."""
     num_classes = scores.shape[1]
-    label, column = (scores.T > score_threshold).nonzero(as_tuple=True)
-    image, prior = image[column], prior[column]
-    if image.numel() and int(torch.bincount(image * num_classes + label).max()) > per_class:
-        return None
-    return image, label, prior, scores[column, label]
+    column, label = (scores > score_threshold).nonzero(as_tuple=True)
+    index = (image[column] * num_classes + label) * num_priors + prior[column]
+    return _best_per_row(index, scores[column, label], num_priors, per_class)
 
 
-def _many(scores: Tensor, score_threshold: float, per_class: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Candidates ``image, label, prior, score`` among all scores ``[B, K, P]``, by image, label and prior."""
-    batch, num_classes, num_priors = scores.shape
-    rows = scores.view(batch * num_classes, num_priors)  # one row per image and class
-    chosen = rows > score_threshold  # [B*K, P]
-    crowded = (chosen.sum(dim=1) > per_class).nonzero().squeeze(1)
-    if crowded.numel():
-        chosen[crowded] = _highest(rows[crowded], per_class)
-    index = chosen.view(-1).nonzero().squeeze(1)
-    row, prior = index // num_priors, index % num_priors
-    return row // num_classes, row % num_classes, prior, rows.view(-1)[index]
+def _many(scores: Tensor, score_threshold: float, per_class: int) -> tuple[Tensor, Tensor]:
+    """Candidates ``index, score`` among all scores ``[B, K, P]``: ``topk`` per image and class; where equal
+    scores compete for the last places (``topk`` would pick any), the row is ranked by :func:`_best_per_row`."""
+    num_priors = scores.shape[-1]
+    rows = scores.view(-1, num_priors)  # one row per image and class
+    if per_class >= num_priors:  # no ranking needed
+        index = (rows > score_threshold).view(-1).nonzero().squeeze(1)
+        return index, rows.view(-1)[index]
+    values, prior = rows.topk(per_class + 1, dim=1, sorted=False)  # [R, C+1]
+    after, last = values.topk(2, dim=1, largest=False).values.unbind(1)  # [R] the (C+1)-th and C-th highest
+    tied = (after == last) & (last > score_threshold)  # [R]
+    ranked = None
+    if bool(tied.any()):  # rank these rows whole
+        tied_rows = tied.nonzero().squeeze(1)
+        row, column = (rows[tied_rows] > score_threshold).nonzero(as_tuple=True)
+        row = tied_rows[row]
+        ranked = _best_per_row(row * num_priors + column, rows[row, column], num_priors, per_class)
+    del scores, rows  # the largest buffer; the rest is small
+    chosen = (values > score_threshold) & (values >= last.unsqueeze(1)) & ~tied.unsqueeze(1)  # [R, C+1]
+    row, column = chosen.nonzero(as_tuple=True)
+    index, score = row * num_priors + prior[row, column], values[row, column]
+    if ranked is not None:
+        index, score = torch.cat((index, ranked[0])), torch.cat((score, ranked[1]))
+    return index, score
 
 
-def _highest(rows: Tensor, count: int) -> Tensor:
-    """Mask of the ``count`` highest values of each row of ``rows [R, N]``; ties for the last place go to the
-    lowest indices (``topk`` alone leaves them unspecified)."""
-    last = rows.topk(count, dim=1, sorted=False).values.amin(dim=1, keepdim=True)  # [R, 1] count-th highest
-    chosen = rows >= last
-    tied = (chosen.sum(dim=1) > count).nonzero().squeeze(1)  # rows where values equal to the last spill over
-    if tied.numel():
-        equal = rows[tied] == last[tied]
-        room = count - (rows[tied] > last[tied]).sum(dim=1, keepdim=True)
-        chosen[tied] = chosen[tied] & (~equal | (equal.cumsum(dim=1) <= room))
-    return chosen
+def _best_per_row(index: Tensor, score: Tensor, num_priors: int, per_class: int) -> tuple[Tensor, Tensor]:
+    """The ``per_class`` highest of the scores ``[N]`` of each row (``index // num_priors``: image and class);
+    equal scores by prior."""
+    row = index // num_priors
+    order = _order(row, score, index % num_priors, num_priors)
+    index, score, row = index[order], score[order], row[order]
+    counts = torch.bincount(row)
+    rank = torch.arange(row.numel(), device=row.device) - (torch.cumsum(counts, 0) - counts)[row]
+    return index[rank < per_class], score[rank < per_class]
