@@ -48,9 +48,9 @@ def postprocess(
     batch, num_priors = logits.shape[:2]
     if top_k <= 0 or candidates_per_class <= 0:
         raise ValueError(f"top_k and candidates_per_class must be positive, got {top_k} and {candidates_per_class}")
-    image, label, prior, score = _candidates(logits, score_threshold, candidates_per_class)
-    num_valid = torch.bincount(image, minlength=batch)  # [B] candidates per image
-    rank = torch.arange(image.numel(), device=image.device) - (torch.cumsum(num_valid, 0) - num_valid)[image]
+    index, score = _candidates(logits, score_threshold, candidates_per_class)  # (image * K + label) * P + prior
+    num_valid = torch.bincount(index // (num_classes * num_priors), minlength=batch)  # [B] candidates per image
+    first = torch.cumsum(num_valid, 0) - num_valid  # [B] where each image starts
 
     # Greedy NMS keeps or drops a box looking only at higher scores of its own image and class, so running it on
     # the best `limit` candidates of each image is exact for them. Stop once every image has top_k survivors or
@@ -58,35 +58,43 @@ def postprocess(
     per_image = num_classes * min(candidates_per_class, num_priors)  # the most candidates an image can have
     limit = min(2 * top_k, per_image)
     while True:
-        taken = (rank < limit).nonzero().squeeze(1)  # by image, then decreasing score
-        box = decode(loc[image[taken], prior[taken]], priors[prior[taken]], variances).clamp_(0.0, 1.0)
-        keep = batched_nms(box, score[taken], image[taken] * num_classes + label[taken], iou_threshold)
-        counts = torch.bincount(image[taken[keep]], minlength=batch)
+        taken = _firsts(first, num_valid.clamp(max=limit))  # by image, then decreasing score
+        row, prior = index[taken] // num_priors, index[taken] % num_priors  # row = image * K + label
+        image = row // num_classes
+        box = decode(loc[image, prior], priors[prior], variances).clamp_(0.0, 1.0)
+        keep = batched_nms(box, score[taken], row, iou_threshold)  # NMS per image and class
+        counts = torch.bincount(image[keep], minlength=batch)
         if limit == per_image or bool(((counts >= top_k) | (num_valid <= limit)).all()):
             break
         limit = min(4 * limit, per_image)
 
     # Back in input order (by image, then decreasing score, ties as documented); the first top_k of each image.
     keep = keep.sort().values
-    first = torch.cumsum(counts, 0) - counts
-    keep = keep[torch.arange(keep.numel(), device=keep.device) - first[image[taken[keep]]] < top_k]
+    keep = keep[_firsts(torch.cumsum(counts, 0) - counts, counts.clamp(max=top_k))]
     sizes = counts.clamp(max=top_k).tolist()
-    picked = taken[keep]
+    label = row[keep] % num_classes
     return [
         {"boxes": b, "scores": s, "labels": lab}
-        for b, s, lab in zip(box[keep].split(sizes), score[picked].split(sizes), label[picked].split(sizes))
+        for b, s, lab in zip(box[keep].split(sizes), score[taken[keep]].split(sizes), label.split(sizes))
     ]
 
 
-def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _firsts(start: Tensor, count: Tensor) -> Tensor:
+    """Positions ``start[i] + j`` for ``j < count[i]``, for each ``i`` in order: ``[count.sum()]``."""
+    offset = torch.cumsum(count, 0) - count  # where each run begins in the output
+    return torch.repeat_interleave(start - offset, count) + torch.arange(int(count.sum()), device=count.device)
+
+
+def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple[Tensor, Tensor]:
     """The class scores above the threshold, at most ``per_class`` per image and class (the highest).
 
     Args:
         logits: ``[B, P, K+1]`` class logits, index 0 is background.
 
     Returns:
-        ``image, label, prior, score``, each ``[N]``, sorted by image, then by decreasing score, then by label and
-        prior. On a confident model almost no score passes: only the priors that can pass are scored.
+        ``index, score``, each ``[N]``, with ``index = (image * K + label) * P + prior``, sorted by image, then by
+        decreasing score, then by label and prior. On a confident model almost no score passes: only the priors
+        that can pass are scored.
     """
     batch, num_priors, channels = logits.shape
     cells = (channels - 1) * num_priors  # candidates are indexed (image * K + label) * P + prior
@@ -110,8 +118,7 @@ def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple
     else:
         index, score = _many(_object_scores(logits, largest), score_threshold, per_class)
     order = _order(index // cells, score, index % cells, cells)
-    index, score = index[order], score[order]
-    return index // cells, index // num_priors % (channels - 1), index % num_priors, score
+    return index[order], score[order]
 
 
 def _order(major: Tensor, score: Tensor, minor: Tensor, span: int) -> Tensor:
