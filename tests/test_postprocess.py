@@ -1,4 +1,5 @@
-"""postprocess: hand-computed NMS case, empty images, limits, and agreement with torchvision's SSD."""
+"""postprocess: hand-computed cases, a loop-by-loop reference in every regime, ties, limits, and agreement with
+torchvision's SSD."""
 
 from types import SimpleNamespace
 
@@ -7,7 +8,9 @@ import torch
 from torchvision.models.detection import _utils as det_utils
 from torchvision.models.detection.ssd import SSD
 
-from ssd.boxes import cxcywh_to_xyxy, xyxy_to_cxcywh
+from torchvision.ops import box_iou
+
+from ssd.boxes import cxcywh_to_xyxy, decode, xyxy_to_cxcywh
 from ssd.postprocess import postprocess
 from ssd.priors import PRIOR_CONFIGS, default_boxes
 
@@ -58,6 +61,102 @@ def test_images_without_detections_and_clipping():
     assert x1 == 0.0 and x2 == 1.0 and (y1, y2) == pytest.approx((0.1, 0.5))
     outs = postprocess(torch.zeros(4, 3, 4), logits_for([[[1.0, 0.0, 0.0]] * 3] * 4), PRIORS)
     assert [len(o["scores"]) for o in outs] == [0, 0, 0, 0]
+
+
+def test_equal_scores_order_by_label_then_prior():
+    # every score is the same 0.45: priors 0 and 1 overlap (IoU 0.905), prior 2 overlaps neither
+    probs = [[[0.1, 0.45, 0.45]] * 3]
+    boxes = cxcywh_to_xyxy(PRIORS)
+    (out,) = postprocess(torch.zeros(1, 3, 4), logits_for(probs), PRIORS)
+    assert out["labels"].tolist() == [0, 0, 1, 1]  # in each class the lower prior wins NMS: 0 suppresses 1
+    assert torch.equal(out["boxes"], boxes[[0, 2, 0, 2]])
+    (out,) = postprocess(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, candidates_per_class=2, iou_threshold=1.0)
+    assert out["labels"].tolist() == [0, 0, 1, 1]  # the two candidates of each class are the lower priors
+    assert torch.equal(out["boxes"], boxes[[0, 1, 0, 1]])
+    (out,) = postprocess(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, top_k=3, iou_threshold=1.0)
+    assert out["labels"].tolist() == [0, 0, 0] and torch.equal(out["boxes"], boxes)
+
+
+def reference_postprocess(loc, logits, priors, score_threshold, iou_threshold, top_k, candidates_per_class):
+    """The rule, image by image and class by class, in float64: per class the ``candidates_per_class`` highest
+    scores above the threshold, then greedy NMS per class in order of decreasing score, the first ``top_k``
+    survivors. Equal scores: lower label first, then lower prior. Returns ``(score, label, prior)`` lists."""
+    results = []
+    for image_loc, image_logits in zip(loc, logits):
+        boxes = decode(image_loc, priors).clamp(0.0, 1.0)
+        candidates = []
+        for label, column in enumerate(image_logits.double().softmax(-1)[:, 1:].T.tolist()):
+            passing = sorted((-score, prior) for prior, score in enumerate(column) if score > score_threshold)
+            candidates += [(-negative, label, prior) for negative, prior in passing[:candidates_per_class]]
+        candidates.sort(key=lambda c: (-c[0], c[1], c[2]))
+        kept = []
+        for score, label, prior in candidates:
+            rivals = [p for _, lab, p in kept if lab == label]
+            if not rivals or box_iou(boxes[[prior]], boxes[rivals]).max() <= iou_threshold:
+                kept.append((score, label, prior))
+            if len(kept) == top_k:
+                break
+        results.append(kept)
+    return results
+
+
+def scene(regime, seed, batch=3, num_priors=600, num_classes=4):
+    """Random priors, offsets and logits for one regime of post-processing (see test_matches_reference)."""
+    g = torch.Generator().manual_seed(seed)
+    centres, sizes = torch.rand(num_priors, 2, generator=g), torch.rand(num_priors, 2, generator=g) * 0.3 + 0.05
+    loc = torch.randn(batch, num_priors, 4, generator=g) * 0.3
+    logits = torch.randn(batch, num_priors, num_classes + 1, generator=g)
+    hot = torch.rand(batch, num_priors, 1, generator=g) < (0.15 if regime == "crowded" else 0.03)
+    if regime.startswith("ties"):  # a random set of channels at 0, the others at -200: scores are 0, 1/n or 1
+        on = logits > 0
+        if regime == "ties-confident":  # only the hot priors have object channels
+            on[..., 1:] &= hot
+            on[..., :1] |= ~hot
+        logits = torch.where(on, 0.0, -200.0)
+    elif regime == "confident":  # background +12, 3% of the priors confident of one class: few scores pass
+        logits[..., 0] += 12
+        logits[..., 1:] += 16 * torch.nn.functional.one_hot(logits[..., 1:].argmax(-1), num_classes) * hot
+    elif regime == "crowded":  # background +12, 15% of the priors above the threshold for class 0
+        logits[..., 0] += 12
+        logits[..., 1:2] += 15 * hot
+    elif regime == "nothing":
+        logits[..., 0] += 30
+    return loc, logits, torch.cat((centres, sizes), 1)
+
+
+def check_scene(regime, probs, per_class):
+    """The scene is what its name says: ``probs [B, P, K]`` object scores, ``per_class`` candidates per class."""
+    passing = (probs > 0.01).sum(1)  # [B, K] scores above the threshold per image and class
+    top = probs.topk(per_class + 1, dim=1).values  # [B, per_class + 1, K]
+    boundary_ties = bool((top[:, per_class - 1] == top[:, per_class]).all())  # the last candidate ties the next
+    few = 0 < passing.sum() <= 0.05 * probs.numel() and passing.max() <= per_class  # at most 5% of the scores pass
+    assert {
+        "confident": few,
+        "crowded": passing[:, 0].min() > per_class >= passing[:, 1:].max(),
+        "nothing": passing.sum() == 0,
+        "dense": passing.min() > per_class,
+        "ties": passing.min() > per_class and boundary_ties,
+        "ties-confident": few,
+    }[regime]
+
+
+@pytest.mark.parametrize("regime", ["confident", "crowded", "nothing", "dense", "ties", "ties-confident"])
+def test_matches_reference(regime):
+    loc, logits, priors = scene(regime, seed=1)
+    kwargs = dict(score_threshold=0.01, iou_threshold=0.45, top_k=40, candidates_per_class=20)
+    check_scene(regime, logits.softmax(-1)[..., 1:], kwargs["candidates_per_class"])
+    ours = postprocess(loc, logits, priors, **kwargs)
+    expected = reference_postprocess(loc, logits, priors, **kwargs)
+    for image, (out, ref) in enumerate(zip(ours, expected)):
+        scores = [s for s, _, _ in ref]
+        distinct = sorted(set(scores))  # equal scores are ties; near-equal ones would make the order ambiguous
+        assert all(b - a > 1e-6 * b for a, b in zip(distinct, distinct[1:]))
+        if regime.startswith("ties"):  # equal scores compete for places in the output
+            assert len(distinct) < len(scores)
+        torch.testing.assert_close(out["scores"], torch.tensor(scores, dtype=torch.float32), rtol=1e-6, atol=0)
+        assert out["labels"].tolist() == [label for _, label, _ in ref]
+        boxes = decode(loc[image], priors).clamp(0.0, 1.0)
+        assert torch.equal(out["boxes"], boxes[[prior for _, _, prior in ref]].reshape(-1, 4))
 
 
 def torchvision_postprocess(loc, logits, priors, **kwargs):
@@ -126,6 +225,13 @@ def test_outputs_of_a_model_in_training_mode():
     loc, logits, priors = make_inputs("random")
     out = postprocess(loc.requires_grad_(), logits.requires_grad_(), priors)
     assert not out[0]["scores"].requires_grad and len(out[0]["scores"]) == 200
+
+
+def test_too_many_scores_for_one_call():
+    shape = (2**16, 2**10)  # 2**16 images x 64 classes x 2**10 priors = 2**32 class scores (expanded: no memory)
+    loc, logits = torch.zeros(1, 1, 1).expand(*shape, 4), torch.zeros(1, 1, 1).expand(*shape, 65)
+    with pytest.raises(ValueError, match=r"fewer than 2\*\*32 class scores per call, got 65536 images x 64 classes"):
+        postprocess(loc, logits, torch.zeros(1, 4).expand(shape[1], 4))
 
 
 def test_limits_must_be_positive():

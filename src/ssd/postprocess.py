@@ -1,6 +1,8 @@
-"""Turn head outputs into detections: softmax, decode, per-class candidates, NMS, top-k, batched."""
+"""Turn head outputs into detections: softmax, per-class candidates, decode, NMS, top-k, batched."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
@@ -41,62 +43,168 @@ def postprocess(
     Returns:
         One dict per image: ``boxes [N, 4]`` xyxy normalized and clipped to ``[0, 1]``, ``scores [N]`` (float32),
         ``labels [N]`` int64 in ``0..K-1``; sorted by decreasing score, ``N <= top_k`` (``N = 0`` is fine).
+        Equal scores are ordered by label, then by prior index; where they compete for the last places (among
+        the ``candidates_per_class`` of a class, or in NMS), the earlier in that order wins.
     """
     num_classes = validate_predictions(loc, logits, priors)
     loc, logits = loc.float(), logits.float()  # no-op for float32; half-precision heads are scored in float32
     batch, num_priors = logits.shape[:2]
     if top_k <= 0 or candidates_per_class <= 0:
         raise ValueError(f"top_k and candidates_per_class must be positive, got {top_k} and {candidates_per_class}")
-    # Per image and class: the best candidates (topk, then the threshold below: same set as the reverse order).
-    scores = _object_scores(logits)  # [B, K, P]
-    cand_scores, cand_prior = scores.topk(min(candidates_per_class, num_priors), dim=-1)  # [B, K, C]
-    del scores
-    per_class = cand_scores.shape[-1]
-    cand_scores, cand_prior = cand_scores.flatten(1), cand_prior.flatten(1)  # [B, K*C]
-    num_valid = (cand_scores > score_threshold).sum(dim=1)  # [B]
+    index, score = _candidates(logits, score_threshold, candidates_per_class)  # (image * K + label) * P + prior
+    num_valid = torch.bincount(index // (num_classes * num_priors), minlength=batch)  # [B] candidates per image
+    first = torch.cumsum(num_valid, 0) - num_valid  # [B] where each image starts
 
     # Greedy NMS keeps or drops a box looking only at higher scores of its own image and class, so running it on
     # the best `limit` candidates of each image is exact for them. Stop once every image has top_k survivors or
     # no candidate left out; otherwise widen. Usually one round, with far fewer boxes than all candidates.
-    limit = min(2 * top_k, cand_scores.shape[1])
+    per_image = num_classes * min(candidates_per_class, num_priors)  # the most candidates an image can have
+    limit = min(2 * top_k, per_image)
     while True:
-        top_scores, top_slot = cand_scores.topk(limit, dim=1)  # [B, limit], by decreasing score
-        image, column = (top_scores > score_threshold).nonzero(as_tuple=True)
-        slot = top_slot[image, column]
-        label = slot // per_class
-        prior = cand_prior[image, slot]
-        box = decode(loc[image, prior], priors[prior], variances).clamp_(0.0, 1.0)  # only the candidates
-        score = top_scores[image, column]
-        keep = batched_nms(box, score, image * num_classes + label, iou_threshold)  # by decreasing score
+        taken = _firsts(first, num_valid.clamp(max=limit))  # by image, then decreasing score
+        row, prior = index[taken] // num_priors, index[taken] % num_priors  # row = image * K + label
+        image = row // num_classes
+        box = decode(loc[image, prior], priors[prior], variances).clamp_(0.0, 1.0)
+        keep = batched_nms(box, score[taken], row, iou_threshold)  # NMS per image and class
         counts = torch.bincount(image[keep], minlength=batch)
-        if limit == cand_scores.shape[1] or bool(((counts >= top_k) | (num_valid <= limit)).all()):
+        if limit == per_image or bool(((counts >= top_k) | (num_valid <= limit)).all()):
             break
-        limit = min(4 * limit, cand_scores.shape[1])
+        limit = min(4 * limit, per_image)
 
-    # Group the survivors by image (stable, so still by score) and keep the first top_k of each.
-    keep = keep[torch.sort(image[keep], stable=True).indices]
-    kept_image = image[keep]
-    first = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(keep.numel(), device=keep.device) - first[kept_image]
-    keep = keep[rank < top_k]
+    # Back in input order (by image, then decreasing score, ties as documented); the first top_k of each image.
+    keep = keep.sort().values
+    keep = keep[_firsts(torch.cumsum(counts, 0) - counts, counts.clamp(max=top_k))]
     sizes = counts.clamp(max=top_k).tolist()
+    label = row[keep] % num_classes
     return [
         {"boxes": b, "scores": s, "labels": lab}
-        for b, s, lab in zip(box[keep].split(sizes), score[keep].split(sizes), label[keep].split(sizes))
+        for b, s, lab in zip(box[keep].split(sizes), score[taken[keep]].split(sizes), label.split(sizes))
     ]
 
 
-def _object_scores(logits: Tensor) -> Tensor:
+def _firsts(start: Tensor, count: Tensor) -> Tensor:
+    """Positions ``start[i] + j`` for ``j < count[i]``, for each ``i`` in order: ``[count.sum()]``."""
+    offset = torch.cumsum(count, 0) - count  # where each run begins in the output
+    return torch.repeat_interleave(start - offset, count) + torch.arange(int(count.sum()), device=count.device)
+
+
+def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple[Tensor, Tensor]:
+    """The class scores above the threshold, at most ``per_class`` per image and class (the highest).
+
+    Args:
+        logits: ``[B, P, K+1]`` class logits, index 0 is background.
+
+    Returns:
+        ``index, score``, each ``[N]``, with ``index = (image * K + label) * P + prior``, sorted by image, then by
+        decreasing score, then by label and prior. On a confident model almost no score passes: only the priors
+        that can pass are scored.
+    """
+    batch, num_priors, channels = logits.shape
+    cells = (channels - 1) * num_priors  # candidates are indexed (image * K + label) * P + prior
+    if batch * cells >= 2**32:  # see _order
+        raise ValueError(
+            f"postprocess takes fewer than 2**32 class scores per call, got {batch} images x {channels - 1} classes"
+            f" x {num_priors} priors: split the batch"
+        )
+    best = logits[..., 1:].amax(dim=-1)  # [B, P] highest object logit
+    largest = torch.maximum(logits[..., 0], best)  # [B, P], the same as logits.amax(-1)
+    near = None
+    if score_threshold > 0:
+        # A class score is at most exp(logit - largest) (the softmax denominator is >= 1): priors whose best object
+        # logit is further than log(score_threshold) below the largest cannot pass. The margin dwarfs rounding.
+        mask = best - largest > math.log(score_threshold) - 1e-3  # [B, P]
+        if 4 * int(mask.count_nonzero()) <= mask.numel():  # else scoring every prior is faster (same bits)
+            near = mask.nonzero(as_tuple=True)
+    del best  # before the [B, K, P] buffers
+    if near is not None:
+        index, score = _few(_scores_at(logits, largest, *near), *near, num_priors, score_threshold, per_class)
+    else:
+        index, score = _many(_object_scores(logits, largest), score_threshold, per_class)
+    order = _order(index // cells, score, index % cells, cells)
+    return index[order], score[order]
+
+
+def _order(major: Tensor, score: Tensor, minor: Tensor, span: int) -> Tensor:
+    """Indices that sort by ``major``, then by decreasing ``score`` (>= 0), then by ``minor`` (< ``span``).
+
+    One int64 key: the bits of a float >= 0 read as an int32 rise with it, and
+    ``(major * 2**31 + 2**31 - 1 - bits) * span + minor`` fits while ``(major + 1) * span <= 2**32``.
+    """
+    return ((major * 2**31 + (0x7FFFFFFF - score.view(torch.int32))) * span + minor).sort().indices
+
+
+def _object_scores(logits: Tensor, largest: Tensor) -> Tensor:
     """Softmax probabilities of the object classes, ``[B, P, K+1]`` logits -> contiguous ``[B, K, P]``.
 
+    ``largest`` is ``logits.amax(-1)`` ``[B, P]``, overwritten (its buffer takes the sum of the class terms).
     Written into one buffer, smaller than a softmax copy (no background column) and laid out for ``topk`` over
     priors (which would copy a transposed view).
     """
     batch, num_priors, channels = logits.shape
-    largest = logits.amax(dim=-1)  # [B, P]
     scores = logits.new_empty(batch, channels - 1, num_priors)
     torch.sub(logits[..., 1:].transpose(1, 2), largest.unsqueeze(1), out=scores).exp_()
     total = torch.sub(logits[..., 0], largest).exp_()  # softmax denominator [B, P]: background + objects
-    del largest
-    total += scores.sum(dim=1)
+    total += torch.sum(scores, dim=1, out=largest)
     return scores.div_(total.unsqueeze(1))
+
+
+def _scores_at(logits: Tensor, largest: Tensor, image: Tensor, prior: Tensor) -> Tensor:
+    """:func:`_object_scores` of the priors ``(image, prior)`` only, ``[N]`` each -> ``[N, K]``, bit for bit.
+
+    How a sum over classes rounds depends on where its prior sits in the ``[B, K, P]`` buffer (vectorized or
+    remainder loop, thread chunks), not on the other priors: so the same sum runs over a buffer that is zero
+    except at these priors. Exponentials, differences and quotients do not depend on the position.
+    """
+    batch, num_priors, channels = logits.shape
+    exps = torch.sub(logits[image, prior], largest[image, prior].unsqueeze(1)).exp_()  # [N, K+1]
+    buffer = logits.new_zeros(batch, channels - 1, num_priors)
+    buffer[image, :, prior] = exps[:, 1:]
+    total = exps[:, 0] + buffer.sum(dim=1)[image, prior]
+    return exps[:, 1:].div_(total.unsqueeze(1))
+
+
+def _few(
+    scores: Tensor, image: Tensor, prior: Tensor, num_priors: int, score_threshold: float, per_class: int
+) -> tuple[Tensor, Tensor]:
+    """Candidates ``index, score`` among the scores ``[N, K]`` of the priors ``(image, prior)``."""
+    num_classes = scores.shape[1]
+    column, label = (scores > score_threshold).nonzero(as_tuple=True)
+    index = (image[column] * num_classes + label) * num_priors + prior[column]
+    return _best_per_row(index, scores[column, label], num_priors, per_class)
+
+
+def _many(scores: Tensor, score_threshold: float, per_class: int) -> tuple[Tensor, Tensor]:
+    """Candidates ``index, score`` among all scores ``[B, K, P]``: ``topk`` per image and class; where equal
+    scores compete for the last places (``topk`` would pick any), the row is ranked by :func:`_best_per_row`."""
+    num_priors = scores.shape[-1]
+    rows = scores.view(-1, num_priors)  # one row per image and class
+    if per_class >= num_priors:  # no ranking needed
+        index = (rows > score_threshold).view(-1).nonzero().squeeze(1)
+        return index, rows.view(-1)[index]
+    values, prior = rows.topk(per_class + 1, dim=1, sorted=False)  # [R, C+1]
+    after, last = values.topk(2, dim=1, largest=False).values.unbind(1)  # [R] the (C+1)-th and C-th highest
+    tied = (after == last) & (last > score_threshold)  # [R]
+    ranked = None
+    if bool(tied.any()):  # rank these rows whole
+        tied_rows = tied.nonzero().squeeze(1)
+        row, column = (rows[tied_rows] > score_threshold).nonzero(as_tuple=True)
+        row = tied_rows[row]
+        ranked = _best_per_row(row * num_priors + column, rows[row, column], num_priors, per_class)
+    del scores, rows  # the largest buffer; the rest is small
+    chosen = (values > score_threshold) & (values >= last.unsqueeze(1)) & ~tied.unsqueeze(1)  # [R, C+1]
+    row, column = chosen.nonzero(as_tuple=True)
+    index, score = row * num_priors + prior[row, column], values[row, column]
+    if ranked is not None:
+        index, score = torch.cat((index, ranked[0])), torch.cat((score, ranked[1]))
+    return index, score
+
+
+def _best_per_row(index: Tensor, score: Tensor, num_priors: int, per_class: int) -> tuple[Tensor, Tensor]:
+    """The ``per_class`` highest of the scores ``[N]`` of each row (``index // num_priors``: image and class);
+    equal scores by prior."""
+    row = index // num_priors
+    order = _order(row, score, index % num_priors, num_priors)
+    index, score, row = index[order], score[order], row[order]
+    counts = torch.bincount(row)
+    rank = torch.arange(row.numel(), device=row.device) - (torch.cumsum(counts, 0) - counts)[row]
+    return index[rank < per_class], score[rank < per_class]
