@@ -35,7 +35,7 @@ TASKS = {
     "post-confident": ("(b) postprocess, confident", "ssd.postprocess", "torchvision postprocess_detections", 3.0),
 }
 IMPLS = ("ssd", "torchvision")
-THRESHOLDS = dict(score_threshold=0.01, iou_threshold=0.45, top_k=200, candidates_per_class=400)
+THRESHOLDS = dict(score_threshold=0.01, iou_threshold=0.45, max_detections=200, candidates_per_class=400)
 
 
 def _rss_kib(field: str) -> int:
@@ -124,19 +124,19 @@ def _post_step(impl: str, kind: str):
     import torch
 
     from ssd.boxes import cxcywh_to_xyxy
-    from ssd.postprocess import postprocess
+    from ssd.postprocess import postprocess_detections
 
     priors, loc, logits, _, _ = _inputs(kind, 8)
     if impl == "ssd":
 
         def step():
-            return postprocess(loc, logits, priors, **THRESHOLDS)
+            return postprocess_detections(loc, logits, priors, **THRESHOLDS)
 
     else:
         model = _torchvision_ssd(
             score_thresh=THRESHOLDS["score_threshold"],
             nms_thresh=THRESHOLDS["iou_threshold"],
-            detections_per_img=THRESHOLDS["top_k"],
+            detections_per_img=THRESHOLDS["max_detections"],
             topk_candidates=THRESHOLDS["candidates_per_class"],
         )
         anchors = [cxcywh_to_xyxy(priors)] * len(loc)

@@ -1,5 +1,5 @@
 """ONNX export: parity with PyTorch (ssd_tiny and SSD300, batch 1 and dynamic batch), in-graph NMS against
-``postprocess``, metadata, the parity check failing loudly, TorchScript."""
+``postprocess_detections``, metadata, the parity check failing loudly, TorchScript."""
 
 import json
 
@@ -17,7 +17,7 @@ from ssd.engine.export import export, export_onnx, export_torchscript
 from ssd.engine.inference import Detector, load
 from ssd.engine.parity import ExportCheckError, check_onnx
 from ssd.models import build_model
-from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess
+from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess_detections
 
 
 def biased_model(name: str, num_classes: int = 3, seed: int = 0, **options) -> nn.Module:
@@ -99,7 +99,7 @@ def test_nms_export_equals_postprocess_batch1_and_dynamic(tiny, tmp_path):
         batch, _ = tiny.preprocess(random_images(count))
         with torch.no_grad():
             loc, logits = tiny(batch)
-        expected = postprocess(loc, logits, tiny.priors, score_threshold=conf, iou_threshold=iou, top_k=max_det)
+        expected = postprocess_detections(loc, logits, tiny.priors, score_threshold=conf, iou_threshold=iou, max_detections=max_det)
         rows, counts = run_raw(path, batch)
         assert rows.shape == (count, max_det, 6) and counts.dtype == torch.int64
         for image, (want, got, n) in enumerate(zip(expected, rows, counts.tolist())):
@@ -173,7 +173,7 @@ def _ort_nms(boxes, scores, iou, score):
 
 
 def test_in_graph_nms_equals_postprocess_on_the_same_outputs(tiny, tmp_path):
-    """Both graphs run on one batch; ``postprocess`` of the raw graph's outputs must give the NMS graph's rows, in the
+    """Both graphs run on one batch; ``postprocess_detections`` of the raw graph's outputs must give the NMS graph's rows, in the
     regime where the candidate cap binds (every prior of every class above the threshold)."""
     conf, iou, max_det = 0.05, 0.45, 200
     raw = export_onnx(tiny, tmp_path / "raw.onnx", dynamic_batch=True, check=False)
@@ -184,7 +184,7 @@ def test_in_graph_nms_equals_postprocess_on_the_same_outputs(tiny, tmp_path):
     batch, _ = tiny.preprocess(random_images(3))
     loc, logits, priors = run_raw(raw, batch)
     assert int((logits.softmax(-1)[..., 1:] > conf).sum(1).min()) > CANDIDATES_PER_CLASS
-    expected = postprocess(loc, logits, priors, score_threshold=conf, iou_threshold=iou, top_k=max_det)
+    expected = postprocess_detections(loc, logits, priors, score_threshold=conf, iou_threshold=iou, max_detections=max_det)
     rows, counts = run_raw(nms, batch)
     for want, got, n in zip(expected, rows, counts.tolist()):
         assert n == len(want["scores"]) == max_det

@@ -21,7 +21,7 @@ from ssd.config import ConfigError, TrainConfig
 from ssd.models import BackboneWeightsError, WeightsImportError, build_model, model_from_checkpoint, read_weights
 from ssd.models.finetune import match_classes, set_backbone_trainable
 from ssd.models.formats import VOC_NAMES, coco_categories, coco_names
-from ssd.postprocess import postprocess
+from ssd.postprocess import postprocess_detections
 from ssd.priors import PRIOR_CONFIGS, default_boxes
 
 REFERENCE = Path(
@@ -108,7 +108,7 @@ def test_original_port_through_ssd_predict(original_file, original, tmp_path, ca
     detections = json.loads((tmp_path / "out" / "predictions.json").read_text())["images"][0]["detections"]
     with torch.no_grad():
         loc, logits = original(original_pipeline(picture.numpy()))
-    [want] = postprocess(loc, logits, original.priors, score_threshold=0.05, top_k=50)
+    [want] = postprocess_detections(loc, logits, original.priors, score_threshold=0.05, max_detections=50)
     assert len(detections) == len(want["scores"]) > 0
     torch.testing.assert_close(torch.tensor([d["box"] for d in detections]), want["boxes"] * 300, rtol=0, atol=1e-3)
     torch.testing.assert_close(torch.tensor([d["score"] for d in detections]), want["scores"], rtol=0, atol=1e-5)

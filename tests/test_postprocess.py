@@ -11,7 +11,7 @@ from torchvision.models.detection.ssd import SSD
 from torchvision.ops import box_iou
 
 from ssd.boxes import cxcywh_to_xyxy, decode, xyxy_to_cxcywh
-from ssd.postprocess import postprocess
+from ssd.postprocess import postprocess_detections
 from ssd.priors import PRIOR_CONFIGS, default_boxes
 
 PRIORS = xyxy_to_cxcywh(torch.tensor([[0.1, 0.1, 0.5, 0.5], [0.12, 0.1, 0.52, 0.5], [0.6, 0.6, 0.9, 0.9]]))
@@ -26,23 +26,23 @@ def test_hand_computed_nms():
     # priors 0 and 1 overlap (IoU 0.152 / 0.168 = 0.905): class 0 at 0.7 on prior 1 is suppressed by 0.8 on prior 0;
     # classes do not suppress each other (prior 0 class 1 and prior 2 class 0 stay)
     probs = [[[0.1, 0.8, 0.1], [0.3, 0.7, 0.0], [0.2, 0.05, 0.75]]]
-    (out,) = postprocess(torch.zeros(1, 3, 4), logits_for(probs), PRIORS)
+    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS)
     torch.testing.assert_close(out["scores"], torch.tensor([0.8, 0.75, 0.1, 0.05]))
     assert out["labels"].tolist() == [0, 1, 1, 0] and out["labels"].dtype == torch.int64
     torch.testing.assert_close(out["boxes"], cxcywh_to_xyxy(PRIORS)[[0, 2, 0, 2]])
     # with a looser NMS threshold both overlapping boxes survive
-    (out,) = postprocess(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, iou_threshold=0.95)
+    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, iou_threshold=0.95)
     torch.testing.assert_close(out["scores"], torch.tensor([0.8, 0.75, 0.7, 0.1, 0.05]))
 
 
 def test_thresholds_top_k_and_candidates():
     probs = [[[0.1, 0.8, 0.1], [0.3, 0.7, 0.0], [0.2, 0.05, 0.75]]]
-    (out,) = postprocess(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, score_threshold=0.2)
+    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, score_threshold=0.2)
     torch.testing.assert_close(out["scores"], torch.tensor([0.8, 0.75]))
-    (out,) = postprocess(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, top_k=1)
+    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, max_detections=1)
     torch.testing.assert_close(out["scores"], torch.tensor([0.8]))
     # one candidate per class: class 0 keeps only prior 0 (0.8), class 1 only prior 2
-    (out,) = postprocess(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, candidates_per_class=1, iou_threshold=1.0)
+    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, candidates_per_class=1, iou_threshold=1.0)
     torch.testing.assert_close(out["scores"], torch.tensor([0.8, 0.75]))
 
 
@@ -53,13 +53,13 @@ def test_images_without_detections_and_clipping():
     ]
     loc = torch.zeros(2, 3, 4)
     loc[1, 0] = torch.tensor([0.0, 0.0, 10.0, 0.0])  # width 0.4 * e^2 = 2.96 around cx 0.3: clipped to 0..1
-    empty, one = postprocess(loc, logits_for(probs), PRIORS)
+    empty, one = postprocess_detections(loc, logits_for(probs), PRIORS)
     assert empty["boxes"].shape == (0, 4) and empty["scores"].shape == (0,) and empty["labels"].shape == (0,)
     assert empty["labels"].dtype == torch.int64
     assert one["labels"].tolist() == [0]
     x1, y1, x2, y2 = one["boxes"][0].tolist()
     assert x1 == 0.0 and x2 == 1.0 and (y1, y2) == pytest.approx((0.1, 0.5))
-    outs = postprocess(torch.zeros(4, 3, 4), logits_for([[[1.0, 0.0, 0.0]] * 3] * 4), PRIORS)
+    outs = postprocess_detections(torch.zeros(4, 3, 4), logits_for([[[1.0, 0.0, 0.0]] * 3] * 4), PRIORS)
     assert [len(o["scores"]) for o in outs] == [0, 0, 0, 0]
 
 
@@ -67,19 +67,19 @@ def test_equal_scores_order_by_label_then_prior():
     # every score is the same 0.45: priors 0 and 1 overlap (IoU 0.905), prior 2 overlaps neither
     probs = [[[0.1, 0.45, 0.45]] * 3]
     boxes = cxcywh_to_xyxy(PRIORS)
-    (out,) = postprocess(torch.zeros(1, 3, 4), logits_for(probs), PRIORS)
+    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS)
     assert out["labels"].tolist() == [0, 0, 1, 1]  # in each class the lower prior wins NMS: 0 suppresses 1
     assert torch.equal(out["boxes"], boxes[[0, 2, 0, 2]])
-    (out,) = postprocess(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, candidates_per_class=2, iou_threshold=1.0)
+    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, candidates_per_class=2, iou_threshold=1.0)
     assert out["labels"].tolist() == [0, 0, 1, 1]  # the two candidates of each class are the lower priors
     assert torch.equal(out["boxes"], boxes[[0, 1, 0, 1]])
-    (out,) = postprocess(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, top_k=3, iou_threshold=1.0)
+    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, max_detections=3, iou_threshold=1.0)
     assert out["labels"].tolist() == [0, 0, 0] and torch.equal(out["boxes"], boxes)
 
 
-def reference_postprocess(loc, logits, priors, score_threshold, iou_threshold, top_k, candidates_per_class):
+def reference_postprocess(loc, logits, priors, score_threshold, iou_threshold, max_detections, candidates_per_class):
     """The rule, image by image and class by class, in float64: per class the ``candidates_per_class`` highest
-    scores above the threshold, then greedy NMS per class in order of decreasing score, the first ``top_k``
+    scores above the threshold, then greedy NMS per class in order of decreasing score, the first ``max_detections``
     survivors. Equal scores: lower label first, then lower prior. Returns ``(score, label, prior)`` lists."""
     results = []
     for image_loc, image_logits in zip(loc, logits):
@@ -94,7 +94,7 @@ def reference_postprocess(loc, logits, priors, score_threshold, iou_threshold, t
             rivals = [p for _, lab, p in kept if lab == label]
             if not rivals or box_iou(boxes[[prior]], boxes[rivals]).max() <= iou_threshold:
                 kept.append((score, label, prior))
-            if len(kept) == top_k:
+            if len(kept) == max_detections:
                 break
         results.append(kept)
     return results
@@ -143,9 +143,9 @@ def check_scene(regime, probs, per_class):
 @pytest.mark.parametrize("regime", ["confident", "crowded", "nothing", "dense", "ties", "ties-confident"])
 def test_matches_reference(regime):
     loc, logits, priors = scene(regime, seed=1)
-    kwargs = dict(score_threshold=0.01, iou_threshold=0.45, top_k=40, candidates_per_class=20)
+    kwargs = dict(score_threshold=0.01, iou_threshold=0.45, max_detections=40, candidates_per_class=20)
     check_scene(regime, logits.softmax(-1)[..., 1:], kwargs["candidates_per_class"])
-    ours = postprocess(loc, logits, priors, **kwargs)
+    ours = postprocess_detections(loc, logits, priors, **kwargs)
     expected = reference_postprocess(loc, logits, priors, **kwargs)
     for image, (out, ref) in enumerate(zip(ours, expected)):
         scores = [s for s, _, _ in ref]
@@ -165,7 +165,7 @@ def torchvision_postprocess(loc, logits, priors, **kwargs):
         box_coder=det_utils.BoxCoder(weights=(10.0, 10.0, 5.0, 5.0)),
         score_thresh=kwargs["score_threshold"],
         nms_thresh=kwargs["iou_threshold"],
-        detections_per_img=kwargs["top_k"],
+        detections_per_img=kwargs["max_detections"],
         topk_candidates=kwargs["candidates_per_class"],
     )
     batch = loc.shape[0]
@@ -181,7 +181,7 @@ def make_inputs(case):
     logits = torch.randn(2, priors.shape[0], 6, generator=g) * 2
     logits[..., 0] += 2
     if case == "centred":  # the best scores all sit on overlapping boxes at the centre: most are suppressed,
-        loc.zero_()  # so the candidate set has to be widened to find top_k survivors
+        loc.zero_()  # so the candidate set has to be widened to find max_detections survivors
         logits = logits[..., :3] * 0.05
         logits[..., 1:] -= 10 * (priors[:, :2] - 0.5).norm(dim=-1, keepdim=True)
     return loc, logits, priors
@@ -190,8 +190,8 @@ def make_inputs(case):
 @pytest.mark.parametrize(("case", "candidates"), [("random", 400), ("centred", 400), ("centred", 2000)])
 def test_matches_torchvision(case, candidates):
     loc, logits, priors = make_inputs(case)
-    kwargs = dict(score_threshold=0.01, iou_threshold=0.45, top_k=200, candidates_per_class=candidates)
-    ours = postprocess(loc, logits, priors, **kwargs)
+    kwargs = dict(score_threshold=0.01, iou_threshold=0.45, max_detections=200, candidates_per_class=candidates)
+    ours = postprocess_detections(loc, logits, priors, **kwargs)
     theirs = torchvision_postprocess(loc, logits, priors, **kwargs)
     for a, b in zip(ours, theirs):
         assert len(a["scores"]) == len(b["scores"]) > 0
@@ -202,14 +202,14 @@ def test_matches_torchvision(case, candidates):
 
 def test_shape_errors():
     with pytest.raises(ValueError, match="4 boxes per image but there are 3 priors"):
-        postprocess(torch.zeros(1, 4, 4), torch.zeros(1, 4, 3), PRIORS)
+        postprocess_detections(torch.zeros(1, 4, 4), torch.zeros(1, 4, 3), PRIORS)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_matches_cpu():
     loc, logits, priors = make_inputs("random")
-    cpu = postprocess(loc, logits, priors)
-    gpu = postprocess(loc.cuda(), logits.cuda(), priors.cuda())
+    cpu = postprocess_detections(loc, logits, priors)
+    gpu = postprocess_detections(loc.cuda(), logits.cuda(), priors.cuda())
     for a, b in zip(cpu, gpu):
         torch.testing.assert_close(b["scores"].cpu(), a["scores"])
         assert torch.equal(b["labels"].cpu(), a["labels"])
@@ -217,13 +217,13 @@ def test_cuda_matches_cpu():
 
 def test_half_precision_inputs():
     loc, logits, priors = make_inputs("random")
-    ours = postprocess(loc.bfloat16(), logits.bfloat16(), priors)
+    ours = postprocess_detections(loc.bfloat16(), logits.bfloat16(), priors)
     assert all(d["scores"].dtype == torch.float32 and len(d["scores"]) == 200 for d in ours)
 
 
 def test_outputs_of_a_model_in_training_mode():
     loc, logits, priors = make_inputs("random")
-    out = postprocess(loc.requires_grad_(), logits.requires_grad_(), priors)
+    out = postprocess_detections(loc.requires_grad_(), logits.requires_grad_(), priors)
     assert not out[0]["scores"].requires_grad and len(out[0]["scores"]) == 200
 
 
@@ -231,9 +231,9 @@ def test_too_many_scores_for_one_call():
     shape = (2**16, 2**10)  # 2**16 images x 64 classes x 2**10 priors = 2**32 class scores (expanded: no memory)
     loc, logits = torch.zeros(1, 1, 1).expand(*shape, 4), torch.zeros(1, 1, 1).expand(*shape, 65)
     with pytest.raises(ValueError, match=r"fewer than 2\*\*32 class scores per call, got 65536 images x 64 classes"):
-        postprocess(loc, logits, torch.zeros(1, 4).expand(shape[1], 4))
+        postprocess_detections(loc, logits, torch.zeros(1, 4).expand(shape[1], 4))
 
 
 def test_limits_must_be_positive():
-    with pytest.raises(ValueError, match="top_k and candidates_per_class must be positive, got 0 and 400"):
-        postprocess(torch.zeros(1, 3, 4), torch.zeros(1, 3, 3), PRIORS, top_k=0)
+    with pytest.raises(ValueError, match="max_detections and candidates_per_class must be positive, got 0 and 400"):
+        postprocess_detections(torch.zeros(1, 3, 4), torch.zeros(1, 3, 3), PRIORS, max_detections=0)

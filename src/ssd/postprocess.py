@@ -8,25 +8,25 @@ import torch
 from torch import Tensor
 from torchvision.ops import batched_nms
 
-from ssd.boxes import decode
+from ssd.boxes import VARIANCES, decode
 from ssd.checks import validate_predictions
 
-__all__ = ["postprocess", "CANDIDATES_PER_CLASS"]
+__all__ = ["postprocess_detections", "CANDIDATES_PER_CLASS"]
 
 CANDIDATES_PER_CLASS = 400
 """Default of ``candidates_per_class``: the best boxes per image and class that enter NMS (also in exported graphs)."""
 
 
 @torch.no_grad()
-def postprocess(
+def postprocess_detections(
     loc: Tensor,
     logits: Tensor,
     priors: Tensor,
     score_threshold: float = 0.01,
     iou_threshold: float = 0.45,
-    top_k: int = 200,
+    max_detections: int = 200,
     candidates_per_class: int = CANDIDATES_PER_CLASS,
-    variances: tuple[float, float] = (0.1, 0.2),
+    variances: tuple[float, float] = VARIANCES,
 ) -> list[dict[str, Tensor]]:
     """Detections of a batch of head outputs (not differentiable: runs without autograd).
 
@@ -36,30 +36,30 @@ def postprocess(
         priors: ``[P, 4]`` cxcywh normalized.
         score_threshold: keep class scores strictly above it.
         iou_threshold: NMS overlap threshold, applied per image and class.
-        top_k: detections kept per image (the highest scores).
+        max_detections: detections kept per image (the highest scores).
         candidates_per_class: highest-scoring boxes per image and class that enter NMS.
         variances: encoding variances.
 
     Returns:
         One dict per image: ``boxes [N, 4]`` xyxy normalized and clipped to ``[0, 1]``, ``scores [N]`` (float32),
-        ``labels [N]`` int64 in ``0..K-1``; sorted by decreasing score, ``N <= top_k`` (``N = 0`` is fine).
+        ``labels [N]`` int64 in ``0..K-1``; sorted by decreasing score, ``N <= max_detections`` (``N = 0`` is fine).
         Equal scores are ordered by label, then by prior index; where they compete for the last places (among
         the ``candidates_per_class`` of a class, or in NMS), the earlier in that order wins.
     """
     num_classes = validate_predictions(loc, logits, priors)
     loc, logits = loc.float(), logits.float()  # no-op for float32; half-precision heads are scored in float32
     batch, num_priors = logits.shape[:2]
-    if top_k <= 0 or candidates_per_class <= 0:
-        raise ValueError(f"top_k and candidates_per_class must be positive, got {top_k} and {candidates_per_class}")
+    if max_detections <= 0 or candidates_per_class <= 0:
+        raise ValueError(f"max_detections and candidates_per_class must be positive, got {max_detections} and {candidates_per_class}")
     index, score = _candidates(logits, score_threshold, candidates_per_class)  # (image * K + label) * P + prior
     num_valid = torch.bincount(index // (num_classes * num_priors), minlength=batch)  # [B] candidates per image
     first = torch.cumsum(num_valid, 0) - num_valid  # [B] where each image starts
 
     # Greedy NMS keeps or drops a box looking only at higher scores of its own image and class, so running it on
-    # the best `limit` candidates of each image is exact for them. Stop once every image has top_k survivors or
+    # the best `limit` candidates of each image is exact for them. Stop once every image has max_detections survivors or
     # no candidate left out; otherwise widen. Usually one round, with far fewer boxes than all candidates.
     per_image = num_classes * min(candidates_per_class, num_priors)  # the most candidates an image can have
-    limit = min(2 * top_k, per_image)
+    limit = min(2 * max_detections, per_image)
     while True:
         taken = _firsts(first, num_valid.clamp(max=limit))  # by image, then decreasing score
         row, prior = index[taken] // num_priors, index[taken] % num_priors  # row = image * K + label
@@ -67,14 +67,14 @@ def postprocess(
         box = decode(loc[image, prior], priors[prior], variances).clamp_(0.0, 1.0)
         keep = batched_nms(box, score[taken], row, iou_threshold)  # NMS per image and class
         counts = torch.bincount(image[keep], minlength=batch)
-        if limit == per_image or bool(((counts >= top_k) | (num_valid <= limit)).all()):
+        if limit == per_image or bool(((counts >= max_detections) | (num_valid <= limit)).all()):
             break
         limit = min(4 * limit, per_image)
 
-    # Back in input order (by image, then decreasing score, ties as documented); the first top_k of each image.
+    # Back in input order (by image, then decreasing score, ties as documented); the first max_detections of each image.
     keep = keep.sort().values
-    keep = keep[_firsts(torch.cumsum(counts, 0) - counts, counts.clamp(max=top_k))]
-    sizes = counts.clamp(max=top_k).tolist()
+    keep = keep[_firsts(torch.cumsum(counts, 0) - counts, counts.clamp(max=max_detections))]
+    sizes = counts.clamp(max=max_detections).tolist()
     label = row[keep] % num_classes
     return [
         {"boxes": b, "scores": s, "labels": lab}

@@ -4,7 +4,7 @@ The ONNX graph takes ``images [B, 3, S, S]`` float32: what :meth:`SSD.preprocess
 ``S = image_size``, then ``(x / 255 - mean) / std``). ``B`` is 1 unless exported with ``dynamic_batch=True``.
 
 Outputs without NMS (``nms=False``), the raw head outputs and the default boxes, so that
-:func:`ssd.postprocess` (softmax, decoding, per-class candidates, NMS, top-k) runs on them exactly as in PyTorch:
+:func:`ssd.postprocess.postprocess_detections` (softmax, decoding, per-class candidates, NMS, top-k) runs on them exactly as in PyTorch:
 
 - ``loc [B, P, 4]``: offsets from the priors (decode with ``ssd.boxes.decode`` and the ``variances`` metadata),
 - ``logits [B, P, K+1]``: class logits, index 0 is background,
@@ -27,7 +27,7 @@ checkpoint has the dataset's ids) and, with NMS, ``score_threshold``, ``iou_thre
 
 The in-graph post-processing (:class:`_ExportGraph`) is written with ONNX-exportable ops, apart from
 :func:`ssd.postprocess.postprocess`, with the same rule and the same ``CANDIDATES_PER_CLASS``; tests prove its
-output equal to ``postprocess`` on the same head outputs.
+output equal to ``postprocess_detections`` on the same head outputs.
 """
 
 from __future__ import annotations

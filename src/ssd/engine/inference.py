@@ -25,7 +25,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ssd._utils import unwrap_model
 from ssd.engine.backends import OnnxBackend, TorchBackend, check_category_ids
-from ssd.postprocess import postprocess
+from ssd.postprocess import postprocess_detections
 from ssd.preprocess import preprocess, to_pixels
 
 __all__ = ["Backend", "Detector", "Result", "check_thresholds", "detect_batch", "load", "to_image", "weights_file"]
@@ -110,8 +110,8 @@ def detect_batch(backend: Backend | nn.Module, batch: Tensor, sizes: Tensor, *, 
     else:
         loc, logits = backend(batch)
         priors, variances = backend.priors, backend.variances
-    detections = postprocess(loc, logits, priors.to(loc.device), score_threshold=score_threshold,
-                             iou_threshold=iou_threshold, top_k=max_detections, variances=variances)
+    detections = postprocess_detections(loc, logits, priors.to(loc.device), score_threshold=score_threshold,
+                             iou_threshold=iou_threshold, max_detections=max_detections, variances=variances)
     return to_pixels(detections, sizes)
 
 

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from ssd.models.config import ModelConfig
-from ssd.postprocess import postprocess
+from ssd.postprocess import postprocess_detections
 from ssd.preprocess import preprocess, to_pixels
 
 __all__ = ["SSD", "LevelHead"]
@@ -108,8 +108,8 @@ class SSD(nn.Module):
             loc, logits = self(batch)
         finally:
             self.train(was_training)
-        detections = postprocess(loc, logits, self.priors, score_threshold=score_threshold,
-                                 iou_threshold=iou_threshold, top_k=max_detections, variances=self.config.variances)
+        detections = postprocess_detections(loc, logits, self.priors, score_threshold=score_threshold,
+                                 iou_threshold=iou_threshold, max_detections=max_detections, variances=self.config.variances)
         for detection in to_pixels(detections, sizes):
             detection["names"] = [self.class_names[k] for k in detection["labels"].tolist()]
         return detections
