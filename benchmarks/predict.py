@@ -11,7 +11,8 @@ network, postprocess):
   postprocess; given float images, converted before timing as its API requires).
 
 Random weights on both sides (no downloads; 91 classes as COCO in torchvision). Calls alternate between variants
-round by round (batch 1: 4 images per round, batch 8: one batch) so that load from other processes on this shared machine hits all alike; medians are printed.
+round by round (batch 1: 4 images per round, batch 8: one batch) so that load from other processes on this shared
+machine hits all alike; medians are printed.
 
 Usage: ``.venv/bin/python benchmarks/predict.py [--rounds N]``
 """

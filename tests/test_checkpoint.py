@@ -119,7 +119,8 @@ def test_remove_stale_temporaries_removes_only_save_checkpoint_temporaries(model
     save_checkpoint(tmp_path / "last.pt", model)
     monkeypatch.undo()
     (temporary,) = seen  # the name save_checkpoint used while writing, which a kill would leave behind
-    assert temporary.startswith(".last.pt.") and temporary.endswith(".tmp") and len(temporary) == len(".last.pt.tmp") + 9
+    assert temporary.startswith(".last.pt.") and temporary.endswith(".tmp")
+    assert len(temporary) == len(".last.pt.tmp") + 9
 
     leftovers = [temporary, ".best.pt.ab_12xyz.tmp", ".my model.pth.a1b2c3d4.tmp"]  # mkstemp-style names too
     kept = ["last.pt", ".last.pt.tmp", ".last.pt.ABCDEFGH.tmp", ".last.pt.abc.tmp", ".last.pt.abcdefghi.tmp",

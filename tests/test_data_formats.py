@@ -287,7 +287,7 @@ def test_coco_annotation_defects_name_file_and_annotation(tmp_path):
                         "instances_train.json annotation id 11: iscrowd '0' is not 0 or 1",
                         "instances_train.json annotation id 12: bbox [True, 2, 3, 4] is not [x, y, w, h] numbers",
                         "instances_train.json annotation id 13: image_id [1] is not in 'images'"]
-    unknown, huge = spec.splits["train"][1].objects
+    unknown, _ = spec.splits["train"][1].objects
     assert unknown.label == -1 and unknown.name == "category [1]"
     report = check_dataset(spec, decode_images=False)
     assert [(i.code, i.line) for i in report.errors if i.line in (14, 15)] == [("unknown_class", 14),

@@ -105,7 +105,8 @@ def _class_without_objects(root):
      "object"),
     (_all_difficult, "no_trainable_objects", "split 'train' (train): all 2 of its objects are difficult or crowd "
      "(training leaves them out, evaluation ignores them)"),
-    (_class_without_objects, "class_without_objects", "{root}/data.yaml: class 'b' (label 1) has no trainable object in split 'train' "
+    (_class_without_objects, "class_without_objects", "{root}/data.yaml: class 'b' (label 1) has no trainable "
+     "object in split 'train' "
      "nor in any other split (difficult/crowd ones are not trained on): annotate some, or remove it from the class "
      "names"),
 ])

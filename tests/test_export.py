@@ -99,7 +99,8 @@ def test_nms_export_equals_postprocess_batch1_and_dynamic(tiny, tmp_path):
         batch, _ = tiny.preprocess(random_images(count))
         with torch.no_grad():
             loc, logits = tiny(batch)
-        expected = postprocess_detections(loc, logits, tiny.priors, score_threshold=conf, iou_threshold=iou, max_detections=max_det)
+        expected = postprocess_detections(loc, logits, tiny.priors, score_threshold=conf, iou_threshold=iou,
+                                          max_detections=max_det)
         rows, counts = run_raw(path, batch)
         assert rows.shape == (count, max_det, 6) and counts.dtype == torch.int64
         for image, (want, got, n) in enumerate(zip(expected, rows, counts.tolist())):
@@ -114,9 +115,9 @@ def test_nms_export_equals_postprocess_batch1_and_dynamic(tiny, tmp_path):
     images = random_images(2)
     want = Detector(tiny).predict(images, score_threshold=0.35, iou_threshold=iou, max_detections=10)
     got = detector.predict(images, score_threshold=0.35, iou_threshold=iou, max_detections=10)
-    for got, expected in zip(got, want):
-        assert got.labels.tolist() == expected.labels.tolist() and len(got.labels) > 0
-        torch.testing.assert_close(got.boxes, expected.boxes, atol=1e-3, rtol=0)
+    for result, expected in zip(got, want):
+        assert result.labels.tolist() == expected.labels.tolist() and len(result.labels) > 0
+        torch.testing.assert_close(result.boxes, expected.boxes, atol=1e-3, rtol=0)
     with pytest.raises(ValueError, match=r"exported with NMS at score_threshold=0.3, iou_threshold=0.45, "
                                          r"max_detections=50; got score_threshold=0.1"):
         detector.predict(images, score_threshold=0.1)
@@ -164,7 +165,8 @@ def _ort_nms(boxes, scores, iou, score):
         [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, None),
          helper.make_tensor_value_info("scores", TensorProto.FLOAT, None)],
         [helper.make_tensor_value_info("kept", TensorProto.INT64, None)],
-        [helper.make_tensor("max", TensorProto.INT64, [1], [100]), helper.make_tensor("iou", TensorProto.FLOAT, [1], [iou]),
+        [helper.make_tensor("max", TensorProto.INT64, [1], [100]),
+         helper.make_tensor("iou", TensorProto.FLOAT, [1], [iou]),
          helper.make_tensor("score", TensorProto.FLOAT, [1], [score])],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -173,7 +175,8 @@ def _ort_nms(boxes, scores, iou, score):
 
 
 def test_in_graph_nms_equals_postprocess_on_the_same_outputs(tiny, tmp_path):
-    """Both graphs run on one batch; ``postprocess_detections`` of the raw graph's outputs must give the NMS graph's rows, in the
+    """Both graphs run on one batch; ``postprocess_detections`` of the raw graph's outputs must give the NMS graph's
+    rows, in the
     regime where the candidate cap binds (every prior of every class above the threshold)."""
     conf, iou, max_det = 0.05, 0.45, 200
     raw = export_onnx(tiny, tmp_path / "raw.onnx", dynamic_batch=True, check=False)
@@ -184,7 +187,8 @@ def test_in_graph_nms_equals_postprocess_on_the_same_outputs(tiny, tmp_path):
     batch, _ = tiny.preprocess(random_images(3))
     loc, logits, priors = run_raw(raw, batch)
     assert int((logits.softmax(-1)[..., 1:] > conf).sum(1).min()) > CANDIDATES_PER_CLASS
-    expected = postprocess_detections(loc, logits, priors, score_threshold=conf, iou_threshold=iou, max_detections=max_det)
+    expected = postprocess_detections(loc, logits, priors, score_threshold=conf, iou_threshold=iou,
+                                      max_detections=max_det)
     rows, counts = run_raw(nms, batch)
     for want, got, n in zip(expected, rows, counts.tolist()):
         assert n == len(want["scores"]) == max_det

@@ -1,13 +1,13 @@
-"""postprocess: hand-computed cases, a loop-by-loop reference in every regime, ties, limits, and agreement with
-torchvision's SSD."""
+"""postprocess_detections: hand-computed cases, a loop-by-loop reference in every regime, ties, limits, and agreement
+with torchvision's SSD."""
 
+import itertools
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torchvision.models.detection import _utils as det_utils
 from torchvision.models.detection.ssd import SSD
-
 from torchvision.ops import box_iou
 
 from ssd.boxes import cxcywh_to_xyxy, decode, xyxy_to_cxcywh
@@ -42,7 +42,8 @@ def test_thresholds_top_k_and_candidates():
     (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, max_detections=1)
     torch.testing.assert_close(out["scores"], torch.tensor([0.8]))
     # one candidate per class: class 0 keeps only prior 0 (0.8), class 1 only prior 2
-    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, candidates_per_class=1, iou_threshold=1.0)
+    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS,
+                                    candidates_per_class=1, iou_threshold=1.0)
     torch.testing.assert_close(out["scores"], torch.tensor([0.8, 0.75]))
 
 
@@ -70,10 +71,12 @@ def test_equal_scores_order_by_label_then_prior():
     (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS)
     assert out["labels"].tolist() == [0, 0, 1, 1]  # in each class the lower prior wins NMS: 0 suppresses 1
     assert torch.equal(out["boxes"], boxes[[0, 2, 0, 2]])
-    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, candidates_per_class=2, iou_threshold=1.0)
+    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS,
+                                    candidates_per_class=2, iou_threshold=1.0)
     assert out["labels"].tolist() == [0, 0, 1, 1]  # the two candidates of each class are the lower priors
     assert torch.equal(out["boxes"], boxes[[0, 1, 0, 1]])
-    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS, max_detections=3, iou_threshold=1.0)
+    (out,) = postprocess_detections(torch.zeros(1, 3, 4), logits_for(probs), PRIORS,
+                                    max_detections=3, iou_threshold=1.0)
     assert out["labels"].tolist() == [0, 0, 0] and torch.equal(out["boxes"], boxes)
 
 
@@ -150,7 +153,7 @@ def test_matches_reference(regime):
     for image, (out, ref) in enumerate(zip(ours, expected)):
         scores = [s for s, _, _ in ref]
         distinct = sorted(set(scores))  # equal scores are ties; near-equal ones would make the order ambiguous
-        assert all(b - a > 1e-6 * b for a, b in zip(distinct, distinct[1:]))
+        assert all(b - a > 1e-6 * b for a, b in itertools.pairwise(distinct))
         if regime.startswith("ties"):  # equal scores compete for places in the output
             assert len(distinct) < len(scores)
         torch.testing.assert_close(out["scores"], torch.tensor(scores, dtype=torch.float32), rtol=1e-6, atol=0)

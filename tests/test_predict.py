@@ -77,7 +77,8 @@ def test_inputs_path_pil_numpy_tensor_agree(tiny, weights, folder):
 
 def test_bad_inputs_are_named(weights):
     detector = load(weights)
-    with pytest.raises(ValueError, match=r"input 1: numpy image must be HWC uint8 RGB .*got shape \[4, 5, 3\] dtype float"):
+    with pytest.raises(ValueError,
+                       match=r"input 1: numpy image must be HWC uint8 RGB .*got shape \[4, 5, 3\] dtype float"):
         detector.predict([np.zeros((4, 5, 3), np.uint8), np.zeros((4, 5, 3), np.float32)])
     with pytest.raises(ValueError, match="input 0: unsupported type int"):
         detector.predict(3)

@@ -125,7 +125,8 @@ def test_every_input_unreadable_exits_non_zero(weights, tmp_path, capsys):
     assert main(args) == 1
     captured = capsys.readouterr()
     assert "error: none of the 2 inputs could be read" in captured.err
-    assert f"skipped {source / 'a.jpg'}: cannot read image (OSError: Truncated" in captured.out and "b.png" in captured.out
+    assert f"skipped {source / 'a.jpg'}: cannot read image (OSError: Truncated" in captured.out
+    assert "b.png" in captured.out
 
     make_images(source, ["c.png"])  # one readable input: the run succeeds and lists the others
     assert main([*args[:-1], str(tmp_path / "out2")]) == 0

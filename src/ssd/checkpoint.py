@@ -1,10 +1,10 @@
 """Self-describing checkpoints: saved atomically, loaded with ``torch.load(weights_only=True)``.
 
 A checkpoint is a dict: ``format`` (:data:`FORMAT`), ``version`` (``__version__``), ``config`` (the model's
-``config.to_dict()``), ``class_names``, ``model`` (state dict), plus whatever extras the caller adds (optimizer, scheduler,
-scaler, epoch, rng, metrics, train_config ...). Everything in it must be plain data (dicts, lists, tuples, strings,
-numbers, booleans, ``None``, tensors) so that loading never runs pickled code; :func:`save_checkpoint` checks this
-before writing (RNG states, for instance, must be stored as tensors).
+``config.to_dict()``), ``class_names``, ``model`` (state dict), plus whatever extras the caller adds (optimizer,
+scheduler, scaler, epoch, rng, metrics, train_config ...). Everything in it must be plain data (dicts, lists, tuples,
+strings, numbers, booleans, ``None``, tensors) so that loading never runs pickled code; :func:`save_checkpoint` checks
+this before writing (RNG states, for instance, must be stored as tensors).
 """
 
 from __future__ import annotations

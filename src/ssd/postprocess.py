@@ -50,7 +50,8 @@ def postprocess_detections(
     loc, logits = loc.float(), logits.float()  # no-op for float32; half-precision heads are scored in float32
     batch, num_priors = logits.shape[:2]
     if max_detections <= 0 or candidates_per_class <= 0:
-        raise ValueError(f"max_detections and candidates_per_class must be positive, got {max_detections} and {candidates_per_class}")
+        raise ValueError(f"max_detections and candidates_per_class must be positive, got {max_detections} and "
+                         f"{candidates_per_class}")
     index, score = _candidates(logits, score_threshold, candidates_per_class)  # (image * K + label) * P + prior
     num_valid = torch.bincount(index // (num_classes * num_priors), minlength=batch)  # [B] candidates per image
     first = torch.cumsum(num_valid, 0) - num_valid  # [B] where each image starts

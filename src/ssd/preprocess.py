@@ -21,7 +21,8 @@ from ssd.boxes import pixel_scale
 __all__ = ["preprocess", "check_image", "to_pixels"]
 
 
-def preprocess(images: Sequence[Tensor] | Tensor, image_size: int | tuple[int, int], mean: Sequence[float], std: Sequence[float],
+def preprocess(images: Sequence[Tensor] | Tensor, image_size: int | tuple[int, int], mean: Sequence[float],
+               std: Sequence[float],
                device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
     """Resize (plain, no letterbox) to ``image_size`` and normalize images for a network.
 

@@ -130,7 +130,7 @@ def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -
     w, h = rec.width or 0, rec.height or 0
     valid: list[int] = []
     for idx, obj in enumerate(rec.objects):
-        def add(severity: str, code: str, text: str) -> None:
+        def add(severity: str, code: str, text: str, obj=obj, idx=idx) -> None:
             issues.append(Issue(severity, code, f"{obj.where}: {text}", relative_path(obj.source or rec.path, root),
                                 obj.line, split, rec.path, idx))
 
@@ -367,9 +367,10 @@ def suggest_image_size(spec: DatasetSpec, model: str, image_size: int | tuple[in
     Rule: at least 60% of the training images (every image without a ``train`` split) have a width / height within
     10% of one ratio ``r`` outside ``[0.8, 1.25]``. The size keeps about the pixels of the model's input
     (``image_size``, default the model's) with sides multiples of 32, so the default boxes keep their sizes in
-    pixels (``build.prior_config``), or the smallest such size the model takes (VGG's last levels need ~270 px). Returns ``dict(image_size (h, w), text "HxW", ratio r (median of those
-    images), share, coverage (the :func:`prior_coverage` dict at that size), current (its share at the current
-    size), message)``, or ``None`` (no dominant ratio, the same size, or a size the model cannot take).
+    pixels (``build.prior_config``), or the smallest such size the model takes (VGG's last levels need ~270 px).
+    Returns ``dict(image_size (h, w), text "HxW", ratio r (median of those images), share, coverage (the
+    :func:`prior_coverage` dict at that size), current (its share at the current size), message)``, or ``None`` (no
+    dominant ratio, the same size, or a size the model cannot take).
     """
     from ssd.models import MODEL_CONFIGS, build_model  # the architectures (and their weights) only when asked
 

@@ -33,7 +33,8 @@ class ObjectRecord:
         source: the annotation file.
         where: human readable location, e.g. ``labels/a.txt:3``, ``a.xml object 2 (RBC)``,
             ``ann.json annotation id 7``.
-        raw: the box as written in the file (``xmin=1 ymin=1 xmax=9 ymax=9``, ``cx cy w h`` text, ``bbox [x, y, w, h]``),
+        raw: the box as written in the file (``xmin=1 ymin=1 xmax=9 ymax=9``, ``cx cy w h`` text,
+            ``bbox [x, y, w, h]``),
             quoted in messages so users find the bad value they wrote.
     """
 

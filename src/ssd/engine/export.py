@@ -4,7 +4,8 @@ The ONNX graph takes ``images [B, 3, S, S]`` float32: what :meth:`SSD.preprocess
 ``S = image_size``, then ``(x / 255 - mean) / std``). ``B`` is 1 unless exported with ``dynamic_batch=True``.
 
 Outputs without NMS (``nms=False``), the raw head outputs and the default boxes, so that
-:func:`ssd.postprocess.postprocess_detections` (softmax, decoding, per-class candidates, NMS, top-k) runs on them exactly as in PyTorch:
+:func:`ssd.postprocess.postprocess_detections` (softmax, decoding, per-class candidates, NMS, top-k) runs on them
+exactly as in PyTorch:
 
 - ``loc [B, P, 4]``: offsets from the priors (decode with ``ssd.boxes.decode`` and the ``variances`` metadata),
 - ``logits [B, P, K+1]``: class logits, index 0 is background,

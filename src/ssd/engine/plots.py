@@ -4,9 +4,9 @@ Figures are drawn on matplotlib ``Figure`` objects with the Agg canvas (no pyplo
 change). Text is drawn in a font that has a glyph for every character (:func:`font_for`: DejaVu Sans, else an
 installed font such as Noto Sans CJK); when no installed font has them, class names are replaced by their indices
 and a legend maps each index to the name (characters without a glyph written as ``\\uXXXX`` escapes), so nothing is
-drawn as empty boxes and no glyph warning is raised. ``results.csv`` (written by the trainer, read by :func:`plot_results`) has the columns of
-:data:`RESULTS_COLUMNS`, one row per epoch; an empty cell (e.g. ``val/mAP`` of an epoch without validation) is
-skipped in the curves.
+drawn as empty boxes and no glyph warning is raised. ``results.csv`` (written by the trainer, read by
+:func:`plot_results`) has the columns of :data:`RESULTS_COLUMNS`, one row per epoch; an empty cell (e.g.
+``val/mAP`` of an epoch without validation) is skipped in the curves.
 """
 
 from __future__ import annotations

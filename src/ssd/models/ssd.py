@@ -47,7 +47,7 @@ class SSD(nn.Module):
         class_names: the K object class names; label ``k`` of every output is ``class_names[k]``.
     """
 
-    __jit_unused_properties__ = ["num_classes", "image_size"]  # TorchScript compiles forward only
+    __jit_unused_properties__ = ["num_classes", "image_size"]  # noqa: RUF012 - TorchScript reads this list
 
     def __init__(self, backbone: nn.Module, heads: nn.ModuleList, priors: Tensor, config: ModelConfig,
                  class_names: Sequence[str]):
@@ -109,7 +109,8 @@ class SSD(nn.Module):
         finally:
             self.train(was_training)
         detections = postprocess_detections(loc, logits, self.priors, score_threshold=score_threshold,
-                                 iou_threshold=iou_threshold, max_detections=max_detections, variances=self.config.variances)
+                                 iou_threshold=iou_threshold, max_detections=max_detections,
+                                 variances=self.config.variances)
         for detection in to_pixels(detections, sizes):
             detection["names"] = [self.class_names[k] for k in detection["labels"].tolist()]
         return detections
