@@ -75,7 +75,7 @@ def to_pixels(detections: list[dict[str, Tensor]], sizes: Tensor) -> list[dict[s
     """Scale each image's ``boxes [N, 4]`` (xyxy normalized to the network input) to pixels of its original image.
 
     ``sizes [B, 2]`` holds ``(h, w)`` (as returned by :func:`preprocess`); ``detections`` (one dict per image, as
-    :func:`ssd.postprocess.postprocess` returns) are updated in place and returned.
+    :func:`ssd.postprocess.postprocess_detections` returns) are updated in place and returned.
     """
     for detection, factor in zip(detections, pixel_scale(sizes)):
         detection["boxes"] = detection["boxes"] * factor.to(detection["boxes"].device)

@@ -22,7 +22,7 @@ from torchvision import tv_tensors
 from torchvision.ops import box_iou
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
-from torchvision.transforms.v2._utils import get_bounding_boxes, query_size
+from torchvision.transforms.v2 import get_bounding_boxes, query_size
 
 from ssd._utils import as_hw
 

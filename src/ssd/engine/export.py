@@ -27,8 +27,8 @@ checkpoint has the dataset's ids) and, with NMS, ``score_threshold``, ``iou_thre
 ``candidates_per_class``. :class:`ssd.engine.backends.OnnxBackend` validates all of them against the graph.
 
 The in-graph post-processing (:class:`_ExportGraph`) is written with ONNX-exportable ops, apart from
-:func:`ssd.postprocess.postprocess`, with the same rule and the same ``CANDIDATES_PER_CLASS``; tests prove its
-output equal to ``postprocess_detections`` on the same head outputs.
+:func:`ssd.postprocess.postprocess_detections`, with the same rule and the same ``CANDIDATES_PER_CLASS``; tests
+prove its output equal to ``postprocess_detections`` on the same head outputs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The inference pipeline: ``preprocess -> backend -> postprocess -> pixels``, written once for every caller.
 
 - :func:`detect_batch`: a preprocessed batch through a backend (:class:`~ssd.engine.backends.TorchBackend`,
-  :class:`~ssd.engine.backends.OnnxBackend`) or a plain SSD module, :func:`ssd.postprocess.postprocess` (or the
-  graph's own NMS) and :func:`ssd.preprocess.to_pixels`. Used by :class:`Detector`, evaluation and the export check.
+  :class:`~ssd.engine.backends.OnnxBackend`) or a plain SSD module,
+  :func:`ssd.postprocess.postprocess_detections` (or the graph's own NMS) and :func:`ssd.preprocess.to_pixels`. Used by :class:`Detector`, evaluation and the export check.
 - :class:`Detector`: a backend plus the input handling (paths, PIL images, numpy arrays, tensors) and batching;
   :func:`load` makes one from a checkpoint, a run directory or an exported ONNX file.
 
@@ -148,7 +148,7 @@ class Detector:
         return self.backend.class_names
 
     @property
-    def image_size(self) -> int:
+    def image_size(self) -> int | tuple[int, int]:
         return self.backend.image_size
 
     @property
@@ -215,7 +215,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", half: bool = Fals
     (PyTorch on CUDA only). A checkpoint's ``category_ids`` (the dataset's ids, when training stored them) become
     :attr:`Detector.category_ids`. Raises ``CheckpointError`` for a missing file or one not written by this library.
     """
-    from ssd.engine.distributed import resolve_device
+    from ssd.engine.device import resolve_device
 
     path = weights_file(path)
     device = resolve_device(device)
