@@ -2,7 +2,8 @@
 
 - :func:`detect_batch`: a preprocessed batch through a backend (:class:`~ssd.engine.backends.TorchBackend`,
   :class:`~ssd.engine.backends.OnnxBackend`) or a plain SSD module,
-  :func:`ssd.postprocess.postprocess_detections` (or the graph's own NMS) and :func:`ssd.preprocess.to_pixels`. Used by :class:`Detector`, evaluation and the export check.
+  :func:`ssd.postprocess.postprocess_detections` (or the graph's own NMS) and :func:`ssd.preprocess.to_pixels`.
+  Used by :class:`Detector`, evaluation and the export check.
 - :class:`Detector`: a backend plus the input handling (paths, PIL images, numpy arrays, tensors) and batching;
   :func:`load` makes one from a checkpoint, a run directory or an exported ONNX file.
 

@@ -91,7 +91,8 @@ class SSD(nn.Module):
     def predict(self, images: Sequence[Tensor] | Tensor, score_threshold: float = 0.01, iou_threshold: float = 0.45,
                 max_detections: int = 200) -> list[dict]:
         """Detections in original-image pixels: :meth:`preprocess`, :meth:`forward`,
-        :func:`ssd.postprocess.postprocess_detections` and :func:`ssd.preprocess.to_pixels` (the steps of every inference backend, see :mod:`ssd.engine.inference`).
+        :func:`ssd.postprocess.postprocess_detections` and :func:`ssd.preprocess.to_pixels` (the steps of every
+        inference backend, see :mod:`ssd.engine.inference`).
 
         Runs in eval mode (the previous mode is restored). ``images`` as for :meth:`preprocess`.
 
