@@ -249,3 +249,20 @@ def test_edited_checkpoints_are_refused(saved):
     damaged = {**ckpt, "model": {k: v for k, v in ckpt["model"].items() if k != "heads.0.loc.weight"}}
     with pytest.raises(CheckpointError, match=r"do not fit the model configuration.*heads\.0\.loc\.weight"):
         model_from_checkpoint(damaged)
+
+
+@pytest.mark.parametrize("removed", [("priors",), ("mean", "std"), ("options", "priors", "mean")])
+def test_a_config_lacking_settings_says_what_is_missing(saved, tmp_path, removed):
+    """A checkpoint whose model configuration lacks settings (edited, or written by another program) is refused by
+    name, with what can still be done, never with a KeyError."""
+    ckpt = load_checkpoint(saved)
+    config = {k: v for k, v in ckpt["config"].items() if k not in removed}
+    path = torch.save({**ckpt, "config": config}, tmp_path / "edited.pt") or tmp_path / "edited.pt"
+    required = [k for k in ("priors", "mean", "std") if k in removed]
+    with pytest.raises(CheckpointError, match=rf"edited.pt: the model configuration lacks {', '.join(required)} "
+                                              r"\(it has name, .*ssd.build_model"):
+        model_from_checkpoint(path)
+    if removed == ("options", "priors", "mean"):
+        return
+    lenient = {k: v for k, v in ckpt["config"].items() if k != "options"}  # optional settings take their defaults
+    assert model_from_checkpoint({**ckpt, "config": lenient}).config.options == {}
