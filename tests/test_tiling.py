@@ -141,7 +141,7 @@ def test_a_cut_box_goes_only_for_a_whole_box_with_half_its_score(whole_score, ke
     # ``whole`` replaces the whole-image pass: the large object is found only as parts (kept: nothing covers them)
     large = [box for box, label in zip(result["boxes"].tolist(), result["labels"].tolist()) if label == 1]
     assert large and [150, 40, 270, 140] not in large
-    assert all(150 <= x0 and 40 <= y0 and x1 <= 270 and y1 <= 140 for x0, y0, x1, y1 in large)
+    assert all(x0 >= 150 and y0 >= 40 and x1 <= 270 and y1 <= 140 for x0, y0, x1, y1 in large)
 
 
 def test_max_detections_per_image_keeps_the_best():

@@ -6,7 +6,9 @@ same for a checkpoint and a dataset (``ssd.evaluate``, ``ssd val``). The loader 
 batches: ``images [B, 3, S, S]`` normalized, ``boxes [B, G, 4]`` xyxy normalized to the network input, ``labels
 [B, G]`` (``-1`` padding), ``difficult [B, G]``, ``orig_sizes [B, 2]`` ``(h, w)``, ``paths``, ``image_ids``.
 Predictions and ground truths are scaled by each image's original ``(w, h)`` to pixel xyxy (the evaluation
-transform is a plain resize) and kept as plain lists of per-image dicts, which ranks can ``all_gather``.
+transform is a plain resize) and kept as plain lists of per-image dicts, which ranks can ``all_gather``. With
+``tile`` (``ssd val --tile``), each image is also read from its file and predicted tile by tile
+(:mod:`ssd.engine.tiling`), merged with the loader batch's detections, and scored by the same code.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from ssd.data.records import ImageRecord
 from ssd.engine import distributed as ddp
 from ssd.engine.device import autocast, prepare_model, resolve_device
 from ssd.engine.inference import detect_batch
-from ssd.engine.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.engine.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
 from ssd.engine.run import plain_data_errors
+from ssd.engine.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.models import model_from_checkpoint
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
