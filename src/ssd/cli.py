@@ -95,6 +95,25 @@ def _image_size_option(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _tile_option(text: str) -> str | tuple[int, int]:
+    """``--tile``: ``auto``, ``N`` or ``HxW`` (the rules of :func:`ssd.engine.tiling.check_tile`), as an argparse
+    error."""
+    from ssd.engine.tiling import check_tile
+
+    try:
+        return check_tile(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _add_tile_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tile", type=_tile_option,
+                        help="also detect on overlapping tiles of N (or HxW) pixels of each image, or auto (images "
+                             "more than twice the network input, tiles of the input size), and merge (default: off)")
+    parser.add_argument("--tile-overlap", type=float, default=0.2,
+                        help="share of a tile its neighbours also cover, in [0, 1) (default: 0.2)")
+
+
 def _build_parser() -> argparse.ArgumentParser:
     from ssd.config import TrainConfig
 
@@ -121,6 +140,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--conf", type=float, default=0.01, help="score threshold (default: 0.01)")
     p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold (default: 0.45)")
     p.add_argument("--save-json", type=Path, help="also write the detections as COCO-format JSON here")
+    _add_tile_options(p)
 
     p = sub.add_parser("predict", help="detect objects in images, folders, globs or videos", epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt), exported .onnx or run directory")
@@ -135,6 +155,7 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exist-ok", action="store_true", help="write into --save-dir if it exists (else: predict2, ...)")
     p.add_argument("--format", dest="fmt", default="json", choices=["json", "coco"], help="detections file format")
     p.add_argument("--no-save-images", dest="save_images", action="store_false", help="only write the JSON")
+    _add_tile_options(p)
 
     p = sub.add_parser("export", help="export a checkpoint to ONNX (checked with ONNX Runtime)", epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
@@ -207,9 +228,20 @@ def _cmd_val(args: argparse.Namespace) -> int:
 
     result = evaluate(args.weights, args.data, metric=args.metric, split=args.split, batch_size=args.batch_size,
                       workers=args.workers, device=args.device, score_threshold=args.conf, iou_threshold=args.iou,
-                      save_json=args.save_json)
+                      save_json=args.save_json, tile=args.tile, tile_overlap=_overlap(args))
     print(format_table(result, result["class_names"]))
     return 0
+
+
+def _overlap(args: argparse.Namespace) -> float:
+    """``--tile-overlap``, checked (a command-line mistake when out of range)."""
+    from ssd.engine.tiling import check_tile
+
+    try:
+        check_tile(None, args.tile_overlap)
+    except ValueError as e:
+        raise UsageError(f"ssd {args.command}: {str(e).replace('tile_overlap', '--tile-overlap', 1)}") from None
+    return args.tile_overlap
 
 
 PREDICT_OPTIONS = {"score_threshold": "--conf", "iou_threshold": "--iou", "max_detections": "--max-det",
@@ -226,9 +258,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         check_thresholds(**options, names=PREDICT_OPTIONS)
     except ValueError as e:
         raise UsageError(f"ssd predict: {e}") from None
+    overlap = _overlap(args)
     detector = load(args.weights, device=args.device, half=args.half)
     summary = predict_source(detector, args.source, args.save_dir, **options, save_images=args.save_images,
-                             fmt=args.fmt, exist_ok=args.exist_ok)
+                             fmt=args.fmt, exist_ok=args.exist_ok, tile=args.tile, tile_overlap=overlap)
     print(summary)
     if summary.skipped and not (summary.images or summary.videos):
         print(f"error: none of the {len(summary.skipped)} inputs could be read", file=sys.stderr)

@@ -6,7 +6,9 @@ same for a checkpoint and a dataset (``ssd.evaluate``, ``ssd val``). The loader 
 batches: ``images [B, 3, S, S]`` normalized, ``boxes [B, G, 4]`` xyxy normalized to the network input, ``labels
 [B, G]`` (``-1`` padding), ``difficult [B, G]``, ``orig_sizes [B, 2]`` ``(h, w)``, ``paths``, ``image_ids``.
 Predictions and ground truths are scaled by each image's original ``(w, h)`` to pixel xyxy (the evaluation
-transform is a plain resize) and kept as plain lists of per-image dicts, which ranks can ``all_gather``.
+transform is a plain resize) and kept as plain lists of per-image dicts, which ranks can ``all_gather``. With
+``tile`` (``ssd val --tile``), each image is also read from its file and predicted tile by tile
+(:mod:`ssd.engine.tiling`), merged with the loader batch's detections, and scored by the same code.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tqdm import tqdm
 from ssd._utils import render_table, unwrap_model
 from ssd.boxes import pixel_scale
 from ssd.data import build_dataloader
+from ssd.data.images import read_image
 from ssd.data.load import load_training_data
 from ssd.data.records import ImageRecord
 from ssd.engine import distributed as ddp
@@ -31,8 +34,10 @@ from ssd.engine.device import autocast, prepare_model, resolve_device
 from ssd.engine.inference import detect_batch
 from ssd.engine.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
 from ssd.engine.run import plain_data_errors
+from ssd.engine.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.models import model_from_checkpoint
 from ssd.models.config import ModelConfig
+from ssd.preprocess import preprocess
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",
            "merge_results", "format_table", "save_coco_json"]
@@ -49,15 +54,17 @@ def _check_metric(metric: str) -> None:
 
 def evaluate(weights: str | Path, data: str | Path, metric: str = "voc07", split: str = "val", *,
              batch_size: int = 16, workers: int = 0, device: str = "auto", score_threshold: float = 0.01,
-             iou_threshold: float = 0.45, skip_invalid: bool = False, save_json: str | Path | None = None
-             ) -> dict[str, Any]:
+             iou_threshold: float = 0.45, skip_invalid: bool = False, save_json: str | Path | None = None,
+             tile: int | str | Sequence[int] | None = None, tile_overlap: float = TILE_OVERLAP) -> dict[str, Any]:
     """Evaluate a checkpoint on a dataset split (checked first, like training's data).
 
     Returns the dict of :func:`evaluate_split` plus ``class_names``; the numbers equal those of the end of training
     for the same split and thresholds. ``save_json`` also writes the detections in the COCO results format, with
-    the dataset's own category ids where it has them (COCO).
+    the dataset's own category ids where it has them (COCO). ``tile`` / ``tile_overlap``: tiled prediction (see
+    :func:`predict_dataset`).
     """
     _check_metric(metric)
+    check_tile(tile, tile_overlap)
     torch_device = resolve_device(device)
     model = model_from_checkpoint(weights)
     class_names = list(model.class_names)
@@ -67,7 +74,7 @@ def evaluate(weights: str | Path, data: str | Path, metric: str = "voc07", split
     with plain_data_errors():
         result = evaluate_split(model, loader, class_names=class_names, metric=metric, device=torch_device,
                                 channels_last=channels_last, score_threshold=score_threshold,
-                                iou_threshold=iou_threshold)
+                                iou_threshold=iou_threshold, tile=tile, tile_overlap=tile_overlap)
     if save_json is not None:
         save_coco_json(result, save_json, category_ids=getattr(spec, "category_ids", None))
     return {**result, "class_names": class_names}
@@ -87,13 +94,16 @@ def split_loader(records: Sequence[ImageRecord], class_names: Sequence[str], mod
 def evaluate_split(model: nn.Module, loader: Iterable[dict[str, Any]], *, class_names: Sequence[str] | None = None,
                    metric: str = "voc07", device: torch.device | str | None = None, channels_last: bool = False,
                    score_threshold: float = 0.01, iou_threshold: float = 0.45, max_detections: int = 200,
-                   amp_dtype: torch.dtype | None = None, progress: bool = False) -> dict[str, Any]:
+                   amp_dtype: torch.dtype | None = None, progress: bool = False,
+                   tile: int | str | Sequence[int] | None = None, tile_overlap: float = TILE_OVERLAP
+                   ) -> dict[str, Any]:
     """Predict this rank's share of a split (:func:`predict_dataset`), gather every rank's per-image results and
     score the full set with ``metric`` (identical metrics on every rank).
 
     ``model`` may be wrapped (DDP, ``torch.compile``): the plain module runs, because a DDP forward syncs buffers,
     a collective that ranks with different numbers of batches would not all join. ``class_names`` defaults to the
-    model's; ``iou_threshold`` is the NMS overlap (the metric's match threshold is fixed by ``metric``).
+    model's; ``iou_threshold`` is the NMS overlap (the metric's match threshold is fixed by ``metric``); ``tile``:
+    see :func:`predict_dataset`.
 
     Returns the dict of :func:`score_detections` plus ``ground_truths`` (per image, pixels).
     """
@@ -102,7 +112,8 @@ def evaluate_split(model: nn.Module, loader: Iterable[dict[str, Any]], *, class_
     names = list(class_names if class_names is not None else model.class_names)
     detections, ground_truths = predict_dataset(model, loader, device=device, score_threshold=score_threshold,
                                                 iou_threshold=iou_threshold, max_detections=max_detections,
-                                                channels_last=channels_last, amp_dtype=amp_dtype, progress=progress)
+                                                channels_last=channels_last, amp_dtype=amp_dtype, progress=progress,
+                                                tile=tile, tile_overlap=tile_overlap)
     gathered = ddp.all_gather_objects((detections, ground_truths))
     ground_truths = merge_results([g for _, g in gathered])
     result = score_detections(merge_results([d for d, _ in gathered]), ground_truths, names, metric)
@@ -111,13 +122,18 @@ def evaluate_split(model: nn.Module, loader: Iterable[dict[str, Any]], *, class_
 
 def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, device: torch.device | str | None = None,
                     score_threshold: float = 0.01, iou_threshold: float = 0.45, max_detections: int = 200,
-                    channels_last: bool = False, amp_dtype: torch.dtype | None = None, progress: bool = True
+                    channels_last: bool = False, amp_dtype: torch.dtype | None = None, progress: bool = True,
+                    tile: int | str | Sequence[int] | None = None, tile_overlap: float = TILE_OVERLAP
                     ) -> tuple[list[dict[str, Any]], list[dict[str, Tensor]]]:
     """Detections and ground truths of every image of ``loader``, in pixel xyxy of the original images.
 
     ``model`` maps ``images [B, 3, S, S]`` to ``(loc [B, P, 4], logits [B, P, K+1])`` and has ``priors [P, 4]`` and
     ``config.variances``; it runs in eval mode under ``torch.inference_mode`` (autocast to ``amp_dtype`` when
     given) and its train/eval mode is restored after.
+
+    ``tile`` (``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels): also predict on overlapping tiles of each original
+    image, read from its file (the loader's images are resized), and merge them with the loader batch's detections
+    (:func:`ssd.engine.tiling.detect_tiled`); a split none of whose images is tiled gives the plain result.
 
     Returns:
         ``(detections, ground_truths)``, one dict per image in loader order, on the CPU. Detections:
@@ -128,6 +144,7 @@ def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, devic
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     was_training = model.training
     model.eval()
+    options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections)
     detections: list[dict[str, Any]] = []
     ground_truths: list[dict[str, Tensor]] = []
     try:
@@ -135,9 +152,10 @@ def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, devic
             for batch in bar:
                 images = batch["images"].to(device, non_blocking=True).contiguous(memory_format=memory_format)
                 with torch.inference_mode(), autocast(device, amp_dtype):
-                    outputs = detect_batch(model, images, batch["orig_sizes"].to(device),
-                                           score_threshold=score_threshold, iou_threshold=iou_threshold,
-                                           max_detections=max_detections)
+                    outputs = detect_batch(model, images, batch["orig_sizes"].to(device), **options)
+                    if tile is not None:
+                        outputs = _add_tiles(model, outputs, batch["paths"], options, tile, tile_overlap,
+                                             device, memory_format)
                 for out, image_id, path in zip(outputs, batch["image_ids"], batch["paths"]):
                     detections.append({**{k: out[k].cpu().clone() for k in ("boxes", "scores", "labels")},
                                        "image_id": image_id, "path": path})
@@ -145,6 +163,23 @@ def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, devic
     finally:
         model.train(was_training)
     return detections, ground_truths
+
+
+def _add_tiles(model: nn.Module, whole: list[dict[str, Tensor]], paths: Sequence[str], options: dict[str, Any],
+               tile: int | str | Sequence[int], overlap: float, device: torch.device,
+               memory_format: torch.memory_format) -> list[dict[str, Tensor]]:
+    """The loader batch's detections (``whole``) merged with those of the tiles of each image, read from its file
+    and run through :func:`ssd.preprocess.preprocess` and :func:`detect_batch` as many crops at a time as the
+    batch has images."""
+    config = unwrap_model(model).config
+
+    def run(crops: list[Tensor]) -> list[dict[str, Tensor]]:
+        batch, sizes = preprocess(crops, config.image_size, config.mean, config.std, device=device)
+        return detect_batch(model, batch.contiguous(memory_format=memory_format), sizes.to(device), **options)
+
+    return detect_tiled(run, [read_image(path) for path in paths], tile=tile, input_size=config.image_size,
+                        overlap=overlap, iou_threshold=options["iou_threshold"],
+                        max_detections=options["max_detections"], batch_size=len(paths), whole=whole)
 
 
 def _ground_truths(batch: Mapping[str, Any], scale: Tensor) -> list[dict[str, Tensor]]:

@@ -26,6 +26,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ssd._utils import unwrap_model
 from ssd.engine.backends import OnnxBackend, TorchBackend, check_category_ids
+from ssd.engine.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.postprocess import postprocess_detections
 from ssd.preprocess import preprocess, to_pixels
 
@@ -163,11 +164,25 @@ class Detector:
         return preprocess(images, backend.image_size, backend.mean, backend.std, device=backend.device)
 
     def detect(self, images: Sequence[Tensor], paths: Sequence[str | None] | None = None, *,
-               score_threshold: float = 0.25, iou_threshold: float = 0.45, max_detections: int = 100) -> list[Result]:
-        """One batch of ``[3, H, W]`` tensors (uint8 or float in ``0..1``) -> one :class:`Result` per image."""
-        batch, sizes = self.preprocess(images)
-        detections = detect_batch(self.backend, batch, sizes, score_threshold=score_threshold,
-                                  iou_threshold=iou_threshold, max_detections=max_detections)
+               score_threshold: float = 0.25, iou_threshold: float = 0.45, max_detections: int = 100,
+               tile: int | str | Sequence[int] | None = None, tile_overlap: float = TILE_OVERLAP,
+               batch_size: int | None = None) -> list[Result]:
+        """One batch of ``[3, H, W]`` tensors (uint8 or float in ``0..1``) -> one :class:`Result` per image.
+
+        ``tile``: ``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels: also detect on overlapping tiles of each image
+        and merge (:func:`ssd.engine.tiling.detect_tiled`), ``batch_size`` crops at a time (default: as many as
+        ``images``)."""
+        options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections)
+
+        def run(crops: list[Tensor]) -> list[dict[str, Tensor]]:
+            return detect_batch(self.backend, *self.preprocess(crops), **options)
+
+        if tile is None:
+            detections = run(list(images))
+        else:
+            detections = detect_tiled(run, images, tile=tile, input_size=self.image_size, overlap=tile_overlap,
+                                      iou_threshold=iou_threshold, max_detections=max_detections,
+                                      batch_size=batch_size or len(images))
         paths = paths if paths is not None else [None] * len(images)
         return [
             Result(d["boxes"].float().cpu(), d["scores"].float().cpu(), d["labels"].cpu(),
@@ -176,11 +191,17 @@ class Detector:
         ]
 
     def predict(self, source, *, score_threshold: float = 0.25, iou_threshold: float = 0.45,
-                max_detections: int = 100, batch_size: int = 8) -> list[Result]:
+                max_detections: int = 100, batch_size: int = 8, tile: int | str | Sequence[int] | None = None,
+                tile_overlap: float = TILE_OVERLAP) -> list[Result]:
         """Detect objects in ``source``: one or a list of paths, PIL images, numpy ``[H, W, 3]`` uint8 RGB arrays,
         tensors ``[3, H, W]`` (uint8, or float in ``0..1``). Returns one :class:`Result` per image, in order;
-        inputs are decoded ``batch_size`` at a time."""
+        inputs are decoded ``batch_size`` at a time (and their crops run ``batch_size`` at a time when tiling).
+
+        ``tile``: ``"auto"`` (tile images more than twice the network input along a side), a tile side ``N`` or
+        ``(h, w)`` in pixels, or ``None`` (no tiling); ``tile_overlap``: the share of a tile its neighbours also
+        cover. See :mod:`ssd.engine.tiling`."""
         check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
+        check_tile(tile, tile_overlap)
         items = list(source) if isinstance(source, (list, tuple)) else [source]
         results = []
         for start in range(0, len(items), batch_size):
@@ -188,7 +209,8 @@ class Detector:
             paths = [str(item) if isinstance(item, (str, Path)) else None for item in chunk]
             images = [to_image(item, start + offset) for offset, item in enumerate(chunk)]
             results += self.detect(images, paths, score_threshold=score_threshold, iou_threshold=iou_threshold,
-                                   max_detections=max_detections)
+                                   max_detections=max_detections, tile=tile, tile_overlap=tile_overlap,
+                                   batch_size=batch_size)
         return results
 
 

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ssd.data.images import IMAGE_SUFFIXES, is_image, read_image
 from ssd.engine.inference import Detector, Result, check_thresholds
+from ssd.engine.tiling import TILE_OVERLAP, check_tile
 
 __all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
 
@@ -128,6 +129,8 @@ def predict_source(
     fmt: str = "json",
     progress: bool = True,
     exist_ok: bool = False,
+    tile: int | str | tuple[int, int] | None = None,
+    tile_overlap: float = TILE_OVERLAP,
 ) -> PredictSummary:
     """Predict on an image, a folder, a glob or a video file and write the results to ``save_dir``.
 
@@ -140,15 +143,18 @@ def predict_source(
     detection results (``image_id`` = the running index of the image or frame, ``category_id`` = the dataset's
     category id of the label when the checkpoint stores them (:attr:`Detector.category_ids`), else the label
     ``0..K-1``, ``bbox`` xywh pixels, ``score``). An unreadable image or video is reported by name, skipped and
-    listed in the summary.
+    listed in the summary. ``tile`` / ``tile_overlap``: tiled prediction of large images and video frames (see
+    :meth:`Detector.predict`).
     """
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
+    check_tile(tile, tile_overlap)
     if fmt not in RESULTS_FILES:
         raise ValueError(f"unknown results format {fmt!r} (choose json or coco)")
     files = resolve_source(source)
     save_dir, plan = _prepare(files, Path(save_dir), exist_ok, fmt)
     summary = PredictSummary(save_dir, save_dir / RESULTS_FILES[fmt])
-    options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections)
+    options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections,
+                   tile=tile, tile_overlap=tile_overlap)
     outputs = plan if save_images else None
     entries: list[dict] = []
     images = [f for f in files if not is_video(f)]
