@@ -115,12 +115,18 @@ def _add_tile_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    from ssd.config import TrainConfig
-
     parser = _Parser(prog="ssd", description="SSD object detection that just works on your own data.", epilog=EPILOG)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="{train,val,predict,export,check,demo,import}",
                                 parser_class=_Parser)
+    for add in (_add_train_parser, _add_val_parser, _add_predict_parser, _add_export_parser, _add_check_parser,
+                _add_demo_parser, _add_import_parser):
+        add(sub)
+    return parser
+
+
+def _add_train_parser(sub) -> None:
+    from ssd.config import TrainConfig
 
     p = sub.add_parser("train", help="train a detector on a dataset", epilog=EPILOG,
                        description="Validate the data (the `ssd check` rules), then train. "
@@ -128,6 +134,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", dest="config_file", type=Path, help="YAML file of training options")
     _add_config_options(p, TrainConfig)
 
+
+def _add_val_parser(sub) -> None:
     p = sub.add_parser("val", help="evaluate a checkpoint on a dataset split", epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) to evaluate")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON")
@@ -142,6 +150,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--save-json", type=Path, help="also write the detections as COCO-format JSON here")
     _add_tile_options(p)
 
+
+def _add_predict_parser(sub) -> None:
     p = sub.add_parser("predict", help="detect objects in images, folders, globs or videos", epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt), exported .onnx or run directory")
     p.add_argument("--source", required=True, help="image, folder, glob or video file")
@@ -157,6 +167,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-save-images", dest="save_images", action="store_false", help="only write the JSON")
     _add_tile_options(p)
 
+
+def _add_export_parser(sub) -> None:
     p = sub.add_parser("export", help="export a checkpoint to ONNX (checked with ONNX Runtime)", epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
     p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "torchscript"])
@@ -167,6 +179,8 @@ def _build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nms", action="store_true", help="put score filtering and NMS inside the graph")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the ONNX Runtime parity check")
 
+
+def _add_check_parser(sub) -> None:
     p = sub.add_parser("check", help="report problems in a dataset before training", epilog=EPILOG)
     p.add_argument("data", help="data.yaml, dataset folder or COCO JSON")
     p.add_argument("--model", help="also report default-box coverage for this model (see `ssd train --help`)")
@@ -180,15 +194,14 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="where --fit-priors writes (default: priors.yaml)")
     p.add_argument("--json", dest="as_json", action="store_true", help="machine-readable output")
 
+
+def _add_demo_parser(sub) -> None:
     p = sub.add_parser("demo", help="generate a synthetic dataset, train, evaluate and draw predictions",
                        epilog="No download, no arguments needed; about 5 minutes on a 2-core CPU.")
     p.add_argument("--project", type=Path, default=Path("runs"), help="where the demo writes (default: runs)")
     p.add_argument("--epochs", type=int, help="override the demo's number of epochs")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     p.add_argument("--quiet", action="store_true")
-
-    _add_import_parser(sub)
-    return parser
 
 
 def _add_import_parser(sub) -> None:
