@@ -31,7 +31,7 @@ from pathlib import Path
 TASKS = {
     "loss": ("(a) match + loss fwd/bwd", "ssd.MultiBoxLoss", "torchvision SSDMatcher + compute_loss", 2.0),
     "post-dense": ("(b) postprocess, dense", "ssd.postprocess", "torchvision postprocess_detections", 3.0),
-    "post-background": ("(b) postprocess, background", "ssd.postprocess", "torchvision postprocess_detections", 1.5),
+    "post-background": ("(b) postprocess, background", "ssd.postprocess", "torchvision postprocess_detections", 3.0),
     "post-confident": ("(b) postprocess, confident", "ssd.postprocess", "torchvision postprocess_detections", 3.0),
 }
 IMPLS = ("ssd", "torchvision")
