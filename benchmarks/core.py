@@ -2,8 +2,8 @@
 
 (a) matching + loss forward + backward, B=32, P=8732 (SSD300), 21 logits, 3 boxes per image:
     ``ssd.MultiBoxLoss`` versus torchvision's per-image ``SSDMatcher`` + ``SSD.compute_loss``.
-(b) post-processing, B=8, same thresholds: ``ssd.postprocess_detections`` versus ``SSD.postprocess_detections``, on three
-    kinds of logits: dense random logits (almost every score above the threshold: the worst case); background-heavy
+(b) post-processing, B=8, same thresholds: ``ssd.postprocess_detections`` versus torchvision's
+    ``SSD.postprocess_detections``, on three kinds of logits: dense random logits (almost every score above the threshold: the worst case); background-heavy
     logits (background +6, doubled spread: still about 38k class scores per image above the threshold); confident
     logits, like a trained model on a typical image (background +12, about 60 confident priors per image).
 
@@ -30,9 +30,9 @@ from pathlib import Path
 
 TASKS = {
     "loss": ("(a) match + loss fwd/bwd", "ssd.MultiBoxLoss", "torchvision SSDMatcher + compute_loss", 2.0),
-    "post-dense": ("(b) postprocess, dense", "ssd.postprocess_detections", "torchvision postprocess_detections", 3.0),
-    "post-background": ("(b) postprocess, background", "ssd.postprocess_detections", "torchvision postprocess_detections", 3.0),
-    "post-confident": ("(b) postprocess, confident", "ssd.postprocess_detections", "torchvision postprocess_detections", 3.0),
+    "post-dense": ("(b) postprocess, dense", "ssd", "torchvision postprocess_detections", 3.0),
+    "post-background": ("(b) postprocess, background", "ssd", "torchvision postprocess_detections", 3.0),
+    "post-confident": ("(b) postprocess, confident", "ssd", "torchvision postprocess_detections", 3.0),
 }
 IMPLS = ("ssd", "torchvision")
 THRESHOLDS = dict(score_threshold=0.01, iou_threshold=0.45, max_detections=200, candidates_per_class=400)
