@@ -4,8 +4,9 @@
     ``ssd.MultiBoxLoss`` versus torchvision's per-image ``SSDMatcher`` + ``SSD.compute_loss``.
 (b) post-processing, B=8, same thresholds: ``ssd.postprocess_detections`` versus torchvision's
     ``SSD.postprocess_detections``, on three kinds of logits: dense random logits (almost every score above the
-    threshold: the worst case); background-heavy logits (background +6, doubled spread: still about 38k class scores per image above the threshold); confident
-    logits, like a trained model on a typical image (background +12, about 60 confident priors per image).
+    threshold: the worst case); background-heavy logits (background +6, doubled spread: still about 38k class
+    scores per image above the threshold); confident logits, like a trained model on a typical image (background
+    +12, about 60 confident priors per image).
 
 Timings: both implementations of a task run in one fresh subprocess, alternating call by call, so that load from
 other processes on this shared machine hits both alike; medians are printed. Memory: each implementation runs once
