@@ -394,7 +394,8 @@ class FitResult:
         """Before/after coverage per size and aspect bucket, the per-level sizes, and the verdict."""
         b, a = self.before, self.after
         mode = "aspect-ratio sets free" if self.free else "boxes per location kept"
-        lines = [(f"default boxes fitted to {b['boxes']} boxes at {size_text(self.image_size)} px ({mode}, {self.seconds:.1f} s): "
+        lines = [(f"default boxes fitted to {b['boxes']} boxes at {size_text(self.image_size)} px ({mode}, "
+                  f"{self.seconds:.1f} s): "
                   f"coverage (IoU >= {b['iou_threshold']}) {b['covered']:.1%} -> {a['covered']:.1%}, mean best IoU "
                   f"{b['mean_iou']:.3f} -> {a['mean_iou']:.3f}"),
                  (f"(default boxes of any shapes centred where these are could cover at most {self.ceiling:.1%}; "
@@ -430,8 +431,8 @@ def _plain(size: int | tuple[int, int]) -> int | list[int]:
     return size if isinstance(size, int) else list(size)
 
 
-def fit_priors(boxes: Tensor, image_size: int | tuple[int, int] | str, base: PriorConfig, *, free: bool = False, seed: int = 0,
-               iou_threshold: float = 0.5, min_gain: float = 0.005, rules: FitRules = FitRules(),
+def fit_priors(boxes: Tensor, image_size: int | tuple[int, int] | str, base: PriorConfig, *, free: bool = False,
+               seed: int = 0, iou_threshold: float = 0.5, min_gain: float = 0.005, rules: FitRules = FitRules(),
                restarts: int = 2, max_sweeps: int = 12, max_boxes: int = 20000) -> FitResult:
     """Default boxes that cover the most ``boxes`` (see the module docstring for the search).
 
