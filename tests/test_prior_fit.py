@@ -258,3 +258,95 @@ def test_train_with_priors_auto_stores_the_fitted_boxes(tmp_path):
     saved = model_from_checkpoint(result.run_dir / "weights" / "last.pt")
     assert saved.config.priors != default_priors("ssd_tiny", 64)
     assert torch.equal(saved.priors, saved.config.priors.boxes(64))
+
+
+# ---------------------------------------------------------------------------------------- non-square inputs
+WIDE = PriorConfig(feature_maps=[(8, 16), (4, 8)], steps=[8, 16], min_sizes=[8, 32], max_sizes=[10, 48],
+                   aspect_ratios=[[2], [2]])
+"""SMALL's levels on a 64 high, 128 wide input."""
+
+
+@pytest.mark.parametrize("clip", [True, False])
+def test_nearest_centre_scoring_equals_iou_with_every_default_box_non_square(clip):
+    # 96 high, 160 wide; maps of rows x cols, steps (step_y, step_x) whose last centres pass the edges
+    boxes = random_boxes(400, seed=4)
+    config = PriorConfig(feature_maps=[(10, 16), (5, 7), (3, 4)], steps=[(9.6, 10), (19.2, 24.5), (36, 45)],
+                         min_sizes=[9, 30, 70], max_sizes=[20, 60, 120], aspect_ratios=[[2], [2, 3.5], []], clip=clip)
+    scorer = _Scorer(boxes.double(), config, (96, 160), 0.5)
+    search = _Search(scorer, _Bounds(FitRules(), config, (96, 160)), _Layout.of(config))
+    expected = best_iou(boxes, config.boxes((96, 160)))
+    torch.testing.assert_close(search.levels.amax(dim=0), expected, atol=2e-6, rtol=0)
+    assert bool((scorer.ceiling + 1e-6 >= search.levels).all())
+    # height and width swapped is another set of default boxes, and the scorer sees the difference
+    swapped = _Search(_Scorer(boxes.double(), config, (160, 96), 0.5), _Bounds(FitRules(), config, (160, 96)),
+                      _Layout.of(config))
+    assert float((swapped.levels.amax(dim=0) - expected).abs().max()) > 0.1
+
+
+def test_known_optimum_at_a_non_square_size():
+    # 20 x 20 px squares (in pixels of the 64 x 128 input) on the inner level-0 centres of WIDE
+    cx, cy = (t.flatten() for t in torch.meshgrid((torch.arange(1, 15) + 0.5) * 8, (torch.arange(1, 7) + 0.5) * 8,
+                                                  indexing="xy"))
+    boxes = torch.stack([(cx - 10) / 128, (cy - 10) / 64, (cx + 10) / 128, (cy + 10) / 64], dim=1)
+    result = fit_priors(boxes, (64, 128), WIDE)
+    assert result.image_size == (64, 128) and result.to_dict()["image_size"] == [64, 128]
+    assert result.before["covered"] == 0.0 and result.after["covered"] == 1.0 and result.changed
+    assert result.priors.min_sizes[0] == pytest.approx(20, abs=0.5) and result.after["mean_iou"] > 0.99
+    assert float(best_iou(boxes, result.priors.boxes((64, 128))).min()) >= 0.5
+    assert result.priors.feature_maps == WIDE.feature_maps and result.priors.steps == WIDE.steps
+    assert fit_priors(boxes, "64x128", WIDE).priors == result.priors
+    # the same boxes read as a 128 x 64 input are 40 px wide, 10 px high: not the optimum of square boxes
+    assert fit_priors(boxes, (128, 64), WIDE).after["mean_iou"] < 0.9
+    assert "at 64x128 px" in result.format_table() and "8x16" in result.format_table()
+
+
+def test_stride_limits_of_a_non_square_level_use_the_geometric_mean_of_its_steps():
+    config = PriorConfig(feature_maps=[(8, 2)], steps=[(8, 32)], min_sizes=[16], max_sizes=[20], aspect_ratios=[[]])
+    low, high = _Bounds(FitRules(), config, (256, 256)).stride[0]
+    assert (math.exp(low), math.exp(high)) == pytest.approx((0.75 * 16, 8 * 16))  # sqrt(8 * 32) = 16 px
+    low, high = _Bounds(FitRules(), config, (32, 96)).stride[0]  # capped by the longer side of the input
+    assert math.exp(high) == pytest.approx(96)
+
+
+def test_priors_file_round_trip_at_a_non_square_size(tmp_path):
+    result = fit_priors(random_boxes(150), (160, 128), default_priors("ssd_tiny", "160x128"))
+    path = save_priors(tmp_path / "p.yaml", result, "ssd_tiny")
+    text = path.read_text()
+    assert "image_size: 160x128" in text and "ssd train --model ssd_tiny --image-size 160x128 --priors p.yaml" in text
+    assert load_priors(path) == (result.priors, "ssd_tiny", (160, 128))
+    assert resolve_priors(None, "ssd_tiny", "160x128", str(path)) == result.priors
+    assert resolve_priors(None, "ssd_tiny", (160, 128), str(path)) == result.priors
+    # read for another size: sizes scale by sqrt(h * w), maps and steps are the network's there
+    logged = []
+    scaled = resolve_priors(None, "ssd_tiny", 256, str(path), log=logged.append)
+    assert scaled.feature_maps == default_priors("ssd_tiny").feature_maps
+    assert scaled.min_sizes == pytest.approx([s * 256 / math.sqrt(160 * 128) for s in result.priors.min_sizes])
+    assert "fitted at 160x128 px" in logged[0] and "for 256 px" in logged[0]
+    build_model("ssd_tiny", num_classes=1, image_size="160x128", priors=load_priors(path)[0])
+    (tmp_path / "list.yaml").write_text(text.replace("image_size: 160x128", "image_size: [160, 128]"))
+    assert load_priors(tmp_path / "list.yaml")[2] == (160, 128)
+    (tmp_path / "square.yaml").write_text(text.replace("image_size: 160x128", "image_size: [256, 256]"))
+    assert load_priors(tmp_path / "square.yaml")[2] == 256
+    (tmp_path / "bad.yaml").write_text(text.replace("image_size: 160x128", "image_size: 160x"))
+    with pytest.raises(ValueError, match=r"bad.yaml: image_size must be a positive int \(square input\), 'HxW'"):
+        load_priors(tmp_path / "bad.yaml")
+
+
+def test_check_fit_priors_and_train_priors_auto_at_a_non_square_size(synthetic_voc, tmp_path, capsys, monkeypatch):
+    from ssd.data.load import load_dataset
+    from ssd.engine.priors import fit_for_model
+    from ssd.engine.trainer import train
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", str(synthetic_voc), "--model", "ssd_tiny", "--image-size", "160x128", "--fit-priors"]) == 0
+    out = capsys.readouterr().out
+    assert "default boxes fitted to" in out and "at 160x128 px" in out and "--image-size 160x128 --priors" in out
+    priors, model, size = load_priors(tmp_path / "priors.yaml")
+    assert (model, size) == ("ssd_tiny", (160, 128)) and priors.feature_maps[0] == (20, 16)
+    result = train(data=str(synthetic_voc), model="ssd_tiny", image_size="96x64", epochs=1, batch_size=16,
+                   workers=0, device="cpu", quiet=True, priors="auto", project=str(tmp_path / "runs"),
+                   num_plot_images=0)
+    saved = model_from_checkpoint(result.run_dir / "weights" / "last.pt")
+    fitted = fit_for_model(load_dataset(synthetic_voc), "ssd_tiny", (96, 64), seed=TrainConfig().seed)
+    assert saved.image_size == (96, 64) and fitted.changed and saved.config.priors == fitted.priors
+    assert torch.equal(saved.priors, fitted.priors.boxes((96, 64)))

@@ -308,14 +308,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     report = check_dataset(data, priors=priors, model=args.model, image_size=args.image_size)
     output = report.to_dict() if args.as_json else report.format_table()
     if args.fit_priors:
-        from ssd.engine.priors import fit_for_model, save_priors
+        from ssd.engine.priors import fit_for_model, save_priors, train_command
 
         fit = fit_for_model(data, args.model, args.image_size, free=args.fit_priors == "free")
         path = save_priors(args.priors_out, fit, args.model, source=args.data)
         if args.as_json:
             output["prior_fit"] = {**fit.to_dict(), "file": str(path)}
         else:
-            output += f"\n\n{fit.format_table()}\nwritten: {path} (ssd train --model {args.model} --priors {path})"
+            output += f"\n\n{fit.format_table()}\nwritten: {path} ({train_command(args.model, fit.image_size, path)})"
     print(json.dumps(output, indent=2) if args.as_json else output)
     return 0 if report.ok else 1
 

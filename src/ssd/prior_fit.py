@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ssd._utils import render_table
+from ssd._utils import as_hw, compact_size, render_table, size_text
 from ssd.coverage import coverage
-from ssd.priors import PriorConfig
+from ssd.priors import PriorConfig, _pair
 
 __all__ = ["FitResult", "FitRules", "fit_priors"]
 
@@ -47,7 +47,12 @@ class FitRules:
     Attributes:
         stride: ``(lo, hi)`` of ``min_size / step``: a level's smallest box spans at least ``lo`` cells (smaller
             ones fall between the grid centres) and at most ``hi`` cells (larger ones belong to a deeper level with
-            a larger receptive field). ``min_size`` never exceeds the input size.
+            a larger receptive field). ``min_size`` never exceeds the input size (its longer side: a larger box is
+            clipped to the whole input on both axes). A level with steps ``(step_y, step_x)`` (a non-square input)
+            uses their geometric mean ``sqrt(step_y * step_x)``: a box of ``s`` px spans ``s / step_x`` cells
+            across and ``s / step_y`` down, ``s / sqrt(step_y * step_x)`` cells of the same area, and the models'
+            default box sizes scale the same way (with ``sqrt(height * width)``), so their defaults keep the
+            ratio they have at the square size.
         neighbour: ``(lo, hi)`` of ``min_size[k + 1] / min_size[k]``: sizes strictly increase with depth, and
             neighbouring levels stay close enough that no size range falls between them.
         max_size: ``(lo, hi)`` of ``max_size / min_size``: the second square box of a level,
@@ -105,13 +110,20 @@ class _Layout:
                            aspect_ratios=[[round(math.exp(r), 2) for r in rs] for rs in self.r], clip=base.clip)
 
 
+def _cell(step, name: str) -> float:
+    """A level's step as one length: ``step``, or ``sqrt(step_y * step_x)`` for a ``(step_y, step_x)`` pair."""
+    step_y, step_x = _pair(step, name)
+    return step_y if step_y == step_x else math.sqrt(step_y * step_x)
+
+
 class _Bounds:
     """:class:`FitRules` in log space for one base configuration, widened to include it."""
 
-    def __init__(self, rules: FitRules, base: PriorConfig, image_size: int):
-        layout, log = _Layout.of(base), math.log
-        self.stride = [(min(log(rules.stride[0] * s), m), max(min(log(rules.stride[1] * s), log(image_size)), m))
-                       for s, m in zip(base.steps, layout.m)]
+    def __init__(self, rules: FitRules, base: PriorConfig, image_size: int | tuple[int, int]):
+        layout, log, longest = _Layout.of(base), math.log, max(as_hw(image_size))
+        steps = [_cell(step, f"steps[{k}]") for k, step in enumerate(base.steps)]
+        self.stride = [(min(log(rules.stride[0] * s), m), max(min(log(rules.stride[1] * s), log(longest)), m))
+                       for s, m in zip(steps, layout.m)]
         self.neighbour = [(min(log(rules.neighbour[0]), b - a), max(log(rules.neighbour[1]), b - a))
                           for a, b in itertools.pairwise(layout.m)]
         self.max_size = [(min(log(rules.max_size[0]), g), max(log(rules.max_size[1]), g)) for g in layout.g]
@@ -154,27 +166,33 @@ class _Scorer:
     """Best IoU of ``N`` boxes with each level's default boxes (of any candidate shapes).
 
     A level's best IoU for a shape comes from the default box at the grid centre nearest the box centre, found once
-    here (per level and axis: ``dx``, ``dy`` ``[L, N]``); centres follow :func:`ssd.priors.default_boxes`.
+    here (per level and axis: ``dx``, ``dy`` ``[L, N]``); centres and sizes follow :func:`ssd.priors.default_boxes`
+    per axis: column ``j`` of a level is centred at ``(j + 0.5) * step_x / width``, row ``i`` at
+    ``(i + 0.5) * step_y / height``, and a size of ``s`` px is ``s / width`` wide and ``s / height`` high. IoU of
+    normalized boxes equals IoU in pixels (scaling an axis scales every area alike).
     ``ceiling[k]`` ``[N]`` is the best IoU any default box of level ``k`` could reach: along one axis the IoU is a
     ratio of linear functions of the default box's side between the breakpoints ``w - 2 dx`` and ``w + 2 dx``, so the
     best shape is one of the four breakpoint pairs. Boxes whose ceiling at a level is below what the other levels
     already give them cannot change when that level changes, and are not scored again.
     """
 
-    def __init__(self, boxes: Tensor, base: PriorConfig, image_size: int, iou_threshold: float):
+    def __init__(self, boxes: Tensor, base: PriorConfig, image_size: int | tuple[int, int], iou_threshold: float):
         boxes = boxes.double()
-        cx, cy = (boxes[:, 0] + boxes[:, 2]) / 2, (boxes[:, 1] + boxes[:, 3]) / 2
-        dx, dy = [], []
-        for f, step in zip(base.feature_maps, base.steps):
-            centres = (torch.arange(f, dtype=torch.float64) + 0.5) / (image_size / step)
-            centres = centres.clamp(0, 1) if base.clip else centres
-            dx.append((cx[:, None] - centres).abs().amin(dim=1))
-            dy.append((cy[:, None] - centres).abs().amin(dim=1))
+        centre = {"x": (boxes[:, 0] + boxes[:, 2]) / 2, "y": (boxes[:, 1] + boxes[:, 3]) / 2}
+        height, width = as_hw(image_size)
+        offsets = {"x": [], "y": []}
+        for k, (f, step) in enumerate(zip(base.feature_maps, base.steps)):
+            (rows, cols), (step_y, step_x) = _pair(f, f"feature_maps[{k}]"), _pair(step, f"steps[{k}]")
+            for axis, count, side, stride in (("x", cols, width, step_x), ("y", rows, height, step_y)):
+                centres = (torch.arange(count, dtype=torch.float64) + 0.5) / (side / stride)  # as default_boxes
+                centres = centres.clamp(0, 1) if base.clip else centres
+                offsets[axis].append((centre[axis][:, None] - centres).abs().amin(dim=1))
         self.w, self.h = (boxes[:, 2] - boxes[:, 0]).float(), (boxes[:, 3] - boxes[:, 1]).float()
-        self.dx, self.dy = torch.stack(dx).float(), torch.stack(dy).float()
-        self.image_size, self.clip, self.threshold, self.count = image_size, base.clip, iou_threshold, len(boxes)
+        self.dx, self.dy = torch.stack(offsets["x"]).float(), torch.stack(offsets["y"]).float()
+        self.height, self.width = height, width
+        self.clip, self.threshold, self.count = base.clip, iou_threshold, len(boxes)
         ceilings = []
-        for k in range(len(dx)):
+        for k in range(len(self.dx)):
             args = self.w, self.h, self.dx[k], self.dy[k]
             ceilings.append(torch.stack([_offset_iou(*args, aw.clamp(min=1e-9), ah.clamp(min=1e-9))
                                          for aw in (self.w - 2 * self.dx[k], self.w + 2 * self.dx[k])
@@ -183,11 +201,12 @@ class _Scorer:
 
     def shapes(self, m: Tensor, g: Tensor, r: Tensor) -> Tensor:
         """``[C, A, 2]`` normalized ``(w, h)`` of a level's default boxes for ``C`` candidates: log min sizes ``m``
-        ``[C]``, log max/min ratios ``g`` ``[C]``, log aspect ratios ``r`` ``[C, n]`` (as ``default_boxes`` does)."""
-        s = (m.exp() / self.image_size)[:, None]
-        root = (r / 2).exp()
-        w = torch.cat([s, s * (g / 2).exp()[:, None], s * root, s / root], dim=1)
-        h = torch.cat([w[:, :2], w[:, 2 + r.shape[1]:], w[:, 2:2 + r.shape[1]]], dim=1)
+        ``[C]``, log max/min ratios ``g`` ``[C]``, log aspect ratios ``r`` ``[C, n]`` (as ``default_boxes`` does:
+        a ratio's box is ``sqrt(r)`` times wider than high in pixels, its transpose follows)."""
+        root, grow = (r / 2).exp(), (g / 2).exp()[:, None]
+        sx, sy = (m.exp() / self.width)[:, None], (m.exp() / self.height)[:, None]
+        w = torch.cat([sx, sx * grow, sx * root, sx / root], dim=1)
+        h = torch.cat([sy, sy * grow, sy / root, sy * root], dim=1)
         wh = torch.stack([w, h], dim=-1).float()
         return wh.clamp(max=1.0) if self.clip else wh
 
@@ -348,6 +367,7 @@ class FitResult:
         changed: the fit raised coverage by at least ``min_gain``.
         base: the architecture's configuration the fit started from.
         fitted: the best configuration found (equal to ``priors`` when ``changed``).
+        image_size: the input the sizes are pixels of: an int (square) or ``(height, width)``.
         ceiling: the share of the boxes that default boxes of any shapes at these centres could cover, the most
             any fit can reach (beyond it takes finer steps: a larger input).
     """
@@ -358,7 +378,7 @@ class FitResult:
     changed: bool
     base: PriorConfig
     fitted: PriorConfig
-    image_size: int
+    image_size: int | tuple[int, int]
     free: bool
     min_gain: float
     ceiling: float
@@ -366,7 +386,7 @@ class FitResult:
 
     def to_dict(self) -> dict:
         return {"priors": self.priors.to_dict(), "changed": self.changed, "base": self.base.to_dict(),
-                "fitted": self.fitted.to_dict(), "image_size": self.image_size, "free": self.free,
+                "fitted": self.fitted.to_dict(), "image_size": _plain(self.image_size), "free": self.free,
                 "min_gain": self.min_gain, "ceiling": self.ceiling, "before": self.before, "after": self.after,
                 "seconds": self.seconds}
 
@@ -374,7 +394,8 @@ class FitResult:
         """Before/after coverage per size and aspect bucket, the per-level sizes, and the verdict."""
         b, a = self.before, self.after
         mode = "aspect-ratio sets free" if self.free else "boxes per location kept"
-        lines = [(f"default boxes fitted to {b['boxes']} boxes at {self.image_size} px ({mode}, {self.seconds:.1f} s): "
+        lines = [(f"default boxes fitted to {b['boxes']} boxes at {size_text(self.image_size)} px ({mode}, "
+                  f"{self.seconds:.1f} s): "
                   f"coverage (IoU >= {b['iou_threshold']}) {b['covered']:.1%} -> {a['covered']:.1%}, mean best IoU "
                   f"{b['mean_iou']:.3f} -> {a['mean_iou']:.3f}"),
                  (f"(default boxes of any shapes centred where these are could cover at most {self.ceiling:.1%}; "
@@ -385,7 +406,8 @@ class FitResult:
         lines += ["  " + r for r in render_table(["bucket", "boxes", "before", "after", "median IoU before",
                                                   "after"], rows)]
         old, new = self.base, self.fitted
-        rows = [[k, f"{f}x{f}", f"{step:g}", f"{old.min_sizes[k]:g} -> {new.min_sizes[k]:g}",
+        rows = [[k, "x".join(map(str, _pair(f, "feature map"))), "x".join(f"{v:g}" for v in dict.fromkeys(
+                    _pair(step, "step"))), f"{old.min_sizes[k]:g} -> {new.min_sizes[k]:g}",
                  f"{old.max_sizes[k]:g} -> {new.max_sizes[k]:g}",
                  f"{_ratios(old.aspect_ratios[k])} -> {_ratios(new.aspect_ratios[k])}",
                  f"{2 + 2 * len(old.aspect_ratios[k])} -> {2 + 2 * len(new.aspect_ratios[k])}"]
@@ -404,15 +426,22 @@ def _ratios(ratios) -> str:
     return "[" + ", ".join(f"{r:g}" for r in ratios) + "]"
 
 
-def fit_priors(boxes: Tensor, image_size: int, base: PriorConfig, *, free: bool = False, seed: int = 0,
-               iou_threshold: float = 0.5, min_gain: float = 0.005, rules: FitRules = FitRules(),
+def _plain(size: int | tuple[int, int]) -> int | list[int]:
+    """An input size for JSON / YAML: the int of a square input, else ``[height, width]``."""
+    return size if isinstance(size, int) else list(size)
+
+
+def fit_priors(boxes: Tensor, image_size: int | tuple[int, int] | str, base: PriorConfig, *, free: bool = False,
+               seed: int = 0, iou_threshold: float = 0.5, min_gain: float = 0.005, rules: FitRules = FitRules(),
                restarts: int = 2, max_sweeps: int = 12, max_boxes: int = 20000) -> FitResult:
     """Default boxes that cover the most ``boxes`` (see the module docstring for the search).
 
     Args:
         boxes: ``[N, 4]`` ground-truth boxes, ``xyxy`` normalized to their image (e.g. the training split); boxes
             that are not finite or have no area inside the image are left out.
-        image_size: side of the square network input (``base``'s sizes and steps are pixels of it).
+        image_size: the network input (``base``'s sizes and steps are pixels of it): an int ``S`` (the square
+            ``S x S``), ``(height, width)`` or ``"HxW"``. Default boxes and their scores are computed per axis, as
+            :func:`ssd.priors.default_boxes` does.
         base: the architecture's configuration at ``image_size``: its feature maps and steps are kept.
         free: the number of aspect ratios of a level may change (then heads change shape and pretrained heads
             no longer load): a level gains a ratio where that covers at least ``min_gain`` more of the boxes and
@@ -426,8 +455,7 @@ def fit_priors(boxes: Tensor, image_size: int, base: PriorConfig, *, free: bool 
     """
     start = time.perf_counter()
     boxes = _usable(boxes)
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 1:
-        raise ValueError(f"image_size must be a positive int (side of the square input), got {image_size!r}")
+    image_size = compact_size(image_size)
     generator = torch.Generator().manual_seed(seed)
     sample = boxes if len(boxes) <= max_boxes else boxes[torch.randperm(len(boxes), generator=generator)[:max_boxes]]
     scorer = _Scorer(sample, base, image_size, iou_threshold)

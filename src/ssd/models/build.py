@@ -110,7 +110,8 @@ def _checked_priors(priors: PriorConfig | Mapping[str, Any], default: PriorConfi
     if lengths != {len(default.feature_maps)}:
         raise ValueError(f"the priors need one step, min_size, max_size and aspect-ratio list per level of {where} "
                          f"({len(default.feature_maps)}), got {priors.to_dict()}")
-    values = [*priors.steps, *priors.min_sizes, *priors.max_sizes, *(r for rs in priors.aspect_ratios for r in rs)]
+    steps = [v for step in priors.steps for v in (step if isinstance(step, tuple) else (step,))]  # (y, x) pairs
+    values = [*steps, *priors.min_sizes, *priors.max_sizes, *(r for rs in priors.aspect_ratios for r in rs)]
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf") for v in values):
         raise ValueError(f"the priors' steps, sizes and aspect ratios must be positive numbers, got {priors.to_dict()}")
     boxes, expected = ([2 + 2 * len(r) for r in p.aspect_ratios] for p in (priors, default))
