@@ -16,7 +16,7 @@ seeded random perturbation of the defaults guards against local optima (``restar
 number of boxes covered, ties broken by the mean best IoU. Scoring is cheap because, for fixed shapes, IoU falls as
 two boxes' centres move apart along either axis: a level's best default box of a given shape is the one at the grid
 centre nearest the box's centre, so a level costs ``[N, boxes per location]`` IoUs, not ``[N, f * f * boxes per
-location]``. Measured (``benchmarks/priors.py``): 1 to 3 s for the 3324 Aquarium training boxes on one CPU thread.
+location]``: the fit takes seconds for a few thousand boxes (``benchmarks/README.md``).
 """
 
 from __future__ import annotations
