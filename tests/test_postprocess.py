@@ -11,7 +11,7 @@ from torchvision.models.detection.ssd import SSD
 from torchvision.ops import box_iou
 
 from ssd.boxes import cxcywh_to_xyxy, decode, xyxy_to_cxcywh
-from ssd.postprocess import postprocess_detections
+from ssd.postprocess import _object_scores, _scores_at, postprocess_detections
 from ssd.priors import PRIOR_CONFIGS, default_boxes
 
 PRIORS = xyxy_to_cxcywh(torch.tensor([[0.1, 0.1, 0.5, 0.5], [0.12, 0.1, 0.52, 0.5], [0.6, 0.6, 0.9, 0.9]]))
@@ -109,19 +109,19 @@ def scene(regime, seed, batch=3, num_priors=600, num_classes=4):
     centres, sizes = torch.rand(num_priors, 2, generator=g), torch.rand(num_priors, 2, generator=g) * 0.3 + 0.05
     loc = torch.randn(batch, num_priors, 4, generator=g) * 0.3
     logits = torch.randn(batch, num_priors, num_classes + 1, generator=g)
-    hot = torch.rand(batch, num_priors, 1, generator=g) < (0.15 if regime == "crowded" else 0.03)
+    draw = torch.rand(batch, num_priors, 1, generator=g)
+    hot = draw < 0.03
     if regime.startswith("ties"):  # a random set of channels at 0, the others at -200: scores are 0, 1/n or 1
         on = logits > 0
         if regime == "ties-confident":  # only the hot priors have object channels
             on[..., 1:] &= hot
             on[..., :1] |= ~hot
         logits = torch.where(on, 0.0, -200.0)
-    elif regime == "confident":  # background +12, 3% of the priors confident of one class: few scores pass
+    elif regime in ("confident", "crowded"):  # background +12, 3% of the priors confident of one class
         logits[..., 0] += 12
         logits[..., 1:] += 16 * torch.nn.functional.one_hot(logits[..., 1:].argmax(-1), num_classes) * hot
-    elif regime == "crowded":  # background +12, 15% of the priors above the threshold for class 0
-        logits[..., 0] += 12
-        logits[..., 1:2] += 15 * hot
+        if regime == "crowded":  # and another 15% above the threshold for class 0
+            logits[..., 1:2] += 15 * ((draw > 0.03) & (draw < 0.18))
     elif regime == "nothing":
         logits[..., 0] += 30
     return loc, logits, torch.cat((centres, sizes), 1)
@@ -135,7 +135,7 @@ def check_scene(regime, probs, per_class):
     few = 0 < passing.sum() <= 0.05 * probs.numel() and passing.max() <= per_class  # at most 5% of the scores pass
     assert {
         "confident": few,
-        "crowded": passing[:, 0].min() > per_class >= passing[:, 1:].max(),
+        "crowded": passing[:, 0].min() > per_class >= passing[:, 1:].max() and passing[:, 1:].min() > 0,
         "nothing": passing.sum() == 0,
         "dense": passing.min() > per_class,
         "ties": passing.min() > per_class and boundary_ties,
@@ -160,6 +160,17 @@ def test_matches_reference(regime):
         assert out["labels"].tolist() == [label for _, label, _ in ref]
         boxes = decode(loc[image], priors).clamp(0.0, 1.0)
         assert torch.equal(out["boxes"], boxes[[prior for _, _, prior in ref]].reshape(-1, 4))
+
+
+@pytest.mark.parametrize(("batch", "num_priors", "num_classes"), [(8, 8732, 20), (3, 1000, 90), (2, 77, 1)])
+def test_scoring_some_priors_gives_the_bits_of_scoring_all(batch, num_priors, num_classes):
+    # the confident path scores only the priors that can pass; it must round exactly as scoring every prior
+    g = torch.Generator().manual_seed(num_priors)
+    logits = torch.randn(batch, num_priors, num_classes + 1, generator=g) * 3
+    image = torch.randint(0, batch, (300,), generator=g)
+    prior = torch.randint(0, num_priors, (300,), generator=g)
+    everywhere = _object_scores(logits, logits.amax(-1))  # [B, K, P]
+    assert torch.equal(_scores_at(logits, logits.amax(-1), image, prior), everywhere[image, :, prior])
 
 
 def torchvision_postprocess(loc, logits, priors, **kwargs):
@@ -230,11 +241,11 @@ def test_outputs_of_a_model_in_training_mode():
     assert not out[0]["scores"].requires_grad and len(out[0]["scores"]) == 200
 
 
-def test_too_many_scores_for_one_call():
-    shape = (2**16, 2**10)  # 2**16 images x 64 classes x 2**10 priors = 2**32 class scores (expanded: no memory)
-    loc, logits = torch.zeros(1, 1, 1).expand(*shape, 4), torch.zeros(1, 1, 1).expand(*shape, 65)
-    with pytest.raises(ValueError, match=r"fewer than 2\*\*32 class scores per call, got 65536 images x 64 classes"):
-        postprocess_detections(loc, logits, torch.zeros(1, 4).expand(shape[1], 4))
+def test_too_many_scores_per_image():
+    priors = 2**26  # 64 classes x 2**26 priors = 2**32 class scores per image (expanded tensors: no memory)
+    loc, logits = torch.zeros(1, 1, 1).expand(1, priors, 4), torch.zeros(1, 1, 1).expand(1, priors, 65)
+    with pytest.raises(ValueError, match=r"fewer than 2\*\*32 class scores per image, got 64 classes x 67108864 pr"):
+        postprocess_detections(loc, logits, torch.zeros(1, 4).expand(priors, 4))
 
 
 def test_limits_must_be_positive():

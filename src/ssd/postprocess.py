@@ -16,6 +16,8 @@ __all__ = ["postprocess_detections", "CANDIDATES_PER_CLASS"]
 CANDIDATES_PER_CLASS = 400
 """Default of ``candidates_per_class``: the best boxes per image and class that enter NMS (also in exported graphs)."""
 
+_EMPTY = torch.iinfo(torch.int64).max  # the key of an empty candidate slot: after every candidate
+
 
 @torch.no_grad()
 def postprocess_detections(
@@ -52,9 +54,7 @@ def postprocess_detections(
     if max_detections <= 0 or candidates_per_class <= 0:
         raise ValueError(f"max_detections and candidates_per_class must be positive, got {max_detections} and "
                          f"{candidates_per_class}")
-    index, score = _candidates(logits, score_threshold, candidates_per_class)  # (image * K + label) * P + prior
-    num_valid = torch.bincount(index // (num_classes * num_priors), minlength=batch)  # [B] candidates per image
-    first = torch.cumsum(num_valid, 0) - num_valid  # [B] where each image starts
+    keys, num_valid = _candidates(logits, score_threshold, candidates_per_class)  # [B, W] (see _key), [B]
 
     # Greedy NMS keeps or drops a box looking only at higher scores of its own image and class, so running it on
     # the best `limit` candidates of each image is exact for them. Stop once every image has max_detections survivors or
@@ -62,11 +62,13 @@ def postprocess_detections(
     per_image = num_classes * min(candidates_per_class, num_priors)  # the most candidates an image can have
     limit = min(2 * max_detections, per_image)
     while True:
-        taken = _firsts(first, num_valid.clamp(max=limit))  # by image, then decreasing score
-        row, prior = index[taken] // num_priors, index[taken] % num_priors  # row = image * K + label
-        image = row // num_classes
+        top = keys.topk(min(limit, keys.shape[1]), dim=1, largest=False).values  # [B, L] by decreasing score
+        image, column = (top != _EMPTY).nonzero(as_tuple=True)
+        key = top[image, column]
+        label, prior = key // num_priors % num_classes, key % num_priors
         box = decode(loc[image, prior], priors[prior], variances).clamp_(0.0, 1.0)
-        keep = batched_nms(box, score[taken], row, iou_threshold)  # NMS per image and class
+        score = (0x7FFFFFFF - key // (num_classes * num_priors)).int().view(torch.float32)  # see _key
+        keep = batched_nms(box, score, image * num_classes + label, iou_threshold)  # by image and class
         counts = torch.bincount(image[keep], minlength=batch)
         if limit == per_image or bool(((counts >= max_detections) | (num_valid <= limit)).all()):
             break
@@ -76,10 +78,9 @@ def postprocess_detections(
     keep = keep.sort().values
     keep = keep[_firsts(torch.cumsum(counts, 0) - counts, counts.clamp(max=max_detections))]
     sizes = counts.clamp(max=max_detections).tolist()
-    label = row[keep] % num_classes
     return [
         {"boxes": b, "scores": s, "labels": lab}
-        for b, s, lab in zip(box[keep].split(sizes), score[taken[keep]].split(sizes), label.split(sizes))
+        for b, s, lab in zip(box[keep].split(sizes), score[keep].split(sizes), label[keep].split(sizes))
     ]
 
 
@@ -89,6 +90,13 @@ def _firsts(start: Tensor, count: Tensor) -> Tensor:
     return torch.repeat_interleave(start - offset, count) + torch.arange(int(count.sum()), device=count.device)
 
 
+def _key(score: Tensor, label: Tensor, prior: Tensor, num_classes: int, num_priors: int) -> Tensor:
+    """One int64 per candidate of an image that orders by decreasing score, then label, then prior, and holds all
+    three: ``(2**31 - 1 - bits) * K * P + label * P + prior``, where ``bits``, the float32 ``score >= 0`` read as
+    an int32, rise with the score (it fits while ``K * P < 2**32``)."""
+    return (0x7FFFFFFF - score.view(torch.int32)).long() * (num_classes * num_priors) + label * num_priors + prior
+
+
 def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple[Tensor, Tensor]:
     """The class scores above the threshold, at most ``per_class`` per image and class (the highest).
 
@@ -96,16 +104,15 @@ def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple
         logits: ``[B, P, K+1]`` class logits, index 0 is background.
 
     Returns:
-        ``index, score``, each ``[N]``, with ``index = (image * K + label) * P + prior``, sorted by image, then by
-        decreasing score, then by label and prior. On a confident model almost no score passes: only the priors
-        that can pass are scored.
+        ``keys [B, W]``: per image, the :func:`_key` of each candidate, in any order, ``_EMPTY`` in unused slots;
+        ``num_valid [B]``: candidates per image. On a confident model almost no score passes: only the priors that
+        can pass are scored.
     """
     batch, num_priors, channels = logits.shape
-    cells = (channels - 1) * num_priors  # candidates are indexed (image * K + label) * P + prior
-    if batch * cells >= 2**32:  # see _order
+    if (channels - 1) * num_priors >= 2**32:  # see _key
         raise ValueError(
-            f"postprocess takes fewer than 2**32 class scores per call, got {batch} images x {channels - 1} classes"
-            f" x {num_priors} priors: split the batch"
+            f"postprocess takes fewer than 2**32 class scores per image, got {channels - 1} classes x {num_priors}"
+            " priors"
         )
     best = logits[..., 1:].amax(dim=-1)  # [B, P] highest object logit
     largest = torch.maximum(logits[..., 0], best)  # [B, P], the same as logits.amax(-1)
@@ -118,20 +125,8 @@ def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple
             near = mask.nonzero(as_tuple=True)
     del best  # before the [B, K, P] buffers
     if near is not None:
-        index, score = _few(_scores_at(logits, largest, *near), *near, num_priors, score_threshold, per_class)
-    else:
-        index, score = _many(_object_scores(logits, largest), score_threshold, per_class)
-    order = _order(index // cells, score, index % cells, cells)
-    return index[order], score[order]
-
-
-def _order(major: Tensor, score: Tensor, minor: Tensor, span: int) -> Tensor:
-    """Indices that sort by ``major``, then by decreasing ``score`` (>= 0), then by ``minor`` (< ``span``).
-
-    One int64 key: the bits of a float >= 0 read as an int32 rise with it, and
-    ``(major * 2**31 + 2**31 - 1 - bits) * span + minor`` fits while ``(major + 1) * span <= 2**32``.
-    """
-    return ((major * 2**31 + (0x7FFFFFFF - score.view(torch.int32))) * span + minor).sort().indices
+        return _few(_scores_at(logits, largest, *near), *near, batch, num_priors, score_threshold, per_class)
+    return _many(_object_scores(logits, largest), score_threshold, per_class)
 
 
 def _object_scores(logits: Tensor, largest: Tensor) -> Tensor:
@@ -165,47 +160,54 @@ def _scores_at(logits: Tensor, largest: Tensor, image: Tensor, prior: Tensor) ->
 
 
 def _few(
-    scores: Tensor, image: Tensor, prior: Tensor, num_priors: int, score_threshold: float, per_class: int
+    scores: Tensor, image: Tensor, prior: Tensor, batch: int, num_priors: int, score_threshold: float, per_class: int
 ) -> tuple[Tensor, Tensor]:
-    """Candidates ``index, score`` among the scores ``[N, K]`` of the priors ``(image, prior)``."""
+    """:func:`_candidates` among the scores ``[N, K]`` of the priors ``(image, prior)``, in order of image."""
     num_classes = scores.shape[1]
-    column, label = (scores > score_threshold).nonzero(as_tuple=True)
-    index = (image[column] * num_classes + label) * num_priors + prior[column]
-    return _best_per_row(index, scores[column, label], num_priors, per_class)
+    column, label = (scores > score_threshold).nonzero(as_tuple=True)  # by image, prior, label
+    row, prior, score = image[column] * num_classes + label, prior[column], scores[column, label]
+    if row.numel() and int(torch.bincount(row).max()) > per_class:
+        row, prior, score = _best_per_row(row, prior, score, per_class)
+    image, label = row // num_classes, row % num_classes
+    num_valid = torch.bincount(image, minlength=batch)
+    keys = image.new_full((batch, int(num_valid.max()) if batch else 0), _EMPTY)
+    keys[image, _firsts(torch.zeros_like(num_valid), num_valid)] = _key(score, label, prior, num_classes, num_priors)
+    return keys, num_valid
 
 
 def _many(scores: Tensor, score_threshold: float, per_class: int) -> tuple[Tensor, Tensor]:
-    """Candidates ``index, score`` among all scores ``[B, K, P]``: ``topk`` per image and class; where equal
-    scores compete for the last places (``topk`` would pick any), the row is ranked by :func:`_best_per_row`."""
-    num_priors = scores.shape[-1]
+    """:func:`_candidates` among all scores ``[B, K, P]``: ``topk`` per image and class; where equal scores
+    compete for the last places (``topk`` would pick any), the row is ranked by :func:`_best_per_row`."""
+    batch, num_classes, num_priors = scores.shape
     rows = scores.view(-1, num_priors)  # one row per image and class
+    label = torch.arange(rows.shape[0], device=rows.device).unsqueeze(1) % num_classes  # [R, 1]
     if per_class >= num_priors:  # no ranking needed
-        index = (rows > score_threshold).view(-1).nonzero().squeeze(1)
-        return index, rows.view(-1)[index]
+        chosen = rows > score_threshold
+        prior = torch.arange(num_priors, device=rows.device)
+        keys = torch.where(chosen, _key(rows, label, prior, num_classes, num_priors), _EMPTY)
+        return keys.view(batch, -1), chosen.view(batch, -1).count_nonzero(dim=1)
     values, prior = rows.topk(per_class + 1, dim=1, sorted=False)  # [R, C+1]
     after, last = values.topk(2, dim=1, largest=False).values.unbind(1)  # [R] the (C+1)-th and C-th highest
-    tied = (after == last) & (last > score_threshold)  # [R]
-    ranked = None
-    if bool(tied.any()):  # rank these rows whole
-        tied_rows = tied.nonzero().squeeze(1)
-        row, column = (rows[tied_rows] > score_threshold).nonzero(as_tuple=True)
-        row = tied_rows[row]
-        ranked = _best_per_row(row * num_priors + column, rows[row, column], num_priors, per_class)
+    tied = ((after == last) & (last > score_threshold)).nonzero().squeeze(1)  # equal scores compete for places
+    if tied.numel():  # rank these rows whole; they keep exactly per_class
+        row, column = (rows[tied] > score_threshold).nonzero(as_tuple=True)
+        row = tied[row]
+        _, best, score = _best_per_row(row, column, rows[row, column], per_class)
+        values[tied] = torch.cat((score.view(-1, per_class), values.new_full((tied.numel(), 1), -math.inf)), 1)
+        prior[tied] = torch.cat((best.view(-1, per_class), prior[tied, :1]), 1)
     del scores, rows  # the largest buffer; the rest is small
-    chosen = (values > score_threshold) & (values >= last.unsqueeze(1)) & ~tied.unsqueeze(1)  # [R, C+1]
-    row, column = chosen.nonzero(as_tuple=True)
-    index, score = row * num_priors + prior[row, column], values[row, column]
-    if ranked is not None:
-        index, score = torch.cat((index, ranked[0])), torch.cat((score, ranked[1]))
-    return index, score
+    chosen = (values > score_threshold) & (values >= last.unsqueeze(1))  # [R, C+1]
+    keys = torch.where(chosen, _key(values, label, prior, num_classes, num_priors), _EMPTY)
+    return keys.view(batch, -1), chosen.view(batch, -1).count_nonzero(dim=1)
 
 
-def _best_per_row(index: Tensor, score: Tensor, num_priors: int, per_class: int) -> tuple[Tensor, Tensor]:
-    """The ``per_class`` highest of the scores ``[N]`` of each row (``index // num_priors``: image and class);
-    equal scores by prior."""
-    row = index // num_priors
-    order = _order(row, score, index % num_priors, num_priors)
-    index, score, row = index[order], score[order], row[order]
+def _best_per_row(row: Tensor, prior: Tensor, score: Tensor, per_class: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Of the candidates ``[N]`` of each row (image and class), the ``per_class`` highest scores, equal ones by
+    prior; sorted by row, then decreasing score, then prior."""
+    within = (0x7FFFFFFF - score.view(torch.int32)).long() * (int(prior.max()) + 1) + prior  # see _key
+    order = within.sort().indices
+    order = order[row[order].sort(stable=True).indices]
+    row, prior, score = row[order], prior[order], score[order]
     counts = torch.bincount(row)
-    rank = torch.arange(row.numel(), device=row.device) - (torch.cumsum(counts, 0) - counts)[row]
-    return index[rank < per_class], score[rank < per_class]
+    keep = torch.arange(row.numel(), device=row.device) - (torch.cumsum(counts, 0) - counts)[row] < per_class
+    return row[keep], prior[keep], score[keep]
