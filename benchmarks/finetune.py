@@ -23,7 +23,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ssd.data.synthetic import SHAPE_NAMES, generate_synthetic
-from ssd.engine.trainer import train
+from ssd.training.trainer import train
 
 SIZE = 128
 COMMON = dict(model="ssd_tiny", image_size=SIZE, batch_size=16, workers=0, device="cpu", quiet=True, seed=0,

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 import torchvision
 
-from ssd.engine.export import export_onnx
-from ssd.engine.inference import Detector, load
+from ssd.export.onnx import export_onnx
+from ssd.inference.pipeline import Detector, load
 from ssd.models import build_model
 
 CONF, IOU, MAX_DET, CANDIDATES = 0.25, 0.45, 100, 400

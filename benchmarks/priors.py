@@ -26,10 +26,10 @@ SHARED = Path(os.environ.get("SSD_SHARED_DATA", REPO.parent / "shared" / "data")
 DATASETS = {"aquarium": SHARED / "aquarium" / "data.yaml", "bccd": SHARED / "bccd"}
 MODELS = ("ssd300_vgg16", "ssdlite320_mobilenet_v3_large", "ssd_tiny")
 
-from ssd.coverage import coverage  # noqa: E402
 from ssd.data import load_dataset  # noqa: E402
 from ssd.data.check import spec_boxes  # noqa: E402
-from ssd.engine.priors import fit_for_model, training_boxes  # noqa: E402
+from ssd.data.priors import fit_for_model, training_boxes  # noqa: E402
+from ssd.priors.coverage import coverage  # noqa: E402
 
 
 def _small(cov: dict) -> float:

@@ -58,14 +58,14 @@ MODEL = "ssd_tiny"
 VARIANTS = ("default-256", "auto-256", "auto-suggested")
 
 from ssd._utils import render_table, size_text  # noqa: E402
-from ssd.coverage import coverage  # noqa: E402
 from ssd.data import load_dataset  # noqa: E402
 from ssd.data.check import spec_boxes, suggest_image_size  # noqa: E402
-from ssd.engine.evaluation import evaluate  # noqa: E402
-from ssd.engine.priors import training_boxes  # noqa: E402
-from ssd.engine.trainer import train  # noqa: E402
+from ssd.data.priors import training_boxes  # noqa: E402
+from ssd.evaluation.evaluator import evaluate  # noqa: E402
 from ssd.models import model_from_checkpoint  # noqa: E402
 from ssd.models.build import default_priors  # noqa: E402
+from ssd.priors.coverage import coverage  # noqa: E402
+from ssd.training.trainer import train  # noqa: E402
 
 
 def variant_settings(name: str, suggested: str) -> dict:

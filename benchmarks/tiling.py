@@ -3,7 +3,7 @@
 The checkpoint is given (``--weights``) or trained first: ``ssd_tiny`` on the dataset (default: aquarium) for
 ``--epochs`` epochs on the CPU (bf16 autocast where the CPU has it, images decoded once and cached, no loader
 workers: the fastest setting on a shared 2-core machine; validated once at the end).
-The split is read once; each variant predicts it through :func:`ssd.engine.evaluation.evaluate_split` (the code
+The split is read once; each variant predicts it through :func:`ssd.evaluation.evaluator.evaluate_split` (the code
 behind ``ssd val``): plain, ``--tile auto`` and each fixed ``--tile N``. The detections of a variant are scored
 with every metric (same detections, same scoring code). Time per image is the wall time of the variant's pass over
 the split (decoding and the loader's resize included) divided by its images.
@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from ssd.data.load import load_training_data
-from ssd.engine.device import prepare_model, resolve_device
-from ssd.engine.evaluation import evaluate_split, score_detections, split_loader
-from ssd.engine.tiling import tile_shape, tile_windows
-from ssd.engine.trainer import train
+from ssd.device import prepare_model, resolve_device
+from ssd.evaluation.evaluator import evaluate_split, score_detections, split_loader
+from ssd.inference.tiling import tile_shape, tile_windows
 from ssd.models import model_from_checkpoint
+from ssd.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SSD_SHARED_DATA", REPO.parent / "shared" / "data"))

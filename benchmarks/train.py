@@ -4,7 +4,7 @@ Both variants read the same images of a shared real dataset (default: aquarium's
 ``torchvision.transforms.v2`` SSD augmentation (``ssd.data.transforms.build_transform``) with the same number of
 loader workers, batch 16, SGD with momentum:
 
-- ``ssd``: the library's training step (``ssd.engine.trainer.Trainer.train_step``: forward, MultiBoxLoss,
+- ``ssd``: the library's training step (``ssd.training.trainer.Trainer.train_step``: forward, MultiBoxLoss,
   backward, gradient clipping, optimizer, lr schedule) on ``build_dataloader`` batches;
 - ``torchvision``: ``torchvision.models.detection.ssdlite320_mobilenet_v3_large(weights=None,
   weights_backbone=None)`` in train mode (its own transform and loss) in a plain loop.
@@ -43,9 +43,9 @@ def _time_loop(loader, step, warmup: int, iters: int) -> list[float]:
 
 
 def run_ssd(data: str, batch_size: int, workers: int, warmup: int, iters: int) -> list[float]:
-    from ssd.config import TrainConfig
-    from ssd.engine import distributed as ddp
-    from ssd.engine.trainer import Trainer
+    import ssd.distributed as ddp
+    from ssd.training.config import TrainConfig
+    from ssd.training.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as project:
         config = TrainConfig(data=data, model=MODEL, batch_size=batch_size, workers=workers, device="cpu",

@@ -11,7 +11,7 @@ from torch import nn
 
 import ssd
 from ssd import CheckpointError, build_model, load_checkpoint, model_from_checkpoint, save_checkpoint
-from ssd.checkpoint import FORMAT, remove_stale_temporaries
+from ssd.weights.checkpoint import FORMAT, remove_stale_temporaries
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from PIL import Image
 import ssd.data
 from ssd.cli import main
 from ssd.data import DataError, build_dataloader, check_dataset, load_dataset, load_training_data
-from ssd.engine.trainer import train
+from ssd.training.trainer import train
 
 _colors = itertools.count(1)
 

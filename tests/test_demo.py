@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from ssd.engine.demo import DEMO_DATA, demo_dataset, run_demo
+from ssd.training.demo import DEMO_DATA, demo_dataset, run_demo
 
 SMALL = {"num_train": 24, "num_val": 8, "image_size": 128}
 

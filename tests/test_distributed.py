@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ssd
-from ssd.engine import distributed as ddp
+import ssd.distributed as ddp
 
 SCRIPT = """
 import os, sys, torch

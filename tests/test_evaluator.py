@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ssd.boxes import xyxy_to_cxcywh
-from ssd.engine.evaluation import evaluate_split, format_table, merge_results, save_coco_json, score_detections
+from ssd.evaluation.evaluator import evaluate_split, format_table, merge_results, save_coco_json, score_detections
 
 CLASS_NAMES = ["cat", "dog"]
 # Two images (orig (h, w) = (100, 200) and (50, 50)), boxes normalized xyxy; the last object of image 1 is difficult

@@ -10,14 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from ssd.checkpoint import save_checkpoint
 from ssd.cli import main
-from ssd.engine.backends import OnnxBackend, OnnxModelError
-from ssd.engine.export import export, export_onnx, export_torchscript
-from ssd.engine.inference import Detector, load
-from ssd.engine.parity import ExportCheckError, check_onnx
+from ssd.export.onnx import export, export_onnx, export_torchscript
+from ssd.export.parity import ExportCheckError, check_onnx
+from ssd.inference.backends import OnnxBackend, OnnxModelError
+from ssd.inference.pipeline import Detector, load
 from ssd.models import build_model
 from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess_detections
+from ssd.weights.checkpoint import save_checkpoint
 
 
 def biased_model(name: str, num_classes: int = 3, seed: int = 0, **options) -> nn.Module:

@@ -15,14 +15,14 @@ from PIL import Image
 from torchvision.models.detection import ssd300_vgg16, ssdlite320_mobilenet_v3_large
 
 import ssd
-from ssd.checkpoint import FORMAT, CheckpointError, load_checkpoint
 from ssd.cli import main
-from ssd.config import ConfigError, TrainConfig
 from ssd.models import BackboneWeightsError, WeightsImportError, build_model, model_from_checkpoint, read_weights
-from ssd.models.finetune import match_classes, set_backbone_trainable
-from ssd.models.formats import VOC_NAMES, coco_categories, coco_names
 from ssd.postprocess import postprocess_detections
 from ssd.priors import PRIOR_CONFIGS, default_boxes
+from ssd.training.config import ConfigError, TrainConfig
+from ssd.weights.checkpoint import FORMAT, CheckpointError, load_checkpoint
+from ssd.weights.finetune import match_classes, set_backbone_trainable
+from ssd.weights.identify import VOC_NAMES, coco_categories, coco_names
 
 REFERENCE = Path(
     os.environ.get("SSD_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -341,7 +341,7 @@ def test_fine_tune_training_runs_end_to_end(lite_pair, tmp_path, capsys):
 def test_freeze_backbone_keeps_it_for_freeze_epochs(lite_pair, tmp_path, freeze_epochs):
     """--freeze backbone: the base network stays as imported (every epoch, or the first freeze_epochs), the rest
     trains; afterwards everything trains."""
-    from ssd.engine.trainer import train
+    from ssd.training.trainer import train
 
     path = lite_pair[3]
     data = person_dog_dataset(tmp_path / "data")

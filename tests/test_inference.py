@@ -4,8 +4,8 @@
 import pytest
 import torch
 
-from ssd.engine.backends import TorchBackend
-from ssd.engine.inference import Detector, detect_batch
+from ssd.inference.backends import TorchBackend
+from ssd.inference.pipeline import Detector, detect_batch
 from ssd.preprocess import preprocess, to_pixels
 from test_export import biased_model, random_images
 

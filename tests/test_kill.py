@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import ssd
-from ssd.checkpoint import load_checkpoint
 from ssd.data.synthetic import generate_synthetic
+from ssd.weights.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="SIGKILL")
 

@@ -10,7 +10,6 @@ from PIL import Image
 
 from ssd._utils import state_dict_mismatch
 from ssd.cli import main
-from ssd.config import ConfigError, TrainConfig
 from ssd.data import build_dataloader, check_dataset, load_dataset
 from ssd.data.check import prior_coverage, suggest_image_size
 from ssd.data.images import read_image
@@ -18,6 +17,7 @@ from ssd.matching import match
 from ssd.models import build_model
 from ssd.models.config import ModelConfig
 from ssd.priors import PRIOR_CONFIGS, PriorConfig, as_hw, default_boxes
+from ssd.training.config import ConfigError, TrainConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
@@ -252,9 +252,9 @@ def test_predict_and_onnx_export_at_a_non_square_size(tmp_path):
 
     import onnx
 
-    from ssd.checkpoint import save_checkpoint
-    from ssd.engine.export import export_onnx
-    from ssd.engine.inference import load
+    from ssd.export.onnx import export_onnx
+    from ssd.inference.pipeline import load
+    from ssd.weights.checkpoint import save_checkpoint
 
     torch.manual_seed(0)
     model = build_model("ssd_tiny", 2, image_size=(96, 128)).eval()

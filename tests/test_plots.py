@@ -12,9 +12,9 @@ import pytest
 import torch
 from PIL import Image
 
-from ssd.engine import plots
-from ssd.engine.metrics import evaluate_voc
-from ssd.engine.plots import (
+import ssd.plots as plots
+from ssd.evaluation.metrics import evaluate_voc
+from ssd.plots import (
     RESULTS_COLUMNS,
     class_color,
     draw_detections,

@@ -10,12 +10,12 @@ import torch
 from PIL import Image
 
 from conftest import requires_cuda
-from ssd.checkpoint import CheckpointError, save_checkpoint
 from ssd.data.images import read_image
-from ssd.engine.backends import OnnxBackend
-from ssd.engine.export import export_onnx
-from ssd.engine.inference import Detector, load
-from ssd.engine.sources import predict_source
+from ssd.export.onnx import export_onnx
+from ssd.inference.backends import OnnxBackend
+from ssd.inference.pipeline import Detector, load
+from ssd.inference.sources import predict_source
+from ssd.weights.checkpoint import CheckpointError, save_checkpoint
 from test_export import biased_model, random_images
 
 CONF, IOU, MAX_DET = 0.3, 0.45, 20

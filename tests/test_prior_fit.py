@@ -1,4 +1,4 @@
-"""Fitted default boxes: the fit (ssd.prior_fit), models built with them, the priors file, `ssd check --fit-priors`."""
+"""Fitted default boxes: the fit (ssd.priors.fit), models built with them, the priors file, `ssd check --fit-priors`."""
 
 import json
 import math
@@ -6,15 +6,15 @@ import math
 import pytest
 import torch
 
-from ssd.checkpoint import save_checkpoint
 from ssd.cli import _build_parser, _parse, main
-from ssd.config import TrainConfig
-from ssd.coverage import best_iou, coverage
-from ssd.engine.priors import load_priors, resolve_priors, save_priors
+from ssd.data.priors import load_priors, resolve_priors, save_priors
 from ssd.models import build_model, model_from_checkpoint
 from ssd.models.build import default_priors
-from ssd.prior_fit import FitRules, _Bounds, _Layout, _Scorer, _Search, fit_priors
 from ssd.priors import PRIOR_CONFIGS, PriorConfig
+from ssd.priors.coverage import best_iou, coverage
+from ssd.priors.fit import FitRules, _Bounds, _Layout, _Scorer, _Search, fit_priors
+from ssd.training.config import TrainConfig
+from ssd.weights.checkpoint import save_checkpoint
 
 SMALL = PriorConfig(feature_maps=[8, 4], steps=[8, 16], min_sizes=[8, 32], max_sizes=[10, 48],
                     aspect_ratios=[[2], [2]])
@@ -149,7 +149,7 @@ def test_coverage_buckets_and_mean():
 
 # ------------------------------------------------------------------------------------------ models and files
 def test_model_with_custom_priors_saves_reloads_and_predicts(tmp_path):
-    from ssd.engine.inference import load
+    from ssd.inference.pipeline import load
 
     base = default_priors("ssd_tiny", 128)
     custom = PriorConfig(feature_maps=base.feature_maps, steps=base.steps, min_sizes=[6, 15, 33, 60, 95],
@@ -248,9 +248,9 @@ def test_train_with_priors_auto_stores_the_fitted_boxes(tmp_path):
     """`ssd train --priors auto`: the run fits the default boxes on its training split and the checkpoint keeps
     them, so loading it needs nothing more."""
     from ssd.data.synthetic import generate_synthetic
-    from ssd.engine.trainer import train
     from ssd.models import model_from_checkpoint
     from ssd.models.build import default_priors
+    from ssd.training.trainer import train
 
     data = generate_synthetic(tmp_path / "data", num_train=16, num_val=4, image_size=64, num_classes=2, seed=0)
     result = train(data=str(data), model="ssd_tiny", image_size=64, epochs=1, batch_size=8, workers=0,
@@ -334,8 +334,8 @@ def test_priors_file_round_trip_at_a_non_square_size(tmp_path):
 
 def test_check_fit_priors_and_train_priors_auto_at_a_non_square_size(synthetic_voc, tmp_path, capsys, monkeypatch):
     from ssd.data.load import load_dataset
-    from ssd.engine.priors import fit_for_model
-    from ssd.engine.trainer import train
+    from ssd.data.priors import fit_for_model
+    from ssd.training.trainer import train
 
     monkeypatch.chdir(tmp_path)
     assert main(["check", str(synthetic_voc), "--model", "ssd_tiny", "--image-size", "160x128", "--fit-priors"]) == 0

@@ -11,11 +11,11 @@ import pytest
 import torch
 from PIL import Image
 
-from ssd.checkpoint import CheckpointError, save_checkpoint
 from ssd.cli import main
-from ssd.engine.export import export_onnx
-from ssd.engine.inference import load, weights_file
-from ssd.engine.sources import output_paths, predict_source
+from ssd.export.onnx import export_onnx
+from ssd.inference.pipeline import load, weights_file
+from ssd.inference.sources import output_paths, predict_source
+from ssd.weights.checkpoint import CheckpointError, save_checkpoint
 from test_export import biased_model, random_images
 
 OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)

@@ -8,12 +8,12 @@ import pytest
 import torch
 from PIL import Image
 
-from ssd.checkpoint import save_checkpoint
 from ssd.cli import main
 from ssd.data.synthetic import SHAPE_NAMES
-from ssd.engine.evaluation import evaluate
-from ssd.engine.inference import Detector, load
-from ssd.engine.tiling import check_tile, detect_tiled, tile_shape, tile_windows
+from ssd.evaluation.evaluator import evaluate
+from ssd.inference.pipeline import Detector, load
+from ssd.inference.tiling import check_tile, detect_tiled, tile_shape, tile_windows
+from ssd.weights.checkpoint import save_checkpoint
 from test_export import biased_model
 
 # --- a backend that always detects one fixed box of its input -------------------------------------------------
@@ -22,7 +22,7 @@ FIXED = (0.25, 0.125, 0.5, 0.625)  # xyxy normalized to the network input; exact
 
 
 class FixedBox:
-    """A backend (see :mod:`ssd.engine.backends`) with one prior, ``FIXED``, scored as class 1 with zero offsets:
+    """A backend (see :mod:`ssd.inference.backends`) with one prior, ``FIXED``, scored as class 1 with zero offsets:
     every crop yields exactly that box in its own normalized coordinates. Records the batch sizes it ran."""
 
     nms = False
@@ -209,11 +209,11 @@ def test_val_with_tiles(weights, synthetic_voc):
 
 
 def test_cli_val_and_predict_take_tile(weights, tmp_path, capsys, monkeypatch):
-    import ssd.engine.evaluation
+    import ssd.evaluation.evaluator
 
     calls = []
     per_class = {"a": {"ap": 0.5, "num_gt": 2, "num_det": 3}}
-    monkeypatch.setattr(ssd.engine.evaluation, "evaluate", lambda *args, **kwargs: calls.append(kwargs) or {
+    monkeypatch.setattr(ssd.evaluation.evaluator, "evaluate", lambda *args, **kwargs: calls.append(kwargs) or {
         "map": 0.5, "per_class": per_class, "metric": "voc07", "class_names": ["a"]})
     assert main(["val", "--weights", "w.pt", "--data", "d", "--tile", "96x128", "--tile-overlap", "0.1"]) == 0
     assert (calls[0]["tile"], calls[0]["tile_overlap"]) == ((96, 128), 0.1)

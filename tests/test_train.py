@@ -12,13 +12,14 @@ import torch
 from PIL import Image, ImageDraw
 
 import ssd
-from ssd.config import ConfigError, TrainConfig
+import ssd.device as device
 from ssd.data.records import DataError
-from ssd.engine import device, trainer
-from ssd.engine.evaluation import evaluate
-from ssd.engine.optim import LRSchedule, param_groups
-from ssd.engine.run import make_run_dir
-from ssd.engine.trainer import NonFiniteLossError, train
+from ssd.evaluation.evaluator import evaluate
+from ssd.training import trainer
+from ssd.training.config import ConfigError, TrainConfig
+from ssd.training.optim import LRSchedule, param_groups
+from ssd.training.run import make_run_dir
+from ssd.training.trainer import NonFiniteLossError, train
 
 # ssd_tiny at 128 px with the light augmentation: seconds per epoch of the synthetic fixture on 2 cores
 FAST = dict(model="ssd_tiny", image_size=128, batch_size=8, workers=0, device="cpu", quiet=True, seed=0,

@@ -13,14 +13,14 @@ import yaml
 from PIL import Image
 
 import ssd
-from ssd.checkpoint import CheckpointError
 from ssd.cli import main
-from ssd.config import ConfigError, TrainConfig
 from ssd.data.records import DataError
-from ssd.engine import trainer
-from ssd.engine.device import resolve_device
-from ssd.engine.optim import LRSchedule
-from ssd.engine.trainer import NonFiniteLossError, train
+from ssd.device import resolve_device
+from ssd.training import trainer
+from ssd.training.config import ConfigError, TrainConfig
+from ssd.training.optim import LRSchedule
+from ssd.training.trainer import NonFiniteLossError, train
+from ssd.weights.checkpoint import CheckpointError
 from test_train import _write_yolo
 
 # 12 train / 4 val images of 96 px (test_train._write_yolo), ssd_tiny at 64 px: 3 steps of 4 images per epoch

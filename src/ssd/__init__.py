@@ -28,9 +28,9 @@ _EXPORTS: dict[str, str] = {
     "default_boxes": "ssd.priors",
     "validate_targets": "ssd.checks",
     # models and checkpoints
-    "CheckpointError": "ssd.checkpoint",
-    "load_checkpoint": "ssd.checkpoint",
-    "save_checkpoint": "ssd.checkpoint",
+    "CheckpointError": "ssd.weights.checkpoint",
+    "load_checkpoint": "ssd.weights.checkpoint",
+    "save_checkpoint": "ssd.weights.checkpoint",
     "SSD": "ssd.models",
     "ModelConfig": "ssd.models.config",
     "build_model": "ssd.models",
@@ -42,17 +42,17 @@ _EXPORTS: dict[str, str] = {
     "check_dataset": "ssd.data.check",
     "generate_synthetic": "ssd.data.synthetic",
     "load_dataset": "ssd.data.load",
-    # engine
-    "TrainConfig": "ssd.config",
-    "train": "ssd.engine.trainer",
-    "evaluate": "ssd.engine.evaluation",
-    "evaluate_split": "ssd.engine.evaluation",
-    "evaluate_coco": "ssd.engine.metrics",
-    "evaluate_voc": "ssd.engine.metrics",
-    "voc_ap": "ssd.engine.metrics",
-    "export_onnx": "ssd.engine.export",
-    "Detector": "ssd.engine.inference",
-    "load": "ssd.engine.inference",
+    # training, evaluation, export and inference
+    "TrainConfig": "ssd.training.config",
+    "train": "ssd.training.trainer",
+    "evaluate": "ssd.evaluation.evaluator",
+    "evaluate_split": "ssd.evaluation.evaluator",
+    "evaluate_coco": "ssd.evaluation.metrics",
+    "evaluate_voc": "ssd.evaluation.metrics",
+    "voc_ap": "ssd.evaluation.metrics",
+    "export_onnx": "ssd.export.onnx",
+    "Detector": "ssd.inference.pipeline",
+    "load": "ssd.inference.pipeline",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -73,21 +73,21 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from ssd.boxes import VARIANCES, decode, encode
-    from ssd.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
     from ssd.checks import validate_targets
-    from ssd.config import TrainConfig
     from ssd.data.check import check_dataset
     from ssd.data.load import load_dataset
     from ssd.data.records import DataError
     from ssd.data.synthetic import generate_synthetic
-    from ssd.engine.evaluation import evaluate, evaluate_split
-    from ssd.engine.export import export_onnx
-    from ssd.engine.inference import Detector, load
-    from ssd.engine.metrics import evaluate_coco, evaluate_voc, voc_ap
-    from ssd.engine.trainer import train
+    from ssd.evaluation.evaluator import evaluate, evaluate_split
+    from ssd.evaluation.metrics import evaluate_coco, evaluate_voc, voc_ap
+    from ssd.export.onnx import export_onnx
+    from ssd.inference.pipeline import Detector, load
     from ssd.loss import MultiBoxLoss
     from ssd.matching import match
     from ssd.models import SSD, build_model, import_model, list_models, model_from_checkpoint
     from ssd.models.config import ModelConfig
     from ssd.postprocess import postprocess_detections
     from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes
+    from ssd.training.config import TrainConfig
+    from ssd.training.trainer import train
+    from ssd.weights.checkpoint import CheckpointError, load_checkpoint, save_checkpoint

@@ -1,7 +1,7 @@
 """The ``ssd`` command line: ``ssd train|val|predict|export|check|demo|import``.
 
 One grammar everywhere: ``--option value`` (``--epochs 50``), booleans as ``--amp`` / ``--no-amp``.
-``ssd train`` takes every field of :class:`ssd.config.TrainConfig` as an option and ``--config FILE.yaml``
+``ssd train`` takes every field of :class:`ssd.training.config.TrainConfig` as an option and ``--config FILE.yaml``
 for a file of the same fields; options given on the command line win over the file.
 An unknown option is answered with the closest valid ones. Errors about data, checkpoints or options are
 printed as one readable message (exit code 1 for errors, 2 for command-line mistakes); set ``SSD_DEBUG=1``
@@ -87,7 +87,7 @@ def _add_config_options(parser: argparse.ArgumentParser, config_cls) -> None:
 
 def _image_size_option(text: str) -> int | str:
     """``ssd check --image-size``: the rules of ``TrainConfig.image_size``, as an argparse error."""
-    from ssd.config import ConfigError, parse_image_size
+    from ssd.training.config import ConfigError, parse_image_size
 
     try:
         return parse_image_size(text)
@@ -96,9 +96,9 @@ def _image_size_option(text: str) -> int | str:
 
 
 def _tile_option(text: str) -> str | tuple[int, int]:
-    """``--tile``: ``auto``, ``N`` or ``HxW`` (the rules of :func:`ssd.engine.tiling.check_tile`), as an argparse
+    """``--tile``: ``auto``, ``N`` or ``HxW`` (the rules of :func:`ssd.inference.tiling.check_tile`), as an argparse
     error."""
-    from ssd.engine.tiling import check_tile
+    from ssd.inference.tiling import check_tile
 
     try:
         return check_tile(text)
@@ -126,7 +126,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_train_parser(sub) -> None:
-    from ssd.config import TrainConfig
+    from ssd.training.config import TrainConfig
 
     p = sub.add_parser("train", help="train a detector on a dataset", epilog=EPILOG,
                        description="Validate the data (the `ssd check` rules), then train. "
@@ -226,8 +226,8 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from ssd.config import TrainConfig
-    from ssd.engine.trainer import train
+    from ssd.training.config import TrainConfig
+    from ssd.training.trainer import train
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "version", "config_file")}
     config = TrainConfig.from_yaml(args.config_file) if args.config_file else TrainConfig()
@@ -237,7 +237,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_val(args: argparse.Namespace) -> int:
-    from ssd.engine.evaluation import evaluate, format_table
+    from ssd.evaluation.evaluator import evaluate, format_table
 
     result = evaluate(args.weights, args.data, metric=args.metric, split=args.split, batch_size=args.batch_size,
                       workers=args.workers, device=args.device, score_threshold=args.conf, iou_threshold=args.iou,
@@ -248,7 +248,7 @@ def _cmd_val(args: argparse.Namespace) -> int:
 
 def _overlap(args: argparse.Namespace) -> float:
     """``--tile-overlap``, checked (a command-line mistake when out of range)."""
-    from ssd.engine.tiling import check_tile
+    from ssd.inference.tiling import check_tile
 
     try:
         check_tile(None, args.tile_overlap)
@@ -262,8 +262,8 @@ PREDICT_OPTIONS = {"score_threshold": "--conf", "iou_threshold": "--iou", "max_d
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from ssd.engine.inference import check_thresholds, load
-    from ssd.engine.sources import predict_source
+    from ssd.inference.pipeline import check_thresholds, load
+    from ssd.inference.sources import predict_source
 
     options = dict(score_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det,
                    batch_size=args.batch_size)
@@ -283,7 +283,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ssd.engine.export import export
+    from ssd.export.onnx import export
 
     out = export(args.weights, fmt=args.fmt, out_path=args.output, opset=args.opset,
                  dynamic_batch=args.dynamic_batch, nms=args.nms, check=args.check)
@@ -308,7 +308,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     report = check_dataset(data, priors=priors, model=args.model, image_size=args.image_size)
     output = report.to_dict() if args.as_json else report.format_table()
     if args.fit_priors:
-        from ssd.engine.priors import fit_for_model, save_priors, train_command
+        from ssd.data.priors import fit_for_model, save_priors, train_command
 
         fit = fit_for_model(data, args.model, args.image_size, free=args.fit_priors == "free")
         path = save_priors(args.priors_out, fit, args.model, source=args.data)
@@ -321,7 +321,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ssd.engine.demo import run_demo
+    from ssd.training.demo import run_demo
 
     options = {"epochs": args.epochs} if args.epochs else {}
     run_demo(project=args.project, device=args.device, quiet=args.quiet, **options)
@@ -329,8 +329,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_import(args: argparse.Namespace) -> int:
-    from ssd.checkpoint import save_checkpoint
-    from ssd.models.importers import import_model
+    from ssd.weights.checkpoint import save_checkpoint
+    from ssd.weights.importers import import_model
 
     model = import_model(args.source, format=args.fmt, class_names=args.classes)
     out = save_checkpoint(args.output, model)

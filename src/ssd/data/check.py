@@ -26,11 +26,11 @@ from torch import Tensor
 from torchvision.ops import box_iou
 
 from ssd._utils import as_hw, closest_names, render_table, size_text
-from ssd.coverage import SIZE_BUCKETS, coverage
 from ssd.data.images import ImageError, verify_image
 from ssd.data.load import load_dataset
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
+from ssd.priors.coverage import SIZE_BUCKETS, coverage
 
 __all__ = ["CheckReport", "check_dataset", "find_issues", "screen", "prior_coverage", "spec_boxes", "SIZE_BUCKETS"]
 
@@ -243,7 +243,7 @@ def spec_boxes(spec: DatasetSpec, splits: list[str] | None = None, exclude: set 
 
 
 def prior_coverage(spec: DatasetSpec, priors: Tensor, iou_threshold: float = 0.5, exclude: set | None = None) -> dict:
-    """:func:`ssd.coverage.coverage` of every box of ``spec`` (:func:`spec_boxes`) with ``priors`` ``[P, 4]``
+    """:func:`ssd.priors.coverage.coverage` of every box of ``spec`` (:func:`spec_boxes`) with ``priors`` ``[P, 4]``
     ``(cx, cy, w, h)`` normalized (``model.priors``); ``exclude``: ``(image path, object index)`` pairs to leave out."""
     return coverage(spec_boxes(spec, exclude=exclude), priors, iou_threshold)
 

@@ -13,14 +13,14 @@ import torch
 from torch import nn
 
 from ssd._utils import as_hw, compact_size, did_you_mean, size_text, state_dict_mismatch
-from ssd.checkpoint import CheckpointError, checked_checkpoint, checkpoint_dict, read_file
 from ssd.models import mobilenet, tiny, vgg
 from ssd.models.architecture import Architecture
+from ssd.models.backbone_weights import BackboneWeightsError, read_backbone_weights
 from ssd.models.config import ModelConfig, ModelConfigError
-from ssd.models.finetune import match_classes, remap_class_rows
 from ssd.models.ssd import SSD
-from ssd.models.weights import BackboneWeightsError, read_backbone_weights
 from ssd.priors import PriorConfig
+from ssd.weights.checkpoint import CheckpointError, checked_checkpoint, checkpoint_dict, read_file
+from ssd.weights.finetune import match_classes, remap_class_rows
 
 __all__ = ["MODEL_CONFIGS", "build_model", "build_from_config", "default_priors", "list_models",
            "model_from_checkpoint", "prior_config", "read_weights"]
@@ -55,7 +55,7 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
             are recomputed for it (see :func:`prior_config`); the heads keep their shapes, so weights trained at
             one size load at another.
         priors: default boxes to use instead of the configuration's (e.g. fitted by
-            :func:`ssd.prior_fit.fit_priors`), in pixels of ``image_size``: the same feature maps as the network
+            :func:`ssd.priors.fit.fit_priors`), in pixels of ``image_size``: the same feature maps as the network
             at that size (see :func:`default_priors`); boxes per location may differ (the heads are new).
         options: architecture options (``ssdlite320_mobilenet_v3_large``: ``reduced_tail``).
 
@@ -145,10 +145,10 @@ def prior_config(arch: Architecture, image_size: int | tuple[int, int],
 
 def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, class_names: Sequence[str] | None = None,
                           reinit_heads: bool = False, priors: PriorConfig | Mapping[str, Any] | None = None) -> SSD:
-    """Rebuild the model saved in a checkpoint (a path or the dict from :func:`ssd.checkpoint.load_checkpoint`).
+    """Rebuild the model saved in a checkpoint (a path or the dict from :func:`ssd.weights.checkpoint.load_checkpoint`).
 
     A file (or dict) that is not a checkpoint of this library is imported when it is a detector of a known format
-    (ssd.pytorch, torchvision, lufficc/SSD: see :func:`ssd.models.importers.import_model`, the format is logged).
+    (ssd.pytorch, torchvision, lufficc/SSD: see :func:`ssd.weights.importers.import_model`, the format is logged).
 
     Args:
         class_names: the classes wanted (default: the checkpoint's). Different names (or order) are refused unless
@@ -156,7 +156,7 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
         reinit_heads: with different ``class_names``, fine-tune to them: keep every weight (backbone, extra layers,
             box regressors, the background row) but the class predictor rows of the classes, which start from
             their initialisation, except for a wanted class that names a class of the checkpoint (case-insensitive,
-            VOC / COCO synonyms, see :func:`ssd.models.finetune.match_classes`): it starts from that class's rows.
+            VOC / COCO synonyms, see :func:`ssd.weights.finetune.match_classes`): it starts from that class's rows.
             The mapping is logged on the ``ssd`` logger.
         priors: default boxes replacing the checkpoint's (fine-tuning with fitted default boxes): its feature maps
             and, so that every head loads, its boxes per location.
@@ -165,7 +165,7 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
     source = str(ckpt_or_path) if is_path else "the checkpoint"
     ckpt = read_file(ckpt_or_path) if is_path else ckpt_or_path
     if not _is_own_checkpoint(ckpt):
-        from ssd.models.importers import import_weights  # importers build models with this module
+        from ssd.weights.importers import import_weights  # importers build models with this module
 
         model = import_weights(ckpt, source)
         config, saved, state = model.config, model.class_names, model.state_dict()
@@ -192,14 +192,14 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
 
 def read_weights(path: str | os.PathLike) -> dict[str, Any]:
     """The checkpoint dict of a weights file, whatever wrote it: a checkpoint of this library as
-    :func:`ssd.checkpoint.load_checkpoint` reads it, or a foreign detector imported (its format logged, see
-    :func:`ssd.models.importers.import_model`) as the dict :func:`ssd.checkpoint.save_checkpoint` would write.
+    :func:`ssd.weights.checkpoint.load_checkpoint` reads it, or a foreign detector imported (its format logged, see
+    :func:`ssd.weights.importers.import_model`) as the dict :func:`ssd.weights.checkpoint.save_checkpoint` would write.
     For code that needs more of a checkpoint than the model (its config, extras); :func:`model_from_checkpoint`
     takes the dict."""
     obj = read_file(path)
     if _is_own_checkpoint(obj):
         return checked_checkpoint(obj, path)
-    from ssd.models.importers import import_weights  # importers build models with this module
+    from ssd.weights.importers import import_weights  # importers build models with this module
 
     return checkpoint_dict(import_weights(obj, str(path)))
 

@@ -15,8 +15,8 @@ from torchvision.models import MobileNet_V3_Large_Weights, mobilenet_v3_large
 from torchvision.ops.misc import Conv2dNormActivation
 
 from ssd.models.architecture import Architecture, MultiScaleBackbone
+from ssd.models.backbone_weights import load_backbone_state
 from ssd.models.ssd import LevelHead
-from ssd.models.weights import load_backbone_state
 from ssd.priors import PriorConfig
 
 __all__ = ["MobileNetV3Backbone", "ARCHITECTURES"]

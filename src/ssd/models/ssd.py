@@ -92,7 +92,7 @@ class SSD(nn.Module):
                 max_detections: int = 200) -> list[dict]:
         """Detections in original-image pixels: :meth:`preprocess`, :meth:`forward`,
         :func:`ssd.postprocess.postprocess_detections` and :func:`ssd.preprocess.to_pixels` (the steps of every
-        inference backend, see :mod:`ssd.engine.inference`).
+        inference backend, see :mod:`ssd.inference.pipeline`).
 
         Runs in eval mode (the previous mode is restored). ``images`` as for :meth:`preprocess`.
 

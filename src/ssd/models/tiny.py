@@ -15,8 +15,8 @@ from torch import Tensor, nn
 from torchvision.ops.misc import Conv2dNormActivation
 
 from ssd.models.architecture import Architecture, MultiScaleBackbone
+from ssd.models.backbone_weights import BackboneWeightsError
 from ssd.models.ssd import LevelHead
-from ssd.models.weights import BackboneWeightsError
 from ssd.priors import PriorConfig
 
 __all__ = ["TinyBackbone", "ARCHITECTURES"]

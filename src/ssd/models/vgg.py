@@ -18,10 +18,10 @@ from torchvision.models import VGG16_Weights
 from torchvision.models.vgg import cfgs, make_layers
 
 from ssd.models.architecture import Architecture
-from ssd.models.formats import identify
+from ssd.models.backbone_weights import BackboneWeightsError, load_backbone_state
 from ssd.models.ssd import LevelHead
-from ssd.models.weights import BackboneWeightsError, load_backbone_state
 from ssd.priors import PRIOR_CONFIGS, PriorConfig
+from ssd.weights.identify import identify
 
 __all__ = ["L2Norm", "VGG16Backbone", "ARCHITECTURES", "weights_normalization"]
 
@@ -95,7 +95,7 @@ class VGG16Backbone(nn.Module):
         return outputs
 
     def load_imagenet(self, state: dict[str, Tensor], source: str) -> None:
-        """Load VGG16 backbone weights, in one of three layouts (recognised by :func:`ssd.models.formats.identify`):
+        """Load VGG16 backbone weights, in one of three layouts (recognised by :func:`ssd.weights.identify.identify`):
 
         - torchvision ``vgg16`` (``vgg16-397923af.pth``): ``features.*`` as is, fc6 / fc7 subsampled into conv6 /
           conv7: fc6 ``[4096, 512*7*7]`` keeps every 4th output and every 3rd row and column of its 7x7 window

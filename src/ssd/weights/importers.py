@@ -1,6 +1,6 @@
 """Import detectors trained with other SSD implementations as models of this library.
 
-:func:`import_model` recognises a file by its keys and shapes (:func:`ssd.models.formats.identify`), renames its
+:func:`import_model` recognises a file by its keys and shapes (:func:`ssd.weights.identify.identify`), renames its
 tensors to this library's layout, checks every shape against the architecture it maps to, and records the input
 normalization and default boxes the weights were trained with, so that the imported model takes this library's
 ordinary input (RGB in ``[0, 1]``, through :meth:`SSD.preprocess`) and gives the original's outputs.
@@ -36,14 +36,22 @@ import torch
 from torch import Tensor
 
 from ssd._utils import state_dict_mismatch
-from ssd.checkpoint import CheckpointError, read_file
 from ssd.models.build import MODEL_CONFIGS, build_from_config
 from ssd.models.config import ModelConfig
-from ssd.models.finetune import remap_class_rows
-from ssd.models.formats import DETECTOR_FORMATS, VOC_NAMES, Identified, coco_categories, coco_names, few_keys, identify
 from ssd.models.ssd import SSD
 from ssd.models.vgg import SSD_PYTORCH_MEAN, TORCHVISION_SSD_MEAN, UNSCALED_STD
 from ssd.priors import PRIOR_CONFIGS, PriorConfig
+from ssd.weights.checkpoint import CheckpointError, read_file
+from ssd.weights.finetune import remap_class_rows
+from ssd.weights.identify import (
+    DETECTOR_FORMATS,
+    VOC_NAMES,
+    Identified,
+    coco_categories,
+    coco_names,
+    few_keys,
+    identify,
+)
 
 __all__ = ["WeightsImportError", "FORMAT_CHOICES", "import_model", "import_weights", "resolve_class_names"]
 

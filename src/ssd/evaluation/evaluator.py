@@ -8,7 +8,7 @@ batches: ``images [B, 3, S, S]`` normalized, ``boxes [B, G, 4]`` xyxy normalized
 Predictions and ground truths are scaled by each image's original ``(w, h)`` to pixel xyxy (the evaluation
 transform is a plain resize) and kept as plain lists of per-image dicts, which ranks can ``all_gather``. With
 ``tile`` (``ssd val --tile``), each image is also read from its file and predicted tile by tile
-(:mod:`ssd.engine.tiling`), merged with the loader batch's detections, and scored by the same code.
+(:mod:`ssd.inference.tiling`), merged with the loader batch's detections, and scored by the same code.
 """
 
 from __future__ import annotations
@@ -23,21 +23,21 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+import ssd.distributed as ddp
 from ssd._utils import render_table, unwrap_model
 from ssd.boxes import pixel_scale
 from ssd.data import build_dataloader
 from ssd.data.images import read_image
 from ssd.data.load import load_training_data
 from ssd.data.records import ImageRecord
-from ssd.engine import distributed as ddp
-from ssd.engine.device import autocast, prepare_model, resolve_device
-from ssd.engine.inference import detect_batch
-from ssd.engine.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
-from ssd.engine.run import plain_data_errors
-from ssd.engine.tiling import TILE_OVERLAP, check_tile, detect_tiled
+from ssd.device import autocast, prepare_model, resolve_device
+from ssd.evaluation.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
+from ssd.inference.pipeline import detect_batch
+from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.models import model_from_checkpoint
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
+from ssd.training.run import plain_data_errors
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",
            "merge_results", "format_table", "save_coco_json"]
@@ -133,7 +133,7 @@ def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, devic
 
     ``tile`` (``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels): also predict on overlapping tiles of each original
     image, read from its file (the loader's images are resized), and merge them with the loader batch's detections
-    (:func:`ssd.engine.tiling.detect_tiled`); a split none of whose images is tiled gives the plain result.
+    (:func:`ssd.inference.tiling.detect_tiled`); a split none of whose images is tiled gives the plain result.
 
     Returns:
         ``(detections, ground_truths)``, one dict per image in loader order, on the CPU. Detections:
@@ -200,8 +200,8 @@ def score_detections(detections: Sequence[Mapping[str, Any]], ground_truths: Seq
                      class_names: Sequence[str], metric: str = "voc07", *, verbose: bool = False) -> dict[str, Any]:
     """Score per-image detections with ``metric`` (a key of :data:`METRICS`).
 
-    Returns the dict of :func:`ssd.engine.metrics.evaluate_voc` (``voc07``, ``voc``: AP@0.5) or
-    :func:`~ssd.engine.metrics.evaluate_coco` (``coco``), always with ``map`` (the headline number) and
+    Returns the dict of :func:`ssd.evaluation.metrics.evaluate_voc` (``voc07``, ``voc``: AP@0.5) or
+    :func:`~ssd.evaluation.metrics.evaluate_coco` (``coco``), always with ``map`` (the headline number) and
     ``per_class``, plus ``metric`` and ``detections`` (the list given, for :func:`save_coco_json` and drawing).
     """
     _check_metric(metric)
@@ -240,7 +240,7 @@ def save_coco_json(result: Mapping[str, Any] | Sequence[Mapping[str, Any]], path
 
     ``image_id`` is each image's dataset id (COCO id, or the file stem for VOC/YOLO); ``category_id`` is
     ``category_ids[label]`` (the dataset's own ids, e.g. COCO's 1, 5, 90), else the label
-    (see :func:`ssd.engine.metrics.to_coco_detections`).
+    (see :func:`ssd.evaluation.metrics.to_coco_detections`).
     """
     detections = result["detections"] if isinstance(result, Mapping) else result
     path = Path(path)

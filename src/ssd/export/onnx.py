@@ -22,9 +22,9 @@ NMS batch entry per image and class) and the ``max_det`` best per image, so a de
 
 Metadata (``metadata_props``, strings, JSON values): ``ssd_version``, ``model_name``, ``class_names`` (list),
 ``image_size``, ``mean``, ``std``, ``variances`` (lists), ``nms`` (``true``/``false``), ``graph_sha256`` (the
-checksum of the graph: :func:`ssd.engine.backends.graph_digest`, verified at load), ``category_ids`` (list, when the
+checksum of the graph: :func:`ssd.inference.backends.graph_digest`, verified at load), ``category_ids`` (list, when the
 checkpoint has the dataset's ids) and, with NMS, ``score_threshold``, ``iou_threshold``, ``max_det``,
-``candidates_per_class``. :class:`ssd.engine.backends.OnnxBackend` validates all of them against the graph.
+``candidates_per_class``. :class:`ssd.inference.backends.OnnxBackend` validates all of them against the graph.
 
 The in-graph post-processing (:class:`_ExportGraph`) is written with ONNX-exportable ops, apart from
 :func:`ssd.postprocess.postprocess_detections`, with the same rule and the same ``CANDIDATES_PER_CLASS``; tests
@@ -46,9 +46,9 @@ from torchvision.ops import batched_nms
 from ssd._utils import as_hw, unwrap_model
 from ssd._version import __version__
 from ssd.boxes import decode
-from ssd.engine.backends import check_category_ids, graph_digest
-from ssd.engine.inference import check_thresholds, weights_file
-from ssd.engine.parity import ExportCheckError, check_onnx
+from ssd.export.parity import ExportCheckError, check_onnx
+from ssd.inference.backends import check_category_ids, graph_digest
+from ssd.inference.pipeline import check_thresholds, weights_file
 from ssd.models import model_from_checkpoint
 from ssd.models.build import read_weights
 from ssd.postprocess import CANDIDATES_PER_CLASS

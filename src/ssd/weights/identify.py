@@ -1,7 +1,7 @@
 """Recognise weight files by their keys and shapes (never by file name): foreign detectors, backbones, and the
 VOC / COCO class lists their outputs stand for.
 
-Nothing here builds a model: :mod:`ssd.models.importers` converts what :func:`identify` recognises, and the backbone
+Nothing here builds a model: :mod:`ssd.weights.importers` converts what :func:`identify` recognises, and the backbone
 loader uses it to refuse a detector given as a backbone with a useful message.
 
 Detectors (``kind="detector"``):
@@ -30,7 +30,7 @@ DETECTOR_FORMATS: dict[str, str] = {
     "torchvision": "torchvision ssd300_vgg16 / ssdlite320_mobilenet_v3_large (backbone.*, head.classification_head.*)",
     "lufficc": "lufficc/SSD ({'model': {backbone.*, box_head.predictor.*}})",
 }
-"""The detector formats :func:`ssd.models.importers.import_model` reads, with the keys that identify them."""
+"""The detector formats :func:`ssd.weights.importers.import_model` reads, with the keys that identify them."""
 
 VOC_NAMES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable",
              "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor")

@@ -15,10 +15,10 @@ import json
 import time
 from pathlib import Path
 
-from ssd.config import TrainConfig
+import ssd.distributed as ddp
 from ssd.data.synthetic import generate_synthetic
-from ssd.engine import distributed as ddp
-from ssd.engine.trainer import TrainResult, train
+from ssd.training.config import TrainConfig
+from ssd.training.trainer import TrainResult, train
 
 __all__ = ["run_demo", "DEMO_DATA"]
 
@@ -42,7 +42,7 @@ def run_demo(project: str | Path = "runs", *, device: str = "auto", quiet: bool 
     """Run the demo into ``project`` (dataset in ``project/demo_data``, run in ``project/demo``, ``demo2``, ...).
 
     ``data`` overrides :data:`DEMO_DATA` (e.g. a smaller set for tests); other keyword ``overrides`` go to
-    :class:`~ssd.config.TrainConfig`. Returns the :class:`~ssd.engine.trainer.TrainResult` and prints where
+    :class:`~ssd.training.config.TrainConfig`. Returns the :class:`~ssd.training.trainer.TrainResult` and prints where
     everything is.
     """
     project = Path(project)

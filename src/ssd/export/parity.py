@@ -1,5 +1,5 @@
 """The export check: an exported ONNX model against the PyTorch model it came from, both run through the same
-inference pipeline (:class:`ssd.engine.inference.Detector`), on raw outputs and on detections."""
+inference pipeline (:class:`ssd.inference.pipeline.Detector`), on raw outputs and on detections."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from torch import Tensor, nn
 from torchvision.ops import box_iou
 
 from ssd.boxes import decode
-from ssd.engine.backends import OnnxBackend, TorchBackend
-from ssd.engine.inference import Detector, to_image
+from ssd.inference.backends import OnnxBackend, TorchBackend
+from ssd.inference.pipeline import Detector, to_image
 
 __all__ = ["ExportCheckError", "check_onnx"]
 
@@ -32,7 +32,7 @@ def check_onnx(
 
     Raw outputs (graphs without NMS): every prior's decoded box within ``box_tol`` (normalized, i.e. of the image size)
     and class scores within ``score_tol``. Detections (the thresholds stored with NMS, else a score threshold of
-    0.25, IoU 0.45, 100 per image), both through :func:`ssd.engine.inference.detect_batch`: for each image the same
+    0.25, IoU 0.45, 100 per image), both through :func:`ssd.inference.pipeline.detect_batch`: for each image the same
     detections, labels equal, boxes within ``box_tol`` of the image size, scores within ``score_tol``;
     a detection present on one side only is accepted only when a tolerance explains it (its score is within
     ``score_tol`` of the threshold, or an overlapping same-class detection has a score within ``score_tol``: an NMS

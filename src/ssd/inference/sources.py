@@ -1,5 +1,5 @@
 """``ssd predict``'s front end: :func:`predict_source` over an image, a folder, a glob or a video, writing drawn
-copies and one detections file per run (the detections themselves come from :class:`ssd.engine.inference.Detector`).
+copies and one detections file per run (the detections themselves come from :class:`ssd.inference.pipeline.Detector`).
 
 Outputs never overwrite inputs: the save directory is a fresh one (``predict``, ``predict2``, ... like training runs)
 unless ``exist_ok``, drawn copies keep the inputs' paths relative to their common folder (equal file names from
@@ -20,8 +20,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ssd.data.images import IMAGE_SUFFIXES, is_image, read_image
-from ssd.engine.inference import Detector, Result, check_thresholds
-from ssd.engine.tiling import TILE_OVERLAP, check_tile
+from ssd.inference.pipeline import Detector, Result, check_thresholds
+from ssd.inference.tiling import TILE_OVERLAP, check_tile
 
 __all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
 
@@ -104,7 +104,7 @@ def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, fmt: str) -> tup
     if exist_ok:
         save_dir.mkdir(parents=True, exist_ok=True)
     else:
-        from ssd.engine.run import make_run_dir
+        from ssd.training.run import make_run_dir
 
         save_dir = make_run_dir(save_dir.parent, save_dir.name)
     plan = output_paths(files, save_dir)
@@ -187,13 +187,13 @@ def _predict_images(detector: Detector, paths: list[Path], outputs: dict[Path, P
         summary.images += 1
         summary.detections += len(result.scores)
         if outputs is not None:
-            from ssd.engine.plots import save_image
+            from ssd.plots import save_image
 
             save_image(_draw(image, result, detector.class_names), outputs[path])
 
 
 def _draw(image: Tensor, result: Result, class_names: list[str]) -> Tensor:
-    from ssd.engine.plots import draw_detections
+    from ssd.plots import draw_detections
 
     return draw_detections(image, result.boxes, result.labels, result.scores, class_names)
 
@@ -250,7 +250,7 @@ def _write_results(path: Path, entries: list[dict], detector: Detector, fmt: str
     if fmt == "json":
         content = {"class_names": detector.class_names, "images": entries}
     else:
-        from ssd.engine.metrics import to_coco_detections
+        from ssd.evaluation.metrics import to_coco_detections
 
         content = to_coco_detections([
             {key: [d[field] for d in entry["detections"]] for key, field in

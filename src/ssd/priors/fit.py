@@ -1,4 +1,4 @@
-"""Default boxes fitted to a dataset: :func:`fit_priors` maximises their coverage (:func:`ssd.coverage.coverage`),
+"""Default boxes fitted to a dataset: :func:`fit_priors` maximises their coverage (`priors.coverage`),
 the share of ground-truth boxes whose best default box reaches IoU 0.5, SSD's matching threshold, with the mean best
 IoU as the tie-break. Coverage depends on where boxes lie, not only on their shapes: default boxes sit at grid
 centres.
@@ -30,8 +30,8 @@ import torch
 from torch import Tensor
 
 from ssd._utils import as_hw, compact_size, render_table, size_text
-from ssd.coverage import coverage
-from ssd.priors import PriorConfig, _pair
+from ssd.priors.config import PriorConfig, _pair
+from ssd.priors.coverage import coverage
 
 __all__ = ["FitResult", "FitRules", "fit_priors"]
 

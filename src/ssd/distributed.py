@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ssd.engine.device import resolve_device
+from ssd.device import resolve_device
 
 __all__ = ["DistInfo", "setup", "cleanup", "steps_per_epoch", "broadcast_object", "all_gather_objects", "any_true",
            "broadcast_buffers", "barrier"]
@@ -43,7 +43,7 @@ class DistInfo:
 
 
 def setup(device_name: str) -> tuple[DistInfo, torch.device, bool]:
-    """Read the torchrun environment, pick the device (:func:`ssd.engine.device.resolve_device`) and join the
+    """Read the torchrun environment, pick the device (:func:`ssd.device.resolve_device`) and join the
     process group (gloo on CPU, nccl on CUDA).
 
     Returns ``(info, device, created)``; ``created`` says this call initialized the group (so :func:`cleanup`

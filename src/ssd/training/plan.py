@@ -15,14 +15,14 @@ from typing import Any
 
 from torch import nn
 
-from ssd.checkpoint import CheckpointError, load_checkpoint
-from ssd.config import ConfigError, TrainConfig
+from ssd.data.priors import resolve_priors
 from ssd.data.records import DataError, DatasetSpec
-from ssd.engine.priors import resolve_priors
-from ssd.engine.run import find_checkpoint
 from ssd.models import build_model, model_from_checkpoint
 from ssd.models.build import read_weights
 from ssd.models.config import ModelConfig
+from ssd.training.config import ConfigError, TrainConfig
+from ssd.training.run import find_checkpoint
+from ssd.weights.checkpoint import CheckpointError, load_checkpoint
 
 __all__ = ["TRAINING_STATE", "RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model"]
 

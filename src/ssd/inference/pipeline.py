@@ -1,7 +1,7 @@
 """The inference pipeline: ``preprocess -> backend -> postprocess -> pixels``, written once for every caller.
 
-- :func:`detect_batch`: a preprocessed batch through a backend (:class:`~ssd.engine.backends.TorchBackend`,
-  :class:`~ssd.engine.backends.OnnxBackend`) or a plain SSD module,
+- :func:`detect_batch`: a preprocessed batch through a backend (:class:`~ssd.inference.backends.TorchBackend`,
+  :class:`~ssd.inference.backends.OnnxBackend`) or a plain SSD module,
   :func:`ssd.postprocess.postprocess_detections` (or the graph's own NMS) and :func:`ssd.preprocess.to_pixels`.
   Used by :class:`Detector`, evaluation and the export check.
 - :class:`Detector`: a backend plus the input handling (paths, PIL images, numpy arrays, tensors) and batching;
@@ -25,8 +25,8 @@ from torch import Tensor, nn
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ssd._utils import unwrap_model
-from ssd.engine.backends import OnnxBackend, TorchBackend, check_category_ids
-from ssd.engine.tiling import TILE_OVERLAP, check_tile, detect_tiled
+from ssd.inference.backends import OnnxBackend, TorchBackend, check_category_ids
+from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.postprocess import postprocess_detections
 from ssd.preprocess import preprocess, to_pixels
 
@@ -140,7 +140,7 @@ def to_image(item, index: int = 0) -> Tensor:
 
 class Detector:
     """A backend ready for images (see :func:`load`): ``Detector(backend)``, or ``Detector(model)`` for an SSD module
-    (run as a :class:`~ssd.engine.backends.TorchBackend` on its own device)."""
+    (run as a :class:`~ssd.inference.backends.TorchBackend` on its own device)."""
 
     def __init__(self, backend: Backend | nn.Module):
         self.backend = TorchBackend(backend) if isinstance(backend, nn.Module) else backend
@@ -170,7 +170,7 @@ class Detector:
         """One batch of ``[3, H, W]`` tensors (uint8 or float in ``0..1``) -> one :class:`Result` per image.
 
         ``tile``: ``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels: also detect on overlapping tiles of each image
-        and merge (:func:`ssd.engine.tiling.detect_tiled`), ``batch_size`` crops at a time (default: as many as
+        and merge (:func:`ssd.inference.tiling.detect_tiled`), ``batch_size`` crops at a time (default: as many as
         ``images``)."""
         options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections)
 
@@ -199,7 +199,7 @@ class Detector:
 
         ``tile``: ``"auto"`` (tile images more than twice the network input along a side), a tile side ``N`` or
         ``(h, w)`` in pixels, or ``None`` (no tiling); ``tile_overlap``: the share of a tile its neighbours also
-        cover. See :mod:`ssd.engine.tiling`."""
+        cover. See :mod:`ssd.inference.tiling`."""
         check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
         check_tile(tile, tile_overlap)
         items = list(source) if isinstance(source, (list, tuple)) else [source]
@@ -216,7 +216,7 @@ class Detector:
 
 def weights_file(path: str | Path) -> Path:
     """A weights file, or a run directory's ``weights/best.pt`` (else ``weights/last.pt``)."""
-    from ssd.checkpoint import CheckpointError
+    from ssd.weights.checkpoint import CheckpointError
 
     path = Path(path)
     if path.is_dir():
@@ -238,7 +238,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", half: bool = Fals
     (PyTorch on CUDA only). A checkpoint's ``category_ids`` (the dataset's ids, when training stored them) become
     :attr:`Detector.category_ids`. Raises ``CheckpointError`` for a missing file or one not written by this library.
     """
-    from ssd.engine.device import resolve_device
+    from ssd.device import resolve_device
 
     path = weights_file(path)
     device = resolve_device(device)
@@ -246,9 +246,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", half: bool = Fals
         if half:
             raise ValueError(f"half precision applies to PyTorch checkpoints, not to the ONNX model {path}")
         return Detector(OnnxBackend(path, device))
-    from ssd.checkpoint import CheckpointError
     from ssd.models import model_from_checkpoint
     from ssd.models.build import read_weights
+    from ssd.weights.checkpoint import CheckpointError
 
     ckpt = read_weights(path)  # a checkpoint, or a foreign detector imported
     try:

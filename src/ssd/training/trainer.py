@@ -1,4 +1,4 @@
-"""The training loop: :func:`train` takes a dataset to a run directory (:mod:`ssd.engine.run` describes it).
+"""The training loop: :func:`train` takes a dataset to a run directory (:mod:`ssd.training.run` describes it).
 
 Reproducibility: all random state of an epoch (data order, augmentation, worker seeds) is derived from
 ``(seed, epoch, rank)`` at the start of that epoch, so a run resumed from ``last.pt`` sees the same batches as an
@@ -19,18 +19,19 @@ import torch
 from torch import Tensor, nn
 from tqdm import tqdm
 
+import ssd.distributed as ddp
 from ssd._utils import few
-from ssd.checkpoint import save_checkpoint
-from ssd.config import ConfigError, TrainConfig
 from ssd.data import build_dataloader
 from ssd.data.load import load_training_data
 from ssd.data.records import DataError, DatasetSpec
-from ssd.engine import distributed as ddp
-from ssd.engine.device import amp_dtype, autocast, prepare_model
-from ssd.engine.evaluation import evaluate_split, split_loader
-from ssd.engine.optim import LRSchedule, build_optimizer
-from ssd.engine.plan import build_run_model, check_resumed_data, given_fields, plan_run
-from ssd.engine.run import (
+from ssd.device import amp_dtype, autocast, prepare_model
+from ssd.evaluation.evaluator import evaluate_split, split_loader
+from ssd.loss import MultiBoxLoss
+from ssd.models import set_backbone_trainable
+from ssd.training.config import ConfigError, TrainConfig
+from ssd.training.optim import LRSchedule, build_optimizer
+from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run
+from ssd.training.run import (
     RunOutput,
     checkpoint_metrics,
     epoch_seed,
@@ -40,8 +41,7 @@ from ssd.engine.run import (
     seed_everything,
     set_rng_state,
 )
-from ssd.loss import MultiBoxLoss
-from ssd.models import set_backbone_trainable
+from ssd.weights.checkpoint import save_checkpoint
 
 __all__ = ["train", "Trainer", "TrainResult", "NonFiniteLossError", "NONFINITE_SHARE"]
 
@@ -87,7 +87,7 @@ def train(config: TrainConfig | None = None, **overrides: Any) -> TrainResult:
 
 class Trainer:
     """One training run (what :func:`train` drives): data, model, optimizer and schedule are set up on construction
-    (``given``: the fields the caller set, see :func:`ssd.engine.plan.plan_run`); :meth:`run` trains all remaining
+    (``given``: the fields the caller set, see :func:`ssd.training.plan.plan_run`); :meth:`run` trains all remaining
     epochs into the run directory, :meth:`train_step` does one step."""
 
     def __init__(self, config: TrainConfig, info: ddp.DistInfo, device: torch.device, *,

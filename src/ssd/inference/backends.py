@@ -4,7 +4,7 @@ A backend maps a preprocessed batch ``[B, 3, S, S]`` (float32, normalized) to ``
 and knows what the rest of the pipeline needs: ``priors [P, 4]``, ``variances``, ``mean``, ``std``, ``image_size``,
 ``class_names``, ``category_ids`` (the dataset's COCO category id of each label, or ``None``), ``device`` (where
 its input batch is made). An ONNX graph exported with NMS inside (``nms = True``) returns detections instead:
-:meth:`OnnxBackend.nms_detections`. :func:`ssd.engine.inference.detect_batch` runs either kind.
+:meth:`OnnxBackend.nms_detections`. :func:`ssd.inference.pipeline.detect_batch` runs either kind.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from ssd._utils import as_hw, compact_size, unwrap_model
-from ssd.checkpoint import CheckpointError
+from ssd.weights.checkpoint import CheckpointError
 
 __all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "check_category_ids"]
 
@@ -155,7 +155,7 @@ def _verify_digest(path: Path, expected: str) -> None:
 
 
 class OnnxBackend:
-    """A model written by ``ssd export`` (see :mod:`ssd.engine.export`), run with ONNX Runtime.
+    """A model written by ``ssd export`` (see :mod:`ssd.export.onnx`), run with ONNX Runtime.
 
     Its metadata is validated at load (every key present and well formed, class count and input size agreeing with
     the graph, the graph checksum when stored). Tensors go in and come out on the CPU (``device``); the session

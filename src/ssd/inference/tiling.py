@@ -8,7 +8,7 @@ the network at (about) its own scale, and merges everything back:
    :func:`tile_windows` (side ``tile`` pixels, neighbours overlapping by at least ``overlap`` of a tile, the last
    tile of a row or column ending exactly on the image border). An image that one tile covers is not tiled.
 2. Every crop goes through the caller's ``detect`` function (the one inference pipeline: preprocess,
-   :func:`~ssd.engine.inference.detect_batch`), ``batch_size`` crops at a time; its pixel boxes are shifted by the
+   :func:`~ssd.inference.pipeline.detect_batch`), ``batch_size`` crops at a time; its pixel boxes are shifted by the
    tile's origin into pixels of the image.
 3. Merge, vectorized over the images: class-wise NMS (``torchvision.ops.batched_nms``, per image and class) over all
    crops, which turns the copies of an object found by overlapping tiles into one box.

@@ -3,13 +3,13 @@
 A run directory ``<project>/<name>`` (auto-incremented, never overwritten) holds::
 
     config.yaml        the resolved TrainConfig: what really ran (everything needed to reproduce the run)
-    results.csv        one row per epoch (columns: ssd.engine.plots.RESULTS_COLUMNS)
+    results.csv        one row per epoch (columns: ssd.plots.RESULTS_COLUMNS)
     results.png        loss and mAP curves
     pr_curves.png      per-class precision/recall curves of the last validation
     labels.png         label and box statistics of the training split
     val_predictions/   a few validation images with predictions drawn
     events.out.*       TensorBoard scalars
-    weights/last.pt    after every epoch (model and the training state: ssd.engine.plan.TRAINING_STATE)
+    weights/last.pt    after every epoch (model and the training state: ssd.training.plan.TRAINING_STATE)
     weights/best.pt    at the best validation mAP
 """
 
@@ -27,11 +27,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ssd.checkpoint import remove_stale_temporaries
-from ssd.config import TrainConfig
 from ssd.data.images import read_image
 from ssd.data.records import DataError, ImageRecord
-from ssd.engine.plots import (
+from ssd.plots import (
     RESULTS_COLUMNS,
     draw_detections,
     plot_label_stats,
@@ -39,6 +37,8 @@ from ssd.engine.plots import (
     plot_results,
     save_image,
 )
+from ssd.training.config import TrainConfig
+from ssd.weights.checkpoint import remove_stale_temporaries
 
 __all__ = ["find_checkpoint", "make_run_dir", "seed_everything", "epoch_seed", "rng_state", "set_rng_state",
            "write_results_csv", "checkpoint_metrics", "RunOutput", "plain_data_errors"]

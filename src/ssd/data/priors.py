@@ -29,8 +29,8 @@ from ssd.data.check import spec_boxes
 from ssd.data.records import DatasetSpec
 from ssd.models import MODEL_CONFIGS
 from ssd.models.build import default_priors
-from ssd.prior_fit import FitResult, fit_priors
 from ssd.priors import PriorConfig
+from ssd.priors.fit import FitResult, fit_priors
 
 __all__ = ["fit_for_model", "load_priors", "resolve_priors", "save_priors", "train_command", "training_boxes"]
 
@@ -45,7 +45,7 @@ def training_boxes(spec: DatasetSpec) -> Tensor:
 
 def fit_for_model(data: DatasetSpec | Tensor, model: str, image_size: int | tuple[int, int] | str | None = None, *,
                   free: bool = False, seed: int = 0) -> FitResult:
-    """:func:`ssd.prior_fit.fit_priors` for ``model`` at ``image_size`` (default: its own; an int, ``(h, w)`` or
+    """:func:`ssd.priors.fit.fit_priors` for ``model`` at ``image_size`` (default: its own; an int, ``(h, w)`` or
     ``"HxW"``) on a dataset's training split (or on boxes ``[N, 4]`` xyxy normalized to their images)."""
     boxes = data if isinstance(data, Tensor) else training_boxes(data)
     base = default_priors(model, image_size)

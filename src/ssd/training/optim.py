@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ssd.config import TrainConfig
+from ssd.training.config import TrainConfig
 
 __all__ = ["param_groups", "build_optimizer", "LRSchedule"]
 
@@ -26,7 +26,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
     """SGD (momentum ``config.momentum``) or AdamW (``betas=(config.momentum, 0.999)``) at ``config.lr``.
 
-    ``config`` must be :meth:`~ssd.config.TrainConfig.resolved` (optimizer, lr and weight decay filled in).
+    ``config`` must be :meth:`~ssd.training.config.TrainConfig.resolved` (optimizer, lr and weight decay filled in).
     """
     groups = param_groups(model, config.weight_decay)
     if config.optimizer == "adamw":

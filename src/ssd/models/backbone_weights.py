@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from ssd._utils import state_dict_mismatch
-from ssd.checkpoint import CheckpointError, read_file
-from ssd.models.formats import identify
+from ssd.weights.checkpoint import CheckpointError, read_file
+from ssd.weights.identify import identify
 
 __all__ = ["read_backbone_weights", "load_backbone_state", "BackboneWeightsError"]
 

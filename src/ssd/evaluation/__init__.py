@@ -1,0 +1,1 @@
+"""Evaluation: detection metrics and the evaluator that scores a backend on a dataset split."""

@@ -1,0 +1,1 @@
+"""Export: ONNX and TorchScript artifacts and the parity check against PyTorch."""

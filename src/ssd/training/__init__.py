@@ -1,0 +1,1 @@
+"""Training: options, the loop, optimisation, run directories, resuming and the demo."""

@@ -1,0 +1,1 @@
+"""Weights files: checkpoints of this library, recognising foreign files, importing and fine-tuning them."""
