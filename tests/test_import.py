@@ -19,7 +19,8 @@ from ssd.cli import main
 from ssd.models import BackboneWeightsError, WeightsImportError, build_model, model_from_checkpoint, read_weights
 from ssd.postprocess import postprocess_detections
 from ssd.priors import PRIOR_CONFIGS, default_boxes
-from ssd.training.config import ConfigError, TrainConfig
+from ssd.settings import ConfigError
+from ssd.training.config import TrainConfig
 from ssd.weights.checkpoint import FORMAT, CheckpointError, load_checkpoint
 from ssd.weights.finetune import match_classes, set_backbone_trainable
 from ssd.weights.identify import VOC_NAMES, coco_categories, coco_names

@@ -17,7 +17,8 @@ from ssd.matching import match
 from ssd.models import build_model
 from ssd.models.config import ModelConfig
 from ssd.priors import PRIOR_CONFIGS, PriorConfig, as_hw, default_boxes
-from ssd.training.config import ConfigError, TrainConfig
+from ssd.settings import ConfigError
+from ssd.training.config import TrainConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 

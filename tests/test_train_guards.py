@@ -16,8 +16,9 @@ import ssd
 from ssd.cli import main
 from ssd.data.records import DataError
 from ssd.device import resolve_device
+from ssd.settings import ConfigError
 from ssd.training import trainer
-from ssd.training.config import ConfigError, TrainConfig
+from ssd.training.config import TrainConfig
 from ssd.training.optim import LRSchedule
 from ssd.training.trainer import NonFiniteLossError, train
 from ssd.weights.checkpoint import CheckpointError

@@ -87,7 +87,8 @@ def _add_config_options(parser: argparse.ArgumentParser, config_cls) -> None:
 
 def _image_size_option(text: str) -> int | str:
     """``ssd check --image-size``: the rules of ``TrainConfig.image_size``, as an argparse error."""
-    from ssd.training.config import ConfigError, parse_image_size
+    from ssd.settings import ConfigError
+    from ssd.training.config import parse_image_size
 
     try:
         return parse_image_size(text)

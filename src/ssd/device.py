@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch import nn
 
-from ssd.training.config import ConfigError
+from ssd.settings import ConfigError
 
 __all__ = ["DEVICES", "resolve_device", "amp_dtype", "autocast", "prepare_model"]
 

@@ -19,12 +19,9 @@ from typing import Literal
 import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
+from ssd.settings import ConfigError
 
-__all__ = ["TrainConfig", "ConfigError", "parse_image_size"]
-
-
-class ConfigError(ValueError):
-    """An unknown option or an invalid value (the message names the option, the value and the rule)."""
+__all__ = ["TrainConfig", "parse_image_size"]
 
 
 # The paper's SGD recipe unless the architecture says otherwise (Architecture.train_defaults).

@@ -20,7 +20,8 @@ from ssd.data.records import DataError, DatasetSpec
 from ssd.models import build_model, model_from_checkpoint
 from ssd.models.build import read_weights
 from ssd.models.config import ModelConfig
-from ssd.training.config import ConfigError, TrainConfig
+from ssd.settings import ConfigError
+from ssd.training.config import TrainConfig
 from ssd.training.run import find_checkpoint
 from ssd.weights.checkpoint import CheckpointError, load_checkpoint
 

@@ -28,7 +28,8 @@ from ssd.device import amp_dtype, autocast, prepare_model
 from ssd.evaluation.evaluator import evaluate_split, split_loader
 from ssd.loss import MultiBoxLoss
 from ssd.models import set_backbone_trainable
-from ssd.training.config import ConfigError, TrainConfig
+from ssd.settings import ConfigError
+from ssd.training.config import TrainConfig
 from ssd.training.optim import LRSchedule, build_optimizer
 from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run
 from ssd.training.run import (

@@ -1,0 +1,160 @@
+"""Every file the library writes goes through here: one output guard and one atomic writer.
+
+- :func:`check_output` refuses, before any work is done, an output that is the same file as one of the inputs
+  (compared by inode with :func:`os.path.samefile`, so hard links and symlinks are caught), a directory where a file
+  is due, or a file where a directory is due.
+- :func:`atomic_write` writes to a temporary file next to the target and renames it into place, so a crash, a full
+  disk or a file-size limit never leaves a partial file; the previous file, if any, stays intact. An ``OSError``
+  while writing becomes an :class:`OutputError` with one line naming the file and the cause.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import secrets
+import stat
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Literal
+
+__all__ = ["OutputError", "check_output", "atomic_write", "write_text", "write_bytes", "is_temporary",
+           "remove_stale_temporaries", "describe_os_error"]
+
+# Temporaries are ".<name>.<8 characters>.ssdtmp" next to the target: a suffix of the library's own, so that cleaning
+# up never touches a user's ".notes.txt.mynotes1.tmp".
+_TEMP_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+_TEMP_PATTERN = re.compile(r"\.(.+)\.[a-z0-9]{8}\.ssdtmp")
+_CAUSES = {
+    errno.ENOSPC: "disk full",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large for the file-size limit",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "read-only file system",
+    errno.ENAMETOOLONG: "file name too long",
+}
+
+
+class OutputError(ValueError):
+    """An output path that would overwrite an input or has the wrong kind, or a write that failed (one line)."""
+
+
+def describe_os_error(error: OSError, path: str | os.PathLike, *, action: str = "writing") -> str:
+    """One line for a failed file operation: ``disk full while writing out.pt (ENOSPC)``."""
+    code = errno.errorcode.get(error.errno or 0, "")
+    cause = _CAUSES.get(error.errno or 0, error.strerror or str(error))
+    return f"{cause} while {action} {path}" + (f" ({code})" if code else "")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): it cannot be the other
+        return False
+
+
+def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike | None] = (),
+                 kind: Literal["file", "dir"] = "file", what: str = "output") -> Path:
+    """Refuse an output ``path`` that is one of ``inputs`` (same inode) or has the wrong kind; return it as a Path.
+
+    ``inputs`` may hold files and directories (a directory input protects every file below it that exists: an output
+    file inside an input folder is refused only when it is the same file as one there). ``None`` entries are skipped.
+    For ``kind="dir"``, an existing file at ``path`` is refused; for ``kind="file"``, an existing directory is.
+
+    Raises:
+        OutputError: naming the output, the input it would overwrite, or the kind it should have.
+    """
+    path = Path(path)
+    if kind == "file" and path.is_dir():
+        raise OutputError(f"{what} {path} is a directory; give a file name")
+    if kind == "dir" and path.exists() and not path.is_dir():
+        raise OutputError(f"{what} {path} is an existing file; give a directory")
+    if kind == "file" and path.parent.exists() and not path.parent.is_dir():
+        raise OutputError(f"{what} {path}: {path.parent} is a file, not a directory")
+    for given in inputs:
+        if given is None:
+            continue
+        source = Path(given)
+        if _same_file(path, source):
+            raise OutputError(f"{what} {path} is the input {source}; choose another {what} so the input is kept")
+    return path
+
+
+def _temporary_for(path: Path) -> tuple[int, Path]:
+    for _ in range(100):
+        token = "".join(secrets.choice(_TEMP_ALPHABET) for _ in range(8))
+        tmp = path.with_name(f".{path.name}.{token}.ssdtmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name next to {path}")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is a temporary of :func:`atomic_write` (``.<name>.<8 characters>.ssdtmp``)."""
+    return _TEMP_PATTERN.fullmatch(name) is not None
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Remove the temporaries a killed writer left in ``directory`` (only the library's own names); return them."""
+    removed = []
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for entry in Path(directory).iterdir():
+            if is_temporary(entry.name) and entry.is_file():
+                entry.unlink(missing_ok=True)
+                removed.append(entry)
+    return removed
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: Literal["wb", "w"] = "wb", *,
+                 encoding: str = "utf-8") -> Iterator[IO]:
+    """Open a temporary file next to ``path`` for writing; on success it is synced and renamed over ``path``.
+
+    Parent directories are created. A replaced file's permissions are kept; a new file gets ``0o666`` less the
+    umask. On any error the temporary file is removed and ``path`` is untouched; an ``OSError`` is raised again as
+    :class:`OutputError` with :func:`describe_os_error`'s line (the previous file, if any, is said to be intact).
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            keep_mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            keep_mode = None
+        fd, tmp = _temporary_for(path)
+    except OSError as error:
+        raise OutputError(describe_os_error(error, path)) from error
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding})) as f:
+            if keep_mode is not None:
+                os.chmod(tmp, keep_mode)
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        intact = ": the previous file is intact" if path.exists() else ""
+        raise OutputError(describe_os_error(error, path) + intact) from error
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically; return the path."""
+    with atomic_write(path, "w") as f:
+        f.write(text)
+    return Path(path)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically; return the path."""
+    with atomic_write(path, "wb") as f:
+        f.write(data)
+    return Path(path)
