@@ -13,9 +13,10 @@ from PIL import Image
 
 from ssd.cli import main
 from ssd.export.onnx import export_onnx
-from ssd.inference.pipeline import load, weights_file
+from ssd.inference.pipeline import load
 from ssd.inference.sources import output_paths, predict_source
 from ssd.weights.checkpoint import CheckpointError, save_checkpoint
+from ssd.weights.resolve import resolve_weights
 from test_export import biased_model, random_images
 
 OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)
@@ -136,12 +137,12 @@ def test_every_input_unreadable_exits_non_zero(weights, tmp_path, capsys):
 def test_run_directory_as_weights(weights, tmp_path, capsys):
     run = tmp_path / "run"
     (run / "weights").mkdir(parents=True)
-    with pytest.raises(CheckpointError, match=r"run is a folder without weights/best.pt or weights/last.pt"):
+    with pytest.raises(CheckpointError, match=r"cannot load weights from .*run: a folder without weights/best.pt or weights/last.pt"):
         load(run)
     shutil.copy(weights, run / "weights" / "last.pt")
-    assert weights_file(run) == run / "weights" / "last.pt"
+    assert resolve_weights(run) == run / "weights" / "last.pt"
     shutil.copy(weights, run / "weights" / "best.pt")
-    assert weights_file(run) == run / "weights" / "best.pt"
+    assert resolve_weights(run) == run / "weights" / "best.pt"
     source = make_images(tmp_path / "images", ["a.png"])
     assert main(["predict", "--weights", str(run), "--source", str(source), "--save-dir", str(tmp_path / "o")]) == 0
     assert "1 image," in capsys.readouterr().out

@@ -48,10 +48,11 @@ from ssd._version import __version__
 from ssd.boxes import decode
 from ssd.export.parity import ExportCheckError, check_onnx
 from ssd.inference.backends import check_category_ids, graph_digest
-from ssd.inference.pipeline import check_thresholds, weights_file
+from ssd.inference.pipeline import check_thresholds
 from ssd.models import model_from_checkpoint
 from ssd.models.build import read_weights
 from ssd.postprocess import CANDIDATES_PER_CLASS
+from ssd.weights.resolve import resolve_weights
 
 __all__ = ["ExportCheckError", "export", "export_onnx", "export_torchscript", "check_onnx"]
 
@@ -237,7 +238,7 @@ def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None =
     suffix = {"onnx": ".onnx", "torchscript": ".torchscript"}
     if fmt not in suffix:
         raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(suffix)})")
-    weights = weights_file(weights)
+    weights = resolve_weights(weights)
     out_path = Path(out_path) if out_path else Path(weights).with_suffix(suffix[fmt])
     if fmt == "onnx":
         return export_onnx(weights, out_path, **options)

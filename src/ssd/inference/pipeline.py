@@ -30,7 +30,7 @@ from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.postprocess import postprocess_detections
 from ssd.preprocess import preprocess, to_pixels
 
-__all__ = ["Backend", "Detector", "Result", "check_thresholds", "detect_batch", "load", "to_image", "weights_file"]
+__all__ = ["Backend", "Detector", "Result", "check_thresholds", "detect_batch", "load", "to_image"]
 
 Backend = TorchBackend | OnnxBackend
 
@@ -214,23 +214,6 @@ class Detector:
         return results
 
 
-def weights_file(path: str | Path) -> Path:
-    """A weights file, or a run directory's ``weights/best.pt`` (else ``weights/last.pt``)."""
-    from ssd.weights.checkpoint import CheckpointError
-
-    path = Path(path)
-    if path.is_dir():
-        for candidate in (path / "weights" / "best.pt", path / "weights" / "last.pt", path / "best.pt",
-                          path / "last.pt"):
-            if candidate.is_file():
-                return candidate
-        raise CheckpointError(f"{path} is a folder without weights/best.pt or weights/last.pt (give a checkpoint "
-                              "file, an exported .onnx file or a run directory)")
-    if not path.is_file():
-        raise CheckpointError(f"weights file {path} does not exist")
-    return path
-
-
 def load(path: str | Path, device: str | torch.device = "cpu", half: bool = False) -> Detector:
     """A :class:`Detector` for a checkpoint (``.pt``), a run directory (its best checkpoint) or an exported ``.onnx``.
 
@@ -239,8 +222,9 @@ def load(path: str | Path, device: str | torch.device = "cpu", half: bool = Fals
     :attr:`Detector.category_ids`. Raises ``CheckpointError`` for a missing file or one not written by this library.
     """
     from ssd.device import resolve_device
+    from ssd.weights.resolve import resolve_weights
 
-    path = weights_file(path)
+    path = resolve_weights(path)
     device = resolve_device(device)
     if path.suffix.lower() == ".onnx":
         if half:

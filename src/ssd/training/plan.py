@@ -22,8 +22,8 @@ from ssd.models.build import read_weights
 from ssd.models.config import ModelConfig
 from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig
-from ssd.training.run import find_checkpoint
 from ssd.weights.checkpoint import CheckpointError, load_checkpoint
+from ssd.weights.resolve import resolve_weights
 
 __all__ = ["TRAINING_STATE", "RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model"]
 
@@ -73,7 +73,7 @@ def plan_run(config: TrainConfig, given: set[str], log: Callable[[str], object] 
 
 
 def _plan_resume(config: TrainConfig, given: set[str], log: Callable[[str], object]) -> RunPlan:
-    path = find_checkpoint(config.resume)
+    path = resolve_weights(config.resume, "resume")
     state = load_checkpoint(path)
     missing = [key for key in TRAINING_STATE if key not in state]
     if missing:

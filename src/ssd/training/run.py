@@ -40,21 +40,8 @@ from ssd.plots import (
 from ssd.training.config import TrainConfig
 from ssd.weights.checkpoint import remove_stale_temporaries
 
-__all__ = ["find_checkpoint", "make_run_dir", "seed_everything", "epoch_seed", "rng_state", "set_rng_state",
+__all__ = ["make_run_dir", "seed_everything", "epoch_seed", "rng_state", "set_rng_state",
            "write_results_csv", "checkpoint_metrics", "RunOutput", "plain_data_errors"]
-
-
-def find_checkpoint(resume: str | Path) -> Path:
-    """``weights/last.pt`` of a run directory (or the checkpoint file itself)."""
-    path = Path(resume)
-    if path.is_dir():
-        for candidate in (path / "weights" / "last.pt", path / "last.pt"):
-            if candidate.is_file():
-                return candidate
-        raise FileNotFoundError(f"cannot resume from {path}: no weights/last.pt inside")
-    if not path.is_file():
-        raise FileNotFoundError(f"cannot resume from {path}: no such run directory or checkpoint")
-    return path
 
 
 def make_run_dir(project: str | Path, name: str, exist_ok: bool = False) -> Path:

@@ -1,0 +1,42 @@
+"""From what a user names to the file to read: a weights file, or a run directory's checkpoint.
+
+One rule for every command: to *deploy* (predict, val, export, import, fine-tune with ``--weights``) a run directory
+gives ``weights/best.pt``, else ``weights/last.pt``; to *resume* it gives ``weights/last.pt`` (the state to continue
+from). A file is returned as it is; what it holds is decided when it is read (``weights.identify``, the backends).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from ssd.weights.checkpoint import CheckpointError
+
+__all__ = ["resolve_weights", "RUN_CHECKPOINTS"]
+
+RUN_CHECKPOINTS: dict[str, tuple[str, ...]] = {
+    "deploy": ("weights/best.pt", "weights/last.pt", "best.pt", "last.pt"),
+    "resume": ("weights/last.pt", "last.pt"),
+}
+"""The files a run directory is searched for, in order, per purpose."""
+
+
+def resolve_weights(path: str | Path, purpose: Literal["deploy", "resume"] = "deploy") -> Path:
+    """The file behind ``path``: the path itself when it is a file, else the run directory's checkpoint.
+
+    Raises:
+        CheckpointError: ``path`` does not exist, or is a folder without the checkpoint ``purpose`` needs.
+    """
+    path = Path(path)
+    candidates = RUN_CHECKPOINTS[purpose]
+    if path.is_dir():
+        for name in candidates:
+            if (path / name).is_file():
+                return path / name
+        wanted = " or ".join(candidates[:2])
+        action = "resume from" if purpose == "resume" else "load weights from"
+        raise CheckpointError(f"cannot {action} {path}: a folder without {wanted} (give a checkpoint file, an "
+                              "exported model or a run directory)")
+    if not path.is_file():
+        raise CheckpointError(f"weights file {path} does not exist")
+    return path
