@@ -8,7 +8,7 @@ import torch
 import yaml
 from PIL import Image
 
-from ssd._utils import state_dict_mismatch
+from ssd._utils import as_hw, state_dict_mismatch
 from ssd.cli import main
 from ssd.data import build_dataloader, check_dataset, load_dataset
 from ssd.data.check import prior_coverage, suggest_image_size
@@ -16,7 +16,7 @@ from ssd.data.images import read_image
 from ssd.matching import match
 from ssd.models import build_model
 from ssd.models.config import ModelConfig
-from ssd.priors import PRIOR_CONFIGS, PriorConfig, as_hw, default_boxes
+from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes
 from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig
 
