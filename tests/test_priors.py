@@ -8,37 +8,36 @@ import torch
 from ssd.priors import PRIOR_CONFIGS, default_boxes
 
 
-def formula(config, k, i, j):
+def formula(config, size, k, i, j):
     """The boxes at feature map k, row i, column j, written out from the paper's definition (unclipped)."""
-    size = config["image_size"]
-    step = config["steps"][k]
-    s = config["min_sizes"][k] / size
-    s2 = math.sqrt(s * config["max_sizes"][k] / size)
+    step = config.steps[k]
+    s = config.min_sizes[k] / size
+    s2 = math.sqrt(s * config.max_sizes[k] / size)
     cx, cy = (j + 0.5) * step / size, (i + 0.5) * step / size
     boxes = [(cx, cy, s, s), (cx, cy, s2, s2)]
-    for r in config["aspect_ratios"][k]:
+    for r in config.aspect_ratios[k]:
         boxes += [(cx, cy, s * math.sqrt(r), s / math.sqrt(r)), (cx, cy, s / math.sqrt(r), s * math.sqrt(r))]
     return torch.tensor(boxes, dtype=torch.float64).clamp(0, 1).float()
 
 
-@pytest.mark.parametrize(("name", "count"), [("ssd300", 8732), ("ssd512", 24564)])
-def test_counts_first_and_last_boxes(name, count):
+@pytest.mark.parametrize(("name", "size", "count"), [("ssd300", 300, 8732), ("ssd512", 512, 24564)])
+def test_counts_first_and_last_boxes(name, size, count):
     config = PRIOR_CONFIGS[name]
-    priors = default_boxes(**config)
-    assert priors.shape == (count, 4) and priors.dtype == torch.float32
-    first = formula(config, 0, 0, 0)
+    priors = config.boxes(size)
+    assert priors.shape == (count, 4) and priors.dtype == torch.float32 and config.count() == count
+    first = formula(config, size, 0, 0, 0)
     torch.testing.assert_close(priors[: len(first)], first)
     # second cell of the first map: same sizes, next column
-    torch.testing.assert_close(priors[len(first) : 2 * len(first)], formula(config, 0, 0, 1))
-    last_map = len(config["feature_maps"]) - 1
-    f = config["feature_maps"][last_map]
-    last = formula(config, last_map, f - 1, f - 1)
+    torch.testing.assert_close(priors[len(first) : 2 * len(first)], formula(config, size, 0, 0, 1))
+    last_map = len(config.feature_maps) - 1
+    f = config.feature_maps[last_map]
+    last = formula(config, size, last_map, f - 1, f - 1)
     torch.testing.assert_close(priors[-len(last) :], last)
     assert bool(((priors >= 0) & (priors <= 1)).all())
 
 
 def test_ssd300_values_by_hand():
-    priors = default_boxes(**PRIOR_CONFIGS["ssd300"])
+    priors = PRIOR_CONFIGS["ssd300"].boxes(300)
     c = 0.5 * 8 / 300
     expected = torch.tensor(
         [
@@ -56,8 +55,8 @@ def test_ssd300_values_by_hand():
 
 
 def test_clip_clamps_each_coordinate_not_corners():
-    config = PRIOR_CONFIGS["ssd300"]
-    clipped, raw = default_boxes(**config), default_boxes(**config, clip=False)
+    config = PRIOR_CONFIGS["ssd300"].to_dict()
+    clipped, raw = default_boxes(300, **config), default_boxes(300, **{**config, "clip": False})
     changed = (clipped != raw).any(dim=1)
     assert int(changed.sum()) == 134
     torch.testing.assert_close(clipped, raw.clamp(0, 1))
