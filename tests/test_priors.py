@@ -150,13 +150,18 @@ def test_scaled_to_keeps_pixel_sizes_for_the_same_pixel_count_and_spreads_the_ce
 def test_a_model_at_an_absurd_input_size_is_refused_before_building(synthetic_voc, capsys):
     from ssd.cli import main
     from ssd.models import build_model
+    from ssd.settings import ConfigError
+    from ssd.training.config import TrainConfig
 
     with pytest.raises(PriorConfigError, match=r"image_size 100000 exceeds the largest input side of 4096 px"):
         build_model("ssd_tiny", 1, image_size=100_000)
-    assert main(["check", str(synthetic_voc), "--model", "ssd_tiny", "--image-size", "100000"]) == 1
+    assert main(["check", str(synthetic_voc), "--model", "ssd_tiny", "--image-size", "100000"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err == ("error: image_size 100000 exceeds the largest input side of "
-                                                   "4096 px (ssd.limits.MAX_INPUT_SIDE)\n")
+    assert captured.out == "" and captured.err == ("error: ssd check: argument --image-size: image_size='100000' is "
+                                                   "invalid: must be at most 4096 on each side "
+                                                   "(ssd.limits.MAX_INPUT_SIDE)\n")
+    with pytest.raises(ConfigError, match=r"image_size='300x5000' is invalid: must be at most 4096 on each side"):
+        TrainConfig(image_size="300x5000")
 
 
 def test_a_checkpoint_edited_to_aspect_ratio_zero_or_a_huge_input_is_refused(tmp_path):
