@@ -165,3 +165,16 @@ def test_truncated_image_is_reported(tmp_path):
     (error,) = report.errors
     assert error.code == "corrupt_image" and error.file == "images/cut.jpg" and "does not decode" in error.message
     assert check_dataset(data, decode_images=False).ok
+
+
+def test_check_with_a_model_measures_its_default_boxes_without_building_it(synthetic_voc, monkeypatch):
+    import ssd.models.build as build
+    from ssd.data.load import load_dataset
+
+    monkeypatch.setattr(build, "_assemble", lambda *args, **kwargs: pytest.fail("a whole model was built"))
+    report = check_dataset(synthetic_voc, model="ssd_tiny", image_size=128, decode_images=False)
+    spec = load_dataset(synthetic_voc)
+    assert report.coverage == prior_coverage(spec, build.default_priors("ssd_tiny", 128), 128)
+    assert report.coverage["boxes"] == sum(len(r.objects) for s in spec.splits for r in spec.records(s))
+    with pytest.raises(ValueError, match="priors need the image_size their sizes are pixels of"):
+        check_dataset(spec, priors=build.default_priors("ssd_tiny"))
