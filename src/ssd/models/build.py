@@ -64,7 +64,7 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
     arch = _architecture(name)
     class_names = _class_names(num_classes, class_names)
     options, size = _options(name, options, backbone_weights, image_size)
-    default = _native_priors(arch, name, options, size)
+    default = _architecture_priors(arch, name, options, size)
     config = ModelConfig(name=name, num_classes=len(class_names), image_size=size,
                          priors=default if priors is None else _checked_priors(priors, default, name, size),
                          mean=arch.mean, std=arch.std, channels_last=arch.channels_last, options=options)
@@ -76,10 +76,10 @@ def default_priors(name: str, image_size: int | tuple[int, int] | str | None = N
     (the feature maps come from a forward pass on the meta device: no weights, no memory). A size too small for
     the network raises ``ValueError``."""
     options, size = _options(name, options, None, image_size)
-    return _native_priors(_architecture(name), name, options, size)
+    return _architecture_priors(_architecture(name), name, options, size)
 
 
-def _native_priors(arch: Architecture, name: str, options: Mapping[str, Any], size: int | tuple[int, int]
+def _architecture_priors(arch: Architecture, name: str, options: Mapping[str, Any], size: int | tuple[int, int]
                    ) -> PriorConfig:
     """``arch.priors`` (pixels of its own size) scaled to ``size`` (:meth:`ssd.priors.PriorConfig.scaled_to`)."""
     return arch.priors.scaled_to(arch.image_size, size, _probe(name, options, size)[0])
