@@ -53,10 +53,10 @@ def _reset_peak() -> None:
 def _inputs(kind: str, batch: int):
     import torch
 
-    from ssd.priors import PRIOR_CONFIGS, default_boxes
+    from ssd.priors import PRIOR_CONFIGS
 
     g = torch.Generator().manual_seed(0)
-    priors = default_boxes(**PRIOR_CONFIGS["ssd300"])
+    priors = PRIOR_CONFIGS["ssd300"].boxes(300)
     loc = torch.randn(batch, priors.shape[0], 4, generator=g) * 0.5
     logits = torch.randn(batch, priors.shape[0], 21, generator=g)
     if kind == "background":  # background dominates, but many class scores still pass the threshold

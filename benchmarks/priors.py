@@ -8,7 +8,8 @@ ceiling (the share default boxes of any shapes at the same centres could cover, 
 each level, and the fit time (including the before/after coverage). Issue 11's target: Aquarium, ``ssd300_vgg16``,
 boxes per location kept: overall >= 85% and small >= 65%.
 
-Run: ``.venv/bin/python benchmarks/priors.py [--datasets aquarium bccd] [--models NAME ...] [--image-size N]``.
+Run: ``.venv/bin/python benchmarks/priors.py [--datasets aquarium bccd] [--models NAME ...] [--image-size N]
+[--threads N]``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ DATASETS = {"aquarium": SHARED / "aquarium" / "data.yaml", "bccd": SHARED / "bcc
 MODELS = ("ssd300_vgg16", "ssdlite320_mobilenet_v3_large", "ssd_tiny")
 
 from ssd.data import load_dataset  # noqa: E402
-from ssd.data.check import spec_boxes  # noqa: E402
-from ssd.data.priors import fit_for_model, training_boxes  # noqa: E402
+from ssd.data.priors import fit_for_model, spec_boxes, training_boxes  # noqa: E402
 from ssd.priors.coverage import coverage  # noqa: E402
 
 
@@ -66,7 +66,10 @@ def main() -> None:
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     parser.add_argument("--models", nargs="+", default=list(MODELS))
     parser.add_argument("--image-size", type=int, help="input size of every model (default: each model's own)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1: the fit runs many small "
+                        "tensor operations; see benchmarks/README.md)")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     header = ["data", "model", "px", "fit", "train all", "train small", "val all", "val small", "ceiling",
               "boxes/location", "fit s"]
     rows = []

@@ -4,12 +4,13 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from PIL import Image
 
 from ssd.data import DataError, check_dataset, load_training_data
-from ssd.data.check import prior_coverage, screen
+from ssd.data.check import screen
+from ssd.data.priors import prior_coverage
 from ssd.data.records import DatasetSpec, ImageRecord, ObjectRecord
+from ssd.priors import PriorConfig
 
 
 def _yolo_dataset(root: Path, labels: dict[str, str], names: list[str]) -> Path:
@@ -121,27 +122,28 @@ def test_report_dict_is_json_and_counts():
 
 
 def test_prior_coverage_hand_computed():
-    # one prior: the centred square of side 0.5 -> xyxy (0.25, 0.25, 0.75, 0.75)
-    priors = torch.tensor([[0.5, 0.5, 0.5, 0.5]])
+    # at 100 px, one level of one cell: twice the centred square of side 0.5 -> xyxy (0.25, 0.25, 0.75, 0.75)
+    priors = PriorConfig(feature_maps=[1], steps=[100], min_sizes=[50], max_sizes=[50], aspect_ratios=[[]])
+    assert priors.boxes(100).tolist() == [[0.5, 0.5, 0.5, 0.5]] * 2
     spec = _spec([[((25, 25, 75, 75), 0),     # IoU 1, medium (sqrt area 0.5 -> large)
                    ((25, 25, 75, 50), 0),     # IoU 0.5 exactly: covered (large)
                    ((25, 25, 35, 35), 1),     # small: IoU 0.04
                    ((0, 0, 100, 10), 1)]])    # wide 10:1, IoU 0
-    cov = prior_coverage(spec, priors)
+    cov = prior_coverage(spec, priors, 100)
     assert cov["boxes"] == 4 and cov["covered"] == 0.5
     by_size = {b["name"]: (b["boxes"], b["covered"]) for b in cov["by_size"]}
     assert by_size == {"small": (1, 0.0), "medium": (0, 0.0), "large": (3, pytest.approx(2 / 3))}
     by_aspect = {b["name"]: b["boxes"] for b in cov["by_aspect"]}
     assert by_aspect == {"tall": 0, "regular": 3, "wide": 1}
-    report = check_dataset(spec, priors=priors, decode_images=False)
-    assert report.coverage["covered"] == 0.5
+    report = check_dataset(spec, priors=priors, image_size=100, decode_images=False)
+    assert report.coverage == cov
     assert "default-box coverage" in report.format_table()
 
 
 def test_prior_coverage_names_the_worst_sizes():
-    priors = torch.tensor([[0.5, 0.5, 0.5, 0.5]])
+    priors = PriorConfig(feature_maps=[1], steps=[100], min_sizes=[50], max_sizes=[50], aspect_ratios=[[]])
     spec = _spec([[((25, 25, 75, 75), 0)] * 5 + [((48, 48, 52, 52), 0)] * 6])
-    report = check_dataset(spec, priors=priors, decode_images=False)
+    report = check_dataset(spec, priors=priors, image_size=100, decode_images=False)
     assert [w["name"] for w in report.coverage["worst"]] == ["small regular"]
     (warning,) = [w for w in report.warnings if w.code == "low_prior_coverage"]
     assert "worst covered: small regular objects (0% of 6)" in warning.message
@@ -163,3 +165,16 @@ def test_truncated_image_is_reported(tmp_path):
     (error,) = report.errors
     assert error.code == "corrupt_image" and error.file == "images/cut.jpg" and "does not decode" in error.message
     assert check_dataset(data, decode_images=False).ok
+
+
+def test_check_with_a_model_measures_its_default_boxes_without_building_it(synthetic_voc, monkeypatch):
+    import ssd.models.build as build
+    from ssd.data.load import load_dataset
+
+    monkeypatch.setattr(build, "_assemble", lambda *args, **kwargs: pytest.fail("a whole model was built"))
+    report = check_dataset(synthetic_voc, model="ssd_tiny", image_size=128, decode_images=False)
+    spec = load_dataset(synthetic_voc)
+    assert report.coverage == prior_coverage(spec, build.default_priors("ssd_tiny", 128), 128)
+    assert report.coverage["boxes"] == sum(len(r.objects) for s in spec.splits for r in spec.records(s))
+    with pytest.raises(ValueError, match="priors need the image_size their sizes are pixels of"):
+        check_dataset(spec, priors=build.default_priors("ssd_tiny"))

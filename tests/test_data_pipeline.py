@@ -15,7 +15,7 @@ from ssd.data.loader import DetectionDataset
 from ssd.data.records import ImageRecord, ObjectRecord
 from ssd.data.synthetic import generate_synthetic
 from ssd.data.transforms import build_transform
-from ssd.priors import PRIOR_CONFIGS, default_boxes
+from ssd.priors import PRIOR_CONFIGS
 
 pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
@@ -78,7 +78,7 @@ def test_collate_pads_for_match():
     assert torch.allclose(batch["boxes"][2], torch.tensor([[0.0, 0, 1, 1], [0.5, 0.5, 1, 1]]))
     assert batch["difficult"].tolist() == [[False, False], [False, False], [False, True]]
     assert batch["orig_sizes"].tolist() == [[5, 10]] * 3 and batch["paths"] == ["p"] * 3
-    priors = default_boxes(**PRIOR_CONFIGS["ssd300"])
+    priors = PRIOR_CONFIGS["ssd300"].boxes(300)
     loc_t, cls_t = match(batch["boxes"], batch["labels"], priors)
     assert loc_t.shape == (3, len(priors), 4) and (cls_t[1] == 0).all() and set(cls_t[2].unique().tolist()) >= {1, 2}
 

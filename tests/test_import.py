@@ -184,8 +184,9 @@ def test_ssd_pytorch_coco_uses_its_coco_default_boxes(tmp_path):
         state[key] = torch.zeros(boxes * 81, *state[key].shape[1:])
     torch.save(state, tmp_path / "COCO.pth")
     model = ssd.import_model(tmp_path / "COCO.pth", class_names="coco")
-    coco = dict(PRIOR_CONFIGS["ssd300"], min_sizes=[21, 45, 99, 153, 207, 261], max_sizes=[45, 99, 153, 207, 261, 315])
-    assert torch.equal(model.priors, default_boxes(**coco)) and model.num_classes == 80
+    coco = dict(PRIOR_CONFIGS["ssd300"].to_dict(), min_sizes=[21, 45, 99, 153, 207, 261],
+                max_sizes=[45, 99, 153, 207, 261, 315])
+    assert torch.equal(model.priors, default_boxes(300, **coco)) and model.num_classes == 80
 
 
 # ------------------------------------------------------------------------------------------------- torchvision

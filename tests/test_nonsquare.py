@@ -11,10 +11,11 @@ from PIL import Image
 from ssd._utils import as_hw, state_dict_mismatch
 from ssd.cli import main
 from ssd.data import build_dataloader, check_dataset, load_dataset
-from ssd.data.check import prior_coverage, suggest_image_size
 from ssd.data.images import read_image
+from ssd.data.priors import prior_coverage, suggest_image_size
 from ssd.matching import match
 from ssd.models import build_model
+from ssd.models.build import default_priors
 from ssd.models.config import ModelConfig
 from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes
 from ssd.settings import ConfigError
@@ -34,15 +35,15 @@ def test_as_hw_forms_and_errors():
             as_hw(bad)
 
 
-@pytest.mark.parametrize("name", ["ssd300", "ssd512"])
-def test_square_pair_equals_int_bit_for_bit(name):
+@pytest.mark.parametrize(("name", "size"), [("ssd300", 300), ("ssd512", 512)])
+def test_square_pair_equals_int_bit_for_bit(name, size):
     config = PRIOR_CONFIGS[name]
-    reference = default_boxes(**config)
-    pairs = dict(config, image_size=(config["image_size"],) * 2, feature_maps=[(f, f) for f in config["feature_maps"]],
-                 steps=[(s, s) for s in config["steps"]])
-    assert torch.equal(default_boxes(**pairs), reference)
-    assert torch.equal(PriorConfig.from_dict(pairs).boxes((config["image_size"],) * 2), reference)
-    assert PriorConfig.from_dict(pairs) == PriorConfig.from_dict(config)  # square pairs are stored as one value
+    reference = config.boxes(size)
+    pairs = dict(config.to_dict(), feature_maps=[(f, f) for f in config.feature_maps],
+                 steps=[(s, s) for s in config.steps])
+    assert torch.equal(default_boxes((size, size), **pairs), reference)
+    assert torch.equal(PriorConfig.from_dict(pairs).boxes((size, size)), reference)
+    assert PriorConfig.from_dict(pairs) == config  # square pairs are stored as one value
 
 
 def _expected(height, width, levels):
@@ -114,7 +115,7 @@ def test_build_model_256x128_forwards_and_loads_square_weights():
     assert model.image_size == (256, 128)
     assert priors.feature_maps == ((32, 16), (16, 8), (8, 4), (4, 2), (2, 1))
     assert priors.steps == (8.0, 16.0, 32.0, 64.0, 128.0)  # 256 / 32 == 128 / 16: one step per level
-    scale = math.sqrt(256 * 128) / 256  # sizes scale by the geometric mean (build.prior_config)
+    scale = math.sqrt(256 * 128) / 256  # sizes scale by the geometric mean (PriorConfig.scaled_to)
     assert priors.min_sizes == pytest.approx([s * scale for s in (16, 32, 64, 112, 176)])
     assert model.priors.shape == (4 * (32 * 16 + 16 * 8 + 8 * 4 + 4 * 2 + 2 * 1), 4)
     levels = []
@@ -221,8 +222,8 @@ def test_check_suggests_a_non_square_size_for_tall_images(tmp_path, capsys):
     # 80% of the images are 0.5:1; 256 x 256 = 65536 px -> sqrt(65536 / 0.5) = 362 -> 352 high, 176 -> 192 wide
     assert suggestion["image_size"] == (352, 192) and suggestion["text"] == "352x192"
     assert suggestion["ratio"] == 0.5 and suggestion["share"] == 0.8
-    assert suggestion["coverage"] == prior_coverage(spec, build_model("ssd_tiny", 1, image_size=(352, 192)).priors)
-    assert suggestion["current"] == prior_coverage(spec, build_model("ssd_tiny", 1).priors)["covered"]
+    assert suggestion["coverage"] == prior_coverage(spec, default_priors("ssd_tiny", (352, 192)), (352, 192))
+    assert suggestion["current"] == prior_coverage(spec, default_priors("ssd_tiny"), 256)["covered"]
     assert suggestion["coverage"]["covered"] > suggestion["current"]
     assert suggestion["message"] == (
         f"80% of the 10 training images are 0.50:1 (width / height, within 10%), which the 256 input of ssd_tiny "

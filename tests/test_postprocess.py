@@ -12,7 +12,7 @@ from torchvision.ops import box_iou
 
 from ssd.boxes import cxcywh_to_xyxy, decode, xyxy_to_cxcywh
 from ssd.postprocess import _object_scores, _scores_at, postprocess_detections
-from ssd.priors import PRIOR_CONFIGS, default_boxes
+from ssd.priors import PRIOR_CONFIGS
 
 PRIORS = xyxy_to_cxcywh(torch.tensor([[0.1, 0.1, 0.5, 0.5], [0.12, 0.1, 0.52, 0.5], [0.6, 0.6, 0.9, 0.9]]))
 
@@ -190,7 +190,7 @@ def torchvision_postprocess(loc, logits, priors, **kwargs):
 
 def make_inputs(case):
     g = torch.Generator().manual_seed(0)
-    priors = default_boxes(**PRIOR_CONFIGS["ssd300"])
+    priors = PRIOR_CONFIGS["ssd300"].boxes(300)
     loc = torch.randn(2, priors.shape[0], 4, generator=g) * 0.5
     logits = torch.randn(2, priors.shape[0], 6, generator=g) * 2
     logits[..., 0] += 2

@@ -7,13 +7,16 @@ import pytest
 import torch
 
 from ssd.cli import _build_parser, _parse, main
-from ssd.data.priors import load_priors, resolve_priors, save_priors
 from ssd.models import build_model, model_from_checkpoint
 from ssd.models.build import default_priors
 from ssd.priors import PRIOR_CONFIGS, PriorConfig
 from ssd.priors.coverage import best_iou, coverage
-from ssd.priors.fit import FitRules, _Bounds, _Layout, _Scorer, _Search, fit_priors
+from ssd.priors.fit import FitRules, fit_priors
+from ssd.priors.fit_rules import Bounds, Layout
+from ssd.priors.fit_search import Scorer, Search
+from ssd.priors.io import load_priors, save_priors
 from ssd.training.config import TrainConfig
+from ssd.training.priors import resolve_priors
 from ssd.weights.checkpoint import save_checkpoint
 
 SMALL = PriorConfig(feature_maps=[8, 4], steps=[8, 16], min_sizes=[8, 32], max_sizes=[10, 48],
@@ -46,8 +49,8 @@ def test_nearest_centre_scoring_equals_iou_with_every_default_box(clip):
     boxes = random_boxes(400, seed=1)
     config = PriorConfig(feature_maps=[10, 5, 3], steps=[11, 24, 37], min_sizes=[9, 30, 70], max_sizes=[20, 60, 120],
                          aspect_ratios=[[2], [2, 3.5], []], clip=clip)
-    scorer = _Scorer(boxes.double(), config, 100, 0.5)
-    search = _Search(scorer, _Bounds(FitRules(), config, 100), _Layout.of(config))
+    scorer = Scorer(boxes.double(), config, 100, 0.5)
+    search = Search(scorer, Bounds(FitRules(), config, 100), Layout.of(config))
     torch.testing.assert_close(search.levels.amax(dim=0), best_iou(boxes, config.boxes(100)), atol=2e-6, rtol=0)
     # the ceiling (best IoU any default box of a level could reach) bounds every level's IoU
     assert bool((scorer.ceiling + 1e-6 >= search.levels).all())
@@ -67,13 +70,13 @@ def test_known_optimum_all_boxes_covered_after_the_fit():
 
 def test_same_seed_same_result():
     boxes = random_boxes(200)
-    base = PriorConfig.from_dict(PRIOR_CONFIGS["ssd300"])
+    base = PRIOR_CONFIGS["ssd300"]
     first, second = fit_priors(boxes, 300, base, seed=3), fit_priors(boxes, 300, base, seed=3)
     assert first.changed and first.priors == second.priors and first.after == second.after
 
 
 def test_fitted_sizes_respect_the_rules_and_keep_boxes_per_location():
-    base = PriorConfig.from_dict(PRIOR_CONFIGS["ssd300"])
+    base = PRIOR_CONFIGS["ssd300"]
     result = fit_priors(random_boxes(300, seed=2), 300, base)
     p, rules = result.fitted, FitRules()
     assert result.changed and result.after["covered"] > result.before["covered"]
@@ -176,9 +179,9 @@ def test_built_priors_must_fit_the_network_and_finetuning_keeps_the_heads(tmp_pa
     with pytest.raises(ValueError, match=r"feature maps \[16, 8, 4, 2, 1\] but ssd_tiny at 256 px has "
                                          r"\[32, 16, 8, 4, 2\]"):
         build_model("ssd_tiny", num_classes=1, priors=default_priors("ssd_tiny", 128))
-    bad = {**base.to_dict(), "min_sizes": [16, 32, -1, 112, 176]}
-    with pytest.raises(ValueError, match="positive numbers"):
-        build_model("ssd_tiny", num_classes=1, priors=bad)
+    with pytest.raises(ValueError, match=r"must be an ssd.priors.PriorConfig \(PriorConfig.from_dict reads its "
+                                         r"dict\), got dict"):
+        build_model("ssd_tiny", num_classes=1, priors=base.to_dict())
     path = save_checkpoint(tmp_path / "tiny.pt", build_model("ssd_tiny", num_classes=1))
     moved = PriorConfig(**{**base.to_dict(), "min_sizes": [12, 30, 60, 100, 170]})
     tuned = model_from_checkpoint(path, priors=moved)
@@ -272,14 +275,14 @@ def test_nearest_centre_scoring_equals_iou_with_every_default_box_non_square(cli
     boxes = random_boxes(400, seed=4)
     config = PriorConfig(feature_maps=[(10, 16), (5, 7), (3, 4)], steps=[(9.6, 10), (19.2, 24.5), (36, 45)],
                          min_sizes=[9, 30, 70], max_sizes=[20, 60, 120], aspect_ratios=[[2], [2, 3.5], []], clip=clip)
-    scorer = _Scorer(boxes.double(), config, (96, 160), 0.5)
-    search = _Search(scorer, _Bounds(FitRules(), config, (96, 160)), _Layout.of(config))
+    scorer = Scorer(boxes.double(), config, (96, 160), 0.5)
+    search = Search(scorer, Bounds(FitRules(), config, (96, 160)), Layout.of(config))
     expected = best_iou(boxes, config.boxes((96, 160)))
     torch.testing.assert_close(search.levels.amax(dim=0), expected, atol=2e-6, rtol=0)
     assert bool((scorer.ceiling + 1e-6 >= search.levels).all())
     # height and width swapped is another set of default boxes, and the scorer sees the difference
-    swapped = _Search(_Scorer(boxes.double(), config, (160, 96), 0.5), _Bounds(FitRules(), config, (160, 96)),
-                      _Layout.of(config))
+    swapped = Search(Scorer(boxes.double(), config, (160, 96), 0.5), Bounds(FitRules(), config, (160, 96)),
+                      Layout.of(config))
     assert float((swapped.levels.amax(dim=0) - expected).abs().max()) > 0.1
 
 
@@ -302,9 +305,9 @@ def test_known_optimum_at_a_non_square_size():
 
 def test_stride_limits_of_a_non_square_level_use_the_geometric_mean_of_its_steps():
     config = PriorConfig(feature_maps=[(8, 2)], steps=[(8, 32)], min_sizes=[16], max_sizes=[20], aspect_ratios=[[]])
-    low, high = _Bounds(FitRules(), config, (256, 256)).stride[0]
+    low, high = Bounds(FitRules(), config, (256, 256)).stride[0]
     assert (math.exp(low), math.exp(high)) == pytest.approx((0.75 * 16, 8 * 16))  # sqrt(8 * 32) = 16 px
-    low, high = _Bounds(FitRules(), config, (32, 96)).stride[0]  # capped by the longer side of the input
+    low, high = Bounds(FitRules(), config, (32, 96)).stride[0]  # capped by the longer side of the input
     assert math.exp(high) == pytest.approx(96)
 
 

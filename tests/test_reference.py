@@ -9,7 +9,7 @@ import torch
 
 from ssd.loss import MultiBoxLoss
 from ssd.matching import match
-from ssd.priors import PRIOR_CONFIGS, default_boxes
+from ssd.priors import PRIOR_CONFIGS
 
 REFERENCE = Path(
     os.environ.get("SSD_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -31,7 +31,7 @@ def batch():
 
 @pytest.fixture(scope="module")
 def priors():
-    return default_boxes(**PRIOR_CONFIGS["ssd300"])
+    return PRIOR_CONFIGS["ssd300"].boxes(300)
 
 
 def test_ssd300_priors_exact(priors):

@@ -296,20 +296,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from ssd.data.check import check_dataset
     from ssd.data.load import load_dataset
 
-    priors, data = None, args.data
+    data = args.data
     if args.fit_priors and not args.model:
         raise UsageError("ssd check: --fit-priors needs --model NAME (the model whose default boxes to fit)")
-    if args.model:
-        from ssd.models import build_model
-
-        options = {"image_size": args.image_size} if args.image_size else {}
-        priors = build_model(args.model, num_classes=1, **options).priors
     if args.fit_priors:
         data = load_dataset(args.data)  # once, for the check and the fit
-    report = check_dataset(data, priors=priors, model=args.model, image_size=args.image_size)
+    report = check_dataset(data, model=args.model, image_size=args.image_size)
     output = report.to_dict() if args.as_json else report.format_table()
     if args.fit_priors:
-        from ssd.data.priors import fit_for_model, save_priors, train_command
+        from ssd.data.priors import fit_for_model
+        from ssd.priors.io import save_priors, train_command
 
         fit = fit_for_model(data, args.model, args.image_size, free=args.fit_priors == "free")
         path = save_priors(args.priors_out, fit, args.model, source=args.data)

@@ -8,8 +8,8 @@ Rules (errors refuse the data, warnings don't): unparseable annotation files, mi
 labels outside ``0..K-1``, unknown class names, non-finite / inverted / zero-area boxes, boxes entirely outside the
 image (errors); boxes extending past the border (clipped), boxes under 2 px, near-duplicate boxes (same class,
 IoU > 0.9), images without objects (warnings); and the dataset-wide rules of :mod:`ssd.data.rules` (class names,
-empty splits, classes without training objects, train/val overlap). With ``priors`` it adds default-box coverage
-(see :func:`prior_coverage`).
+empty splits, classes without training objects, train/val overlap). With a ``model`` it adds default-box coverage
+(see :func:`ssd.data.priors.prior_coverage`).
 """
 
 from __future__ import annotations
@@ -22,17 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import Tensor
 from torchvision.ops import box_iou
 
-from ssd._utils import as_hw, closest_names, render_table, size_text
+from ssd._utils import closest_names, render_table
 from ssd.data.images import ImageError, verify_image
 from ssd.data.load import load_dataset
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
-from ssd.priors.coverage import SIZE_BUCKETS, coverage
+from ssd.priors import PriorConfig
+from ssd.priors.coverage import coverage_lines
 
-__all__ = ["CheckReport", "check_dataset", "find_issues", "screen", "prior_coverage", "spec_boxes", "SIZE_BUCKETS"]
+__all__ = ["CheckReport", "check_dataset", "find_issues", "screen"]
 
 TINY_PIXELS = 2.0
 """Boxes narrower or shorter than this (pixels, after clipping) get a warning."""
@@ -97,16 +97,7 @@ class CheckReport:
                     lines.append(f"    ... and {len(group) - _SHOWN_PER_CODE} more (see --json)")
             lines.append("")
         if self.coverage:
-            cov = self.coverage
-            lines.append(f"default-box coverage (share of boxes whose best default box has IoU >= "
-                         f"{cov['iou_threshold']}): {cov['covered']:.1%} of {cov['boxes']} boxes")
-            rows = [[b["name"], b["boxes"], f"{b['covered']:.1%}" if b["boxes"] else "-", f"{b['median_iou']:.2f}"
-                     if b["boxes"] else "-"] for b in cov["by_size"] + cov["by_aspect"]]
-            lines += ["  " + r for r in render_table(["bucket", "boxes", "covered", "median IoU"], rows)]
-            if cov["worst"]:
-                lines.append("  worst covered: " + "; ".join(f"{w['name']} ({w['covered']:.0%} of {w['boxes']})"
-                                                             for w in cov["worst"]))
-            lines.append("")
+            lines += [*coverage_lines(self.coverage), ""]
         if self.dropped:
             lines.append(f"skipped as invalid: {self.dropped['objects']} objects, {self.dropped['images']} images")
         lines.append("OK: no errors" if self.ok else f"FAILED: {len(self.errors)} errors (fix them, or train with "
@@ -226,28 +217,6 @@ def _stats(spec: DatasetSpec) -> dict[str, dict]:
     return stats
 
 
-def spec_boxes(spec: DatasetSpec, splits: list[str] | None = None, exclude: set | None = None) -> Tensor:
-    """The boxes of ``splits`` (default: all; an image in two splits counts once) as ``[N, 4]`` xyxy normalized by
-    their image's size, as the model's plain resize to a square input does; ``exclude``: ``(image path, object
-    index)`` pairs to leave out (the invalid objects)."""
-    exclude = exclude or set()
-    seen, rows = set(), []
-    for split in spec.splits if splits is None else splits:
-        for rec in spec.records(split):
-            if rec.path in seen or not rec.width or not rec.height:
-                continue
-            seen.add(rec.path)
-            rows += [[o.box[0] / rec.width, o.box[1] / rec.height, o.box[2] / rec.width, o.box[3] / rec.height]
-                     for i, o in enumerate(rec.objects) if (rec.path, i) not in exclude]
-    return torch.tensor(rows, dtype=torch.float32).reshape(-1, 4)
-
-
-def prior_coverage(spec: DatasetSpec, priors: Tensor, iou_threshold: float = 0.5, exclude: set | None = None) -> dict:
-    """:func:`ssd.priors.coverage.coverage` of every box of ``spec`` (:func:`spec_boxes`) with ``priors`` ``[P, 4]``
-    ``(cx, cy, w, h)`` normalized (``model.priors``); ``exclude``: ``(image path, object index)`` pairs to leave out."""
-    return coverage(spec_boxes(spec, exclude=exclude), priors, iou_threshold)
-
-
 def _invalid(issues: list[Issue]) -> tuple[set, set]:
     """(image paths to drop, (image path, object index) pairs to drop) for the error issues."""
     images = {i.image for i in issues if i.severity == "error" and i.object_index is None and i.image is not None}
@@ -273,16 +242,24 @@ def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
         return [i for i in pool.map(probe, records) if i is not None]
 
 
-def check_dataset(data: str | Path | DatasetSpec, priors: Tensor | None = None, *, split: str | None = None,
+def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = None, *, split: str | None = None,
                   class_names: list[str] | None = None, iou_threshold: float = 0.5, decode_images: bool = True,
                   model: str | None = None, image_size: int | tuple[int, int] | str | None = None) -> CheckReport:
     """Check a dataset (a data description or a loaded :class:`DatasetSpec`); never raises for bad data.
 
-    ``priors`` (``[P, 4]`` cx, cy, w, h normalized, e.g. ``build_model(name).priors``) adds default-box coverage.
-    ``model`` (a model name, with its ``image_size``) adds the non-square input suggestion
-    (:func:`suggest_image_size`) as a ``non_square_images`` warning.
-    ``decode_images`` decodes every image (cheaply, JPEGs at 1/8 scale) to find truncated or corrupt files.
+    ``model`` (a model name) adds the default-box coverage of its default boxes at ``image_size`` (default: its
+    own; see :func:`ssd.data.priors.prior_coverage`) and the non-square input suggestion
+    (:func:`ssd.data.priors.suggest_image_size`) as a ``non_square_images`` warning. ``priors`` replaces the
+    model's default boxes for the coverage (in pixels of ``image_size``, which it then needs when no ``model`` is
+    given). ``decode_images`` decodes every image (cheaply, JPEGs at 1/8 scale) to find truncated or corrupt files.
     """
+    if priors is not None and model is None and image_size is None:
+        raise ValueError("check_dataset: priors need the image_size their sizes are pixels of (or a model)")
+    if model is not None:  # a bad model name or input size fails before the dataset is read
+        from ssd.models.build import MODEL_CONFIGS, default_priors  # the architectures only when asked for
+
+        priors = default_priors(model, image_size) if priors is None else priors
+        image_size = MODEL_CONFIGS[model].image_size if image_size is None else image_size
     if isinstance(data, DatasetSpec):
         spec = data
     else:
@@ -293,16 +270,16 @@ def check_dataset(data: str | Path | DatasetSpec, priors: Tensor | None = None, 
                 Issue("error", "unreadable_dataset", str(e), str(data))])
     issues = find_issues(spec, decode_images=decode_images)
     report = CheckReport(str(spec.root), spec.format, list(spec.class_names), _stats(spec), issues)
-    if priors is not None:
-        report.coverage = prior_coverage(spec, priors, iou_threshold, exclude=_invalid(issues)[1])
-        if report.coverage["worst"]:
-            worst = "; ".join(f"{w['name']} objects ({w['covered']:.0%} of {w['boxes']})"
-                              for w in report.coverage["worst"])
-            report.issues.append(Issue("warning", "low_prior_coverage", f"{report.coverage['covered']:.0%} of the "
-                                       f"boxes reach IoU {iou_threshold} with a default box; worst covered: {worst} "
-                                       "(too small or too elongated for the default boxes: consider a larger "
-                                       "image size or a model with finer default boxes)", str(spec.root)))
-    suggestion = suggest_image_size(spec, model, image_size, iou_threshold, _invalid(issues)[1]) if model else None
+    if priors is None:
+        return report
+    from ssd.data.priors import coverage_issue, prior_coverage, suggest_image_size
+
+    invalid = _invalid(issues)[1]
+    report.coverage = prior_coverage(spec, priors, image_size, iou_threshold, exclude=invalid)
+    low = coverage_issue(report.coverage, str(spec.root))
+    suggestion = suggest_image_size(spec, model, image_size, iou_threshold, invalid) if model else None
+    if low:
+        report.issues.append(low)
     if suggestion:
         report.issues.append(Issue("warning", "non_square_images", suggestion["message"], str(spec.root)))
     return report
@@ -358,53 +335,3 @@ def screen(spec: DatasetSpec, splits: Sequence[str], skip_invalid: bool = False,
     report.dropped = {"objects": len(dropped_objects), "images": len(dropped_images),
                       "object_locations": dropped_objects, "image_paths": dropped_images}
     return clean, report
-
-
-def suggest_image_size(spec: DatasetSpec, model: str, image_size: int | tuple[int, int] | str | None = None,
-                       iou_threshold: float = 0.5, exclude: set | None = None) -> dict | None:
-    """A non-square input size for ``model`` when most training images share an aspect ratio far from 1.
-
-    Rule: at least 60% of the training images (every image without a ``train`` split) have a width / height within
-    10% of one ratio ``r`` outside ``[0.8, 1.25]``. The size keeps about the pixels of the model's input
-    (``image_size``, default the model's) with sides multiples of 32, so the default boxes keep their sizes in
-    pixels (``build.prior_config``), or the smallest such size the model takes (VGG's last levels need ~270 px).
-    Returns ``dict(image_size (h, w), text "HxW", ratio r (median of those images), share, coverage (the
-    :func:`prior_coverage` dict at that size), current (its share at the current size), message)``, or ``None`` (no
-    dominant ratio, the same size, or a size the model cannot take).
-    """
-    from ssd.models import MODEL_CONFIGS, build_model  # the architectures (and their weights) only when asked
-
-    records = spec.splits.get("train") or [r for recs in spec.splits.values() for r in recs]
-    ratios = torch.tensor([r.width / r.height for r in records if r.width and r.height], dtype=torch.float64)
-    if len(ratios) == 0 or model not in MODEL_CONFIGS:
-        return None
-    ratios = ratios.sort().values
-    counts = torch.searchsorted(ratios, ratios * 1.1, right=True) - torch.searchsorted(ratios, ratios * 0.9)
-    best = int(counts.argmax())  # the ratio with the most images within 10% of it
-    share = float(counts[best]) / len(ratios)
-    ratio = float(ratios[(ratios >= ratios[best] * 0.9) & (ratios <= ratios[best] * 1.1)].median())
-    if share < 0.6 or 0.8 <= ratio <= 1.25:
-        return None
-    height, width = as_hw(MODEL_CONFIGS[model].image_size if image_size is None else image_size)
-    side = round(math.sqrt(height * width / ratio) / 32)  # h * w = pixels and w / h = ratio, in units of 32
-    for rows in range(max(1, side), side + 8):  # the first size the model takes (VGG needs ~270 px per side)
-        size = (rows * 32, max(1, round(rows * ratio)) * 32)
-        try:
-            priors = build_model(model, 1, image_size=size).priors
-            break
-        except ValueError:  # too small for the model's last levels
-            continue
-    else:
-        return None
-    if size == (height, width):
-        return None
-    coverage = prior_coverage(spec, priors, iou_threshold, exclude)
-    current = prior_coverage(spec, build_model(model, 1, image_size=(height, width)).priors, iou_threshold,
-                             exclude)["covered"]
-    text = size_text(size)
-    message = (f"{share:.0%} of the {len(ratios)} training images are {ratio:.2f}:1 (width / height, within 10%), "
-               f"which the {size_text((height, width))} input of {model} distorts: --image-size {text} (height x "
-               f"width, {size[0] * size[1] / (height * width):.2f}x the pixels) gives {coverage['covered']:.1%} "
-               f"default-box coverage (now {current:.1%})")
-    return {"image_size": size, "text": text, "ratio": ratio, "share": share, "coverage": coverage,
-            "current": current, "message": message}

@@ -1,46 +1,68 @@
-"""The default boxes of a run: fitted to a dataset (``ssd check --fit-priors``, ``ssd train --priors auto``) or read
-from the YAML file that ``ssd check --fit-priors`` writes (``ssd train --priors FILE``).
+"""A dataset's boxes and a model's default boxes: coverage (``ssd check``), a non-square input suggestion and the fit
+of ``ssd check --fit-priors`` / ``ssd train --priors auto``.
 
-The file::
-
-    # comment lines: how it was made and the coverage it gives
-    model: ssd300_vgg16
-    image_size: 300          # or "384x288" (height x width) for a non-square input; [384, 288] is read too
-    coverage: {boxes: 3324, before: 0.583, after: 0.721}
-    priors: {feature_maps: [...], steps: [...], min_sizes: [...], max_sizes: [...], aspect_ratios: [...], clip: true}
-
-``priors`` holds :class:`ssd.priors.PriorConfig`'s fields in pixels of ``image_size``; a file holding only those
-fields (no ``priors`` key) is read too. Read for another input size of the same model, the box sizes scale with
-the input's ``sqrt(height * width)`` (as the model's own default boxes do), the aspect ratios stay, and the feature
-maps and steps become the network's at that size.
+Boxes are ``xyxy`` normalized to their image, which is what the model sees after its plain resize to its input.
+Model-dependent default boxes come from :func:`ssd.models.build.default_priors` (a meta-device probe: no weights
+are built).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from pathlib import Path
 
-import yaml
+import torch
 from torch import Tensor
 
-from ssd._utils import as_hw, compact_size, size_text
-from ssd.data.check import spec_boxes
-from ssd.data.records import DatasetSpec
+from ssd._utils import as_hw, size_text
+from ssd.data.records import DatasetSpec, Issue
 from ssd.models import MODEL_CONFIGS
 from ssd.models.build import default_priors
 from ssd.priors import PriorConfig
+from ssd.priors.coverage import coverage
 from ssd.priors.fit import FitResult, fit_priors
 
-__all__ = ["fit_for_model", "load_priors", "resolve_priors", "save_priors", "train_command", "training_boxes"]
+__all__ = ["coverage_issue", "fit_for_model", "prior_coverage", "spec_boxes", "suggest_image_size",
+           "training_boxes"]
 
 TRAIN_SPLIT = "train"
-_FILE_KEYS = ("model", "image_size", "coverage", "priors")
+
+
+def spec_boxes(spec: DatasetSpec, splits: list[str] | None = None, exclude: set | None = None) -> Tensor:
+    """The boxes of ``splits`` (default: all; an image in two splits counts once) as ``[N, 4]`` xyxy normalized by
+    their image's size, as the model's plain resize to its input does; ``exclude``: ``(image path, object
+    index)`` pairs to leave out (the invalid objects)."""
+    exclude = exclude or set()
+    seen, rows = set(), []
+    for split in spec.splits if splits is None else splits:
+        for rec in spec.records(split):
+            if rec.path in seen or not rec.width or not rec.height:
+                continue
+            seen.add(rec.path)
+            rows += [[o.box[0] / rec.width, o.box[1] / rec.height, o.box[2] / rec.width, o.box[3] / rec.height]
+                     for i, o in enumerate(rec.objects) if (rec.path, i) not in exclude]
+    return torch.tensor(rows, dtype=torch.float32).reshape(-1, 4)
 
 
 def training_boxes(spec: DatasetSpec) -> Tensor:
     """``[N, 4]`` xyxy normalized boxes of the training split (every split when there is no ``train`` split)."""
     return spec_boxes(spec, [TRAIN_SPLIT] if TRAIN_SPLIT in spec.splits else None)
+
+
+def prior_coverage(spec: DatasetSpec, priors: PriorConfig, image_size: int | tuple[int, int] | str,
+                   iou_threshold: float = 0.5, exclude: set | None = None) -> dict:
+    """:func:`ssd.priors.coverage.coverage` of every box of ``spec`` (:func:`spec_boxes`) with the default boxes of
+    ``priors`` at ``image_size``; ``exclude``: ``(image path, object index)`` pairs to leave out."""
+    return coverage(spec_boxes(spec, exclude=exclude), priors.boxes(image_size), iou_threshold)
+
+
+def coverage_issue(report: dict, root: str) -> Issue | None:
+    """The ``low_prior_coverage`` warning of a :func:`prior_coverage` report with badly covered boxes, or None."""
+    if not report["worst"]:
+        return None
+    worst = "; ".join(f"{w['name']} objects ({w['covered']:.0%} of {w['boxes']})" for w in report["worst"])
+    return Issue("warning", "low_prior_coverage", f"{report['covered']:.0%} of the boxes reach IoU "
+                 f"{report['iou_threshold']} with a default box; worst covered: {worst} (too small or too elongated "
+                 "for the default boxes: consider a larger image size or a model with finer default boxes)", root)
 
 
 def fit_for_model(data: DatasetSpec | Tensor, model: str, image_size: int | tuple[int, int] | str | None = None, *,
@@ -53,98 +75,49 @@ def fit_for_model(data: DatasetSpec | Tensor, model: str, image_size: int | tupl
     return fit_priors(boxes, size, base, free=free, seed=seed)
 
 
-def save_priors(path: str | Path, result: FitResult, model: str, source: str | None = None) -> Path:
-    """Write ``result.priors`` as the YAML file ``ssd train --priors FILE`` reads; returns the path."""
-    path = Path(path)
-    b, a = result.before, result.after
-    how = "fitted" if result.changed else "kept (the fit gained too little)"
-    size = size_text(result.image_size)
-    lines = [f"# default boxes of {model} at {size} px, {how} by `ssd check --fit-priors"
-             f"{'=free' if result.free else ''}`" + (f" on {source}" if source else ""),
-             f"# coverage of the {b['boxes']} training boxes (IoU >= {b['iou_threshold']}): {b['covered']:.1%} with "
-             f"the defaults, {a['covered']:.1%} fitted; use with: {train_command(model, result.image_size, path.name)}"]
-    square = isinstance(result.image_size, int)
-    body = {"model": model, "image_size": result.image_size if square else size,  # an int or "HxW"
-            "coverage": {"boxes": b["boxes"], "before": round(b["covered"], 4), "after": round(a["covered"], 4)},
-            "priors": result.priors.to_dict()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None))
-    return path
+def suggest_image_size(spec: DatasetSpec, model: str, image_size: int | tuple[int, int] | str | None = None,
+                       iou_threshold: float = 0.5, exclude: set | None = None) -> dict | None:
+    """A non-square input size for ``model`` when most training images share an aspect ratio far from 1.
 
-
-def train_command(model: str, image_size: int | tuple[int, int] | str, priors_file: str | Path) -> str:
-    """The ``ssd train`` options that use a priors file (``--image-size`` when the input is not square)."""
-    size = compact_size(image_size)
-    return (f"ssd train --model {model}" + ("" if isinstance(size, int) else f" --image-size {size_text(size)}")
-            + f" --priors {priors_file}")
-
-
-def load_priors(path: str | Path) -> tuple[PriorConfig, str | None, int | tuple[int, int] | None]:
-    """``(priors, model or None, image_size or None)`` from a file of :func:`save_priors` (or bare prior fields);
-    the size is an int for a square input, else ``(height, width)`` (the file may hold ``"HxW"`` or ``[h, w]``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"priors file {path} does not exist (write one with `ssd check DATA --model NAME "
-                                "--fit-priors`, or use --priors auto)")
-    try:
-        values = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML ({exc})") from None
-    if not isinstance(values, dict):
-        raise ValueError(f"{path}: expected a mapping with a 'priors' key, got {type(values).__name__}")
-    if "priors" not in values:
-        values = {"priors": values}
-    unknown = sorted(set(values) - set(_FILE_KEYS))
-    if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown} (a priors file has {', '.join(_FILE_KEYS)})")
-    fields = values["priors"]
-    try:
-        priors = PriorConfig.from_dict(fields)
-    except (TypeError, AttributeError) as exc:
-        raise ValueError(f"{path}: 'priors' must hold feature_maps, steps, min_sizes, max_sizes, aspect_ratios "
-                         f"and clip ({exc})") from None
-    size = values.get("image_size")
-    if size is not None:
-        try:
-            size = compact_size(size)
-        except ValueError:
-            raise ValueError(f"{path}: image_size must be a positive int (square input), 'HxW' (height x width, "
-                             f"e.g. '384x288') or [height, width], got {size!r}") from None
-    return priors, values.get("model"), size
-
-
-def resolve_priors(spec_or_boxes: DatasetSpec | Tensor | None, model_name: str,
-                   image_size: int | tuple[int, int] | str | None,
-                   value: str | None, *, seed: int = 0, log: Callable[[str], object] = print) -> PriorConfig | None:
-    """The default boxes a run asks for (``TrainConfig.priors``): ``None`` (the model's own: returns ``None``),
-    ``"auto"`` (fitted to the training split of ``spec_or_boxes``; ``None`` when the fit gains too little to
-    change them) or the path of a priors file (checked against ``model_name``, scaled to ``image_size``).
-    Pass the result to ``build_model(..., priors=...)`` / ``model_from_checkpoint(..., priors=...)``."""
-    if value is None:
+    Rule: at least 60% of the training images (every image without a ``train`` split) have a width / height within
+    10% of one ratio ``r`` outside ``[0.8, 1.25]``. The size keeps about the pixels of the model's input
+    (``image_size``, default the model's) with sides multiples of 32, so the default boxes keep their sizes in
+    pixels (:meth:`ssd.priors.PriorConfig.scaled_to`), or the smallest such size the model takes (VGG's last levels
+    need ~270 px). Returns ``dict(image_size (h, w), text "HxW", ratio r (median of those images), share, coverage
+    (the :func:`prior_coverage` dict at that size), current (its share at the current size), message)``, or
+    ``None`` (no dominant ratio, the same size, or a size the model cannot take).
+    """
+    records = spec.splits.get(TRAIN_SPLIT) or [r for recs in spec.splits.values() for r in recs]
+    ratios = torch.tensor([r.width / r.height for r in records if r.width and r.height], dtype=torch.float64)
+    if len(ratios) == 0 or model not in MODEL_CONFIGS:
         return None
-    size = compact_size(MODEL_CONFIGS[model_name].image_size if image_size is None else image_size)
-    if value == "auto":
-        if spec_or_boxes is None:
-            raise ValueError("priors=auto fits the default boxes to the training data, but no data was given")
-        result = fit_for_model(spec_or_boxes, model_name, size, seed=seed)
-        b, a = result.before["covered"], result.after["covered"]
-        log(f"priors auto: default boxes of {model_name} at {size_text(size)} px "
-            + (f"fitted to {result.before['boxes']} training boxes: coverage {b:.1%} -> {a:.1%}" if result.changed
-               else f"kept: coverage {b:.1%} (a fit reaches {a:.1%}, too little to change them)"))
-        return result.priors if result.changed else None
-    priors, model, file_size = load_priors(value)
-    if model is not None and model != model_name:
-        raise ValueError(f"{value} holds default boxes for {model}, not {model_name}: fit them for this model with "
-                         f"`ssd check DATA --model {model_name} --fit-priors`")
-    if file_size is None or file_size == size:
-        return priors
-    target = default_priors(model_name, size)
-    if len(priors.min_sizes) != len(target.feature_maps):
-        raise ValueError(f"{value} has {len(priors.min_sizes)} levels but {model_name} has "
-                         f"{len(target.feature_maps)}")
-    scale = math.sqrt(math.prod(as_hw(size))) / math.sqrt(math.prod(as_hw(file_size)))  # side / side when square
-    log(f"priors: {value} was fitted at {size_text(file_size)} px; box sizes scaled by {scale:g} for "
-        f"{size_text(size)} px")
-    return PriorConfig(feature_maps=target.feature_maps, steps=target.steps,
-                       min_sizes=[s * scale for s in priors.min_sizes], max_sizes=[s * scale for s in priors.max_sizes],
-                       aspect_ratios=priors.aspect_ratios, clip=priors.clip)
+    ratios = ratios.sort().values
+    counts = torch.searchsorted(ratios, ratios * 1.1, right=True) - torch.searchsorted(ratios, ratios * 0.9)
+    best = int(counts.argmax())  # the ratio with the most images within 10% of it
+    share = float(counts[best]) / len(ratios)
+    ratio = float(ratios[(ratios >= ratios[best] * 0.9) & (ratios <= ratios[best] * 1.1)].median())
+    if share < 0.6 or 0.8 <= ratio <= 1.25:
+        return None
+    height, width = as_hw(MODEL_CONFIGS[model].image_size if image_size is None else image_size)
+    side = round(math.sqrt(height * width / ratio) / 32)  # h * w = pixels and w / h = ratio, in units of 32
+    for rows in range(max(1, side), side + 8):  # the first size the model takes (VGG needs ~270 px per side)
+        size = (rows * 32, max(1, round(rows * ratio)) * 32)
+        try:
+            priors = default_priors(model, size)
+            break
+        except ValueError:  # too small for the model's last levels
+            continue
+    else:
+        return None
+    if size == (height, width):
+        return None
+    suggested = prior_coverage(spec, priors, size, iou_threshold, exclude)
+    current = prior_coverage(spec, default_priors(model, (height, width)), (height, width), iou_threshold,
+                             exclude)["covered"]
+    text = size_text(size)
+    message = (f"{share:.0%} of the {len(ratios)} training images are {ratio:.2f}:1 (width / height, within 10%), "
+               f"which the {size_text((height, width))} input of {model} distorts: --image-size {text} (height x "
+               f"width, {size[0] * size[1] / (height * width):.2f}x the pixels) gives {suggested['covered']:.1%} "
+               f"default-box coverage (now {current:.1%})")
+    return {"image_size": size, "text": text, "ratio": ratio, "share": share, "coverage": suggested,
+            "current": current, "message": message}

@@ -27,7 +27,7 @@ class Architecture:
         head: ``(in_channels, boxes_per_location, num_outputs) -> LevelHead`` for one level.
         image_size: the native input size.
         priors: the default boxes at ``image_size``; other input sizes scale the box sizes with the image
-            (see ``build.prior_config``).
+            (:meth:`ssd.priors.PriorConfig.scaled_to`).
         description: one line for ``list_models``.
         options: the architecture options ``build_model`` accepts, with their defaults.
         channels_last: recommended memory format (the trainer and ``predict`` apply it).

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,12 +17,12 @@ from ssd.models.architecture import Architecture
 from ssd.models.backbone_weights import BackboneWeightsError, read_backbone_weights
 from ssd.models.config import ModelConfig, ModelConfigError
 from ssd.models.ssd import SSD
-from ssd.priors import PriorConfig
+from ssd.priors import PriorConfig, PriorConfigError, input_size
 from ssd.weights.checkpoint import CheckpointError, checked_checkpoint, checkpoint_dict, read_file
 from ssd.weights.finetune import match_classes, remap_class_rows
 
 __all__ = ["MODEL_CONFIGS", "build_model", "build_from_config", "default_priors", "list_models",
-           "model_from_checkpoint", "prior_config", "read_weights"]
+           "model_from_checkpoint", "read_weights"]
 
 logger = logging.getLogger("ssd")
 
@@ -39,7 +38,7 @@ def list_models() -> dict[str, str]:
 def build_model(name: str, num_classes: int | None = None, class_names: Sequence[str] | None = None, *,
                 backbone_weights: str | os.PathLike | None = None,
                 image_size: int | tuple[int, int] | str | None = None,
-                priors: PriorConfig | Mapping[str, Any] | None = None, **options: Any) -> SSD:
+                priors: PriorConfig | None = None, **options: Any) -> SSD:
     """A new SSD of a named configuration (see :func:`list_models`).
 
     Args:
@@ -52,8 +51,8 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
             ``None``: random initialisation.
         image_size: the input size (default: the configuration's square size): an int (square), a
             ``(height, width)`` pair or a ``"HxW"`` string such as ``"512x288"`` (height x width). The default boxes
-            are recomputed for it (see :func:`prior_config`); the heads keep their shapes, so weights trained at
-            one size load at another.
+            are scaled to it (see :meth:`ssd.priors.PriorConfig.scaled_to`); the heads keep their shapes, so
+            weights trained at one size load at another. A side above ``ssd.limits.MAX_INPUT_SIDE`` is refused.
         priors: default boxes to use instead of the configuration's (e.g. fitted by
             :func:`ssd.priors.fit.fit_priors`), in pixels of ``image_size``: the same feature maps as the network
             at that size (see :func:`default_priors`); boxes per location may differ (the heads are new).
@@ -65,7 +64,7 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
     arch = _architecture(name)
     class_names = _class_names(num_classes, class_names)
     options, size = _options(name, options, backbone_weights, image_size)
-    default = prior_config(arch, size, _probe(name, options, size)[0])
+    default = _architecture_priors(arch, name, options, size)
     config = ModelConfig(name=name, num_classes=len(class_names), image_size=size,
                          priors=default if priors is None else _checked_priors(priors, default, name, size),
                          mean=arch.mean, std=arch.std, channels_last=arch.channels_last, options=options)
@@ -73,9 +72,17 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
 
 
 def default_priors(name: str, image_size: int | tuple[int, int] | str | None = None, **options: Any) -> PriorConfig:
-    """The default boxes :func:`build_model` gives ``name`` at ``image_size`` (default: its own), without building."""
+    """The default boxes :func:`build_model` gives ``name`` at ``image_size`` (default: its own), without building
+    (the feature maps come from a forward pass on the meta device: no weights, no memory). A size too small for
+    the network raises ``ValueError``."""
     options, size = _options(name, options, None, image_size)
-    return prior_config(_architecture(name), size, _probe(name, options, size)[0])
+    return _architecture_priors(_architecture(name), name, options, size)
+
+
+def _architecture_priors(arch: Architecture, name: str, options: Mapping[str, Any], size: int | tuple[int, int]
+                   ) -> PriorConfig:
+    """``arch.priors`` (pixels of its own size) scaled to ``size`` (:meth:`ssd.priors.PriorConfig.scaled_to`)."""
+    return arch.priors.scaled_to(arch.image_size, size, _probe(name, options, size)[0])
 
 
 def _options(name: str, options: Mapping[str, Any], backbone_weights: Any,
@@ -89,58 +96,28 @@ def _options(name: str, options: Mapping[str, Any], backbone_weights: Any,
     options = {**arch.options, **options}
     if "reduced_tail" in options and options["reduced_tail"] is None:
         options["reduced_tail"] = backbone_weights is None
-    size = compact_size(arch.image_size if image_size is None else image_size)
+    size = input_size(arch.image_size if image_size is None else image_size)
     return options, size
 
 
-def _checked_priors(priors: PriorConfig | Mapping[str, Any], default: PriorConfig, name: str,
-                    size: int | tuple[int, int], same_heads: bool = False) -> PriorConfig:
-    """``priors`` (a :class:`PriorConfig` or its dict) if they fit the network: one level per feature map, the
-    network's feature maps, positive sizes, steps and ratios; with ``same_heads`` also ``default``'s boxes per
-    location (so that trained heads still load)."""
-    try:
-        priors = priors if isinstance(priors, PriorConfig) else PriorConfig.from_dict(priors)
-    except TypeError as exc:
-        raise ValueError(f"priors for {name}: not a prior configuration ({exc})") from None
+def _checked_priors(priors: PriorConfig, default: PriorConfig, name: str, size: int | tuple[int, int],
+                    same_heads: bool = False) -> PriorConfig:
+    """``priors`` if they fit the network: ``default``'s feature maps (its number of levels), and with
+    ``same_heads`` also its boxes per location (so that trained heads still load). A :class:`PriorConfig` checks
+    its own values when it is made."""
+    if not isinstance(priors, PriorConfig):
+        raise PriorConfigError(f"priors for {name} must be an ssd.priors.PriorConfig (PriorConfig.from_dict reads "
+                               f"its dict), got {type(priors).__name__}")
     where = f"{name} at {size_text(size)} px"
     if priors.feature_maps != default.feature_maps:
-        raise ValueError(f"the priors are for feature maps {list(priors.feature_maps)} but {where} has "
-                         f"{list(default.feature_maps)} (fitted for another model or input size?)")
-    lengths = {len(v) for v in (priors.steps, priors.min_sizes, priors.max_sizes, priors.aspect_ratios)}
-    if lengths != {len(default.feature_maps)}:
-        raise ValueError(f"the priors need one step, min_size, max_size and aspect-ratio list per level of {where} "
-                         f"({len(default.feature_maps)}), got {priors.to_dict()}")
-    steps = [v for step in priors.steps for v in (step if isinstance(step, tuple) else (step,))]  # (y, x) pairs
-    values = [*steps, *priors.min_sizes, *priors.max_sizes, *(r for rs in priors.aspect_ratios for r in rs)]
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf") for v in values):
-        raise ValueError(f"the priors' steps, sizes and aspect ratios must be positive numbers, got {priors.to_dict()}")
+        raise PriorConfigError(f"the priors are for feature maps {list(priors.feature_maps)} but {where} has "
+                               f"{list(default.feature_maps)} (fitted for another model or input size?)")
     boxes, expected = ([2 + 2 * len(r) for r in p.aspect_ratios] for p in (priors, default))
     if same_heads and boxes != expected:
-        raise ValueError(f"the priors give {boxes} boxes per location but the heads of {where} have {expected}: "
-                         "fit them keeping the boxes per location (`ssd check --fit-priors`, not `=free`) or train "
-                         "from scratch")
+        raise PriorConfigError(f"the priors give {boxes} boxes per location but the heads of {where} have "
+                               f"{expected}: fit them keeping the boxes per location (`ssd check --fit-priors`, not "
+                               "`=free`) or train from scratch")
     return priors
-
-
-def prior_config(arch: Architecture, image_size: int | tuple[int, int],
-                 feature_maps: list[int | tuple[int, int]]) -> PriorConfig:
-    """The default boxes of ``arch`` at an input size (an int or ``(height, width)``).
-
-    ``arch.priors`` unchanged at its own size and feature maps. Otherwise the steps become ``height / rows`` and
-    ``width / cols`` per axis (centres spread evenly over each map) and the box sizes scale by
-    ``sqrt(height * width) / native size``: the square of the same pixel count keeps every box size in pixels,
-    which is what the network's strides and receptive fields (fixed in pixels) call for, and a square input
-    scales as before (``side / native``). Boxes stay square in pixels (see :func:`ssd.priors.default_boxes`).
-    """
-    base = arch.priors
-    height, width = as_hw(image_size)
-    if (height, width) == (arch.image_size, arch.image_size) and tuple(feature_maps) == base.feature_maps:
-        return base
-    scale = math.sqrt(height * width) / arch.image_size  # exact for a square input: sqrt(s * s) == s
-    grids = [f if isinstance(f, tuple) else (f, f) for f in feature_maps]  # (rows, cols)
-    return PriorConfig(feature_maps=feature_maps, steps=[(height / rows, width / cols) for rows, cols in grids],
-                       min_sizes=[s * scale for s in base.min_sizes], max_sizes=[s * scale for s in base.max_sizes],
-                       aspect_ratios=base.aspect_ratios, clip=base.clip)
 
 
 def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, class_names: Sequence[str] | None = None,

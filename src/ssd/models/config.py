@@ -7,9 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ssd._utils import compact_size
 from ssd.boxes import VARIANCES
-from ssd.priors import PriorConfig
+from ssd.priors import PriorConfig, input_size
 
 __all__ = ["ModelConfig", "ModelConfigError"]
 
@@ -45,7 +44,7 @@ class ModelConfig:
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "image_size", compact_size(self.image_size))
+        object.__setattr__(self, "image_size", input_size(self.image_size))
         for name in ("mean", "std", "variances"):
             object.__setattr__(self, name, tuple(float(v) for v in getattr(self, name)))
         object.__setattr__(self, "options", dict(self.options))

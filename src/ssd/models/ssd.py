@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ssd.models.config import ModelConfig
 from ssd.postprocess import postprocess_detections
 from ssd.preprocess import preprocess, to_pixels
+from ssd.weights.checkpoint import CheckpointError
 
 __all__ = ["SSD", "LevelHead"]
 
@@ -57,6 +58,7 @@ class SSD(nn.Module):
         self.backbone = backbone
         self.heads = heads
         self.register_buffer("priors", priors)
+        self.register_load_state_dict_pre_hook(_check_loaded_priors)
         self.config = config
         self.class_names = list(class_names)
 
@@ -115,3 +117,17 @@ class SSD(nn.Module):
         for detection in to_pixels(detections, sizes):
             detection["names"] = [self.class_names[k] for k in detection["labels"].tolist()]
         return detections
+
+
+def _check_loaded_priors(module: SSD, state: dict, prefix: str, *_: object) -> None:
+    """The default boxes are stored twice (``config.priors`` and the ``priors`` buffer): weights whose buffer is not
+    the configuration's boxes (an edited or mixed-up checkpoint) are refused before anything is copied."""
+    given, expected = state.get(prefix + "priors"), module.priors
+    if given is None or expected.is_meta or given.shape != expected.shape:
+        return  # missing or misshapen entries: load_state_dict reports them itself
+    difference = float((given.detach().to(expected.device, torch.float64) - expected.double()).abs().max())
+    if difference > max(1e-6, torch.finfo(expected.dtype).eps):  # boxes lie in [0, 1]: a half model rounds them
+        raise CheckpointError(f"the default boxes stored with these weights differ from those of their "
+                              f"configuration (by up to {difference:.3g}; {module.config.name} at image_size "
+                              f"{module.config.image_size}): the checkpoint was edited or its parts come from "
+                              "different models")

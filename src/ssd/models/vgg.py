@@ -20,7 +20,7 @@ from torchvision.models.vgg import cfgs, make_layers
 from ssd.models.architecture import Architecture
 from ssd.models.backbone_weights import BackboneWeightsError, load_backbone_state
 from ssd.models.ssd import LevelHead
-from ssd.priors import PRIOR_CONFIGS, PriorConfig
+from ssd.priors import PRIOR_CONFIGS
 from ssd.weights.identify import identify
 
 __all__ = ["L2Norm", "VGG16Backbone", "ARCHITECTURES", "weights_normalization"]
@@ -181,7 +181,7 @@ ARCHITECTURES = {
         backbone=_backbone(size),
         head=conv_head,
         image_size=size,
-        priors=PriorConfig.from_dict(PRIOR_CONFIGS[f"ssd{size}"]),
+        priors=PRIOR_CONFIGS[f"ssd{size}"],
         description=f"SSD{size} on VGG16 as in the paper ({boxes} default boxes at {size} px)",
         imagenet_file=_VGG16_FILE,
         weights_normalization=weights_normalization,

@@ -3,7 +3,7 @@
 A box below SSD's matching threshold gets only its one forced positive and is learned poorly. Boxes are ``xyxy``
 normalized to their image, which is what the model sees after its plain resize to a square input; default boxes
 sit at grid centres, so a box's position matters as much as its shape. ``ssd check`` reports it
-(:func:`ssd.data.check.prior_coverage`) and :func:`ssd.priors.fit.fit_priors` maximises it.
+(:func:`ssd.data.priors.prior_coverage`) and :func:`ssd.priors.fit.fit_priors` maximises it.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import math
 import torch
 from torch import Tensor
 
+from ssd._utils import render_table
 from ssd.boxes import box_iou_batched, cxcywh_to_xyxy
 
-__all__ = ["ASPECT_BUCKETS", "SIZE_BUCKETS", "best_iou", "coverage"]
+__all__ = ["ASPECT_BUCKETS", "SIZE_BUCKETS", "best_iou", "coverage", "coverage_lines"]
 
 SIZE_BUCKETS = (("small", 0.0, 0.1), ("medium", 0.1, 0.3), ("large", 0.3, math.inf))
 """Object size buckets by ``sqrt(w * h)`` relative to the image (both normalized)."""
@@ -60,3 +61,16 @@ def coverage(boxes: Tensor, priors: Tensor, iou_threshold: float = 0.5) -> dict:
             "mean_iou": float(best.mean()) if len(boxes) else 0.0,
             "by_size": [summary(n, m) for n, m in in_size.items()],
             "by_aspect": [summary(n, m) for n, m in in_aspect.items()], "worst": worst}
+
+
+def coverage_lines(report: dict) -> list[str]:
+    """A :func:`coverage` report as text lines: the share covered, a table per bucket, the worst combinations."""
+    lines = [f"default-box coverage (share of boxes whose best default box has IoU >= {report['iou_threshold']}): "
+             f"{report['covered']:.1%} of {report['boxes']} boxes"]
+    rows = [[b["name"], b["boxes"], f"{b['covered']:.1%}" if b["boxes"] else "-",
+             f"{b['median_iou']:.2f}" if b["boxes"] else "-"] for b in report["by_size"] + report["by_aspect"]]
+    lines += ["  " + r for r in render_table(["bucket", "boxes", "covered", "median IoU"], rows)]
+    if report["worst"]:
+        lines.append("  worst covered: " + "; ".join(f"{w['name']} ({w['covered']:.0%} of {w['boxes']})"
+                                                     for w in report["worst"]))
+    return lines

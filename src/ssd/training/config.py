@@ -19,6 +19,7 @@ from typing import Literal
 import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
+from ssd.limits import MAX_INPUT_SIDE
 from ssd.settings import ConfigError
 
 __all__ = ["TrainConfig", "parse_image_size"]
@@ -201,7 +202,8 @@ def _reject_unknown(values: dict[str, typing.Any], what: str) -> None:
 
 def parse_image_size(value: typing.Any) -> int | str:
     """An input size (``300``, ``"300"``, ``"512x288"`` height x width, ``[512, 288]``) as ``TrainConfig`` stores it:
-    an int when square, else ``"HxW"``. :class:`ConfigError` for anything else or a side under 32."""
+    an int when square, else ``"HxW"``. :class:`ConfigError` for anything else, a side under 32 or one above
+    :data:`ssd.limits.MAX_INPUT_SIDE`."""
     try:
         h, w = as_hw(value)
     except ValueError:
@@ -209,6 +211,9 @@ def parse_image_size(value: typing.Any) -> int | str:
                           "e.g. 512x288)") from None
     if min(h, w) < 32:
         raise ConfigError(f"image_size={value!r} is invalid: must be at least 32 on each side")
+    if max(h, w) > MAX_INPUT_SIDE:
+        raise ConfigError(f"image_size={value!r} is invalid: must be at most {MAX_INPUT_SIDE} on each side "
+                          "(ssd.limits.MAX_INPUT_SIDE)")
     return h if h == w else size_text((h, w))
 
 

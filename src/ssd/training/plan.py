@@ -15,13 +15,13 @@ from typing import Any
 
 from torch import nn
 
-from ssd.data.priors import resolve_priors
 from ssd.data.records import DataError, DatasetSpec
 from ssd.models import build_model, model_from_checkpoint
 from ssd.models.build import read_weights
 from ssd.models.config import ModelConfig
 from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig
+from ssd.training.priors import resolve_priors
 from ssd.weights.checkpoint import CheckpointError, load_checkpoint
 from ssd.weights.resolve import resolve_weights
 

@@ -275,7 +275,7 @@ def _vgg_config(size: int, outputs: int, coco_sizes: bool, mean: Sequence[float]
     name = f"ssd{size}_vgg16"
     arch = MODEL_CONFIGS[name]
     if priors is None:
-        priors = PriorConfig.from_dict(PRIOR_CONFIGS[f"ssd{size}"])
+        priors = PRIOR_CONFIGS[f"ssd{size}"]
         if coco_sizes:
             priors = PriorConfig(**{**priors.to_dict(), "min_sizes": _COCO_SIZES[size][0],
                                     "max_sizes": _COCO_SIZES[size][1]})
@@ -317,7 +317,7 @@ def _plan_torchvision(found: Identified, source: str) -> _Plan:
                        source, what)
     names = VOC_NAMES if outputs == 21 else (coco_names() if outputs == 81 else None)
     if found.family == "vgg":
-        priors = PriorConfig(**{**PriorConfig.from_dict(PRIOR_CONFIGS["ssd300"]).to_dict(),
+        priors = PriorConfig(**{**PRIOR_CONFIGS["ssd300"].to_dict(),
                                 "min_sizes": _COCO_SIZES[300][0], "max_sizes": _COCO_SIZES[300][1], "clip": "size"})
         return _Plan(_vgg_config(300, outputs, True, TORCHVISION_SSD_MEAN, priors), _torchvision_vgg_source, names,
                      f"{what} ({outputs} outputs)")
