@@ -13,7 +13,6 @@ from ssd.data.coco import read_coco
 from ssd.data.synthetic import SHAPE_NAMES
 
 # torchvision 0.29 flags its (working) decoders as deprecated in favour of TorchCodec, not a dependency here.
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
 
 def _jpg(path: Path, w: int, h: int, colour=(120, 30, 200)) -> Path:
