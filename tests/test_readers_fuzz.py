@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the three annotation readers and the image decoder (issue 12).
+"""Property-based fuzzing of the three annotation readers and the image decoder.
 
 Random mutations of valid files (truncation, byte flips, inserted/deleted bytes, a BOM, CRLF line ends, removed
 keys or elements, values of the wrong type, huge / negative / NaN / infinite numbers) never raise anything but the
