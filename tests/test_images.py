@@ -265,3 +265,22 @@ def test_malformed_exif_is_reported_as_the_library_warning_naming_the_file(tmp_p
                            "file. Skipping tag 270)")], name
     with pytest.warns(ImageWarning):
         assert read_image_size(path) == (30, 40) and read_image(path).shape == (3, 40, 30)  # still rotated
+
+
+def test_boxes_drawn_on_an_exif_rotated_picture_without_the_rotation_get_a_hint(tmp_path):
+    """A VOC image stored 60x20 with EXIF orientation 6 is shown (and read) as 20x60; a box drawn on the stored
+    picture lies outside the shown one, and the error says why."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.new("RGB", (60, 20), (9, 9, 9)).save(tmp_path / "a.jpg", exif=exif)
+    (tmp_path / "a.xml").write_text("<annotation><size><width>60</width><height>20</height></size><object><name>cat"
+                                    "</name><bndbox><xmin>30</xmin><ymin>2</ymin><xmax>55</xmax><ymax>18</ymax>"
+                                    "</bndbox></object></annotation>")
+    (error,) = [i for i in check_dataset(tmp_path, decode_images=False).errors if i.code == "outside_image"]
+    assert error.message == (
+        "a.xml object 1 (cat): box (29, 1, 54, 17) (written: xmin=30 ymin=2 xmax=55 ymax=18) lies outside the 20x60 "
+        "image; the image is stored as 60x20 and shown (and read) rotated by its EXIF orientation tag, and the box "
+        "fits the stored picture: it was probably drawn without the rotation (save the image upright, e.g. with "
+        "PIL.ImageOps.exif_transpose, and annotate it again)")
+    Image.new("RGB", (60, 20), (9, 9, 9)).save(tmp_path / "a.jpg")  # stored upright: the box fits, no error
+    assert check_dataset(tmp_path, decode_images=False).errors == []

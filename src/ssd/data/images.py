@@ -40,7 +40,7 @@ from ssd._utils import as_hw
 from ssd.data.records import DataError
 
 __all__ = ["IMAGE_SUFFIXES", "ImageError", "ImageWarning", "read_image", "read_image_size", "is_image", "verify_image",
-           "pil_to_rgb"]
+           "pil_to_rgb", "exif_transposed"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 _EXIF_ORIENTATION = 0x0112
@@ -221,3 +221,11 @@ def read_image_size(path: str | Path) -> tuple[int, int]:
         except Exception as e:  # a PNG's pixels, decoded to reach its EXIF
             raise _error(path, f"image does not decode ({type(e).__name__}: {e})") from e
         return (h, w) if transposed else (w, h)
+
+
+def exif_transposed(path: str | Path) -> bool:
+    """True when the file stores the picture transposed (EXIF orientation 5-8: rotated by 90 degrees), so that its
+    stored width is the displayed height; for messages about boxes drawn on the stored picture."""
+    path = Path(path)
+    with _open(path) as im:
+        return _orientation(im, path) in _TRANSPOSED
