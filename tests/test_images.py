@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image, ImageFile
 
+from conftest import biased_model
 from ssd.data import check_dataset, load_dataset
 from ssd.data.check import screen
 from ssd.data.images import ImageError, ImageWarning, pil_to_rgb, read_image, read_image_size, verify_image
@@ -249,6 +250,10 @@ def test_png_with_corrupt_pixel_data_is_refused_by_check_and_predict_alike(tmp_p
         with pytest.raises(ImageError, match=r"image does not decode \(OSError: broken data stream") as e:
             decode(path)
         assert e.value.code == "corrupt_image" and str(e.value).startswith(f"{path}: "), name
+    from ssd.inference.pipeline import Detector
+
+    with pytest.raises(ImageError, match=f"^{path}: image does not decode"):
+        Detector(biased_model("ssd_tiny")).predict(path)
 
 
 def test_malformed_exif_is_reported_as_the_library_warning_naming_the_file(tmp_path):
