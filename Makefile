@@ -2,27 +2,31 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# The optional dependencies (pyproject extras) each goal installs; append new extras here.
+DEMO_EXTRAS := tensorboard
+TEST_EXTRAS := dev,export,video,tensorboard
 
 .PHONY: demo test lint install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(PY) pyproject.toml
+# One stamp per set of extras: `make test` after `make demo` installs what the tests add.
+$(VENV)/.installed-%: $(PY) pyproject.toml
 	$(PY) -m pip install --upgrade pip
 	# torch/torchvision first, pinned to the builds this machine serves from local disk.
 	$(PY) -m pip install "torch==2.14.1" "torchvision==0.29.1"
-	$(PY) -m pip install -e ".[dev]"
-	touch $(STAMP)
+	$(PY) -m pip install -e ".[$*]"
+	touch $@
 
-install: $(STAMP)
+install: $(VENV)/.installed-$(TEST_EXTRAS)
 
-demo: $(STAMP)
+demo: $(VENV)/.installed-$(DEMO_EXTRAS)
 	$(VENV)/bin/ssd demo
 
-lint: $(STAMP)
+lint: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports
 
 test: lint
 	$(PY) -m pytest -q

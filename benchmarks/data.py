@@ -5,7 +5,9 @@ workers: images/s over the batches after one warm-up batch. Also the synthetic d
 cache). Side by side, the per-image cost of the SSD transform with ``ssd.data.transforms.IoUCropWithBoxes``
 (vectorized trials) against the same pipeline with torchvision's stock ``RandomIoUCrop``, on the same decoded images.
 Last row: training steps/s of ``ssd_tiny`` (when ``ssd.build_model`` provides it) as images/s, to see whether data
-loading is the bottleneck. Run: ``.venv/bin/python benchmarks/data.py [--batches N]``.
+loading is the bottleneck. ``--decode`` measures only ``read_image``: median ms per image at full size (predict,
+validation) and with ``min_size=300`` (the training loader's reduced JPEG decode), for each dataset's first images
+and for PNGs. Run: ``.venv/bin/python benchmarks/data.py [--batches N] [--decode]``.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ import statistics
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -25,9 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 SHARED = Path(os.environ.get("SSD_SHARED_DATA", REPO.parent / "shared" / "data"))
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-warnings.filterwarnings("ignore", message="The image decoding", category=DeprecationWarning)
 
 from ssd.data import build_dataloader, load_dataset  # noqa: E402
+from ssd.data.images import read_image  # noqa: E402
 from ssd.data.loader import DetectionDataset  # noqa: E402
 from ssd.data.transforms import IoUCropWithBoxes, build_transform  # noqa: E402
 
@@ -74,6 +75,35 @@ class _StockIoUCrop(IoUCropWithBoxes):
     make_params = IoUCropWithBoxes.__mro__[1].make_params
 
 
+def decode_ms(paths, min_size=None, repeats=3) -> float:
+    """Median ms per ``read_image`` call over ``paths`` (each decoded ``repeats`` times, files cached), one thread."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    times = []
+    for path in paths:
+        for _ in range(repeats):
+            tic = time.perf_counter()
+            read_image(path, min_size=min_size)
+            times.append(time.perf_counter() - tic)
+    torch.set_num_threads(threads)
+    return 1000 * statistics.median(times)
+
+
+def print_decode(datasets, folder: Path, n=40) -> None:
+    """The first ``n`` images of each dataset, then the first dataset's saved as PNG in ``folder``."""
+    from PIL import Image
+
+    rows = [(name, [r.path for r in records[:n]]) for name, records, _, _ in datasets]
+    if rows:
+        pngs = [folder / f"{i}.png" for i in range(len(rows[0][1]))]
+        for source, png in zip(rows[0][1], pngs):
+            Image.open(source).save(png)
+        rows.append((rows[0][0].split()[0] + " as PNG", pngs))
+    print(f"{'read_image per image (median ms)':<48} {'full':>7} {'@300':>9}")
+    for name, paths in rows:
+        print(f"{name:<48} {decode_ms(paths):>7.2f} {decode_ms(paths, min_size=300):>9.2f}")
+
+
 def tiny_step_rate(num_classes: int, steps: int, batch_size=32):
     try:
         from ssd import MultiBoxLoss
@@ -106,10 +136,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=8,
                         help="timed batches per configuration (more than the 4 that 2 workers prefetch)")
+    parser.add_argument("--decode", action="store_true", help="measure only image decoding (read_image)")
     args = parser.parse_args()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}; "
           "shared machine: figures are noisy")
-    print(f"{'pipeline (train, ssd augment, batch 32)':<48} {'workers':>7} {'images/s':>9}")
     datasets = []
     if (SHARED / "bccd").is_dir():
         spec = load_dataset(SHARED / "bccd")
@@ -118,9 +148,13 @@ def main() -> None:
         spec = load_dataset(SHARED / "aquarium")
         datasets.append(("aquarium train ~1024 px @300", spec.splits["train"], spec.class_names, 300))
     tmp = tempfile.TemporaryDirectory()
+    if args.decode:
+        print_decode(datasets, Path(tmp.name))
+        return
     from ssd.data.synthetic import generate_synthetic
 
     synth = load_dataset(generate_synthetic(tmp.name, num_train=320, num_val=0, image_size=256, num_classes=6))
+    print(f"{'pipeline (train, ssd augment, batch 32)':<48} {'workers':>7} {'images/s':>9}")
     for name, records, names, size in datasets:
         for workers in (0, 2):
             print(f"{name:<48} {workers:>7} {loader_rate(records, names, size, workers, args.batches):>9.1f}")

@@ -1,13 +1,23 @@
-"""The `ssd` command line: grammar, help, suggestions and exit codes."""
+"""The `ssd` command line: grammar, help, suggestions and exit codes; every subcommand parsed and run once."""
 
 import json
 import subprocess
 import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 from PIL import Image
 
-from ssd.cli import main
+from conftest import biased_model
+from ssd.cli import COMMANDS, main
+from ssd.weights.checkpoint import load_checkpoint, save_checkpoint
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    return save_checkpoint(tmp_path_factory.mktemp("weights") / "best.pt", biased_model("ssd_tiny"))
 
 
 def test_version(capsys):
@@ -17,7 +27,7 @@ def test_version(capsys):
     assert capsys.readouterr().out.strip() == ssd.__version__
 
 
-@pytest.mark.parametrize("command", ["train", "val", "predict", "export", "check", "demo"])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_subcommand_has_help(command, capsys):
     with pytest.raises(SystemExit) as exc:
         main([command, "--help"])
@@ -107,3 +117,63 @@ def test_errors_are_one_line_not_tracebacks(tmp_path, capsys):
     assert main(["val", "--weights", str(tmp_path / "missing.pt"), "--data", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
+
+
+def test_predict_writes_detections_and_refuses_a_corrupt_png(weights, tmp_path, capsys):
+    """A PNG whose pixel data is broken is named and skipped, not read as a black picture with 0 detections."""
+    good, corrupt = tmp_path / "good.png", tmp_path / "corrupt.png"
+    Image.fromarray(np.random.RandomState(0).randint(0, 255, (48, 64, 3)).astype(np.uint8)).save(good)
+    data = bytearray(good.read_bytes())
+    start = data.index(b"IDAT") + 4
+    data[start + 20:start + 40] = bytes(20)
+    corrupt.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    assert main(["predict", "--weights", str(weights), "--source", str(good), "--save-dir", str(out),
+                 "--device", "cpu", "--conf", "0.2"]) == 0
+    (entry,) = json.loads((out / "predictions.json").read_text())["images"]
+    assert entry["file"].endswith("good.png") and len(entry["detections"]) > 0
+    capsys.readouterr()
+    assert main(["predict", "--weights", str(weights), "--source", str(corrupt), "--save-dir", str(tmp_path / "o2"),
+                 "--device", "cpu"]) == 1
+    captured = capsys.readouterr()
+    assert f"skipped {corrupt}: image does not decode (OSError: broken data stream" in captured.out
+    assert captured.err.splitlines()[-1] == "error: none of the 1 inputs could be read"  # after the progress bar
+
+
+def test_export_writes_an_onnx_file_and_names_the_missing_extra(weights, tmp_path, capsys, monkeypatch):
+    onnx_file = tmp_path / "tiny.onnx"
+    assert main(["export", "--weights", str(weights), "--output", str(onnx_file)]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"exported: {onnx_file}") and onnx_file.stat().st_size > 0
+    monkeypatch.setitem(sys.modules, "onnx", None)  # as if the [export] extra were not installed
+    assert main(["export", "--weights", str(weights), "--output", str(tmp_path / "again.onnx")]) == 1
+    assert capsys.readouterr().err == ("error: ONNX export needs onnx, from the optional 'export' dependencies: "
+                                       "pip install 'ssd-detect[export]'\n")
+    assert not (tmp_path / "again.onnx").exists()
+
+
+def test_demo_passes_its_options_to_the_demo_run(tmp_path, monkeypatch):
+    import ssd.training.demo
+
+    calls = []
+    monkeypatch.setattr(ssd.training.demo, "run_demo", lambda **kwargs: calls.append(kwargs))
+    assert main(["demo", "--project", str(tmp_path), "--epochs", "2", "--device", "cpu", "--quiet"]) == 0
+    assert main(["demo"]) == 0
+    assert calls == [dict(project=tmp_path, device="cpu", quiet=True, epochs=2),
+                     dict(project=Path("runs"), device="auto", quiet=False)]
+
+
+def test_import_converts_a_torchvision_detector_and_refuses_a_text_file(tmp_path, capsys):
+    from torchvision.models.detection import ssdlite320_mobilenet_v3_large
+
+    torch.manual_seed(0)
+    source = tmp_path / "ssdlite.pth"
+    torch.save(ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None).state_dict(), source)
+    out = tmp_path / "ssdlite.pt"
+    assert main(["import", str(source), "--output", str(out)]) == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out} (ssdlite320_mobilenet_v3_large, 80 classes)")
+    assert load_checkpoint(out)["config"]["name"] == "ssdlite320_mobilenet_v3_large"
+    text = tmp_path / "notes.pth"
+    text.write_text("not weights")
+    assert main(["import", str(text), "--output", str(tmp_path / "x.pt")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {text}") and err.count("\n") == 1 and not (tmp_path / "x.pt").exists()

@@ -13,7 +13,6 @@ from ssd.data.coco import read_coco
 from ssd.data.synthetic import SHAPE_NAMES
 
 # torchvision 0.29 flags its (working) decoders as deprecated in favour of TorchCodec, not a dependency here.
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
 
 def _jpg(path: Path, w: int, h: int, colour=(120, 30, 200)) -> Path:
@@ -210,7 +209,7 @@ def test_synthetic_through_voc_reader(synthetic_voc):
     assert any(o.box[0] == 0 or o.box[2] == 128 for o in objects)  # some touch the border
 
 
-# --- COCO structure (issue 12, BAD 6, 7, 8 and WEAK) ---------------------------------------------------------------
+# --- COCO structure: malformed files, ids, categories --------------------------------------------------------------
 
 def _coco(tmp_path: Path, **changes) -> Path:
     """A valid two-image COCO file with ``changes`` applied to its top-level keys; returns the JSON path."""
@@ -308,7 +307,7 @@ def test_coco_xyxy_bbox_gets_a_hint_and_listed_size_is_compared(tmp_path):
     assert "looks like" not in second.message
 
 
-# --- YOLO (issue 12, BAD 1, 9 and WEAK) ------------------------------------------------------------------------------
+# --- YOLO layouts and label lines ------------------------------------------------------------------------------------
 
 def test_yolo_images_folder_symlink_keeps_labels_beside_the_link(tmp_path):
     store = tmp_path / "elsewhere"
@@ -374,7 +373,7 @@ def test_yolo_yaml_values_are_checked(tmp_path, yaml_text, message):
         load_dataset(path)
 
 
-# --- VOC (issue 12, WEAK) --------------------------------------------------------------------------------------------
+# --- VOC sizes and objects -------------------------------------------------------------------------------------------
 
 def test_voc_size_disagreeing_with_the_image_warns_unless_rotated(tmp_path):
     _jpg(tmp_path / "a.jpg", 50, 20)

@@ -59,7 +59,7 @@ def _coco(path: Path, images: list, annotations: list, categories: list) -> Path
 OK_LINE = "0 0.5 0.5 0.2 0.2\n"
 
 
-# ------------------------------------------------------------------------------------------- names (issue 9)
+# ---------------------------------------------------------------------------------------------- module names
 def test_check_module_is_not_shadowed_by_its_function():
     assert inspect.ismodule(ssd.data.check) and inspect.ismodule(ssd.data.load)
     assert ssd.data.check.check_dataset is check_dataset and ssd.data.load.load_training_data is load_training_data
@@ -160,7 +160,7 @@ def test_gate_for_evaluation_reads_only_its_split(tmp_path):
 
 # ------------------------------------------------------------------------------------------------- layouts
 def test_relative_data_yaml_from_the_parent_folder(tmp_path, monkeypatch):
-    """BAD 1: `ssd check aq/data.yaml` run from aq's parent read aq/aq/train/images."""
+    """`ssd check aq/data.yaml` run from aq's parent reads aq/train/images (not aq/aq/train/images)."""
     _yolo(tmp_path / "aq", {"train": {"t": OK_LINE}, "val": {"v": OK_LINE}}, names="[a]")
     monkeypatch.chdir(tmp_path)
     spec = load_dataset("aq/data.yaml")

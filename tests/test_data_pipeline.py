@@ -17,7 +17,6 @@ from ssd.data.synthetic import generate_synthetic
 from ssd.data.transforms import build_transform
 from ssd.priors import PRIOR_CONFIGS
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 
 

@@ -1,10 +1,7 @@
 """The shared real datasets: object counts equal to their READMEs, and each listed defect reported at its file."""
 
-import pytest
 
 from ssd.data import check_dataset, load_dataset
-
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
 
 def _objects(spec, split):

@@ -8,34 +8,15 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from torch import nn
 
+from conftest import biased_model, random_images
 from ssd.cli import main
 from ssd.export.onnx import export, export_onnx, export_torchscript
 from ssd.export.parity import ExportCheckError, check_onnx
 from ssd.inference.backends import OnnxBackend, OnnxModelError
 from ssd.inference.pipeline import Detector, load
-from ssd.models import build_model
 from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess_detections
 from ssd.weights.checkpoint import save_checkpoint
-
-
-def biased_model(name: str, num_classes: int = 3, seed: int = 0, **options) -> nn.Module:
-    """A random-init model whose class logits are biased towards objects, so that it detects something."""
-    torch.manual_seed(seed)
-    model = build_model(name, num_classes=num_classes, **options).eval()
-    with torch.no_grad():
-        for head in model.heads:
-            conv = [m for m in head.cls.modules() if isinstance(m, nn.Conv2d)][-1]
-            bias = conv.bias.view(-1, num_classes + 1)  # [A, K+1], index 0 background
-            bias[:, 1:] += torch.linspace(1.5, 0.5, num_classes)
-    return model
-
-
-def random_images(count: int, seed: int = 1) -> list[torch.Tensor]:
-    generator = torch.Generator().manual_seed(seed)
-    sizes = [(120, 160), (90, 70), (64, 64), (100, 130)]
-    return [torch.randint(0, 256, (3, *sizes[i % 4]), dtype=torch.uint8, generator=generator) for i in range(count)]
 
 
 def run_raw(path, batch: torch.Tensor) -> list[torch.Tensor]:

@@ -9,15 +9,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import Image, ImageFile
 
+from conftest import biased_model
 from ssd.data import check_dataset, load_dataset
-from ssd.data import images as images_module
 from ssd.data.check import screen
-from ssd.data.images import ImageError, pil_to_rgb, read_image, read_image_size, verify_image
+from ssd.data.images import ImageError, ImageWarning, pil_to_rgb, read_image, read_image_size, verify_image
 from ssd.data.loader import DetectionDataset
-
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
 DECODERS = {"read_image_size": read_image_size, "verify_image": verify_image, "read_image": read_image,
             "read_image(min_size)": lambda p: read_image(p, min_size=8)}
@@ -58,22 +56,22 @@ def test_decompression_bomb_png_is_refused_by_every_decoder(tmp_path):
                               r"against decompression bombs.*\(400000000 pixels\)")
 
 
-def test_pixel_limit_is_checked_before_torchvision_decodes(tmp_path, monkeypatch):
+def test_pixel_limit_is_checked_before_any_pixel_is_decoded(tmp_path, monkeypatch):
     jpg, png = tmp_path / "a.jpg", tmp_path / "a.png"
     Image.new("RGB", (40, 30), (9, 8, 7)).save(jpg)
     Image.new("RGB", (40, 30), (9, 8, 7)).save(png)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 1000)  # Pillow itself only warns up to twice the limit
-    decode_image = images_module.decode_image
+    load = ImageFile.ImageFile.load
 
     def decoder_must_not_run(*args, **kwargs):
-        raise AssertionError("torchvision decoder called on an image over the pixel limit")
+        raise AssertionError("decoder called on an image over the pixel limit")
 
-    monkeypatch.setattr(images_module, "decode_image", decoder_must_not_run)
+    monkeypatch.setattr(ImageFile.ImageFile, "load", decoder_must_not_run)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         for path in (jpg, png):
             _refused_everywhere(path, r"40x30 = 1,200 pixels exceed the limit of 1,000 \(PIL.Image.MAX_IMAGE_PIXELS")
-    monkeypatch.setattr(images_module, "decode_image", decode_image)
+    monkeypatch.setattr(ImageFile.ImageFile, "load", load)
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)  # the documented way to lift the limit
     assert read_image(png)[:, 0, 0].tolist() == [9, 8, 7] and read_image_size(jpg) == (40, 30)
 
@@ -162,9 +160,9 @@ def test_exif_orientations_agree_between_decoders_and_header(tmp_path):
         exif = Image.Exif()
         exif[0x0112] = orientation
         Image.fromarray(pixels).save(path, exif=exif)
-        by_torchvision, by_pillow = read_image(path), pil_to_rgb(Image.open(path))
-        assert torch.equal(by_torchvision, by_pillow), orientation
-        assert read_image_size(path) == (by_pillow.shape[2], by_pillow.shape[1])
+        from_file, from_pillow = read_image(path), pil_to_rgb(Image.open(path))
+        assert torch.equal(from_file, from_pillow), orientation
+        assert read_image_size(path) == (from_pillow.shape[2], from_pillow.shape[1])
     assert read_image_size(tmp_path / "o6.png") == (6, 10)
 
 
@@ -180,15 +178,17 @@ def test_unreadable_files_name_the_file_and_the_reason(tmp_path):
         Image.effect_noise((100, 50), 60).convert("RGB").save(whole)
         cut = tmp_path / f"cut{suffix}"
         cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
-        assert read_image_size(cut) == (100, 50)  # the header still reads: decoding finds it
-        for decode in (verify_image, read_image):
+        if suffix == ".jpg":  # the header still reads: decoding finds it
+            assert read_image_size(cut) == (100, 50)
+        decoders = (verify_image, read_image) if suffix == ".jpg" else (read_image_size, verify_image, read_image)
+        for decode in decoders:  # Pillow reads a PNG's EXIF only after its pixels: the size read decodes them
             with pytest.raises(ImageError, match=f"^{cut}: .*truncated") as e:
                 decode(cut)
             assert e.value.code == "corrupt_image"
 
 
 def test_png_with_an_invalid_row_filter_does_not_crash_the_process(tmp_path):
-    # torchvision 0.29's PNG decoder segfaults on this file ("bad adaptive filter value"): PNGs go through Pillow
+    # torchvision 0.29's PNG decoder segfaults on this file ("bad adaptive filter value"); Pillow's does not
     path = _png(tmp_path / "filter.png", 16, 12, 8, 2, bytes(range(48)) * 12, row_filter=b"\x07")
     try:
         assert read_image(path).shape == (3, 12, 16)
@@ -205,8 +205,8 @@ def test_image_error_survives_pickling_from_loader_workers(tmp_path):
 
 
 def test_check_train_and_loader_share_the_rules(tmp_path):
-    """BAD 2-5: bomb, animated GIF and float TIFF fail `check` (by name) and are dropped by skip_invalid; a 16-bit
-    PNG passes and loads as uint8."""
+    """A bomb, an animated GIF and a float TIFF fail `check` (by name) and are dropped by skip_invalid; a 16-bit PNG
+    passes and loads as uint8."""
     (tmp_path / "images").mkdir()
     (tmp_path / "labels").mkdir()
     Image.new("RGB", (32, 24), (1, 2, 3)).save(tmp_path / "images" / "good.jpg")
@@ -230,3 +230,62 @@ def test_check_train_and_loader_share_the_rules(tmp_path):
     assert sorted(r.path.name for r in kept) == ["deep.png", "good.jpg"]
     images = {r.path.name: DetectionDataset([r], ["thing"])[0][0] for r in kept}
     assert images["deep.png"].dtype == torch.uint8 and int(images["deep.png"][0, 0, 0]) == 51400 >> 8
+
+
+def _png_with_corrupt_pixel_data(path: Path) -> Path:
+    """A PNG whose header reads but whose compressed pixel data (IDAT) is broken part way through."""
+    Image.fromarray(np.random.RandomState(0).randint(0, 255, (24, 32, 3)).astype(np.uint8)).save(path)
+    data = bytearray(path.read_bytes())
+    start = data.index(b"IDAT") + 4
+    data[start + 20:start + 40] = bytes(20)
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_png_with_corrupt_pixel_data_is_refused_by_check_and_predict_alike(tmp_path):
+    """Was: ``ssd check`` refused it while predict read it as a partly black picture (the decode error raised
+    while reading EXIF was swallowed)."""
+    path = _png_with_corrupt_pixel_data(tmp_path / "corrupt.png")
+    for name, decode in DECODERS.items():
+        with pytest.raises(ImageError, match=r"image does not decode \(OSError: broken data stream") as e:
+            decode(path)
+        assert e.value.code == "corrupt_image" and str(e.value).startswith(f"{path}: "), name
+    from ssd.inference.pipeline import Detector
+
+    with pytest.raises(ImageError, match=f"^{path}: image does not decode"):
+        Detector(biased_model("ssd_tiny")).predict(path)
+
+
+def test_malformed_exif_is_reported_as_the_library_warning_naming_the_file(tmp_path):
+    path = tmp_path / "phone.jpg"
+    exif = Image.Exif()
+    exif[0x0112], exif[0x010E] = 6, "x" * 100  # rotated 90 degrees, and a description the cut leaves incomplete
+    Image.new("RGB", (40, 30), (200, 10, 10)).save(path, exif=exif.tobytes()[:-60])
+    for name, decode in DECODERS.items():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            decode(path)
+        assert [(w.category, str(w.message)) for w in caught] == [
+            (ImageWarning, f"{path}: malformed metadata, the unreadable entries are ignored (Tag data larger than "
+                           "file. Skipping tag 270)")], name
+    with pytest.warns(ImageWarning):
+        assert read_image_size(path) == (30, 40) and read_image(path).shape == (3, 40, 30)  # still rotated
+
+
+def test_boxes_drawn_on_an_exif_rotated_picture_without_the_rotation_get_a_hint(tmp_path):
+    """A VOC image stored 60x20 with EXIF orientation 6 is shown (and read) as 20x60; a box drawn on the stored
+    picture lies outside the shown one, and the error says why."""
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.new("RGB", (60, 20), (9, 9, 9)).save(tmp_path / "a.jpg", exif=exif)
+    (tmp_path / "a.xml").write_text("<annotation><size><width>60</width><height>20</height></size><object><name>cat"
+                                    "</name><bndbox><xmin>30</xmin><ymin>2</ymin><xmax>55</xmax><ymax>18</ymax>"
+                                    "</bndbox></object></annotation>")
+    (error,) = [i for i in check_dataset(tmp_path, decode_images=False).errors if i.code == "outside_image"]
+    assert error.message == (
+        "a.xml object 1 (cat): box (29, 1, 54, 17) (written: xmin=30 ymin=2 xmax=55 ymax=18) lies outside the 20x60 "
+        "image; the image is stored as 60x20 and shown (and read) rotated by its EXIF orientation tag, and the box "
+        "fits the stored picture: it was probably drawn without the rotation (save the image upright, e.g. with "
+        "PIL.ImageOps.exif_transpose, and annotate it again)")
+    Image.new("RGB", (60, 20), (9, 9, 9)).save(tmp_path / "a.jpg")  # stored upright: the box fits, no error
+    assert check_dataset(tmp_path, decode_images=False).errors == []

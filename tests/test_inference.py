@@ -4,10 +4,10 @@
 import pytest
 import torch
 
+from conftest import biased_model, random_images
 from ssd.inference.backends import TorchBackend
 from ssd.inference.pipeline import Detector, detect_batch
 from ssd.preprocess import preprocess, to_pixels
-from test_export import biased_model, random_images
 
 OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)
 

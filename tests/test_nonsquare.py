@@ -21,8 +21,6 @@ from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes
 from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
-
 
 # ------------------------------------------------------------------------------------------------- sizes, priors
 def test_as_hw_forms_and_errors():

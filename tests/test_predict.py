@@ -9,14 +9,13 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import requires_cuda
+from conftest import biased_model, random_images, requires_cuda
 from ssd.data.images import read_image
 from ssd.export.onnx import export_onnx
 from ssd.inference.backends import OnnxBackend
 from ssd.inference.pipeline import Detector, load
 from ssd.inference.sources import predict_source
 from ssd.weights.checkpoint import CheckpointError, save_checkpoint
-from test_export import biased_model, random_images
 
 CONF, IOU, MAX_DET = 0.3, 0.45, 20
 OPTS = dict(score_threshold=CONF, iou_threshold=IOU, max_detections=MAX_DET)

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the three annotation readers and the image decoder (issue 12).
+"""Property-based fuzzing of the three annotation readers and the image decoder.
 
 Random mutations of valid files (truncation, byte flips, inserted/deleted bytes, a BOM, CRLF line ends, removed
 keys or elements, values of the wrong type, huge / negative / NaN / infinite numbers) never raise anything but the
@@ -25,8 +25,7 @@ from PIL import Image
 from ssd.data import DataError, check_dataset, load_dataset
 from ssd.data.images import ImageError, read_image, read_image_size, verify_image
 
-pytestmark = [pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning"),
-              pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")]
+pytestmark = pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 
 FUZZ = settings(max_examples=60, deadline=3000, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

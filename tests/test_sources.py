@@ -11,13 +11,13 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import biased_model, random_images
 from ssd.cli import main
 from ssd.export.onnx import export_onnx
 from ssd.inference.pipeline import load
 from ssd.inference.sources import output_paths, predict_source
 from ssd.weights.checkpoint import CheckpointError, save_checkpoint
 from ssd.weights.resolve import resolve_weights
-from test_export import biased_model, random_images
 
 OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)
 

@@ -8,13 +8,13 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import biased_model
 from ssd.cli import main
 from ssd.data.synthetic import SHAPE_NAMES
 from ssd.evaluation.evaluator import evaluate
 from ssd.inference.pipeline import Detector, load
 from ssd.inference.tiling import check_tile, detect_tiled, tile_shape, tile_windows
 from ssd.weights.checkpoint import save_checkpoint
-from test_export import biased_model
 
 # --- a backend that always detects one fixed box of its input -------------------------------------------------
 

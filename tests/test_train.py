@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image, ImageDraw
 
 import ssd
 import ssd.device as device
+from conftest import write_yolo_dataset
 from ssd.data.records import DataError
 from ssd.evaluation.evaluator import evaluate
 from ssd.settings import ConfigError
@@ -135,7 +135,7 @@ def test_resume_after_kill_matches_uninterrupted_run(two_epochs, synthetic_voc, 
 
 
 def test_nonfinite_loss_stops_naming_step_and_files(tmp_path, monkeypatch):
-    data = _write_yolo(tmp_path / "data")
+    data = write_yolo_dataset(tmp_path / "data")
     calls = {"n": 0}
     real = trainer.MultiBoxLoss.forward
 
@@ -158,32 +158,8 @@ def test_nonfinite_loss_stops_naming_step_and_files(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------- the seed scenario (YOLO)
-def _write_yolo(root: Path, bad_label: bool = False) -> Path:
-    """6 classes labelled 0..5, coloured rectangles, 12 train / 4 val images of 96 px; optionally one label 6."""
-    names = ["a", "b", "c", "d", "e", "f"]
-    for split, count in (("train", 12), ("val", 4)):
-        (root / "images" / split).mkdir(parents=True)
-        (root / "labels" / split).mkdir(parents=True)
-        for i in range(count):
-            image = Image.new("RGB", (96, 96), (90, 90, 90))
-            draw = ImageDraw.Draw(image)
-            lines = []
-            for j in range(2):
-                label = (i + 3 * j) % 6
-                x, y, s = 10 + 40 * j, 15 + 3 * i, 30
-                draw.rectangle([x, y, x + s - 1, y + s - 1], fill=(40 * label, 255 - 40 * label, 120))
-                lines.append(f"{label} {(x + s / 2) / 96:.5f} {(y + s / 2) / 96:.5f} {s / 96:.5f} {s / 96:.5f}")
-            if bad_label and split == "train" and i == 5:
-                lines.append("6 0.5 0.5 0.2 0.2")
-            image.save(root / "images" / split / f"img{i}.jpg")
-            (root / "labels" / split / f"img{i}.txt").write_text("\n".join(lines) + "\n")
-    (root / "data.yaml").write_text(
-        f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{', '.join(names)}]\n")
-    return root / "data.yaml"
-
-
 def test_yolo_six_classes_train_without_num_classes(tmp_path):
-    data = _write_yolo(tmp_path / "ok")
+    data = write_yolo_dataset(tmp_path / "ok")
     result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **FAST)
     assert result.model.num_classes == 6
     assert result.model.class_names == ["a", "b", "c", "d", "e", "f"]
@@ -191,7 +167,7 @@ def test_yolo_six_classes_train_without_num_classes(tmp_path):
 
 
 def test_yolo_label_out_of_range_refused_before_training(tmp_path):
-    data = _write_yolo(tmp_path / "bad", bad_label=True)
+    data = write_yolo_dataset(tmp_path / "bad", bad_label=True)
     with pytest.raises(DataError, match=r"img5\.txt.*3") as info:
         train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **FAST)
     assert "6" in str(info.value)
@@ -199,7 +175,7 @@ def test_yolo_label_out_of_range_refused_before_training(tmp_path):
 
 
 def test_yolo_label_out_of_range_dropped_with_skip_invalid(tmp_path, capsys):
-    data = _write_yolo(tmp_path / "bad", bad_label=True)
+    data = write_yolo_dataset(tmp_path / "bad", bad_label=True)
     result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), skip_invalid=True,
                    **{**FAST, "augment": "none"})
     assert "skip_invalid: dropped 1 object(s) and 0 image(s)" in capsys.readouterr().out
@@ -220,7 +196,7 @@ def test_amp_on_cpu_autocasts_to_bfloat16(tmp_path, monkeypatch):
         return model
 
     monkeypatch.setattr(trainer, "build_run_model", build_and_watch)
-    data = _write_yolo(tmp_path / "ok")
+    data = write_yolo_dataset(tmp_path / "ok")
     result = train(data=str(data), epochs=1, amp=True, project=str(tmp_path / "runs"), **FAST)
     assert {dtype for training, dtype in dtypes if training} == {torch.bfloat16}  # every training step
     assert all(math.isfinite(v) for v in result.step_losses)

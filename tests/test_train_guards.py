@@ -1,4 +1,4 @@
-"""No quiet bad runs (issue 12): resume without training state, non-finite steps and weights, device names,
+"""No quiet bad runs: resume without training state, non-finite steps and weights, device names,
 contradicting options, resume with a moved dataset or more epochs, data errors mid-run, dataset category ids."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import yaml
 from PIL import Image
 
 import ssd
+from conftest import write_yolo_dataset
 from ssd.cli import main
 from ssd.data.records import DataError
 from ssd.device import resolve_device
@@ -22,9 +23,8 @@ from ssd.training.config import TrainConfig
 from ssd.training.optim import LRSchedule
 from ssd.training.trainer import NonFiniteLossError, train
 from ssd.weights.checkpoint import CheckpointError
-from test_train import _write_yolo
 
-# 12 train / 4 val images of 96 px (test_train._write_yolo), ssd_tiny at 64 px: 3 steps of 4 images per epoch
+# 12 train / 4 val images of 96 px (conftest.write_yolo_dataset), ssd_tiny at 64 px: 3 steps of 4 images per epoch
 TINY = dict(model="ssd_tiny", image_size=64, batch_size=4, workers=0, device="cpu", quiet=True, augment="none",
             num_plot_images=0)
 NAMES = ["a", "b", "c", "d", "e", "f"]
@@ -32,7 +32,7 @@ NAMES = ["a", "b", "c", "d", "e", "f"]
 
 @pytest.fixture(scope="module")
 def yolo(tmp_path_factory) -> Path:
-    return _write_yolo(tmp_path_factory.mktemp("yolo") / "data")
+    return write_yolo_dataset(tmp_path_factory.mktemp("yolo") / "data")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def _copy_run(run_dir: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(run_dir, tmp_path / "run"))
 
 
-# ------------------------------------------------------------------------------------------- BAD 10: resume
+# -------------------------------------------------------------------------- resuming from a weights-only checkpoint
 def test_resume_of_weights_only_checkpoint_says_what_is_missing(tmp_path, capsys):
     path = ssd.save_checkpoint(tmp_path / "plain.pt", ssd.build_model("ssd_tiny", class_names=NAMES, image_size=64))
     with pytest.raises(CheckpointError, match=r"no training state \(missing train_config, epoch, optimizer") as info:
@@ -56,7 +56,7 @@ def test_resume_of_weights_only_checkpoint_says_what_is_missing(tmp_path, capsys
     assert err.startswith("error: cannot resume from") and "Traceback" not in err
 
 
-# ----------------------------------------------------------------------------------- BAD 11: non-finite steps
+# ------------------------------------------------------------------------------------------------- non-finite steps
 def _nan_loss_on(monkeypatch, steps: set[int]) -> None:
     real, calls = trainer.MultiBoxLoss.forward, {"n": 0}
 
@@ -101,7 +101,7 @@ def test_diverged_weights_are_never_saved(yolo, tmp_path, monkeypatch):
     assert last["epoch"] == 0 and all(torch.isfinite(t).all() for t in last["model"].values())
 
 
-# ---------------------------------------------------------------------------------------- BAD 12: --device
+# ----------------------------------------------------------------------------------------------------- device names
 @pytest.mark.parametrize("name", ["gpu", "tpu", "cuda:x", "CPU"])
 def test_unknown_device_lists_the_valid_ones(name):
     with pytest.raises(ConfigError, match=rf"device '{name}' is not a valid device: use cpu, cuda, cuda:N .*mps "
@@ -122,7 +122,7 @@ def test_cuda_without_cuda_says_so():
         resolve_device("cuda:1")
 
 
-# --------------------------------------------------------------------------------------- WEAK: --momentum
+# ------------------------------------------------------------------------------------------------------- --momentum
 def test_momentum_out_of_range_names_the_option(capsys):
     with pytest.raises(ConfigError, match=r"momentum=5 is invalid: must be in \[0, 1\) .*\(--momentum\)"):
         TrainConfig(momentum=5)
@@ -130,7 +130,7 @@ def test_momentum_out_of_range_names_the_option(capsys):
     assert "(--momentum)" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------------- BAD 17: --weights and --model
+# -------------------------------------------------------------------------------- --weights contradicted by --model
 def test_weights_contradicted_by_model_and_image_size_is_refused(one_epoch, yolo, tmp_path, capsys):
     weights = one_epoch.run_dir / "weights" / "last.pt"
     with pytest.raises(ConfigError, match=r"holds a ssd_tiny model for 64 px inputs, which --model ssd300_vgg16 "
@@ -154,7 +154,7 @@ def test_weights_decide_model_and_config_yaml_records_it(one_epoch, yolo, tmp_pa
     assert result.model.config.name == "ssd_tiny" and result.model.image_size == 64
 
 
-# ---------------------------------------------------------------------------------- WEAK: what resume accepts
+# ---------------------------------------------------------------------------------------------- what resume accepts
 def test_resume_refuses_options_it_would_ignore(one_epoch, tmp_path):
     run = _copy_run(one_epoch.run_dir, tmp_path)
     with pytest.raises(ConfigError, match=r"but --lr 0.1 \(the run has 0.003\): only --data, --epochs, --device, "
@@ -165,7 +165,7 @@ def test_resume_refuses_options_it_would_ignore(one_epoch, tmp_path):
 def test_resume_refuses_a_dataset_with_other_classes(one_epoch, tmp_path):
     run = _copy_run(one_epoch.run_dir, tmp_path)
     other = tmp_path / "other"
-    data = _write_yolo(other)
+    data = write_yolo_dataset(other)
     text = data.read_text().replace("names: [a, b, c, d, e, f]", "names: [u, v, w, x, y, z]")
     data.write_text(text)
     with pytest.raises(DataError, match=r"has the classes \['u', .*\] but the run was trained on \['a', "):
@@ -197,7 +197,7 @@ def test_schedule_epochs_holds_the_final_lr():
     assert TrainConfig(epochs=9, schedule_epochs=3, scheduler="multistep").resolved().milestones == [2, 3]
 
 
-# ------------------------------------------------------------------------------ WEAK: data errors mid-run
+# ---------------------------------------------------------------------------------------------- data errors mid-run
 def test_data_error_in_a_worker_is_reported_with_its_own_message(yolo, tmp_path, monkeypatch):
     import torch.utils.tensorboard as tensorboard
 
@@ -225,7 +225,7 @@ def test_data_error_in_a_worker_is_reported_with_its_own_message(yolo, tmp_path,
     assert closed == [True]
 
 
-# -------------------------------------------------------------------------- BAD 8: the dataset's category ids
+# --------------------------------------------------------------------------------------- the dataset's category ids
 def _write_coco(root: Path) -> Path:
     """COCO folder, categories 1, 5 and 90, 8 train / 4 val images of 64 px with two boxes each."""
     (root / "images").mkdir(parents=True)

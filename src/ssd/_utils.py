@@ -1,4 +1,5 @@
-"""Small helpers shared by every layer: closest-name hints, plain-text tables, model unwrapping, checked loading.
+"""Small helpers shared by every layer: closest-name hints, plain-text tables, model unwrapping, checked loading,
+optional dependencies (``require``).
 
 This module imports nothing from the rest of the package (any layer may import it).
 """
@@ -6,12 +7,30 @@ This module imports nothing from the rest of the package (any layer may import i
 from __future__ import annotations
 
 import difflib
+import importlib
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 __all__ = ["closest_names", "did_you_mean", "render_table", "few", "unwrap_model", "state_dict_mismatch", "as_hw",
-           "compact_size", "size_text"]
+           "compact_size", "size_text", "MissingDependencyError", "require"]
+
+
+class MissingDependencyError(ImportError):
+    """A feature needs an optional dependency (a pip extra of ssd-detect) that is not installed; the message names
+    the ``pip install`` that brings it (the CLI prints it as one line)."""
+
+
+def require(module: str, extra: str, what: str) -> ModuleType:
+    """``importlib.import_module(module)``, or :class:`MissingDependencyError` when it (or a module it needs) is not
+    installed: ``"<what> needs <module>: pip install 'ssd-detect[<extra>]'"``."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        missing = module if e.name in (None, module) else f"{module} ({e.name} is missing)"
+        raise MissingDependencyError(f"{what} needs {missing}, from the optional '{extra}' dependencies: "
+                                     f"pip install 'ssd-detect[{extra}]'") from e
 
 
 def closest_names(name: str, known: Iterable[str], n: int = 3) -> list[str]:

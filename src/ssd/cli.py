@@ -20,7 +20,7 @@ import types
 import typing
 from pathlib import Path
 
-from ssd._utils import closest_names
+from ssd._utils import MissingDependencyError, closest_names
 
 EPILOG = "Labels: a dataset with K classes uses labels 0..K-1; the background class is added internally."
 
@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError) as e:
+    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, MissingDependencyError) as e:
         if debug:
             raise
         print(f"error: {e}", file=sys.stderr)

@@ -25,7 +25,7 @@ import torch
 from torchvision.ops import box_iou
 
 from ssd._utils import closest_names, render_table
-from ssd.data.images import ImageError, verify_image
+from ssd.data.images import ImageError, exif_transposed, verify_image
 from ssd.data.load import load_dataset
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
@@ -114,6 +114,24 @@ def _written(obj) -> str:
     return f"box {_box_text(obj.box)}" + (f" (written: {obj.raw})" if obj.raw else "")
 
 
+def _rotation_hint(rec: ImageRecord, obj) -> str:
+    """For a box outside the image as displayed that fits the picture as stored, when the EXIF orientation tag
+    rotates it by 90 degrees: the likely cause (an annotation tool that ignored the tag)."""
+    w, h = rec.width or 0, rec.height or 0
+    x1, y1, x2, y2 = obj.box
+    tol = BORDER_TOLERANCE
+    if w == h or not (x1 >= -tol and y1 >= -tol and x2 <= h + tol and y2 <= w + tol):
+        return ""
+    try:
+        if not exif_transposed(rec.path):
+            return ""
+    except ImageError:
+        return ""
+    return (f"; the image is stored as {h}x{w} and shown (and read) rotated by its EXIF orientation tag, and the box "
+            "fits the stored picture: it was probably drawn without the rotation (save the image upright, e.g. with "
+            "PIL.ImageOps.exif_transpose, and annotate it again)")
+
+
 def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -> list[Issue]:
     """Per-object rules for one image, plus near-duplicates (same label, IoU > 0.9)."""
     issues = []
@@ -142,14 +160,15 @@ def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -
             add("error", "zero_area", f"{_written(obj)} has zero area (width {x2 - x1:g}, height "
                 f"{y2 - y1:g}; boxes need x2 > x1 and y2 > y1)")
         elif x2 <= 0 or y2 <= 0 or x1 >= w or y1 >= h:
-            add("error", "outside_image", f"{_written(obj)} lies outside the {w}x{h} image")
+            add("error", "outside_image", f"{_written(obj)} lies outside the {w}x{h} image" + _rotation_hint(rec, obj))
         elif x1 < -w or y1 < -h or x2 > 2 * w or y2 > 2 * h:  # not a sloppy click: a wrong unit or a typo
-            add("error", "far_outside", f"{_written(obj)} extends more than the image's size past the {w}x{h} image")
+            add("error", "far_outside", f"{_written(obj)} extends more than the image's size past the {w}x{h} image"
+                + _rotation_hint(rec, obj))
         else:
             tol = BORDER_TOLERANCE
             if x1 < -tol or y1 < -tol or x2 > w + tol or y2 > h + tol:
                 add("warning", "beyond_border", f"{_written(obj)} extends past the {w}x{h} image "
-                    "(clipped to the image when used)")
+                    "(clipped to the image when used)" + _rotation_hint(rec, obj))
             cw, ch = min(x2, w) - max(x1, 0), min(y2, h) - max(y1, 0)
             if cw < TINY_PIXELS or ch < TINY_PIXELS:
                 add("warning", "tiny_box", f"{_written(obj)} is only {cw:g}x{ch:g} px (under "

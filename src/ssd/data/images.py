@@ -5,8 +5,10 @@ used by ``ssd check``) and ``read_image_size`` (header only, used by the annotat
 and raise :class:`ImageError` (a ``DataError``) naming the file for anything they cannot or will not decode:
 
 - **Pixel limit**: ``width * height`` at most ``PIL.Image.MAX_IMAGE_PIXELS`` (about 89.5 MP by default; raise it,
-  or set it to ``None``, to accept larger images), checked from the header before any decoder runs, Pillow's and
-  torchvision's alike; Pillow's own decompression-bomb error is reported the same way.
+  or set it to ``None``, to accept larger images), checked from the header before any pixel is decoded; Pillow's
+  own decompression-bomb error is reported the same way.
+- **One decoder**: Pillow, for every format and every caller (check, training, validation, predict), so they
+  cannot disagree about a file; a decode error is never swallowed (no all-black picture for a corrupt file).
 - **One picture**: animated GIF/PNG/WebP and multi-page TIFF files are refused (the boxes of an annotation describe
   one picture, and which frame would it be?). A camera's multi-picture JPEG (MPO) is read as its primary picture,
   which is what viewers show and what the JPEG decoder reads.
@@ -15,25 +17,30 @@ and raise :class:`ImageError` (a ``DataError``) naming the file for anything the
   8 bits (``value >> 8``: the picture a viewer shows); float (``F``) and 32-bit integer (``I``) images
   are refused, because they have no defined 0..255 range and a guess would decode them as, say, an all-black image.
 
-Sizes and pixels honour the EXIF orientation tag, so they agree with what a viewer shows.
+Sizes and pixels honour the EXIF orientation tag, so they agree with what a viewer shows. A malformed EXIF block
+is ignored (the picture is read as stored) with one :class:`ImageWarning` naming the file, in place of Pillow's raw
+"Corrupt EXIF data" warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import threading
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import torch
 from PIL import Image, UnidentifiedImageError
 from torch import Tensor
-from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ssd._utils import as_hw
 from ssd.data.records import DataError
 
-__all__ = ["IMAGE_SUFFIXES", "ImageError", "read_image", "read_image_size", "is_image", "verify_image", "pil_to_rgb"]
+__all__ = ["IMAGE_SUFFIXES", "ImageError", "ImageWarning", "read_image", "read_image_size", "is_image", "verify_image",
+           "pil_to_rgb", "exif_transposed"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 _EXIF_ORIENTATION = 0x0112
@@ -45,10 +52,8 @@ _ACCEPTED = ("RGB", "L", "RGBA", "P")
 _CONVERTED = ("1", "LA", "La", "PA", "RGBX", "RGBa", "CMYK", "YCbCr")
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 _REFUSED = {"F": "32-bit float pixels (mode F)", "I": "32-bit integer pixels (mode I)"}
-# JPEG (and the camera multi-picture JPEG, MPO) goes through torchvision, 2-3x faster than Pillow for photos; the
-# rest through Pillow, as fast for PNG and safe: torchvision 0.29's PNG decoder crashes the process (segfault) on
-# some corrupt PNGs (found by the fuzz tests).
-_JPEG = ("JPEG", "MPO")
+_JPEG = ("JPEG", "MPO")  # the formats with a reduced-scale (draft) decode
+_METADATA_LOCK = threading.Lock()  # catch_warnings is process-wide: one header read at a time (check uses threads)
 
 
 class ImageError(DataError):
@@ -64,6 +69,10 @@ class ImageError(DataError):
         self.code, self.reason = code, reason or message
 
 
+class ImageWarning(UserWarning):
+    """A problem the decoder works around, e.g. a malformed EXIF block (ignored); the message starts with the file."""
+
+
 def _error(path: Path, reason: str, code: str = "corrupt_image") -> ImageError:
     return ImageError(f"{path}: {reason}", code, reason)
 
@@ -72,10 +81,27 @@ def is_image(path: Path) -> bool:
     return path.suffix.lower() in IMAGE_SUFFIXES
 
 
+@contextlib.contextmanager
+def _metadata_warnings(path: Path) -> Iterator[None]:
+    """Pillow's warnings about a file's metadata (``UserWarning``: "Corrupt EXIF data", "Tag data larger than
+    file", ...) re-raised as one :class:`ImageWarning` naming the file; other warnings pass unchanged."""
+    with _METADATA_LOCK, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield
+    complaints = [str(w.message).strip() for w in caught if issubclass(w.category, UserWarning)]
+    for w in caught:
+        if not issubclass(w.category, UserWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+    if complaints:
+        warnings.warn(ImageWarning(f"{path}: malformed metadata, the unreadable entries are ignored "
+                                   f"({'; '.join(dict.fromkeys(complaints))})"), stacklevel=5)  # read_image's caller
+
+
 def _open(path: Path, data: bytes | None = None) -> Image.Image:
     """Pillow's lazy open (header only) plus the pixel-limit, frame and mode rules; ``ImageError`` otherwise."""
     try:
-        im = Image.open(io.BytesIO(data) if data is not None else path)
+        with _metadata_warnings(path):
+            im = Image.open(io.BytesIO(data) if data is not None else path)
     except FileNotFoundError as e:
         raise _error(path, "image file does not exist", "missing_image") from e
     except UnidentifiedImageError as e:
@@ -114,30 +140,39 @@ def _check_rules(im: Image.Image, path: Path) -> None:
                      "unsupported_image")
 
 
-def _orientation(im: Image.Image) -> int | None:
+def _orientation(im: Image.Image, path: Path) -> int | None:
+    """The EXIF orientation tag, or None; an unreadable EXIF block is ignored with one :class:`ImageWarning`."""
+    if im.format == "PNG":
+        im.load()  # Pillow reads a PNG's EXIF only after its pixels: their errors are the caller's, not EXIF's
     try:
-        return im.getexif().get(_EXIF_ORIENTATION)
-    except Exception:  # malformed EXIF blocks: treat as no rotation, as decoders do
+        with _metadata_warnings(path):
+            return im.getexif().get(_EXIF_ORIENTATION)
+    except Exception as e:  # Pillow's EXIF parser raises many kinds on bad bytes
+        warnings.warn(ImageWarning(f"{path}: unreadable EXIF data ignored, the picture is read as stored, without "
+                                   f"rotation ({type(e).__name__}: {e})"), stacklevel=3)
         return None
 
 
 def pil_to_rgb(im: Image.Image) -> Tensor:
     """A Pillow image (of a mode the rules accept) to ``uint8 [3, H, W]`` RGB, EXIF orientation applied."""
-    method = _TRANSPOSE.get(_orientation(im))
+    return _to_rgb(im, _orientation(im, Path(getattr(im, "filename", "") or "<image>")))
+
+
+def _to_rgb(im: Image.Image, orientation: int | None) -> Tensor:
+    method = _TRANSPOSE.get(orientation)
     if method is not None:
         im = im.transpose(method)
     if im.mode in _SIXTEEN_BIT:  # scale to 8 bits; Pillow's own conversion would clip at 255 (a white image)
         im = Image.fromarray((np.asarray(im).astype(np.uint16) >> 8).astype(np.uint8), "L")
     elif im.mode == "P" and "transparency" in im.info:
         im = im.convert("RGBA")  # the palette-with-transparency path Pillow asks for (no warning, same colours)
-    return pil_to_tensor(im.convert("RGB"))
+    return pil_to_tensor(im if im.mode == "RGB" else im.convert("RGB"))
 
 
 def read_image(path: str | Path, min_size: int | tuple[int, int] | None = None) -> Tensor:
     """Decode ``path`` to a ``uint8`` tensor ``[3, H, W]`` RGB, EXIF orientation applied (rules: module docstring).
 
-    JPEGs are decoded by ``torchvision.io.decode_image`` (Pillow when it refuses one), the rest by Pillow. Raises
-    :class:`ImageError` naming the file when the file is missing, refused or does not decode.
+    Raises :class:`ImageError` naming the file when the file is missing, refused or does not decode completely.
 
     ``min_size``: the caller resizes the image next to at most this size (an int: square; or ``(height, width)``),
     so a JPEG at least twice that size on each axis is decoded at a reduced DCT scale (1/2, 1/4 or 1/8) that keeps
@@ -153,43 +188,44 @@ def read_image(path: str | Path, min_size: int | tuple[int, int] | None = None) 
         raise _error(path, f"cannot read image file ({e.strerror or e})") from e
     with _open(path, data) as im:
         try:
+            orientation = _orientation(im, path)
             if min_size is not None and im.format in _JPEG:
                 height, width = as_hw(min_size)
-                if _orientation(im) in _TRANSPOSED:  # the file stores the picture transposed: its width is our height
+                if orientation in _TRANSPOSED:  # the file stores the picture transposed: its width is our height
                     height, width = width, height
                 if im.width >= 2 * width and im.height >= 2 * height:
                     im.draft("RGB", (width, height))
-                    return pil_to_rgb(im)
-            if im.format in _JPEG:
-                try:
-                    buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                    return decode_image(buffer, mode=ImageReadMode.RGB, apply_exif_orientation=True)
-                except RuntimeError:
-                    pass  # e.g. a truncated file: Pillow decodes it or names the problem below
-            return pil_to_rgb(im)
+            im.load()  # decode now: a corrupt or truncated file raises here, never converts to a black picture
+            return _to_rgb(im, orientation)
         except Exception as e:  # Pillow's decoders raise many kinds (OSError, SyntaxError, struct.error, ...)
-            raise _error(path, f"cannot decode image ({type(e).__name__}: {e})") from e
-
-
-def verify_image(path: str | Path) -> None:
-    """Apply the rules and decode ``path`` completely but cheaply (JPEG DCT scaling to 1/8 size): raises
-    :class:`ImageError` for what :func:`read_image` refuses, including truncated or corrupt files that a header
-    read (:func:`read_image_size`) accepts."""
-    path = Path(path)
-    with _open(path) as im:
-        try:
-            im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
-            im.load()
-        except Exception as e:  # as in read_image
             raise _error(path, f"image does not decode ({type(e).__name__}: {e})") from e
 
 
+def verify_image(path: str | Path) -> None:
+    """Raise :class:`ImageError` for what :func:`read_image` refuses, including truncated or corrupt files that a
+    header read (:func:`read_image_size`) accepts: :func:`read_image` itself, cheaply (JPEGs at 1/8 scale)."""
+    read_image(path, min_size=1)
+
+
 def read_image_size(path: str | Path) -> tuple[int, int]:
-    """``(width, height)`` of the image as displayed (EXIF rotation applied), from the header only (no decode).
+    """``(width, height)`` of the image as displayed (EXIF rotation applied), from the header only (no decode, except
+    for PNGs, whose EXIF Pillow reads after the pixels).
 
     Raises :class:`ImageError` naming the file when it is missing, not an image, or refused by the rules.
     """
     path = Path(path)
     with _open(path) as im:
         w, h = im.size
-        return (h, w) if _orientation(im) in _TRANSPOSED else (w, h)
+        try:
+            transposed = _orientation(im, path) in _TRANSPOSED
+        except Exception as e:  # a PNG's pixels, decoded to reach its EXIF
+            raise _error(path, f"image does not decode ({type(e).__name__}: {e})") from e
+        return (h, w) if transposed else (w, h)
+
+
+def exif_transposed(path: str | Path) -> bool:
+    """True when the file stores the picture transposed (EXIF orientation 5-8: rotated by 90 degrees), so that its
+    stored width is the displayed height; for messages about boxes drawn on the stored picture."""
+    path = Path(path)
+    with _open(path) as im:
+        return _orientation(im, path) in _TRANSPOSED

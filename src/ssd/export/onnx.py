@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import batched_nms
 
-from ssd._utils import as_hw, unwrap_model
+from ssd._utils import as_hw, require, unwrap_model
 from ssd._version import __version__
 from ssd.boxes import decode
 from ssd.export.parity import ExportCheckError, check_onnx
@@ -75,7 +75,7 @@ def _(boxes, scores, iou_threshold, score_threshold):
 
 def _onnx_nms_graph(boxes, scores, iou_threshold: float, score_threshold: float):
     """The ONNX translation of :func:`onnx_nms` (onnxscript, used by ``torch.onnx.export``)."""
-    from onnxscript import opset18 as op
+    op = require("onnxscript", "export", "ONNX export").opset18
 
     every_box = op.Shape(boxes, start=1, end=2)  # max_output_boxes_per_class: no limit
     return op.NonMaxSuppression(
@@ -163,7 +163,8 @@ def export_onnx(
     Raises:
         ExportCheckError: ONNX Runtime and PyTorch disagree beyond the tolerances.
     """
-    import onnx
+    onnx = require("onnx", "export", "ONNX export")
+    require("onnxscript", "export", "ONNX export")  # torch.onnx.export writes the graph with it
 
     check_thresholds(score_threshold, iou_threshold, max_detections)
     out_path = Path(out_path)

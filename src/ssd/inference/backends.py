@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ssd._utils import as_hw, compact_size, unwrap_model
+from ssd._utils import as_hw, compact_size, require, unwrap_model
 from ssd.weights.checkpoint import CheckpointError
 
 __all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "check_category_ids"]
@@ -147,7 +147,7 @@ def _read_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
 
 
 def _verify_digest(path: Path, expected: str) -> None:
-    import onnx
+    onnx = require("onnx", "export", "checking an ONNX model")
 
     if graph_digest(onnx.load(str(path))) != expected:
         raise OnnxModelError(f"{path}: the graph does not match the checksum stored at export (graph_sha256): the "
@@ -163,7 +163,7 @@ class OnnxBackend:
     """
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
-        import onnxruntime as ort
+        ort = require("onnxruntime", "export", "running an ONNX model")
 
         self.path = Path(path)
         self.device = torch.device("cpu")

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from ssd._utils import require
 from ssd.data.images import IMAGE_SUFFIXES, is_image, read_image
 from ssd.inference.pipeline import Detector, Result, check_thresholds
 from ssd.inference.tiling import TILE_OVERLAP, check_tile
@@ -199,7 +200,7 @@ def _draw(image: Tensor, result: Result, class_names: list[str]) -> Tensor:
 
 
 def _read_frames(capture, count: int) -> list[Tensor]:
-    import cv2
+    cv2 = require("cv2", "video", "reading video")
 
     frames = []
     while len(frames) < count:
@@ -213,7 +214,7 @@ def _read_frames(capture, count: int) -> list[Tensor]:
 def _predict_video(detector: Detector, path: Path, outputs: dict[Path, Path] | None, batch_size: int, options: dict,
                    entries: list[dict], summary: PredictSummary, progress: bool) -> None:
     """Frames read with OpenCV, run ``batch_size`` at a time, written to ``outputs[path]`` (mp4) with boxes."""
-    import cv2
+    cv2 = require("cv2", "video", "reading video")
 
     capture = cv2.VideoCapture(str(path))
     writer = None

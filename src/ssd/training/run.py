@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ssd._utils import require
 from ssd.data.images import read_image
 from ssd.data.records import DataError, ImageRecord
 from ssd.plots import (
@@ -124,6 +125,7 @@ class RunOutput:
     """
 
     def __init__(self, run_dir: Path, config: TrainConfig, log: Callable[[str], object] = print) -> None:
+        require("tensorboard", "tensorboard", "TensorBoard logging")
         from torch.utils.tensorboard import SummaryWriter  # heavy: only when a run starts
 
         self.run_dir, self.config, self.log = run_dir, config, log
