@@ -1,6 +1,7 @@
 """Datasets (VOC, COCO, YOLO), the ``ssd check`` doctor and training gate, SSD augmentation and the data loader."""
 
-from ssd.data.check import CheckReport, check_dataset, find_issues
+from ssd.data.check import check_dataset, find_issues
+from ssd.data.check_report import CheckReport
 from ssd.data.images import read_image, read_image_size
 from ssd.data.load import load_dataset, load_training_data
 from ssd.data.loader import DetectionDataset, SeededSampler, build_dataloader, collate
