@@ -177,3 +177,18 @@ def test_import_converts_a_torchvision_detector_and_refuses_a_text_file(tmp_path
     assert main(["import", str(text), "--output", str(tmp_path / "x.pt")]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {text}") and err.count("\n") == 1 and not (tmp_path / "x.pt").exists()
+
+
+def test_check_reports_malformed_exif_as_one_warning_line(tmp_path, capsys):
+    """Pillow's raw "Tag data larger than file" warning becomes one line of the library's, naming the image."""
+    (tmp_path / "images").mkdir()
+    (tmp_path / "labels").mkdir()
+    exif = Image.Exif()
+    exif[0x010E] = "x" * 100
+    Image.new("RGB", (64, 48), (9, 9, 9)).save(tmp_path / "images" / "a.jpg", exif=exif.tobytes()[:-60])
+    (tmp_path / "labels" / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    (tmp_path / "data.yaml").write_text("path: .\ntrain: images\nval: images\nnames: [cat]\n")
+    assert main(["check", str(tmp_path / "data.yaml")]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "a.jpg" in line]
+    assert warned == [f"warning: {tmp_path / 'images' / 'a.jpg'}: malformed metadata, the unreadable entries are "
+                      "ignored (Tag data larger than file. Skipping tag 270)"]

@@ -4,6 +4,7 @@ Run by import-linter on this checkout's ``src/ssd``; a copy with an upward impor
 that each contract can fail."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,7 +27,7 @@ def lint_imports(src: Path) -> subprocess.CompletedProcess:
 def test_the_package_keeps_its_import_contracts():
     result = lint_imports(REPO / "src")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Contracts: 3 kept, 0 broken." in result.stdout
+    assert re.search(r"Contracts: [1-9]\d* kept, 0 broken\.", result.stdout), result.stdout
 
 
 def test_an_upward_import_a_root_import_and_a_cycle_break_the_contracts(tmp_path):
@@ -40,7 +41,8 @@ def test_an_upward_import_a_root_import_and_a_cycle_break_the_contracts(tmp_path
     result = lint_imports(tmp_path)
     assert result.returncode == 1
     out = result.stdout
-    assert "Contracts: 0 kept, 3 broken." in out, out
+    assert "layers: nothing imports upward BROKEN" in out, out
+    assert "nothing imports the package root (import ssd.x.y, not from ssd import name) BROKEN" in out
     assert "ssd.boxes is not allowed to import ssd.training" in out
     assert "ssd.data.records -> ssd (l." in out
     assert "No cycles are allowed in ssd.priors." in out

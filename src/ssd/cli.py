@@ -18,6 +18,7 @@ import os
 import sys
 import types
 import typing
+import warnings
 from pathlib import Path
 
 from ssd._utils import MissingDependencyError, closest_names
@@ -338,18 +339,30 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 def _with_library_messages(command, args: argparse.Namespace) -> int:
     """Run ``command`` with what the library reports on the ``ssd`` logger (the format of imported weights, the
-    classes carried over when fine-tuning, ...) shown on stderr: part of the command's output."""
+    classes carried over when fine-tuning, ...) shown on stderr: part of the command's output; the library's own
+    warnings (``ssd.data.images.ImageWarning``, ...) as one ``warning: ...`` line each, once."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger = logging.getLogger("ssd")
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    try:
-        return command(args)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
+    shown: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not category.__module__.startswith("ssd."):
+            return default_show(message, category, filename, lineno, file, line)
+        if str(message) not in shown:
+            shown.add(str(message))
+            print(f"warning: {message}", file=sys.stderr)
+
+    with warnings.catch_warnings():
+        default_show, warnings.showwarning = warnings.showwarning, show
+        try:
+            return command(args)
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
 
 
 COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "export": _cmd_export,

@@ -216,16 +216,20 @@ def read_image_size(path: str | Path) -> tuple[int, int]:
     path = Path(path)
     with _open(path) as im:
         w, h = im.size
-        try:
-            transposed = _orientation(im, path) in _TRANSPOSED
-        except Exception as e:  # a PNG's pixels, decoded to reach its EXIF
-            raise _error(path, f"image does not decode ({type(e).__name__}: {e})") from e
-        return (h, w) if transposed else (w, h)
+        return (h, w) if _transposed(im, path) else (w, h)
 
 
 def exif_transposed(path: str | Path) -> bool:
     """True when the file stores the picture transposed (EXIF orientation 5-8: rotated by 90 degrees), so that its
-    stored width is the displayed height; for messages about boxes drawn on the stored picture."""
+    stored width is the displayed height; for messages about boxes drawn on the stored picture. ``ImageError`` as
+    :func:`read_image_size`."""
     path = Path(path)
     with _open(path) as im:
+        return _transposed(im, path)
+
+
+def _transposed(im: Image.Image, path: Path) -> bool:
+    try:
         return _orientation(im, path) in _TRANSPOSED
+    except Exception as e:  # a PNG's pixels, decoded to reach its EXIF
+        raise _error(path, f"image does not decode ({type(e).__name__}: {e})") from e
