@@ -62,10 +62,10 @@ from ssd.data import load_dataset  # noqa: E402
 from ssd.data.check import spec_boxes, suggest_image_size  # noqa: E402
 from ssd.data.priors import training_boxes  # noqa: E402
 from ssd.evaluation.evaluator import evaluate  # noqa: E402
-from ssd.models import model_from_checkpoint  # noqa: E402
 from ssd.models.build import default_priors  # noqa: E402
 from ssd.priors.coverage import coverage  # noqa: E402
 from ssd.training.trainer import train  # noqa: E402
+from ssd.weights.load import model_from_checkpoint  # noqa: E402
 
 
 def variant_settings(name: str, suggested: str) -> dict:

@@ -16,7 +16,7 @@ from torchvision.models.detection import ssd300_vgg16, ssdlite320_mobilenet_v3_l
 
 import ssd
 from ssd.cli import main
-from ssd.models import BackboneWeightsError, WeightsImportError, build_model, model_from_checkpoint, read_weights
+from ssd.models import BackboneWeightsError, build_model
 from ssd.postprocess import postprocess_detections
 from ssd.priors import PRIOR_CONFIGS, default_boxes
 from ssd.settings import ConfigError
@@ -24,6 +24,8 @@ from ssd.training.config import TrainConfig
 from ssd.weights.checkpoint import FORMAT, CheckpointError, load_checkpoint
 from ssd.weights.finetune import match_classes, set_backbone_trainable
 from ssd.weights.identify import VOC_NAMES, coco_categories, coco_names
+from ssd.weights.importers import WeightsImportError
+from ssd.weights.load import model_from_checkpoint, read_weights
 
 REFERENCE = Path(
     os.environ.get("SSD_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -497,6 +499,28 @@ def test_ssd_import_command(original_file, tmp_path, capsys):
     assert "fits none of the formats tried (lufficc:" in capsys.readouterr().err
     assert main(["import", str(out), "--output", str(tmp_path / "again.pt")]) == 1
     assert "is already a checkpoint of this library" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("link", ["same-path", "hard-link", "symlink"])
+def test_ssd_import_refuses_to_write_over_its_source(original_file, tmp_path, capsys, link):
+    source = tmp_path / "tv.pth"
+    source.write_bytes(original_file.read_bytes())
+    output = {"same-path": source, "hard-link": tmp_path / "tv-link.pth", "symlink": tmp_path / "tv-sym.pth"}[link]
+    if link == "hard-link":
+        os.link(source, output)
+    elif link == "symlink":
+        output.symlink_to(source)
+    assert main(["import", str(source), "--output", str(output)]) == 1
+    assert capsys.readouterr().err == (f"error: --output {output} is the input {source}; choose another --output so "
+                                       "the input is kept\n")
+    assert source.read_bytes() == original_file.read_bytes()
+
+
+def test_ssd_import_refuses_to_write_over_its_class_names_file(original_file, tmp_path, capsys):
+    names = tmp_path / "names.txt"
+    names.write_text("\n".join(f"thing{k}" for k in range(20)) + "\n")
+    assert main(["import", str(original_file), "--output", str(names), "--classes", str(names)]) == 1
+    assert "is the input" in capsys.readouterr().err and names.read_text().startswith("thing0\n")
 
 
 # ---------------------------------------------------------------------------------------------------- freezing

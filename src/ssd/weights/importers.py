@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,29 +141,24 @@ def resolve_class_names(spec: Sequence[str] | str | os.PathLike | None) -> list[
 def _recognise(obj: Any, source: str, format: str) -> Identified:
     if format not in FORMAT_CHOICES:
         raise ValueError(f"format={format!r} is not one of {', '.join(FORMAT_CHOICES)}")
-    if isinstance(obj, Mapping) and "format" in obj and "config" in obj:
+    found = identify(obj)
+    if found.kind == "ours":
         raise WeightsImportError(f"{source} is already a checkpoint of this library: load it with "
                                  "ssd.model_from_checkpoint (or give it to --weights) as it is")
-    found = identify(obj)
-    if found is not None and found.kind == "backbone":
+    if found.kind == "backbone":
         models = "ssd300_vgg16 / ssd512_vgg16" if found.family == "vgg" else "ssdlite320_mobilenet_v3_large"
         raise WeightsImportError(f"{source} is a backbone file ({found.format}: {few_keys(obj, 3)}), not a detector: "
                                  f"train a detector from it with backbone_weights= (ssd train --model {models} "
                                  f"--backbone-weights {source})")
-    if found is None or (format != "auto" and found.format != format):
+    if found.kind != "detector" or (format != "auto" and found.format != format):
         tried = DETECTOR_FORMATS if format == "auto" else {format: DETECTOR_FORMATS[format]}
         listed = "; ".join(f"{name}: {keys}" for name, keys in tried.items())
-        seen = f" (it looks like {found.description})" if found is not None else ""
+        seen = f" (it looks like {found.description})" if found.kind == "detector" else ""
         own = " It looks like the state dict of a model of this library without its configuration: rebuild it " \
-              "with ssd.build_model(...) and load_state_dict()." if _looks_own(obj) else ""
+              "with ssd.build_model(...) and load_state_dict()." if found.format == "ssd state dict" else ""
         raise WeightsImportError(f"{source} is not an ssd checkpoint and fits none of the formats tried ({listed})"
-                                 f"{seen}; it holds {few_keys(obj)}.{own}")
+                                 f"{seen}; it holds {found.keys}.{own}")
     return found
-
-
-def _looks_own(obj: Any) -> bool:
-    keys = obj.get("model", obj) if isinstance(obj, dict) else {}
-    return isinstance(keys, dict) and any(str(k).startswith("heads.0.") for k in keys)
 
 
 def _converted(found: Identified, plan: _Plan, source: str) -> dict[str, Tensor]:
