@@ -13,6 +13,7 @@ from torch import nn
 import ssd
 from ssd import CheckpointError, build_model, load_checkpoint, model_from_checkpoint, save_checkpoint
 from ssd.files import OutputError, remove_stale_temporaries
+from ssd.models import BackboneWeightsError
 from ssd.weights.checkpoint import FORMAT
 
 
@@ -192,10 +193,10 @@ def test_a_text_protocol_pickle_is_still_refused_as_code(tmp_path):
 def test_foreign_files_are_refused(model, tmp_path):
     plain = tmp_path / "state.pth"
     torch.save(model.state_dict(), plain)
-    with pytest.raises(CheckpointError, match=r"state\.pth is not an ssd checkpoint \(no 'format' tag\): it holds the "
-                                              r"state dict of an ssd model without its configuration and class "
-                                              r"names \(keys priors \[1364, 4\], backbone\..*\): rebuild it with "
-                                              r"ssd.build_model"):
+    with pytest.raises(CheckpointError, match=r"state\.pth is not an ssd checkpoint: it holds the state dict of an "
+                                              r"ssd model without its configuration and class names \(keys priors "
+                                              r"\[1364, 4\], backbone\..*\); rebuild the model with "
+                                              r"ssd\.build_model\(\.\.\.\) and load_state_dict\(\)$"):
         load_checkpoint(plain)
     pickled = tmp_path / "module.pth"
     torch.save(nn.Linear(2, 2), pickled)  # a whole pickled module: weights_only refuses to run its code
@@ -206,8 +207,9 @@ def test_foreign_files_are_refused(model, tmp_path):
     assert "weights_only" not in str(refused.value) and "trust" not in str(refused.value)  # no advice to load it
     other = tmp_path / "other.pt"
     torch.save({"epoch": 3, "weights": [1, 2]}, other)
-    with pytest.raises(CheckpointError, match=r"other\.pt is not an ssd checkpoint \(no 'format' tag\): it holds no "
-                                              r"weights \(keys 'epoch', 'weights' \(2 in all\)\)"):
+    with pytest.raises(CheckpointError, match=r"other\.pt is not an ssd checkpoint: it holds no weights \(keys "
+                                              r"'epoch', 'weights' \(2 in all\)\); give a checkpoint of this library "
+                                              r"or a detector ssd imports$"):
         load_checkpoint(other)
     raw = tmp_path / "raw.pkl"
     raw.write_bytes(pickle.dumps({"a": 1}))
@@ -215,6 +217,28 @@ def test_foreign_files_are_refused(model, tmp_path):
                                               r"content other than plain data") as refused:
         load_checkpoint(raw)
     assert "weights_only" not in str(refused.value)
+
+
+def test_a_detector_or_backbone_given_as_a_checkpoint_is_named_with_where_it_goes(tmp_path):
+    detector = {"vgg.0.weight": torch.zeros(1), "loc.0.weight": torch.zeros(1), "conf.0.weight": torch.zeros(1)}
+    torch.save(detector, tmp_path / "ssd300_VOC.pth")
+    with pytest.raises(CheckpointError, match=r"ssd300_VOC\.pth is not an ssd checkpoint: it holds a detector of the "
+                                              r"ssd\.pytorch format \(VGG16 backbone\); give it to weights= "
+                                              r"\(--weights\), which imports it, or convert it once with `ssd "
+                                              r"import`$"):
+        load_checkpoint(tmp_path / "ssd300_VOC.pth")
+    torch.save({f"{i}.weight": torch.zeros(1) for i in (0, 31, 33)}, tmp_path / "vgg16_reducedfc.pth")
+    with pytest.raises(CheckpointError, match=r"vgg16_reducedfc\.pth is not an ssd checkpoint: it holds a "
+                                              r"vgg16_reducedfc backbone; train a detector from it with "
+                                              r"backbone_weights= \(--backbone-weights\)$"):
+        load_checkpoint(tmp_path / "vgg16_reducedfc.pth")
+
+
+def test_a_checkpoint_given_as_backbone_weights_is_named_with_where_it_goes(saved):
+    with pytest.raises(BackboneWeightsError, match=r"model\.pt is not a backbone: it holds an ssd checkpoint; give "
+                                                   r"it to weights= \(--weights\) or ssd\.model_from_checkpoint as "
+                                                   r"it is$"):
+        build_model("ssdlite320_mobilenet_v3_large", 2, backbone_weights=saved)
 
 
 def test_different_class_names_are_refused_with_both_lists(saved):

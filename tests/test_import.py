@@ -23,8 +23,8 @@ from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig
 from ssd.weights.checkpoint import FORMAT, CheckpointError, load_checkpoint
 from ssd.weights.finetune import match_classes, set_backbone_trainable
+from ssd.weights.foreign import WeightsImportError
 from ssd.weights.identify import VOC_NAMES, coco_categories, coco_names
-from ssd.weights.importers import WeightsImportError
 from ssd.weights.load import model_from_checkpoint, read_weights
 
 REFERENCE = Path(
@@ -412,8 +412,10 @@ def test_backbone_file_given_as_a_detector(tmp_path):
 
 
 def test_detector_file_given_as_a_backbone(original_file):
-    with pytest.raises(BackboneWeightsError, match=r"is a whole detector \(ssd.pytorch detector \(VGG16 backbone\)\), "
-                                                   r"not a backbone.*ssd import"):
+    with pytest.raises(BackboneWeightsError, match=r"ssd300_VOC\.pth is not a backbone: it holds a detector of "
+                                                   r"the ssd\.pytorch format \(VGG16 backbone\); give it to weights= "
+                                                   r"\(--weights\), which imports it, or convert it once with `ssd "
+                                                   r"import`$"):
         build_model("ssd300_vgg16", 2, backbone_weights=original_file)
 
 
@@ -431,14 +433,16 @@ def test_another_architecture_names_the_formats_tried(tmp_path):
 
     torch.save(resnet18().state_dict(), tmp_path / "resnet18.pth")
     with pytest.raises(WeightsImportError, match=r"resnet18\.pth is not an ssd checkpoint and fits none of the formats "
-                                                 r"tried \(ssd\.pytorch: .*torchvision: .*lufficc: .*\); it holds keys "
+                                                 r"tried \(ssd\.pytorch: .*torchvision: .*lufficc: .*\); it holds a "
+                                                 r"plain state dict of no known detector or backbone \(keys "
                                                  r"conv1\.weight \[64, 3, 7, 7\], bn1\.weight \[64\]"):
         ssd.import_model(tmp_path / "resnet18.pth")
 
 
 def test_forced_format_that_does_not_match(original_file):
     with pytest.raises(WeightsImportError, match=r"fits none of the formats tried \(torchvision: .*\) \(it looks like "
-                                                 r"ssd.pytorch detector"):
+                                                 r"a detector of the ssd\.pytorch format \(VGG16 backbone\)\); it "
+                                                 r"holds keys vgg\.0\.weight"):
         ssd.import_model(original_file, format="torchvision")
     with pytest.raises(ValueError, match="format='caffe' is not one of auto, ssd.pytorch, torchvision, lufficc"):
         ssd.import_model(original_file, format="caffe")

@@ -49,16 +49,13 @@ def read_backbone_weights(spec: str | os.PathLike, filename: str, what: str) -> 
         raise BackboneWeightsError(f"cannot read backbone weights: {exc} (expected a torchvision state dict for "
                                    f"{what}, such as {filename})") from None
     found = identify(state)
-    if found.kind == "ours":
-        raise BackboneWeightsError(f"backbone weights {path} is an ssd checkpoint, not a backbone: use it as "
-                                   "weights= (ssd train --weights)")
-    if found.kind == "detector":
-        raise BackboneWeightsError(f"backbone weights {path} is a whole detector ({found.description}), not a "
-                                   "backbone: start from it with weights= (ssd train --weights) or convert it with "
-                                   "`ssd import`")
+    if found.kind in ("ours", "detector"):
+        raise BackboneWeightsError(f"backbone weights {path} is not a backbone: it holds {found.description}; "
+                                   f"{found.use}")
     if found.state is None:
-        raise BackboneWeightsError(f"backbone weights {path} is not a state dict of tensors ({found.keys}); "
-                                   f"expected a torchvision state dict for {what}, such as {filename}")
+        raise BackboneWeightsError(f"backbone weights {path} is not a state dict of tensors: it holds "
+                                   f"{found.description}; expected a torchvision state dict for {what}, such as "
+                                   f"{filename}")
     return found.state, str(path)
 
 

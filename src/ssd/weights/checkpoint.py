@@ -120,15 +120,8 @@ def read_file(path: str | os.PathLike, map_location: str | torch.device = "cpu")
 def checked_checkpoint(ckpt: Any, path: str | os.PathLike) -> dict[str, Any]:
     """``ckpt`` (read from ``path``) if it is a checkpoint of this library; :class:`CheckpointError` otherwise."""
     found = identify(ckpt)
-    if found.kind == "detector":
-        raise CheckpointError(f"{path} is a {found.description}, not an ssd checkpoint: give it to weights= "
-                              "(--weights), which imports it, or convert it once with `ssd import`")
-    if found.kind == "backbone":
-        raise CheckpointError(f"{path} is a {found.description}, not an ssd checkpoint: it has no model "
-                              "configuration or class names. ImageNet backbone files go to backbone_weights=, not "
-                              "to weights=")
     if found.kind != "ours":
-        raise CheckpointError(f"{path} is not an ssd checkpoint (no 'format' tag): it holds {found.description}")
+        raise CheckpointError(f"{path} is not an ssd checkpoint: it holds {found.description}; {found.use}")
     tag = ckpt.get("format")
     if tag != FORMAT:
         raise CheckpointError(f"{path} has format {tag!r} (saved by ssd {ckpt.get('version', '?')}), but this "

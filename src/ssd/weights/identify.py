@@ -81,20 +81,30 @@ class Identified:
 
     @property
     def description(self) -> str:
-        """``torchvision detector (VGG16 backbone)``, ``vgg16_reducedfc backbone``, ``a plain state dict ...``."""
+        """What the object is, for refusals: ``a detector of the torchvision format (VGG16 backbone)``,
+        ``a vgg16_reducedfc backbone``, ``a plain state dict of no known detector or backbone (keys ...)`` ..."""
         if self.kind == "detector":
             what = {"vgg": "VGG16", "mobilenet": "MobileNet", "other": "unrecognised"}[self.family]
-            return f"{self.format} detector ({what} backbone)"
+            return f"a detector of the {self.format} format ({what} backbone)"
         if self.kind == "backbone":
-            return f"{self.format} backbone"
+            return f"a {self.format} backbone"
         if self.kind == "ours":
             return "an ssd checkpoint"
         if self.format == "ssd state dict":
-            return (f"the state dict of an ssd model without its configuration and class names ({self.keys}): "
-                    "rebuild it with ssd.build_model(...) and load_state_dict()")
+            return f"the state dict of an ssd model without its configuration and class names ({self.keys})"
         if self.format == "state dict":
             return f"a plain state dict of no known detector or backbone ({self.keys})"
         return f"no weights ({self.keys})"
+
+    @property
+    def use(self) -> str:
+        """Where the file goes instead, for the refusals of readers it does not fit."""
+        return {
+            "ours": "give it to weights= (--weights) or ssd.model_from_checkpoint as it is",
+            "detector": "give it to weights= (--weights), which imports it, or convert it once with `ssd import`",
+            "backbone": "train a detector from it with backbone_weights= (--backbone-weights)",
+        }.get(self.kind, "rebuild the model with ssd.build_model(...) and load_state_dict()"
+              if self.format == "ssd state dict" else "give a checkpoint of this library or a detector ssd imports")
 
 
 def identify(obj: Any) -> Identified:

@@ -27,7 +27,7 @@ from ssd.weights.finetune import match_classes, remap_class_rows
 from ssd.weights.identify import identify
 from ssd.weights.importers import import_weights
 
-__all__ = ["read_weights", "checkpoint_of", "model_from_checkpoint"]
+__all__ = ["read_weights", "model_from_checkpoint"]
 
 logger = logging.getLogger("ssd")
 
@@ -43,10 +43,10 @@ def read_weights(path: str | os.PathLike) -> dict[str, Any]:
         CheckpointError: the file cannot be read, is a checkpoint of another format version, a backbone, or no
             weights at all (``WeightsImportError`` for a detector that does not convert).
     """
-    return checkpoint_of(read_file(path), str(path))
+    return _checkpoint_of(read_file(path), str(path))
 
 
-def checkpoint_of(obj: Any, source: str) -> dict[str, Any]:
+def _checkpoint_of(obj: Any, source: str) -> dict[str, Any]:
     """:func:`read_weights` of an already loaded file (``source`` names it in messages)."""
     if identify(obj).kind == "ours":
         return checked_checkpoint(obj, source)
@@ -79,7 +79,7 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
     """
     is_path = isinstance(ckpt_or_path, (str, os.PathLike))
     source = str(ckpt_or_path) if is_path else "the checkpoint"
-    ckpt = read_weights(ckpt_or_path) if is_path else checkpoint_of(ckpt_or_path, source)
+    ckpt = read_weights(ckpt_or_path) if is_path else _checkpoint_of(ckpt_or_path, source)
     config, saved = _saved_config(ckpt, source)
     state = ckpt["model"]
     if priors is not None:
