@@ -3,6 +3,7 @@
 import logging
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,9 @@ from torch import nn
 
 import ssd
 from ssd import CheckpointError, build_model, load_checkpoint, model_from_checkpoint, save_checkpoint
-from ssd.weights.checkpoint import FORMAT, remove_stale_temporaries
+from ssd.files import OutputError, remove_stale_temporaries
+from ssd.models import BackboneWeightsError
+from ssd.weights.checkpoint import FORMAT
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +95,7 @@ def test_save_is_atomic(model, saved, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(OutputError, match=r"disk full while writing .*keep\.pt: the previous file is intact"):
         save_checkpoint(path, model, epoch=2)
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["keep.pt"]  # no temporary file left behind
@@ -112,34 +115,24 @@ def test_checkpoints_get_the_permissions_of_any_new_file(model, tmp_path):
     assert load_checkpoint(tmp_path / "a.pt")["epoch"] == 2
 
 
-def test_remove_stale_temporaries_removes_only_save_checkpoint_temporaries(model, tmp_path, monkeypatch):
+def test_cleanup_after_a_killed_save_removes_its_temporary_but_not_the_users_tmp_files(model, tmp_path,
+                                                                                       monkeypatch):
     seen = []
     real_save = torch.save
     monkeypatch.setattr(torch, "save", lambda obj, f: (seen.extend(os.listdir(tmp_path)), real_save(obj, f)))
     save_checkpoint(tmp_path / "last.pt", model)
     monkeypatch.undo()
     (temporary,) = seen  # the name save_checkpoint used while writing, which a kill would leave behind
-    assert temporary.startswith(".last.pt.") and temporary.endswith(".tmp")
-    assert len(temporary) == len(".last.pt.tmp") + 9
+    assert temporary.startswith(".last.pt.") and temporary.endswith(".ssdtmp")
+    assert len(temporary) == len(".last.pt..ssdtmp") + 8
 
-    leftovers = [temporary, ".best.pt.ab_12xyz.tmp", ".my model.pth.a1b2c3d4.tmp"]  # mkstemp-style names too
-    kept = ["last.pt", ".last.pt.tmp", ".last.pt.ABCDEFGH.tmp", ".last.pt.abc.tmp", ".last.pt.abcdefghi.tmp",
-            "last.pt.abcdefgh.tmp", "x.abcdefgh.tmp", ".last.pt.abcdefgh.tmp.bak", "notes.tmp"]
     weights = tmp_path / "weights"
     weights.mkdir()
-    for name in leftovers + kept:
+    users = [".notes.txt.mynotes1.tmp", ".best.pt.ab_12xyz.tmp", ".my model.pth.a1b2c3d4.tmp", "notes.tmp"]
+    for name in [temporary, *users, "last.pt"]:
         (weights / name).write_bytes(b"PK partial")
-    (weights / ".dir.abcdefgh.tmp").mkdir()  # a folder with the pattern's name is not a file of ours
-    outside = tmp_path / "elsewhere.pt"
-    outside.write_bytes(b"keep")
-    (weights / ".link.pt.abcdefgh.tmp").symlink_to(outside)  # nor is a link (nor what it points to)
-    (weights / "sub").mkdir()
-    (weights / "sub" / ".last.pt.abcdefgh.tmp").write_bytes(b"x")  # nothing below the folder is touched
-    removed = remove_stale_temporaries(weights)
-    assert removed == sorted(weights / name for name in leftovers)
-    assert sorted(os.listdir(weights)) == sorted(kept + [".dir.abcdefgh.tmp", ".link.pt.abcdefgh.tmp", "sub"])
-    assert outside.read_bytes() == b"keep" and os.listdir(weights / "sub") == [".last.pt.abcdefgh.tmp"]
-    assert remove_stale_temporaries(weights) == [] and remove_stale_temporaries(tmp_path / "missing") == []
+    assert remove_stale_temporaries(weights) == [weights / temporary]  # what `ssd train` does when it starts
+    assert sorted(os.listdir(weights)) == sorted([*users, "last.pt"])
 
 
 def test_extras_must_be_weights_only_loadable(model, tmp_path):
@@ -170,16 +163,40 @@ def test_missing_and_truncated_files_are_refused(saved, tmp_path):
     empty.write_bytes(b"")
     with pytest.raises(CheckpointError, match=r"empty\.pt \(0 bytes\) is corrupt or not a PyTorch file"):
         load_checkpoint(empty)
-    text = tmp_path / "notes.pt"
-    text.write_text("hello")
-    with pytest.raises(CheckpointError, match="corrupt or not a PyTorch file"):
-        load_checkpoint(text)
+    binary = tmp_path / "noise.pt"
+    binary.write_bytes(bytes(range(3, 200)))
+    with pytest.raises(CheckpointError, match=r"noise\.pt \(197 bytes\) is corrupt or not a PyTorch file"):
+        load_checkpoint(binary)
+
+
+@pytest.mark.parametrize("text", ["hello", "cat\ndog\n", "names:\n  - cat\n", '{"format": "ssd-checkpoint-v1"}\n'],
+                         ids=["word", "class-list", "yaml", "json"])
+def test_a_text_file_given_as_weights_is_not_called_code(tmp_path, text):
+    """`cat\\ndog` reads as a pickle GLOBAL opcode to torch.load: the refusal says what the file is, not that it
+    could execute code."""
+    path = tmp_path / "classes.txt"
+    path.write_text(text)
+    first = text.split("\n")[0]
+    with pytest.raises(CheckpointError, match=rf"classes\.txt is not a weights file: it looks like text "
+                                              rf"\({len(text)} bytes, starting '{re.escape(first)}'\)$") as refused:
+        model_from_checkpoint(path)
+    assert "execute" not in str(refused.value)
+
+
+def test_a_text_protocol_pickle_is_still_refused_as_code(tmp_path):
+    path = tmp_path / "model.pkl"
+    path.write_bytes(b"cos\nsystem\n(S'true'\ntR.")  # pickle protocol 0: printable, but a call to os.system
+    with pytest.raises(CheckpointError, match=r"model\.pkl is refused: loading it could execute code"):
+        load_checkpoint(path)
 
 
 def test_foreign_files_are_refused(model, tmp_path):
     plain = tmp_path / "state.pth"
     torch.save(model.state_dict(), plain)
-    with pytest.raises(CheckpointError, match=r"is a plain state dict \(\d+ tensors.*backbone_weights="):
+    with pytest.raises(CheckpointError, match=r"state\.pth is not an ssd checkpoint: it holds the state dict of an "
+                                              r"ssd model without its configuration and class names \(keys priors "
+                                              r"\[1364, 4\], backbone\..*\); rebuild the model with "
+                                              r"ssd\.build_model\(\.\.\.\) and load_state_dict\(\)$"):
         load_checkpoint(plain)
     pickled = tmp_path / "module.pth"
     torch.save(nn.Linear(2, 2), pickled)  # a whole pickled module: weights_only refuses to run its code
@@ -190,18 +207,38 @@ def test_foreign_files_are_refused(model, tmp_path):
     assert "weights_only" not in str(refused.value) and "trust" not in str(refused.value)  # no advice to load it
     other = tmp_path / "other.pt"
     torch.save({"epoch": 3, "weights": [1, 2]}, other)
-    with pytest.raises(CheckpointError, match=r"not an ssd checkpoint \(no 'format' tag; keys: \['epoch', 'weights'\]"):
+    with pytest.raises(CheckpointError, match=r"other\.pt is not an ssd checkpoint: it holds no weights \(keys "
+                                              r"'epoch', 'weights' \(2 in all\)\); give a checkpoint of this library "
+                                              r"or a detector ssd imports$"):
         load_checkpoint(other)
-    future = tmp_path / "future.pt"
-    torch.save({"format": "ssd-checkpoint-v9", "version": "9.0"}, future)
-    with pytest.raises(CheckpointError, match=r"has format 'ssd-checkpoint-v9'.*saved by ssd 9\.0"):
-        load_checkpoint(future)
     raw = tmp_path / "raw.pkl"
     raw.write_bytes(pickle.dumps({"a": 1}))
     with pytest.raises(CheckpointError, match=r"raw\.pkl is refused: loading it could execute code \(it holds pickled "
                                               r"content other than plain data") as refused:
         load_checkpoint(raw)
     assert "weights_only" not in str(refused.value)
+
+
+def test_a_detector_or_backbone_given_as_a_checkpoint_is_named_with_where_it_goes(tmp_path):
+    detector = {"vgg.0.weight": torch.zeros(1), "loc.0.weight": torch.zeros(1), "conf.0.weight": torch.zeros(1)}
+    torch.save(detector, tmp_path / "ssd300_VOC.pth")
+    with pytest.raises(CheckpointError, match=r"ssd300_VOC\.pth is not an ssd checkpoint: it holds a detector of the "
+                                              r"ssd\.pytorch format \(VGG16 backbone\); give it to weights= "
+                                              r"\(--weights\), which imports it, or convert it once with `ssd "
+                                              r"import`$"):
+        load_checkpoint(tmp_path / "ssd300_VOC.pth")
+    torch.save({f"{i}.weight": torch.zeros(1) for i in (0, 31, 33)}, tmp_path / "vgg16_reducedfc.pth")
+    with pytest.raises(CheckpointError, match=r"vgg16_reducedfc\.pth is not an ssd checkpoint: it holds a "
+                                              r"vgg16_reducedfc backbone; train a detector from it with "
+                                              r"backbone_weights= \(--backbone-weights\)$"):
+        load_checkpoint(tmp_path / "vgg16_reducedfc.pth")
+
+
+def test_a_checkpoint_given_as_backbone_weights_is_named_with_where_it_goes(saved):
+    with pytest.raises(BackboneWeightsError, match=r"model\.pt is not a backbone: it holds an ssd checkpoint; give "
+                                                   r"it to weights= \(--weights\) or ssd\.model_from_checkpoint as "
+                                                   r"it is$"):
+        build_model("ssdlite320_mobilenet_v3_large", 2, backbone_weights=saved)
 
 
 def test_different_class_names_are_refused_with_both_lists(saved):
@@ -266,3 +303,61 @@ def test_a_config_lacking_settings_says_what_is_missing(saved, tmp_path, removed
         return
     lenient = {k: v for k, v in ckpt["config"].items() if k != "options"}  # optional settings take their defaults
     assert model_from_checkpoint({**ckpt, "config": lenient}).config.options == {}
+
+
+def test_a_checkpoint_of_another_format_version_is_refused_with_what_to_do(saved, tmp_path):
+    ckpt = load_checkpoint(saved)
+    torch.save({**ckpt, "format": "ssd-checkpoint-v9", "version": "9.0"}, tmp_path / "future.pt")
+    message = (rf"future\.pt has format 'ssd-checkpoint-v9' \(saved by ssd 9\.0\), but this version of ssd "
+               rf"\({re.escape(ssd.__version__)}\) reads only '{FORMAT}': load it with the version that saved it, or "
+               r"import / train the model again with this one")
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(tmp_path / "future.pt")
+    with pytest.raises(CheckpointError, match=message):
+        model_from_checkpoint(tmp_path / "future.pt")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_a_checkpoint_whose_weights_are_not_finite_is_refused(saved, tmp_path, value):
+    ckpt = load_checkpoint(saved)
+    broken = {k: torch.full_like(v, value) if v.is_floating_point() and k != "priors" else v
+              for k, v in ckpt["model"].items()}
+    torch.save({**ckpt, "model": broken}, tmp_path / "diverged.pt")
+    count = sum(1 for k, v in broken.items() if v.is_floating_point() and k != "priors")
+    with pytest.raises(CheckpointError, match=rf"the weights in .*diverged\.pt hold NaN or infinite values in {count} "
+                                              rf"of {len(broken)} tensors \(backbone\..*more\)\): the training "
+                                              "diverged or the file is damaged; use an earlier checkpoint"):
+        model_from_checkpoint(tmp_path / "diverged.pt")
+    one = {**ckpt["model"], "heads.1.loc.bias": torch.full_like(ckpt["model"]["heads.1.loc.bias"], value)}
+    with pytest.raises(CheckpointError, match=r"in 1 of \d+ tensors \(heads\.1\.loc\.bias\)"):
+        model_from_checkpoint({**ckpt, "model": one})
+
+
+def test_floating_point_weights_stored_as_integers_are_refused(saved, tmp_path):
+    ckpt = load_checkpoint(saved)
+    weights = {**ckpt["model"], "heads.0.loc.weight": (ckpt["model"]["heads.0.loc.weight"] * 100).long(),
+               "heads.0.loc.bias": ckpt["model"]["heads.0.loc.bias"].to(torch.int32)}
+    torch.save({**ckpt, "model": weights}, tmp_path / "integers.pt")
+    with pytest.raises(CheckpointError, match=r"integers\.pt do not fit the model configuration saved with them .*"
+                                              r"wrong types \(2\): heads\.0\.loc\.weight torch\.int64 \(expected "
+                                              r"floating point\), heads\.0\.loc\.bias torch\.int32"):
+        model_from_checkpoint(tmp_path / "integers.pt")
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    ({"class_names": ["cat", "dog"]}, r"the saved class names do not fit its model configuration \(edited\?\): "
+                                      r"num_classes=3 but 2 class_names were given \['cat', 'dog'\]"),
+    ({"class_names": ["cat", "cat", "bird"]}, r"class_names has duplicates \['cat'\]"),
+    ({"config": {"image_size": 32}}, r"its model configuration does not build a ssd_tiny \(edited or damaged "
+                                     r"checkpoint\?\): ssd_tiny at 32 px has feature maps"),
+    ({"config": {"num_classes": "3"}}, r"num_classes must be an int >= 1 \(object classes, background "
+                                       r"excluded\), got '3'"),
+    ({"config": {"priors": {"feature_maps": [16]}}}, r"malformed model configuration \("),
+], ids=["fewer-names", "duplicate-names", "image-size", "num-classes-text", "priors"])
+def test_a_checkpoint_with_an_edited_configuration_is_refused_by_name(saved, tmp_path, edit, message):
+    ckpt = load_checkpoint(saved)
+    edited = {**ckpt, **{k: v for k, v in edit.items() if k != "config"},
+              "config": {**ckpt["config"], **edit.get("config", {})}}
+    torch.save(edited, tmp_path / "edited.pt")
+    with pytest.raises(CheckpointError, match=rf"edited\.pt.*({message})"):
+        model_from_checkpoint(tmp_path / "edited.pt")

@@ -218,6 +218,7 @@ def with_metadata(source, target, **changes):
     (dict(nms="true", score_threshold="0.3", iou_threshold="0.45", max_det="100"),
      r"the metadata says nms=true but the graph's outputs are \['loc', 'logits', 'priors'\]"),
     (dict(category_ids="[1, 2]"), r"category_ids must be 3 integers \(one per class\), got \[1, 2\]"),
+    (dict(graph_sha256=None), r"the metadata lacks graph_sha256 \(the checksum `ssd export` stores\)"),
 ])
 def test_onnx_metadata_problems_are_named(tiny_onnx, tmp_path, changes, message):
     path = with_metadata(tiny_onnx, tmp_path / "edited.onnx", **changes)

@@ -16,14 +16,16 @@ from torchvision.models.detection import ssd300_vgg16, ssdlite320_mobilenet_v3_l
 
 import ssd
 from ssd.cli import main
-from ssd.models import BackboneWeightsError, WeightsImportError, build_model, model_from_checkpoint, read_weights
+from ssd.models import BackboneWeightsError, build_model
 from ssd.postprocess import postprocess_detections
 from ssd.priors import PRIOR_CONFIGS, default_boxes
 from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig
 from ssd.weights.checkpoint import FORMAT, CheckpointError, load_checkpoint
 from ssd.weights.finetune import match_classes, set_backbone_trainable
+from ssd.weights.foreign import WeightsImportError
 from ssd.weights.identify import VOC_NAMES, coco_categories, coco_names
+from ssd.weights.load import model_from_checkpoint, read_weights
 
 REFERENCE = Path(
     os.environ.get("SSD_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -411,8 +413,10 @@ def test_backbone_file_given_as_a_detector(tmp_path):
 
 
 def test_detector_file_given_as_a_backbone(original_file):
-    with pytest.raises(BackboneWeightsError, match=r"is a whole detector \(ssd.pytorch detector \(VGG16 backbone\)\), "
-                                                   r"not a backbone.*ssd import"):
+    with pytest.raises(BackboneWeightsError, match=r"ssd300_VOC\.pth is not a backbone: it holds a detector of "
+                                                   r"the ssd\.pytorch format \(VGG16 backbone\); give it to weights= "
+                                                   r"\(--weights\), which imports it, or convert it once with `ssd "
+                                                   r"import`$"):
         build_model("ssd300_vgg16", 2, backbone_weights=original_file)
 
 
@@ -430,14 +434,16 @@ def test_another_architecture_names_the_formats_tried(tmp_path):
 
     torch.save(resnet18().state_dict(), tmp_path / "resnet18.pth")
     with pytest.raises(WeightsImportError, match=r"resnet18\.pth is not an ssd checkpoint and fits none of the formats "
-                                                 r"tried \(ssd\.pytorch: .*torchvision: .*lufficc: .*\); it holds keys "
+                                                 r"tried \(ssd\.pytorch: .*torchvision: .*lufficc: .*\); it holds a "
+                                                 r"plain state dict of no known detector or backbone \(keys "
                                                  r"conv1\.weight \[64, 3, 7, 7\], bn1\.weight \[64\]"):
         ssd.import_model(tmp_path / "resnet18.pth")
 
 
 def test_forced_format_that_does_not_match(original_file):
     with pytest.raises(WeightsImportError, match=r"fits none of the formats tried \(torchvision: .*\) \(it looks like "
-                                                 r"ssd.pytorch detector"):
+                                                 r"a detector of the ssd\.pytorch format \(VGG16 backbone\)\); it "
+                                                 r"holds keys vgg\.0\.weight"):
         ssd.import_model(original_file, format="torchvision")
     with pytest.raises(ValueError, match="format='caffe' is not one of auto, ssd.pytorch, torchvision, lufficc"):
         ssd.import_model(original_file, format="caffe")
@@ -498,6 +504,28 @@ def test_ssd_import_command(original_file, tmp_path, capsys):
     assert "fits none of the formats tried (lufficc:" in capsys.readouterr().err
     assert main(["import", str(out), "--output", str(tmp_path / "again.pt")]) == 1
     assert "is already a checkpoint of this library" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("link", ["same-path", "hard-link", "symlink"])
+def test_ssd_import_refuses_to_write_over_its_source(original_file, tmp_path, capsys, link):
+    source = tmp_path / "tv.pth"
+    source.write_bytes(original_file.read_bytes())
+    output = {"same-path": source, "hard-link": tmp_path / "tv-link.pth", "symlink": tmp_path / "tv-sym.pth"}[link]
+    if link == "hard-link":
+        os.link(source, output)
+    elif link == "symlink":
+        output.symlink_to(source)
+    assert main(["import", str(source), "--output", str(output)]) == 1
+    assert capsys.readouterr().err == (f"error: --output {output} is the input {source}; choose another --output so "
+                                       "the input is kept\n")
+    assert source.read_bytes() == original_file.read_bytes()
+
+
+def test_ssd_import_refuses_to_write_over_its_class_names_file(original_file, tmp_path, capsys):
+    names = tmp_path / "names.txt"
+    names.write_text("\n".join(f"thing{k}" for k in range(20)) + "\n")
+    assert main(["import", str(original_file), "--output", str(names), "--classes", str(names)]) == 1
+    assert "is the input" in capsys.readouterr().err and names.read_text().startswith("thing0\n")
 
 
 # ---------------------------------------------------------------------------------------------------- freezing

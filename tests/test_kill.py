@@ -86,8 +86,8 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
         assert ckpt["epoch"] >= epoch and len(ckpt["history"]) == ckpt["epoch"] + 1
         epoch = ckpt["epoch"]
         # what a kill in the middle of save_checkpoint leaves behind (random suffix, partial zip archive)
-        suffix = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789_") for _ in range(8))
-        planted.append(weights / f".last.pt.{suffix}.tmp")
+        suffix = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(8))
+        planted.append(weights / f".last.pt.{suffix}.ssdtmp")
         planted[-1].write_bytes(last.read_bytes()[:4096])
 
     assert proc.wait(timeout=DEADLINE_S) == 0, log.read_text()[-3000:]

@@ -34,9 +34,9 @@ _EXPORTS: dict[str, str] = {
     "SSD": "ssd.models",
     "ModelConfig": "ssd.models.config",
     "build_model": "ssd.models",
-    "import_model": "ssd.models",
+    "import_model": "ssd.weights.importers",
     "list_models": "ssd.models",
-    "model_from_checkpoint": "ssd.models",
+    "model_from_checkpoint": "ssd.weights.load",
     # data
     "DataError": "ssd.data.records",
     "check_dataset": "ssd.data.check",
@@ -84,10 +84,12 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ssd.inference.pipeline import Detector, load
     from ssd.loss import MultiBoxLoss
     from ssd.matching import match
-    from ssd.models import SSD, build_model, import_model, list_models, model_from_checkpoint
+    from ssd.models import SSD, build_model, list_models
     from ssd.models.config import ModelConfig
     from ssd.postprocess import postprocess_detections
     from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes
     from ssd.training.config import TrainConfig
     from ssd.training.trainer import train
     from ssd.weights.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from ssd.weights.importers import import_model
+    from ssd.weights.load import model_from_checkpoint

@@ -82,17 +82,21 @@ def state_dict_mismatch(expected: Mapping[str, Any], given: Mapping[str, Any], a
                         ) -> str | None:
     """What keeps ``given`` (a state dict) from loading into a module whose state dict is ``expected``, or ``None``.
 
-    Returns ``"missing keys (N): ...; unexpected keys (N): ...; wrong shapes (N): key [given] (expected [...])"``,
-    a few of each, for the caller to put in its own error (which names the file and the architecture).
+    Returns ``"missing keys (N): ...; unexpected keys (N): ...; wrong shapes (N): key [given] (expected [...]);
+    wrong types (N): key torch.int64 (expected floating point)"``, a few of each, for the caller to put in its own
+    error (which names the file and the architecture). A floating-point tensor given as integers would load
+    truncated: it is a wrong type.
     """
     allowed = set(allowed_missing)
     missing = [k for k in expected if k not in given and k not in allowed]
     unexpected = [k for k in given if k not in expected]
     mismatched = [f"{k} {list(given[k].shape)} (expected {list(v.shape)})"
                   for k, v in expected.items() if k in given and tuple(given[k].shape) != tuple(v.shape)]
+    integral = [f"{k} {given[k].dtype} (expected floating point)" for k, v in expected.items()
+                if k in given and v.is_floating_point() and not given[k].is_floating_point()]
     parts = [f"{label} ({len(keys)}): {few(keys)}"
              for label, keys in (("missing keys", missing), ("unexpected keys", unexpected),
-                                 ("wrong shapes", mismatched)) if keys]
+                                 ("wrong shapes", mismatched), ("wrong types", integral)) if keys]
     return "; ".join(parts) or None
 
 

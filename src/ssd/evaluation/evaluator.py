@@ -34,10 +34,10 @@ from ssd.device import autocast, prepare_model, resolve_device
 from ssd.evaluation.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
 from ssd.inference.pipeline import detect_batch
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
-from ssd.models import model_from_checkpoint
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
 from ssd.training.run import plain_data_errors
+from ssd.weights.load import model_from_checkpoint
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",
            "merge_results", "format_table", "save_coco_json"]

@@ -49,9 +49,8 @@ from ssd.boxes import decode
 from ssd.export.parity import ExportCheckError, check_onnx
 from ssd.inference.backends import check_category_ids, graph_digest
 from ssd.inference.pipeline import check_thresholds
-from ssd.models import model_from_checkpoint
-from ssd.models.build import read_weights
 from ssd.postprocess import CANDIDATES_PER_CLASS
+from ssd.weights.load import model_from_checkpoint, read_weights
 from ssd.weights.resolve import resolve_weights
 
 __all__ = ["ExportCheckError", "export", "export_onnx", "export_torchscript", "check_onnx"]

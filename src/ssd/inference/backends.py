@@ -176,8 +176,10 @@ class OnnxBackend:
             raise OnnxModelError(f"cannot load ONNX model {self.path}: {e}") from e
         raw = self.session.get_modelmeta().custom_metadata_map
         meta = _read_metadata(self.path, raw)
-        if "graph_sha256" in raw:  # files exported before the checksum existed have none
-            _verify_digest(self.path, raw["graph_sha256"])
+        if "graph_sha256" not in raw:
+            raise OnnxModelError(f"{self.path}: the metadata lacks graph_sha256 (the checksum `ssd export` stores); "
+                                 "it was edited or written by another tool; export the model again with `ssd export`")
+        _verify_digest(self.path, raw["graph_sha256"])
         self.class_names, self.category_ids = meta["class_names"], meta["category_ids"]
         self.image_size = compact_size(meta["image_size"])
         self.mean, self.std, self.variances = tuple(meta["mean"]), tuple(meta["std"]), tuple(meta["variances"])

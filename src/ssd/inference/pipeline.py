@@ -230,9 +230,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", half: bool = Fals
         if half:
             raise ValueError(f"half precision applies to PyTorch checkpoints, not to the ONNX model {path}")
         return Detector(OnnxBackend(path, device))
-    from ssd.models import model_from_checkpoint
-    from ssd.models.build import read_weights
     from ssd.weights.checkpoint import CheckpointError
+    from ssd.weights.load import model_from_checkpoint, read_weights
 
     ckpt = read_weights(path)  # a checkpoint, or a foreign detector imported
     try:

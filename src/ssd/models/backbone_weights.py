@@ -49,16 +49,14 @@ def read_backbone_weights(spec: str | os.PathLike, filename: str, what: str) -> 
         raise BackboneWeightsError(f"cannot read backbone weights: {exc} (expected a torchvision state dict for "
                                    f"{what}, such as {filename})") from None
     found = identify(state)
-    if found is not None and found.kind == "detector":
-        raise BackboneWeightsError(f"backbone weights {path} is a whole detector ({found.description}), not a "
-                                   "backbone: start from it with weights= (ssd train --weights) or convert it with "
-                                   "`ssd import`")
-    if not isinstance(state, Mapping) or not all(isinstance(v, Tensor) for v in state.values()):
-        hint = " (this looks like an SSD checkpoint: use it as weights, not backbone_weights)" \
-            if isinstance(state, Mapping) and "format" in state else ""
-        raise BackboneWeightsError(f"backbone weights {path} is not a state dict of tensors{hint}; expected a "
-                                   f"torchvision state dict for {what}, such as {filename}")
-    return dict(state), str(path)
+    if found.kind in ("ours", "detector"):
+        raise BackboneWeightsError(f"backbone weights {path} is not a backbone: it holds {found.description}; "
+                                   f"{found.use}")
+    if found.state is None:
+        raise BackboneWeightsError(f"backbone weights {path} is not a state dict of tensors: it holds "
+                                   f"{found.description}; expected a torchvision state dict for {what}, such as "
+                                   f"{filename}")
+    return found.state, str(path)
 
 
 def load_backbone_state(module: nn.Module, state: Mapping[str, Tensor], *, source: str, what: str, prefix: str = "",

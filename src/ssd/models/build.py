@@ -1,4 +1,4 @@
-"""Build named SSD configurations, and rebuild them from checkpoints."""
+"""Build named SSD configurations, and the model of a complete :class:`ModelConfig` (what checkpoints hold)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ssd._utils import as_hw, compact_size, did_you_mean, size_text, state_dict_mismatch
+from ssd._utils import as_hw, compact_size, did_you_mean, size_text
 from ssd.models import mobilenet, tiny, vgg
 from ssd.models.architecture import Architecture
 from ssd.models.backbone_weights import BackboneWeightsError, read_backbone_weights
-from ssd.models.config import ModelConfig, ModelConfigError
+from ssd.models.config import ModelConfig
 from ssd.models.ssd import SSD
 from ssd.priors import PriorConfig, PriorConfigError, input_size
-from ssd.weights.checkpoint import CheckpointError, checked_checkpoint, checkpoint_dict, read_file
-from ssd.weights.finetune import match_classes, remap_class_rows
 
-__all__ = ["MODEL_CONFIGS", "build_model", "build_from_config", "default_priors", "list_models",
-           "model_from_checkpoint", "read_weights"]
+__all__ = ["MODEL_CONFIGS", "build_model", "build_from_config", "default_priors", "list_models", "checked_priors",
+           "checked_class_names"]
 
 logger = logging.getLogger("ssd")
 
@@ -62,11 +60,11 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
         The model in training mode, its ``config`` the :class:`ModelConfig` that rebuilds it.
     """
     arch = _architecture(name)
-    class_names = _class_names(num_classes, class_names)
+    class_names = checked_class_names(num_classes, class_names)
     options, size = _options(name, options, backbone_weights, image_size)
     default = _architecture_priors(arch, name, options, size)
     config = ModelConfig(name=name, num_classes=len(class_names), image_size=size,
-                         priors=default if priors is None else _checked_priors(priors, default, name, size),
+                         priors=default if priors is None else checked_priors(priors, default, name, size),
                          mean=arch.mean, std=arch.std, channels_last=arch.channels_last, options=options)
     return _assemble(config, class_names, backbone_weights)
 
@@ -100,8 +98,8 @@ def _options(name: str, options: Mapping[str, Any], backbone_weights: Any,
     return options, size
 
 
-def _checked_priors(priors: PriorConfig, default: PriorConfig, name: str, size: int | tuple[int, int],
-                    same_heads: bool = False) -> PriorConfig:
+def checked_priors(priors: PriorConfig, default: PriorConfig, name: str, size: int | tuple[int, int],
+                   same_heads: bool = False) -> PriorConfig:
     """``priors`` if they fit the network: ``default``'s feature maps (its number of levels), and with
     ``same_heads`` also its boxes per location (so that trained heads still load). A :class:`PriorConfig` checks
     its own values when it is made."""
@@ -120,106 +118,11 @@ def _checked_priors(priors: PriorConfig, default: PriorConfig, name: str, size: 
     return priors
 
 
-def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, class_names: Sequence[str] | None = None,
-                          reinit_heads: bool = False, priors: PriorConfig | Mapping[str, Any] | None = None) -> SSD:
-    """Rebuild the model saved in a checkpoint (a path or the dict from :func:`ssd.weights.checkpoint.load_checkpoint`).
-
-    A file (or dict) that is not a checkpoint of this library is imported when it is a detector of a known format
-    (ssd.pytorch, torchvision, lufficc/SSD: see :func:`ssd.weights.importers.import_model`, the format is logged).
-
-    Args:
-        class_names: the classes wanted (default: the checkpoint's). Different names (or order) are refused unless
-            ``reinit_heads``.
-        reinit_heads: with different ``class_names``, fine-tune to them: keep every weight (backbone, extra layers,
-            box regressors, the background row) but the class predictor rows of the classes, which start from
-            their initialisation, except for a wanted class that names a class of the checkpoint (case-insensitive,
-            VOC / COCO synonyms, see :func:`ssd.weights.finetune.match_classes`): it starts from that class's rows.
-            The mapping is logged on the ``ssd`` logger.
-        priors: default boxes replacing the checkpoint's (fine-tuning with fitted default boxes): its feature maps
-            and, so that every head loads, its boxes per location.
-    """
-    is_path = isinstance(ckpt_or_path, (str, os.PathLike))
-    source = str(ckpt_or_path) if is_path else "the checkpoint"
-    ckpt = read_file(ckpt_or_path) if is_path else ckpt_or_path
-    if not _is_own_checkpoint(ckpt):
-        from ssd.weights.importers import import_weights  # importers build models with this module
-
-        model = import_weights(ckpt, source)
-        config, saved, state = model.config, model.class_names, model.state_dict()
-    else:
-        model = None
-        config, saved, state = _read_own(checked_checkpoint(ckpt, source) if is_path else ckpt, source)
-    if priors is not None:  # new default boxes: the same heads, another priors buffer
-        config = config.replace(priors=_checked_priors(priors, config.priors, config.name, config.image_size,
-                                                       same_heads=True))
-        state, model = {**state, "priors": config.priors.boxes(config.image_size)}, None
-    wanted = saved if class_names is None else _class_names(None, class_names)
-    if wanted == saved:
-        if model is None:
-            model = _assemble(config, wanted)
-            _load(model, state, source)
-        return model
-    if not reinit_heads:
-        order = " (the same names in another order)" if sorted(wanted) == sorted(saved) else ""
-        raise CheckpointError(f"{source} was trained for {len(saved)} classes {_names(saved)} but the class "
-                              f"names given are {len(wanted)} classes {_names(wanted)}{order}; pass "
-                              "reinit_heads=True to fine-tune it with new class heads")
-    return _fine_tune(config, saved, state, wanted, source)
-
-
-def read_weights(path: str | os.PathLike) -> dict[str, Any]:
-    """The checkpoint dict of a weights file, whatever wrote it: a checkpoint of this library as
-    :func:`ssd.weights.checkpoint.load_checkpoint` reads it, or a foreign detector imported (its format logged, see
-    :func:`ssd.weights.importers.import_model`) as the dict :func:`ssd.weights.checkpoint.save_checkpoint` would write.
-    For code that needs more of a checkpoint than the model (its config, extras); :func:`model_from_checkpoint`
-    takes the dict."""
-    obj = read_file(path)
-    if _is_own_checkpoint(obj):
-        return checked_checkpoint(obj, path)
-    from ssd.weights.importers import import_weights  # importers build models with this module
-
-    return checkpoint_dict(import_weights(obj, str(path)))
 
 
 def build_from_config(config: ModelConfig, class_names: Sequence[str]) -> SSD:
     """A new model (initial weights) of a complete :class:`ModelConfig` (what checkpoints and importers hold)."""
-    return _assemble(config, _class_names(config.num_classes, class_names))
-
-
-def _is_own_checkpoint(ckpt: Any) -> bool:
-    """A checkpoint of this library (possibly damaged: its own checks report that), not a foreign file."""
-    return isinstance(ckpt, Mapping) and ("format" in ckpt or "config" in ckpt or "class_names" in ckpt)
-
-
-def _read_own(ckpt: Mapping[str, Any], source: str) -> tuple[ModelConfig, list[str], Mapping[str, torch.Tensor]]:
-    """``(config, class names, state dict)`` of a checkpoint of this library."""
-    if not all(k in ckpt for k in ("config", "class_names", "model")):
-        raise CheckpointError(f"{source} is not an ssd checkpoint dict (needs 'config', 'class_names' and 'model'; "
-                              "see ssd.load_checkpoint)")
-    try:
-        config = ModelConfig.from_dict(ckpt["config"], source=source)
-    except ModelConfigError as exc:
-        raise CheckpointError(str(exc)) from None
-    if config.name not in MODEL_CONFIGS:
-        raise CheckpointError(f"{source} holds a model named {config.name!r}, which this version of ssd does "
-                              f"not know (known: {', '.join(MODEL_CONFIGS)})")
-    return config, list(ckpt["class_names"]), ckpt["model"]
-
-
-def _fine_tune(config: ModelConfig, saved: list[str], state: Mapping[str, torch.Tensor], wanted: list[str],
-               source: str) -> SSD:
-    """A model for ``wanted`` classes from the weights of one trained for ``saved`` (see model_from_checkpoint)."""
-    model = _assemble(config.replace(num_classes=len(wanted)), wanted)
-    columns = match_classes(saved, wanted)
-    _load(model, remap_class_rows(state, model, columns), source)
-    carried = [f"{name} <- {saved[c - 1]}" if name != saved[c - 1] else name
-               for name, c in zip(wanted, columns[1:]) if c is not None]
-    fresh = [name for name, c in zip(wanted, columns[1:]) if c is None]
-    logger.warning("%s: fine-tuning from %d classes to %d: kept the backbone, extra layers, box regressors and "
-                   "background row; class rows carried over for %d (%s); initialised for %d (%s)", source,
-                   len(saved), len(wanted), len(carried), ", ".join(carried) or "none", len(fresh),
-                   ", ".join(fresh) or "none")
-    return model
+    return _assemble(config, checked_class_names(config.num_classes, class_names))
 
 
 def _assemble(config: ModelConfig, class_names: list[str], backbone_weights: str | os.PathLike | None = None
@@ -272,23 +175,14 @@ def _probe_cached(name: str, options: tuple, size: tuple[int, int]) -> tuple[tup
     return tuple(compact_size(tuple(f.shape[-2:])) for f in features), tuple(f.shape[1] for f in features)
 
 
-def _load(model: SSD, state: Mapping[str, torch.Tensor], source: str) -> None:
-    """Load a checkpoint's weights, refusing (``CheckpointError``) keys or shapes that do not fit its own config."""
-    mismatch = state_dict_mismatch(model.state_dict(), state)
-    if mismatch:
-        raise CheckpointError(f"the weights in {source} do not fit the model configuration saved with them "
-                              f"(damaged or edited checkpoint?): {mismatch}")
-    model.load_state_dict(state, strict=False)
-
-
-def _class_names(num_classes: int | None, class_names: Sequence[str] | None) -> list[str]:
+def checked_class_names(num_classes: int | None, class_names: Sequence[str] | None) -> list[str]:
     """Validated class names: ``class_names`` (non-empty distinct strings), else ``class0 .. class{K-1}``."""
+    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
+                                    or num_classes < 1):
+        raise ValueError(f"num_classes must be an int >= 1 (object classes, background excluded), got {num_classes!r}")
     if class_names is None:
         if num_classes is None:
             raise ValueError("give num_classes (K, background excluded) or class_names")
-        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
-            raise ValueError(f"num_classes must be an int >= 1 (object classes, background excluded), "
-                             f"got {num_classes!r}")
         return [f"class{k}" for k in range(num_classes)]
     if isinstance(class_names, str) or not isinstance(class_names, Sequence):
         raise ValueError(f"class_names must be a list of strings, got {type(class_names).__name__}")

@@ -105,8 +105,7 @@ class VGG16Backbone(nn.Module):
         - ssd.pytorch's ``vgg16_reducedfc.pth``: ``N.weight`` / ``N.bias`` of its ``vgg`` layer list, conv1_1 ...
           conv5_3 at the indices of ``features`` and conv6 / conv7 (already reduced) at 31 / 33.
         """
-        found = identify(state)
-        if found is not None and found.format == "vgg16_reducedfc":
+        if identify(state).format == "vgg16_reducedfc":
             renamed = {(f"features.{n}.{p}" if int(n) < 30 else f"fc.{int(n) - 30}.{p}"): v
                        for n, p, v in ((*k.split(".", 1), v) for k, v in state.items())}
             load_backbone_state(self, renamed, source=source, what="vgg16_reducedfc (ssd.pytorch)",
@@ -141,11 +140,8 @@ def weights_normalization(state: dict[str, Tensor]) -> tuple[tuple[float, ...], 
     """The input normalization (mean, std of RGB images in [0, 1]) that VGG16 backbone weights were trained with:
     ssd.pytorch's ``vgg16_reducedfc.pth`` and torchvision's ``vgg16_features`` take 0..255 pixels minus the mean;
     ``None`` (the architecture's ImageNet mean / std) for torchvision's ImageNet ``vgg16``."""
-    found = identify(state)
-    if found is None:
-        return None
     return {"vgg16_reducedfc": (SSD_PYTORCH_MEAN, UNSCALED_STD),
-            "vgg16_features": (TORCHVISION_SSD_MEAN, UNSCALED_STD)}.get(found.format)
+            "vgg16_features": (TORCHVISION_SSD_MEAN, UNSCALED_STD)}.get(identify(state).format)
 
 
 def xavier_init(module: nn.Module) -> None:

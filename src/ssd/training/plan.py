@@ -16,13 +16,13 @@ from typing import Any
 from torch import nn
 
 from ssd.data.records import DataError, DatasetSpec
-from ssd.models import build_model, model_from_checkpoint
-from ssd.models.build import read_weights
+from ssd.models import build_model
 from ssd.models.config import ModelConfig
 from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig
 from ssd.training.priors import resolve_priors
 from ssd.weights.checkpoint import CheckpointError, load_checkpoint
+from ssd.weights.load import model_from_checkpoint, read_weights
 from ssd.weights.resolve import resolve_weights
 
 __all__ = ["TRAINING_STATE", "RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model"]

@@ -30,6 +30,7 @@ from torch import nn
 from ssd._utils import require
 from ssd.data.images import read_image
 from ssd.data.records import DataError, ImageRecord
+from ssd.files import remove_stale_temporaries
 from ssd.plots import (
     RESULTS_COLUMNS,
     draw_detections,
@@ -39,7 +40,6 @@ from ssd.plots import (
     save_image,
 )
 from ssd.training.config import TrainConfig
-from ssd.weights.checkpoint import remove_stale_temporaries
 
 __all__ = ["make_run_dir", "seed_everything", "epoch_seed", "rng_state", "set_rng_state",
            "write_results_csv", "checkpoint_metrics", "RunOutput", "plain_data_errors"]

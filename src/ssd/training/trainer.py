@@ -27,7 +27,6 @@ from ssd.data.records import DataError, DatasetSpec
 from ssd.device import amp_dtype, autocast, prepare_model
 from ssd.evaluation.evaluator import evaluate_split, split_loader
 from ssd.loss import MultiBoxLoss
-from ssd.models import set_backbone_trainable
 from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig
 from ssd.training.optim import LRSchedule, build_optimizer
@@ -43,6 +42,7 @@ from ssd.training.run import (
     set_rng_state,
 )
 from ssd.weights.checkpoint import save_checkpoint
+from ssd.weights.finetune import set_backbone_trainable
 
 __all__ = ["train", "Trainer", "TrainResult", "NonFiniteLossError", "NONFINITE_SHARE"]
 

@@ -1,8 +1,10 @@
-"""Recognise weight files by their keys and shapes (never by file name): foreign detectors, backbones, and the
-VOC / COCO class lists their outputs stand for.
+"""What a weights file is, decided once for every reader: a checkpoint of this library (``"ours"``), a foreign
+detector (its format), a backbone, or not weights at all; recognised by keys and shapes, never by file name.
 
-Nothing here builds a model: :mod:`ssd.weights.importers` converts what :func:`identify` recognises, and the backbone
-loader uses it to refuse a detector given as a backbone with a useful message.
+Nothing here builds a model: :mod:`ssd.weights.load` reads checkpoints, :mod:`ssd.weights.importers` converts the
+detectors, the backbone loader takes the backbones, and each refuses the other kinds with the message
+:attr:`Identified.description` gives. :func:`file_kind` says what the bytes of a file that ``torch.load`` cannot read
+look like (text, a pickle, an archive).
 
 Detectors (``kind="detector"``):
     ``ssd.pytorch``  the original PyTorch port (amdegroot): a plain state dict ``vgg.N.*``, ``L2Norm.weight``,
@@ -16,14 +18,18 @@ state dicts (``features.N.*``, ``classifier.*``) and ``mobilenet_v3_large`` ones
 
 from __future__ import annotations
 
+import codecs
 import functools
+import io
+import pickletools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from torch import Tensor
 
-__all__ = ["DETECTOR_FORMATS", "VOC_NAMES", "Identified", "coco_names", "coco_categories", "identify", "few_keys"]
+__all__ = ["DETECTOR_FORMATS", "VOC_NAMES", "Identified", "coco_names", "coco_categories", "identify",
+           "state_dict_of", "few_keys", "file_kind"]
 
 DETECTOR_FORMATS: dict[str, str] = {
     "ssd.pytorch": "the original PyTorch port (vgg.N.*, L2Norm.weight, extras.N.*, loc.N.*, conf.N.*)",
@@ -55,53 +61,93 @@ class Identified:
     """What :func:`identify` recognised.
 
     Attributes:
-        format: a key of :data:`DETECTOR_FORMATS`, or a backbone name (``vgg16_reducedfc``, ``vgg16``,
-            ``vgg16_features`` (torchvision's ssd.pytorch-derived file, classifier without values),
-            ``mobilenet_v3_large``).
-        kind: ``"detector"`` or ``"backbone"``.
+        kind: ``"ours"`` (a checkpoint of this library, possibly of another format version or damaged: its reader
+            says what is wrong), ``"detector"``, ``"backbone"`` or ``"not weights"``.
+        format: for a detector a key of :data:`DETECTOR_FORMATS`; for a backbone its name (``vgg16_reducedfc``,
+            ``vgg16``, ``vgg16_features`` (torchvision's ssd.pytorch-derived file, classifier without values),
+            ``mobilenet_v3_large``); ``"ssd"`` for ours; for anything else ``"ssd state dict"`` (the weights of a
+            model of this library without its configuration), ``"state dict"`` or ``""``.
         family: ``"vgg"``, ``"mobilenet"`` or ``"other"`` (the backbone network).
-        state: the state dict (unwrapped from ``{"model": ...}``, a ``module.`` prefix removed).
+        state: the state dict (unwrapped from ``{"model": ...}``, a ``module.`` prefix removed); ``None`` when the
+            object holds no mapping of tensors.
+        keys: a few keys of the object (of its state dict when it holds one), for messages.
     """
 
+    kind: Literal["ours", "detector", "backbone", "not weights"]
     format: str
-    kind: str
     family: str
-    state: dict[str, Tensor]
+    state: dict[str, Tensor] | None
+    keys: str
 
     @property
     def description(self) -> str:
-        what = {"vgg": "VGG16", "mobilenet": "MobileNet", "other": "unrecognised"}[self.family]
-        return f"{self.format} {self.kind} ({what} backbone)" if self.kind == "detector" else f"{self.format} backbone"
+        """What the object is, for refusals: ``a detector of the torchvision format (VGG16 backbone)``,
+        ``a vgg16_reducedfc backbone``, ``a plain state dict of no known detector or backbone (keys ...)`` ..."""
+        if self.kind == "detector":
+            what = {"vgg": "VGG16", "mobilenet": "MobileNet", "other": "unrecognised"}[self.family]
+            return f"a detector of the {self.format} format ({what} backbone)"
+        if self.kind == "backbone":
+            return f"a {self.format} backbone"
+        if self.kind == "ours":
+            return "an ssd checkpoint"
+        if self.format == "ssd state dict":
+            return f"the state dict of an ssd model without its configuration and class names ({self.keys})"
+        if self.format == "state dict":
+            return f"a plain state dict of no known detector or backbone ({self.keys})"
+        return f"no weights ({self.keys})"
+
+    @property
+    def use(self) -> str:
+        """Where the file goes instead, for the refusals of readers it does not fit."""
+        return {
+            "ours": "give it to weights= (--weights) or ssd.model_from_checkpoint as it is",
+            "detector": "give it to weights= (--weights), which imports it, or convert it once with `ssd import`",
+            "backbone": "train a detector from it with backbone_weights= (--backbone-weights)",
+        }.get(self.kind, "rebuild the model with ssd.build_model(...) and load_state_dict()"
+              if self.format == "ssd state dict" else "give a checkpoint of this library or a detector ssd imports")
 
 
-def identify(obj: Any) -> Identified | None:
-    """Recognise a loaded weights file (what ``torch.load`` returned), or ``None``."""
+def identify(obj: Any) -> Identified:
+    """Recognise a loaded weights file (what ``torch.load`` returned)."""
+    if _is_own_checkpoint(obj):
+        return Identified("ours", "ssd", "other", state_dict_of(obj.get("model")), few_keys(obj))
     state = state_dict_of(obj)
+    keys = few_keys(obj)
     if state is None:
-        return None
+        return Identified("not weights", "", "other", None, keys)
     has = state.__contains__
     if has("vgg.0.weight") and has("loc.0.weight") and has("conf.0.weight"):
-        return Identified("ssd.pytorch", "detector", "vgg", state)
+        return Identified("detector", "ssd.pytorch", "vgg", state, keys)
     if any(k.startswith("head.classification_head.module_list.") for k in state):
         family = "vgg" if has("backbone.scale_weight") else (
             "mobilenet" if has("backbone.features.0.0.0.weight") else "other")
-        return Identified("torchvision", "detector", family, state)
+        return Identified("detector", "torchvision", family, state, keys)
     if any(k.startswith("box_head.predictor.cls_headers.") for k in state):
         family = "vgg" if has("backbone.vgg.0.weight") else "other"
-        return Identified("lufficc", "detector", family, state)
-    return _identify_backbone(state)
+        return Identified("detector", "lufficc", family, state, keys)
+    backbone = _identify_backbone(state)
+    if backbone is not None:
+        return Identified("backbone", *backbone, state, keys)
+    own = any(k.startswith("heads.0.") for k in state)
+    return Identified("not weights", "ssd state dict" if own else "state dict", "other", state, keys)
 
 
-def _identify_backbone(state: dict[str, Tensor]) -> Identified | None:
+def _is_own_checkpoint(obj: Any) -> bool:
+    """A checkpoint of this library, by its reserved keys (of any format version, or damaged: its checks say so)."""
+    return isinstance(obj, Mapping) and any(key in obj for key in ("format", "config", "class_names"))
+
+
+def _identify_backbone(state: dict[str, Tensor]) -> tuple[str, str] | None:
+    """``(format, family)`` of a backbone state dict, or ``None``."""
     has = state.__contains__
     if has("0.weight") and has("31.weight") and has("33.weight"):
-        return Identified("vgg16_reducedfc", "backbone", "vgg", state)
+        return "vgg16_reducedfc", "vgg"
     if has("features.0.weight") and has("features.28.weight"):
         classifier = state.get("classifier.0.weight")
         values = classifier is not None and bool(classifier.isfinite().all())
-        return Identified("vgg16" if values or classifier is None else "vgg16_features", "backbone", "vgg", state)
+        return "vgg16" if values or classifier is None else "vgg16_features", "vgg"
     if has("features.0.0.weight") and any(k.startswith("features.16.") for k in state):
-        return Identified("mobilenet_v3_large", "backbone", "mobilenet", state)
+        return "mobilenet_v3_large", "mobilenet"
     return None
 
 
@@ -134,3 +180,30 @@ def few_keys(obj: Any, limit: int = 6) -> str:
 
 def _all_tensors(mapping: Mapping) -> bool:
     return all(isinstance(v, Tensor) for v in mapping.values())
+
+
+def file_kind(head: bytes) -> Literal["empty", "archive", "pickle", "text", "binary"]:
+    """What a file whose first bytes are ``head`` looks like: ``"archive"`` (zip, PyTorch's own format),
+    ``"pickle"`` (a binary pickle, or a whole text-protocol one: ``torch.load``'s legacy format and pickled objects),
+    ``"text"`` (UTF-8 without control characters), ``"empty"`` or ``"binary"`` (anything else)."""
+    if not head:
+        return "empty"
+    if head.startswith(b"PK"):
+        return "archive"
+    if head.startswith(b"\x80") or _whole_pickle(head):
+        return "pickle"
+    text = codecs.getincrementaldecoder("utf-8")(errors="replace").decode(head).removeprefix("\ufeff")
+    if "\ufffd" not in text and all(c.isprintable() or c in "\n\r\t\f" for c in text):
+        return "text"
+    return "binary"
+
+
+def _whole_pickle(head: bytes) -> bool:
+    """Whether ``head`` starts with a complete pickle (up to its STOP opcode): the text ``cat\\ndog`` reads as a
+    GLOBAL opcode to the pickle machine, but never ends like one."""
+    try:
+        for _ in pickletools.genops(io.BytesIO(head)):
+            pass
+    except Exception:  # any malformed or unfinished opcode stream
+        return False
+    return True
