@@ -19,8 +19,9 @@ from ssd.device import resolve_device
 from ssd.settings import ConfigError
 from ssd.training import trainer
 from ssd.training.config import TrainConfig
+from ssd.training.guards import NonFiniteLossError
 from ssd.training.optim import LRSchedule
-from ssd.training.trainer import NonFiniteLossError, train
+from ssd.training.trainer import train
 from ssd.weights.checkpoint import CheckpointError
 from test_train import _write_yolo
 
