@@ -16,7 +16,7 @@ import ssd.device as device
 from ssd.data.records import DataError
 from ssd.evaluation.evaluator import evaluate
 from ssd.settings import ConfigError
-from ssd.training import optim, trainer
+from ssd.training import optim, state, trainer
 from ssd.training.config import TrainConfig
 from ssd.training.guards import NonFiniteLossError
 from ssd.training.optim import LRSchedule, param_groups
@@ -111,17 +111,17 @@ def test_evaluate_checkpoint_equals_end_of_training(two_epochs, synthetic_voc):
 
 
 def test_resume_after_kill_matches_uninterrupted_run(two_epochs, synthetic_voc, tmp_path, monkeypatch):
-    saved = trainer.save_checkpoint
+    saved = state.save_checkpoint
 
     def save_then_die(path, *args, **kwargs):  # the process dies right after epoch 1's last.pt
         saved(path, *args, **kwargs)
         if Path(path).name == "last.pt":
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(state, "save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         train(data=str(synthetic_voc), epochs=2, project=str(tmp_path), **FAST)
-    monkeypatch.setattr(trainer, "save_checkpoint", saved)
+    monkeypatch.setattr(state, "save_checkpoint", saved)
     run = tmp_path / "exp"
     assert ssd.load_checkpoint(run / "weights" / "last.pt")["epoch"] == 0
 

@@ -29,8 +29,9 @@ __all__ = ["TRAINING_STATE", "RunPlan", "plan_run", "given_fields", "check_resum
            "validation_split"]
 
 TRAINING_STATE = ("train_config", "epoch", "optimizer", "scheduler", "scaler", "rng", "best_map", "history",
-                  "metrics", "nonfinite_skipped")
-"""Checkpoint keys (besides the model) that ``--resume`` needs; ``ssd train`` writes them in every checkpoint."""
+                  "metrics", "nonfinite_skipped", "best_epoch", "stop_reason")
+"""Checkpoint keys (besides the model) that ``--resume`` needs; ``ssd train`` writes them in every checkpoint (and
+``ema`` in ``last.pt`` with ``--ema``: :mod:`ssd.training.state`)."""
 
 # Options a resumed run may change when given; device, workers and quiet always come from the resuming call.
 _RESUMABLE = ("data", "epochs")

@@ -38,9 +38,8 @@ from ssd.training.optim import build_optimization
 from ssd.training.outputs import output_callbacks
 from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run, validation_split
 from ssd.training.rundir import make_run_dir, prepare_run_dir
-from ssd.training.state import checkpoint_metrics, epoch_seed, rng_state, seed_everything, set_rng_state
+from ssd.training.state import epoch_seed, restore_training_state, save_training_state, seed_everything
 from ssd.training.validation import batch_loss, validation_loss
-from ssd.weights.checkpoint import save_checkpoint
 
 __all__ = ["train", "Trainer", "TrainResult"]
 
@@ -112,7 +111,7 @@ class Trainer:
         self.step_losses: list[float] = []
         self.nonfinite, self.stop_reason = 0, None
         if self.plan.state is not None:
-            self._restore(self.plan.state)
+            restore_training_state(self, self.plan.state)
         self.net: nn.Module = self.model
         if info.enabled:
             self.net = nn.parallel.DistributedDataParallel(  # a frozen backbone leaves parameters without gradients
@@ -156,37 +155,6 @@ class Trainer:
     def _hook(self, name: str, *args: Any) -> None:
         for callback in self.callbacks:
             getattr(callback, name)(self, *args)
-
-    # ------------------------------------------------------------------------------------------------- state
-    def _restore(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint's training state (the model was built from it: with ``ema`` that is the
-        average, and the raw weights are ``state["ema"]["raw_model"]``)."""
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
-        self.start_epoch = self.epoch = state["epoch"] + 1
-        self.best_map, self.best_epoch = state["best_map"], state.get("best_epoch", 0)
-        self.history = list(state["history"])
-        self.metrics = dict(state["metrics"])
-        self.nonfinite, self.stop_reason = state["nonfinite_skipped"], state.get("stop_reason")
-        if self.ema is not None and "ema" in state:
-            self.ema.n_averaged.fill_(state["ema"]["updates"])
-            self.model.load_state_dict(state["ema"]["raw_model"])
-        elif self.ema is not None:
-            self.log(f"ema: {self.plan.checkpoint} holds no raw weights (only last.pt does): the average restarts "
-                     "from its weights")
-
-    def _save(self, path: Path, epoch: int, *, resume_state: bool) -> None:
-        extra = {}
-        if self.ema is not None and resume_state:
-            extra["ema"] = {"updates": int(self.ema.n_averaged), "raw_model": self.model.state_dict()}
-        save_checkpoint(path, self.eval_model, optimizer=self.optimizer.state_dict(),
-                        scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(), epoch=epoch,
-                        rng=rng_state(), metrics=checkpoint_metrics(self.metrics), best_map=self.best_map,
-                        best_epoch=self.best_epoch, history=self.history, nonfinite_skipped=self.nonfinite,
-                        stop_reason=self.stop_reason, train_config=self.config.to_dict(),
-                        train_images=len(self.train_records), category_ids=self.category_ids, **extra)
 
     # -------------------------------------------------------------------------------------------------- loop
     def run(self) -> TrainResult:
@@ -237,9 +205,9 @@ class Trainer:
         row["time"] = time.perf_counter() - self.start_time
         self.history.append(row)
         if self.info.is_main:
-            self._save(self.run_dir / "weights" / "last.pt", epoch, resume_state=True)
+            save_training_state(self, self.run_dir / "weights" / "last.pt", resume=True)
             if improved:
-                self._save(self.run_dir / "weights" / "best.pt", epoch, resume_state=False)
+                save_training_state(self, self.run_dir / "weights" / "best.pt", resume=False)
         ddp.barrier()
         self._hook("on_epoch_end", row)
 
