@@ -14,7 +14,8 @@ The hooks of one run, in order::
     on_fit_end                      after the last epoch, or the one early stopping ended the run at
     on_teardown                     always, however the run ends (close files here)
 
-A callback stops the run after the current epoch with ``trainer.stop(reason)``.
+A callback stops the run after the current epoch with ``trainer.stop(reason)``; called by ``on_val_end`` or an
+earlier hook, the reason is also saved in that epoch's ``last.pt``, so ``--resume`` keeps the run stopped.
 """
 
 from __future__ import annotations
