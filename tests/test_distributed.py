@@ -1,5 +1,5 @@
-"""DDP: two CPU processes (gloo) launched by torchrun train a few steps, end with identical weights and write exactly
-one run directory; metrics cover the full validation split."""
+"""DDP: two CPU processes (gloo) launched by torchrun train a few steps with an EMA of the weights, end with identical
+(averaged) weights and write exactly one run directory; metrics cover the full validation split."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ SCRIPT = """
 import os, sys, torch
 import ssd
 result = ssd.train(data=sys.argv[1], project=sys.argv[2], model="ssd_tiny", image_size=128, epochs=1, batch_size=8,
-                   workers=0, device="cpu", quiet=True, seed=0)
+                   workers=0, device="cpu", quiet=True, seed=0, ema=True)
 rank = os.environ["RANK"]
 torch.save({"model": result.model.state_dict(), "map": result.metrics["map"],
             "run_dir": str(result.run_dir)}, os.path.join(sys.argv[3], f"rank{rank}.pt"))

@@ -1,10 +1,10 @@
 """SIGKILL `ssd train` at random moments: last.pt always loads, --resume carries on, no temporary file outlives a start.
 
-A tiny run (16 synthetic 64 px images, ssd_tiny, one step per epoch) is killed three times at seeded random moments;
-each kill is followed by a resume, the last resume runs to the end. Before each resume a stale temporary file, as a
-kill in the middle of a checkpoint write leaves it, is planted in weights/ (kills land there rarely by chance on so
-small a model); the resumed run must remove it when it starts. Waits are bounded polls for files, never timing
-assertions.
+A tiny run (16 synthetic 64 px images, ssd_tiny, one step per epoch, with an EMA of the weights) is killed three
+times at seeded random moments; each kill is followed by a resume, the last resume runs to the end. Before each resume
+a stale temporary file, as a kill in the middle of a checkpoint write leaves it, is planted in weights/ (kills land
+there rarely by chance on so small a model); the resumed run must remove it when it starts. Waits are bounded polls
+for files, never timing assertions.
 """
 
 import csv
@@ -63,7 +63,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
     last, log = weights / "last.pt", tmp_path / "train.log"
     fresh = ["--data", "data", "--model", "ssd_tiny", "--image-size", "64", "--workers", "0", "--batch-size", "16",
              "--epochs", str(EPOCHS), "--val-interval", "100", "--num-plot-images", "1", "--device", "cpu",
-             "--project", "runs", "--quiet"]
+             "--project", "runs", "--quiet", "--ema"]
     rng = random.Random(2024)
     planted, epoch, kills = [], -1, 0
     while True:
@@ -95,6 +95,7 @@ def test_sigkill_at_random_moments_then_resume(tmp_path):
     assert sorted(p.name for p in weights.iterdir()) == ["best.pt", "last.pt"]  # no temporary file survived
     ckpt = load_checkpoint(last)
     assert ckpt["epoch"] == EPOCHS - 1 and [row["epoch"] for row in ckpt["history"]] == list(range(1, EPOCHS + 1))
+    assert ckpt["ema"]["updates"] == EPOCHS  # one step per epoch, each averaged once whatever the kills
     assert load_checkpoint(weights / "best.pt")["epoch"] == EPOCHS - 1  # validated once, at the end
     with open(weights.parent / "results.csv", newline="") as f:
         assert [int(row["epoch"]) for row in csv.DictReader(f)] == list(range(1, EPOCHS + 1))

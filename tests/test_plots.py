@@ -35,17 +35,27 @@ def _is_png(path):
         return im.size
 
 
-def test_plot_results(tmp_path):
+def test_plot_results_draws_training_and_validation_losses(tmp_path, figures):
     path = tmp_path / "results.csv"
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=RESULTS_COLUMNS)
         writer.writeheader()
         for epoch in range(1, 4):
+            validated = epoch > 1
             writer.writerow({"epoch": epoch, "train/loss": 5 / epoch, "train/loc_loss": 2 / epoch,
-                             "train/cls_loss": 3 / epoch, "lr": 0.01, "val/mAP": "" if epoch == 1 else 0.3 * epoch,
-                             "time": 10 * epoch})
+                             "train/cls_loss": 3 / epoch, "val/loss": 6 / epoch if validated else "",
+                             "val/loc_loss": 2.5 / epoch if validated else "",
+                             "val/cls_loss": 3.5 / epoch if validated else "", "lr": 0.01,
+                             "val/mAP": 0.3 * epoch if validated else "", "time": 10 * epoch})
     width, height = _is_png(plot_results(path, tmp_path / "results.png"))
     assert width > 500 and height > 200
+    loss_ax, _, map_ax = figures[0].axes
+    lines = {line.get_label(): line for line in loss_ax.get_lines()}
+    assert list(lines) == ["loss", "val loss", "loc_loss", "val loc_loss", "cls_loss", "val cls_loss"]
+    assert list(lines["loss"].get_xdata()) == [1.0, 2.0, 3.0]
+    assert list(lines["val loss"].get_xdata()) == [2.0, 3.0]  # the epoch without validation is skipped
+    assert list(lines["val loss"].get_ydata()) == [3.0, 2.0] and lines["val loss"].get_linestyle() == "--"
+    assert list(map_ax.get_lines()[0].get_ydata()) == [0.6, pytest.approx(0.9)]
 
 
 def test_plot_pr_curves_and_label_stats(tmp_path):
@@ -167,7 +177,7 @@ def test_names_no_font_has_are_drawn_as_indices_with_a_legend(tmp_path, fonts, f
     run = tmp_path / "実験"
     run.mkdir()
     with open(run / "results.csv", "w", newline="") as f:
-        csv.writer(f).writerows([RESULTS_COLUMNS, [1, 3, 1, 2, 0.01, 0.5, 9]])
+        csv.writer(f).writerows([RESULTS_COLUMNS, [1, 3, 1, 2, 3.5, 1.5, 2, 0.01, 0.5, 9]])
     with no_font_warnings(caplog):
         _is_png(plot_label_stats(boxes, labels, names, tmp_path / "labels.png"))
         _is_png(plot_pr_curves(result, names, tmp_path / "pr.png"))

@@ -16,11 +16,12 @@ from conftest import write_yolo_dataset
 from ssd.data.records import DataError
 from ssd.evaluation.evaluator import evaluate
 from ssd.settings import ConfigError
-from ssd.training import trainer
+from ssd.training import optim, state, trainer
 from ssd.training.config import TrainConfig
+from ssd.training.guards import NonFiniteLossError
 from ssd.training.optim import LRSchedule, param_groups
-from ssd.training.run import make_run_dir
-from ssd.training.trainer import NonFiniteLossError, train
+from ssd.training.rundir import make_run_dir
+from ssd.training.trainer import train
 
 # ssd_tiny at 128 px with the light augmentation: seconds per epoch of the synthetic fixture on 2 cores
 FAST = dict(model="ssd_tiny", image_size=128, batch_size=8, workers=0, device="cpu", quiet=True, seed=0,
@@ -110,17 +111,17 @@ def test_evaluate_checkpoint_equals_end_of_training(two_epochs, synthetic_voc):
 
 
 def test_resume_after_kill_matches_uninterrupted_run(two_epochs, synthetic_voc, tmp_path, monkeypatch):
-    saved = trainer.save_checkpoint
+    saved = state.save_checkpoint
 
     def save_then_die(path, *args, **kwargs):  # the process dies right after epoch 1's last.pt
         saved(path, *args, **kwargs)
         if Path(path).name == "last.pt":
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(trainer, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(state, "save_checkpoint", save_then_die)
     with pytest.raises(KeyboardInterrupt):
         train(data=str(synthetic_voc), epochs=2, project=str(tmp_path), **FAST)
-    monkeypatch.setattr(trainer, "save_checkpoint", saved)
+    monkeypatch.setattr(state, "save_checkpoint", saved)
     run = tmp_path / "exp"
     assert ssd.load_checkpoint(run / "weights" / "last.pt")["epoch"] == 0
 
@@ -182,10 +183,10 @@ def test_yolo_label_out_of_range_dropped_with_skip_invalid(tmp_path, capsys):
     assert result.model.num_classes == 6
 
 
-def test_amp_on_cpu_autocasts_to_bfloat16(tmp_path, monkeypatch):
+def test_amp_on_cpu_autocasts_to_bfloat16_and_ema_averages_float32_weights(tmp_path, monkeypatch):
     supported = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     assert device.amp_dtype(torch.device("cpu")) == (torch.bfloat16 if supported else None)
-    monkeypatch.setattr(trainer, "amp_dtype", lambda device: torch.bfloat16)  # the path, even where it is slow
+    monkeypatch.setattr(optim, "amp_dtype", lambda device: torch.bfloat16)  # the path, even where it is slow
     dtypes = []
     build = trainer.build_run_model
 
@@ -197,6 +198,9 @@ def test_amp_on_cpu_autocasts_to_bfloat16(tmp_path, monkeypatch):
 
     monkeypatch.setattr(trainer, "build_run_model", build_and_watch)
     data = write_yolo_dataset(tmp_path / "ok")
-    result = train(data=str(data), epochs=1, amp=True, project=str(tmp_path / "runs"), **FAST)
+    result = train(data=str(data), epochs=1, amp=True, ema=True, project=str(tmp_path / "runs"), **FAST)
     assert {dtype for training, dtype in dtypes if training} == {torch.bfloat16}  # every training step
     assert all(math.isfinite(v) for v in result.step_losses)
+    ema = ssd.load_checkpoint(result.run_dir / "weights" / "last.pt")["ema"]  # the average of the autocast steps
+    assert ema["updates"] == len(result.step_losses)
+    assert all(p.dtype == torch.float32 and bool(p.isfinite().all()) for p in result.model.parameters())

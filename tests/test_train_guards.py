@@ -20,8 +20,9 @@ from ssd.device import resolve_device
 from ssd.settings import ConfigError
 from ssd.training import trainer
 from ssd.training.config import TrainConfig
+from ssd.training.guards import NonFiniteLossError
 from ssd.training.optim import LRSchedule
-from ssd.training.trainer import NonFiniteLossError, train
+from ssd.training.trainer import train
 from ssd.weights.checkpoint import CheckpointError
 
 # 12 train / 4 val images of 96 px (conftest.write_yolo_dataset), ssd_tiny at 64 px: 3 steps of 4 images per epoch

@@ -37,10 +37,13 @@ __all__ = ["RESULTS_COLUMNS", "class_color", "draw_detections", "font_for", "plo
 #   train/loss      mean training loss of the epoch (loc + cls)
 #   train/loc_loss  mean localization (smooth L1) loss
 #   train/cls_loss  mean classification (hard-negative-mined cross-entropy) loss
+#   val/loss, val/loc_loss, val/cls_loss
+#                   the same losses on the validation split, no augmentation (empty when not validated)
 #   lr              learning rate at the end of the epoch (first parameter group)
 #   val/mAP         validation mAP of the run's metric (empty when the epoch was not validated)
 #   time            seconds since the start of training
-RESULTS_COLUMNS = ("epoch", "train/loss", "train/loc_loss", "train/cls_loss", "lr", "val/mAP", "time")
+RESULTS_COLUMNS = ("epoch", "train/loss", "train/loc_loss", "train/cls_loss", "val/loss", "val/loc_loss",
+                   "val/cls_loss", "lr", "val/mAP", "time")
 
 _PALETTE = [tuple(round(255 * c) for c in colormaps["tab20"](i)[:3]) for i in (*range(0, 20, 2), *range(1, 20, 2))]
 _FONT = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
@@ -107,7 +110,8 @@ def _save(fig: Figure, out_png: str | Path) -> Path:
 
 
 def plot_results(csv_path: str | Path, out_png: str | Path) -> Path:
-    """Loss curves (total, loc, cls), learning rate and validation mAP against the epoch, from ``results.csv``."""
+    """Loss curves (total, loc, cls; training solid, validation dashed), learning rate and validation mAP against
+    the epoch, from ``results.csv``."""
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
 
@@ -120,9 +124,10 @@ def plot_results(csv_path: str | Path, out_png: str | Path) -> Path:
     with rc_context(_font_family(font)):  # fonts are fixed when text is made and when it is drawn
         fig = Figure(figsize=(14, 4), layout="constrained")
         loss_ax, lr_ax, map_ax = fig.subplots(1, 3)
-        for name in ("train/loss", "train/loc_loss", "train/cls_loss"):
-            loss_ax.plot(*column(name), marker=".", label=name.split("/")[1])
-        loss_ax.set(title="training loss", xlabel="epoch")
+        for part, color in zip(("loss", "loc_loss", "cls_loss"), ("tab:blue", "tab:orange", "tab:red")):
+            loss_ax.plot(*column(f"train/{part}"), marker=".", color=color, label=part)
+            loss_ax.plot(*column(f"val/{part}"), marker="o", linestyle="--", color=color, label=f"val {part}")
+        loss_ax.set(title="loss", xlabel="epoch")
         loss_ax.legend()
         lr_ax.plot(*column("lr"), marker=".")
         lr_ax.set(title="learning rate", xlabel="epoch")

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Sequence
+import re
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import numpy as np
@@ -29,7 +31,7 @@ from ssd.data.images import read_image
 from ssd.data.records import DataError, ImageRecord
 from ssd.data.transforms import build_transform
 
-__all__ = ["DetectionDataset", "SeededSampler", "collate", "build_dataloader", "seed_worker"]
+__all__ = ["DetectionDataset", "SeededSampler", "collate", "build_dataloader", "seed_worker", "plain_data_errors"]
 
 
 class DetectionDataset(Dataset):
@@ -211,3 +213,17 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
     return _Loader(_Guarded(dataset), batch_size=batch_size, sampler=sampler, num_workers=workers,
                    collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, worker_init_fn=seed_worker,
                    generator=torch.Generator().manual_seed(seed), persistent_workers=workers > 0)
+
+
+@contextmanager
+def plain_data_errors() -> Iterator[None]:
+    """Re-raise a :class:`~ssd.data.records.DataError` from a DataLoader worker with its own message: the worker
+    wraps it in a message holding its whole traceback ("Caught DataError in DataLoader worker process 0 ...")."""
+    try:
+        yield
+    except DataError as exc:
+        text, name = str(exc), type(exc).__qualname__
+        starts = [m.end() for m in re.finditer(rf"^\S*\b{re.escape(name)}: ", text, flags=re.MULTILINE)]
+        if not text.startswith(f"Caught {type(exc).__name__} in DataLoader worker") or not starts:
+            raise
+        raise type(exc)(text[starts[-1]:].strip()) from None

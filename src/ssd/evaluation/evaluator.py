@@ -29,6 +29,7 @@ from ssd.boxes import pixel_scale
 from ssd.data import build_dataloader
 from ssd.data.images import read_image
 from ssd.data.load import load_training_data
+from ssd.data.loader import plain_data_errors
 from ssd.data.records import ImageRecord
 from ssd.device import autocast, prepare_model, resolve_device
 from ssd.evaluation.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
@@ -36,7 +37,6 @@ from ssd.inference.pipeline import detect_batch
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
-from ssd.training.run import plain_data_errors
 from ssd.weights.load import model_from_checkpoint
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",

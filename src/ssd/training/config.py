@@ -97,6 +97,10 @@ class TrainConfig:
     sync_bn: bool = _help("SyncBatchNorm under torchrun", default=False)
     quiet: bool = _help("no progress bars, one line per epoch", default=False)
     num_plot_images: int = _help("validation images drawn with predictions", default=4)
+    ema: bool = _help("evaluate and save an exponential moving average of the weights (last.pt keeps the raw "
+                      "weights too, for --resume)", default=False)
+    ema_decay: float = _help("EMA decay, reached after a warm-up of a few thousand steps", default=0.9999)
+    patience: int = _help("stop after N epochs without a better validation mAP (0: never)", default=0)
 
     def __post_init__(self) -> None:
         if self.image_size is not None:  # stored as an int when square, else "HxW" (YAML and command line alike)
@@ -166,9 +170,10 @@ class TrainConfig:
             _require(self, name, getattr(self, name) >= 1, "must be at least 1")
         if self.schedule_epochs is not None:
             _require(self, "schedule_epochs", self.schedule_epochs >= 1, "must be at least 1")
-        for name in ("warmup_epochs", "grad_clip", "gamma", "workers", "num_plot_images"):
+        for name in ("warmup_epochs", "grad_clip", "gamma", "workers", "num_plot_images", "patience"):
             _require(self, name, getattr(self, name) >= 0, "must be >= 0")
         _require(self, "momentum", 0 <= self.momentum < 1, "must be in [0, 1) (SGD momentum / AdamW beta1)")
+        _require(self, "ema_decay", 0 < self.ema_decay < 1, "must be in (0, 1), e.g. 0.9999")
         _require(self, "final_lr_ratio", 0 <= self.final_lr_ratio <= 1, "must be in [0, 1] (a fraction of the peak lr)")
         if self.lr is not None:
             _require(self, "lr", 0 < self.lr < math.inf, "must be a finite number > 0")

@@ -1,17 +1,20 @@
-"""Optimization of a run: parameter groups, the optimizer and the learning-rate schedule (a multiplier per step)."""
+"""Optimization of a run: parameter groups, the optimizer, the learning-rate schedule (a multiplier per step) and
+mixed precision."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from ssd.device import amp_dtype
 from ssd.training.config import TrainConfig
 
-__all__ = ["param_groups", "build_optimizer", "LRSchedule"]
+__all__ = ["param_groups", "build_optimizer", "LRSchedule", "build_optimization"]
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -65,3 +68,18 @@ class LRSchedule:
             warmup = round(config.warmup_epochs * iters_per_epoch)
         return cls(total=total, warmup=min(warmup, total), kind=config.scheduler, final_ratio=config.final_lr_ratio,
                    milestones=tuple(m * iters_per_epoch for m in config.milestones), gamma=config.gamma)
+
+
+def build_optimization(model: nn.Module, config: TrainConfig, iters_per_epoch: int, device: torch.device,
+                       log: Callable[[str], object] = print
+                       ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR, torch.amp.GradScaler,
+                                  torch.dtype | None]:
+    """``(optimizer, scheduler, scaler, amp_dtype)`` of a run: :func:`build_optimizer`, the :class:`LRSchedule`
+    stepped per iteration, the gradient scaler (active for float16 autocast only) and the autocast dtype (None:
+    float32, also when ``amp`` is asked for on a device without a fast path, which is logged)."""
+    optimizer = build_optimizer(model, config)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, LRSchedule.from_config(config, iters_per_epoch))
+    dtype = amp_dtype(device) if config.amp else None
+    if config.amp and dtype is None:
+        log(f"amp: {device} has no fast bfloat16/float16 path; training in float32")
+    return optimizer, scheduler, torch.amp.GradScaler("cuda", enabled=dtype == torch.float16), dtype

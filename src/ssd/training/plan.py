@@ -25,11 +25,13 @@ from ssd.weights.checkpoint import CheckpointError, load_checkpoint
 from ssd.weights.load import model_from_checkpoint, read_weights
 from ssd.weights.resolve import resolve_weights
 
-__all__ = ["TRAINING_STATE", "RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model"]
+__all__ = ["TRAINING_STATE", "RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model",
+           "validation_split"]
 
 TRAINING_STATE = ("train_config", "epoch", "optimizer", "scheduler", "scaler", "rng", "best_map", "history",
-                  "metrics", "nonfinite_skipped")
-"""Checkpoint keys (besides the model) that ``--resume`` needs; ``ssd train`` writes them in every checkpoint."""
+                  "metrics", "nonfinite_skipped", "best_epoch", "stop_reason")
+"""Checkpoint keys (besides the model) that ``--resume`` needs; ``ssd train`` writes them in every checkpoint (and
+``ema`` in ``last.pt`` with ``--ema``: :mod:`ssd.training.state`)."""
 
 # Options a resumed run may change when given; device, workers and quiet always come from the resuming call.
 _RESUMABLE = ("data", "epochs")
@@ -159,3 +161,13 @@ def build_run_model(plan: RunPlan, spec: DatasetSpec, log: Callable[[str], objec
     priors = resolve_priors(spec, config.model, config.image_size, config.priors, seed=config.seed, log=log)
     return build_model(config.model, class_names=class_names, backbone_weights=config.backbone_weights,
                        image_size=config.image_size, priors=priors)
+
+
+def validation_split(spec: DatasetSpec, config: TrainConfig) -> str:
+    """The split validation scores: ``val``, else ``test``, else ``train`` (which ``patience`` refuses to watch)."""
+    split = "val" if "val" in spec.splits else "test" if "test" in spec.splits else "train"
+    if split == "train" and config.patience:
+        raise ConfigError(f"patience={config.patience} is invalid: early stopping watches the mAP of a held-out split, "
+                          f"but {config.data} has only a train split (validation would score the training images). "
+                          "Add a val split, or leave out --patience (--patience 0)")
+    return split

@@ -1,65 +1,55 @@
-"""The training loop: :func:`train` takes a dataset to a run directory (:mod:`ssd.training.run` describes it).
+"""The training loop: :func:`train` takes a dataset to a run directory (:mod:`ssd.training.rundir` describes it).
 
-Reproducibility: all random state of an epoch (data order, augmentation, worker seeds) is derived from
-``(seed, epoch, rank)`` at the start of that epoch, so a run resumed from ``last.pt`` sees the same batches as an
-uninterrupted one and, on CPU, ends with identical weights. Nothing non-finite is ever saved: a run whose weights
-hold NaN/inf, or that skipped too many non-finite steps, stops with :class:`NonFiniteLossError`.
+Extension points are callbacks (:mod:`ssd.training.callbacks`); the run directory's files are written by the output
+callbacks of :mod:`ssd.training.outputs` on rank 0, the checkpoints by the trainer. Reproducibility: all random
+state of an epoch (data order, augmentation, worker seeds) is derived from ``(seed, epoch, rank)`` at the start of
+that epoch, so a run resumed from ``last.pt`` sees the same batches as an uninterrupted one and, on CPU, ends with
+identical weights (and EMA). Nothing non-finite is ever saved (:mod:`ssd.training.guards`).
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from contextlib import nullcontext
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 from tqdm import tqdm
 
 import ssd.distributed as ddp
-from ssd._utils import few
 from ssd.data import build_dataloader
 from ssd.data.load import load_training_data
+from ssd.data.loader import plain_data_errors
 from ssd.data.records import DataError, DatasetSpec
-from ssd.device import amp_dtype, autocast, prepare_model
+from ssd.device import prepare_model
 from ssd.evaluation.evaluator import evaluate_split, split_loader
 from ssd.loss import MultiBoxLoss
 from ssd.settings import ConfigError
+from ssd.training.callbacks import Callback, EarlyStopping, check_callbacks
 from ssd.training.config import TrainConfig
-from ssd.training.optim import LRSchedule, build_optimizer
-from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run
-from ssd.training.run import (
-    RunOutput,
-    checkpoint_metrics,
-    epoch_seed,
-    make_run_dir,
-    plain_data_errors,
-    rng_state,
-    seed_everything,
-    set_rng_state,
-)
-from ssd.weights.checkpoint import save_checkpoint
+from ssd.training.ema import build_ema
+from ssd.training.guards import check_finite, nonfinite_loss_error
+from ssd.training.optim import build_optimization
+from ssd.training.outputs import output_callbacks
+from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run, validation_split
+from ssd.training.rundir import make_run_dir, prepare_run_dir
+from ssd.training.state import epoch_seed, restore_training_state, save_training_state, seed_everything
+from ssd.training.validation import batch_loss, validation_loss
 from ssd.weights.finetune import set_backbone_trainable
 
-__all__ = ["train", "Trainer", "TrainResult", "NonFiniteLossError", "NONFINITE_SHARE"]
-
-NONFINITE_SHARE = 0.05
-"""With ``skip_nonfinite``, a run stops once more than this share of its steps (and more than one) were skipped,
-or when every step of an epoch was."""
-
-
-class NonFiniteLossError(ValueError):
-    """The loss or the weights became NaN/inf (the message says where, what was saved and what to try)."""
+__all__ = ["train", "Trainer", "TrainResult"]
 
 
 @dataclass
 class TrainResult:
     """What :func:`train` returns. ``metrics`` are those of the last validation, ``history`` the rows of
     ``results.csv``, ``step_losses`` the loss of every step this process ran (not those before a resume);
-    ``model`` is the trained model (unwrapped, on the training device)."""
+    ``model`` is the trained model (unwrapped, on the training device; the EMA with ``ema``), ``stop_reason``
+    why the run ended before its last epoch (None when it did not)."""
 
     run_dir: Path
     best_map: float
@@ -68,20 +58,22 @@ class TrainResult:
     step_losses: list[float] = field(default_factory=list, repr=False)
     nonfinite_skipped: int = 0
     model: nn.Module | None = field(default=None, repr=False)
+    stop_reason: str | None = None
 
 
-def train(config: TrainConfig | None = None, **overrides: Any) -> TrainResult:
+def train(config: TrainConfig | None = None, *, callbacks: Sequence[Callback] = (), **overrides: Any) -> TrainResult:
     """Check the data, build the model from the dataset's class names, train, validate, write the run directory.
 
     ``config`` defaults to ``TrainConfig()``; keyword ``overrides`` are applied on top (unknown keys are refused
-    with the closest names). Launched by ``torchrun``, every process calls this; only rank 0 writes files.
+    with the closest names). ``callbacks`` (:class:`~ssd.training.callbacks.Callback`) run on every process after
+    the built-in ones. Launched by ``torchrun``, every process calls this; only rank 0 writes files.
     """
     base = config or TrainConfig()
     config = base.update(**overrides)
     info, device, created = ddp.setup(config.device)
     try:
         with plain_data_errors():
-            return Trainer(config, info, device, given=given_fields(base, overrides)).run()
+            return Trainer(config, info, device, given=given_fields(base, overrides), callbacks=callbacks).run()
     finally:
         ddp.cleanup(created)
 
@@ -89,31 +81,37 @@ def train(config: TrainConfig | None = None, **overrides: Any) -> TrainResult:
 class Trainer:
     """One training run (what :func:`train` drives): data, model, optimizer and schedule are set up on construction
     (``given``: the fields the caller set, see :func:`ssd.training.plan.plan_run`); :meth:`run` trains all remaining
-    epochs into the run directory, :meth:`train_step` does one step."""
+    epochs into the run directory, :meth:`train_step` does one step. ``callbacks`` run after the built-in ones."""
 
     def __init__(self, config: TrainConfig, info: ddp.DistInfo, device: torch.device, *,
-                 given: set[str] | None = None) -> None:
+                 given: set[str] | None = None, callbacks: Sequence[Callback] = ()) -> None:
         self.info, self.device = info, device
         self.log = print if info.is_main else (lambda *a, **k: None)
         self.plan = plan_run(config, given_fields(config) if given is None else given, self.log)
         self.config = config = self.plan.config
         self.run_dir = self.plan.run_dir
+        check_callbacks(callbacks)  # the built-in output callbacks write on rank 0 only
+        self.callbacks = [*(output_callbacks() if info.is_main else []),
+                          *([EarlyStopping(config.patience)] if config.patience else []), *callbacks]
         seed_everything(config.seed)
         spec = load_training_data(config.data, skip_invalid=config.skip_invalid, log=self.log)
         self.class_names = list(spec.class_names)
         self.category_ids = getattr(spec, "category_ids", None)  # the dataset's own ids (COCO), for predictions
         self.train_records = spec.records("train")
-        fallback = "val" if "val" in spec.splits else "test" if "test" in spec.splits else "train"
-        self.val_records = spec.records(fallback)
+        self.val_records = spec.records(validation_split(spec, config))
         if self.plan.state is not None:
             check_resumed_data(self.plan, self.class_names, len(self.train_records))
         self._setup_model(spec)
-        self._setup_optimization()
-        self.start_epoch, self.best_map, self.history, self.nonfinite = 0, -1.0, [], 0
+        self.optimizer, self.scheduler, self.scaler, self.amp_dtype = build_optimization(
+            self.model, config, self.steps, self.device, self.log)
+        self.ema = build_ema(self.model, config.ema_decay) if config.ema else None
+        self.start_epoch, self.epoch, self.best_map, self.best_epoch = 0, 0, -1.0, 0
+        self.history: list[dict[str, Any]] = []
         self.metrics: dict[str, Any] = {}
         self.step_losses: list[float] = []
+        self.nonfinite, self.stop_reason = 0, None
         if self.plan.state is not None:
-            self._restore(self.plan.state)
+            restore_training_state(self, self.plan.state)
         self.net: nn.Module = self.model
         if info.enabled:
             self.net = nn.parallel.DistributedDataParallel(  # a frozen backbone leaves parameters without gradients
@@ -144,81 +142,85 @@ class Trainer:
             raise DataError(f"{config.data}: the train split has {len(self.train_records)} image(s), fewer than one "
                             f"batch of {config.batch_size} per process; lower batch_size")
 
-    def _setup_optimization(self) -> None:
-        self.optimizer = build_optimizer(self.model, self.config)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, LRSchedule.from_config(self.config,
-                                                                                                  self.steps))
-        self.amp_dtype = amp_dtype(self.device) if self.config.amp else None
-        if self.config.amp and self.amp_dtype is None:
-            self.log(f"amp: {self.device} has no fast bfloat16/float16 path; training in float32")
-        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype == torch.float16)
+    @property
+    def eval_model(self) -> nn.Module:
+        """The weights that are evaluated and saved as ``model``: the EMA with ``ema``, else the trained model."""
+        return self.model if self.ema is None else self.ema.module
 
-    # ------------------------------------------------------------------------------------------------- state
-    def _restore(self, state: dict[str, Any]) -> None:
-        """Continue from a checkpoint's training state (the model was built from it)."""
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
-        self.start_epoch = state["epoch"] + 1
-        self.best_map = state["best_map"]
-        self.history = list(state["history"])
-        self.metrics = dict(state["metrics"])
-        self.nonfinite = state["nonfinite_skipped"]
+    def stop(self, reason: str) -> None:
+        """End the run after the current epoch (its checkpoints and row are still written) for ``reason``."""
+        self.stop_reason = reason
+        self.log(reason)
 
-    def _save(self, path: Path, epoch: int) -> None:
-        save_checkpoint(path, self.model, optimizer=self.optimizer.state_dict(),
-                        scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(), epoch=epoch,
-                        rng=rng_state(), metrics=checkpoint_metrics(self.metrics), best_map=self.best_map,
-                        history=self.history, nonfinite_skipped=self.nonfinite,
-                        train_config=self.config.to_dict(), train_images=len(self.train_records),
-                        category_ids=self.category_ids)
+    def _hook(self, name: str, *args: Any) -> None:
+        for callback in self.callbacks:
+            getattr(callback, name)(self, *args)
 
     # -------------------------------------------------------------------------------------------------- loop
     def run(self) -> TrainResult:
-        """Train the remaining epochs; the TensorBoard writer and progress bars are closed however the run ends."""
-        config, main = self.config, self.info.is_main
+        """Train the remaining epochs (until early stopping); ``on_teardown`` runs however the run ends."""
+        config = self.config
         if self.run_dir is None:
             self.run_dir = ddp.broadcast_object(make_run_dir(config.project, config.name, config.exist_ok)
-                                                if main else None)
-        if self.start_epoch >= config.epochs:
+                                                if self.info.is_main else None)
+        if self.info.is_main:
+            prepare_run_dir(self.run_dir, config)
+        if self.stop_reason:
+            self.log(f"{self.run_dir} already stopped: {self.stop_reason}")
+        elif self.start_epoch >= config.epochs:
             self.log(f"{self.run_dir}: all {config.epochs} epochs are already done")
         self.start_time = time.perf_counter() - (self.history[-1]["time"] if self.history else 0.0)
-        with RunOutput(self.run_dir, config, self.log) if main else nullcontext() as out:
-            if main and self.plan.state is None:
-                out.label_stats(self.train_records, self.class_names)
+        try:
+            self._hook("on_train_start")
             for epoch in range(self.start_epoch, config.epochs):
-                self._epoch(epoch, out)
-            if main:
-                out.finish(self.model, self.metrics, self.val_records, self.best_map)
+                if self.stop_reason:
+                    break
+                self.epoch = epoch
+                self._epoch(epoch)
+            self._hook("on_fit_end")
+            self.log(f"results saved to {self.run_dir} (best {config.metric} mAP {self.best_map:.4f})")
+        finally:
+            self._hook("on_teardown")
         return TrainResult(self.run_dir, self.best_map, self.metrics, self.history, self.step_losses, self.nonfinite,
-                           self.model)
+                           self.eval_model, self.stop_reason)
 
-    def _epoch(self, epoch: int, out: RunOutput | None) -> None:
+    def _epoch(self, epoch: int) -> None:
         """Train one epoch, validate when due, save ``last.pt`` (and ``best.pt``), log the row."""
         config = self.config
+        self._hook("on_epoch_start")
         skipped = self.nonfinite
         losses = self._train_epoch(epoch)
         ddp.broadcast_buffers(self.model)
-        self._check_finite(epoch, self.nonfinite - skipped)
+        if self.ema is not None:  # its BatchNorm statistics averaged each rank's own batches
+            ddp.broadcast_buffers(self.ema.module)
+        check_finite(self.model, epoch, self.steps, self.nonfinite - skipped, self.nonfinite)
         row = {"epoch": epoch + 1, **losses, "lr": self.optimizer.param_groups[0]["lr"]}
+        improved = False
         if epoch == config.epochs - 1 or (epoch + 1) % config.val_interval == 0:
-            self.metrics = evaluate_split(self.net, self.val_loader, class_names=self.class_names,
-                                          metric=config.metric, device=self.device, channels_last=self.channels_last,
-                                          score_threshold=config.score_threshold, iou_threshold=config.iou_threshold,
-                                          amp_dtype=self.amp_dtype, progress=self.info.is_main and not config.quiet)
-            row["val/mAP"] = self.metrics["map"]
+            row.update(self._validate())
+            improved = self.metrics["map"] > self.best_map
+            if improved:
+                self.best_map, self.best_epoch = self.metrics["map"], epoch + 1
+            self._hook("on_val_end", self.metrics)
         row["time"] = time.perf_counter() - self.start_time
         self.history.append(row)
-        improved = bool(self.metrics) and self.metrics["map"] > self.best_map
-        if improved:
-            self.best_map = self.metrics["map"]
         if self.info.is_main:
-            self._save(self.run_dir / "weights" / "last.pt", epoch)
+            save_training_state(self, self.run_dir / "weights" / "last.pt", resume=True)
             if improved:
-                self._save(self.run_dir / "weights" / "best.pt", epoch)
-            out.epoch(row, self.history)
+                save_training_state(self, self.run_dir / "weights" / "best.pt", resume=False)
         ddp.barrier()
+        self._hook("on_epoch_end", row)
+
+    def _validate(self) -> dict[str, float]:
+        """Score the validation split with :attr:`eval_model` (``self.metrics``) and its loss; the row's values."""
+        config, model = self.config, self.eval_model
+        self.metrics = evaluate_split(model, self.val_loader, class_names=self.class_names, metric=config.metric,
+                                      device=self.device, channels_last=self.channels_last,
+                                      score_threshold=config.score_threshold, iou_threshold=config.iou_threshold,
+                                      amp_dtype=self.amp_dtype, progress=self.info.is_main and not config.quiet)
+        losses = validation_loss(model, self.val_loader, self.loss_fn, self.device, channels_last=self.channels_last,
+                                 amp_dtype=self.amp_dtype)
+        return {**losses, "val/mAP": self.metrics["map"]}
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         config = self.config
@@ -234,6 +236,7 @@ class Trainer:
                   desc=f"epoch {epoch + 1}/{config.epochs}", disable=config.quiet or not self.info.is_main) as bar:
             for step, batch in enumerate(bar):
                 values = self.train_step(batch, epoch, step)
+                self._hook("on_train_batch_end", step, values)
                 if values is None:
                     continue
                 totals += torch.tensor(values, dtype=torch.float64)
@@ -248,14 +251,20 @@ class Trainer:
                 "nonfinite_skipped": self.nonfinite}
 
     def train_step(self, batch: dict[str, Any], epoch: int = 0, step: int = 0) -> list[float] | None:
-        """One optimization step on a :func:`ssd.data.collate` batch: forward, loss, backward, clipping, optimizer
-        and lr schedule. Returns ``[loss, loc_loss, cls_loss]``, or None when the step was skipped because the loss
-        was not finite on some rank (raises :class:`NonFiniteLossError` unless ``skip_nonfinite``)."""
+        """One optimization step on a :func:`ssd.data.collate` batch: forward, loss, backward, clipping, optimizer,
+        lr schedule and EMA update. Returns ``[loss, loc_loss, cls_loss]``, or None when the step was skipped because
+        the loss was not finite on some rank (raises :class:`~ssd.training.guards.NonFiniteLossError` unless
+        ``skip_nonfinite``)."""
         self.optimizer.zero_grad(set_to_none=True)
-        loc_loss, cls_loss = self._forward(batch)
+        loc_loss, cls_loss = batch_loss(self.net, self.loss_fn, self.priors, batch, self.device,
+                                        channels_last=self.channels_last, amp_dtype=self.amp_dtype)
         loss = loc_loss + cls_loss
         if ddp.any_true(not bool(torch.isfinite(loss)), self.device):
-            self._nonfinite(epoch, step, loss, batch)
+            where = f"epoch {epoch + 1}, step {step + 1} (iteration {epoch * self.steps + step + 1})"
+            if not self.config.skip_nonfinite:
+                raise nonfinite_loss_error(where, loss.item(), batch["paths"])
+            self.nonfinite += 1
+            self.log(f"skipped a non-finite loss at {where} ({self.nonfinite} so far)")
             self.scheduler.step()
             return None
         self.scaler.scale(loss).backward()
@@ -265,43 +274,7 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.scheduler.step()
+        if self.ema is not None:
+            self.ema.update_parameters(self.model)
         return torch.stack([loss, loc_loss, cls_loss]).detach().tolist()
 
-    def _forward(self, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        memory_format = torch.channels_last if self.channels_last else torch.contiguous_format
-        images = batch["images"].to(self.device, non_blocking=True).contiguous(memory_format=memory_format)
-        boxes, labels = batch["boxes"].to(self.device), batch["labels"].to(self.device)
-        with autocast(self.device, self.amp_dtype):
-            loc, logits = self.net(images)
-        return self.loss_fn(loc.float(), logits.float(), self.priors, boxes, labels)
-
-    def _nonfinite(self, epoch: int, step: int, loss: Tensor, batch: dict[str, Any]) -> None:
-        where = f"epoch {epoch + 1}, step {step + 1} (iteration {epoch * self.steps + step + 1})"
-        if self.config.skip_nonfinite:
-            self.nonfinite += 1
-            self.log(f"skipped a non-finite loss at {where} ({self.nonfinite} so far)")
-            return
-        files = "\n".join(f"  {p}" for p in batch["paths"])
-        raise NonFiniteLossError(
-            f"non-finite loss ({loss.item()}) at {where}; nothing was saved for this step. The batch's images:\n"
-            f"{files}\nCheck these files' boxes (`ssd check`), lower lr, or set skip_nonfinite to skip such steps.")
-
-    def _check_finite(self, epoch: int, skipped: int) -> None:
-        """Stop before anything is saved for ``epoch`` when it skipped every step, the run skipped more than
-        :data:`NONFINITE_SHARE` of its steps (and more than one), or the weights hold NaN/inf (same on every rank)."""
-        done = (epoch + 1) * self.steps
-        kept = f"weights/last.pt holds epoch {epoch}" if epoch else "nothing was saved"
-        if skipped == self.steps or self.nonfinite > max(1, NONFINITE_SHARE * done):
-            which = (f"every step of epoch {epoch + 1} ({skipped})" if skipped == self.steps else
-                     f"more than the {NONFINITE_SHARE:.0%} skip_nonfinite tolerates")
-            raise NonFiniteLossError(
-                f"training diverged: {self.nonfinite} of {done} steps ({self.nonfinite / done:.1%}) had a non-finite "
-                f"loss and were skipped, {which}. The run stopped before saving epoch {epoch + 1} ({kept}). Lower "
-                "lr, check the data (`ssd check`), or train without amp.")
-        bad = [name for name, t in self.model.state_dict().items()
-               if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-        if bad:
-            raise NonFiniteLossError(
-                f"training diverged: after epoch {epoch + 1} the weights hold NaN/inf ({few(bad)}). Nothing was saved "
-                f"for this epoch ({kept}). Lower lr, keep gradient clipping on (grad_clip), or check the data "
-                "(`ssd check`).")

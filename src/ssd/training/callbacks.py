@@ -1,0 +1,81 @@
+"""Trainer callbacks: extension points of a run, without editing the trainer.
+
+A callback subclasses :class:`Callback` and overrides the hooks it needs; each receives the
+:class:`~ssd.training.trainer.Trainer` (its ``config``, ``run_dir``, ``epoch``, ``history``, ``metrics``,
+``best_map``, ``model``, ``eval_model``, ``log``, ...). ``train(callbacks=[...])`` runs them on every process after
+the built-in ones (results.csv, TensorBoard, figures: :mod:`ssd.training.outputs`, rank 0 only), in list order.
+The hooks of one run, in order::
+
+    on_train_start                  the run directory exists, before the first remaining epoch
+      on_epoch_start                per epoch (``trainer.epoch``: 0-based)
+        on_train_batch_end          per optimization step: losses [loss, loc, cls], None for a skipped step
+      on_val_end                    when the epoch was validated (``metrics``; best_map/best_epoch updated)
+      on_epoch_end                  after last.pt (and best.pt) were saved: ``row`` is the results.csv row
+    on_fit_end                      after the last epoch, or the one early stopping ended the run at
+    on_teardown                     always, however the run ends (close files here)
+
+A callback stops the run after the current epoch with ``trainer.stop(reason)``; called by ``on_val_end`` or an
+earlier hook, the reason is also saved in that epoch's ``last.pt``, so ``--resume`` keeps the run stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ssd.training.trainer import Trainer
+
+__all__ = ["Callback", "EarlyStopping", "HOOKS", "check_callbacks"]
+
+HOOKS = ("on_train_start", "on_epoch_start", "on_train_batch_end", "on_val_end", "on_epoch_end", "on_fit_end",
+         "on_teardown")
+
+
+class Callback:
+    """Base class with a no-op method per hook (see the module docstring for when each runs)."""
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        pass
+
+    def on_epoch_start(self, trainer: Trainer) -> None:
+        pass
+
+    def on_train_batch_end(self, trainer: Trainer, step: int, losses: list[float] | None) -> None:
+        pass
+
+    def on_val_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        pass
+
+    def on_epoch_end(self, trainer: Trainer, row: dict[str, Any]) -> None:
+        pass
+
+    def on_fit_end(self, trainer: Trainer) -> None:
+        pass
+
+    def on_teardown(self, trainer: Trainer) -> None:
+        pass
+
+
+class EarlyStopping(Callback):
+    """Stop once ``patience`` epochs passed since the best validation mAP (checked at each validation; every rank
+    sees the same gathered metrics, so all stop together)."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+
+    def on_val_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+        waited = trainer.epoch + 1 - trainer.best_epoch
+        if waited >= self.patience:
+            trainer.stop(f"early stopping after epoch {trainer.epoch + 1}: no {trainer.config.metric} mAP "
+                         f"improvement in the {waited} epochs since epoch {trainer.best_epoch} (best "
+                         f"{trainer.best_map:.4f}, saved in weights/best.pt); --patience {self.patience}")
+
+
+def check_callbacks(callbacks: Sequence[Callback]) -> None:
+    """Refuse, before anything runs, an object that lacks one of the :data:`HOOKS`."""
+    for callback in callbacks:
+        missing = [hook for hook in HOOKS if not callable(getattr(callback, hook, None))]
+        if missing:
+            raise TypeError(f"callback {callback!r} lacks {', '.join(missing)}: subclass "
+                            "ssd.training.callbacks.Callback")

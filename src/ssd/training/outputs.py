@@ -1,0 +1,112 @@
+"""What rank 0 writes into the run directory besides the checkpoints, as trainer callbacks: ``results.csv`` and
+``stop.txt`` (:class:`ResultsCSV`), TensorBoard scalars (:class:`TensorBoardLogger`, when tensorboard is
+installed), and the figures (:class:`RunFigures`). :func:`output_callbacks` lists them for a run."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ssd.data.images import read_image
+from ssd.plots import RESULTS_COLUMNS, draw_detections, plot_label_stats, plot_pr_curves, plot_results, save_image
+from ssd.training.callbacks import Callback
+from ssd.training.rundir import STOP_FILE
+
+if TYPE_CHECKING:
+    from ssd.training.trainer import Trainer
+
+__all__ = ["ResultsCSV", "TensorBoardLogger", "RunFigures", "output_callbacks", "write_results_csv"]
+
+
+def write_results_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    """Rewrite ``results.csv`` from the run history (so a resumed run never holds duplicate epochs)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=RESULTS_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: row.get(k, "") for k in RESULTS_COLUMNS})
+
+
+class ResultsCSV(Callback):
+    """``results.csv`` and one printed line (all numbers with ``quiet``, else the mAP when validated) after every
+    epoch; ``stop.txt`` with the reason when the run stopped early."""
+
+    def on_epoch_end(self, trainer: Trainer, row: dict[str, Any]) -> None:
+        write_results_csv(trainer.run_dir / "results.csv", trainer.history)
+        config = trainer.config
+        if config.quiet:
+            shown = ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and isinstance(v, float))
+            print(f"epoch {row['epoch']}/{config.epochs}: {shown}")
+        elif "val/mAP" in row:
+            print(f"epoch {row['epoch']}/{config.epochs}: {config.metric} mAP {row['val/mAP']:.4f}")
+
+    def on_fit_end(self, trainer: Trainer) -> None:
+        if trainer.stop_reason:
+            (trainer.run_dir / STOP_FILE).write_text(trainer.stop_reason + "\n")
+
+
+class TensorBoardLogger(Callback):
+    """The numbers of every results.csv row as TensorBoard scalars in the run directory; skipped, with one logged
+    line, when the ``tensorboard`` package is not installed."""
+
+    def __init__(self) -> None:
+        self.writer = None
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # heavy, and an optional extra
+        except ImportError:
+            trainer.log("tensorboard is not installed: no TensorBoard scalars for this run "
+                        "(pip install ssd-detect[tensorboard])")
+            return
+        self.writer = SummaryWriter(str(trainer.run_dir))
+
+    def on_epoch_end(self, trainer: Trainer, row: dict[str, Any]) -> None:
+        if self.writer is None:
+            return
+        for key, value in row.items():
+            if key != "epoch":
+                self.writer.add_scalar(key, value, row["epoch"])
+        self.writer.flush()
+
+    def on_teardown(self, trainer: Trainer) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+class RunFigures(Callback):
+    """``labels.png`` when a run starts (not again on resume); at the end ``results.png``, ``pr_curves.png`` of the
+    last validation and ``num_plot_images`` validation images drawn with the evaluated model's predictions
+    (score >= 0.3) in ``val_predictions/``."""
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        if trainer.plan.state is None:
+            objects = [o for record in trainer.train_records for o in record.objects]
+            plot_label_stats([o.box for o in objects], [o.label for o in objects], trainer.class_names,
+                             trainer.run_dir / "labels.png")
+
+    @torch.no_grad()
+    def on_fit_end(self, trainer: Trainer) -> None:
+        run_dir, class_names = trainer.run_dir, trainer.class_names
+        plot_results(run_dir / "results.csv", run_dir / "results.png")
+        if trainer.metrics:
+            plot_pr_curves(trainer.metrics, class_names, run_dir / "pr_curves.png")
+        out_dir = run_dir / "val_predictions"
+        out_dir.mkdir(exist_ok=True)
+        model = trainer.eval_model
+        model.eval()
+        device = model.priors.device
+        for record in trainer.val_records[: trainer.config.num_plot_images]:
+            image = read_image(record.path)
+            found = model.predict([image.to(device)], score_threshold=0.3)[0]
+            drawn = draw_detections(image, found["boxes"], found["labels"], found["scores"], class_names)
+            save_image(drawn, out_dir / f"{record.path.stem}.jpg")
+
+
+def output_callbacks() -> list[Callback]:
+    """The run directory's writers (the trainer adds them on rank 0 only)."""
+    return [ResultsCSV(), TensorBoardLogger(), RunFigures()]

@@ -1,0 +1,52 @@
+"""A training run on disk: the run directory, its layout, and its creation.
+
+A run directory ``<project>/<name>`` (auto-incremented, never overwritten) holds::
+
+    config.yaml        the resolved TrainConfig: what really ran (everything needed to reproduce the run)
+    results.csv        one row per epoch (columns: ssd.plots.RESULTS_COLUMNS)
+    results.png        loss and mAP curves
+    pr_curves.png      per-class precision/recall curves of the last validation
+    labels.png         label and box statistics of the training split
+    val_predictions/   a few validation images with predictions drawn
+    events.out.*       TensorBoard scalars (when tensorboard is installed)
+    stop.txt           why the run stopped before its last epoch (early stopping, --patience)
+    weights/last.pt    after every epoch (model and the training state: ssd.training.plan.TRAINING_STATE)
+    weights/best.pt    at the best validation mAP
+
+With ``--ema`` the ``model`` of both checkpoints is the exponential moving average of the weights (what is
+evaluated and deployed); ``last.pt`` also keeps the raw weights for ``--resume`` (``ssd.training.ema``).
+The files are written by the output callbacks of :mod:`ssd.training.outputs`, the checkpoints by the trainer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ssd.files import remove_stale_temporaries
+from ssd.training.config import TrainConfig
+
+__all__ = ["make_run_dir", "prepare_run_dir", "STOP_FILE"]
+
+STOP_FILE = "stop.txt"
+
+
+def make_run_dir(project: str | Path, name: str, exist_ok: bool = False) -> Path:
+    """``project/name``, or ``name2``, ``name3``, ... when taken (created here, so concurrent runs never share one)."""
+    project = Path(project)
+    project.mkdir(parents=True, exist_ok=True)
+    index = 1
+    while True:
+        path = project / (name if index == 1 else f"{name}{index}")
+        try:
+            path.mkdir(exist_ok=exist_ok)
+            return path
+        except FileExistsError:
+            index += 1
+
+
+def prepare_run_dir(run_dir: Path, config: TrainConfig) -> None:
+    """Create ``weights/``, remove the temporary files a run killed while writing a checkpoint left there, and
+    write ``config.yaml`` (a resumed run rewrites it: device, workers or epochs may have changed)."""
+    (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(run_dir / "weights")
+    config.to_yaml(run_dir / "config.yaml")
