@@ -1,11 +1,11 @@
 """The inference pipeline: ``preprocess -> backend -> postprocess -> pixels``, written once for every caller.
 
-- :func:`detect_batch`: a preprocessed batch through a backend (:class:`~ssd.inference.backends.TorchBackend`,
-  :class:`~ssd.inference.backends.OnnxBackend`) or a plain SSD module,
+- :func:`detect_batch`: a preprocessed batch through a backend (:class:`~ssd.inference.registry.Backend`) or a
+  plain SSD module,
   :func:`ssd.postprocess.postprocess_detections` (or the graph's own NMS) and :func:`ssd.preprocess.to_pixels`.
   Used by :class:`Detector`, evaluation and the export check.
 - :class:`Detector`: a backend plus the input handling (paths, PIL images, numpy arrays, tensors) and batching;
-  :func:`load` makes one from a checkpoint, a run directory or an exported ONNX file.
+  :func:`load` makes one from anything :func:`~ssd.inference.registry.open_backend` opens.
 
 Thresholds have one vocabulary: ``score_threshold`` (keep scores strictly above it), ``iou_threshold`` (per-class
 NMS overlap), ``max_detections`` (per image). Every output box is pixel ``xyxy`` of the original image; labels are
@@ -25,14 +25,12 @@ from torch import Tensor, nn
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ssd._utils import unwrap_model
-from ssd.inference.backends import OnnxBackend, TorchBackend, check_category_ids
+from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.postprocess import postprocess_detections
 from ssd.preprocess import preprocess, to_pixels
 
-__all__ = ["Backend", "Detector", "Result", "check_thresholds", "detect_batch", "load", "to_image"]
-
-Backend = TorchBackend | OnnxBackend
+__all__ = ["Detector", "Result", "check_thresholds", "detect_batch", "load", "to_image"]
 
 
 @dataclass
@@ -143,7 +141,7 @@ class Detector:
     (run as a :class:`~ssd.inference.backends.TorchBackend` on its own device)."""
 
     def __init__(self, backend: Backend | nn.Module):
-        self.backend = TorchBackend(backend) if isinstance(backend, nn.Module) else backend
+        self.backend = open_backend(backend)
 
     @property
     def class_names(self) -> list[str]:
@@ -215,29 +213,12 @@ class Detector:
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", half: bool = False) -> Detector:
-    """A :class:`Detector` for a checkpoint (``.pt``), a run directory (its best checkpoint) or an exported ``.onnx``.
+    """A :class:`Detector` for a checkpoint (``.pt``), a run directory (its best checkpoint) or an exported model
+    (``.onnx``, any runtime of :data:`ssd.inference.registry.BACKENDS`): see
+    :func:`ssd.inference.registry.open_backend`.
 
     ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available). ``half``: float16 inference
     (PyTorch on CUDA only). A checkpoint's ``category_ids`` (the dataset's ids, when training stored them) become
     :attr:`Detector.category_ids`. Raises ``CheckpointError`` for a missing file or one not written by this library.
     """
-    from ssd.device import resolve_device
-    from ssd.weights.resolve import resolve_weights
-
-    path = resolve_weights(path)
-    device = resolve_device(device)
-    if path.suffix.lower() == ".onnx":
-        if half:
-            raise ValueError(f"half precision applies to PyTorch checkpoints, not to the ONNX model {path}")
-        return Detector(OnnxBackend(path, device))
-    from ssd.models import model_from_checkpoint
-    from ssd.models.build import read_weights
-    from ssd.weights.checkpoint import CheckpointError
-
-    ckpt = read_weights(path)  # a checkpoint, or a foreign detector imported
-    try:
-        model = model_from_checkpoint(ckpt)
-    except CheckpointError as e:  # it names "the checkpoint": say which file
-        raise CheckpointError(f"{path}: {e}") from None
-    category_ids = check_category_ids(ckpt.get("category_ids"), model.num_classes, str(path))
-    return Detector(TorchBackend(model, device, half, category_ids=category_ids))
+    return Detector(open_backend(path, device, half))
