@@ -5,9 +5,10 @@ runtime by artifact kind, and a registered runtime is opened like the built-in o
 import pytest
 import torch
 
+from ssd.detect import detect_batch
 from ssd.inference import registry
 from ssd.inference.backends import TorchBackend
-from ssd.inference.pipeline import Detector, detect_batch, load
+from ssd.inference.pipeline import Detector, load
 from ssd.inference.registry import BACKENDS, backend_kind, open_backend, register_backend
 from ssd.preprocess import preprocess, to_pixels
 from ssd.weights.checkpoint import CheckpointError, save_checkpoint

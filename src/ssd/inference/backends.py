@@ -22,6 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from ssd._utils import as_hw, compact_size, unwrap_model
+from ssd.detect import model_input
+from ssd.device import prepare_model
 from ssd.weights.checkpoint import CheckpointError
 
 __all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "check_category_ids", "open_torch",
@@ -51,8 +53,9 @@ def check_category_ids(ids: Any, num_classes: int, source: str, error: type[Exce
 class TorchBackend:
     """A PyTorch :class:`ssd.models.SSD` (unwrapped from DDP / ``torch.compile``), put in eval mode on ``device``.
 
-    ``device``: default the model's own; ``half``: float16 autocast (CUDA only). The batch is moved to ``device``
-    and made channels-last when the model's configuration recommends it. ``source``: the checkpoint it came from.
+    ``device``: default the model's own; ``half``: float16 autocast (CUDA only). The model and each batch are moved
+    to ``device`` and made channels-last when the model's configuration recommends it. ``source``: the checkpoint
+    it came from.
     """
 
     name = "torch"
@@ -65,7 +68,8 @@ class TorchBackend:
         self.device = torch.device(device) if device is not None else model.priors.device
         if half and self.device.type != "cuda":
             raise ValueError(f"half precision needs a CUDA device, got device={str(self.device)!r}")
-        self.model = model.to(self.device).eval()
+        self.model, self.channels_last = prepare_model(model, self.device, None)
+        self.model.eval()
         self.half = half
         config = model.config
         self.class_names = list(model.class_names)
@@ -80,9 +84,7 @@ class TorchBackend:
 
     def __call__(self, batch: Tensor) -> tuple[Tensor, Tensor]:
         """``batch [B, 3, S, S]`` -> ``(loc [B, P, 4], logits [B, P, K+1])`` (float16 logits with ``half``)."""
-        batch = batch.to(self.device)
-        if self.model.config.channels_last:
-            batch = batch.contiguous(memory_format=torch.channels_last)
+        batch = model_input(batch.to(self.device), self.channels_last)
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
             return self.model(batch)
 
