@@ -20,6 +20,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ssd.data.images import IMAGE_SUFFIXES, is_image, read_image
+from ssd.files import make_run_dir
 from ssd.inference.pipeline import Detector, Result
 from ssd.inference.tiling import TILE_OVERLAP, check_tile
 from ssd.settings import PREDICT, check_thresholds
@@ -105,8 +106,6 @@ def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, fmt: str) -> tup
     if exist_ok:
         save_dir.mkdir(parents=True, exist_ok=True)
     else:
-        from ssd.training.run import make_run_dir
-
         save_dir = make_run_dir(save_dir.parent, save_dir.name)
     plan = output_paths(files, save_dir)
     inputs = {f.resolve(): f for f in files}
