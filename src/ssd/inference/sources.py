@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ssd.data.images import IMAGE_SUFFIXES, is_image, read_image
 from ssd.files import make_run_dir
+from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.pipeline import Detector, Result
 from ssd.inference.tiling import TILE_OVERLAP, check_tile
 from ssd.settings import PREDICT, check_thresholds
@@ -250,8 +251,6 @@ def _write_results(path: Path, entries: list[dict], detector: Detector, fmt: str
     if fmt == "json":
         content = {"class_names": detector.class_names, "images": entries}
     else:
-        from ssd.evaluation.metrics import to_coco_detections
-
         content = to_coco_detections([
             {key: [d[field] for d in entry["detections"]] for key, field in
              (("boxes", "box"), ("scores", "score"), ("labels", "label"))}
