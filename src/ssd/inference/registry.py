@@ -126,7 +126,7 @@ def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.
         return weights
     from ssd.weights.resolve import resolve_weights
 
+    torch_device = resolve_device("cpu" if device is None else device)  # a bad option before a missing file
     path = resolve_weights(weights)
-    torch_device = resolve_device("cpu" if device is None else device)
     return BACKENDS[backend_kind(path)].open(path, torch_device, half)
 
