@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from ssd.evaluation.metrics import evaluate_coco, evaluate_voc, to_coco_detections, voc_ap
+from ssd.evaluation.metrics import evaluate_coco, evaluate_voc, voc_ap
+from ssd.inference.coco_results import to_coco_detections
 
 
 def _t(rows, dtype=torch.float32):

@@ -15,12 +15,12 @@ import ssd.device as device
 from conftest import write_yolo_dataset
 from ssd.data.records import DataError
 from ssd.evaluation.evaluator import evaluate
+from ssd.files import make_run_dir
 from ssd.settings import ConfigError
 from ssd.training import optim, state, trainer
 from ssd.training.config import TrainConfig
 from ssd.training.guards import NonFiniteLossError
 from ssd.training.optim import LRSchedule, param_groups
-from ssd.training.rundir import make_run_dir
 from ssd.training.trainer import train
 
 # ssd_tiny at 128 px with the light augmentation: seconds per epoch of the synthetic fixture on 2 cores

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_area
 
-__all__ = ["voc_ap", "evaluate_voc", "evaluate_coco", "to_coco_detections", "COCO_STATS"]
+__all__ = ["voc_ap", "evaluate_voc", "evaluate_coco", "COCO_STATS"]
 
 # Names of pycocotools' first six ``COCOeval.stats`` (bbox, maxDets=100).
 COCO_STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
@@ -159,11 +159,11 @@ def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequenc
     """PASCAL VOC average precision per class at one IoU threshold (see the module docstring for the rules).
 
     Returns:
-        ``dict(map, iou_threshold, use_07_metric, per_class)``: ``map`` is the mean AP over classes that have at least
-        one non-difficult ground truth (``nan`` when none has); ``per_class`` maps each class name (``class_names``,
-        default ``"class0".."classK-1"``), in label order, to ``dict(ap, num_gt, num_det, precision, recall)``:
-        ``ap`` (``nan`` without ground truth), ``num_gt`` non-difficult objects, ``num_det`` detections given,
-        ``precision`` / ``recall`` ``[D]`` float64 arrays after each detection by decreasing score (detections
+        ``dict(map, match_iou_threshold, use_07_metric, per_class)``: ``map`` is the mean AP over classes that have at
+        least one non-difficult ground truth (``nan`` when none has); ``per_class`` maps each class name
+        (``class_names``, default ``"class0".."classK-1"``), in label order, to ``dict(ap, num_gt, num_det, precision,
+        recall)``: ``ap`` (``nan`` without ground truth), ``num_gt`` non-difficult objects, ``num_det`` detections
+        given, ``precision`` / ``recall`` ``[D]`` float64 arrays after each detection by decreasing score (detections
         matched to difficult objects left out; empty without ground truth).
     """
     names = _check_inputs(detections, ground_truths, num_classes, class_names)
@@ -203,36 +203,11 @@ def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequenc
             aps.append(ap)
         per_class[names[k]] = {"ap": ap, "num_gt": num_gt[k], "num_det": num_det[k], "precision": precision,
                                "recall": recall}
-    return {"map": float(np.mean(aps)) if aps else float("nan"), "iou_threshold": float(iou_threshold),
+    return {"map": float(np.mean(aps)) if aps else float("nan"), "match_iou_threshold": float(iou_threshold),
             "use_07_metric": bool(use_07_metric), "per_class": per_class}
 
 
 # --------------------------------------------------------------------------------------------------- COCO
-def to_coco_detections(detections: Sequence[Mapping[str, Any]], image_ids: Sequence[Any] | None = None,
-                       category_ids: Sequence[int] | Mapping[int, int] | None = None) -> list[dict[str, Any]]:
-    """COCO results format: one ``dict(image_id, category_id, bbox=[x, y, w, h] pixels, score)`` per detection.
-
-    Args:
-        detections: per-image dicts (pixel xyxy, see the module docstring).
-        image_ids: one id per image; default each dict's ``image_id`` key, else its index in ``detections``.
-        category_ids: label ``k`` -> category id (a sequence indexed by label, or a mapping); default the label
-            itself (``0..K-1``). Pass the dataset's original ids to score with the official annotation file.
-    """
-    if image_ids is not None and len(image_ids) != len(detections):
-        raise ValueError(f"{len(image_ids)} image ids for {len(detections)} images")
-    results = []
-    for index, item in enumerate(detections):
-        image_id = image_ids[index] if image_ids is not None else item.get("image_id", index)
-        boxes = _as_tensor(item["boxes"], torch.float64).reshape(-1, 4)
-        xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
-        labels = _as_tensor(item["labels"], torch.int64).reshape(-1).tolist()
-        scores = _as_tensor(item["scores"], torch.float64).reshape(-1).tolist()
-        for box, label, score in zip(xywh, labels, scores):
-            category = label if category_ids is None else category_ids[label]
-            results.append({"image_id": image_id, "category_id": int(category), "bbox": box, "score": score})
-    return results
-
-
 def _coco(images: list[dict], annotations: list[dict], categories: list[dict]):
     from pycocotools.coco import COCO
 

@@ -21,8 +21,11 @@ from tqdm import tqdm
 
 from ssd._utils import require
 from ssd.data.images import IMAGE_SUFFIXES, is_image, read_image
-from ssd.inference.pipeline import Detector, Result, check_thresholds
+from ssd.files import make_run_dir
+from ssd.inference.coco_results import to_coco_detections
+from ssd.inference.pipeline import Detector, Result
 from ssd.inference.tiling import TILE_OVERLAP, check_tile
+from ssd.settings import PREDICT, check_thresholds
 
 __all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
 
@@ -105,8 +108,6 @@ def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, fmt: str) -> tup
     if exist_ok:
         save_dir.mkdir(parents=True, exist_ok=True)
     else:
-        from ssd.training.rundir import make_run_dir
-
         save_dir = make_run_dir(save_dir.parent, save_dir.name)
     plan = output_paths(files, save_dir)
     inputs = {f.resolve(): f for f in files}
@@ -122,9 +123,9 @@ def predict_source(
     source: str | Path,
     save_dir: str | Path = "runs/predict",
     *,
-    score_threshold: float = 0.25,
-    iou_threshold: float = 0.45,
-    max_detections: int = 100,
+    score_threshold: float = PREDICT.score_threshold,
+    iou_threshold: float = PREDICT.iou_threshold,
+    max_detections: int = PREDICT.max_detections,
     batch_size: int = 8,
     save_images: bool = True,
     fmt: str = "json",
@@ -251,8 +252,6 @@ def _write_results(path: Path, entries: list[dict], detector: Detector, fmt: str
     if fmt == "json":
         content = {"class_names": detector.class_names, "images": entries}
     else:
-        from ssd.evaluation.metrics import to_coco_detections
-
         content = to_coco_detections([
             {key: [d[field] for d in entry["detections"]] for key, field in
              (("boxes", "box"), ("scores", "score"), ("labels", "label"))}

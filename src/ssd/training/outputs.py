@@ -12,6 +12,7 @@ import torch
 
 from ssd.data.images import read_image
 from ssd.plots import RESULTS_COLUMNS, draw_detections, plot_label_stats, plot_pr_curves, plot_results, save_image
+from ssd.settings import PREDICT
 from ssd.training.callbacks import Callback
 from ssd.training.rundir import STOP_FILE
 
@@ -81,7 +82,7 @@ class TensorBoardLogger(Callback):
 class RunFigures(Callback):
     """``labels.png`` when a run starts (not again on resume); at the end ``results.png``, ``pr_curves.png`` of the
     last validation and ``num_plot_images`` validation images drawn with the evaluated model's predictions
-    (score >= 0.3) in ``val_predictions/``."""
+    (thresholds :data:`ssd.settings.PREDICT`) in ``val_predictions/``."""
 
     def on_train_start(self, trainer: Trainer) -> None:
         if trainer.plan.state is None:
@@ -102,7 +103,7 @@ class RunFigures(Callback):
         device = model.priors.device
         for record in trainer.val_records[: trainer.config.num_plot_images]:
             image = read_image(record.path)
-            found = model.predict([image.to(device)], score_threshold=0.3)[0]
+            found = model.predict([image.to(device)], **PREDICT.as_kwargs())[0]
             drawn = draw_detections(image, found["boxes"], found["labels"], found["scores"], class_names)
             save_image(drawn, out_dir / f"{record.path.stem}.jpg")
 

@@ -25,23 +25,9 @@ from pathlib import Path
 from ssd.files import remove_stale_temporaries
 from ssd.training.config import TrainConfig
 
-__all__ = ["make_run_dir", "prepare_run_dir", "STOP_FILE"]
+__all__ = ["prepare_run_dir", "STOP_FILE"]
 
 STOP_FILE = "stop.txt"
-
-
-def make_run_dir(project: str | Path, name: str, exist_ok: bool = False) -> Path:
-    """``project/name``, or ``name2``, ``name3``, ... when taken (created here, so concurrent runs never share one)."""
-    project = Path(project)
-    project.mkdir(parents=True, exist_ok=True)
-    index = 1
-    while True:
-        path = project / (name if index == 1 else f"{name}{index}")
-        try:
-            path.mkdir(exist_ok=exist_ok)
-            return path
-        except FileExistsError:
-            index += 1
 
 
 def prepare_run_dir(run_dir: Path, config: TrainConfig) -> None:

@@ -27,6 +27,7 @@ from ssd.data.loader import plain_data_errors
 from ssd.data.records import DataError, DatasetSpec
 from ssd.device import prepare_model
 from ssd.evaluation.evaluator import evaluate_split, split_loader
+from ssd.files import make_run_dir
 from ssd.loss import MultiBoxLoss
 from ssd.settings import ConfigError
 from ssd.training.callbacks import Callback, EarlyStopping, check_callbacks
@@ -36,7 +37,7 @@ from ssd.training.guards import check_finite, nonfinite_loss_error
 from ssd.training.optim import build_optimization
 from ssd.training.outputs import output_callbacks
 from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run, validation_split
-from ssd.training.rundir import make_run_dir, prepare_run_dir
+from ssd.training.rundir import prepare_run_dir
 from ssd.training.state import epoch_seed, restore_training_state, save_training_state, seed_everything
 from ssd.training.validation import batch_loss, validation_loss
 from ssd.weights.finetune import set_backbone_trainable
