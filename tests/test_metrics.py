@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from ssd.evaluation.metrics import evaluate_coco, evaluate_voc, to_coco_detections, voc_ap
+from ssd.evaluation.coco import evaluate_coco
+from ssd.evaluation.metrics import evaluate_voc, to_coco_detections, voc_ap
 
 
 def _t(rows, dtype=torch.float32):

@@ -31,7 +31,8 @@ from ssd.data.images import read_image
 from ssd.data.load import load_training_data
 from ssd.data.records import ImageRecord
 from ssd.device import autocast, prepare_model, resolve_device
-from ssd.evaluation.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
+from ssd.evaluation.coco import COCO_STATS, evaluate_coco
+from ssd.evaluation.metrics import evaluate_voc, to_coco_detections
 from ssd.inference.pipeline import detect_batch
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.models import model_from_checkpoint
@@ -201,7 +202,7 @@ def score_detections(detections: Sequence[Mapping[str, Any]], ground_truths: Seq
     """Score per-image detections with ``metric`` (a key of :data:`METRICS`).
 
     Returns the dict of :func:`ssd.evaluation.metrics.evaluate_voc` (``voc07``, ``voc``: AP@0.5) or
-    :func:`~ssd.evaluation.metrics.evaluate_coco` (``coco``), always with ``map`` (the headline number) and
+    :func:`~ssd.evaluation.coco.evaluate_coco` (``coco``), always with ``map`` (the headline number) and
     ``per_class``, plus ``metric`` and ``detections`` (the list given, for :func:`save_coco_json` and drawing).
     """
     _check_metric(metric)
