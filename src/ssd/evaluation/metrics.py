@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_area
 
-__all__ = ["voc_ap", "evaluate_voc", "to_coco_detections", "check_inputs", "concat_rows"]
+__all__ = ["voc_ap", "evaluate_voc", "voc_from_rows", "match_detections", "to_coco_detections", "check_inputs",
+           "concat_rows"]
 
 
 def voc_ap(recall: Sequence[float] | np.ndarray, precision: Sequence[float] | np.ndarray,
@@ -148,6 +149,31 @@ def _best_ground_truth(det: dict[str, Tensor], gt: dict[str, Tensor], num_classe
     return best, torch.where(per_det > 0, index, -1)
 
 
+def match_detections(det: dict[str, Tensor], gt: dict[str, Tensor], num_classes: int,
+                     iou_threshold: float = 0.5) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The VOC matching of flat detections and ground truths (:func:`concat_rows` rows), see the module docstring.
+
+    Returns ``(tp [N] bool, ignored [N] bool, order [N], best_iou [N], best_gt [N])``: ``tp`` true positives,
+    ``ignored`` detections matched to a difficult object (neither TP nor FP), ``order`` detection indices by class,
+    then decreasing score (stable), ``best_iou`` / ``best_gt`` each detection's best same-class object of its image
+    (index into the ground-truth rows, ``-1`` / ``0`` without one).
+    """
+    best_iou, best_gt = _best_ground_truth(det, gt, num_classes)
+    hit = (best_gt >= 0) & (best_iou >= iou_threshold)
+    difficult = torch.cat([gt["difficult"], gt["difficult"].new_zeros(1)])  # index -1 (no object): False
+    hit_difficult = hit & difficult[best_gt]
+    candidate = hit & ~hit_difficult
+    # Rank by class, then decreasing score (stable: image order on ties); the first candidate of an object is its TP.
+    order = torch.argsort(-det["scores"], stable=True)
+    order = order[torch.argsort(det["labels"][order], stable=True)]
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel())
+    first = torch.full((gt["labels"].numel() + 1,), order.numel(), dtype=torch.int64)
+    first = first.scatter_reduce(0, best_gt[candidate], rank[candidate], "amin")
+    tp = candidate & (rank == first[best_gt.clamp(min=0)])
+    return tp, hit_difficult, order, best_iou, best_gt
+
+
 def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequence[Mapping[str, Any]],
                  num_classes: int, class_names: Sequence[str] | None = None, use_07_metric: bool = False,
                  iou_threshold: float = 0.5) -> dict[str, Any]:
@@ -164,21 +190,14 @@ def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequenc
     names = check_inputs(detections, ground_truths, num_classes, class_names)
     det = concat_rows(detections, "detections", num_classes, ("boxes", "scores", "labels"))
     gt = concat_rows(ground_truths, "ground truths", num_classes, ("boxes", "labels", "difficult"))
+    return voc_from_rows(det, gt, names, use_07_metric, iou_threshold)
 
-    best_iou, best_gt = _best_ground_truth(det, gt, num_classes)
-    hit = (best_gt >= 0) & (best_iou >= iou_threshold)
-    difficult = torch.cat([gt["difficult"], gt["difficult"].new_zeros(1)])  # index -1 (no object): False
-    hit_difficult = hit & difficult[best_gt]
-    candidate = hit & ~hit_difficult
-    # Rank by class, then decreasing score (stable: image order on ties); the first candidate of an object is its TP.
-    order = torch.argsort(-det["scores"], stable=True)
-    order = order[torch.argsort(det["labels"][order], stable=True)]
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel())
-    first = torch.full((gt["labels"].numel() + 1,), order.numel(), dtype=torch.int64)
-    first = first.scatter_reduce(0, best_gt[candidate], rank[candidate], "amin")
-    tp = candidate & (rank == first[best_gt.clamp(min=0)])
 
+def voc_from_rows(det: dict[str, Tensor], gt: dict[str, Tensor], names: Sequence[str], use_07_metric: bool = False,
+                  iou_threshold: float = 0.5) -> dict[str, Any]:
+    """:func:`evaluate_voc` of flat rows (:func:`concat_rows`) and the class names, one per label."""
+    num_classes = len(names)
+    tp, hit_difficult, order = match_detections(det, gt, num_classes, iou_threshold)[:3]
     keep = order[~hit_difficult[order]]  # ranked detections that count
     tp_ranked, labels_ranked = tp[keep].to(torch.float64), det["labels"][keep]
     per_class_counts = torch.bincount(labels_ranked, minlength=num_classes).tolist()
