@@ -30,7 +30,7 @@ from torch import Tensor
 from torchvision.ops import box_area
 
 __all__ = ["voc_ap", "evaluate_voc", "voc_from_rows", "match_detections", "to_coco_detections", "check_inputs",
-           "concat_rows"]
+           "concat_rows", "same_key_pairs", "paired_iou"]
 
 
 def voc_ap(recall: Sequence[float] | np.ndarray, precision: Sequence[float] | np.ndarray,
@@ -115,7 +115,22 @@ def check_inputs(detections: Sequence, ground_truths: Sequence, num_classes: int
     return names
 
 
-def _paired_iou(a: Tensor, b: Tensor) -> Tensor:
+def same_key_pairs(det_key: Tensor, gt_key: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Every (detection, object) pair with equal keys (e.g. the image index, or image and class), without forming
+    the full ``[N, M]`` product: ``(pair_det [Q], pair_gt [Q], per_det [N])`` row indices of each pair and the
+    number of pairs of each detection (keys ``>= 0``)."""
+    n = det_key.shape[0]
+    num_keys = int(max(gt_key.max().item() if gt_key.numel() else 0, det_key.max().item() if n else 0)) + 1
+    order = torch.argsort(gt_key, stable=True)
+    counts = torch.bincount(gt_key, minlength=num_keys)
+    starts = torch.cumsum(counts, 0) - counts
+    per_det = counts[det_key]
+    pair_det = torch.repeat_interleave(torch.arange(n), per_det)
+    offset = torch.arange(pair_det.numel()) - torch.repeat_interleave(torch.cumsum(per_det, 0) - per_det, per_det)
+    return pair_det, order[starts[det_key][pair_det] + offset], per_det
+
+
+def paired_iou(a: Tensor, b: Tensor) -> Tensor:
     """IoU of ``a[i]`` with ``b[i]`` (``[N, 4]`` xyxy each, continuous coordinates) -> ``[N]``."""
     wh = (torch.minimum(a[:, 2:], b[:, 2:]) - torch.maximum(a[:, :2], b[:, :2])).clamp(min=0)
     inter = wh[:, 0] * wh[:, 1]
@@ -131,19 +146,11 @@ def _best_ground_truth(det: dict[str, Tensor], gt: dict[str, Tensor], num_classe
     Only the (detection, object) pairs that share image and class are formed, so memory is linear in them.
     """
     n = det["labels"].shape[0]
-    gt_key = gt["image"] * num_classes + gt["labels"]
-    det_key = det["image"] * num_classes + det["labels"]
-    num_keys = int(max(gt_key.max().item() if gt_key.numel() else 0, det_key.max().item() if n else 0)) + 1
-    order = torch.argsort(gt_key, stable=True)
-    counts = torch.bincount(gt_key, minlength=num_keys)
-    starts = torch.cumsum(counts, 0) - counts
-    per_det = counts[det_key]  # [N] candidate objects of each detection
-    pair_det = torch.repeat_interleave(torch.arange(n), per_det)
-    offset = torch.arange(pair_det.numel()) - torch.repeat_interleave(torch.cumsum(per_det, 0) - per_det, per_det)
-    pair_gt = order[starts[det_key][pair_det] + offset]
-    iou = _paired_iou(det["boxes"][pair_det], gt["boxes"][pair_gt])
+    pair_det, pair_gt, per_det = same_key_pairs(det["image"] * num_classes + det["labels"],
+                                                gt["image"] * num_classes + gt["labels"])
+    iou = paired_iou(det["boxes"][pair_det], gt["boxes"][pair_gt])
     best = torch.zeros(n, dtype=torch.float64).scatter_reduce(0, pair_det, iou, "amax", include_self=True)
-    index = torch.full((n,), gt_key.numel(), dtype=torch.int64)
+    index = torch.full((n,), gt["labels"].numel(), dtype=torch.int64)
     at_best = iou == best[pair_det]
     index = index.scatter_reduce(0, pair_det[at_best], pair_gt[at_best], "amin", include_self=True)
     return best, torch.where(per_det > 0, index, -1)
