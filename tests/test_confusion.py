@@ -27,7 +27,7 @@ def test_counts_of_hits_confusions_misses_and_false_positives():
     assert result["names"] == ["fish", "shark", "background"]
     assert result["counts"].tolist() == [[1, 0, 1], [1, 1, 0], [0, 2, 0]]
     assert result["normalized"] == pytest.approx(np.array([[0.5, 0, 0.5], [0.5, 0.5, 0], [0, 1, 0]]))
-    assert (result["confidence"], result["iou_threshold"]) == (0.25, 0.5)
+    assert (result["confidence"], result["match_iou_threshold"]) == (0.25, 0.5)
     # at confidence 0.05 fish C is found
     low = confusion_matrix(detections, truths, 2, ["fish", "shark"], confidence=0.05)
     assert low["counts"].tolist() == [[2, 0, 0], [1, 1, 0], [0, 2, 0]]

@@ -53,7 +53,7 @@ def confusion_matrix(detections: Sequence[Mapping[str, Any]], ground_truths: Seq
     Inputs are the per-image dicts of :mod:`ssd.evaluation.metrics`.
 
     Returns:
-        ``dict(names, counts, normalized, confidence, iou_threshold)``: ``names`` the K class names and
+        ``dict(names, counts, normalized, confidence, match_iou_threshold)``: ``names`` the K class names and
         ``"background"`` (the order of rows and columns); ``counts`` int64 array (rows: true class, columns:
         prediction; ``[K, K]`` is always 0); ``normalized`` float64, each row divided by its sum (a row without
         entries stays 0: that class has no objects, or background has no false positives).
@@ -80,5 +80,5 @@ def confusion_matrix(detections: Sequence[Mapping[str, Any]], ground_truths: Seq
     totals = counts.sum(dim=1, keepdim=True)
     normalized = torch.where(totals > 0, counts / totals.clamp(min=1), torch.zeros(size, size, dtype=torch.float64))
     return {"names": [*names, BACKGROUND], "counts": counts.numpy(), "normalized": normalized.numpy(),
-            "confidence": float(confidence), "iou_threshold": float(iou_threshold)}
+            "confidence": float(confidence), "match_iou_threshold": float(iou_threshold)}
 

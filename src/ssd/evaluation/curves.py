@@ -52,11 +52,11 @@ def operating_point(detections: Sequence[Mapping[str, Any]], ground_truths: Sequ
     Inputs are the per-image dicts of :mod:`ssd.evaluation.metrics`.
 
     Returns:
-        ``dict(confidence [T], iou_threshold, overall, per_class)``: ``overall`` is ``dict(precision [T], recall [T],
-        f1 [T], best)`` (float64 arrays; ``best``: ``dict(confidence, precision, recall, f1)`` at the highest
-        confidence reaching the maximum F1; ``None`` with no objects at all); ``per_class`` maps each class name to
-        the same plus ``num_gt`` and ``absent`` (True, with empty curves and ``best`` None, for a class without
-        objects).
+        ``dict(confidence [T], match_iou_threshold, overall, per_class)``: ``overall`` is ``dict(precision [T],
+        recall [T], f1 [T], best)`` (float64 arrays; ``best``: ``dict(confidence, precision, recall, f1)``
+        at the highest confidence reaching the maximum F1; ``None`` with no objects at all); ``per_class`` maps
+        each class name to the same plus ``num_gt`` and ``absent`` (True, with empty curves and ``best`` None, for a
+        class without objects).
     """
     names = check_inputs(detections, ground_truths, num_classes, class_names)
     det = concat_rows(detections, "detections", num_classes, ("boxes", "scores", "labels"))
@@ -93,5 +93,5 @@ def operating_point(detections: Sequence[Mapping[str, Any]], ground_truths: Sequ
                    "best": _point(grid, *mean)}
     else:
         overall = {"precision": np.zeros(0), "recall": np.zeros(0), "f1": np.zeros(0), "best": None}
-    return {"confidence": grid.numpy(), "iou_threshold": float(iou_threshold), "overall": overall,
+    return {"confidence": grid.numpy(), "match_iou_threshold": float(iou_threshold), "overall": overall,
             "per_class": per_class}
