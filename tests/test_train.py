@@ -15,11 +15,11 @@ import ssd
 import ssd.device as device
 from ssd.data.records import DataError
 from ssd.evaluation.evaluator import evaluate
+from ssd.files import make_run_dir
 from ssd.settings import ConfigError
 from ssd.training import trainer
 from ssd.training.config import TrainConfig
 from ssd.training.optim import LRSchedule, param_groups
-from ssd.training.run import make_run_dir
 from ssd.training.trainer import NonFiniteLossError, train
 
 # ssd_tiny at 128 px with the light augmentation: seconds per epoch of the synthetic fixture on 2 cores

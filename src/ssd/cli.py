@@ -149,6 +149,11 @@ def _add_val_parser(sub) -> None:
     p.add_argument("--conf", type=float, default=0.01, help="score threshold (default: 0.01)")
     p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold (default: 0.45)")
     p.add_argument("--save-json", type=Path, help="also write the detections as COCO-format JSON here")
+    p.add_argument("--project", type=Path, default=Path("runs/val"),
+                   help="where the report's run directory goes (default: runs/val)")
+    p.add_argument("--name", default="exp", help="run directory name; exp2, exp3, ... when taken (default: exp)")
+    p.add_argument("--no-save", dest="save", action="store_false",
+                   help="print the report only (no run directory, no report.html)")
     _add_tile_options(p)
 
 
@@ -239,11 +244,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_val(args: argparse.Namespace) -> int:
     from ssd.evaluation.evaluator import evaluate, format_table
+    from ssd.evaluation.report import format_report
 
     result = evaluate(args.weights, args.data, metric=args.metric, split=args.split, batch_size=args.batch_size,
                       workers=args.workers, device=args.device, score_threshold=args.conf, iou_threshold=args.iou,
-                      save_json=args.save_json, tile=args.tile, tile_overlap=_overlap(args))
+                      save_json=args.save_json, tile=args.tile, tile_overlap=_overlap(args), report=True,
+                      project=args.project if args.save else None, name=args.name)
     print(format_table(result, result["class_names"]))
+    print(format_report(result["report"]))
+    if args.save:
+        print(f"report: {result['run_dir'] / 'report.html'}")
     return 0
 
 

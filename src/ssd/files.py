@@ -6,6 +6,7 @@
 - :func:`atomic_write` writes to a temporary file next to the target and renames it into place, so a crash, a full
   disk or a file-size limit never leaves a partial file; the previous file, if any, stays intact. An ``OSError``
   while writing becomes an :class:`OutputError` with one line naming the file and the cause.
+- :func:`make_run_dir` creates a new run directory (``exp``, ``exp2``, ...) for training, ``val`` and ``predict``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 __all__ = ["OutputError", "check_output", "atomic_write", "write_text", "write_bytes", "is_temporary",
-           "remove_stale_temporaries", "describe_os_error"]
+           "remove_stale_temporaries", "describe_os_error", "make_run_dir"]
 
 # Temporaries are ".<name>.<8 characters>.ssdtmp" next to the target: a suffix of the library's own, so that cleaning
 # up never touches a user's ".notes.txt.mynotes1.tmp".
@@ -158,3 +159,17 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     with atomic_write(path, "wb") as f:
         f.write(data)
     return Path(path)
+
+
+def make_run_dir(project: str | Path, name: str, exist_ok: bool = False) -> Path:
+    """``project/name``, or ``name2``, ``name3``, ... when taken (created here, so concurrent runs never share one)."""
+    project = Path(project)
+    project.mkdir(parents=True, exist_ok=True)
+    index = 1
+    while True:
+        path = project / (name if index == 1 else f"{name}{index}")
+        try:
+            path.mkdir(exist_ok=exist_ok)
+            return path
+        except FileExistsError:
+            index += 1

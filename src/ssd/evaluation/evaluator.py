@@ -35,6 +35,8 @@ from ssd.detect import detect_batch, model_input
 from ssd.device import autocast
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
 from ssd.evaluation.metrics import evaluate_voc, to_coco_detections
+from ssd.evaluation.report import build_report, write_report
+from ssd.files import make_run_dir
 from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.models.config import ModelConfig
@@ -59,7 +61,8 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
              score_threshold: float = EVALUATE.score_threshold, iou_threshold: float = EVALUATE.iou_threshold,
              max_detections: int = EVALUATE.max_detections, skip_invalid: bool = False,
              save_json: str | Path | None = None, tile: int | str | Sequence[int] | None = None,
-             tile_overlap: float = TILE_OVERLAP) -> dict[str, Any]:
+             tile_overlap: float = TILE_OVERLAP, report: bool = False, project: str | Path | None = None,
+             name: str = "exp") -> dict[str, Any]:
     """Evaluate a network on a dataset split (checked first, like training's data).
 
     ``weights``: anything :func:`ssd.inference.registry.open_backend` opens (a checkpoint, a run directory, an
@@ -68,7 +71,8 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     Returns the dict of :func:`evaluate_split` plus ``class_names``; the numbers equal those of the end of training
     for the same split and thresholds. ``save_json`` also writes the detections in the COCO results format, with
     the dataset's own category ids where it has them (COCO). ``tile`` / ``tile_overlap``: tiled prediction (see
-    :func:`predict_dataset`).
+    :func:`predict_dataset`). ``report`` adds ``report`` (:func:`ssd.evaluation.report.build_report`); ``project``
+    also writes it to a new run directory ``project/name`` (``name2``, ... when taken), returned as ``run_dir``.
     """
     _check_metric(metric)
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
@@ -80,9 +84,18 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     result = evaluate_split(backend, loader, class_names=class_names, metric=metric, score_threshold=score_threshold,
                             iou_threshold=iou_threshold, max_detections=max_detections, tile=tile,
                             tile_overlap=tile_overlap)
+    category_ids = getattr(spec, "category_ids", None)
     if save_json is not None:
-        save_coco_json(result, save_json, category_ids=getattr(spec, "category_ids", None))
-    return {**result, "class_names": class_names}
+        save_coco_json(result, save_json, category_ids=category_ids)
+    result = {**result, "class_names": class_names}
+    if report or project is not None:
+        result["report"] = build_report(result["detections"], result["ground_truths"], class_names,
+                                        priors=backend.priors, data=str(data), split=split)
+    if project is not None:
+        result["run_dir"] = make_run_dir(project, name)
+        write_report(result["report"], result["run_dir"], result["detections"], result["ground_truths"],
+                     category_ids=category_ids)
+    return result
 
 
 def split_loader(records: Sequence[ImageRecord], class_names: Sequence[str], inputs: ModelConfig | Backend, *,
@@ -151,7 +164,8 @@ def predict_dataset(network: nn.Module | Backend, loader: Iterable[dict[str, Any
     Returns:
         ``(detections, ground_truths)``, one dict per image in loader order, on the CPU. Detections:
         ``boxes [N, 4]`` float32, ``scores [N]``, ``labels [N]`` int64 ``0..K-1``, ``image_id``, ``path``.
-        Ground truths: ``boxes [M, 4]``, ``labels [M]``, ``difficult [M]`` bool (padding removed).
+        Ground truths: ``boxes [M, 4]``, ``labels [M]``, ``difficult [M]`` bool (padding removed), ``image_size``
+        ``(h, w)``.
     """
     module = network if isinstance(network, nn.Module) else None
     if device is not None:
@@ -219,8 +233,10 @@ def _ground_truths(batch: Mapping[str, Any], scale: Tensor) -> list[dict[str, Te
     valid = batch["labels"] >= 0  # [B, G]
     gt_boxes = (batch["boxes"].float() * scale[:, None])[valid]
     sizes = valid.sum(dim=1).tolist()
-    return [{"boxes": b, "labels": lab, "difficult": dif} for b, lab, dif in
-            zip(gt_boxes.split(sizes), batch["labels"][valid].split(sizes), batch["difficult"][valid].split(sizes))]
+    image_sizes = [tuple(hw) for hw in batch["orig_sizes"].tolist()]
+    return [{"boxes": b, "labels": lab, "difficult": dif, "image_size": hw} for b, lab, dif, hw in
+            zip(gt_boxes.split(sizes), batch["labels"][valid].split(sizes), batch["difficult"][valid].split(sizes),
+                image_sizes)]
 
 
 def merge_results(parts: Sequence[Sequence[Any]]) -> list[Any]:

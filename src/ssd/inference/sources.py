@@ -105,7 +105,7 @@ def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, fmt: str) -> tup
     if exist_ok:
         save_dir.mkdir(parents=True, exist_ok=True)
     else:
-        from ssd.training.run import make_run_dir
+        from ssd.files import make_run_dir
 
         save_dir = make_run_dir(save_dir.parent, save_dir.name)
     plan = output_paths(files, save_dir)

@@ -41,22 +41,8 @@ from ssd.settings import PREDICT
 from ssd.training.config import TrainConfig
 from ssd.weights.checkpoint import remove_stale_temporaries
 
-__all__ = ["make_run_dir", "seed_everything", "epoch_seed", "rng_state", "set_rng_state",
+__all__ = ["seed_everything", "epoch_seed", "rng_state", "set_rng_state",
            "write_results_csv", "checkpoint_metrics", "RunOutput", "plain_data_errors"]
-
-
-def make_run_dir(project: str | Path, name: str, exist_ok: bool = False) -> Path:
-    """``project/name``, or ``name2``, ``name3``, ... when taken (created here, so concurrent runs never share one)."""
-    project = Path(project)
-    project.mkdir(parents=True, exist_ok=True)
-    index = 1
-    while True:
-        path = project / (name if index == 1 else f"{name}{index}")
-        try:
-            path.mkdir(exist_ok=exist_ok)
-            return path
-        except FileExistsError:
-            index += 1
 
 
 def seed_everything(seed: int) -> None:

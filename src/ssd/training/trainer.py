@@ -26,6 +26,7 @@ from ssd.data.load import load_training_data
 from ssd.data.records import DataError, DatasetSpec
 from ssd.device import amp_dtype, autocast, prepare_model
 from ssd.evaluation.evaluator import evaluate_split, split_loader
+from ssd.files import make_run_dir
 from ssd.loss import MultiBoxLoss
 from ssd.models import set_backbone_trainable
 from ssd.settings import ConfigError
@@ -36,7 +37,6 @@ from ssd.training.run import (
     RunOutput,
     checkpoint_metrics,
     epoch_seed,
-    make_run_dir,
     plain_data_errors,
     rng_state,
     seed_everything,
