@@ -1,5 +1,6 @@
 """The twelve COCO statistics, per class and per size bucket, with faster-coco-eval and pycocotools."""
 
+import json
 import math
 
 import pytest
@@ -75,3 +76,39 @@ def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="unknown COCO backend 'cocoapi'; choose one of faster-coco-eval, pyco"):
         evaluate_coco([{"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64),
                         "scores": torch.zeros(0)}], [_one_image([[0, 0, 1, 1]], [0])], 1, backend="cocoapi")
+
+
+def _records(tmp_path, ids):
+    from ssd.data.records import ImageRecord, ObjectRecord
+
+    return [ImageRecord(path=tmp_path / f"{i}.jpg", annotation=None, width=100, height=80, image_id=i,
+                        objects=[ObjectRecord(box=(10.0, 10.0, 30.0, 40.0), label=0, name="cat")]) for i in ids]
+
+
+def test_results_file_round_trip_with_the_datasets_category_ids(tmp_path):
+    from ssd.evaluation.metrics import to_coco_detections
+    from ssd.evaluation.results import detections_from_coco_results
+
+    records = _records(tmp_path, [7, 9])
+    found = [{"boxes": torch.tensor([[10.0, 10, 30, 40]]), "labels": torch.tensor([1]), "scores": torch.tensor([0.5]),
+              "image_id": 9}]
+    path = tmp_path / "detections.json"
+    path.write_text(json.dumps(to_coco_detections(found, category_ids=[3, 5])))
+    back = detections_from_coco_results(path, records, 2, category_ids=[3, 5])
+    assert [d["image_id"] for d in back] == [7, 9] and len(back[0]["labels"]) == 0
+    assert back[1]["boxes"].tolist() == [[10.0, 10.0, 30.0, 40.0]] and back[1]["labels"].tolist() == [1]
+
+
+def test_results_with_foreign_image_or_category_ids_name_the_first_mismatches(tmp_path):
+    from ssd.evaluation.results import detections_from_coco_results
+
+    records = _records(tmp_path, [7, 9])
+    results = [{"image_id": i, "category_id": 3, "bbox": [0, 0, 1, 1], "score": 0.5} for i in (7, 11, 12)]
+    with pytest.raises(ValueError, match=r"detections: 2 image id\(s\) are not images of the split: 11, 12 \(the "
+                                         r"split's ids look like 7, 9\)"):
+        detections_from_coco_results(results, records, 2, category_ids=[3, 5])
+    results = [{"image_id": 7, "category_id": c, "bbox": [0, 0, 1, 1], "score": 0.5} for c in (3, 4, 90)]
+    with pytest.raises(ValueError, match=r"category id\(s\) 4, 90 are not the dataset's \(3, 5\)"):
+        detections_from_coco_results(results, records, 2, category_ids=[3, 5])
+    with pytest.raises(ValueError, match=r"category id\(s\) 3, 4, 90 are not the dataset's \(0..1\)"):
+        detections_from_coco_results(results, records, 2)

@@ -1,15 +1,19 @@
-"""Ground truths of dataset records in the per-image form every metric of :mod:`ssd.evaluation` takes."""
+"""Ground truths of dataset records, and detections read from a COCO results file, in the per-image form every
+metric of :mod:`ssd.evaluation` takes."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from ssd._utils import few
 from ssd.data.records import ImageRecord
 
-__all__ = ["ground_truths_from_records"]
+__all__ = ["ground_truths_from_records", "detections_from_coco_results"]
 
 
 def ground_truths_from_records(records: Sequence[ImageRecord]) -> list[dict[str, Any]]:
@@ -26,4 +30,46 @@ def ground_truths_from_records(records: Sequence[ImageRecord]) -> list[dict[str,
                     "labels": torch.tensor([o.label for o in record.objects], dtype=torch.int64),
                     "difficult": torch.tensor([o.ignore for o in record.objects], dtype=torch.bool),
                     "image_size": (record.height, record.width), "image_id": record.image_id})
+    return out
+
+
+def detections_from_coco_results(results: str | Path | Sequence[Mapping[str, Any]], records: Sequence[ImageRecord],
+                                 num_classes: int, category_ids: Sequence[int] | None = None
+                                 ) -> list[dict[str, Any]]:
+    """Per-image detections (one dict per record, in record order; ``boxes [N, 4]`` pixel xyxy, ``scores [N]``,
+    ``labels [N]``, ``image_id``, ``path``) of a COCO results list or JSON file (``image_id``, ``category_id``,
+    ``bbox`` ``[x, y, w, h]``, ``score``).
+
+    ``category_ids``: the dataset's category id of each label (COCO); default the labels ``0..K-1`` themselves.
+    Raises ValueError naming the first image ids and category ids that are not the dataset's.
+    """
+    source = str(results) if isinstance(results, (str, Path)) else "detections"
+    if isinstance(results, (str, Path)):
+        results = json.loads(Path(results).read_text())
+    if not isinstance(results, list):
+        raise ValueError(f"{source}: a COCO results file is a JSON list of detections, got {type(results).__name__}")
+    index = {str(r.image_id): i for i, r in enumerate(records)}
+    label_of = ({int(c): k for k, c in enumerate(category_ids)} if category_ids is not None
+                else {k: k for k in range(num_classes)})
+    unknown_images = sorted({str(d.get("image_id")) for d in results} - set(index))
+    if unknown_images:
+        raise ValueError(f"{source}: {len(unknown_images)} image id(s) are not images of the split: "
+                         f"{few(unknown_images)} (the split's ids look like {few(list(index)[:3])})")
+    unknown_categories = sorted({d.get("category_id") for d in results if d.get("category_id") not in label_of},
+                                key=str)
+    if unknown_categories:
+        expected = few([str(c) for c in label_of]) if category_ids is not None else f"0..{num_classes - 1}"
+        raise ValueError(f"{source}: category id(s) {few([str(c) for c in unknown_categories])} are not the "
+                         f"dataset's ({expected})")
+    rows: list[list[Mapping[str, Any]]] = [[] for _ in records]
+    for item in results:
+        rows[index[str(item["image_id"])]].append(item)
+    out = []
+    for record, items in zip(records, rows):
+        xywh = torch.tensor([d["bbox"] for d in items], dtype=torch.float32).reshape(-1, 4)
+        labels = [label_of[d["category_id"]] for d in items]
+        out.append({"boxes": torch.cat([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], dim=1),
+                    "scores": torch.tensor([float(d["score"]) for d in items], dtype=torch.float32),
+                    "labels": torch.tensor(labels, dtype=torch.int64), "image_id": record.image_id,
+                    "path": str(record.path)})
     return out
