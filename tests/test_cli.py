@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 from PIL import Image
@@ -107,3 +108,57 @@ def test_errors_are_one_line_not_tracebacks(tmp_path, capsys):
     assert main(["val", "--weights", str(tmp_path / "missing.pt"), "--data", str(tmp_path)]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("command", "defaults", "use"), [
+    ("val", "EVALUATE", ""), ("predict", "PREDICT", ""), ("export", "PREDICT", "with --nms: "),
+    ("train", "EVALUATE", "validation "),
+])
+def test_thresholds_are_spelled_alike_and_show_the_settings_defaults(command, defaults, use, capsys):
+    from ssd import settings
+
+    table = getattr(settings, defaults)
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"--conf CONF {use}score threshold in [0, 1] (default: {table.score_threshold})" in out
+    assert f"--iou IOU {use}NMS IoU threshold in [0, 1] (default: {table.iou_threshold})" in out
+    assert "--score-threshold" not in out and "--iou-threshold" not in out
+    assert ("--max-det N" in out) == (command != "train")
+
+
+def test_train_conf_and_iou_set_the_config_fields(monkeypatch):
+    import ssd.training.trainer
+
+    seen = {}
+
+    def fake_train(config, **overrides):
+        seen.update(overrides)
+        return SimpleNamespace(run_dir="runs/exp")
+
+    monkeypatch.setattr(ssd.training.trainer, "train", fake_train)
+    assert main(["train", "--data", "x", "--conf", "0.2", "--iou", "0.6"]) == 0
+    assert seen == {"data": "x", "score_threshold": 0.2, "iou_threshold": 0.6}
+    from ssd.settings import ConfigError
+    from ssd.training.config import TrainConfig
+
+    with pytest.raises(ConfigError, match=r"^score_threshold=1.5 is invalid: must be a number in \[0, 1\] \(--conf\)$"):
+        TrainConfig().update(score_threshold=1.5)
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    (["--conf", "1.5"], "ssd val: --conf must be a number in [0, 1], got 1.5"),
+    (["--iou", "nan"], "ssd val: --iou must be a number in [0, 1], got nan"),
+    (["--max-det", "0"], "ssd val: --max-det must be a positive integer, got 0"),
+    (["--batch-size", "0"], "ssd val: --batch-size must be a positive integer, got 0"),
+])
+def test_val_option_errors_name_the_flag_and_are_usage_errors(option, message, tmp_path, capsys):
+    assert main(["val", "--weights", str(tmp_path / "w.pt"), "--data", str(tmp_path), *option]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_val_loads_no_plotting_library():
+    code = ("import sys\nimport ssd.cli, ssd.evaluation.evaluator, ssd.inference.backends\n"
+            "print('matplotlib' in sys.modules, 'ssd.training' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -1,4 +1,5 @@
-"""evaluate_split with a fake detector whose priors are the ground-truth boxes (zero offsets decode onto them)."""
+"""evaluate_split with a fake detector whose priors are the ground-truth boxes (zero offsets decode onto them);
+evaluate on a checkpoint, its run directory and its ONNX export."""
 
 import json
 from types import SimpleNamespace
@@ -8,7 +9,19 @@ import torch
 from torch import nn
 
 from ssd.boxes import xyxy_to_cxcywh
-from ssd.evaluation.evaluator import evaluate_split, format_table, merge_results, save_coco_json, score_detections
+from ssd.data.synthetic import SHAPE_NAMES
+from ssd.evaluation.evaluator import (
+    evaluate,
+    evaluate_split,
+    format_table,
+    merge_results,
+    save_coco_json,
+    score_detections,
+)
+from ssd.export.onnx import export_onnx
+from ssd.settings import EVALUATE
+from ssd.weights.checkpoint import save_checkpoint
+from test_export import biased_model
 
 CLASS_NAMES = ["cat", "dog"]
 # Two images (orig (h, w) = (100, 200) and (50, 50)), boxes normalized xyxy; the last object of image 1 is difficult
@@ -108,3 +121,27 @@ def test_cuda_model_cpu_results():
     result = evaluate_split(FakeDetector().cuda(), _loader(2), metric="voc", device="cuda", progress=False)
     assert result["map"] == pytest.approx(1.0)
     assert all(d["boxes"].device.type == "cpu" for d in result["detections"])
+
+
+def test_nms_and_matching_iou_thresholds_are_reported_apart():
+    result = evaluate_split(FakeDetector(), _loader(2), metric="voc", iou_threshold=0.3, progress=False)
+    assert (result["nms_iou_threshold"], result["match_iou_threshold"]) == (0.3, 0.5)
+    assert (result["score_threshold"], result["max_detections"]) == (EVALUATE.score_threshold,
+                                                                     EVALUATE.max_detections)
+
+
+def test_val_on_the_onnx_export_and_the_run_directory_equals_the_checkpoint(synthetic_voc, tmp_path):
+    model = biased_model("ssd_tiny", class_names=list(SHAPE_NAMES[:3]), image_size=128)
+    checkpoint = save_checkpoint(tmp_path / "run" / "weights" / "best.pt", model)
+    onnx_path = export_onnx(checkpoint, tmp_path / "model.onnx", dynamic_batch=True, check=False)
+    options = dict(metric="voc", device="cpu", batch_size=8, iou_threshold=0.5, max_detections=50)
+    expected = evaluate(checkpoint, synthetic_voc, **options)
+    assert sum(c["num_det"] for c in expected["per_class"].values()) > 0
+    for weights in (tmp_path / "run", onnx_path):
+        got = evaluate(weights, synthetic_voc, **options)
+        assert got["class_names"] == expected["class_names"] == list(SHAPE_NAMES[:3])
+        assert got["nms_iou_threshold"] == 0.5 and got["max_detections"] == 50
+        assert got["map"] == pytest.approx(expected["map"], abs=1e-4)
+        for name, per_class in expected["per_class"].items():
+            assert got["per_class"][name]["num_det"] == per_class["num_det"]
+            assert got["per_class"][name]["ap"] == pytest.approx(per_class["ap"], abs=1e-4, nan_ok=True)

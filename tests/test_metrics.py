@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from ssd.evaluation.coco import evaluate_coco
-from ssd.evaluation.metrics import evaluate_voc, to_coco_detections, voc_ap
+from ssd.evaluation.metrics import evaluate_voc, voc_ap
+from ssd.inference.coco_results import to_coco_detections
 
 
 def _t(rows, dtype=torch.float32):

@@ -8,8 +8,10 @@ import torch
 
 from conftest import jittered_detections
 from ssd.data import load_dataset
+from ssd.data.records import ImageRecord, ObjectRecord
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
-from ssd.evaluation.results import ground_truths_from_records
+from ssd.evaluation.results import detections_from_coco_results, ground_truths_from_records
+from ssd.inference.coco_results import to_coco_detections
 
 
 def _one_image(boxes, labels, image_size=(100, 100)):
@@ -79,16 +81,11 @@ def test_unknown_backend_is_refused():
 
 
 def _records(tmp_path, ids):
-    from ssd.data.records import ImageRecord, ObjectRecord
-
     return [ImageRecord(path=tmp_path / f"{i}.jpg", annotation=None, width=100, height=80, image_id=i,
                         objects=[ObjectRecord(box=(10.0, 10.0, 30.0, 40.0), label=0, name="cat")]) for i in ids]
 
 
 def test_results_file_round_trip_with_the_datasets_category_ids(tmp_path):
-    from ssd.evaluation.metrics import to_coco_detections
-    from ssd.evaluation.results import detections_from_coco_results
-
     records = _records(tmp_path, [7, 9])
     found = [{"boxes": torch.tensor([[10.0, 10, 30, 40]]), "labels": torch.tensor([1]), "scores": torch.tensor([0.5]),
               "image_id": 9}]
@@ -100,8 +97,6 @@ def test_results_file_round_trip_with_the_datasets_category_ids(tmp_path):
 
 
 def test_results_with_foreign_image_or_category_ids_name_the_first_mismatches(tmp_path):
-    from ssd.evaluation.results import detections_from_coco_results
-
     records = _records(tmp_path, [7, 9])
     results = [{"image_id": i, "category_id": 3, "bbox": [0, 0, 1, 1], "score": 0.5} for i in (7, 11, 12)]
     with pytest.raises(ValueError, match=r"detections: 2 image id\(s\) are not images of the split: 11, 12 \(the "

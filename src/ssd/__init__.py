@@ -53,6 +53,8 @@ _EXPORTS: dict[str, str] = {
     "export_onnx": "ssd.export.onnx",
     "Detector": "ssd.inference.pipeline",
     "load": "ssd.inference.pipeline",
+    "open_backend": "ssd.inference.registry",
+    "register_backend": "ssd.inference.registry",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -83,6 +85,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ssd.evaluation.metrics import evaluate_voc, voc_ap
     from ssd.export.onnx import export_onnx
     from ssd.inference.pipeline import Detector, load
+    from ssd.inference.registry import open_backend, register_backend
     from ssd.loss import MultiBoxLoss
     from ssd.matching import match
     from ssd.models import SSD, build_model, import_model, list_models, model_from_checkpoint

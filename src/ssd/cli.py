@@ -21,6 +21,7 @@ import typing
 from pathlib import Path
 
 from ssd._utils import closest_names
+from ssd.settings import EVALUATE, PREDICT, THRESHOLD_OPTIONS, Thresholds
 
 EPILOG = "Labels: a dataset with K classes uses labels 0..K-1; the background class is added internally."
 
@@ -66,16 +67,19 @@ def _field_type(tp):
     return (tp if tp in (int, float, str, bool) else str), False
 
 
-def _add_config_options(parser: argparse.ArgumentParser, config_cls) -> None:
+def _add_config_options(parser: argparse.ArgumentParser, config_cls, flag_of) -> None:
+    """An option ``flag_of(field name)`` for every field of the dataclass ``config_cls``."""
     hints = typing.get_type_hints(config_cls)
     for f in dataclasses.fields(config_cls):
         scalar, is_list = _field_type(hints[f.name])
-        flag = "--" + f.name.replace("_", "-")
+        flag = flag_of(f.name)
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = f.metadata.get("help", "")
         if default not in (None, "", dataclasses.MISSING) and not isinstance(default, bool):
             help_text = f"{help_text} (default: {default})".strip()
         kwargs = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text)
+        if flag != "--" + f.name.replace("_", "-"):  # a renamed option: name its value after the option
+            kwargs["metavar"] = flag.lstrip("-").replace("-", "_").upper()
         if scalar is bool and not is_list:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
         elif is_list:
@@ -115,6 +119,31 @@ def _add_tile_options(parser: argparse.ArgumentParser) -> None:
                         help="share of a tile its neighbours also cover, in [0, 1) (default: 0.2)")
 
 
+def _add_threshold_options(parser: argparse.ArgumentParser, defaults: Thresholds, use: str) -> None:
+    """``--conf``, ``--iou``, ``--max-det`` (:data:`ssd.settings.THRESHOLD_OPTIONS`) with ``defaults``; ``use``:
+    what they are for, in the help."""
+    conf, iou, max_det = (THRESHOLD_OPTIONS[k] for k in ("score_threshold", "iou_threshold", "max_detections"))
+    parser.add_argument(conf, dest="score_threshold", type=float, metavar="CONF", default=defaults.score_threshold,
+                        help=f"{use}score threshold in [0, 1] (default: {defaults.score_threshold})")
+    parser.add_argument(iou, dest="iou_threshold", type=float, metavar="IOU", default=defaults.iou_threshold,
+                        help=f"{use}NMS IoU threshold in [0, 1] (default: {defaults.iou_threshold})")
+    parser.add_argument(max_det, dest="max_detections", type=int, metavar="N", default=defaults.max_detections,
+                        help=f"{use}detections kept per image (default: {defaults.max_detections})")
+
+
+def _thresholds(args: argparse.Namespace) -> dict[str, float | int]:
+    """The threshold options of a command, checked (a command-line mistake when out of range, named by flag)."""
+    from ssd.settings import check_thresholds
+
+    options = {key: getattr(args, key) for key in THRESHOLD_OPTIONS}
+    try:
+        check_thresholds(**options, batch_size=getattr(args, "batch_size", 1),
+                         names={**THRESHOLD_OPTIONS, "batch_size": "--batch-size"})
+    except ValueError as e:
+        raise UsageError(f"ssd {args.command}: {e}") from None
+    return options
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ssd", description="SSD object detection that just works on your own data.", epilog=EPILOG)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
@@ -127,18 +156,19 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _add_train_parser(sub) -> None:
-    from ssd.training.config import TrainConfig
+    from ssd.training.config import TrainConfig, option_name
 
     p = sub.add_parser("train", help="train a detector on a dataset", epilog=EPILOG,
                        description="Validate the data (the `ssd check` rules), then train. "
                                    "DATA is a data.yaml (YOLO), a dataset folder (VOC/YOLO, detected) or a COCO JSON.")
     p.add_argument("--config", dest="config_file", type=Path, help="YAML file of training options")
-    _add_config_options(p, TrainConfig)
+    _add_config_options(p, TrainConfig, option_name)
 
 
 def _add_val_parser(sub) -> None:
-    p = sub.add_parser("val", help="evaluate a checkpoint on a dataset split", epilog=EPILOG)
-    p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) to evaluate")
+    p = sub.add_parser("val", help="evaluate a checkpoint or an exported model on a dataset split", epilog=EPILOG)
+    p.add_argument("--weights", required=True, type=Path,
+                   help="checkpoint (.pt), exported .onnx or run directory (its best.pt)")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON")
     p.add_argument("--split", default="val", help="dataset split (default: val)")
     p.add_argument("--metric", default="voc07", choices=["voc07", "voc", "coco"],
@@ -146,8 +176,7 @@ def _add_val_parser(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
-    p.add_argument("--conf", type=float, default=0.01, help="score threshold (default: 0.01)")
-    p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold (default: 0.45)")
+    _add_threshold_options(p, EVALUATE, "")
     p.add_argument("--save-json", type=Path, help="also write the detections as COCO-format JSON here")
     p.add_argument("--project", type=Path, default=Path("runs/val"),
                    help="where the report's run directory goes (default: runs/val)")
@@ -161,9 +190,7 @@ def _add_predict_parser(sub) -> None:
     p = sub.add_parser("predict", help="detect objects in images, folders, globs or videos", epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt), exported .onnx or run directory")
     p.add_argument("--source", required=True, help="image, folder, glob or video file")
-    p.add_argument("--conf", type=float, default=0.3, help="score threshold in [0, 1] (default: 0.3)")
-    p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold in [0, 1] (default: 0.45)")
-    p.add_argument("--max-det", type=int, default=100, help="detections kept per image (default: 100)")
+    _add_threshold_options(p, PREDICT, "")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--half", action="store_true", help="half precision (CUDA only)")
@@ -183,6 +210,7 @@ def _add_export_parser(sub) -> None:
                    help="ONNX opset (default: 18; lower ones are down-converted when possible)")
     p.add_argument("--dynamic-batch", action="store_true", help="allow any batch size")
     p.add_argument("--nms", action="store_true", help="put score filtering and NMS inside the graph")
+    _add_threshold_options(p, PREDICT, "with --nms: ")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the ONNX Runtime parity check")
 
 
@@ -246,9 +274,10 @@ def _cmd_val(args: argparse.Namespace) -> int:
     from ssd.evaluation.evaluator import evaluate, format_table
     from ssd.evaluation.report import format_report
 
+    options = _thresholds(args)
     result = evaluate(args.weights, args.data, metric=args.metric, split=args.split, batch_size=args.batch_size,
-                      workers=args.workers, device=args.device, score_threshold=args.conf, iou_threshold=args.iou,
-                      save_json=args.save_json, tile=args.tile, tile_overlap=_overlap(args), report=True,
+                      workers=args.workers, device=args.device, **options, save_json=args.save_json,
+                      tile=args.tile, tile_overlap=_overlap(args), report=True,
                       project=args.project if args.save else None, name=args.name)
     print(format_table(result, result["class_names"]))
     print(format_report(result["report"]))
@@ -268,23 +297,15 @@ def _overlap(args: argparse.Namespace) -> float:
     return args.tile_overlap
 
 
-PREDICT_OPTIONS = {"score_threshold": "--conf", "iou_threshold": "--iou", "max_detections": "--max-det",
-                   "batch_size": "--batch-size"}
-
-
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from ssd.inference.pipeline import check_thresholds, load
+    from ssd.inference.pipeline import load
     from ssd.inference.sources import predict_source
 
-    options = dict(score_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det,
-                   batch_size=args.batch_size)
-    try:
-        check_thresholds(**options, names=PREDICT_OPTIONS)
-    except ValueError as e:
-        raise UsageError(f"ssd predict: {e}") from None
+    options = _thresholds(args)
     overlap = _overlap(args)
     detector = load(args.weights, device=args.device, half=args.half)
-    summary = predict_source(detector, args.source, args.save_dir, **options, save_images=args.save_images,
+    summary = predict_source(detector, args.source, args.save_dir, **options, batch_size=args.batch_size,
+                             save_images=args.save_images,
                              fmt=args.fmt, exist_ok=args.exist_ok, tile=args.tile, tile_overlap=overlap)
     print(summary)
     if summary.skipped and not (summary.images or summary.videos):
@@ -296,8 +317,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from ssd.export.onnx import export
 
+    options = _thresholds(args) if args.fmt == "onnx" else {}
     out = export(args.weights, fmt=args.fmt, out_path=args.output, opset=args.opset,
-                 dynamic_batch=args.dynamic_batch, nms=args.nms, check=args.check)
+                 dynamic_batch=args.dynamic_batch, nms=args.nms, check=args.check, **options)
     print(f"exported: {out}")
     return 0
 

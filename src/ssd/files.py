@@ -1,4 +1,4 @@
-"""Every file the library writes goes through here: one output guard and one atomic writer.
+"""Every file the library writes goes through here: one output guard, one atomic writer, fresh run directories.
 
 - :func:`check_output` refuses, before any work is done, an output that is the same file as one of the inputs
   (compared by inode with :func:`os.path.samefile`, so hard links and symlinks are caught), a directory where a file
@@ -6,7 +6,8 @@
 - :func:`atomic_write` writes to a temporary file next to the target and renames it into place, so a crash, a full
   disk or a file-size limit never leaves a partial file; the previous file, if any, stays intact. An ``OSError``
   while writing becomes an :class:`OutputError` with one line naming the file and the cause.
-- :func:`make_run_dir` creates a new run directory (``exp``, ``exp2``, ...) for training, ``val`` and ``predict``.
+- :func:`make_run_dir` creates the output folder of a run (``ssd train``, ``ssd val``, ``ssd predict``), never
+  reusing one.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from torchvision.ops import batched_nms
 from ssd.boxes import VARIANCES, decode
 from ssd.checks import validate_predictions
 
-__all__ = ["postprocess_detections", "CANDIDATES_PER_CLASS"]
+__all__ = ["postprocess_detections", "first_per_image", "CANDIDATES_PER_CLASS"]
 
 CANDIDATES_PER_CLASS = 400
 """Default of ``candidates_per_class``: the best boxes per image and class that enter NMS (also in exported graphs)."""
@@ -76,12 +76,20 @@ def postprocess_detections(
 
     # Back in input order (by image, then decreasing score, ties as documented); the first max_detections of each image.
     keep = keep.sort().values
-    keep = keep[_firsts(torch.cumsum(counts, 0) - counts, counts.clamp(max=max_detections))]
-    sizes = counts.clamp(max=max_detections).tolist()
+    first, sizes = first_per_image(counts, max_detections)
+    keep = keep[first]
     return [
         {"boxes": b, "scores": s, "labels": lab}
         for b, s, lab in zip(box[keep].split(sizes), score[keep].split(sizes), label[keep].split(sizes))
     ]
+
+
+def first_per_image(counts: Tensor, max_detections: int) -> tuple[Tensor, list[int]]:
+    """The first ``max_detections`` of each image in a list of detections ordered by image (each image's best
+    first), the images having ``counts [B]`` detections: ``(positions in the list, detections kept per image)``.
+    Post-processing and the tiled merge (:mod:`ssd.inference.tiling`) cut their per-image top-k with it."""
+    kept = counts.clamp(max=max_detections)
+    return _firsts(torch.cumsum(counts, 0) - counts, kept), kept.tolist()
 
 
 def _firsts(start: Tensor, count: Tensor) -> Tensor:

@@ -34,9 +34,10 @@ from ssd.data.records import ImageRecord
 from ssd.detect import detect_batch, model_input
 from ssd.device import autocast
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
-from ssd.evaluation.metrics import evaluate_voc, to_coco_detections
+from ssd.evaluation.metrics import evaluate_voc
 from ssd.evaluation.report import build_report, write_report
 from ssd.files import make_run_dir
+from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.models.config import ModelConfig
@@ -288,7 +289,7 @@ def save_coco_json(result: Mapping[str, Any] | Sequence[Mapping[str, Any]], path
 
     ``image_id`` is each image's dataset id (COCO id, or the file stem for VOC/YOLO); ``category_id`` is
     ``category_ids[label]`` (the dataset's own ids, e.g. COCO's 1, 5, 90), else the label
-    (see :func:`ssd.evaluation.metrics.to_coco_detections`).
+    (see :func:`ssd.inference.coco_results.to_coco_detections`).
     """
     detections = result["detections"] if isinstance(result, Mapping) else result
     path = Path(path)

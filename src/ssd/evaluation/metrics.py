@@ -29,8 +29,8 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_area
 
-__all__ = ["voc_ap", "evaluate_voc", "voc_from_rows", "match_detections", "to_coco_detections", "check_inputs",
-           "concat_rows", "same_key_pairs", "paired_iou"]
+__all__ = ["voc_ap", "evaluate_voc", "voc_from_rows", "match_detections", "check_inputs", "concat_rows",
+           "same_key_pairs", "paired_iou"]
 
 
 def voc_ap(recall: Sequence[float] | np.ndarray, precision: Sequence[float] | np.ndarray,
@@ -226,29 +226,3 @@ def voc_from_rows(det: dict[str, Tensor], gt: dict[str, Tensor], names: Sequence
                                "recall": recall}
     return {"map": float(np.mean(aps)) if aps else float("nan"), "match_iou_threshold": float(iou_threshold),
             "use_07_metric": bool(use_07_metric), "per_class": per_class}
-
-
-# --------------------------------------------------------------------------------------------------- COCO
-def to_coco_detections(detections: Sequence[Mapping[str, Any]], image_ids: Sequence[Any] | None = None,
-                       category_ids: Sequence[int] | Mapping[int, int] | None = None) -> list[dict[str, Any]]:
-    """COCO results format: one ``dict(image_id, category_id, bbox=[x, y, w, h] pixels, score)`` per detection.
-
-    Args:
-        detections: per-image dicts (pixel xyxy, see the module docstring).
-        image_ids: one id per image; default each dict's ``image_id`` key, else its index in ``detections``.
-        category_ids: label ``k`` -> category id (a sequence indexed by label, or a mapping); default the label
-            itself (``0..K-1``). Pass the dataset's original ids to score with the official annotation file.
-    """
-    if image_ids is not None and len(image_ids) != len(detections):
-        raise ValueError(f"{len(image_ids)} image ids for {len(detections)} images")
-    results = []
-    for index, item in enumerate(detections):
-        image_id = image_ids[index] if image_ids is not None else item.get("image_id", index)
-        boxes = _as_tensor(item["boxes"], torch.float64).reshape(-1, 4)
-        xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
-        labels = _as_tensor(item["labels"], torch.int64).reshape(-1).tolist()
-        scores = _as_tensor(item["scores"], torch.float64).reshape(-1).tolist()
-        for box, label, score in zip(xywh, labels, scores):
-            category = label if category_ids is None else category_ids[label]
-            results.append({"image_id": image_id, "category_id": int(category), "bbox": box, "score": score})
-    return results

@@ -20,6 +20,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ssd.data.images import IMAGE_SUFFIXES, is_image, read_image
+from ssd.files import make_run_dir
+from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.pipeline import Detector, Result
 from ssd.inference.tiling import TILE_OVERLAP, check_tile
 from ssd.settings import PREDICT, check_thresholds
@@ -105,8 +107,6 @@ def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, fmt: str) -> tup
     if exist_ok:
         save_dir.mkdir(parents=True, exist_ok=True)
     else:
-        from ssd.files import make_run_dir
-
         save_dir = make_run_dir(save_dir.parent, save_dir.name)
     plan = output_paths(files, save_dir)
     inputs = {f.resolve(): f for f in files}
@@ -251,8 +251,6 @@ def _write_results(path: Path, entries: list[dict], detector: Detector, fmt: str
     if fmt == "json":
         content = {"class_names": detector.class_names, "images": entries}
     else:
-        from ssd.evaluation.metrics import to_coco_detections
-
         content = to_coco_detections([
             {key: [d[field] for d in entry["detections"]] for key, field in
              (("boxes", "box"), ("scores", "score"), ("labels", "label"))}

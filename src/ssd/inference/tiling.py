@@ -8,7 +8,7 @@ the network at (about) its own scale, and merges everything back:
    :func:`tile_windows` (side ``tile`` pixels, neighbours overlapping by at least ``overlap`` of a tile, the last
    tile of a row or column ending exactly on the image border). An image that one tile covers is not tiled.
 2. Every crop goes through the caller's ``detect`` function (the one inference pipeline: preprocess,
-   :func:`~ssd.inference.pipeline.detect_batch`), ``batch_size`` crops at a time; its pixel boxes are shifted by the
+   :func:`~ssd.detect.detect_batch`), ``batch_size`` crops at a time; its pixel boxes are shifted by the
    tile's origin into pixels of the image.
 3. Merge, vectorized over the images: class-wise NMS (``torchvision.ops.batched_nms``, per image and class) over all
    crops, which turns the copies of an object found by overlapping tiles into one box.
@@ -21,7 +21,7 @@ the network at (about) its own scale, and merges everything back:
    has a small IoU with it). Otherwise the cut box is kept: a part is better than nothing (an object cut in every
    tile and too small for the whole-image pass is found only as parts; NMS keeps the best of them). Kept boxes
    keep their own scores.
-5. The ``max_detections`` highest scores of each image.
+5. The ``max_detections`` highest scores of each image (:func:`ssd.postprocess.first_per_image`, as post-processing).
 
 ``tile="auto"`` (:func:`tile_shape`) tiles an image only when it is more than :data:`AUTO_FACTOR` times the network
 input along a side, with tiles of the input's own size (a tile maps 1:1 onto the input).
@@ -37,6 +37,7 @@ from torch import Tensor
 from torchvision.ops import batched_nms, box_area
 
 from ssd._utils import as_hw
+from ssd.postprocess import first_per_image
 
 __all__ = ["AUTO_FACTOR", "CUT_COVER", "CUT_SCORE_RATIO", "EDGE_MARGIN", "MIN_TILE", "TILE_OVERLAP", "check_tile",
            "detect_tiled", "tile_shape", "tile_windows"]
@@ -175,10 +176,8 @@ def _merge(parts: list[tuple[int, dict[str, Tensor]]], num_images: int, iou_thre
     keep = keep[~_covered_cuts(boxes[keep], scores[keep], group[keep], cut[keep])]
     keep = keep[scores[keep].argsort(descending=True, stable=True)]
     keep = keep[torch.sort(owner[keep], stable=True).indices]  # image by image, each by decreasing score
-    counts = torch.bincount(owner[keep], minlength=num_images)
-    rank = torch.arange(len(keep), device=keep.device) - (counts.cumsum(0) - counts).repeat_interleave(counts)
-    keep = keep[rank < max_detections]
-    counts = counts.clamp(max=max_detections).tolist()
+    first, counts = first_per_image(torch.bincount(owner[keep], minlength=num_images), max_detections)
+    keep = keep[first]
     return [{"boxes": b, "scores": s, "labels": lab} for b, s, lab in
             zip(boxes[keep].split(counts), cat["scores"][keep].split(counts), cat["labels"][keep].split(counts))]
 

@@ -1,7 +1,8 @@
 """One training configuration from the command line, a YAML file or Python: :class:`TrainConfig`.
 
-Every field is a command-line option of ``ssd train`` (``batch_size`` is ``--batch-size``) and a key of the YAML
-file; ``TrainConfig.update(**overrides)`` applies either and answers an unknown key with the closest valid names.
+Every field is a command-line option of ``ssd train`` (``batch_size`` is ``--batch-size``, see :func:`option_name`)
+and a key of the YAML file; ``TrainConfig.update(**overrides)`` applies either and answers an unknown key with the
+closest valid names.
 Fields left at ``None`` are resolved per model by :meth:`TrainConfig.resolved` (optimizer, learning rate, weight
 decay) from the architecture's ``train_defaults``, so the defaults suit both the small CPU model and the
 VGG/MobileNet configurations.
@@ -19,9 +20,9 @@ from typing import Literal
 import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
-from ssd.settings import ConfigError
+from ssd.settings import EVALUATE, THRESHOLD_OPTIONS, ConfigError
 
-__all__ = ["TrainConfig", "parse_image_size"]
+__all__ = ["TrainConfig", "parse_image_size", "option_name"]
 
 
 # The paper's SGD recipe unless the architecture says otherwise (Architecture.train_defaults).
@@ -78,8 +79,8 @@ class TrainConfig:
     val_interval: int = _help("validate every N epochs (and always after the last)", default=1)
     metric: Literal["voc07", "voc", "coco"] = _help("validation metric: voc07 11-point, voc area, coco",
                                                     default="voc07")
-    score_threshold: float = _help("validation score threshold", default=0.01)
-    iou_threshold: float = _help("validation NMS IoU threshold", default=0.45)
+    score_threshold: float = _help("validation score threshold in [0, 1]", default=EVALUATE.score_threshold)
+    iou_threshold: float = _help("validation NMS IoU threshold in [0, 1]", default=EVALUATE.iou_threshold)
     project: str = _help("parent folder of run directories", default="runs")
     name: str = _help("run directory name (auto-incremented: exp, exp2, ...)", default="exp")
     exist_ok: bool = _help("reuse runs/<name> instead of incrementing", default=False)
@@ -169,6 +170,8 @@ class TrainConfig:
             _require(self, name, getattr(self, name) >= 0, "must be >= 0")
         _require(self, "momentum", 0 <= self.momentum < 1, "must be in [0, 1) (SGD momentum / AdamW beta1)")
         _require(self, "final_lr_ratio", 0 <= self.final_lr_ratio <= 1, "must be in [0, 1] (a fraction of the peak lr)")
+        for name in ("score_threshold", "iou_threshold"):
+            _require(self, name, 0 <= getattr(self, name) <= 1, "must be a number in [0, 1]")
         if self.lr is not None:
             _require(self, "lr", 0 < self.lr < math.inf, "must be a finite number > 0")
         if self.weight_decay is not None:
@@ -185,7 +188,13 @@ class TrainConfig:
 def _require(config: TrainConfig, name: str, ok: bool, rule: str) -> None:
     """Raise :class:`ConfigError` naming the field, its command-line option, the value and the rule."""
     if not ok:
-        raise ConfigError(f"{name}={getattr(config, name)!r} is invalid: {rule} (--{name.replace('_', '-')})")
+        raise ConfigError(f"{name}={getattr(config, name)!r} is invalid: {rule} ({option_name(name)})")
+
+
+def option_name(field_name: str) -> str:
+    """The ``ssd train`` option of a field: ``--batch-size`` for ``batch_size``; thresholds are spelled as on every
+    command (:data:`ssd.settings.THRESHOLD_OPTIONS`: ``--conf``, ``--iou``)."""
+    return THRESHOLD_OPTIONS.get(field_name, "--" + field_name.replace("_", "-"))
 
 
 _CHOICES = {name: typing.get_args(typing.get_args(hint)[0] if typing.get_origin(hint) is not Literal else hint)

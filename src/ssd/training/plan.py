@@ -21,7 +21,7 @@ from ssd.models import build_model, model_from_checkpoint
 from ssd.models.build import read_weights
 from ssd.models.config import ModelConfig
 from ssd.settings import ConfigError
-from ssd.training.config import TrainConfig
+from ssd.training.config import TrainConfig, option_name
 from ssd.weights.checkpoint import CheckpointError, load_checkpoint
 from ssd.weights.resolve import resolve_weights
 
@@ -86,7 +86,7 @@ def _plan_resume(config: TrainConfig, given: set[str], log: Callable[[str], obje
     changed = {k for k in given - {"resume", *_CURRENT} if getattr(config, k) != getattr(saved, k)}
     refused = sorted(changed - set(_RESUMABLE))
     if refused:
-        shown = "; ".join(f"{_flag(k)} {getattr(config, k)} (the run has {getattr(saved, k)})" for k in refused)
+        shown = "; ".join(f"{option_name(k)} {getattr(config, k)} (the run has {getattr(saved, k)})" for k in refused)
         raise ConfigError(f"--resume continues {run_dir} as it was configured, but {shown}: only --data, --epochs, "
                           "--device, --workers and --quiet may change on resume. To train with other settings, "
                           f"start a new run from its weights: --weights {path}")
@@ -137,10 +137,6 @@ def check_resumed_data(plan: RunPlan, class_names: list[str], num_train: int) ->
         raise DataError(f"cannot resume {plan.run_dir}: the train split of {data} has {num_train} images but the "
                         f"run was trained on {expected}; a resumed run continues on the same data. Start a new "
                         f"run from its weights instead: --weights {plan.checkpoint}")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def build_run_model(plan: RunPlan, spec: DatasetSpec, log: Callable[[str], object] = print) -> nn.Module:

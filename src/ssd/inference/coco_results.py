@@ -1,0 +1,42 @@
+"""Detections in the COCO results format, written by ``ssd predict --format coco`` and ``ssd val --save-json``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+__all__ = ["to_coco_detections"]
+
+
+def _as_tensor(value: Any, dtype: torch.dtype) -> Tensor:
+    return torch.as_tensor(np.asarray(value) if not isinstance(value, Tensor) else value.detach().cpu(), dtype=dtype)
+
+
+def to_coco_detections(detections: Sequence[Mapping[str, Any]], image_ids: Sequence[Any] | None = None,
+                       category_ids: Sequence[int] | Mapping[int, int] | None = None) -> list[dict[str, Any]]:
+    """COCO results format: one ``dict(image_id, category_id, bbox=[x, y, w, h] pixels, score)`` per detection.
+
+    Args:
+        detections: per-image dicts: ``boxes [N, 4]`` pixel xyxy, ``scores [N]``, ``labels [N]`` in ``0..K-1``
+            (tensors, arrays or lists), optionally ``image_id``.
+        image_ids: one id per image; default each dict's ``image_id`` key, else its index in ``detections``.
+        category_ids: label ``k`` -> category id (a sequence indexed by label, or a mapping); default the label
+            itself (``0..K-1``). Pass the dataset's original ids to score with the official annotation file.
+    """
+    if image_ids is not None and len(image_ids) != len(detections):
+        raise ValueError(f"{len(image_ids)} image ids for {len(detections)} images")
+    results = []
+    for index, item in enumerate(detections):
+        image_id = image_ids[index] if image_ids is not None else item.get("image_id", index)
+        boxes = _as_tensor(item["boxes"], torch.float64).reshape(-1, 4)
+        xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
+        labels = _as_tensor(item["labels"], torch.int64).reshape(-1).tolist()
+        scores = _as_tensor(item["scores"], torch.float64).reshape(-1).tolist()
+        for box, label, score in zip(xywh, labels, scores):
+            category = label if category_ids is None else category_ids[label]
+            results.append({"image_id": image_id, "category_id": int(category), "bbox": box, "score": score})
+    return results
