@@ -1,6 +1,7 @@
 """`ssd val`'s report: the run directory, metrics.json, the figures, the worst images and report.html in a browser."""
 
 import json
+import re
 import shutil
 import subprocess
 
@@ -12,6 +13,7 @@ from ssd.cli import main
 from ssd.data import load_dataset
 from ssd.evaluation.report import build_report, format_report, worst_images, write_report
 from ssd.evaluation.results import ground_truths_from_records
+from ssd.inference.coco_results import to_coco_detections
 from ssd.models import build_model
 from ssd.weights.checkpoint import save_checkpoint
 
@@ -106,3 +108,20 @@ def test_ssd_val_writes_a_new_run_directory_each_time_unless_no_save(synthetic_v
     capsys.readouterr()
     assert main([*args, "--name", "quiet", "--no-save"]) == 0
     assert "dAP" in capsys.readouterr().out and not (tmp_path / "val" / "quiet").exists()
+
+
+def test_ssd_val_scores_a_results_file_and_names_foreign_image_ids(synthetic_voc, synthetic_report, tmp_path,
+                                                                   capsys):
+    detections = synthetic_report[3]
+    results = to_coco_detections(detections)
+    path = tmp_path / "detections.json"
+    path.write_text(json.dumps(results))
+    assert main(["val", "--detections", str(path), "--data", str(synthetic_voc), "--metric", "voc", "--no-save"]) == 0
+    out = capsys.readouterr().out
+    voc = synthetic_report[0]["voc"]["map"]
+    assert re.search(rf"^all +{voc:.4f} ", out, re.MULTILINE)  # the same VOC mAP as scoring the list directly
+    path.write_text(json.dumps([{**results[0], "image_id": "not_an_image"}, *results[1:]]))
+    assert main(["val", "--detections", str(path), "--data", str(synthetic_voc), "--no-save"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {path}: 1 image id(s) are not images of the split: not_an_image") and \
+        "\n" not in err

@@ -167,8 +167,10 @@ def _add_train_parser(sub) -> None:
 
 def _add_val_parser(sub) -> None:
     p = sub.add_parser("val", help="evaluate a checkpoint or an exported model on a dataset split", epilog=EPILOG)
-    p.add_argument("--weights", required=True, type=Path,
-                   help="checkpoint (.pt), exported .onnx or run directory (its best.pt)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--weights", type=Path, help="checkpoint (.pt), exported .onnx or run directory (its best.pt)")
+    source.add_argument("--detections", type=Path,
+                        help="score this COCO results JSON (the dataset's image and category ids) instead of a model")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON")
     p.add_argument("--split", default="val", help="dataset split (default: val)")
     p.add_argument("--metric", default="voc07", choices=["voc07", "voc", "coco"],
@@ -271,14 +273,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_val(args: argparse.Namespace) -> int:
-    from ssd.evaluation.evaluator import evaluate, format_table
+    from ssd.evaluation.evaluator import evaluate, evaluate_detections, format_table
     from ssd.evaluation.report import format_report
 
-    options = _thresholds(args)
-    result = evaluate(args.weights, args.data, metric=args.metric, split=args.split, batch_size=args.batch_size,
-                      workers=args.workers, device=args.device, **options, save_json=args.save_json,
-                      tile=args.tile, tile_overlap=_overlap(args), report=True,
-                      project=args.project if args.save else None, name=args.name)
+    saving = dict(report=True, project=args.project if args.save else None, name=args.name)
+    if args.detections is not None:
+        result = evaluate_detections(args.detections, args.data, metric=args.metric, split=args.split, **saving)
+    else:
+        result = evaluate(args.weights, args.data, metric=args.metric, split=args.split, batch_size=args.batch_size,
+                          workers=args.workers, device=args.device, **_thresholds(args), save_json=args.save_json,
+                          tile=args.tile, tile_overlap=_overlap(args), **saving)
     print(format_table(result, result["class_names"]))
     print(format_report(result["report"]))
     if args.save:

@@ -36,6 +36,7 @@ from ssd.device import autocast
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
 from ssd.evaluation.metrics import evaluate_voc
 from ssd.evaluation.report import build_report, write_report
+from ssd.evaluation.results import detections_from_coco_results, ground_truths_from_records
 from ssd.files import make_run_dir
 from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.registry import Backend, open_backend
@@ -44,8 +45,8 @@ from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
 from ssd.settings import EVALUATE, check_thresholds
 
-__all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",
-           "merge_results", "format_table", "save_coco_json"]
+__all__ = ["METRICS", "evaluate", "evaluate_detections", "evaluate_split", "split_loader", "predict_dataset",
+           "score_detections", "merge_results", "format_table", "save_coco_json"]
 
 # metric name -> what it is
 METRICS = {"voc07": "VOC AP@0.5, 2007 11-point interpolation", "voc": "VOC AP@0.5, 2010+ area under the curve",
@@ -90,13 +91,40 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
         save_coco_json(result, save_json, category_ids=category_ids)
     result = {**result, "class_names": class_names}
     if report or project is not None:
-        result["report"] = build_report(result["detections"], result["ground_truths"], class_names,
-                                        priors=backend.priors, data=str(data), split=split)
+        _add_report(result, backend.priors, data, split, category_ids, project, name)
+    return result
+
+
+def evaluate_detections(results: str | Path | Sequence[Mapping[str, Any]], data: str | Path, metric: str = "voc07",
+                        split: str = "val", *, skip_invalid: bool = False, report: bool = False,
+                        project: str | Path | None = None, name: str = "exp") -> dict[str, Any]:
+    """Score detections already made (a COCO results file or list, e.g. ``ssd val --save-json`` or another tool's,
+    with the dataset's own category ids) against a split, as :func:`evaluate` scores a network's; ``report`` /
+    ``project`` as there (no default-box coverage: there is no model). Image and category ids that are not the
+    dataset's are refused, naming the first ones
+    (:func:`ssd.evaluation.results.detections_from_coco_results`)."""
+    _check_metric(metric)
+    spec = load_training_data(data, skip_invalid=skip_invalid, splits=(split,))
+    records, class_names = spec.records(split), list(spec.class_names)
+    category_ids = getattr(spec, "category_ids", None)
+    truths = ground_truths_from_records(records)
+    detections = detections_from_coco_results(results, records, len(class_names), category_ids)
+    result = {**score_detections(detections, truths, class_names, metric), "ground_truths": truths,
+              "class_names": class_names}
+    if report or project is not None:
+        _add_report(result, None, data, split, category_ids, project, name)
+    return result
+
+
+def _add_report(result: dict[str, Any], priors: Tensor | None, data: str | Path, split: str,
+                category_ids: Sequence[int] | None, project: str | Path | None, name: str) -> None:
+    """Add ``report`` to an evaluation result and, with ``project``, write it to a new run directory (``run_dir``)."""
+    result["report"] = build_report(result["detections"], result["ground_truths"], result["class_names"],
+                                    priors=priors, data=str(data), split=split)
     if project is not None:
         result["run_dir"] = make_run_dir(project, name)
         write_report(result["report"], result["run_dir"], result["detections"], result["ground_truths"],
                      category_ids=category_ids)
-    return result
 
 
 def split_loader(records: Sequence[ImageRecord], class_names: Sequence[str], inputs: ModelConfig | Backend, *,
