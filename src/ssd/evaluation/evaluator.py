@@ -35,7 +35,6 @@ from ssd.detect import detect_batch, model_input
 from ssd.device import autocast
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
 from ssd.evaluation.metrics import evaluate_voc
-from ssd.evaluation.report import build_report, write_report
 from ssd.evaluation.results import detections_from_coco_results, ground_truths_from_records
 from ssd.files import make_run_dir
 from ssd.inference.coco_results import to_coco_detections
@@ -119,6 +118,8 @@ def evaluate_detections(results: str | Path | Sequence[Mapping[str, Any]], data:
 def _add_report(result: dict[str, Any], priors: Tensor | None, data: str | Path, split: str,
                 category_ids: Sequence[int] | None, project: str | Path | None, name: str) -> None:
     """Add ``report`` to an evaluation result and, with ``project``, write it to a new run directory (``run_dir``)."""
+    from ssd.evaluation.report import build_report, write_report  # matplotlib: only when a report is asked for
+
     result["report"] = build_report(result["detections"], result["ground_truths"], result["class_names"],
                                     priors=priors, data=str(data), split=split)
     if project is not None:
