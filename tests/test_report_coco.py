@@ -107,3 +107,6 @@ def test_results_with_foreign_image_or_category_ids_name_the_first_mismatches(tm
         detections_from_coco_results(results, records, 2, category_ids=[3, 5])
     with pytest.raises(ValueError, match=r"category id\(s\) 3, 4, 90 are not the dataset's \(0..1\)"):
         detections_from_coco_results(results, records, 2)
+    with pytest.raises(ValueError, match=r"detections: detection 1 is not a COCO result dict\(image_id, category_id, "
+                                         r"bbox=\[x, y, w, h\], score\): \{'image_id': 7\}"):
+        detections_from_coco_results([results[0], {"image_id": 7}], records, 2, category_ids=[3, 5])

@@ -273,8 +273,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_val(args: argparse.Namespace) -> int:
-    from ssd.evaluation.evaluator import evaluate, evaluate_detections, format_table
+    from ssd.evaluation.evaluator import evaluate, format_table
     from ssd.evaluation.report import format_report
+    from ssd.evaluation.results import evaluate_detections
 
     saving = dict(report=True, project=args.project if args.save else None, name=args.name)
     if args.detections is not None:

@@ -35,8 +35,6 @@ from ssd.detect import detect_batch, model_input
 from ssd.device import autocast
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
 from ssd.evaluation.metrics import evaluate_voc
-from ssd.evaluation.results import detections_from_coco_results, ground_truths_from_records
-from ssd.files import make_run_dir
 from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
@@ -44,15 +42,15 @@ from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
 from ssd.settings import EVALUATE, check_thresholds
 
-__all__ = ["METRICS", "evaluate", "evaluate_detections", "evaluate_split", "split_loader", "predict_dataset",
-           "score_detections", "merge_results", "format_table", "save_coco_json"]
+__all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",
+           "merge_results", "format_table", "save_coco_json", "check_metric"]
 
 # metric name -> what it is
 METRICS = {"voc07": "VOC AP@0.5, 2007 11-point interpolation", "voc": "VOC AP@0.5, 2010+ area under the curve",
            "coco": "COCO AP@[.5:.95] (pycocotools)"}
 
 
-def _check_metric(metric: str) -> None:
+def check_metric(metric: str) -> None:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
 
@@ -75,7 +73,7 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     :func:`predict_dataset`). ``report`` adds ``report`` (:func:`ssd.evaluation.report.build_report`); ``project``
     also writes it to a new run directory ``project/name`` (``name2``, ... when taken), returned as ``run_dir``.
     """
-    _check_metric(metric)
+    check_metric(metric)
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     check_tile(tile, tile_overlap)
     backend = open_backend(weights, device)
@@ -90,42 +88,10 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
         save_coco_json(result, save_json, category_ids=category_ids)
     result = {**result, "class_names": class_names}
     if report or project is not None:
-        _add_report(result, backend.priors, data, split, category_ids, project, name)
+        from ssd.evaluation.report import attach_report  # matplotlib: only when a report is asked for
+
+        attach_report(result, backend.priors, data, split, category_ids, project, name)
     return result
-
-
-def evaluate_detections(results: str | Path | Sequence[Mapping[str, Any]], data: str | Path, metric: str = "voc07",
-                        split: str = "val", *, skip_invalid: bool = False, report: bool = False,
-                        project: str | Path | None = None, name: str = "exp") -> dict[str, Any]:
-    """Score detections already made (a COCO results file or list, e.g. ``ssd val --save-json`` or another tool's,
-    with the dataset's own category ids) against a split, as :func:`evaluate` scores a network's; ``report`` /
-    ``project`` as there (no default-box coverage: there is no model). Image and category ids that are not the
-    dataset's are refused, naming the first ones
-    (:func:`ssd.evaluation.results.detections_from_coco_results`)."""
-    _check_metric(metric)
-    spec = load_training_data(data, skip_invalid=skip_invalid, splits=(split,))
-    records, class_names = spec.records(split), list(spec.class_names)
-    category_ids = getattr(spec, "category_ids", None)
-    truths = ground_truths_from_records(records)
-    detections = detections_from_coco_results(results, records, len(class_names), category_ids)
-    result = {**score_detections(detections, truths, class_names, metric), "ground_truths": truths,
-              "class_names": class_names}
-    if report or project is not None:
-        _add_report(result, None, data, split, category_ids, project, name)
-    return result
-
-
-def _add_report(result: dict[str, Any], priors: Tensor | None, data: str | Path, split: str,
-                category_ids: Sequence[int] | None, project: str | Path | None, name: str) -> None:
-    """Add ``report`` to an evaluation result and, with ``project``, write it to a new run directory (``run_dir``)."""
-    from ssd.evaluation.report import build_report, write_report  # matplotlib: only when a report is asked for
-
-    result["report"] = build_report(result["detections"], result["ground_truths"], result["class_names"],
-                                    priors=priors, data=str(data), split=split)
-    if project is not None:
-        result["run_dir"] = make_run_dir(project, name)
-        write_report(result["report"], result["run_dir"], result["detections"], result["ground_truths"],
-                     category_ids=category_ids)
 
 
 def split_loader(records: Sequence[ImageRecord], class_names: Sequence[str], inputs: ModelConfig | Backend, *,
@@ -158,7 +124,7 @@ def evaluate_split(network: nn.Module | Backend, loader: Iterable[dict[str, Any]
     settings: ``score_threshold``, ``nms_iou_threshold``, ``max_detections`` (the metric's own IoU for matching a
     detection to an object is ``match_iou_threshold``).
     """
-    _check_metric(metric)
+    check_metric(metric)
     network = unwrap_model(network) if isinstance(network, nn.Module) else network
     names = list(class_names if class_names is not None else network.class_names)
     detections, ground_truths = predict_dataset(network, loader, device=device, score_threshold=score_threshold,
@@ -282,7 +248,7 @@ def score_detections(detections: Sequence[Mapping[str, Any]], ground_truths: Seq
     :func:`~ssd.evaluation.coco.evaluate_coco` (``coco``), always with ``map`` (the headline number) and
     ``per_class``, plus ``metric`` and ``detections`` (the list given, for :func:`save_coco_json` and drawing).
     """
-    _check_metric(metric)
+    check_metric(metric)
     if metric == "coco":
         result = evaluate_coco(detections, ground_truths, len(class_names), class_names, verbose=verbose)
     else:

@@ -32,12 +32,12 @@ from ssd.evaluation.errors import DETECTION_TYPES, ERROR_TYPES, OBJECT_STATES, e
 from ssd.evaluation.figures import BOX_KINDS, draw_errors, gallery_tags, plot_confidence_curves, plot_confusion
 from ssd.evaluation.html import render_report_html
 from ssd.evaluation.metrics import evaluate_voc
-from ssd.files import write_text
+from ssd.files import make_run_dir, write_text
 from ssd.inference.coco_results import to_coco_detections
 from ssd.plots import plot_pr_curves, save_image
 from ssd.settings import PREDICT
 
-__all__ = ["build_report", "write_report", "format_report", "worst_images"]
+__all__ = ["build_report", "write_report", "attach_report", "format_report", "worst_images"]
 
 
 def _curve_free(row: Mapping[str, Any]) -> dict[str, Any]:
@@ -170,3 +170,14 @@ def format_report(report: Mapping[str, Any]) -> str:
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None or value != value else f"{value:.4f}"
+
+
+def attach_report(result: dict[str, Any], priors: Tensor | None, data: str | Path, split: str,
+                category_ids: Sequence[int] | None, project: str | Path | None, name: str) -> None:
+    """Add ``report`` to an evaluation result and, with ``project``, write it to a new run directory (``run_dir``)."""
+    result["report"] = build_report(result["detections"], result["ground_truths"], result["class_names"],
+                                    priors=priors, data=str(data), split=split)
+    if project is not None:
+        result["run_dir"] = make_run_dir(project, name)
+        write_report(result["report"], result["run_dir"], result["detections"], result["ground_truths"],
+                     category_ids=category_ids)

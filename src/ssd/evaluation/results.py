@@ -1,5 +1,5 @@
 """Ground truths of dataset records, and detections read from a COCO results file, in the per-image form every
-metric of :mod:`ssd.evaluation` takes."""
+metric of :mod:`ssd.evaluation` takes; :func:`evaluate_detections` scores such a file (``ssd val --detections``)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,14 @@ from typing import Any
 import torch
 
 from ssd._utils import few
+from ssd.data.load import load_training_data
 from ssd.data.records import ImageRecord
+from ssd.evaluation.evaluator import check_metric, score_detections
+from ssd.evaluation.report import attach_report
 
-__all__ = ["ground_truths_from_records", "detections_from_coco_results"]
+__all__ = ["ground_truths_from_records", "detections_from_coco_results", "evaluate_detections"]
+
+_RESULT_KEYS = {"image_id", "category_id", "bbox", "score"}
 
 
 def ground_truths_from_records(records: Sequence[ImageRecord]) -> list[dict[str, Any]]:
@@ -48,6 +53,11 @@ def detections_from_coco_results(results: str | Path | Sequence[Mapping[str, Any
         results = json.loads(Path(results).read_text())
     if not isinstance(results, list):
         raise ValueError(f"{source}: a COCO results file is a JSON list of detections, got {type(results).__name__}")
+    for i, item in enumerate(results):
+        if not (isinstance(item, Mapping) and item.keys() >= _RESULT_KEYS and isinstance(item["bbox"], list)
+                and len(item["bbox"]) == 4):
+            raise ValueError(f"{source}: detection {i} is not a COCO result dict(image_id, category_id, "
+                             f"bbox=[x, y, w, h], score): {str(item)[:80]}")
     index = {str(r.image_id): i for i, r in enumerate(records)}
     label_of = ({int(c): k for k, c in enumerate(category_ids)} if category_ids is not None
                 else {k: k for k in range(num_classes)})
@@ -73,3 +83,24 @@ def detections_from_coco_results(results: str | Path | Sequence[Mapping[str, Any
                     "labels": torch.tensor(labels, dtype=torch.int64), "image_id": record.image_id,
                     "path": str(record.path)})
     return out
+
+
+def evaluate_detections(results: str | Path | Sequence[Mapping[str, Any]], data: str | Path, metric: str = "voc07",
+                        split: str = "val", *, skip_invalid: bool = False, report: bool = False,
+                        project: str | Path | None = None, name: str = "exp") -> dict[str, Any]:
+    """Score detections already made (a COCO results file or list, e.g. ``ssd val --save-json`` or another tool's,
+    with the dataset's own category ids) against a split, as :func:`evaluate` scores a network's; ``report`` /
+    ``project`` as there (no default-box coverage: there is no model). Image and category ids that are not the
+    dataset's are refused, naming the first ones
+    (:func:`ssd.evaluation.results.detections_from_coco_results`)."""
+    check_metric(metric)
+    spec = load_training_data(data, skip_invalid=skip_invalid, splits=(split,))
+    records, class_names = spec.records(split), list(spec.class_names)
+    category_ids = getattr(spec, "category_ids", None)
+    truths = ground_truths_from_records(records)
+    detections = detections_from_coco_results(results, records, len(class_names), category_ids)
+    result = {**score_detections(detections, truths, class_names, metric), "ground_truths": truths,
+              "class_names": class_names}
+    if report or project is not None:
+        attach_report(result, None, data, split, category_ids, project, name)
+    return result
