@@ -11,6 +11,7 @@ from ssd.inference.backends import TorchBackend
 from ssd.inference.pipeline import Detector, load
 from ssd.inference.registry import BACKENDS, backend_kind, open_backend, register_backend
 from ssd.preprocess import preprocess, to_pixels
+from ssd.settings import PREDICT, ConfigError
 from ssd.weights.checkpoint import CheckpointError, save_checkpoint
 from test_export import biased_model, random_images
 
@@ -39,6 +40,15 @@ def test_detect_batch_equals_model_predict(tiny):
     assert [r.names for r in results] == [w["names"] for w in expected]
 
 
+def test_predict_defaults_are_the_predict_settings(tiny):
+    images = random_images(2)
+    expected = [d["scores"] for d in tiny.predict(images, **PREDICT.as_kwargs())]
+    assert [len(s) for s in expected] != [0, 0] and float(torch.cat(expected).min()) > PREDICT.score_threshold
+    for got in ([d["scores"] for d in tiny.predict(images)], [r.scores for r in Detector(tiny).predict(images)]):
+        for g, w in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=0)
+
+
 def test_to_pixels_scales_each_image_by_its_own_size():
     detections = [{"boxes": torch.tensor([[0.1, 0.2, 0.5, 1.0]])}, {"boxes": torch.zeros(0, 4)}]
     scaled = to_pixels(detections, torch.tensor([[100, 200], [50, 50]]))
@@ -50,9 +60,9 @@ def test_thresholds_are_checked_by_name(tiny):
     for options, message in ((dict(max_detections=0), r"^max_detections must be a positive integer, got 0$"),
                              (dict(score_threshold=1.5), r"^score_threshold must be a number in \[0, 1\], got 1.5$"),
                              (dict(iou_threshold=-0.1), r"^iou_threshold must be a number in \[0, 1\], got -0.1$")):
-        with pytest.raises(ValueError, match=message):
+        with pytest.raises(ConfigError, match=message):
             detect_batch(tiny, batch, sizes, **{**OPTS, **options})
-    with pytest.raises(ValueError, match=r"^batch_size must be a positive integer, got 0$"):
+    with pytest.raises(ConfigError, match=r"^batch_size must be a positive integer, got 0$"):
         Detector(tiny).predict(random_images(1), batch_size=0)
 
 
