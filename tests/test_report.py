@@ -92,7 +92,7 @@ def test_report_page_renders_in_headless_chromium(synthetic_report, tmp_path):
                          capture_output=True, text=True, timeout=120, check=True).stdout
     assert 'id="report-ready"' in dom  # the page's script ran to its end without an error
     images = 4 + len(list((page.parent / "worst").iterdir()))
-    assert f"5 tables, {images} images" in dom
+    assert f"6 tables, {images} images" in dom
     assert dom.count('<figure data-classes=') == 4 and '<select id="error-filter">' in dom
 
 

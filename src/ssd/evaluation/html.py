@@ -78,6 +78,17 @@ def _gallery(items: Sequence[Mapping[str, Any]], class_names: Sequence[str], kin
             + f'<div id="gallery">{figures}</div>')
 
 
+def _sources(sources: Mapping[str, Any] | None) -> list[str]:
+    """The table of where the missed and poorly localized objects are (size buckets, default-box coverage)."""
+    if not sources:
+        return []
+    buckets = [b["name"] for b in sources["missed"]["by_size"]]
+    rows = [[name, group["count"], *(f"{b['share']:.0%}" for b in group["by_size"]),
+             "-" if group["uncovered"] is None else f"{group['uncovered']:.0%}"] for name, group in sources.items()]
+    return ["<h3>Where the missed and poorly localized objects are</h3>",
+            _table(["objects", "count", *buckets, "no default box at IoU 0.5"], rows, sortable=False)]
+
+
 def render_report_html(report: Mapping[str, Any], figures: Sequence[tuple[str, str]],
                        gallery: Sequence[Mapping[str, Any]], kinds: Sequence[str]) -> str:
     """The page of ``report`` (:func:`ssd.evaluation.report.build_report`), ``figures`` ``(title, relative path)``
@@ -117,6 +128,7 @@ def render_report_html(report: Mapping[str, Any], figures: Sequence[tuple[str, s
     sections += ["<h2>Error breakdown (TIDE)</h2>",
                  _table(["error", "count", "dAP (mAP points)"],
                         [[k, v["count"], 100 * v["dap"]] for k, v in errors["errors"].items()]),
+                 *_sources(report["error_sources"]),
                  "<h2>Figures</h2>", _figures(figures),
                  "<h2>Worst images</h2>", _gallery(gallery, names, kinds)]
     title = html.escape(f"ssd val: {report['data']} ({report['split']})")
