@@ -18,6 +18,7 @@ __all__ = ["BOX_KINDS", "plot_confidence_curves", "plot_confusion", "draw_errors
 
 BOX_KINDS = ("true positive", "missed", "localization", "classification", "duplicate", "background", "both")
 """What a box drawn by :func:`draw_errors` is: a detection's type, or ``missed`` for an object nothing found."""
+_TAGS = ("TP", "missed", "loc", "cls", "dupe", "bkg", "both")  # TIDE's short names drawn on the boxes
 _KIND_OF_TYPE = {DETECTION_TYPES.index("true_positive"): 0,
                  **{DETECTION_TYPES.index(t): BOX_KINDS.index(t) for t in BOX_KINDS[2:]}}
 
@@ -76,15 +77,16 @@ def plot_confusion(matrix: Mapping[str, Any], out_png: str | Path, normalized: b
 
 def draw_errors(image: Tensor, detection: Mapping[str, Any], detection_type: Tensor, truth: Mapping[str, Any],
                 object_state: Tensor) -> Tensor:
-    """``image [3, H, W]`` uint8 with its detections tagged by type (:data:`BOX_KINDS`, with scores) and its missed
-    objects tagged ``missed``, one colour per kind; found objects are not drawn (their true positive is)."""
+    """``image [3, H, W]`` uint8 with its detections tagged by type (:data:`BOX_KINDS` in TIDE's short names: TP,
+    loc, cls, dupe, bkg, both; with scores) and its missed objects tagged ``missed``, one colour per kind; found
+    objects are not drawn (their true positive is)."""
     missed = object_state == OBJECT_STATES.index("missed")
     kinds = torch.tensor([_KIND_OF_TYPE.get(int(t), -1) for t in detection_type.tolist()], dtype=torch.int64)
     shown = kinds >= 0
     drawn = draw_detections(image, torch.as_tensor(truth["boxes"])[missed],
-                            torch.full((int(missed.sum()),), BOX_KINDS.index("missed")), None, BOX_KINDS)
+                            torch.full((int(missed.sum()),), BOX_KINDS.index("missed")), None, _TAGS)
     return draw_detections(drawn, torch.as_tensor(detection["boxes"])[shown], kinds[shown],
-                           torch.as_tensor(detection["scores"])[shown], BOX_KINDS)
+                           torch.as_tensor(detection["scores"])[shown], _TAGS)
 
 
 def gallery_tags(detection_type: Tensor, object_state: Tensor, labels: Sequence[int],
