@@ -74,3 +74,25 @@ def write_yolo_dataset(root: Path, bad_label: bool = False) -> Path:
     (root / "data.yaml").write_text(
         f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{', '.join(names)}]\n")
     return root / "data.yaml"
+
+
+def jittered_detections(ground_truths: list[dict], num_classes: int, seed: int = 0) -> list[dict]:
+    """Synthetic detections of per-image ground truths (no model needed): each object found once with its box
+    jittered by up to 20% of its size, some with a wrong label, plus one random false positive per image; scores
+    uniform in [0, 1] so every threshold and IoU level of a metric is exercised."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for truth in ground_truths:
+        boxes = truth["boxes"].float()
+        n = boxes.shape[0]
+        size = (boxes[:, 2:] - boxes[:, :2]).repeat(1, 2)
+        jittered = boxes + (torch.rand(n, 4, generator=g) - 0.5) * 0.4 * size
+        relabel = torch.rand(n, generator=g) < 0.1
+        labels = torch.where(relabel, torch.randint(0, num_classes, (n,), generator=g), truth["labels"])
+        h, w = truth.get("image_size", (512, 512))
+        corner = torch.rand(1, 2, generator=g) * torch.tensor([w, h]) * 0.8
+        false_positive = torch.cat([corner, corner + torch.tensor([w, h]) * 0.1], dim=1)
+        out.append({"boxes": torch.cat([jittered, false_positive]),
+                    "labels": torch.cat([labels, torch.randint(0, num_classes, (1,), generator=g)]),
+                    "scores": torch.rand(n + 1, generator=g)})
+    return out

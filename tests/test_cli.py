@@ -106,7 +106,8 @@ def test_train_then_val_from_the_command_line(synthetic_voc, tmp_path, capsys):
     config = (tmp_path / "cli" / "config.yaml").read_text()
     assert "epochs: 1" in config and "image_size: 128" in config
     best = tmp_path / "cli" / "weights" / "best.pt"
-    assert main(["val", "--weights", str(best), "--data", str(synthetic_voc), "--device", "cpu"]) == 0
+    assert main(["val", "--weights", str(best), "--data", str(synthetic_voc), "--device", "cpu",
+                 "--project", str(tmp_path / "val")]) == 0
     table = capsys.readouterr().out
     assert "circle" in table and "mAP" in table
     # the saved config reproduces the run: --config reads it, the command line wins

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from ssd.evaluation.metrics import evaluate_coco, evaluate_voc, voc_ap
+from ssd.evaluation.coco import evaluate_coco
+from ssd.evaluation.metrics import evaluate_voc, voc_ap
 from ssd.inference.coco_results import to_coco_detections
 
 

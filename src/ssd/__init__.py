@@ -47,7 +47,7 @@ _EXPORTS: dict[str, str] = {
     "train": "ssd.training.trainer",
     "evaluate": "ssd.evaluation.evaluator",
     "evaluate_split": "ssd.evaluation.evaluator",
-    "evaluate_coco": "ssd.evaluation.metrics",
+    "evaluate_coco": "ssd.evaluation.coco",
     "evaluate_voc": "ssd.evaluation.metrics",
     "voc_ap": "ssd.evaluation.metrics",
     "export_onnx": "ssd.export.onnx",
@@ -80,8 +80,9 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ssd.data.load import load_dataset
     from ssd.data.records import DataError
     from ssd.data.synthetic import generate_synthetic
+    from ssd.evaluation.coco import evaluate_coco
     from ssd.evaluation.evaluator import evaluate, evaluate_split
-    from ssd.evaluation.metrics import evaluate_coco, evaluate_voc, voc_ap
+    from ssd.evaluation.metrics import evaluate_voc, voc_ap
     from ssd.export.onnx import export_onnx
     from ssd.inference.pipeline import Detector, load
     from ssd.inference.registry import open_backend, register_backend

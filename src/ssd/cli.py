@@ -168,8 +168,10 @@ def _add_train_parser(sub) -> None:
 
 def _add_val_parser(sub) -> None:
     p = sub.add_parser("val", help="evaluate a checkpoint or an exported model on a dataset split", epilog=EPILOG)
-    p.add_argument("--weights", required=True, type=Path,
-                   help="checkpoint (.pt), exported .onnx or run directory (its best.pt)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--weights", type=Path, help="checkpoint (.pt), exported .onnx or run directory (its best.pt)")
+    source.add_argument("--detections", type=Path,
+                        help="score this COCO results JSON (the dataset's image and category ids) instead of a model")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON")
     p.add_argument("--split", default="val", help="dataset split (default: val)")
     p.add_argument("--metric", default="voc07", choices=["voc07", "voc", "coco"],
@@ -179,6 +181,11 @@ def _add_val_parser(sub) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     _add_threshold_options(p, EVALUATE, "")
     p.add_argument("--save-json", type=Path, help="also write the detections as COCO-format JSON here")
+    p.add_argument("--project", type=Path, default=Path("runs/val"),
+                   help="where the report's run directory goes (default: runs/val)")
+    p.add_argument("--name", default="exp", help="run directory name; exp2, exp3, ... when taken (default: exp)")
+    p.add_argument("--no-save", dest="save", action="store_false",
+                   help="print the report only (no run directory, no report.html)")
     _add_tile_options(p)
 
 
@@ -268,12 +275,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_val(args: argparse.Namespace) -> int:
     from ssd.evaluation.evaluator import evaluate, format_table
+    from ssd.evaluation.report import format_report
+    from ssd.evaluation.results import evaluate_detections
 
-    options = _thresholds(args)
-    result = evaluate(args.weights, args.data, metric=args.metric, split=args.split, batch_size=args.batch_size,
-                      workers=args.workers, device=args.device, **options, save_json=args.save_json,
-                      tile=args.tile, tile_overlap=_overlap(args))
+    saving = dict(report=True, project=args.project if args.save else None, name=args.name)
+    if args.detections is not None:
+        result = evaluate_detections(args.detections, args.data, metric=args.metric, split=args.split, **saving)
+    else:
+        result = evaluate(args.weights, args.data, metric=args.metric, split=args.split, batch_size=args.batch_size,
+                          workers=args.workers, device=args.device, **_thresholds(args), save_json=args.save_json,
+                          tile=args.tile, tile_overlap=_overlap(args), **saving)
     print(format_table(result, result["class_names"]))
+    print(format_report(result["report"]))
+    if args.save:
+        print(f"report: {result['run_dir'] / 'report.html'}")
     return 0
 
 

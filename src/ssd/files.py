@@ -6,7 +6,8 @@
 - :func:`atomic_write` writes to a temporary file next to the target and renames it into place, so a crash, a full
   disk or a file-size limit never leaves a partial file; the previous file, if any, stays intact. An ``OSError``
   while writing becomes an :class:`OutputError` with one line naming the file and the cause.
-- :func:`make_run_dir` creates the output folder of a run (``ssd train``, ``ssd predict``), never reusing one.
+- :func:`make_run_dir` creates the output folder of a run (``ssd train``, ``ssd val``, ``ssd predict``), never
+  reusing one.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ from ssd.data.load import load_training_data
 from ssd.data.records import ImageRecord
 from ssd.detect import detect_batch, model_input
 from ssd.device import autocast
-from ssd.evaluation.metrics import COCO_STATS, evaluate_coco, evaluate_voc
+from ssd.evaluation.coco import COCO_STATS, evaluate_coco
+from ssd.evaluation.metrics import evaluate_voc
 from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
@@ -42,14 +43,14 @@ from ssd.preprocess import preprocess
 from ssd.settings import EVALUATE, check_thresholds
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",
-           "merge_results", "format_table", "save_coco_json"]
+           "merge_results", "format_table", "save_coco_json", "check_metric"]
 
 # metric name -> what it is
 METRICS = {"voc07": "VOC AP@0.5, 2007 11-point interpolation", "voc": "VOC AP@0.5, 2010+ area under the curve",
            "coco": "COCO AP@[.5:.95] (pycocotools)"}
 
 
-def _check_metric(metric: str) -> None:
+def check_metric(metric: str) -> None:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
 
@@ -59,7 +60,8 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
              score_threshold: float = EVALUATE.score_threshold, iou_threshold: float = EVALUATE.iou_threshold,
              max_detections: int = EVALUATE.max_detections, skip_invalid: bool = False,
              save_json: str | Path | None = None, tile: int | str | Sequence[int] | None = None,
-             tile_overlap: float = TILE_OVERLAP) -> dict[str, Any]:
+             tile_overlap: float = TILE_OVERLAP, report: bool = False, project: str | Path | None = None,
+             name: str = "exp") -> dict[str, Any]:
     """Evaluate a network on a dataset split (checked first, like training's data).
 
     ``weights``: anything :func:`ssd.inference.registry.open_backend` opens (a checkpoint, a run directory, an
@@ -68,9 +70,10 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     Returns the dict of :func:`evaluate_split` plus ``class_names``; the numbers equal those of the end of training
     for the same split and thresholds. ``save_json`` also writes the detections in the COCO results format, with
     the dataset's own category ids where it has them (COCO). ``tile`` / ``tile_overlap``: tiled prediction (see
-    :func:`predict_dataset`).
+    :func:`predict_dataset`). ``report`` adds ``report`` (:func:`ssd.evaluation.report.build_report`); ``project``
+    also writes it to a new run directory ``project/name`` (``name2``, ... when taken), returned as ``run_dir``.
     """
-    _check_metric(metric)
+    check_metric(metric)
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     check_tile(tile, tile_overlap)
     backend = open_backend(weights, device)
@@ -80,9 +83,15 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     result = evaluate_split(backend, loader, class_names=class_names, metric=metric, score_threshold=score_threshold,
                             iou_threshold=iou_threshold, max_detections=max_detections, tile=tile,
                             tile_overlap=tile_overlap)
+    category_ids = getattr(spec, "category_ids", None)
     if save_json is not None:
-        save_coco_json(result, save_json, category_ids=getattr(spec, "category_ids", None))
-    return {**result, "class_names": class_names}
+        save_coco_json(result, save_json, category_ids=category_ids)
+    result = {**result, "class_names": class_names}
+    if report or project is not None:
+        from ssd.evaluation.report import attach_report  # matplotlib: only when a report is asked for
+
+        attach_report(result, backend.priors, data, split, category_ids, project, name)
+    return result
 
 
 def split_loader(records: Sequence[ImageRecord], class_names: Sequence[str], inputs: ModelConfig | Backend, *,
@@ -115,7 +124,7 @@ def evaluate_split(network: nn.Module | Backend, loader: Iterable[dict[str, Any]
     settings: ``score_threshold``, ``nms_iou_threshold``, ``max_detections`` (the metric's own IoU for matching a
     detection to an object is ``match_iou_threshold``).
     """
-    _check_metric(metric)
+    check_metric(metric)
     network = unwrap_model(network) if isinstance(network, nn.Module) else network
     names = list(class_names if class_names is not None else network.class_names)
     detections, ground_truths = predict_dataset(network, loader, device=device, score_threshold=score_threshold,
@@ -151,7 +160,8 @@ def predict_dataset(network: nn.Module | Backend, loader: Iterable[dict[str, Any
     Returns:
         ``(detections, ground_truths)``, one dict per image in loader order, on the CPU. Detections:
         ``boxes [N, 4]`` float32, ``scores [N]``, ``labels [N]`` int64 ``0..K-1``, ``image_id``, ``path``.
-        Ground truths: ``boxes [M, 4]``, ``labels [M]``, ``difficult [M]`` bool (padding removed).
+        Ground truths: ``boxes [M, 4]``, ``labels [M]``, ``difficult [M]`` bool (padding removed), ``image_size``
+        ``(h, w)``.
     """
     module = network if isinstance(network, nn.Module) else None
     if device is not None:
@@ -219,8 +229,10 @@ def _ground_truths(batch: Mapping[str, Any], scale: Tensor) -> list[dict[str, Te
     valid = batch["labels"] >= 0  # [B, G]
     gt_boxes = (batch["boxes"].float() * scale[:, None])[valid]
     sizes = valid.sum(dim=1).tolist()
-    return [{"boxes": b, "labels": lab, "difficult": dif} for b, lab, dif in
-            zip(gt_boxes.split(sizes), batch["labels"][valid].split(sizes), batch["difficult"][valid].split(sizes))]
+    image_sizes = [tuple(hw) for hw in batch["orig_sizes"].tolist()]
+    return [{"boxes": b, "labels": lab, "difficult": dif, "image_size": hw} for b, lab, dif, hw in
+            zip(gt_boxes.split(sizes), batch["labels"][valid].split(sizes), batch["difficult"][valid].split(sizes),
+                image_sizes)]
 
 
 def merge_results(parts: Sequence[Sequence[Any]]) -> list[Any]:
@@ -233,10 +245,10 @@ def score_detections(detections: Sequence[Mapping[str, Any]], ground_truths: Seq
     """Score per-image detections with ``metric`` (a key of :data:`METRICS`).
 
     Returns the dict of :func:`ssd.evaluation.metrics.evaluate_voc` (``voc07``, ``voc``: AP@0.5) or
-    :func:`~ssd.evaluation.metrics.evaluate_coco` (``coco``), always with ``map`` (the headline number) and
+    :func:`~ssd.evaluation.coco.evaluate_coco` (``coco``), always with ``map`` (the headline number) and
     ``per_class``, plus ``metric`` and ``detections`` (the list given, for :func:`save_coco_json` and drawing).
     """
-    _check_metric(metric)
+    check_metric(metric)
     if metric == "coco":
         result = evaluate_coco(detections, ground_truths, len(class_names), class_names, verbose=verbose)
     else:

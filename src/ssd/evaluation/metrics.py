@@ -1,4 +1,4 @@
-"""Detection metrics on per-image detections and ground truths in pixel ``xyxy``: VOC AP and COCO AP.
+"""Detection metrics on per-image detections and ground truths in pixel ``xyxy``: VOC AP (COCO: :mod:`.coco`).
 
 Inputs (every function here):
 
@@ -15,14 +15,12 @@ already matched (duplicate), and neither if it is difficult; otherwise a false p
 IoU uses continuous coordinates (``torchvision.ops`` areas, no devkit ``+1`` pixel), like modern libraries, and equal
 scores keep image order (stable sort; the devkit's order for ties is unspecified).
 
-COCO (:func:`evaluate_coco`) runs pycocotools' ``COCOeval`` on datasets built in memory; difficult/crowd objects are
-passed as ``iscrowd=1`` ignore regions.
+The input checks and flattening (:func:`check_inputs`, :func:`concat_rows`) are shared by every metric of
+:mod:`ssd.evaluation`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,10 +29,8 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_area
 
-__all__ = ["voc_ap", "evaluate_voc", "evaluate_coco", "COCO_STATS"]
-
-# Names of pycocotools' first six ``COCOeval.stats`` (bbox, maxDets=100).
-COCO_STATS = ("AP", "AP50", "AP75", "APs", "APm", "APl")
+__all__ = ["voc_ap", "evaluate_voc", "voc_from_rows", "match_detections", "check_inputs", "concat_rows",
+           "same_key_pairs", "paired_iou"]
 
 
 def voc_ap(recall: Sequence[float] | np.ndarray, precision: Sequence[float] | np.ndarray,
@@ -73,7 +69,7 @@ def _as_tensor(value: Any, dtype: torch.dtype) -> Tensor:
     return torch.as_tensor(np.asarray(value) if not isinstance(value, Tensor) else value.detach().cpu(), dtype=dtype)
 
 
-def _concat(items: Sequence[Mapping[str, Any]], kind: str, num_classes: int,
+def concat_rows(items: Sequence[Mapping[str, Any]], kind: str, num_classes: int,
             keys: tuple[str, ...]) -> dict[str, Tensor]:
     """Concatenate per-image dicts into flat tensors plus ``image`` (index of the image of each row), validated."""
     columns: dict[str, list[Tensor]] = {k: [] for k in (*keys, "image")}
@@ -106,7 +102,7 @@ def _concat(items: Sequence[Mapping[str, Any]], kind: str, num_classes: int,
     return flat
 
 
-def _check_inputs(detections: Sequence, ground_truths: Sequence, num_classes: int,
+def check_inputs(detections: Sequence, ground_truths: Sequence, num_classes: int,
                   class_names: Sequence[str] | None) -> list[str]:
     if len(detections) != len(ground_truths):
         raise ValueError(f"{len(detections)} detection entries but {len(ground_truths)} ground-truth entries "
@@ -119,7 +115,22 @@ def _check_inputs(detections: Sequence, ground_truths: Sequence, num_classes: in
     return names
 
 
-def _paired_iou(a: Tensor, b: Tensor) -> Tensor:
+def same_key_pairs(det_key: Tensor, gt_key: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Every (detection, object) pair with equal keys (e.g. the image index, or image and class), without forming
+    the full ``[N, M]`` product: ``(pair_det [Q], pair_gt [Q], per_det [N])`` row indices of each pair and the
+    number of pairs of each detection (keys ``>= 0``)."""
+    n = det_key.shape[0]
+    num_keys = int(max(gt_key.max().item() if gt_key.numel() else 0, det_key.max().item() if n else 0)) + 1
+    order = torch.argsort(gt_key, stable=True)
+    counts = torch.bincount(gt_key, minlength=num_keys)
+    starts = torch.cumsum(counts, 0) - counts
+    per_det = counts[det_key]
+    pair_det = torch.repeat_interleave(torch.arange(n), per_det)
+    offset = torch.arange(pair_det.numel()) - torch.repeat_interleave(torch.cumsum(per_det, 0) - per_det, per_det)
+    return pair_det, order[starts[det_key][pair_det] + offset], per_det
+
+
+def paired_iou(a: Tensor, b: Tensor) -> Tensor:
     """IoU of ``a[i]`` with ``b[i]`` (``[N, 4]`` xyxy each, continuous coordinates) -> ``[N]``."""
     wh = (torch.minimum(a[:, 2:], b[:, 2:]) - torch.maximum(a[:, :2], b[:, :2])).clamp(min=0)
     inter = wh[:, 0] * wh[:, 1]
@@ -135,22 +146,39 @@ def _best_ground_truth(det: dict[str, Tensor], gt: dict[str, Tensor], num_classe
     Only the (detection, object) pairs that share image and class are formed, so memory is linear in them.
     """
     n = det["labels"].shape[0]
-    gt_key = gt["image"] * num_classes + gt["labels"]
-    det_key = det["image"] * num_classes + det["labels"]
-    num_keys = int(max(gt_key.max().item() if gt_key.numel() else 0, det_key.max().item() if n else 0)) + 1
-    order = torch.argsort(gt_key, stable=True)
-    counts = torch.bincount(gt_key, minlength=num_keys)
-    starts = torch.cumsum(counts, 0) - counts
-    per_det = counts[det_key]  # [N] candidate objects of each detection
-    pair_det = torch.repeat_interleave(torch.arange(n), per_det)
-    offset = torch.arange(pair_det.numel()) - torch.repeat_interleave(torch.cumsum(per_det, 0) - per_det, per_det)
-    pair_gt = order[starts[det_key][pair_det] + offset]
-    iou = _paired_iou(det["boxes"][pair_det], gt["boxes"][pair_gt])
+    pair_det, pair_gt, per_det = same_key_pairs(det["image"] * num_classes + det["labels"],
+                                                gt["image"] * num_classes + gt["labels"])
+    iou = paired_iou(det["boxes"][pair_det], gt["boxes"][pair_gt])
     best = torch.zeros(n, dtype=torch.float64).scatter_reduce(0, pair_det, iou, "amax", include_self=True)
-    index = torch.full((n,), gt_key.numel(), dtype=torch.int64)
+    index = torch.full((n,), gt["labels"].numel(), dtype=torch.int64)
     at_best = iou == best[pair_det]
     index = index.scatter_reduce(0, pair_det[at_best], pair_gt[at_best], "amin", include_self=True)
     return best, torch.where(per_det > 0, index, -1)
+
+
+def match_detections(det: dict[str, Tensor], gt: dict[str, Tensor], num_classes: int,
+                     iou_threshold: float = 0.5) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The VOC matching of flat detections and ground truths (:func:`concat_rows` rows), see the module docstring.
+
+    Returns ``(tp [N] bool, ignored [N] bool, order [N], best_iou [N], best_gt [N])``: ``tp`` true positives,
+    ``ignored`` detections matched to a difficult object (neither TP nor FP), ``order`` detection indices by class,
+    then decreasing score (stable), ``best_iou`` / ``best_gt`` each detection's best same-class object of its image
+    (index into the ground-truth rows, ``-1`` / ``0`` without one).
+    """
+    best_iou, best_gt = _best_ground_truth(det, gt, num_classes)
+    hit = (best_gt >= 0) & (best_iou >= iou_threshold)
+    difficult = torch.cat([gt["difficult"], gt["difficult"].new_zeros(1)])  # index -1 (no object): False
+    hit_difficult = hit & difficult[best_gt]
+    candidate = hit & ~hit_difficult
+    # Rank by class, then decreasing score (stable: image order on ties); the first candidate of an object is its TP.
+    order = torch.argsort(-det["scores"], stable=True)
+    order = order[torch.argsort(det["labels"][order], stable=True)]
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel())
+    first = torch.full((gt["labels"].numel() + 1,), order.numel(), dtype=torch.int64)
+    first = first.scatter_reduce(0, best_gt[candidate], rank[candidate], "amin")
+    tp = candidate & (rank == first[best_gt.clamp(min=0)])
+    return tp, hit_difficult, order, best_iou, best_gt
 
 
 def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequence[Mapping[str, Any]],
@@ -166,24 +194,17 @@ def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequenc
         given, ``precision`` / ``recall`` ``[D]`` float64 arrays after each detection by decreasing score (detections
         matched to difficult objects left out; empty without ground truth).
     """
-    names = _check_inputs(detections, ground_truths, num_classes, class_names)
-    det = _concat(detections, "detections", num_classes, ("boxes", "scores", "labels"))
-    gt = _concat(ground_truths, "ground truths", num_classes, ("boxes", "labels", "difficult"))
+    names = check_inputs(detections, ground_truths, num_classes, class_names)
+    det = concat_rows(detections, "detections", num_classes, ("boxes", "scores", "labels"))
+    gt = concat_rows(ground_truths, "ground truths", num_classes, ("boxes", "labels", "difficult"))
+    return voc_from_rows(det, gt, names, use_07_metric, iou_threshold)
 
-    best_iou, best_gt = _best_ground_truth(det, gt, num_classes)
-    hit = (best_gt >= 0) & (best_iou >= iou_threshold)
-    difficult = torch.cat([gt["difficult"], gt["difficult"].new_zeros(1)])  # index -1 (no object): False
-    hit_difficult = hit & difficult[best_gt]
-    candidate = hit & ~hit_difficult
-    # Rank by class, then decreasing score (stable: image order on ties); the first candidate of an object is its TP.
-    order = torch.argsort(-det["scores"], stable=True)
-    order = order[torch.argsort(det["labels"][order], stable=True)]
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel())
-    first = torch.full((gt["labels"].numel() + 1,), order.numel(), dtype=torch.int64)
-    first = first.scatter_reduce(0, best_gt[candidate], rank[candidate], "amin")
-    tp = candidate & (rank == first[best_gt.clamp(min=0)])
 
+def voc_from_rows(det: dict[str, Tensor], gt: dict[str, Tensor], names: Sequence[str], use_07_metric: bool = False,
+                  iou_threshold: float = 0.5) -> dict[str, Any]:
+    """:func:`evaluate_voc` of flat rows (:func:`concat_rows`) and the class names, one per label."""
+    num_classes = len(names)
+    tp, hit_difficult, order = match_detections(det, gt, num_classes, iou_threshold)[:3]
     keep = order[~hit_difficult[order]]  # ranked detections that count
     tp_ranked, labels_ranked = tp[keep].to(torch.float64), det["labels"][keep]
     per_class_counts = torch.bincount(labels_ranked, minlength=num_classes).tolist()
@@ -205,70 +226,3 @@ def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequenc
                                "recall": recall}
     return {"map": float(np.mean(aps)) if aps else float("nan"), "match_iou_threshold": float(iou_threshold),
             "use_07_metric": bool(use_07_metric), "per_class": per_class}
-
-
-# --------------------------------------------------------------------------------------------------- COCO
-def _coco(images: list[dict], annotations: list[dict], categories: list[dict]):
-    from pycocotools.coco import COCO
-
-    coco = COCO()
-    coco.dataset = {"images": images, "annotations": annotations, "categories": categories}
-    coco.createIndex()
-    return coco
-
-
-def evaluate_coco(detections: Sequence[Mapping[str, Any]], ground_truths: Sequence[Mapping[str, Any]],
-                  num_classes: int, class_names: Sequence[str] | None = None, verbose: bool = False
-                  ) -> dict[str, Any]:
-    """COCO box AP through pycocotools' ``COCOeval``, on ground truths and detections built in memory (no files).
-
-    Ground-truth ``difficult`` objects are passed as ``iscrowd=1`` ignore regions. Object areas are box areas (for
-    APs/APm/APl). Image sizes do not enter COCOeval's box AP, so none are needed. pycocotools' prints are silenced
-    unless ``verbose``.
-
-    Returns:
-        ``dict(map, AP, AP50, AP75, APs, APm, APl, per_class)``; ``map`` is ``AP`` (AP@[.5:.95], 100 detections per
-        image); a value pycocotools reports as -1 (no ground truth in that area range) is ``nan``. ``per_class``
-        maps each class name to ``dict(ap, num_gt, num_det, precision, recall)``: ``ap`` AP@[.5:.95] of the class
-        (``nan`` without ground truth), ``num_gt`` non-crowd objects, ``num_det`` detections, and the PR curve at
-        IoU 0.5: ``precision [101]`` (interpolated) at ``recall [101]`` = ``0, 0.01, ..., 1``.
-    """
-    from pycocotools.cocoeval import COCOeval
-
-    names = _check_inputs(detections, ground_truths, num_classes, class_names)
-    det = _concat(detections, "detections", num_classes, ("boxes", "scores", "labels"))
-    gt = _concat(ground_truths, "ground truths", num_classes, ("boxes", "labels", "difficult"))
-
-    def annotations(rows: dict[str, Tensor], extra: dict[str, list]) -> list[dict]:
-        xywh = torch.cat([rows["boxes"][:, :2], rows["boxes"][:, 2:] - rows["boxes"][:, :2]], dim=1)
-        columns = {"image_id": (rows["image"] + 1).tolist(), "category_id": rows["labels"].tolist(),
-                   "bbox": xywh.tolist(), "area": (xywh[:, 2] * xywh[:, 3]).tolist(), **extra}
-        # ids start at 1: COCOeval treats id 0 as "unmatched"
-        return [dict(zip(columns, values), id=i + 1) for i, values in enumerate(zip(*columns.values()))]
-
-    images = [{"id": i + 1} for i in range(len(detections))]
-    categories = [{"id": k, "name": name} for k, name in enumerate(names)]
-    quiet = contextlib.nullcontext() if verbose else contextlib.redirect_stdout(io.StringIO())
-    with quiet:
-        coco_gt = _coco(images, annotations(gt, {"iscrowd": gt["difficult"].int().tolist()}), categories)
-        det_extra = {"score": det["scores"].tolist(), "iscrowd": [0] * len(det["scores"])}
-        coco_dt = _coco(images, annotations(det, det_extra), categories)
-        evaluator = COCOeval(coco_gt, coco_dt, iouType="bbox")
-        evaluator.evaluate()
-        evaluator.accumulate()
-        evaluator.summarize()
-    stats = [float("nan") if s < 0 else float(s) for s in evaluator.stats[: len(COCO_STATS)]]
-
-    precision = evaluator.eval["precision"][:, :, :, 0, -1]  # [T iou, R recall, K] at area "all", 100 dets
-    num_gt = torch.bincount(gt["labels"][~gt["difficult"]], minlength=num_classes).tolist()
-    num_det = torch.bincount(det["labels"], minlength=num_classes).tolist()
-    recall = np.asarray(evaluator.params.recThrs, dtype=np.float64)
-    per_class = {}
-    for k, name in enumerate(names):
-        valid = precision[:, :, k][precision[:, :, k] > -1]
-        has_gt = num_gt[k] > 0 and valid.size > 0
-        per_class[name] = {"ap": float(valid.mean()) if has_gt else float("nan"), "num_gt": num_gt[k],
-                           "num_det": num_det[k],
-                           "precision": precision[0, :, k].astype(np.float64) if has_gt else np.zeros(0),
-                           "recall": recall if has_gt else np.zeros(0)}
-    return {"map": stats[0], **dict(zip(COCO_STATS, stats)), "per_class": per_class}
