@@ -31,6 +31,7 @@ from ssd.models import MODEL_CONFIGS
 from ssd.models.build import default_priors
 from ssd.priors import PriorConfig
 from ssd.priors.fit import FitResult, fit_priors
+from ssd.yamlfile import safe_load
 
 __all__ = ["fit_for_model", "load_priors", "resolve_priors", "save_priors", "train_command", "training_boxes"]
 
@@ -87,7 +88,7 @@ def load_priors(path: str | Path) -> tuple[PriorConfig, str | None, int | tuple[
         raise FileNotFoundError(f"priors file {path} does not exist (write one with `ssd check DATA --model NAME "
                                 "--fit-priors`, or use --priors auto)")
     try:
-        values = yaml.safe_load(path.read_text())
+        values = safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(values, dict):

@@ -20,6 +20,7 @@ import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
 from ssd.settings import ConfigError
+from ssd.yamlfile import safe_load
 
 __all__ = ["TrainConfig", "parse_image_size"]
 
@@ -122,7 +123,7 @@ class TrainConfig:
         """Read a YAML mapping of fields (as written by :meth:`to_yaml`)."""
         path = Path(path)
         try:
-            values = yaml.safe_load(path.read_text()) or {}
+            values = safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML ({e})") from None
         if not isinstance(values, dict):
