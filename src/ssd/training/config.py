@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +21,7 @@ from typing import Literal
 import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
+from ssd.limits import MAX_INPUT_SIDE, value_text
 from ssd.settings import ConfigError
 from ssd.yamlfile import safe_load
 
@@ -162,6 +165,7 @@ class TrainConfig:
 
     # --------------------------------------------------------------------------------------------- checking
     def _check(self) -> None:
+        _check_types(self)
         for name in ("epochs", "batch_size", "val_interval"):
             _require(self, name, getattr(self, name) >= 1, "must be at least 1")
         if self.schedule_epochs is not None:
@@ -174,8 +178,12 @@ class TrainConfig:
             _require(self, "lr", 0 < self.lr < math.inf, "must be a finite number > 0")
         if self.weight_decay is not None:
             _require(self, "weight_decay", 0 <= self.weight_decay < math.inf, "must be a finite number >= 0")
-        if self.freeze_epochs is not None:
-            _require(self, "freeze_epochs", self.freeze_epochs >= 0, "must be >= 0")
+        for name in ("freeze_epochs", "warmup_iters"):
+            if getattr(self, name) is not None:
+                _require(self, name, getattr(self, name) >= 0, "must be >= 0")
+        _require(self, "seed", 0 <= self.seed < 2**63, "must be in [0, 2**63)")
+        _require(self, "score_threshold", 0 <= self.score_threshold < 1, "must be in [0, 1)")
+        _require(self, "iou_threshold", 0 <= self.iou_threshold <= 1, "must be in [0, 1]")
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             _require(self, name, value is None or value in choices, f"choose one of {', '.join(choices)}")
@@ -186,7 +194,37 @@ class TrainConfig:
 def _require(config: TrainConfig, name: str, ok: bool, rule: str) -> None:
     """Raise :class:`ConfigError` naming the field, its command-line option, the value and the rule."""
     if not ok:
-        raise ConfigError(f"{name}={getattr(config, name)!r} is invalid: {rule} (--{name.replace('_', '-')})")
+        raise ConfigError(f"{name}={value_text(getattr(config, name))} is invalid: {rule} "
+                          f"(--{name.replace('_', '-')})")
+
+
+def _type_rule(hint: typing.Any) -> tuple[tuple[type, ...], str] | None:
+    """The accepted Python types of a field and the words for them (``None`` for Literal fields, checked by choice)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) in (
+        typing.Union, types.UnionType) else [hint]
+    if any(typing.get_origin(a) is Literal for a in args):
+        return None
+    if list[int] in args:
+        return (list,), "a list of whole numbers"
+    if str in args:
+        return (str, os.PathLike), "text"
+    return {int: ((int,), "a whole number"), float: ((int, float), "a finite number"),
+            bool: ((bool,), "true or false")}[args[0]]
+
+
+def _check_types(config: TrainConfig) -> None:
+    """Refuse a value of the wrong type (``epochs: ten``, ``batch_size: [4]``) or a non-finite number, by field."""
+    for name, hint in typing.get_type_hints(TrainConfig).items():
+        value, rule = getattr(config, name), _type_rule(hint)
+        if value is None or rule is None or name == "image_size":  # image_size: parse_image_size's rules
+            continue
+        types_, words = rule
+        ok = isinstance(value, types_) and (bool in types_ or not isinstance(value, bool))
+        if ok and isinstance(value, float):
+            ok = math.isfinite(value)
+        if ok and name == "milestones":
+            ok = all(isinstance(m, int) and not isinstance(m, bool) for m in value)
+        _require(config, name, ok, f"must be {words}")
 
 
 _CHOICES = {name: typing.get_args(typing.get_args(hint)[0] if typing.get_origin(hint) is not Literal else hint)
@@ -206,10 +244,11 @@ def parse_image_size(value: typing.Any) -> int | str:
     try:
         h, w = as_hw(value)
     except ValueError:
-        raise ConfigError(f"image_size={value!r} is invalid: give N for a square N x N input or HxW (height x width, "
-                          "e.g. 512x288)") from None
-    if min(h, w) < 32:
-        raise ConfigError(f"image_size={value!r} is invalid: must be at least 32 on each side")
+        raise ConfigError(f"image_size={value_text(value)} is invalid: give N for a square N x N input or HxW "
+                          "(height x width, e.g. 512x288)") from None
+    if min(h, w) < 32 or max(h, w) > MAX_INPUT_SIDE:
+        raise ConfigError(f"image_size={value_text(value)} is invalid: must be at least 32 and at most "
+                          f"{MAX_INPUT_SIDE} on each side (--image-size; the bound is ssd.limits.MAX_INPUT_SIDE)")
     return h if h == w else size_text((h, w))
 
 
@@ -217,6 +256,6 @@ def _coerce(name: str, value: typing.Any) -> typing.Any:
     """Paths become strings (so the config stays YAML-able); a tuple of milestones becomes a list."""
     if isinstance(value, Path):
         return str(value)
-    if name == "milestones" and value is not None:
-        return [int(v) for v in value]
+    if name == "milestones" and isinstance(value, tuple):
+        return list(value)
     return value
