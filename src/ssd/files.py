@@ -1,8 +1,8 @@
 """Every file the library writes goes through here: one output guard and one atomic writer.
 
-- :func:`check_output` refuses, before any work is done, an output that is the same file as one of the inputs
-  (compared by inode with :func:`os.path.samefile`, so hard links and symlinks are caught), a directory where a file
-  is due, or a file where a directory is due.
+- :func:`check_output` (:func:`check_outputs` for many) refuses, before any work is done, an output that is the same
+  file as one of the inputs (compared by device and inode, as :func:`os.path.samefile` does, so hard links and
+  symlinks are caught), a directory where a file is due, or a file where a directory is due.
 - :func:`atomic_write` writes to a temporary file next to the target and renames it into place, so a crash, a full
   disk or a file-size limit never leaves a partial file; the previous file, if any, stays intact. An ``OSError``
   while writing becomes an :class:`OutputError` with one line naming the file and the cause.
@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Literal
 
-__all__ = ["OutputError", "check_output", "atomic_write", "write_text", "write_bytes", "is_temporary",
+__all__ = ["OutputError", "check_output", "check_outputs", "atomic_write", "write_text", "write_bytes", "is_temporary",
            "remove_stale_temporaries", "describe_os_error"]
 
 # Temporaries are ".<name>.<8 characters>.ssdtmp" next to the target: a suffix of the library's own, so that cleaning
@@ -49,38 +49,60 @@ def describe_os_error(error: OSError, path: str | os.PathLike, *, action: str = 
     return f"{cause} while {action} {path}" + (f" ({code})" if code else "")
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def _identity(path: Path) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file ``path`` names (links followed), or ``None`` when there is none (yet)."""
     try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet): it cannot be the other
-        return False
+        info = os.stat(path)
+    except (OSError, ValueError):  # missing, a dangling link, a name the OS refuses: it cannot be an input
+        return None
+    return info.st_dev, info.st_ino
 
 
-def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike | None] = (),
-                 kind: Literal["file", "dir"] = "file", what: str = "output") -> Path:
-    """Refuse an output ``path`` that is one of ``inputs`` (same inode) or has the wrong kind; return it as a Path.
-
-    ``inputs`` may hold files and directories (a directory input protects every file below it that exists: an output
-    file inside an input folder is refused only when it is the same file as one there). ``None`` entries are skipped.
-    For ``kind="dir"``, an existing file at ``path`` is refused; for ``kind="file"``, an existing directory is.
-
-    Raises:
-        OutputError: naming the output, the input it would overwrite, or the kind it should have.
-    """
-    path = Path(path)
+def _check_kind(path: Path, kind: Literal["file", "dir"], what: str) -> None:
     if kind == "file" and path.is_dir():
         raise OutputError(f"{what} {path} is a directory; give a file name")
     if kind == "dir" and path.exists() and not path.is_dir():
         raise OutputError(f"{what} {path} is an existing file; give a directory")
     if kind == "file" and path.parent.exists() and not path.parent.is_dir():
         raise OutputError(f"{what} {path}: {path.parent} is a file, not a directory")
+
+
+def check_outputs(paths: Iterable[str | os.PathLike], *, inputs: Iterable[str | os.PathLike | None] = (),
+                  kind: Literal["file", "dir"] = "file", what: str = "output") -> list[Path]:
+    """:func:`check_output` for many outputs against the same inputs, each input looked at once.
+
+    ``inputs`` may hold files and directories (compared by their own identity); ``None`` entries are skipped.
+
+    Raises:
+        OutputError: naming the output, the input it would overwrite, or the kind it should have.
+    """
+    protected: dict[tuple[int, int], Path] = {}
     for given in inputs:
-        if given is None:
-            continue
-        source = Path(given)
-        if _same_file(path, source):
-            raise OutputError(f"{what} {path} is the input {source}; choose another {what} so the input is kept")
-    return path
+        if given is not None and (key := _identity(Path(given))) is not None:
+            protected.setdefault(key, Path(given))
+    checked = []
+    for path in map(Path, paths):
+        _check_kind(path, kind, what)
+        source = protected.get(_identity(path))  # type: ignore[arg-type]
+        if source is not None:
+            raise OutputError(f"{what} {path} is the input {source} (the same file); choose another {what} so the "
+                              "input is kept")
+        checked.append(path)
+    return checked
+
+
+def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike | None] = (),
+                 kind: Literal["file", "dir"] = "file", what: str = "output") -> Path:
+    """Refuse an output ``path`` that is one of ``inputs`` (same device and inode, so hard links and symlinks are
+    caught) or has the wrong kind; return it as a Path.
+
+    For ``kind="dir"``, an existing file at ``path`` is refused; for ``kind="file"``, an existing directory is (and
+    a parent that is a file). ``what`` names the output in the message (``"--save-json"``).
+
+    Raises:
+        OutputError: naming the output, the input it would overwrite, or the kind it should have.
+    """
+    return check_outputs([path], inputs=inputs, kind=kind, what=what)[0]
 
 
 def _temporary_for(path: Path) -> tuple[int, Path]:
