@@ -32,12 +32,15 @@ from ssd.data.load import load_training_data
 from ssd.data.records import ImageRecord
 from ssd.device import autocast, prepare_model, resolve_device
 from ssd.evaluation.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
+from ssd.files import check_output, write_text
 from ssd.inference.pipeline import detect_batch
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.models import model_from_checkpoint
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
 from ssd.training.run import plain_data_errors
+from ssd.weights.checkpoint import CheckpointError
+from ssd.weights.resolve import resolve_weights
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",
            "merge_results", "format_table", "save_coco_json"]
@@ -65,10 +68,14 @@ def evaluate(weights: str | Path, data: str | Path, metric: str = "voc07", split
     """
     _check_metric(metric)
     check_tile(tile, tile_overlap)
+    if save_json is not None:  # before any work, and again once the dataset's own files are known
+        check_output(save_json, inputs=[weights, _weights_file(weights), data], what="--save-json")
     torch_device = resolve_device(device)
     model = model_from_checkpoint(weights)
     class_names = list(model.class_names)
     spec = load_training_data(data, skip_invalid=skip_invalid, class_names=class_names, splits=(split,))
+    if save_json is not None:
+        check_output(save_json, inputs=spec.input_files(), what="--save-json")
     model, channels_last = prepare_model(model, torch_device, None)
     loader = split_loader(spec.records(split), class_names, model.config, batch_size=batch_size, workers=workers)
     with plain_data_errors():
@@ -243,7 +250,12 @@ def save_coco_json(result: Mapping[str, Any] | Sequence[Mapping[str, Any]], path
     (see :func:`ssd.evaluation.metrics.to_coco_detections`).
     """
     detections = result["detections"] if isinstance(result, Mapping) else result
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_coco_detections(detections, category_ids=category_ids)))
-    return path
+    return write_text(path, json.dumps(to_coco_detections(detections, category_ids=category_ids)))
+
+
+def _weights_file(weights: str | Path) -> Path | None:
+    """The checkpoint a run directory stands for (to protect it from ``--save-json``), or ``None``."""
+    try:
+        return resolve_weights(weights)
+    except CheckpointError:
+        return None
