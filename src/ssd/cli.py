@@ -310,7 +310,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
         options = {"image_size": args.image_size} if args.image_size else {}
         priors = build_model(args.model, num_classes=1, **options).priors
     if args.fit_priors:
+        from ssd.files import check_output
+
         data = load_dataset(args.data)  # once, for the check and the fit
+        check_output(args.priors_out, inputs=[args.data, *data.input_files()], what="--priors-out")
     report = check_dataset(data, priors=priors, model=args.model, image_size=args.image_size)
     output = report.to_dict() if args.as_json else report.format_table()
     if args.fit_priors:

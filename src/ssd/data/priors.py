@@ -27,6 +27,7 @@ from torch import Tensor
 from ssd._utils import as_hw, compact_size, size_text
 from ssd.data.check import spec_boxes
 from ssd.data.records import DatasetSpec
+from ssd.files import write_text
 from ssd.models import MODEL_CONFIGS
 from ssd.models.build import default_priors
 from ssd.priors import PriorConfig
@@ -68,9 +69,7 @@ def save_priors(path: str | Path, result: FitResult, model: str, source: str | N
     body = {"model": model, "image_size": result.image_size if square else size,  # an int or "HxW"
             "coverage": {"boxes": b["boxes"], "before": round(b["covered"], 4), "after": round(a["covered"], 4)},
             "priors": result.priors.to_dict()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None))
-    return path
+    return write_text(path, "\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None))
 
 
 def train_command(model: str, image_size: int | tuple[int, int] | str, priors_file: str | Path) -> str:
