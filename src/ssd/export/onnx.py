@@ -46,7 +46,7 @@ from ssd._utils import as_hw, unwrap_model
 from ssd._version import __version__
 from ssd.boxes import decode
 from ssd.export.parity import ExportCheckError, check_onnx
-from ssd.files import OutputError, atomic_write, check_output
+from ssd.files import OutputError, atomic_write, check_output, write_bytes
 from ssd.inference.backends import check_category_ids, graph_digest
 from ssd.inference.pipeline import check_thresholds
 from ssd.models import model_from_checkpoint
@@ -190,8 +190,7 @@ def export_onnx(
                          f"from opset {written} failed (use opset {written} or newer)")
     thresholds = (score_threshold, iou_threshold, max_detections) if nms else None
     onnx.helper.set_model_props(proto, _metadata(model, category_ids, graph_digest(proto), thresholds))
-    with atomic_write(out_path) as f:
-        onnx.save(proto, f)
+    write_bytes(out_path, proto.SerializeToString())
     if check:
         check_onnx(model, out_path, sample_images)
     return out_path
