@@ -21,10 +21,13 @@ from pathlib import Path
 from typing import IO, Literal
 
 __all__ = ["OutputError", "check_output", "check_outputs", "atomic_write", "write_text", "write_bytes", "is_temporary",
-           "remove_stale_temporaries", "describe_os_error"]
+           "remove_stale_temporaries", "describe_os_error", "DirectoryLock", "LOCK_FILE"]
 
 # Temporaries are ".<name>.<8 characters>.ssdtmp" next to the target: a suffix of the library's own, so that cleaning
 # up never touches a user's ".notes.txt.mynotes1.tmp".
+LOCK_FILE = ".ssd.lock"
+"""The file a :class:`DirectoryLock` holds a lock on, inside the folder it protects."""
+
 _TEMP_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 _TEMP_PATTERN = re.compile(r"\.(.+)\.[a-z0-9]{8}\.ssdtmp")
 _CAUSES = {
@@ -134,12 +137,13 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: Literal["wb", "w"] = "wb", *,
-                 encoding: str = "utf-8") -> Iterator[IO]:
+                 encoding: str = "utf-8", newline: str | None = None) -> Iterator[IO]:
     """Open a temporary file next to ``path`` for writing; on success it is synced and renamed over ``path``.
 
-    Parent directories are created. A replaced file's permissions are kept; a new file gets ``0o666`` less the
-    umask. On any error the temporary file is removed and ``path`` is untouched; an ``OSError`` is raised again as
-    :class:`OutputError` with :func:`describe_os_error`'s line (the previous file, if any, is said to be intact).
+    ``encoding`` / ``newline``: as for :func:`open` in text mode. Parent directories are created. A replaced
+    file's permissions are kept; a new file gets ``0o666`` less the umask. On any error the temporary file is removed
+    and ``path`` is untouched; an ``OSError`` is raised again as :class:`OutputError` with
+    :func:`describe_os_error`'s line (the previous file, if any, is said to be intact).
     """
     path = Path(path)
     try:
@@ -152,7 +156,7 @@ def atomic_write(path: str | os.PathLike, mode: Literal["wb", "w"] = "wb", *,
     except OSError as error:
         raise OutputError(describe_os_error(error, path)) from error
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding})) as f:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding, "newline": newline})) as f:
             if keep_mode is not None:
                 os.chmod(tmp, keep_mode)
             yield f
@@ -180,3 +184,37 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     with atomic_write(path, "wb") as f:
         f.write(data)
     return Path(path)
+
+
+class DirectoryLock:
+    """An exclusive lock on a folder that one process writes into (a training run directory), held until
+    :meth:`release`: a second run into the same folder (``--exist-ok``) is refused instead of mixing its files.
+
+    The lock is ``fcntl.flock`` on :data:`LOCK_FILE` inside the folder, so the system drops it when the holder dies
+    (a killed run never leaves the folder locked).
+
+    Raises:
+        OutputError: the folder is locked by another process (or another open lock in this one).
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, what: str = "run directory") -> None:
+        import fcntl
+
+        self.path = Path(directory) / LOCK_FILE
+        try:
+            self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as error:
+            raise OutputError(describe_os_error(error, self.path, action="locking")) from error
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise OutputError(f"{what} {directory} is in use by another run (it holds {self.path}); wait for it to "
+                              "finish or choose another --name") from None
+
+    def release(self) -> None:
+        """Give the lock up (the lock file stays, unlocked); calling it again does nothing."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import ssd.distributed as ddp
 from ssd.data.synthetic import generate_synthetic
+from ssd.files import write_text
 from ssd.training.config import TrainConfig
 from ssd.training.trainer import TrainResult, train
 
@@ -33,7 +34,7 @@ def demo_dataset(root: Path, **overrides) -> Path:
     if stamp.is_file() and json.loads(stamp.read_text()) == params:
         return root
     generate_synthetic(root, **params)
-    stamp.write_text(json.dumps(params))
+    write_text(stamp, json.dumps(params))
     return root
 
 

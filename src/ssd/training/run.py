@@ -29,6 +29,7 @@ from torch import nn
 
 from ssd.data.images import read_image
 from ssd.data.records import DataError, ImageRecord
+from ssd.files import DirectoryLock, atomic_write, check_output
 from ssd.plots import (
     RESULTS_COLUMNS,
     draw_detections,
@@ -46,7 +47,7 @@ __all__ = ["make_run_dir", "seed_everything", "epoch_seed", "rng_state", "set_rn
 
 def make_run_dir(project: str | Path, name: str, exist_ok: bool = False) -> Path:
     """``project/name``, or ``name2``, ``name3``, ... when taken (created here, so concurrent runs never share one)."""
-    project = Path(project)
+    project = check_output(project, kind="dir", what="project folder")
     project.mkdir(parents=True, exist_ok=True)
     index = 1
     while True:
@@ -93,7 +94,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def write_results_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     """Rewrite ``results.csv`` from the run history (so a resumed run never holds duplicate epochs)."""
-    with open(path, "w", newline="") as f:
+    with atomic_write(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=RESULTS_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
@@ -128,6 +129,7 @@ class RunOutput:
 
         self.run_dir, self.config, self.log = run_dir, config, log
         (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+        self.lock = DirectoryLock(run_dir)  # a second run with --exist-ok into this folder is refused
         remove_stale_temporaries(run_dir / "weights")  # left by a run killed while writing a checkpoint
         config.to_yaml(run_dir / "config.yaml")
         self.writer = SummaryWriter(str(run_dir))
@@ -172,6 +174,7 @@ class RunOutput:
 
     def close(self) -> None:
         self.writer.close()
+        self.lock.release()
 
     def __enter__(self) -> RunOutput:
         return self
