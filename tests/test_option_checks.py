@@ -20,6 +20,10 @@ from ssd.training.config import TrainConfig
     ({"iou_threshold": -0.1}, "iou_threshold=-0.1 is invalid: must be in [0, 1] (--iou-threshold)"),
     ({"amp": "yes"}, "amp='yes' is invalid: must be true or false (--amp)"),
     ({"milestones": [10, "x"]}, "milestones=[10, 'x'] is invalid: must be a list of whole numbers (--milestones)"),
+    ({"val_fraction": 1.5}, "val_fraction=1.5 is invalid: must be in (0, 1), e.g. 0.1 (--val-fraction)"),
+    ({"name": "../../x"}, "name='../../x' is invalid: must be one folder name inside --project (no '/', no '..', "),
+    ({"name": "/tmp/x"}, "name='/tmp/x' is invalid: must be one folder name inside --project"),
+    ({"name": ".."}, "name='..' is invalid: must be one folder name inside --project"),
     ({"image_size": 100000}, "image_size=100000 is invalid: must be at least 32 and at most 4096 on each side"),
     ({"image_size": "32x100000"}, "image_size='32x100000' is invalid: must be at least 32 and at most 4096"),
 ])
@@ -42,6 +46,7 @@ def test_valid_values_pass_unchanged():
     (["--warmup-iters", "-5"], "--warmup-iters"),
     (["--score-threshold", "5"], "--score-threshold"),
     (["--image-size", "32x100000"], "--image-size"),
+    (["--name", "../../x"], "--name"),
 ])
 def test_train_option_out_of_range_exits_2_before_a_run_directory(tmp_path, capsys, argv, option):
     project = tmp_path / "runs"

@@ -21,6 +21,7 @@ from typing import Literal
 import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
+from ssd.files import write_text
 from ssd.limits import MAX_INPUT_SIDE, value_text
 from ssd.settings import ConfigError
 from ssd.yamlfile import safe_load
@@ -79,6 +80,8 @@ class TrainConfig:
     cache_images: bool = _help("decode every image once and keep it in RAM", default=False)
     skip_invalid: bool = _help("drop invalid objects/images (reported) instead of refusing the data", default=False)
     skip_nonfinite: bool = _help("skip and count steps with a non-finite loss instead of stopping", default=False)
+    val_fraction: float | None = _help("for data without a val split: hold out this share of the training images "
+                                       "(seeded by --seed, reported) to validate on", default=None)
     val_interval: int = _help("validate every N epochs (and always after the last)", default=1)
     metric: Literal["voc07", "voc", "coco"] = _help("validation metric: voc07 11-point, voc area, coco",
                                                     default="voc07")
@@ -140,7 +143,7 @@ class TrainConfig:
         """The YAML text of every field; also written to ``path`` when given."""
         text = yaml.safe_dump(self.to_dict(), sort_keys=False)
         if path is not None:
-            Path(path).write_text(text)
+            write_text(path, text)
         return text
 
     def resolved(self) -> TrainConfig:
@@ -182,6 +185,10 @@ class TrainConfig:
             if getattr(self, name) is not None:
                 _require(self, name, getattr(self, name) >= 0, "must be >= 0")
         _require(self, "seed", 0 <= self.seed < 2**63, "must be in [0, 2**63)")
+        if self.val_fraction is not None:
+            _require(self, "val_fraction", 0 < self.val_fraction < 1, "must be in (0, 1), e.g. 0.1")
+        _require(self, "name", self.name not in ("", ".", "..") and Path(self.name).name == self.name,
+                 "must be one folder name inside --project (no '/', no '..', not absolute)")
         _require(self, "score_threshold", 0 <= self.score_threshold < 1, "must be in [0, 1)")
         _require(self, "iou_threshold", 0 <= self.iou_threshold <= 1, "must be in [0, 1]")
         for name, choices in _CHOICES.items():
