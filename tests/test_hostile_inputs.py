@@ -84,3 +84,68 @@ def test_error_values_are_cut_before_formatting():
     assert value_text("x" * 10_000) == "'" + "x" * 37 + "..." + "x" * 38 + "'"
     assert len(value_text("x" * 10_000)) <= MAX_VALUE_CHARS
     assert value_text(3) == "3"
+
+
+# ------------------------------------------------------------------------------------------------ datasets
+def make_yolo_folder(root, count: int, splits=("train",)):
+    from PIL import Image
+
+    for split in splits:
+        images, labels = root / split / "images", root / split / "labels"
+        images.mkdir(parents=True)
+        labels.mkdir(parents=True)
+        for i in range(count):
+            Image.new("RGB", (64, 64), (i, 20, 30)).save(images / f"{split}{i}.png")
+            (labels / f"{split}{i}.txt").write_text("0 0.5 0.5 0.4 0.3\n")
+    (root / "classes.txt").write_text("circle\n")
+    return root
+
+
+def test_dataset_without_validation_split_is_refused_with_both_fixes_named(tmp_path):
+    from ssd.data.load import load_dataset, validation_split
+    from ssd.data.records import DataError
+
+    spec = load_dataset(make_yolo_folder(tmp_path, 4))
+    with pytest.raises(DataError, match=r"has no validation split, and training never scores on its own training "
+                                        r"images: name one .* or hold out part of train with --val-fraction 0\.1"):
+        validation_split(spec)
+
+
+def test_val_fraction_holds_out_a_seeded_reported_share_of_train(tmp_path):
+    from ssd.data.load import load_dataset, validation_split
+
+    spec = load_dataset(make_yolo_folder(tmp_path, 10))
+    said = []
+    train, val = validation_split(spec, 0.2, seed=3, log=said.append)
+    assert (len(train), len(val)) == (8, 2)
+    assert not {r.path for r in train} & {r.path for r in val}
+    assert said == ["validation: 2 of 10 training images held out (--val-fraction 0.2, seed 3); training on the "
+                    "other 8"]
+    again, _ = validation_split(spec, 0.2, seed=3, log=said.append)
+    assert [r.path for r in again] == [r.path for r in train]  # the same split on resume
+
+
+def test_val_fraction_is_refused_when_the_data_has_a_val_split_or_it_empties_a_side(tmp_path):
+    from ssd.data.load import load_dataset, validation_split
+    from ssd.data.records import DataError
+
+    both = load_dataset(make_yolo_folder(tmp_path / "both", 2, splits=("train", "val")))
+    assert [r.path.name for r in validation_split(both)[1]] == ["val0.png", "val1.png"]
+    with pytest.raises(DataError, match=r"--val-fraction 0\.5 is for data without a validation split, but .* has "
+                                        r"'val': drop --val-fraction or the split"):
+        validation_split(both, 0.5)
+    few = load_dataset(make_yolo_folder(tmp_path / "few", 3))
+    with pytest.raises(DataError, match=r"--val-fraction 0\.1 of 3 training images holds out 0: it must leave at "
+                                        r"least one image on each side"):
+        validation_split(few, 0.1)
+
+
+def test_train_without_validation_split_exits_before_a_run_directory(tmp_path, capsys):
+    from ssd.cli import main
+
+    data = make_yolo_folder(tmp_path / "data", 4)
+    assert main(["train", "--data", str(data), "--model", "ssd_tiny", "--epochs", "1", "--project",
+                 str(tmp_path / "runs"), "--device", "cpu", "--workers", "0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: dataset ") and "--val-fraction 0.1" in err[-1]
+    assert not (tmp_path / "runs").exists()

@@ -10,16 +10,17 @@ XML files beside them (a "Pascal VOC" export described by a ``data.yaml``) is re
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ssd._utils import closest_names, few
 from ssd.data.coco import read_coco
-from ssd.data.records import DataError, DatasetSpec, relative_path
+from ssd.data.records import DataError, DatasetSpec, ImageRecord, relative_path
 from ssd.data.voc import assign_labels, find_voc_root, parse_voc_xml, read_voc
 from ssd.data.yolo import read_yolo_folder, read_yolo_yaml
 
-__all__ = ["load_dataset", "load_training_data"]
+__all__ = ["load_dataset", "load_training_data", "validation_split"]
 
 _SPLIT_DIRS = ("train", "val", "valid", "validation", "test")
 """Folder names the flat VOC reader takes as splits."""
@@ -209,3 +210,33 @@ def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, c
     if per_file:
         log(f"{len(per_file)} warning(s) about files of {data} (`ssd check {data}` lists them)")
     return clean
+
+
+def validation_split(spec: DatasetSpec, val_fraction: float | None = None, seed: int = 0,
+                     log: Callable[[str], object] = print) -> tuple[list[ImageRecord], list[ImageRecord]]:
+    """``(training, validation)`` records: the ``val`` split (else ``test``), or with ``val_fraction`` a seeded share
+    of ``train`` held out (reported through ``log``). A run never scores on its own training images.
+
+    Raises:
+        DataError: no split to validate on and no ``val_fraction`` (the message names both fixes), a
+            ``val_fraction`` for data that has a validation split, or one that leaves either part empty.
+    """
+    train = spec.records("train")
+    named = next((s for s in ("val", "test") if s in spec.splits), None)
+    if val_fraction is None:
+        if named is None:
+            raise DataError(f"dataset {spec.root} has no validation split, and training never scores on its own "
+                            "training images: name one (data.yaml `val: images/val`, a val folder or COCO file) or "
+                            "hold out part of train with --val-fraction 0.1")
+        return train, spec.records(named)
+    if named is not None:
+        raise DataError(f"--val-fraction {val_fraction} is for data without a validation split, but {spec.root} has "
+                        f"{named!r}: drop --val-fraction or the split")
+    held = round(len(train) * val_fraction)
+    if not 1 <= held < len(train):
+        raise DataError(f"--val-fraction {val_fraction} of {len(train)} training images holds out {held}: it must "
+                        "leave at least one image on each side")
+    chosen = set(random.Random(seed).sample(range(len(train)), held))
+    log(f"validation: {held} of {len(train)} training images held out (--val-fraction {val_fraction}, seed {seed}); "
+        f"training on the other {len(train) - held}")
+    return ([r for i, r in enumerate(train) if i not in chosen], [r for i, r in enumerate(train) if i in chosen])

@@ -22,7 +22,7 @@ from tqdm import tqdm
 import ssd.distributed as ddp
 from ssd._utils import few
 from ssd.data import build_dataloader
-from ssd.data.load import load_training_data
+from ssd.data.load import load_training_data, validation_split
 from ssd.data.records import DataError, DatasetSpec
 from ssd.device import amp_dtype, autocast, prepare_model
 from ssd.evaluation.evaluator import evaluate_split, split_loader
@@ -102,9 +102,7 @@ class Trainer:
         spec = load_training_data(config.data, skip_invalid=config.skip_invalid, log=self.log)
         self.class_names = list(spec.class_names)
         self.category_ids = getattr(spec, "category_ids", None)  # the dataset's own ids (COCO), for predictions
-        self.train_records = spec.records("train")
-        fallback = "val" if "val" in spec.splits else "test" if "test" in spec.splits else "train"
-        self.val_records = spec.records(fallback)
+        self.train_records, self.val_records = validation_split(spec, config.val_fraction, config.seed, self.log)
         if self.plan.state is not None:
             check_resumed_data(self.plan, self.class_names, len(self.train_records))
         self._setup_model(spec)
