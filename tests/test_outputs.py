@@ -245,3 +245,45 @@ def test_any_output_that_is_an_input_is_refused_and_inputs_stay_byte_identical(w
     assert main(argv) == 1
     assert "(the same file)" in one_error_line(capsys)
     assert snapshot(weights, data) == before
+
+
+# ------------------------------------------------------------------------------------------------ run directories
+def test_second_run_into_a_locked_run_directory_is_refused(tmp_path):
+    from ssd.files import DirectoryLock
+
+    first = DirectoryLock(tmp_path)
+    with pytest.raises(OutputError, match=f"run directory {tmp_path} is in use by another run \\(it holds "
+                                          f"{tmp_path / '.ssd.lock'}\\); wait for it to finish or choose another"):
+        DirectoryLock(tmp_path)
+    first.release()
+    first.release()  # twice is harmless
+    DirectoryLock(tmp_path).release()
+
+
+def test_lock_held_by_another_process_is_seen(tmp_path):
+    import subprocess
+    import sys
+
+    from ssd.files import DirectoryLock
+
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from ssd.files import DirectoryLock\n"
+        f"lock = DirectoryLock({str(tmp_path)!r}); print('locked', flush=True); sys.stdin.read()")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")})
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(OutputError, match="is in use by another run"):
+            DirectoryLock(tmp_path)
+    finally:
+        holder.communicate("")
+    DirectoryLock(tmp_path).release()  # the holder's exit released it
+
+
+def test_train_project_naming_an_existing_file_is_one_line(tmp_path, capsys):
+    from ssd.training.run import make_run_dir
+
+    (tmp_path / "runs").write_text("mine")
+    with pytest.raises(OutputError, match="project folder .*runs is an existing file; give a directory"):
+        make_run_dir(tmp_path / "runs", "exp")
+    assert (tmp_path / "runs").read_text() == "mine"
