@@ -149,3 +149,14 @@ def test_train_without_validation_split_exits_before_a_run_directory(tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("error: dataset ") and "--val-fraction 0.1" in err[-1]
     assert not (tmp_path / "runs").exists()
+
+
+# ------------------------------------------------------------------------------------------------ size bounds
+def test_tiny_tiles_with_huge_overlap_are_refused_before_allocating():
+    from ssd.inference.tiling import tile_windows
+
+    with pytest.raises(ValueError, match=r"^--tile 32x32 with --tile-overlap 0\.999 cuts a 768x1024 image into "
+                                         r"713,054,001 tiles, more than 1024 \(ssd\.limits\.MAX_TILES_PER_IMAGE\): use "
+                                         r"larger tiles or less overlap$"):
+        tile_windows((768, 1024), (32, 32), 0.999)
+    assert tile_windows((768, 1024), (256, 256), 0.2).shape == (20, 4)  # 4 rows x 5 columns, as before
