@@ -160,3 +160,40 @@ def test_tiny_tiles_with_huge_overlap_are_refused_before_allocating():
                                          r"larger tiles or less overlap$"):
         tile_windows((768, 1024), (32, 32), 0.999)
     assert tile_windows((768, 1024), (256, 256), 0.2).shape == (20, 4)  # 4 rows x 5 columns, as before
+
+
+def write_yolo_boxes(root, lines: list[str]):
+    from PIL import Image
+
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    Image.new("RGB", (640, 640), (9, 9, 9)).save(root / "images" / "crowd.png")
+    (root / "labels" / "crowd.txt").write_text("".join(lines))
+    (root / "classes.txt").write_text("cell\n")
+    return root
+
+
+def test_image_with_twenty_thousand_boxes_is_refused_by_name(tmp_path):
+    from ssd.data.check import check_dataset
+
+    root = write_yolo_boxes(tmp_path, [f"0 {0.01 + (i % 100) * 0.0098:.4f} {0.01 + (i // 100) * 0.0049:.4f} 0.005 "
+                                       "0.004\n" for i in range(20_000)])
+    report = check_dataset(root)
+    assert [(i.code, i.message) for i in report.errors] == [
+        ("too_many_boxes", "labels/crowd.txt: 20,000 objects in one image, more than 10,000 "
+                           "(ssd.limits.MAX_BOXES_PER_IMAGE)"),
+        ("no_valid_images", "split 'train' (images): none of its 1 images is usable (see the errors about them)")]
+
+
+def test_duplicate_check_in_chunks_finds_the_same_pairs(monkeypatch):
+    import torch
+
+    import ssd.data.check as check
+
+    boxes = torch.tensor([[0, 0, 10, 10], [0, 0, 10, 10.5], [50, 50, 60, 60], [0, 0, 10, 10], [50, 50, 60, 60.2]],
+                         dtype=torch.float64)
+    labels = torch.tensor([0, 0, 1, 1, 1])
+    whole = check._duplicate_pairs(boxes, labels)
+    assert [(a, b, round(v, 4)) for a, b, v in whole] == [(0, 1, 0.9524), (2, 4, 0.9804)]
+    monkeypatch.setattr(check, "DUPLICATE_CHUNK", 5)  # one row per chunk
+    assert check._duplicate_pairs(boxes, labels) == whole
