@@ -197,3 +197,40 @@ def test_duplicate_check_in_chunks_finds_the_same_pairs(monkeypatch):
     assert [(a, b, round(v, 4)) for a, b, v in whole] == [(0, 1, 0.9524), (2, 4, 0.9804)]
     monkeypatch.setattr(check, "DUPLICATE_CHUNK", 5)  # one row per chunk
     assert check._duplicate_pairs(boxes, labels) == whole
+
+
+def write_coco(path, image_name: str, image_id: int = 1):
+    import json
+
+    from PIL import Image
+
+    Image.new("RGB", (64, 64), (5, 5, 5)).save(path.parent / image_name)
+    path.write_text(json.dumps({
+        "images": [{"id": image_id, "file_name": image_name, "width": 64, "height": 64}],
+        "annotations": [{"id": 1, "image_id": image_id, "category_id": 1, "bbox": [8, 8, 20, 20], "iscrowd": 0}],
+        "categories": [{"id": 1, "name": "cell"}]}))
+
+
+@pytest.mark.parametrize("name, split", [("instances_val2017.json", "val"), ("valid.json", "val"),
+                                         ("image_info_test-dev2017.json", "test"), ("train2017.json", "train"),
+                                         ("my_eval.json", "train"), ("interval.json", "train")])
+def test_coco_split_names_are_whole_words_of_the_file_name(name, split):
+    from pathlib import Path
+
+    from ssd.data.coco import split_name
+
+    assert split_name(Path(name)) == split
+
+
+@pytest.mark.parametrize("first, second, split", [("train_part1.json", "train_part2.json", "train"),
+                                                  ("train.json", "my_eval.json", "train")])
+def test_two_coco_files_for_one_split_are_refused_by_name(tmp_path, first, second, split):
+    from ssd.data.load import load_dataset
+    from ssd.data.records import DataError
+
+    write_coco(tmp_path / first, "a.png", 1)
+    write_coco(tmp_path / second, "b.png", 2)
+    a, b = sorted([first, second])
+    with pytest.raises(DataError, match=f"COCO files {a} and {b} in .* are both split '{split}' \\(split names are "
+                                        "whole words of the file name"):
+        load_dataset(tmp_path)

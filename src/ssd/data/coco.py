@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from ssd.data.images import ImageError, read_image_size
@@ -28,13 +29,15 @@ __all__ = ["read_coco", "split_name"]
 _TOLERANCE = 1.0  # pixels a box may pass the border before the xyxy hint is considered (as check's border rule)
 
 
+_SPLIT_WORDS = {"val": "val", "valid": "val", "validation": "val", "test": "test", "train": "train"}
+"""Whole words of a COCO file name that name its split."""
+
+
 def split_name(json_path: Path) -> str:
-    """``instances_val2017.json`` -> ``val``; ``train``/``test`` likewise; anything else is ``train``."""
-    stem = json_path.stem.lower()
-    for key, split in (("val", "val"), ("test", "test"), ("train", "train")):
-        if key in stem:
-            return split
-    return "train"
+    """``instances_val2017.json`` -> ``val`` (``valid``, ``validation`` too); ``train``/``test`` likewise, as whole
+    words of the name (``my_eval.json`` holds no split word); anything else is ``train``."""
+    words = re.findall(r"[a-z]+", json_path.stem.lower())  # "instances_val2017" -> instances, val
+    return next((_SPLIT_WORDS[w] for w in words if w in _SPLIT_WORDS), "train")
 
 
 def _find_image(file_name: str, json_path: Path, image_root: Path | None) -> Path:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ssd._utils import closest_names, few
-from ssd.data.coco import read_coco
+from ssd.data.coco import read_coco, split_name
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, relative_path
 from ssd.data.voc import assign_labels, find_voc_root, parse_voc_xml, read_voc
 from ssd.data.yolo import read_yolo_folder, read_yolo_yaml
@@ -39,7 +39,15 @@ def _read_file(path: Path) -> DatasetSpec:
 
 
 def _read_coco_files(folder: Path, jsons: list[Path]) -> DatasetSpec:
-    """One split per COCO JSON (see :func:`ssd.data.coco.split_name`); their categories must agree."""
+    """One split per COCO JSON (see :func:`ssd.data.coco.split_name`); their categories must agree, and two files
+    for one split are refused (neither may silently replace the other)."""
+    by_split: dict[str, Path] = {}
+    for path in jsons:
+        taken = by_split.setdefault(split_name(path), path)
+        if taken != path:
+            raise DataError(f"COCO files {taken.name} and {path.name} in {taken.parent} are both split "
+                            f"{split_name(path)!r} (split names are whole words of the file name: train, val, valid, "
+                            "validation, test; others count as train): merge them, rename one, or give one as --data")
     specs = [_read_file(j) for j in jsons]
     first = specs[0]
     for other in specs[1:]:
