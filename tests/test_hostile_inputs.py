@@ -234,3 +234,32 @@ def test_two_coco_files_for_one_split_are_refused_by_name(tmp_path, first, secon
     with pytest.raises(DataError, match=f"COCO files {a} and {b} in .* are both split '{split}' \\(split names are "
                                         "whole words of the file name"):
         load_dataset(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------ demo and pipes
+@pytest.mark.parametrize("argv, words", [(["--epochs", "0"], "epochs=0 is invalid: must be at least 1 (--epochs)"),
+                                         (["--epochs", "-1"], "epochs=-1 is invalid: must be at least 1"),
+                                         (["--device", "gpu"], "device 'gpu' is not a valid device")])
+def test_demo_options_are_refused_before_any_image_is_generated(tmp_path, capsys, argv, words):
+    from ssd.cli import main
+
+    assert main(["demo", "--project", str(tmp_path / "runs"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ssd demo: ") and words in err[0]
+    assert not (tmp_path / "runs" / "demo_data").exists()
+
+
+def test_check_piped_into_a_closed_reader_exits_quietly(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = make_yolo_folder(tmp_path / "data", 2)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    read, write = os.pipe()
+    os.close(read)  # `| head -0`: nobody reads what check prints
+    with os.fdopen(write, "w") as closed:
+        done = subprocess.run([sys.executable, "-m", "ssd", "check", str(data)], stdout=closed,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    assert done.returncode == 141 and done.stderr == ""

@@ -330,10 +330,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from ssd.settings import ConfigError
     from ssd.training.demo import run_demo
 
-    options = {"epochs": args.epochs} if args.epochs else {}
-    run_demo(project=args.project, device=args.device, quiet=args.quiet, **options)
+    options = {"epochs": args.epochs} if args.epochs is not None else {}  # --epochs 0 is refused, never ignored
+    try:
+        run_demo(project=args.project, device=args.device, quiet=args.quiet, **options)
+    except ConfigError as e:
+        raise UsageError(f"ssd demo: {e}") from None
     return 0
 
 
