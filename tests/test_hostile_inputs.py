@@ -263,3 +263,74 @@ def test_check_piped_into_a_closed_reader_exits_quietly(tmp_path):
         done = subprocess.run([sys.executable, "-m", "ssd", "check", str(data)], stdout=closed,
                               stderr=subprocess.PIPE, text=True, env=env)
     assert done.returncode == 141 and done.stderr == ""
+
+
+# ------------------------------------------------------------------------------------------------ weak dataset cases
+def voc_xml(name: str, image: str = "a.jpg") -> str:
+    return (f"<annotation><filename>{image}</filename><size><width>64</width><height>64</height><depth>3</depth>"
+            f"</size><object><name>{name}</name><bndbox><xmin>8</xmin><ymin>8</ymin><xmax>30</xmax><ymax>30</ymax>"
+            "</bndbox></object></annotation>")
+
+
+def flat_voc(root, files: dict[str, str]):
+    """A flat VOC folder: ``{"a.jpg": "", "a.xml": "<annotation>..."}`` (images are 64x64)."""
+    from PIL import Image
+
+    root.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        if name.lower().endswith((".jpg", ".png")):
+            Image.new("RGB", (64, 64), (3, 3, 3)).save(root / name)
+        else:
+            (root / name).write_text(text)
+    return root
+
+
+def test_upper_case_xml_suffix_is_read(tmp_path):
+    from ssd.data.load import load_dataset
+
+    spec = load_dataset(flat_voc(tmp_path, {"a.jpg": "", "a.XML": voc_xml("cell")}))
+    assert [(r.path.name, r.annotation.name, [o.name for o in r.objects]) for r in spec.records("train")] == [
+        ("a.jpg", "a.XML", ["cell"])]
+
+
+def test_flat_voc_images_without_xml_are_reported(tmp_path):
+    from ssd.data.load import load_dataset
+
+    spec = load_dataset(flat_voc(tmp_path, {"a.jpg": "", "a.xml": voc_xml("cell"), "b.jpg": "", "c.jpg": ""}))
+    assert len(spec.records("train")) == 1
+    assert [(i.code, i.message) for i in spec.issues] == [
+        ("image_without_annotation", ".: 2 image(s) without an XML file beside them are not read: b.jpg, c.jpg")]
+
+
+def test_two_images_with_one_stem_are_reported(tmp_path):
+    from ssd.data.load import load_dataset
+
+    spec = load_dataset(flat_voc(tmp_path, {"a.jpg": "", "a.png": "", "a.xml": voc_xml("cell")}))
+    assert [r.path.name for r in spec.records("train")] == ["a.jpg"]
+    assert [(i.code, i.message) for i in spec.issues] == [
+        ("same_stem", "a.png: shares the name 'a' with a.jpg, whose annotation it would share: a.png is not read "
+                      "(rename one)")]
+
+
+@pytest.mark.parametrize("layout", ["voc", "yolo"])
+def test_empty_classes_txt_is_named_as_empty(tmp_path, layout):
+    from ssd.data.load import load_dataset
+    from ssd.data.records import DataError
+
+    if layout == "voc":
+        root = flat_voc(tmp_path, {"a.jpg": "", "a.xml": voc_xml("cell")})
+    else:
+        root = make_yolo_folder(tmp_path, 1)
+    (root / "classes.txt").write_text("\n  \n")
+    with pytest.raises(DataError, match=r"classes\.txt: the class file is empty: list one class name per line"):
+        load_dataset(root)
+
+
+def test_class_names_differing_only_in_case_are_a_warning(tmp_path):
+    from ssd.data.check import check_dataset
+
+    root = flat_voc(tmp_path, {"a.jpg": "", "a.xml": voc_xml("rbc"), "b.jpg": "", "b.xml": voc_xml("RBC", "b.jpg")})
+    report = check_dataset(root)
+    assert [(i.code, i.message) for i in report.warnings if i.code == "class_names_differ_in_case"] == [
+        ("class_names_differ_in_case", f"{root}: class names 'RBC', 'rbc' differ only in case and are 2 classes; "
+                                       "rename them to one name if they are the same class")]

@@ -65,7 +65,7 @@ def _read_xml_folders(folder: Path) -> DatasetSpec:
     """VOC XML beside images: in ``folder`` or its split folders (:func:`read_voc`), else in split folders deeper
     down (``<a>/train``, ``<b>/test``): each parent is read and the splits merged (names: the sorted union, unless
     the parts agree, e.g. from their ``classes.txt``). XML elsewhere only is refused, never read as 0 classes."""
-    xml_dirs = sorted({p.parent for p in folder.rglob("*.xml")})
+    xml_dirs = sorted({p.parent for p in folder.rglob("*") if p.suffix.lower() == ".xml"})
     if any(d == folder or (d.parent == folder and d.name in _SPLIT_DIRS) for d in xml_dirs):
         return read_voc(folder)
     parents = sorted({d.parent for d in xml_dirs if d.name in _SPLIT_DIRS})
@@ -97,7 +97,7 @@ def _detect(folder: Path) -> DatasetSpec:
     jsons = sorted((folder / "annotations").glob("*.json")) or sorted(folder.glob("*.json"))
     if jsons:
         return _read_coco_files(folder, jsons)
-    if any(folder.rglob("*.xml")):
+    if any(p.suffix.lower() == ".xml" for p in folder.rglob("*")):  # a.XML too
         return _read_xml_folders(folder)
     raise DataError(f"{folder}: no dataset format recognised (expected VOC Annotations/ + JPEGImages/, a YOLO "
                     "data.yaml or images/ + labels/, or a COCO JSON)")

@@ -20,7 +20,7 @@ import yaml
 
 from ssd.data.images import ImageError, is_image, read_image_size
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
-from ssd.data.voc import read_lines
+from ssd.data.voc import read_class_file, read_lines
 from ssd.limits import value_text
 from ssd.yamlfile import safe_load
 
@@ -203,7 +203,7 @@ def read_yolo_folder(folder: Path) -> DatasetSpec:
     Class names come from ``classes.txt`` in the folder, else ``class0..class{max label}``.
     """
     class_file = folder / "classes.txt"
-    names = read_lines(class_file) if class_file.is_file() else []
+    names = read_class_file(class_file) if class_file.is_file() else []
     split_dirs = {_SPLITS[p.name]: p / "images" for p in sorted(folder.iterdir())
                   if p.name in _SPLITS and (p / "images").is_dir()}
     if not split_dirs:
