@@ -334,3 +334,56 @@ def test_class_names_differing_only_in_case_are_a_warning(tmp_path):
     assert [(i.code, i.message) for i in report.warnings if i.code == "class_names_differ_in_case"] == [
         ("class_names_differ_in_case", f"{root}: class names 'RBC', 'rbc' differ only in case and are 2 classes; "
                                        "rename them to one name if they are the same class")]
+
+
+def coco_file(tmp_path, images: list[dict], annotations: list[dict]):
+    import json
+
+    from PIL import Image
+
+    for img in images:
+        if not img["file_name"].startswith(("..", "/")):
+            Image.new("RGB", (64, 64), (5, 5, 5)).save(tmp_path / img["file_name"])
+    path = tmp_path / "instances_train.json"
+    path.write_text(json.dumps({"images": images, "annotations": annotations,
+                                "categories": [{"id": 1, "name": "cell"}]}))
+    return path
+
+
+def box(ann_id: int, image_id: int) -> dict:
+    return {"id": ann_id, "image_id": image_id, "category_id": 1, "bbox": [8, 8, 20, 20], "iscrowd": 0}
+
+
+def test_coco_duplicate_annotation_ids_are_errors(tmp_path):
+    from ssd.data.load import load_dataset
+
+    spec = load_dataset(coco_file(tmp_path, [{"id": 1, "file_name": "a.png"}], [box(7, 1), box(7, 1)]))
+    assert [(i.code, i.message) for i in spec.issues] == [
+        ("parse_error", "instances_train.json annotation id 7: id 7 is also annotations[0] (annotation ids must be "
+                        "unique)")]
+    assert len(spec.records("train")[0].objects) == 1
+
+
+def test_coco_file_name_outside_the_dataset_folder_is_refused(tmp_path):
+    from PIL import Image
+
+    from ssd.data.load import load_dataset
+
+    (tmp_path / "data").mkdir()
+    Image.new("RGB", (64, 64)).save(tmp_path / "secret.png")
+    spec = load_dataset(coco_file(tmp_path / "data", [{"id": 1, "file_name": "../secret.png"}], [box(1, 1)]))
+    assert spec.records("train") == []
+    assert [(i.code, i.message) for i in spec.issues] == [
+        ("outside_root", "instances_train.json image id 1: file_name '../secret.png' leaves the dataset folder "
+                         "(absolute or ../): images are read from inside it")]
+
+
+def test_coco_same_file_under_two_ids_is_counted_once(tmp_path):
+    from ssd.data.load import load_dataset
+
+    spec = load_dataset(coco_file(tmp_path, [{"id": 1, "file_name": "a.png"}, {"id": 2, "file_name": "a.png"}],
+                                  [box(1, 1), box(2, 2)]))
+    assert [r.image_id for r in spec.records("train")] == [1]
+    assert [(i.code, i.message) for i in spec.issues] == [
+        ("duplicate_image", "instances_train.json image id 2: 'a.png' is also image id 1; one file under two ids "
+                            "would be counted twice")]
