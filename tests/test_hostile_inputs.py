@@ -387,3 +387,26 @@ def test_coco_same_file_under_two_ids_is_counted_once(tmp_path):
     assert [(i.code, i.message) for i in spec.issues] == [
         ("duplicate_image", "instances_train.json image id 2: 'a.png' is also image id 1; one file under two ids "
                             "would be counted twice")]
+
+
+def test_yolo_line_of_seven_values_is_a_warning_not_a_silent_polygon(tmp_path):
+    from ssd.data.load import load_dataset
+
+    root = make_yolo_folder(tmp_path, 1)
+    (root / "train" / "labels" / "train0.txt").write_text("0 0.5 0.5 0.4 0.3 0.9 0.1\n")
+    spec = load_dataset(root)
+    assert [(i.code, i.message) for i in spec.issues] == [
+        ("short_polygon", "train/labels/train0.txt:1: 7 values are read as a 3-point polygon (its bounding box); a "
+                          "box line has 5: 'class cx cy w h'")]
+
+
+def test_yolo_label_files_without_an_image_are_reported(tmp_path):
+    from ssd.data.load import load_dataset
+
+    root = make_yolo_folder(tmp_path, 2)
+    (root / "train" / "labels" / "lost.txt").write_text("0 0.5 0.5 0.4 0.3\n")
+    (root / "train" / "labels" / "gone.txt").write_text("0 0.5 0.5 0.4 0.3\n")
+    spec = load_dataset(root)
+    assert len(spec.records("train")) == 2
+    assert [(i.code, i.message) for i in spec.issues] == [
+        ("label_without_image", "train/labels: 2 label file(s) without an image are not read: gone.txt, lost.txt")]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from ssd._utils import few
 from ssd.data.images import ImageError, is_image, read_image_size
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
 from ssd.data.voc import read_class_file, read_lines
@@ -128,6 +129,10 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
             cx, cy, w, h = values
             box = ((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height)
         else:  # polygon: its bounding box
+            if len(values) == 6:  # more often a box line with two stray values than a triangle
+                issues.append(Issue("warning", "short_polygon", f"{where}: {len(tokens)} values are read as a "
+                                    "3-point polygon (its bounding box); a box line has 5: 'class cx cy w h'", rel,
+                                    number))
             xs, ys = values[0::2], values[1::2]
             box = (min(xs) * width, min(ys) * height, max(xs) * width, max(ys) * height)
         label = int(cls_f)
@@ -163,6 +168,14 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
             issues.append(Issue("warning", "missing_label_file", f"{rel}: no label file {rel_lbl}; "
                                 "read as an image without objects", rel_lbl, split=split, image=image))
         records.append(ImageRecord(image, lbl if lbl.is_file() else None, objects, width, height, image.stem))
+    expected = {label_path(image) for image in images}
+    for folder in sorted({p.parent for p in expected if p.parent.is_dir() and p.parent not in
+                          {i.parent for i in images}}):  # a labels/ folder of its own: its .txt are all labels
+        orphans = sorted(p.name for p in folder.glob("*.txt") if p not in expected)
+        if orphans:
+            issues.append(Issue("warning", "label_without_image", f"{relative_path(folder, root)}: "
+                                f"{len(orphans)} label file(s) without an image are not read: {few(orphans)}",
+                                relative_path(folder, root), split=split))
     return records
 
 
