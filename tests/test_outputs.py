@@ -287,3 +287,55 @@ def test_train_project_naming_an_existing_file_is_one_line(tmp_path, capsys):
     with pytest.raises(OutputError, match="project folder .*runs is an existing file; give a directory"):
         make_run_dir(tmp_path / "runs", "exp")
     assert (tmp_path / "runs").read_text() == "mine"
+
+
+def test_torch_save_on_a_full_disk_is_one_line_naming_the_disk(tmp_path):
+    import subprocess
+    import sys
+
+    script = (
+        "import resource, signal, torch\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "from ssd.files import atomic_write, OutputError\n"
+        f"path = {str(tmp_path / 'last.pt')!r}\n"
+        "torch.save({'epoch': 1}, path)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))\n"
+        "try:\n"
+        "    with atomic_write(path) as f:\n"
+        "        torch.save({'w': torch.zeros(100_000)}, f)\n"  # torch turns the EFBIG into a RuntimeError
+        "except OutputError as e:\n"
+        "    print(e)\n"
+        "print(torch.load(path, weights_only=True))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.splitlines() == [f"file too large for the file-size limit while writing {tmp_path / 'last.pt'} "
+                                       "(EFBIG): the previous file is intact", "{'epoch': 1}"]
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+
+
+def test_predict_on_a_full_disk_is_one_line_and_leaves_no_partial_image(weights, tmp_path):
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    source = tmp_path / "src"
+    source.mkdir()
+    noise = np.random.default_rng(0).integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    Image.fromarray(noise).save(source / "big.png")  # about 900 kB drawn again: over the 200 kB limit
+    out = tmp_path / "out"
+    script = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))\n"
+        "from ssd.cli import main\n"
+        f"sys.exit(main(['predict', '--weights', {str(weights)!r}, '--source', {str(source)!r}, '--save-dir', "
+        f"{str(out)!r}, '--device', 'cpu']))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    errors = [line[line.index("error: "):] for line in done.stderr.splitlines() if "error: " in line]  # after a bar
+    assert errors == [f"error: file too large for the file-size limit while writing {out / 'big.png'} (EFBIG)"]
+    assert list(out.iterdir()) == []

@@ -135,6 +135,24 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
     return removed
 
 
+class _WriteRecorder:
+    """The file :func:`atomic_write` yields: it keeps the ``OSError`` a write raised, because some writers re-raise
+    it as another type (``torch.save``: "unexpected pos 704 vs 598" for a full disk)."""
+
+    def __init__(self, file: IO) -> None:
+        self._file, self.error = file, None
+
+    def write(self, data: bytes | str) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def __getattr__(self, name: str) -> object:  # everything else is the file's own
+        return getattr(self._file, name)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: Literal["wb", "w"] = "wb", *,
                  encoding: str = "utf-8", newline: str | None = None) -> Iterator[IO]:
@@ -142,8 +160,9 @@ def atomic_write(path: str | os.PathLike, mode: Literal["wb", "w"] = "wb", *,
 
     ``encoding`` / ``newline``: as for :func:`open` in text mode. Parent directories are created. A replaced
     file's permissions are kept; a new file gets ``0o666`` less the umask. On any error the temporary file is removed
-    and ``path`` is untouched; an ``OSError`` is raised again as :class:`OutputError` with
-    :func:`describe_os_error`'s line (the previous file, if any, is said to be intact).
+    and ``path`` is untouched; an ``OSError`` (also one a write raised that the caller turned into another exception,
+    as ``torch.save`` does) is raised again as :class:`OutputError` with :func:`describe_os_error`'s line (the
+    previous file, if any, is said to be intact).
     """
     path = Path(path)
     try:
@@ -155,21 +174,23 @@ def atomic_write(path: str | os.PathLike, mode: Literal["wb", "w"] = "wb", *,
         fd, tmp = _temporary_for(path)
     except OSError as error:
         raise OutputError(describe_os_error(error, path)) from error
+    recorder = None
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding, "newline": newline})) as f:
             if keep_mode is not None:
                 os.chmod(tmp, keep_mode)
-            yield f
+            recorder = _WriteRecorder(f)
+            yield recorder
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as error:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        cause = error if isinstance(error, OSError) else getattr(recorder, "error", None)
+        if cause is None or not isinstance(error, Exception):
+            raise
         intact = ": the previous file is intact" if path.exists() else ""
-        raise OutputError(describe_os_error(error, path) + intact) from error
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        raise OutputError(describe_os_error(cause, path) + intact) from error
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
