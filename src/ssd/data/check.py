@@ -37,7 +37,7 @@ __all__ = ["CheckReport", "check_dataset", "find_issues", "screen", "prior_cover
 
 TINY_PIXELS = 2.0
 """Boxes narrower or shorter than this (pixels, after clipping) get a warning."""
-DUPLICATE_CHUNK = 1 << 22
+DUPLICATE_CHUNK = 1 << 20
 """IoU values the duplicate check computes at once: its memory is bounded for any number of boxes."""
 DUPLICATE_IOU = 0.9
 BORDER_TOLERANCE = 1.0
