@@ -52,6 +52,8 @@ def make_run_dir(project: str | Path, name: str, exist_ok: bool = False) -> Path
     index = 1
     while True:
         path = project / (name if index == 1 else f"{name}{index}")
+        if exist_ok:  # reusing project/name: a file there is refused, not stepped over to name2
+            check_output(path, kind="dir", what="run directory")
         try:
             path.mkdir(exist_ok=exist_ok)
             return path
