@@ -339,3 +339,13 @@ def test_predict_on_a_full_disk_is_one_line_and_leaves_no_partial_image(weights,
     errors = [line[line.index("error: "):] for line in done.stderr.splitlines() if "error: " in line]  # after a bar
     assert errors == [f"error: file too large for the file-size limit while writing {out / 'big.png'} (EFBIG)"]
     assert list(out.iterdir()) == []
+
+
+def test_exist_ok_run_directory_naming_a_file_is_refused_not_renamed(tmp_path):
+    from ssd.training.run import make_run_dir
+
+    (tmp_path / "exp").write_text("mine")
+    with pytest.raises(OutputError, match="run directory .*exp is an existing file; give a directory"):
+        make_run_dir(tmp_path, "exp", exist_ok=True)
+    assert make_run_dir(tmp_path, "exp") == tmp_path / "exp2"  # without --exist-ok: the next free name
+    assert (tmp_path / "exp").read_text() == "mine"
