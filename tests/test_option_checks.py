@@ -64,3 +64,12 @@ def test_config_file_of_wrong_types_exits_2(tmp_path, capsys, text, option):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and option in err[0] and "Traceback" not in err[0]
     assert not project.exists()
+
+
+@pytest.mark.parametrize("size", ["100000", "32x100000"])
+def test_check_image_size_beyond_the_bound_is_a_usage_error_before_building(tmp_path, capsys, size):
+    assert main(["check", str(tmp_path), "--model", "ssd_tiny", "--image-size", size]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: ssd check: argument --image-size: image_size={size!r} is "
+                   "invalid: must be at least 32 and at most 4096 on each side (--image-size; the bound is "
+                   "ssd.limits.MAX_INPUT_SIDE)"]
