@@ -102,7 +102,7 @@ def test_yolo_yaml(tmp_path, names):
     assert torch.allclose(torch.tensor([o.box for o in p.objects]), torch.tensor([[40.0, 15, 60, 35], [0, 5, 20, 15]]))
     assert [o.line for o in p.objects] == [1, 3] and p.objects[1].name == "bee"
     assert q.objects == [] and r.objects == [] and r.annotation is None
-    assert [i.code for i in spec.issues] == ["missing_label_file"]
+    assert [i.code for i in spec.issues] == ["missing_label_file", "short_polygon"]  # a triangle is said so
     (s,) = spec.splits["val"]
     assert s.objects[0].box == pytest.approx((10.0, 5.0, 30.0, 25.0))
     assert load_dataset(tmp_path).class_names == ["ant", "bee"]  # folder with a data.yaml

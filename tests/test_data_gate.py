@@ -258,8 +258,9 @@ def test_worker_data_error_keeps_its_own_message(tmp_path, workers):
 
 def test_image_size_rule_is_the_same_for_check_and_train(tmp_path, capsys):
     data = _yolo(tmp_path, {"train": {"t": OK_LINE}}, names="[a]")
-    rule = "image_size='7' is invalid: must be at least 32 on each side\n"
+    rule = ("image_size='7' is invalid: must be at least 32 and at most 4096 on each side (--image-size; the bound "
+            "is ssd.limits.MAX_INPUT_SIDE)\n")
     assert main(["check", str(data), "--image-size", "7"]) == 2  # a command-line mistake, as argparse reports it
     assert capsys.readouterr().err == f"error: ssd check: argument --image-size: {rule}"
-    assert main(["train", "--data", str(data), "--image-size", "7"]) == 1
-    assert capsys.readouterr().err == f"error: {rule}"
+    assert main(["train", "--data", str(data), "--image-size", "7"]) == 2
+    assert capsys.readouterr().err == f"error: ssd train: {rule}"

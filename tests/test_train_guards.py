@@ -127,7 +127,7 @@ def test_cuda_without_cuda_says_so():
 def test_momentum_out_of_range_names_the_option(capsys):
     with pytest.raises(ConfigError, match=r"momentum=5 is invalid: must be in \[0, 1\) .*\(--momentum\)"):
         TrainConfig(momentum=5)
-    assert main(["train", "--data", "x", "--momentum", "5"]) == 1
+    assert main(["train", "--data", "x", "--momentum", "5"]) == 2  # a command-line mistake
     assert "(--momentum)" in capsys.readouterr().err
 
 

@@ -263,11 +263,16 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from ssd.settings import ConfigError
     from ssd.training.config import TrainConfig
     from ssd.training.trainer import train
 
     overrides = {k: v for k, v in vars(args).items() if k not in ("command", "version", "config_file")}
-    config = TrainConfig.from_yaml(args.config_file) if args.config_file else TrainConfig()
+    try:  # every option and --config key checked by type and range before a run directory exists
+        config = TrainConfig.from_yaml(args.config_file) if args.config_file else TrainConfig()
+        config.update(**overrides)
+    except ConfigError as e:
+        raise UsageError(f"ssd train: {e}") from None
     result = train(config, **overrides)  # separately: on --resume / --weights, options given explicitly are checked
     print(f"run directory: {result.run_dir}")
     return 0
@@ -338,7 +343,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.fit_priors and not args.model:
         raise UsageError("ssd check: --fit-priors needs --model NAME (the model whose default boxes to fit)")
     if args.fit_priors:
+        from ssd.files import check_output
+
         data = load_dataset(args.data)  # once, for the check and the fit
+        check_output(args.priors_out, inputs=[args.data, *data.input_files()], what="--priors-out")
     report = check_dataset(data, model=args.model, image_size=args.image_size)
     output = report.to_dict() if args.as_json else report.format_table()
     if args.fit_priors:
@@ -356,10 +364,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    from ssd.settings import ConfigError
     from ssd.training.demo import run_demo
 
-    options = {"epochs": args.epochs} if args.epochs else {}
-    run_demo(project=args.project, device=args.device, quiet=args.quiet, **options)
+    options = {"epochs": args.epochs} if args.epochs is not None else {}  # --epochs 0 is refused, never ignored
+    try:
+        run_demo(project=args.project, device=args.device, quiet=args.quiet, **options)
+    except ConfigError as e:
+        raise UsageError(f"ssd demo: {e}") from None
     return 0
 
 
@@ -408,6 +420,14 @@ COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "expo
             "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import}
 
 
+def _one_line(error: Exception) -> str:
+    """The message of a library error, or ``strerror: path`` for an OSError raised on a user's path."""
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        target = f" -> {error.filename2}" if error.filename2 is not None else ""
+        return f"{error.strerror}: {error.filename}{target}"
+    return str(error)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = os.environ.get("SSD_DEBUG") == "1"
@@ -422,16 +442,22 @@ def main(argv: list[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return 2
-        return _with_library_messages(COMMANDS[args.command], args)
+        code = _with_library_messages(COMMANDS[args.command], args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handlers below
+        return code
+    except BrokenPipeError:  # `ssd check D | head -3`: the reader has what it wanted; exit quietly as POSIX tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush cannot fail again
+        return 141
     except UsageError as e:
         if debug:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, MissingDependencyError) as e:
+    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, FileExistsError,  # the user's paths
+            IsADirectoryError, MissingDependencyError) as e:
         if debug:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

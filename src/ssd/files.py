@@ -1,8 +1,8 @@
 """Every file the library writes goes through here: one output guard, one atomic writer, fresh run directories.
 
-- :func:`check_output` refuses, before any work is done, an output that is the same file as one of the inputs
-  (compared by inode with :func:`os.path.samefile`, so hard links and symlinks are caught), a directory where a file
-  is due, or a file where a directory is due.
+- :func:`check_output` (:func:`check_outputs` for many) refuses, before any work is done, an output that is the same
+  file as one of the inputs (compared by device and inode, as :func:`os.path.samefile` does, so hard links and
+  symlinks are caught), a directory where a file is due, or a file where a directory is due.
 - :func:`atomic_write` writes to a temporary file next to the target and renames it into place, so a crash, a full
   disk or a file-size limit never leaves a partial file; the previous file, if any, stays intact. An ``OSError``
   while writing becomes an :class:`OutputError` with one line naming the file and the cause.
@@ -22,11 +22,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Literal
 
-__all__ = ["OutputError", "check_output", "atomic_write", "write_text", "write_bytes", "is_temporary",
-           "remove_stale_temporaries", "describe_os_error", "make_run_dir"]
+__all__ = ["OutputError", "check_output", "check_outputs", "atomic_write", "write_text", "write_bytes", "is_temporary",
+           "remove_stale_temporaries", "describe_os_error", "make_run_dir", "DirectoryLock", "LOCK_FILE"]
 
 # Temporaries are ".<name>.<8 characters>.ssdtmp" next to the target: a suffix of the library's own, so that cleaning
 # up never touches a user's ".notes.txt.mynotes1.tmp".
+LOCK_FILE = ".ssd.lock"
+"""The file a :class:`DirectoryLock` holds a lock on, inside the folder it protects."""
+
 _TEMP_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
 _TEMP_PATTERN = re.compile(r"\.(.+)\.[a-z0-9]{8}\.ssdtmp")
 _CAUSES = {
@@ -51,38 +54,60 @@ def describe_os_error(error: OSError, path: str | os.PathLike, *, action: str = 
     return f"{cause} while {action} {path}" + (f" ({code})" if code else "")
 
 
-def _same_file(a: Path, b: Path) -> bool:
+def _identity(path: Path) -> tuple[int, int] | None:
+    """``(device, inode)`` of the file ``path`` names (links followed), or ``None`` when there is none (yet)."""
     try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet): it cannot be the other
-        return False
+        info = os.stat(path)
+    except (OSError, ValueError):  # missing, a dangling link, a name the OS refuses: it cannot be an input
+        return None
+    return info.st_dev, info.st_ino
 
 
-def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike | None] = (),
-                 kind: Literal["file", "dir"] = "file", what: str = "output") -> Path:
-    """Refuse an output ``path`` that is one of ``inputs`` (same inode) or has the wrong kind; return it as a Path.
-
-    ``inputs`` may hold files and directories (a directory input protects every file below it that exists: an output
-    file inside an input folder is refused only when it is the same file as one there). ``None`` entries are skipped.
-    For ``kind="dir"``, an existing file at ``path`` is refused; for ``kind="file"``, an existing directory is.
-
-    Raises:
-        OutputError: naming the output, the input it would overwrite, or the kind it should have.
-    """
-    path = Path(path)
+def _check_kind(path: Path, kind: Literal["file", "dir"], what: str) -> None:
     if kind == "file" and path.is_dir():
         raise OutputError(f"{what} {path} is a directory; give a file name")
     if kind == "dir" and path.exists() and not path.is_dir():
         raise OutputError(f"{what} {path} is an existing file; give a directory")
     if kind == "file" and path.parent.exists() and not path.parent.is_dir():
         raise OutputError(f"{what} {path}: {path.parent} is a file, not a directory")
+
+
+def check_outputs(paths: Iterable[str | os.PathLike], *, inputs: Iterable[str | os.PathLike | None] = (),
+                  kind: Literal["file", "dir"] = "file", what: str = "output") -> list[Path]:
+    """:func:`check_output` for many outputs against the same inputs, each input looked at once.
+
+    ``inputs`` may hold files and directories (compared by their own identity); ``None`` entries are skipped.
+
+    Raises:
+        OutputError: naming the output, the input it would overwrite, or the kind it should have.
+    """
+    protected: dict[tuple[int, int], Path] = {}
     for given in inputs:
-        if given is None:
-            continue
-        source = Path(given)
-        if _same_file(path, source):
-            raise OutputError(f"{what} {path} is the input {source}; choose another {what} so the input is kept")
-    return path
+        if given is not None and (key := _identity(Path(given))) is not None:
+            protected.setdefault(key, Path(given))
+    checked = []
+    for path in map(Path, paths):
+        _check_kind(path, kind, what)
+        source = protected.get(_identity(path))  # type: ignore[arg-type]
+        if source is not None:
+            raise OutputError(f"{what} {path} is the input {source} (the same file); choose another {what} so the "
+                              "input is kept")
+        checked.append(path)
+    return checked
+
+
+def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike | None] = (),
+                 kind: Literal["file", "dir"] = "file", what: str = "output") -> Path:
+    """Refuse an output ``path`` that is one of ``inputs`` (same device and inode, so hard links and symlinks are
+    caught) or has the wrong kind; return it as a Path.
+
+    For ``kind="dir"``, an existing file at ``path`` is refused; for ``kind="file"``, an existing directory is (and
+    a parent that is a file). ``what`` names the output in the message (``"--save-json"``).
+
+    Raises:
+        OutputError: naming the output, the input it would overwrite, or the kind it should have.
+    """
+    return check_outputs([path], inputs=inputs, kind=kind, what=what)[0]
 
 
 def _temporary_for(path: Path) -> tuple[int, Path]:
@@ -112,14 +137,34 @@ def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
     return removed
 
 
+class _WriteRecorder:
+    """The file :func:`atomic_write` yields: it keeps the ``OSError`` a write raised, because some writers re-raise
+    it as another type (``torch.save``: "unexpected pos 704 vs 598" for a full disk)."""
+
+    def __init__(self, file: IO) -> None:
+        self._file, self.error = file, None
+
+    def write(self, data: bytes | str) -> int:
+        try:
+            return self._file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def __getattr__(self, name: str) -> object:  # everything else is the file's own
+        return getattr(self._file, name)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: Literal["wb", "w"] = "wb", *,
-                 encoding: str = "utf-8") -> Iterator[IO]:
+                 encoding: str = "utf-8", newline: str | None = None) -> Iterator[IO]:
     """Open a temporary file next to ``path`` for writing; on success it is synced and renamed over ``path``.
 
-    Parent directories are created. A replaced file's permissions are kept; a new file gets ``0o666`` less the
-    umask. On any error the temporary file is removed and ``path`` is untouched; an ``OSError`` is raised again as
-    :class:`OutputError` with :func:`describe_os_error`'s line (the previous file, if any, is said to be intact).
+    ``encoding`` / ``newline``: as for :func:`open` in text mode. Parent directories are created. A replaced
+    file's permissions are kept; a new file gets ``0o666`` less the umask. On any error the temporary file is removed
+    and ``path`` is untouched; an ``OSError`` (also one a write raised that the caller turned into another exception,
+    as ``torch.save`` does) is raised again as :class:`OutputError` with :func:`describe_os_error`'s line (the
+    previous file, if any, is said to be intact).
     """
     path = Path(path)
     try:
@@ -131,21 +176,23 @@ def atomic_write(path: str | os.PathLike, mode: Literal["wb", "w"] = "wb", *,
         fd, tmp = _temporary_for(path)
     except OSError as error:
         raise OutputError(describe_os_error(error, path)) from error
+    recorder = None
     try:
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding})) as f:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding, "newline": newline})) as f:
             if keep_mode is not None:
                 os.chmod(tmp, keep_mode)
-            yield f
+            recorder = _WriteRecorder(f)
+            yield recorder
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as error:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        cause = error if isinstance(error, OSError) else getattr(recorder, "error", None)
+        if cause is None or not isinstance(error, Exception):
+            raise
         intact = ": the previous file is intact" if path.exists() else ""
-        raise OutputError(describe_os_error(error, path) + intact) from error
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        raise OutputError(describe_os_error(cause, path) + intact) from error
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
@@ -164,13 +211,49 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
 
 def make_run_dir(project: str | Path, name: str, exist_ok: bool = False) -> Path:
     """``project/name``, or ``name2``, ``name3``, ... when taken (created here, so concurrent runs never share one)."""
-    project = Path(project)
+    project = check_output(project, kind="dir", what="project folder")
     project.mkdir(parents=True, exist_ok=True)
     index = 1
     while True:
         path = project / (name if index == 1 else f"{name}{index}")
+        if exist_ok:  # reusing project/name: a file there is refused, not stepped over to name2
+            check_output(path, kind="dir", what="run directory")
         try:
             path.mkdir(exist_ok=exist_ok)
             return path
         except FileExistsError:
             index += 1
+
+
+class DirectoryLock:
+    """An exclusive lock on a folder that one process writes into (a training run directory), held until
+    :meth:`release`: a second run into the same folder (``--exist-ok``) is refused instead of mixing its files.
+
+    The lock is ``fcntl.flock`` on :data:`LOCK_FILE` inside the folder, so the system drops it when the holder dies
+    (a killed run never leaves the folder locked).
+
+    Raises:
+        OutputError: the folder is locked by another process (or another open lock in this one).
+    """
+
+    def __init__(self, directory: str | os.PathLike, *, what: str = "run directory") -> None:
+        import fcntl
+
+        self.path = Path(directory) / LOCK_FILE
+        try:
+            self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as error:
+            raise OutputError(describe_os_error(error, self.path, action="locking")) from error
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._fd)
+            self._fd = None
+            raise OutputError(f"{what} {directory} is in use by another run (it holds {self.path}); wait for it to "
+                              "finish or choose another --name") from None
+
+    def release(self) -> None:
+        """Give the lock up (the lock file stays, unlocked); calling it again does nothing."""
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor releases the flock
+            self._fd = None

@@ -7,8 +7,11 @@ value and the bound.
 
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
 __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_BOXES_PER_IMAGE", "MAX_YAML_ALIASES",
-           "MAX_VALUE_CHARS"]
+           "MAX_YAML_NODES", "MAX_VALUE_CHARS", "value_text"]
 
 MAX_INPUT_SIDE = 4096
 """Largest side of the network input in pixels (``--image-size``, a checkpoint's ``image_size``)."""
@@ -25,5 +28,19 @@ MAX_BOXES_PER_IMAGE = 10_000
 MAX_YAML_ALIASES = 100
 """Most alias references a YAML file may use (an alias bomb expands a dozen lines to billions of items)."""
 
+MAX_YAML_NODES = 100_000
+"""Most values (scalars, lists, mappings) a YAML file may hold with every alias expanded."""
+
 MAX_VALUE_CHARS = 80
 """Longest rendering of a user value inside an error message (longer values are cut before formatting)."""
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxlong, _SHORT.maxother = 2, MAX_VALUE_CHARS, 40, MAX_VALUE_CHARS
+
+
+def value_text(value: Any) -> str:
+    """``repr(value)`` for an error message, cut to :data:`MAX_VALUE_CHARS` characters: containers are shortened while
+    formatting (:mod:`reprlib`), so a huge or deeply nested value costs no more than a short one."""
+    text = _SHORT.repr(value)
+    return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS - 3] + "..."

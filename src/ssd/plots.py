@@ -29,6 +29,8 @@ from PIL import Image, ImageFont
 from torch import Tensor
 from torchvision.utils import draw_bounding_boxes
 
+from ssd.files import atomic_write
+
 __all__ = ["RESULTS_COLUMNS", "class_color", "draw_detections", "font_for", "plot_label_stats", "plot_pr_curves",
            "plot_results", "save_image"]
 
@@ -104,8 +106,8 @@ def _font_family(font: str | None) -> dict[str, list[str]]:
 
 def _save(fig: Figure, out_png: str | Path) -> Path:
     out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    with atomic_write(out) as f:
+        fig.savefig(f, dpi=100, format=out.suffix.lstrip(".") or "png")
     return out
 
 
@@ -287,6 +289,9 @@ def save_image(image: Tensor, path: str | Path) -> Path:
         raise ValueError(f"save_image: {path}: image must be a uint8 tensor [3, H, W], got "
                          f"{getattr(image, 'dtype', type(image).__name__)} {tuple(getattr(image, 'shape', ()))}")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(image.permute(1, 2, 0).cpu().numpy()).save(path)
+    image_format = Image.registered_extensions().get(path.suffix.lower())
+    if image_format is None:
+        raise ValueError(f"save_image: {path}: unknown image suffix {path.suffix!r} (use .jpg, .png, ...)")
+    with atomic_write(path) as f:  # never a half-written image, even with the disk full
+        Image.fromarray(image.permute(1, 2, 0).cpu().numpy()).save(f, format=image_format)
     return path

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from torch import Tensor
 from torchvision.ops import box_iou
 
 from ssd._utils import closest_names
@@ -30,12 +31,15 @@ from ssd.data.images import ImageError, exif_transposed, verify_image
 from ssd.data.load import load_dataset
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
+from ssd.limits import MAX_BOXES_PER_IMAGE
 from ssd.priors import PriorConfig
 
 __all__ = ["check_dataset", "find_issues", "screen"]
 
 TINY_PIXELS = 2.0
 """Boxes narrower or shorter than this (pixels, after clipping) get a warning."""
+DUPLICATE_CHUNK = 1 << 20
+"""IoU values the duplicate check computes at once: its memory is bounded for any number of boxes."""
 DUPLICATE_IOU = 0.9
 BORDER_TOLERANCE = 1.0
 """Pixels a box may extend past the image border before a warning."""
@@ -70,6 +74,11 @@ def _rotation_hint(rec: ImageRecord, obj) -> str:
 
 def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -> list[Issue]:
     """Per-object rules for one image, plus near-duplicates (same label, IoU > 0.9)."""
+    if len(rec.objects) > MAX_BOXES_PER_IMAGE:  # before any per-object work: 20,000 boxes are a generated file
+        return [Issue("error", "too_many_boxes", f"{relative_path(rec.annotation or rec.path, root)}: "
+                      f"{len(rec.objects):,} objects in one image, more than {MAX_BOXES_PER_IMAGE:,} "
+                      "(ssd.limits.MAX_BOXES_PER_IMAGE)", relative_path(rec.annotation or rec.path, root), None,
+                      split, rec.path)]
     issues = []
     k = len(names)
     w, h = rec.width or 0, rec.height or 0
@@ -113,15 +122,27 @@ def _object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) -
     if len(valid) > 1:
         boxes = torch.tensor([rec.objects[i].box for i in valid], dtype=torch.float64)
         labels = torch.tensor([rec.objects[i].label for i in valid])
-        iou = box_iou(boxes, boxes).triu(diagonal=1)
-        pairs = ((iou > DUPLICATE_IOU) & (labels[:, None] == labels[None, :])).nonzero().tolist()
-        for a, b in pairs:
+        for a, b, overlap in _duplicate_pairs(boxes, labels):
             first, second = rec.objects[valid[a]], rec.objects[valid[b]]
             issues.append(Issue("warning", "duplicate_box", f"{second.where}: box {_box_text(second.box)} nearly "
                                 f"duplicates {first.where} {_box_text(first.box)} (same class, IoU "
-                                f"{float(iou[a, b]):.2f} > {DUPLICATE_IOU})",
+                                f"{overlap:.2f} > {DUPLICATE_IOU})",
                                 relative_path(second.source or rec.path, root), second.line, split, rec.path, valid[b]))
     return issues
+
+
+def _duplicate_pairs(boxes: Tensor, labels: Tensor) -> list[tuple[int, int, float]]:
+    """``(a, b, IoU)`` for ``a < b`` of the same label with IoU above :data:`DUPLICATE_IOU`; ``boxes [N, 4]``,
+    ``labels [N]``. Rows are compared in chunks, so memory stays near ``DUPLICATE_CHUNK`` values for any N."""
+    found = []
+    rows, index = max(1, DUPLICATE_CHUNK // len(boxes)), torch.arange(len(boxes))
+    for start in range(0, len(boxes), rows):
+        iou = box_iou(boxes[start:start + rows], boxes)  # [rows, N]
+        later = index[start:start + rows, None] < index[None, :]
+        same = labels[start:start + rows, None] == labels[None, :]
+        pairs = ((iou > DUPLICATE_IOU) & same & later).nonzero().tolist()
+        found += [(start + i, j, float(iou[i, j])) for i, j in pairs]
+    return found
 
 
 def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:

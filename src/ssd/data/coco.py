@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 from ssd.data.images import ImageError, read_image_size
@@ -28,13 +29,15 @@ __all__ = ["read_coco", "split_name"]
 _TOLERANCE = 1.0  # pixels a box may pass the border before the xyxy hint is considered (as check's border rule)
 
 
+_SPLIT_WORDS = {"val": "val", "valid": "val", "validation": "val", "test": "test", "train": "train"}
+"""Whole words of a COCO file name that name its split."""
+
+
 def split_name(json_path: Path) -> str:
-    """``instances_val2017.json`` -> ``val``; ``train``/``test`` likewise; anything else is ``train``."""
-    stem = json_path.stem.lower()
-    for key, split in (("val", "val"), ("test", "test"), ("train", "train")):
-        if key in stem:
-            return split
-    return "train"
+    """``instances_val2017.json`` -> ``val`` (``valid``, ``validation`` too); ``train``/``test`` likewise, as whole
+    words of the name (``my_eval.json`` holds no split word); anything else is ``train``."""
+    words = re.findall(r"[a-z]+", json_path.stem.lower())  # "instances_val2017" -> instances, val
+    return next((_SPLIT_WORDS[w] for w in words if w in _SPLIT_WORDS), "train")
 
 
 def _find_image(file_name: str, json_path: Path, image_root: Path | None) -> Path:
@@ -90,6 +93,7 @@ def _images(data: dict, json_path: Path, image_root: Path | None, split: str,
     rel = json_path.name
     records: dict[int | str, ImageRecord] = {}
     first: dict[int | str, tuple[int, str]] = {}
+    by_path: dict[Path, int | str] = {}
     for i, img in enumerate(data["images"]):
         image_id, file_name = img.get("id"), img.get("file_name")
         if not (_is_int(image_id) or isinstance(image_id, str)) or not isinstance(file_name, str) or not file_name:
@@ -101,7 +105,18 @@ def _images(data: dict, json_path: Path, image_root: Path | None, split: str,
                             f"{file_name!r} (images[{i}]); their annotations cannot be told apart (merged files? "
                             "give every image its own id)")
         first[image_id] = (i, file_name)
+        if Path(file_name).is_absolute() or ".." in Path(file_name).parts:
+            issues.append(Issue("error", "outside_root", f"{rel} image id {image_id!r}: file_name {file_name!r} "
+                                "leaves the dataset folder (absolute or ../): images are read from inside it", rel,
+                                split=split))
+            continue
         path = _find_image(file_name, json_path, image_root)
+        if path in by_path:
+            issues.append(Issue("error", "duplicate_image", f"{rel} image id {image_id!r}: {file_name!r} is also "
+                                f"image id {by_path[path]!r}; one file under two ids would be counted twice", rel,
+                                split=split, image=path))
+            continue
+        by_path[path] = image_id
         try:
             width, height = read_image_size(path)
         except ImageError as e:
@@ -141,6 +156,7 @@ def _add_objects(data: dict, json_path: Path, records: dict, label_of: dict[int,
                  split: str, issues: list[Issue]) -> None:
     rel = json_path.name
     listed = {img["id"] for img in data["images"]}
+    seen: dict[int, int] = {}  # annotation id -> its index
     for index, ann in enumerate(data["annotations"]):
         ann_id, image_id = ann.get("id"), ann.get("image_id")
         where = f"{rel} annotation id {ann_id}" if _is_int(ann_id) else f"{rel} annotations[{index}]"
@@ -156,10 +172,13 @@ def _add_objects(data: dict, json_path: Path, records: dict, label_of: dict[int,
         problem = (f"bbox {ann.get('bbox')!r:.80} is not [x, y, w, h] numbers" if parsed is None else
                    f"id {ann_id!r:.60} is not an integer" if not _is_int(ann_id) else
                    f"iscrowd {ann.get('iscrowd')!r:.60} is not 0 or 1" if ann.get("iscrowd", 0) not in (0, 1) else None)
+        if not problem and ann_id in seen:
+            problem = f"id {ann_id} is also annotations[{seen[ann_id]}] (annotation ids must be unique)"
         if problem:
             issues.append(Issue("error", "parse_error", f"{where}: {problem}", rel, line, split=split,
                                 image=rec.path))
             continue
+        seen[ann_id] = index
         cat = ann.get("category_id")
         label = label_of.get(cat, -1) if _is_int(cat) else -1
         name = names[label] if label >= 0 else f"category {cat!r:.40}"

@@ -10,16 +10,17 @@ XML files beside them (a "Pascal VOC" export described by a ``data.yaml``) is re
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ssd._utils import closest_names, few
-from ssd.data.coco import read_coco
-from ssd.data.records import DataError, DatasetSpec, relative_path
+from ssd.data.coco import read_coco, split_name
+from ssd.data.records import DataError, DatasetSpec, ImageRecord, relative_path
 from ssd.data.voc import assign_labels, find_voc_root, parse_voc_xml, read_voc
 from ssd.data.yolo import read_yolo_folder, read_yolo_yaml
 
-__all__ = ["load_dataset", "load_training_data"]
+__all__ = ["load_dataset", "load_training_data", "validation_split"]
 
 _SPLIT_DIRS = ("train", "val", "valid", "validation", "test")
 """Folder names the flat VOC reader takes as splits."""
@@ -38,7 +39,15 @@ def _read_file(path: Path) -> DatasetSpec:
 
 
 def _read_coco_files(folder: Path, jsons: list[Path]) -> DatasetSpec:
-    """One split per COCO JSON (see :func:`ssd.data.coco.split_name`); their categories must agree."""
+    """One split per COCO JSON (see :func:`ssd.data.coco.split_name`); their categories must agree, and two files
+    for one split are refused (neither may silently replace the other)."""
+    by_split: dict[str, Path] = {}
+    for path in jsons:
+        taken = by_split.setdefault(split_name(path), path)
+        if taken != path:
+            raise DataError(f"COCO files {taken.name} and {path.name} in {taken.parent} are both split "
+                            f"{split_name(path)!r} (split names are whole words of the file name: train, val, valid, "
+                            "validation, test; others count as train): merge them, rename one, or give one as --data")
     specs = [_read_file(j) for j in jsons]
     first = specs[0]
     for other in specs[1:]:
@@ -56,7 +65,7 @@ def _read_xml_folders(folder: Path) -> DatasetSpec:
     """VOC XML beside images: in ``folder`` or its split folders (:func:`read_voc`), else in split folders deeper
     down (``<a>/train``, ``<b>/test``): each parent is read and the splits merged (names: the sorted union, unless
     the parts agree, e.g. from their ``classes.txt``). XML elsewhere only is refused, never read as 0 classes."""
-    xml_dirs = sorted({p.parent for p in folder.rglob("*.xml")})
+    xml_dirs = sorted({p.parent for p in folder.rglob("*") if p.suffix.lower() == ".xml"})
     if any(d == folder or (d.parent == folder and d.name in _SPLIT_DIRS) for d in xml_dirs):
         return read_voc(folder)
     parents = sorted({d.parent for d in xml_dirs if d.name in _SPLIT_DIRS})
@@ -88,7 +97,7 @@ def _detect(folder: Path) -> DatasetSpec:
     jsons = sorted((folder / "annotations").glob("*.json")) or sorted(folder.glob("*.json"))
     if jsons:
         return _read_coco_files(folder, jsons)
-    if any(folder.rglob("*.xml")):
+    if any(p.suffix.lower() == ".xml" for p in folder.rglob("*")):  # a.XML too
         return _read_xml_folders(folder)
     raise DataError(f"{folder}: no dataset format recognised (expected VOC Annotations/ + JPEGImages/, a YOLO "
                     "data.yaml or images/ + labels/, or a COCO JSON)")
@@ -209,3 +218,33 @@ def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, c
     if per_file:
         log(f"{len(per_file)} warning(s) about files of {data} (`ssd check {data}` lists them)")
     return clean
+
+
+def validation_split(spec: DatasetSpec, val_fraction: float | None = None, seed: int = 0,
+                     log: Callable[[str], object] = print) -> tuple[list[ImageRecord], list[ImageRecord]]:
+    """``(training, validation)`` records: the ``val`` split (else ``test``), or with ``val_fraction`` a seeded share
+    of ``train`` held out (reported through ``log``). A run never scores on its own training images.
+
+    Raises:
+        DataError: no split to validate on and no ``val_fraction`` (the message names both fixes), a
+            ``val_fraction`` for data that has a validation split, or one that leaves either part empty.
+    """
+    train = spec.records("train")
+    named = next((s for s in ("val", "test") if s in spec.splits), None)
+    if val_fraction is None:
+        if named is None:
+            raise DataError(f"dataset {spec.root} has no validation split, and training never scores on its own "
+                            "training images: name one (data.yaml `val: images/val`, a val folder or COCO file) or "
+                            "hold out part of train with --val-fraction 0.1")
+        return train, spec.records(named)
+    if named is not None:
+        raise DataError(f"--val-fraction {val_fraction} is for data without a validation split, but {spec.root} has "
+                        f"{named!r}: drop --val-fraction or the split")
+    held = round(len(train) * val_fraction)
+    if not 1 <= held < len(train):
+        raise DataError(f"--val-fraction {val_fraction} of {len(train)} training images holds out {held}: it must "
+                        "leave at least one image on each side")
+    chosen = set(random.Random(seed).sample(range(len(train)), held))
+    log(f"validation: {held} of {len(train)} training images held out (--val-fraction {val_fraction}, seed {seed}); "
+        f"training on the other {len(train) - held}")
+    return ([r for i, r in enumerate(train) if i not in chosen], [r for i, r in enumerate(train) if i in chosen])

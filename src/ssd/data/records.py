@@ -124,6 +124,13 @@ class DatasetSpec:
             raise DataError(f"dataset {self.root} has no split {split!r} (available: {available})")
         return self.splits[split]
 
+    def input_files(self) -> list[Path]:
+        """Every file the dataset was read from (descriptions, images, annotations): what no output may replace."""
+        files = list(self.sources.values())
+        for records in self.splits.values():
+            files += [p for r in records for p in (r.path, r.annotation) if p is not None]
+        return files
+
 
 def relative_path(path: str | Path, root: Path) -> str:
     """``path`` relative to the dataset ``root`` for messages (unchanged when it lies elsewhere)."""

@@ -112,6 +112,13 @@ def _name_issues(spec: DatasetSpec) -> list[Issue]:
     if duplicates:
         issues.append(Issue("error", "duplicate_class_names", f"{source}: class names {duplicates} appear more than "
                             f"once in {names}: every class needs a distinct name", source))
+    by_case: dict[str, list[str]] = {}
+    for name in dict.fromkeys(names):
+        by_case.setdefault(name.lower(), []).append(name)
+    for variants in (v for v in by_case.values() if len(v) > 1):  # `rbc` and `RBC`: two classes, said so
+        issues.append(Issue("warning", "class_names_differ_in_case", f"{source}: class names "
+                            f"{', '.join(map(repr, variants))} differ only in case and are {len(variants)} classes; "
+                            "rename them to one name if they are the same class", source))
     for index, name in enumerate(names):
         if not name.strip():
             issues.append(Issue("error", "empty_class_name", f"{source}: class name {index} is empty "

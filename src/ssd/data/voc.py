@@ -16,10 +16,11 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from ssd._utils import few
 from ssd.data.images import ImageError, is_image, read_image_size
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
 
-__all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "CLASS_FILE"]
+__all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "read_class_file", "xml_files", "CLASS_FILE"]
 
 CLASS_FILE = "classes.txt"
 _SPLIT_ALIASES = {"valid": "val", "validation": "val"}
@@ -155,10 +156,39 @@ def _read_images(pairs: list[tuple[str, Path | None, Path]], root: Path, split: 
     return records
 
 
+def read_class_file(path: Path) -> list[str]:
+    """The class names of a ``classes.txt`` (one per line); ``DataError`` when it holds none (an empty file is a
+    mistake to report, never a reason to guess the names)."""
+    names = read_lines(path)
+    if not names:
+        raise DataError(f"{path}: the class file is empty: list one class name per line (or delete it to take the "
+                        "names from the annotations)")
+    return names
+
+
+def xml_files(folder: Path) -> list[Path]:
+    """The VOC XML files directly in ``folder``, sorted; the suffix in any case (``a.XML`` too)."""
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() == ".xml" and p.is_file())
+
+
+def _images_by_stem(folder: Path, root: Path, split: str, issues: list[Issue]) -> dict[str, Path]:
+    """The images of ``folder`` by file stem; two images with one stem (``a.jpg``, ``a.png``) are a warning naming
+    the one used (the first by name)."""
+    images: dict[str, Path] = {}
+    for path in sorted(p for p in folder.iterdir() if is_image(p)):
+        kept = images.setdefault(path.stem, path)
+        if kept != path:
+            rel = relative_path(path, root)
+            issues.append(Issue("warning", "same_stem", f"{rel}: shares the name {path.stem!r} with "
+                                f"{relative_path(kept, root)}, whose annotation it would share: {rel} is not read "
+                                "(rename one)", rel, split=split, image=path))
+    return images
+
+
 def _class_names(root: Path, records: list[ImageRecord]) -> list[str]:
     class_file = root / CLASS_FILE
     if class_file.is_file():
-        return read_lines(class_file)
+        return read_class_file(class_file)
     return sorted({o.name for r in records for o in r.objects})
 
 
@@ -174,19 +204,25 @@ def read_voc(folder: Path) -> DatasetSpec:
     splits: dict[str, list[ImageRecord]] = {}
     if voc_root is not None:
         image_dir = voc_root / "JPEGImages"
-        images = {p.stem: p for p in image_dir.iterdir() if is_image(p)} if image_dir.is_dir() else {}
-        all_ids = sorted(p.stem for p in (voc_root / "Annotations").glob("*.xml"))
-        ids_per_split = _split_ids(voc_root) or {"train": all_ids}
+        images = _images_by_stem(image_dir, folder, "train", issues) if image_dir.is_dir() else {}
+        xmls = {p.stem: p for p in xml_files(voc_root / "Annotations")}
+        ids_per_split = _split_ids(voc_root) or {"train": sorted(xmls)}
         for split, ids in ids_per_split.items():
-            pairs = [(i, images.get(i), voc_root / "Annotations" / f"{i}.xml") for i in ids]
+            pairs = [(i, images.get(i), xmls.get(i, voc_root / "Annotations" / f"{i}.xml")) for i in ids]
             splits[split] = _read_images(pairs, folder, split, issues)
         names_root = voc_root if (voc_root / CLASS_FILE).is_file() else folder
     else:
         subdirs = {_SPLIT_ALIASES.get(p.name, p.name): p for p in sorted(folder.iterdir())
                    if p.is_dir() and p.name in ("train", "val", "valid", "validation", "test")}
         for split, d in (subdirs or {"train": folder}).items():
-            images = {p.stem: p for p in d.iterdir() if is_image(p)}
-            pairs = [(x.stem, images.get(x.stem), x) for x in sorted(d.glob("*.xml"))]
+            images = _images_by_stem(d, folder, split, issues)
+            pairs = [(x.stem, images.get(x.stem), x) for x in xml_files(d)]
+            unread = sorted(set(images) - {x.stem for x in xml_files(d)})
+            if unread:  # a flat folder pairs by name: an image without XML is not part of the dataset
+                issues.append(Issue("warning", "image_without_annotation", f"{relative_path(d, folder)}: "
+                                    f"{len(unread)} image(s) without an XML file beside them are not read: "
+                                    f"{few([images[i].name for i in unread])}", relative_path(d, folder),
+                                    split=split))
             splits[split] = _read_images(pairs, folder, split, issues)
         names_root = folder
     all_records = [r for recs in splits.values() for r in recs]

@@ -18,9 +18,12 @@ from pathlib import Path
 
 import yaml
 
+from ssd._utils import few
 from ssd.data.images import ImageError, is_image, read_image_size
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
-from ssd.data.voc import read_lines
+from ssd.data.voc import read_class_file, read_lines
+from ssd.limits import value_text
+from ssd.yamlfile import safe_load
 
 __all__ = ["read_yolo_yaml", "read_yolo_folder", "label_path"]
 
@@ -41,7 +44,8 @@ def _names(raw, source: Path) -> list[str]:
         try:
             by_id = {int(k): v for k, v in raw.items()}
         except (TypeError, ValueError):
-            raise DataError(f"{source}: 'names' keys must be class ids 0, 1, ..., got {list(raw)!r:.80}") from None
+            raise DataError(f"{source}: 'names' keys must be class ids 0, 1, ..., got {value_text(list(raw))}"
+                            ) from None
         keys = sorted(by_id)
         if keys != list(range(len(keys))):
             raise DataError(f"{source}: 'names' keys must be 0..{len(keys) - 1} without gaps, got {keys}")
@@ -53,7 +57,7 @@ def _names(raw, source: Path) -> list[str]:
                         "k-th name)")
     bad = [n for n in raw if isinstance(n, (list, tuple, dict, bool)) or n is None or not str(n).strip()]
     if bad:
-        raise DataError(f"{source}: 'names' must be plain names (text), got {bad[0]!r:.60}")
+        raise DataError(f"{source}: 'names' must be plain names (text), got {value_text(bad[0])}")
     return [str(n).strip() for n in raw]
 
 
@@ -75,7 +79,7 @@ def _images(entries, root: Path, source: Path, split: str) -> list[Path]:
     for entry in entries if isinstance(entries, (list, tuple)) else [entries]:
         if not isinstance(entry, (str, int)) or isinstance(entry, bool):  # a folder may be named 2017
             raise DataError(f"{source}: split {split!r} must name image folders or .txt lists of images (text), "
-                            f"got {entry!r:.60}")
+                            f"got {value_text(entry)}")
         try:
             p = _resolve(root, str(entry))
             if p.is_dir():
@@ -87,7 +91,7 @@ def _images(entries, root: Path, source: Path, split: str) -> list[Path]:
         except DataError:
             raise
         except (OSError, ValueError) as e:  # a name too long, a NUL byte, a folder that cannot be listed
-            raise DataError(f"{source}: split {split!r}: cannot list {entry!r:.80} ({e})") from e
+            raise DataError(f"{source}: split {split!r}: cannot list {value_text(entry)} ({e})") from e
         raise DataError(f"{source}: split {split!r} points to {p}, which does not exist "
                         "(paths are relative to 'path', or to the YAML's folder when 'path' is absent)")
     return images
@@ -125,6 +129,10 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
             cx, cy, w, h = values
             box = ((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height)
         else:  # polygon: its bounding box
+            if len(values) == 6:  # more often a box line with two stray values than a triangle
+                issues.append(Issue("warning", "short_polygon", f"{where}: {len(tokens)} values are read as a "
+                                    "3-point polygon (its bounding box); a box line has 5: 'class cx cy w h'", rel,
+                                    number))
             xs, ys = values[0::2], values[1::2]
             box = (min(xs) * width, min(ys) * height, max(xs) * width, max(ys) * height)
         label = int(cls_f)
@@ -160,13 +168,21 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
             issues.append(Issue("warning", "missing_label_file", f"{rel}: no label file {rel_lbl}; "
                                 "read as an image without objects", rel_lbl, split=split, image=image))
         records.append(ImageRecord(image, lbl if lbl.is_file() else None, objects, width, height, image.stem))
+    expected = {label_path(image) for image in images}
+    for folder in sorted({p.parent for p in expected if p.parent.is_dir() and p.parent not in
+                          {i.parent for i in images}}):  # a labels/ folder of its own: its .txt are all labels
+        orphans = sorted(p.name for p in folder.glob("*.txt") if p not in expected)
+        if orphans:
+            issues.append(Issue("warning", "label_without_image", f"{relative_path(folder, root)}: "
+                                f"{len(orphans)} label file(s) without an image are not read: {few(orphans)}",
+                                relative_path(folder, root), split=split))
     return records
 
 
 def read_yolo_yaml(yaml_path: Path) -> DatasetSpec:
     """Read a YOLO dataset described by ``data.yaml`` (splits named there; ``valid`` is renamed ``val``)."""
     try:
-        desc = yaml.safe_load(yaml_path.read_bytes())  # bytes: PyYAML detects the encoding and skips a BOM
+        desc = safe_load(yaml_path.read_bytes())  # bytes: PyYAML detects the encoding and skips a BOM
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
@@ -179,10 +195,10 @@ def read_yolo_yaml(yaml_path: Path) -> DatasetSpec:
     names = _names(desc["names"], yaml_path)
     nc = desc.get("nc", len(names))
     if not isinstance(nc, int) or isinstance(nc, bool) or nc != len(names):
-        raise DataError(f"{yaml_path}: nc: {nc!r:.40} disagrees with the {len(names)} names {names} (nc is the "
+        raise DataError(f"{yaml_path}: nc: {value_text(nc)} disagrees with the {len(names)} names {names} (nc is the "
                         "number of names; it may be left out)")
     if not isinstance(desc.get("path") or "", str):
-        raise DataError(f"{yaml_path}: 'path' must be a folder (text), got {desc['path']!r:.60}")
+        raise DataError(f"{yaml_path}: 'path' must be a folder (text), got {value_text(desc['path'])}")
     root = _absolute(yaml_path.parent / desc["path"] if desc.get("path") else yaml_path.parent)
     issues: list[Issue] = []
     splits = {}
@@ -200,7 +216,7 @@ def read_yolo_folder(folder: Path) -> DatasetSpec:
     Class names come from ``classes.txt`` in the folder, else ``class0..class{max label}``.
     """
     class_file = folder / "classes.txt"
-    names = read_lines(class_file) if class_file.is_file() else []
+    names = read_class_file(class_file) if class_file.is_file() else []
     split_dirs = {_SPLITS[p.name]: p / "images" for p in sorted(folder.iterdir())
                   if p.name in _SPLITS and (p / "images").is_dir()}
     if not split_dirs:

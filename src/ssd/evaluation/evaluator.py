@@ -15,6 +15,7 @@ tile (:mod:`ssd.inference.tiling`), merged with the loader batch's detections, a
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,12 +36,15 @@ from ssd.detect import detect_batch, model_input
 from ssd.device import autocast
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
 from ssd.evaluation.metrics import evaluate_voc
+from ssd.files import check_output, write_text
 from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
 from ssd.settings import EVALUATE, check_thresholds
+from ssd.weights.checkpoint import CheckpointError
+from ssd.weights.resolve import resolve_weights
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",
            "merge_results", "format_table", "save_coco_json", "check_metric"]
@@ -76,9 +80,13 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     check_metric(metric)
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     check_tile(tile, tile_overlap)
+    if save_json is not None:  # before any work, and again once the dataset's own files are known
+        check_output(save_json, inputs=[*_weights_files(weights), data], what="--save-json")
     backend = open_backend(weights, device)
     class_names = list(backend.class_names)
     spec = load_training_data(data, skip_invalid=skip_invalid, class_names=class_names, splits=(split,))
+    if save_json is not None:
+        check_output(save_json, inputs=spec.input_files(), what="--save-json")
     loader = split_loader(spec.records(split), class_names, backend, batch_size=batch_size, workers=workers)
     result = evaluate_split(backend, loader, class_names=class_names, metric=metric, score_threshold=score_threshold,
                             iou_threshold=iou_threshold, max_detections=max_detections, tile=tile,
@@ -287,7 +295,14 @@ def save_coco_json(result: Mapping[str, Any] | Sequence[Mapping[str, Any]], path
     (see :func:`ssd.inference.coco_results.to_coco_detections`).
     """
     detections = result["detections"] if isinstance(result, Mapping) else result
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(to_coco_detections(detections, category_ids=category_ids)))
-    return path
+    return write_text(path, json.dumps(to_coco_detections(detections, category_ids=category_ids)))
+
+
+def _weights_files(weights: Any) -> list[Path]:
+    """The files ``weights`` names (a path and, for a run directory, its checkpoint): kept from ``--save-json``."""
+    if not isinstance(weights, (str, os.PathLike)):
+        return []
+    try:
+        return [Path(weights), resolve_weights(weights)]
+    except CheckpointError:
+        return [Path(weights)]

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,13 +46,17 @@ from ssd._utils import as_hw, require, unwrap_model
 from ssd._version import __version__
 from ssd.boxes import decode
 from ssd.export.parity import ExportCheckError, check_onnx
+from ssd.files import OutputError, atomic_write, check_output, write_bytes
 from ssd.inference.backends import check_category_ids, graph_digest
 from ssd.postprocess import CANDIDATES_PER_CLASS
 from ssd.settings import PREDICT, check_thresholds
 from ssd.weights.load import model_from_checkpoint, read_weights
 from ssd.weights.resolve import resolve_weights
 
-__all__ = ["ExportCheckError", "export", "export_onnx", "export_torchscript", "check_onnx"]
+__all__ = ["ExportCheckError", "export", "export_onnx", "export_torchscript", "check_onnx", "EXPORT_SUFFIXES"]
+
+EXPORT_SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript"}
+"""The file suffix of each export format (an existing file with another suffix is never overwritten)."""
 
 
 # --- ONNX NonMaxSuppression as a PyTorch op: eager (torchvision) for tracing, NonMaxSuppression in the graph ---
@@ -131,9 +134,10 @@ def _as_model(weights_or_model, out_path: Path) -> tuple[nn.Module, list[int] | 
     if isinstance(weights_or_model, nn.Module):
         return copy.deepcopy(unwrap_model(weights_or_model)).cpu().eval(), None
     weights = Path(weights_or_model)
-    if out_path.resolve() == weights.resolve() or (out_path.exists() and os.path.samefile(out_path, weights)):
-        raise ValueError(f"refusing to export over the weights: the output {out_path} is the checkpoint {weights}; "
-                         "choose another output path (--output)")
+    check_output(out_path, inputs=[weights], what="--output")
+    if out_path.is_file() and out_path.suffix.lower() not in EXPORT_SUFFIXES.values():
+        raise OutputError(f"--output {out_path} is an existing file that is not an exported model "
+                          f"({', '.join(EXPORT_SUFFIXES.values())}); choose another output path")
     ckpt = read_weights(weights)  # a checkpoint, or a foreign detector imported
     model = model_from_checkpoint(ckpt).eval()
     return model, check_category_ids(ckpt.get("category_ids"), model.num_classes, str(weights))
@@ -173,7 +177,6 @@ def export_onnx(
     check_thresholds(score_threshold, iou_threshold, max_detections)
     out_path = Path(out_path)
     model, category_ids = _as_model(weights_or_model, out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     size = model.config.image_size
     graph = _ExportGraph(model, nms, score_threshold, iou_threshold, max_detections).eval()
     example = torch.zeros(2 if dynamic_batch else 1, 3, *as_hw(size))
@@ -192,7 +195,7 @@ def export_onnx(
                          f"from opset {written} failed (use opset {written} or newer)")
     thresholds = (score_threshold, iou_threshold, max_detections) if nms else None
     onnx.helper.set_model_props(proto, _metadata(model, category_ids, graph_digest(proto), thresholds))
-    onnx.save(proto, out_path)
+    write_bytes(out_path, proto.SerializeToString())
     if check:
         check_onnx(model, out_path, sample_images)
     return out_path
@@ -228,11 +231,11 @@ def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
     out_path = Path(out_path)
     model, _ = _as_model(weights_or_model, out_path)
     size = model.config.image_size
-    out_path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         traced = torch.jit.trace(model, torch.zeros(1, 3, *as_hw(size)))
     extra = {"config.json": json.dumps({"config": model.config.to_dict(), "class_names": list(model.class_names)})}
-    torch.jit.save(traced, str(out_path), _extra_files=extra)
+    with atomic_write(out_path) as f:
+        torch.jit.save(traced, f, _extra_files=extra)
     return out_path
 
 
@@ -240,11 +243,10 @@ def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None =
     """``ssd export``: ``fmt`` ``"onnx"`` (:func:`export_onnx` options) or ``"torchscript"``; ``weights`` is a
     checkpoint or a run directory (its best checkpoint); the output defaults to the weights path with the format's
     suffix and is never the weights file itself."""
-    suffix = {"onnx": ".onnx", "torchscript": ".torchscript"}
-    if fmt not in suffix:
-        raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(suffix)})")
+    if fmt not in EXPORT_SUFFIXES:
+        raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(EXPORT_SUFFIXES)})")
     weights = resolve_weights(weights)
-    out_path = Path(out_path) if out_path else Path(weights).with_suffix(suffix[fmt])
+    out_path = Path(out_path) if out_path else Path(weights).with_suffix(EXPORT_SUFFIXES[fmt])
     if fmt == "onnx":
         return export_onnx(weights, out_path, **options)
     return export_torchscript(weights, out_path)

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ssd._utils import require
 from ssd.data.images import IMAGE_SUFFIXES, is_image, read_image
-from ssd.files import make_run_dir
+from ssd.files import check_output, check_outputs, make_run_dir, write_text
 from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.pipeline import Detector, Result
 from ssd.inference.tiling import TILE_OVERLAP, check_tile
@@ -104,17 +104,14 @@ def output_paths(files: list[Path], save_dir: Path) -> dict[Path, Path]:
 
 def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, fmt: str) -> tuple[Path, dict[Path, Path]]:
     """The save directory (a fresh ``name``, ``name2``, ... unless ``exist_ok``) and the output of every input;
-    refuses a plan in which an output is one of the inputs."""
-    if exist_ok:
-        save_dir.mkdir(parents=True, exist_ok=True)
-    else:
+    refuses, before creating anything, a plan in which an output is one of the inputs (the same file: hard links and
+    symlinks included) or ``save_dir`` is a file."""
+    check_output(save_dir, kind="dir", what="--save-dir")
+    if not exist_ok:
         save_dir = make_run_dir(save_dir.parent, save_dir.name)
     plan = output_paths(files, save_dir)
-    inputs = {f.resolve(): f for f in files}
-    for out in [*plan.values(), save_dir / RESULTS_FILES[fmt]]:
-        if out.resolve() in inputs:
-            raise ValueError(f"refusing to write into {save_dir}: the output {out} would overwrite the input "
-                             f"{inputs[out.resolve()]}; choose a save directory (--save-dir) outside the inputs")
+    check_outputs([*plan.values(), save_dir / RESULTS_FILES[fmt]], inputs=files, what="--save-dir output")
+    save_dir.mkdir(parents=True, exist_ok=True)
     return save_dir, plan
 
 
@@ -257,4 +254,4 @@ def _write_results(path: Path, entries: list[dict], detector: Detector, fmt: str
              (("boxes", "box"), ("scores", "score"), ("labels", "label"))}
             for entry in entries
         ], category_ids=detector.category_ids)
-    path.write_text(json.dumps(content, indent=1))
+    write_text(path, json.dumps(content, indent=1))

@@ -37,6 +37,7 @@ from torch import Tensor
 from torchvision.ops import batched_nms, box_area
 
 from ssd._utils import as_hw
+from ssd.limits import MAX_TILES_PER_IMAGE
 from ssd.postprocess import first_per_image
 
 __all__ = ["AUTO_FACTOR", "CUT_COVER", "CUT_SCORE_RATIO", "EDGE_MARGIN", "MIN_TILE", "TILE_OVERLAP", "check_tile",
@@ -89,12 +90,16 @@ def tile_shape(tile: str | tuple[int, int] | None, image_hw: Sequence[int], inpu
     return min(tile_h, height), min(tile_w, width)
 
 
-def _starts(length: int, side: int, overlap: float) -> Tensor:
-    """Start offsets of tiles of ``side`` along ``length``: evenly spread, the first at 0, the last at
-    ``length - side``, neighbours sharing at least ``overlap * side``."""
+def _count(length: int, side: int, overlap: float) -> int:
+    """How many tiles of ``side`` cover ``length`` with neighbours sharing at least ``overlap * side``."""
+    return 1 if side >= length else math.ceil((length - side) / (side * (1 - overlap)) - 1e-9) + 1
+
+
+def _starts(length: int, side: int, count: int) -> Tensor:
+    """Start offsets of ``count`` tiles of ``side`` along ``length``: evenly spread, the first at 0, the last at
+    ``length - side``."""
     if side >= length:
         return torch.zeros(1, dtype=torch.int64)
-    count = math.ceil((length - side) / (side * (1 - overlap)) - 1e-9) + 1
     return torch.linspace(0, length - side, count).round().long()
 
 
@@ -104,7 +109,12 @@ def tile_windows(image_hw: Sequence[int], tile_hw: Sequence[int], overlap: float
     Along each axis the tiles are spread evenly: the first starts at 0, the last ends on the image border, and
     neighbours share at least ``overlap`` of a tile (so no tile sticks out of the image)."""
     (height, width), (tile_h, tile_w) = image_hw, tile_hw
-    ys, xs = torch.meshgrid(_starts(height, tile_h, overlap), _starts(width, tile_w, overlap), indexing="ij")
+    rows, columns = _count(height, tile_h, overlap), _count(width, tile_w, overlap)
+    if rows * columns > MAX_TILES_PER_IMAGE:  # checked before anything of that size is allocated
+        raise ValueError(f"--tile {tile_h}x{tile_w} with --tile-overlap {overlap} cuts a {height}x{width} image into "
+                         f"{rows * columns:,} tiles, more than {MAX_TILES_PER_IMAGE} "
+                         "(ssd.limits.MAX_TILES_PER_IMAGE): use larger tiles or less overlap")
+    ys, xs = torch.meshgrid(_starts(height, tile_h, rows), _starts(width, tile_w, columns), indexing="ij")
     x0, y0 = xs.reshape(-1), ys.reshape(-1)
     return torch.stack([x0, y0, (x0 + tile_w).clamp(max=width), (y0 + tile_h).clamp(max=height)], dim=1)
 

@@ -19,8 +19,10 @@ from pathlib import Path
 import yaml
 
 from ssd._utils import compact_size, size_text
+from ssd.files import write_text
 from ssd.priors.config import PriorConfig, PriorConfigError, input_size
 from ssd.priors.fit import FitResult
+from ssd.yamlfile import safe_load
 
 __all__ = ["load_priors", "save_priors", "train_command"]
 
@@ -41,9 +43,7 @@ def save_priors(path: str | Path, result: FitResult, model: str, source: str | N
     body = {"model": model, "image_size": result.image_size if square else size,  # an int or "HxW"
             "coverage": {"boxes": b["boxes"], "before": round(b["covered"], 4), "after": round(a["covered"], 4)},
             "priors": result.priors.to_dict()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None))
-    return path
+    return write_text(path, "\n".join(lines) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None))
 
 
 def train_command(model: str, image_size: int | tuple[int, int] | str, priors_file: str | Path) -> str:
@@ -62,7 +62,7 @@ def load_priors(path: str | Path) -> tuple[PriorConfig, str | None, int | tuple[
         raise FileNotFoundError(f"priors file {path} does not exist (write one with `ssd check DATA --model NAME "
                                 "--fit-priors`, or use --priors auto)")
     try:
-        values = yaml.safe_load(path.read_text())
+        values = safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise PriorConfigError(f"{path}: not valid YAML ({exc})") from None
     if not isinstance(values, dict):

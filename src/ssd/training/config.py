@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,8 +22,10 @@ from typing import Literal
 import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
-from ssd.limits import MAX_INPUT_SIDE
+from ssd.files import write_text
+from ssd.limits import MAX_INPUT_SIDE, value_text
 from ssd.settings import EVALUATE, THRESHOLD_OPTIONS, ConfigError
+from ssd.yamlfile import safe_load
 
 __all__ = ["TrainConfig", "parse_image_size", "option_name"]
 
@@ -77,6 +81,8 @@ class TrainConfig:
     cache_images: bool = _help("decode every image once and keep it in RAM", default=False)
     skip_invalid: bool = _help("drop invalid objects/images (reported) instead of refusing the data", default=False)
     skip_nonfinite: bool = _help("skip and count steps with a non-finite loss instead of stopping", default=False)
+    val_fraction: float | None = _help("for data without a val split: hold out this share of the training images "
+                                       "(seeded by --seed, reported) to validate on", default=None)
     val_interval: int = _help("validate every N epochs (and always after the last)", default=1)
     metric: Literal["voc07", "voc", "coco"] = _help("validation metric: voc07 11-point, voc area, coco",
                                                     default="voc07")
@@ -128,7 +134,7 @@ class TrainConfig:
         """Read a YAML mapping of fields (as written by :meth:`to_yaml`)."""
         path = Path(path)
         try:
-            values = yaml.safe_load(path.read_text()) or {}
+            values = safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML ({e})") from None
         if not isinstance(values, dict):
@@ -142,7 +148,7 @@ class TrainConfig:
         """The YAML text of every field; also written to ``path`` when given."""
         text = yaml.safe_dump(self.to_dict(), sort_keys=False)
         if path is not None:
-            Path(path).write_text(text)
+            write_text(path, text)
         return text
 
     def resolved(self) -> TrainConfig:
@@ -167,6 +173,7 @@ class TrainConfig:
 
     # --------------------------------------------------------------------------------------------- checking
     def _check(self) -> None:
+        _check_types(self)
         for name in ("epochs", "batch_size", "val_interval"):
             _require(self, name, getattr(self, name) >= 1, "must be at least 1")
         if self.schedule_epochs is not None:
@@ -182,8 +189,16 @@ class TrainConfig:
             _require(self, "lr", 0 < self.lr < math.inf, "must be a finite number > 0")
         if self.weight_decay is not None:
             _require(self, "weight_decay", 0 <= self.weight_decay < math.inf, "must be a finite number >= 0")
-        if self.freeze_epochs is not None:
-            _require(self, "freeze_epochs", self.freeze_epochs >= 0, "must be >= 0")
+        for name in ("freeze_epochs", "warmup_iters"):
+            if getattr(self, name) is not None:
+                _require(self, name, getattr(self, name) >= 0, "must be >= 0")
+        _require(self, "seed", 0 <= self.seed < 2**63, "must be in [0, 2**63)")
+        if self.val_fraction is not None:
+            _require(self, "val_fraction", 0 < self.val_fraction < 1, "must be in (0, 1), e.g. 0.1")
+        _require(self, "name", self.name not in ("", ".", "..") and Path(self.name).name == self.name,
+                 "must be one folder name inside --project (no '/', no '..', not absolute)")
+        _require(self, "score_threshold", 0 <= self.score_threshold < 1, "must be in [0, 1)")
+        _require(self, "iou_threshold", 0 <= self.iou_threshold <= 1, "must be in [0, 1]")
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             _require(self, name, value is None or value in choices, f"choose one of {', '.join(choices)}")
@@ -194,7 +209,37 @@ class TrainConfig:
 def _require(config: TrainConfig, name: str, ok: bool, rule: str) -> None:
     """Raise :class:`ConfigError` naming the field, its command-line option, the value and the rule."""
     if not ok:
-        raise ConfigError(f"{name}={getattr(config, name)!r} is invalid: {rule} ({option_name(name)})")
+        raise ConfigError(f"{name}={value_text(getattr(config, name))} is invalid: {rule} "
+                          f"({option_name(name)})")
+
+
+def _type_rule(hint: typing.Any) -> tuple[tuple[type, ...], str] | None:
+    """The accepted Python types of a field and the words for them (``None`` for Literal fields, checked by choice)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) in (
+        typing.Union, types.UnionType) else [hint]
+    if any(typing.get_origin(a) is Literal for a in args):
+        return None
+    if list[int] in args:
+        return (list,), "a list of whole numbers"
+    if str in args:
+        return (str, os.PathLike), "text"
+    return {int: ((int,), "a whole number"), float: ((int, float), "a finite number"),
+            bool: ((bool,), "true or false")}[args[0]]
+
+
+def _check_types(config: TrainConfig) -> None:
+    """Refuse a value of the wrong type (``epochs: ten``, ``batch_size: [4]``) or a non-finite number, by field."""
+    for name, hint in typing.get_type_hints(TrainConfig).items():
+        value, rule = getattr(config, name), _type_rule(hint)
+        if value is None or rule is None or name == "image_size":  # image_size: parse_image_size's rules
+            continue
+        types_, words = rule
+        ok = isinstance(value, types_) and (bool in types_ or not isinstance(value, bool))
+        if ok and isinstance(value, float):
+            ok = math.isfinite(value)
+        if ok and name == "milestones":
+            ok = all(isinstance(m, int) and not isinstance(m, bool) for m in value)
+        _require(config, name, ok, f"must be {words}")
 
 
 def option_name(field_name: str) -> str:
@@ -221,13 +266,11 @@ def parse_image_size(value: typing.Any) -> int | str:
     try:
         h, w = as_hw(value)
     except ValueError:
-        raise ConfigError(f"image_size={value!r} is invalid: give N for a square N x N input or HxW (height x width, "
-                          "e.g. 512x288)") from None
-    if min(h, w) < 32:
-        raise ConfigError(f"image_size={value!r} is invalid: must be at least 32 on each side")
-    if max(h, w) > MAX_INPUT_SIDE:
-        raise ConfigError(f"image_size={value!r} is invalid: must be at most {MAX_INPUT_SIDE} on each side "
-                          "(ssd.limits.MAX_INPUT_SIDE)")
+        raise ConfigError(f"image_size={value_text(value)} is invalid: give N for a square N x N input or HxW "
+                          "(height x width, e.g. 512x288)") from None
+    if min(h, w) < 32 or max(h, w) > MAX_INPUT_SIDE:
+        raise ConfigError(f"image_size={value_text(value)} is invalid: must be at least 32 and at most "
+                          f"{MAX_INPUT_SIDE} on each side (--image-size; the bound is ssd.limits.MAX_INPUT_SIDE)")
     return h if h == w else size_text((h, w))
 
 
@@ -235,6 +278,6 @@ def _coerce(name: str, value: typing.Any) -> typing.Any:
     """Paths become strings (so the config stays YAML-able); a tuple of milestones becomes a list."""
     if isinstance(value, Path):
         return str(value)
-    if name == "milestones" and value is not None:
-        return [int(v) for v in value]
+    if name == "milestones" and isinstance(value, tuple):
+        return list(value)
     return value

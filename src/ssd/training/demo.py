@@ -17,6 +17,8 @@ from pathlib import Path
 
 import ssd.distributed as ddp
 from ssd.data.synthetic import generate_synthetic
+from ssd.device import resolve_device
+from ssd.files import write_text
 from ssd.training.config import TrainConfig
 from ssd.training.trainer import TrainResult, train
 
@@ -33,7 +35,7 @@ def demo_dataset(root: Path, **overrides) -> Path:
     if stamp.is_file() and json.loads(stamp.read_text()) == params:
         return root
     generate_synthetic(root, **params)
-    stamp.write_text(json.dumps(params))
+    write_text(stamp, json.dumps(params))
     return root
 
 
@@ -46,13 +48,15 @@ def run_demo(project: str | Path = "runs", *, device: str = "auto", quiet: bool 
     everything is.
     """
     project = Path(project)
-    start = time.perf_counter()
-    root = demo_dataset(project / "demo_data", **(data or {}))
-    generated = time.perf_counter() - start
+    root = project / "demo_data"
     config = TrainConfig(data=str(root), model="ssd_tiny", epochs=epochs, batch_size=batch_size, device=device,
                          quiet=quiet, workers=workers, cache_images=True, project=str(project), name="demo",
                          warmup_epochs=0.5, val_interval=max(1, epochs // 2), metric="voc", amp=True,
                          augment="light").update(**overrides)
+    resolve_device(config.device)  # options and device refused before the images are generated
+    start = time.perf_counter()
+    demo_dataset(root, **(data or {}))
+    generated = time.perf_counter() - start
     result = train(config)
     elapsed = time.perf_counter() - start
     run = result.run_dir

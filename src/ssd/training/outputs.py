@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ssd.data.images import read_image
+from ssd.files import atomic_write, write_text
 from ssd.plots import RESULTS_COLUMNS, draw_detections, plot_label_stats, plot_pr_curves, plot_results, save_image
 from ssd.settings import PREDICT
 from ssd.training.callbacks import Callback
@@ -24,7 +25,7 @@ __all__ = ["ResultsCSV", "TensorBoardLogger", "RunFigures", "output_callbacks", 
 
 def write_results_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     """Rewrite ``results.csv`` from the run history (so a resumed run never holds duplicate epochs)."""
-    with open(path, "w", newline="") as f:
+    with atomic_write(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=RESULTS_COLUMNS, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
@@ -46,7 +47,7 @@ class ResultsCSV(Callback):
 
     def on_fit_end(self, trainer: Trainer) -> None:
         if trainer.stop_reason:
-            (trainer.run_dir / STOP_FILE).write_text(trainer.stop_reason + "\n")
+            write_text(trainer.run_dir / STOP_FILE, trainer.stop_reason + "\n")
 
 
 class TensorBoardLogger(Callback):

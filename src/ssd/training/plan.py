@@ -25,8 +25,7 @@ from ssd.weights.checkpoint import CheckpointError, load_checkpoint
 from ssd.weights.load import model_from_checkpoint, read_weights
 from ssd.weights.resolve import resolve_weights
 
-__all__ = ["TRAINING_STATE", "RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model",
-           "validation_split"]
+__all__ = ["TRAINING_STATE", "RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model"]
 
 TRAINING_STATE = ("train_config", "epoch", "optimizer", "scheduler", "scaler", "rng", "best_map", "history",
                   "metrics", "nonfinite_skipped", "best_epoch", "stop_reason")
@@ -158,12 +157,3 @@ def build_run_model(plan: RunPlan, spec: DatasetSpec, log: Callable[[str], objec
     return build_model(config.model, class_names=class_names, backbone_weights=config.backbone_weights,
                        image_size=config.image_size, priors=priors)
 
-
-def validation_split(spec: DatasetSpec, config: TrainConfig) -> str:
-    """The split validation scores: ``val``, else ``test``, else ``train`` (which ``patience`` refuses to watch)."""
-    split = "val" if "val" in spec.splits else "test" if "test" in spec.splits else "train"
-    if split == "train" and config.patience:
-        raise ConfigError(f"patience={config.patience} is invalid: early stopping watches the mAP of a held-out split, "
-                          f"but {config.data} has only a train split (validation would score the training images). "
-                          "Add a val split, or leave out --patience (--patience 0)")
-    return split

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ssd.files import remove_stale_temporaries
+from ssd.files import DirectoryLock, remove_stale_temporaries
 from ssd.training.config import TrainConfig
 
 __all__ = ["prepare_run_dir", "STOP_FILE"]
@@ -30,9 +30,13 @@ __all__ = ["prepare_run_dir", "STOP_FILE"]
 STOP_FILE = "stop.txt"
 
 
-def prepare_run_dir(run_dir: Path, config: TrainConfig) -> None:
-    """Create ``weights/``, remove the temporary files a run killed while writing a checkpoint left there, and
-    write ``config.yaml`` (a resumed run rewrites it: device, workers or epochs may have changed)."""
+def prepare_run_dir(run_dir: Path, config: TrainConfig) -> DirectoryLock:
+    """Lock the run directory (a second run into it, with ``--exist-ok``, is refused while this one holds the lock),
+    create ``weights/``, remove the temporary files a run killed while writing a checkpoint left there, and write
+    ``config.yaml`` (a resumed run rewrites it: device, workers or epochs may have changed). Returns the lock, for
+    the caller to release when the run ends."""
     (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+    lock = DirectoryLock(run_dir)
     remove_stale_temporaries(run_dir / "weights")
     config.to_yaml(run_dir / "config.yaml")
+    return lock

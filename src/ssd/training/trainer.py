@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 import ssd.distributed as ddp
 from ssd.data import build_dataloader
-from ssd.data.load import load_training_data
+from ssd.data.load import load_training_data, validation_split
 from ssd.data.loader import plain_data_errors
 from ssd.data.records import DataError, DatasetSpec
 from ssd.device import prepare_model
@@ -36,7 +36,7 @@ from ssd.training.ema import build_ema
 from ssd.training.guards import check_finite, nonfinite_loss_error
 from ssd.training.optim import build_optimization
 from ssd.training.outputs import output_callbacks
-from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run, validation_split
+from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run
 from ssd.training.rundir import prepare_run_dir
 from ssd.training.state import epoch_seed, restore_training_state, save_training_state, seed_everything
 from ssd.training.validation import batch_loss, validation_loss
@@ -98,8 +98,7 @@ class Trainer:
         spec = load_training_data(config.data, skip_invalid=config.skip_invalid, log=self.log)
         self.class_names = list(spec.class_names)
         self.category_ids = getattr(spec, "category_ids", None)  # the dataset's own ids (COCO), for predictions
-        self.train_records = spec.records("train")
-        self.val_records = spec.records(validation_split(spec, config))
+        self.train_records, self.val_records = validation_split(spec, config.val_fraction, config.seed, self.log)
         if self.plan.state is not None:
             check_resumed_data(self.plan, self.class_names, len(self.train_records))
         self._setup_model(spec)
@@ -164,8 +163,7 @@ class Trainer:
         if self.run_dir is None:
             self.run_dir = ddp.broadcast_object(make_run_dir(config.project, config.name, config.exist_ok)
                                                 if self.info.is_main else None)
-        if self.info.is_main:
-            prepare_run_dir(self.run_dir, config)
+        lock = prepare_run_dir(self.run_dir, config) if self.info.is_main else None
         if self.stop_reason:
             self.log(f"{self.run_dir} already stopped: {self.stop_reason}")
         elif self.start_epoch >= config.epochs:
@@ -182,6 +180,8 @@ class Trainer:
             self.log(f"results saved to {self.run_dir} (best {config.metric} mAP {self.best_map:.4f})")
         finally:
             self._hook("on_teardown")
+            if lock is not None:
+                lock.release()
         return TrainResult(self.run_dir, self.best_map, self.metrics, self.history, self.step_losses, self.nonfinite,
                            self.eval_model, self.stop_reason)
 
