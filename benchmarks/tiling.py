@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ssd.data.load import load_training_data
+from ssd.data.gate import load_training_data
 from ssd.device import prepare_model, resolve_device
 from ssd.evaluation.evaluator import evaluate_split, score_detections, split_loader
 from ssd.inference.tiling import tile_shape, tile_windows

@@ -62,7 +62,7 @@ OK_LINE = "0 0.5 0.5 0.2 0.2\n"
 # ---------------------------------------------------------------------------------------------- module names
 def test_check_module_is_not_shadowed_by_its_function():
     assert inspect.ismodule(ssd.data.check) and inspect.ismodule(ssd.data.load)
-    assert ssd.data.check.check_dataset is check_dataset and ssd.data.load.load_training_data is load_training_data
+    assert ssd.data.check.check_dataset is check_dataset and ssd.data.gate.load_training_data is load_training_data
 
 
 # ------------------------------------------------------------------------ one gate: check and train agree

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import ssd
-from ssd.data.load import load_training_data
+from ssd.data.gate import load_training_data
 from ssd.data.synthetic import generate_synthetic
 from ssd.evaluation.evaluator import evaluate, split_loader
 from ssd.loss import MultiBoxLoss

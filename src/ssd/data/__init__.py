@@ -2,8 +2,9 @@
 
 from ssd.data.check import check_dataset, find_issues
 from ssd.data.check_report import CheckReport
+from ssd.data.gate import load_training_data
 from ssd.data.images import read_image, read_image_size
-from ssd.data.load import load_dataset, load_training_data
+from ssd.data.load import load_dataset
 from ssd.data.loader import DetectionDataset, SeededSampler, build_dataloader, collate
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord
 from ssd.data.synthetic import SHAPE_NAMES, generate_synthetic

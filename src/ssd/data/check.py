@@ -1,7 +1,7 @@
 """The ``ssd check`` doctor: every problem of a dataset, at its file and line, before training.
 
 ``check_dataset(data, model=None)`` returns a :class:`ssd.data.check_report.CheckReport`; :func:`screen` applies
-the same rules for training/evaluation (the gate :func:`ssd.data.load.load_training_data`): it raises
+the same rules for training/evaluation (the gate :func:`ssd.data.gate.load_training_data`): it raises
 :class:`DataError` with the same messages, or with ``skip_invalid=True`` drops the offending objects/images and says
 how many and which.
 

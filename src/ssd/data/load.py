@@ -1,5 +1,5 @@
-"""Reading a data description: ``load_dataset`` (any layout -> :class:`DatasetSpec`) and ``load_training_data``,
-the one dataset gate of ``ssd train`` and ``ssd val`` (the ``ssd check`` rules, refused or skipped).
+"""Reading a data description: ``load_dataset`` (any layout -> :class:`DatasetSpec`), and ``validation_split`` (the
+records a run trains and validates on). The gate that applies the ``ssd check`` rules is :mod:`ssd.data.gate`.
 
 Detection for a folder, in order: a VOC ``Annotations/`` folder (itself, a child, or ``VOCdevkit/<child>``); a YAML
 with ``names`` (YOLO); ``images/`` + ``labels/`` folders (YOLO, also per split); COCO JSON files (``annotations/*.json``
@@ -11,7 +11,7 @@ XML files beside them (a "Pascal VOC" export described by a ``data.yaml``) is re
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from ssd._utils import closest_names, few
@@ -20,7 +20,7 @@ from ssd.data.records import DataError, DatasetSpec, ImageRecord, relative_path
 from ssd.data.voc import assign_labels, find_voc_root, parse_voc_xml, read_voc
 from ssd.data.yolo import read_yolo_folder, read_yolo_yaml
 
-__all__ = ["load_dataset", "load_training_data", "validation_split"]
+__all__ = ["load_dataset", "validation_split"]
 
 _SPLIT_DIRS = ("train", "val", "valid", "validation", "test")
 """Folder names the flat VOC reader takes as splits."""
@@ -179,45 +179,6 @@ def load_dataset(data: str | Path, split: str | None = None, class_names: list[s
         spec.splits = {split: spec.records(split)}
         spec.issues = [i for i in spec.issues if i.split in (None, split)]
     return spec
-
-
-def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, class_names: list[str] | None = None,
-                       splits: Sequence[str] = ("train", "val"), log: Callable[[str], object] = print
-                       ) -> DatasetSpec:
-    """The dataset gate of training and evaluation: :func:`load_dataset`, then the ``ssd check`` rules.
-
-    It refuses exactly what :func:`ssd.data.check.check_dataset` (same data and class names) reports as errors in
-    the splits it reads, with the same messages; images are decoded to find truncated or corrupt files.
-
-    Args:
-        data: a data.yaml, dataset folder or COCO JSON.
-        skip_invalid: drop the invalid objects and images instead of refusing them (logged: how many, which). Errors
-            no dropping can mend (an empty split, a class without training objects, duplicate class names) are
-            refused all the same.
-        class_names: the model's class names (evaluation), see :func:`load_dataset`.
-        splits: the splits the caller reads; the first must exist, the others are read where present.
-        log: where the dropped objects/images and a summary of the warnings go.
-
-    Returns the spec with the invalid objects/images removed from the splits read (the input files are untouched).
-    """
-    from ssd.data.check import screen  # check.py reads paths through load_dataset: imported here, not at the top
-
-    if data is None:
-        raise DataError("no dataset given: set data (--data DATA: a data.yaml, dataset folder or COCO JSON)")
-    spec = load_dataset(data, class_names=class_names)
-    spec.records(splits[0])
-    clean, report = screen(spec, [s for s in splits if s in spec.splits], skip_invalid=skip_invalid)
-    dropped = report.dropped
-    if dropped:
-        log(f"skip_invalid: dropped {dropped['objects']} object(s) and {dropped['images']} image(s): "
-            f"{', '.join(dropped['object_locations'][:5] + dropped['image_paths'][:5])}")
-    for issue in report.warnings:
-        if issue.image is None:  # dataset- and split-wide warnings in full, per-file ones counted below
-            log(f"warning: {issue.message}")
-    per_file = [i for i in report.warnings if i.image is not None]
-    if per_file:
-        log(f"{len(per_file)} warning(s) about files of {data} (`ssd check {data}` lists them)")
-    return clean
 
 
 def validation_split(spec: DatasetSpec, val_fraction: float | None = None, seed: int = 0,

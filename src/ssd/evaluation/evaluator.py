@@ -29,8 +29,8 @@ import ssd.distributed as ddp
 from ssd._utils import render_table, unwrap_model
 from ssd.boxes import pixel_scale
 from ssd.data import build_dataloader
+from ssd.data.gate import load_training_data
 from ssd.data.images import read_image
-from ssd.data.load import load_training_data
 from ssd.data.records import ImageRecord
 from ssd.detect import detect_batch, model_input
 from ssd.device import autocast

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ssd._utils import few
-from ssd.data.load import load_training_data
+from ssd.data.gate import load_training_data
 from ssd.data.records import ImageRecord
 from ssd.evaluation.evaluator import check_metric, score_detections
 from ssd.evaluation.report import attach_report

@@ -22,7 +22,8 @@ from tqdm import tqdm
 
 import ssd.distributed as ddp
 from ssd.data import build_dataloader
-from ssd.data.load import load_training_data, validation_split
+from ssd.data.gate import load_training_data
+from ssd.data.load import validation_split
 from ssd.data.loader import plain_data_errors
 from ssd.data.records import DataError, DatasetSpec
 from ssd.device import prepare_model

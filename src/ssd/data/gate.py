@@ -1,0 +1,50 @@
+"""The one dataset gate of ``ssd train`` and ``ssd val``: :func:`load_training_data` reads a dataset and applies the
+``ssd check`` rules to it, refusing what the check reports as errors or, when asked, skipping it (reported)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ssd.data.check import screen
+from ssd.data.load import load_dataset
+from ssd.data.records import DataError, DatasetSpec
+
+__all__ = ["load_training_data"]
+
+
+def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, class_names: list[str] | None = None,
+                       splits: Sequence[str] = ("train", "val"), log: Callable[[str], object] = print
+                       ) -> DatasetSpec:
+    """The dataset gate of training and evaluation: :func:`load_dataset`, then the ``ssd check`` rules.
+
+    It refuses exactly what :func:`ssd.data.check.check_dataset` (same data and class names) reports as errors in
+    the splits it reads, with the same messages; images are decoded to find truncated or corrupt files.
+
+    Args:
+        data: a data.yaml, dataset folder or COCO JSON.
+        skip_invalid: drop the invalid objects and images instead of refusing them (logged: how many, which). Errors
+            no dropping can mend (an empty split, a class without training objects, duplicate class names) are
+            refused all the same.
+        class_names: the model's class names (evaluation), see :func:`load_dataset`.
+        splits: the splits the caller reads; the first must exist, the others are read where present.
+        log: where the dropped objects/images and a summary of the warnings go.
+
+    Returns the spec with the invalid objects/images removed from the splits read (the input files are untouched).
+    """
+    if data is None:
+        raise DataError("no dataset given: set data (--data DATA: a data.yaml, dataset folder or COCO JSON)")
+    spec = load_dataset(data, class_names=class_names)
+    spec.records(splits[0])
+    clean, report = screen(spec, [s for s in splits if s in spec.splits], skip_invalid=skip_invalid)
+    dropped = report.dropped
+    if dropped:
+        log(f"skip_invalid: dropped {dropped['objects']} object(s) and {dropped['images']} image(s): "
+            f"{', '.join(dropped['object_locations'][:5] + dropped['image_paths'][:5])}")
+    for issue in report.warnings:
+        if issue.image is None:  # dataset- and split-wide warnings in full, per-file ones counted below
+            log(f"warning: {issue.message}")
+    per_file = [i for i in report.warnings if i.image is not None]
+    if per_file:
+        log(f"{len(per_file)} warning(s) about files of {data} (`ssd check {data}` lists them)")
+    return clean
