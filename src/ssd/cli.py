@@ -170,14 +170,22 @@ def _add_predict_parser(sub) -> None:
 
 
 def _add_export_parser(sub) -> None:
-    p = sub.add_parser("export", help="export a checkpoint to ONNX (checked with ONNX Runtime)", epilog=EPILOG)
+    p = sub.add_parser("export", help="export a checkpoint to ONNX (FP32/INT8), OpenVINO or TorchScript",
+                       epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
-    p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "torchscript"])
-    p.add_argument("--output", type=Path, help="output file, not the weights file (default: next to the weights)")
+    p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "openvino", "torchscript"])
+    p.add_argument("--output", type=Path, help="output file (OpenVINO: folder), not the weights file "
+                                               "(default: next to the weights)")
     p.add_argument("--opset", type=int, default=18,
                    help="ONNX opset (default: 18; lower ones are down-converted when possible)")
     p.add_argument("--dynamic-batch", action="store_true", help="allow any batch size")
     p.add_argument("--nms", action="store_true", help="put score filtering and NMS inside the graph")
+    p.add_argument("--conf", type=float, default=0.25, help="score threshold of in-graph NMS (default: 0.25)")
+    p.add_argument("--iou", type=float, default=0.45, help="IoU threshold of in-graph NMS (default: 0.45)")
+    p.add_argument("--max-det", type=int, default=100, help="detections per image of in-graph NMS (default: 100)")
+    p.add_argument("--int8", action="store_true", help="quantize to INT8, calibrated on --data's training images")
+    p.add_argument("--data", help="dataset whose training images calibrate --int8 (data.yaml, folder or COCO JSON)")
+    p.add_argument("--calib-images", type=int, help="calibration images for --int8 (default: 300)")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the ONNX Runtime parity check")
 
 
@@ -284,10 +292,16 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ssd.export.onnx import export
+    from ssd.export.formats import export
+    from ssd.inference.pipeline import check_thresholds
 
-    out = export(args.weights, fmt=args.fmt, out_path=args.output, opset=args.opset,
-                 dynamic_batch=args.dynamic_batch, nms=args.nms, check=args.check)
+    try:
+        check_thresholds(args.conf, args.iou, args.max_det, names=PREDICT_OPTIONS)
+    except ValueError as e:
+        raise UsageError(f"ssd export: {e}") from None
+    out = export(args.weights, fmt=args.fmt, out_path=args.output, opset=args.opset, dynamic_batch=args.dynamic_batch,
+                 nms=args.nms, check=args.check, score_threshold=args.conf, iou_threshold=args.iou,
+                 max_detections=args.max_det, int8=args.int8, data=args.data, calib_images=args.calib_images)
     print(f"exported: {out}")
     return 0
 

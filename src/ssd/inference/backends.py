@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from ssd._utils import as_hw, compact_size, unwrap_model
 from ssd.weights.checkpoint import CheckpointError
 
-__all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "check_category_ids"]
+__all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "check_category_ids", "read_metadata"]
 
 RAW_OUTPUTS = ["loc", "logits", "priors"]
 NMS_OUTPUTS = ["detections", "num_detections"]
@@ -116,12 +116,13 @@ _RULES = {
     "iou_threshold": (_unit, "a number in [0, 1]"),
     "max_det": (_positive_int, "a positive integer"),
     "category_ids": (lambda v: isinstance(v, list), "a JSON list of integers"),
+    "precision": (lambda v: v in ("fp32", "int8"), '"fp32" or "int8"'),
 }
 _REQUIRED = ("class_names", "image_size", "mean", "std", "variances", "nms")
 _REQUIRED_NMS = ("score_threshold", "iou_threshold", "max_det")
 
 
-def _read_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
+def read_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
     """The validated metadata of an exported model; :class:`OnnxModelError` names the key and what is wrong."""
     if "class_names" not in raw and "image_size" not in raw:
         raise OnnxModelError(f"{path} was not written by `ssd export` (no class_names or image_size metadata); "
@@ -146,9 +147,13 @@ def _read_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
     return meta
 
 
-def _verify_digest(path: Path, expected: str) -> None:
+def _verify_digest(path: Path, expected: str | None) -> None:
+    """A missing checksum is refused like a wrong one: deleting the key must not let an edited graph through."""
     import onnx
 
+    if expected is None:
+        raise OnnxModelError(f"{path}: the metadata has no graph_sha256 (the checksum `ssd export` stores): it was "
+                             "removed or the file was written by another tool; export the model again")
     if graph_digest(onnx.load(str(path))) != expected:
         raise OnnxModelError(f"{path}: the graph does not match the checksum stored at export (graph_sha256): the "
                              f"file was modified or corrupted after `ssd export`; export it again")
@@ -175,9 +180,8 @@ class OnnxBackend:
         except Exception as e:  # onnxruntime raises its own exception types for unreadable files
             raise OnnxModelError(f"cannot load ONNX model {self.path}: {e}") from e
         raw = self.session.get_modelmeta().custom_metadata_map
-        meta = _read_metadata(self.path, raw)
-        if "graph_sha256" in raw:  # files exported before the checksum existed have none
-            _verify_digest(self.path, raw["graph_sha256"])
+        meta = read_metadata(self.path, raw)
+        _verify_digest(self.path, raw.get("graph_sha256"))
         self.class_names, self.category_ids = meta["class_names"], meta["category_ids"]
         self.image_size = compact_size(meta["image_size"])
         self.mean, self.std, self.variances = tuple(meta["mean"]), tuple(meta["std"]), tuple(meta["variances"])
