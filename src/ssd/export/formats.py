@@ -40,6 +40,10 @@ def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_b
         raise ValueError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a TorchScript export is the "
                          "network alone (any batch size, post-processing in the library); drop them or use --format "
                          "onnx")
+    if fmt == "openvino":
+        from ssd.inference.backends_openvino import require_openvino
+
+        require_openvino(nncf=int8)
     suffix, folder = FORMATS[fmt]
     if not folder and out_path.suffix.lower() != suffix:
         raise ValueError(f"the output {out_path} of the {fmt} export must end in {suffix} (--output)")

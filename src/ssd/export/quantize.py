@@ -23,7 +23,7 @@ from ssd.files import write_bytes
 from ssd.inference.backends import graph_digest
 from ssd.preprocess import preprocess
 
-__all__ = ["CALIBRATION_IMAGES", "calibration_paths", "calibration_inputs", "quantize_onnx"]
+__all__ = ["CALIBRATION_IMAGES", "calibration_paths", "calibration_input", "calibration_inputs", "quantize_onnx"]
 
 CALIBRATION_IMAGES = 300
 
@@ -45,12 +45,17 @@ def calibration_paths(data: str | Path | None, count: int = CALIBRATION_IMAGES) 
     return [record.path for record in records[:count]]
 
 
+def calibration_input(path: Path, image_size: int | tuple[int, int], mean: Sequence[float],
+                      std: Sequence[float]) -> np.ndarray:
+    """One calibration image as a network input ``[1, 3, S, S]`` float32, as inference would make it."""
+    batch, _ = preprocess([read_image(path)], image_size, mean, std)
+    return batch.numpy()
+
+
 def calibration_inputs(paths: Sequence[Path], image_size: int | tuple[int, int], mean: Sequence[float],
                        std: Sequence[float]) -> Iterator[np.ndarray]:
-    """Each image of ``paths`` as a network input ``[1, 3, S, S]`` float32 (decoded one at a time)."""
-    for path in paths:
-        batch, _ = preprocess([read_image(path)], image_size, mean, std)
-        yield batch.numpy()
+    """Each image of ``paths`` as :func:`calibration_input` (decoded one at a time)."""
+    return (calibration_input(path, image_size, mean, std) for path in paths)
 
 
 class _Reader:

@@ -168,20 +168,12 @@ class OnnxBackend:
     """
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
-        import onnxruntime as ort
-
         self.path = Path(path)
         self.device = torch.device("cpu")
-        providers = ["CPUExecutionProvider"]
-        if torch.device(device).type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, ("CUDAExecutionProvider", {"device_id": torch.device(device).index or 0}))
-        try:
-            self.session = ort.InferenceSession(str(self.path), providers=providers)
-        except Exception as e:  # onnxruntime raises its own exception types for unreadable files
-            raise OnnxModelError(f"cannot load ONNX model {self.path}: {e}") from e
+        self.session = self._open_session(device)
         raw = self.session.get_modelmeta().custom_metadata_map
         meta = read_metadata(self.path, raw)
-        _verify_digest(self.path, raw.get("graph_sha256"))
+        self._verify_checksum(raw)
         self.class_names, self.category_ids = meta["class_names"], meta["category_ids"]
         self.image_size = compact_size(meta["image_size"])
         self.mean, self.std, self.variances = tuple(meta["mean"]), tuple(meta["std"]), tuple(meta["variances"])
@@ -191,6 +183,21 @@ class OnnxBackend:
                 float(meta["score_threshold"]), float(meta["iou_threshold"]), meta["max_det"])
         self.fixed_batch = self._check_graph()
         self._priors: Tensor | None = None
+
+    def _open_session(self, device: str | torch.device):
+        """The runtime's session (other runtimes' backends return an object with the same methods)."""
+        import onnxruntime as ort
+
+        providers = ["CPUExecutionProvider"]
+        if torch.device(device).type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": torch.device(device).index or 0}))
+        try:
+            return ort.InferenceSession(str(self.path), providers=providers)
+        except Exception as e:  # onnxruntime raises its own exception types for unreadable files
+            raise OnnxModelError(f"cannot load ONNX model {self.path}: {e}") from e
+
+    def _verify_checksum(self, metadata: dict[str, str]) -> None:
+        _verify_digest(self.path, metadata.get("graph_sha256"))
 
     def _check_graph(self) -> int | None:
         """Check the graph's input and outputs against the metadata; returns the fixed batch size (or ``None``)."""
