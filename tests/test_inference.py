@@ -1,12 +1,17 @@
 """The one inference pipeline: :func:`detect_batch` on a module or a backend gives ``SSD.predict``'s detections,
-:func:`to_pixels` scales by each image's own size, thresholds are checked by name."""
+:func:`to_pixels` scales by each image's own size, thresholds are checked by name; :func:`open_backend` picks the
+runtime by artifact kind, and a registered runtime is opened like the built-in ones."""
 
 import pytest
 import torch
 
+from ssd.detect import detect_batch
+from ssd.inference import registry
 from ssd.inference.backends import TorchBackend
-from ssd.inference.pipeline import Detector, detect_batch
+from ssd.inference.pipeline import Detector, load
+from ssd.inference.registry import BACKENDS, backend_kind, open_backend, register_backend
 from ssd.preprocess import preprocess, to_pixels
+from ssd.weights.checkpoint import CheckpointError, save_checkpoint
 from test_export import biased_model, random_images
 
 OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)
@@ -49,3 +54,46 @@ def test_thresholds_are_checked_by_name(tiny):
             detect_batch(tiny, batch, sizes, **{**OPTS, **options})
     with pytest.raises(ValueError, match=r"^batch_size must be a positive integer, got 0$"):
         Detector(tiny).predict(random_images(1), batch_size=0)
+
+
+def test_open_backend_picks_the_runtime_by_artifact_kind(tiny, tmp_path):
+    assert backend_kind("m.onnx") == "onnx" and backend_kind("m.ONNX") == "onnx"
+    assert backend_kind("best.pt") == backend_kind("ssd300.pth") == backend_kind("weights.bin") == "torch"
+    run = tmp_path / "run"
+    save_checkpoint(run / "weights" / "best.pt", tiny)
+    backend = open_backend(run)
+    assert (backend.name, backend.source, backend.nms) == ("torch", run / "weights" / "best.pt", False)
+    assert backend.device == torch.device("cpu") and backend.class_names == tiny.class_names
+    module_backend = open_backend(tiny)
+    assert (module_backend.name, module_backend.source) == ("torch", None)
+    assert open_backend(module_backend) is module_backend
+    with pytest.raises(CheckpointError, match=r"weights file .*missing\.onnx does not exist$"):
+        open_backend(tmp_path / "missing.onnx")
+
+
+class FakeBackend:
+    """A registered runtime: one fixed detection per image, from a graph with NMS inside."""
+
+    name, nms, variances, mean, std = "fake", True, (0.1, 0.2), (0.5,) * 3, (0.25,) * 3
+    image_size, class_names, category_ids, device = 32, ["cat", "dog"], None, torch.device("cpu")
+
+    def __init__(self, path, device, half):
+        self.source, self.half = path, half
+
+    def nms_detections(self, batch, *, score_threshold, iou_threshold, max_detections):
+        found = {"boxes": torch.tensor([[0.25, 0.5, 0.75, 1.0]]), "scores": torch.tensor([0.9]),
+                 "labels": torch.tensor([1])}
+        return [found] * len(batch)
+
+
+def test_a_registered_runtime_is_opened_by_suffix_and_runs_the_pipeline(tmp_path, monkeypatch):
+    monkeypatch.setattr(registry, "BACKENDS", dict(BACKENDS))
+    register_backend("fake", [".FAKE"], FakeBackend)
+    path = tmp_path / "model.fake"
+    path.write_bytes(b"")
+    detector = load(path)
+    assert isinstance(detector.backend, FakeBackend) and detector.backend.source == path
+    [result] = detector.predict(torch.zeros(3, 40, 80, dtype=torch.uint8))
+    assert result.boxes.tolist() == [[20.0, 20.0, 60.0, 40.0]] and result.names == ["dog"]
+    with pytest.raises(ValueError, match=r"^backend 'other': suffix \.onnx is already opened by backend 'onnx'$"):
+        register_backend("other", [".onnx", ".xml"], FakeBackend)

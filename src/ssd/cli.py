@@ -180,9 +180,14 @@ def _add_export_parser(sub) -> None:
                    help="ONNX opset (default: 18; lower ones are down-converted when possible)")
     p.add_argument("--dynamic-batch", action="store_true", help="allow any batch size")
     p.add_argument("--nms", action="store_true", help="put score filtering and NMS inside the graph")
-    p.add_argument("--conf", type=float, default=0.25, help="score threshold of in-graph NMS (default: 0.25)")
-    p.add_argument("--iou", type=float, default=0.45, help="IoU threshold of in-graph NMS (default: 0.45)")
-    p.add_argument("--max-det", type=int, default=100, help="detections per image of in-graph NMS (default: 100)")
+    from ssd.settings import PREDICT
+
+    p.add_argument("--conf", type=float, default=PREDICT.score_threshold,
+                   help=f"score threshold of in-graph NMS (default: {PREDICT.score_threshold})")
+    p.add_argument("--iou", type=float, default=PREDICT.iou_threshold,
+                   help=f"IoU threshold of in-graph NMS (default: {PREDICT.iou_threshold})")
+    p.add_argument("--max-det", type=int, default=PREDICT.max_detections,
+                   help=f"detections per image of in-graph NMS (default: {PREDICT.max_detections})")
     p.add_argument("--int8", action="store_true", help="quantize to INT8, calibrated on --data's training images")
     p.add_argument("--data", help="dataset whose training images calibrate --int8 (data.yaml, folder or COCO JSON)")
     p.add_argument("--calib-images", type=int, help="calibration images for --int8 (default: 300)")
@@ -293,7 +298,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     from ssd.export.formats import export
-    from ssd.inference.pipeline import check_thresholds
+    from ssd.settings import check_thresholds
 
     try:
         check_thresholds(args.conf, args.iou, args.max_det, names=PREDICT_OPTIONS)

@@ -12,9 +12,10 @@ Thresholds use one vocabulary everywhere: ``score_threshold`` (keep scores stric
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ConfigError", "Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS"]
+__all__ = ["ConfigError", "Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds"]
 
 
 class ConfigError(ValueError):
@@ -23,7 +24,7 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Thresholds:
-    """Post-processing settings: ``score_threshold`` in [0, 1), ``iou_threshold`` in [0, 1], ``max_detections`` >= 1."""
+    """Post-processing settings: ``score_threshold`` and ``iou_threshold`` in [0, 1], ``max_detections`` >= 1."""
 
     score_threshold: float
     iou_threshold: float
@@ -39,3 +40,17 @@ EVALUATE = Thresholds(score_threshold=0.01, iou_threshold=0.45, max_detections=2
 
 THRESHOLD_OPTIONS = {"score_threshold": "--conf", "iou_threshold": "--iou", "max_detections": "--max-det"}
 """How the CLI spells each threshold, on every subcommand that takes it."""
+
+
+def check_thresholds(score_threshold: float, iou_threshold: float, max_detections: int, batch_size: int = 1, *,
+                     names: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`ConfigError` for a score or IoU threshold outside ``[0, 1]`` (or NaN), or a ``max_detections``
+    or ``batch_size`` that is not a positive integer. ``names`` renames the options in the message (the CLI's
+    flags, e.g. :data:`THRESHOLD_OPTIONS`)."""
+    names = names or {}
+    for key, value in (("score_threshold", score_threshold), ("iou_threshold", iou_threshold)):
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):  # NaN too
+            raise ConfigError(f"{names.get(key, key)} must be a number in [0, 1], got {value}")
+    for key, value in (("max_detections", max_detections), ("batch_size", batch_size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{names.get(key, key)} must be a positive integer, got {value}")

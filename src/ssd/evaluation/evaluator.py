@@ -1,14 +1,15 @@
 """Evaluation, the one path for training's validation and ``ssd val``: predict a split, score it, print the table.
 
-:func:`evaluate_split` predicts every batch of a loader (:func:`predict_dataset`), gathers the per-image results of
-every rank under torchrun and scores them (:func:`score_detections`: VOC07, VOC or COCO); :func:`evaluate` does the
-same for a checkpoint and a dataset (``ssd.evaluate``, ``ssd val``). The loader yields :func:`ssd.data.collate`
-batches: ``images [B, 3, S, S]`` normalized, ``boxes [B, G, 4]`` xyxy normalized to the network input, ``labels
-[B, G]`` (``-1`` padding), ``difficult [B, G]``, ``orig_sizes [B, 2]`` ``(h, w)``, ``paths``, ``image_ids``.
-Predictions and ground truths are scaled by each image's original ``(w, h)`` to pixel xyxy (the evaluation
-transform is a plain resize) and kept as plain lists of per-image dicts, which ranks can ``all_gather``. With
-``tile`` (``ssd val --tile``), each image is also read from its file and predicted tile by tile
-(:mod:`ssd.inference.tiling`), merged with the loader batch's detections, and scored by the same code.
+:func:`evaluate_split` predicts every batch of a loader (:func:`predict_dataset`) with a module or any backend,
+gathers the per-image results of every rank under torchrun and scores them (:func:`score_detections`: VOC07, VOC
+or COCO); :func:`evaluate` does the same for anything :func:`ssd.inference.registry.open_backend` opens (a
+checkpoint, a run directory, an exported ``.onnx``) and a dataset (``ssd.evaluate``, ``ssd val``). The loader
+yields :func:`ssd.data.collate` batches: ``images [B, 3, S, S]`` normalized, ``boxes [B, G, 4]`` xyxy normalized
+to the network input, ``labels [B, G]`` (``-1`` padding), ``difficult [B, G]``, ``orig_sizes [B, 2]`` ``(h, w)``,
+``paths``, ``image_ids``. Predictions and ground truths are scaled by each image's original ``(w, h)`` to pixel
+xyxy (the evaluation transform is a plain resize) and kept as plain lists of per-image dicts, which ranks can
+``all_gather``. With ``tile`` (``ssd val --tile``), each image is also read from its file and predicted tile by
+tile (:mod:`ssd.inference.tiling`), merged with the loader batch's detections, and scored by the same code.
 """
 
 from __future__ import annotations
@@ -30,14 +31,14 @@ from ssd.data import build_dataloader
 from ssd.data.images import read_image
 from ssd.data.load import load_training_data
 from ssd.data.records import ImageRecord
-from ssd.device import autocast, prepare_model, resolve_device
+from ssd.detect import detect_batch, model_input
+from ssd.device import autocast
 from ssd.evaluation.metrics import COCO_STATS, evaluate_coco, evaluate_voc, to_coco_detections
-from ssd.inference.pipeline import detect_batch
+from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
-from ssd.models import model_from_checkpoint
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
-from ssd.training.run import plain_data_errors
+from ssd.settings import EVALUATE, check_thresholds
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",
            "merge_results", "format_table", "save_coco_json"]
@@ -52,11 +53,16 @@ def _check_metric(metric: str) -> None:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
 
 
-def evaluate(weights: str | Path, data: str | Path, metric: str = "voc07", split: str = "val", *,
-             batch_size: int = 16, workers: int = 0, device: str = "auto", score_threshold: float = 0.01,
-             iou_threshold: float = 0.45, skip_invalid: bool = False, save_json: str | Path | None = None,
-             tile: int | str | Sequence[int] | None = None, tile_overlap: float = TILE_OVERLAP) -> dict[str, Any]:
-    """Evaluate a checkpoint on a dataset split (checked first, like training's data).
+def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric: str = "voc07", split: str = "val",
+             *, batch_size: int = 16, workers: int = 0, device: str = "auto",
+             score_threshold: float = EVALUATE.score_threshold, iou_threshold: float = EVALUATE.iou_threshold,
+             max_detections: int = EVALUATE.max_detections, skip_invalid: bool = False,
+             save_json: str | Path | None = None, tile: int | str | Sequence[int] | None = None,
+             tile_overlap: float = TILE_OVERLAP) -> dict[str, Any]:
+    """Evaluate a network on a dataset split (checked first, like training's data).
+
+    ``weights``: anything :func:`ssd.inference.registry.open_backend` opens (a checkpoint, a run directory, an
+    exported ``.onnx``, a module, a backend), run on ``device``. Thresholds default to :data:`ssd.settings.EVALUATE`.
 
     Returns the dict of :func:`evaluate_split` plus ``class_names``; the numbers equal those of the end of training
     for the same split and thresholds. ``save_json`` also writes the detections in the COCO results format, with
@@ -64,72 +70,78 @@ def evaluate(weights: str | Path, data: str | Path, metric: str = "voc07", split
     :func:`predict_dataset`).
     """
     _check_metric(metric)
+    check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     check_tile(tile, tile_overlap)
-    torch_device = resolve_device(device)
-    model = model_from_checkpoint(weights)
-    class_names = list(model.class_names)
+    backend = open_backend(weights, device)
+    class_names = list(backend.class_names)
     spec = load_training_data(data, skip_invalid=skip_invalid, class_names=class_names, splits=(split,))
-    model, channels_last = prepare_model(model, torch_device, None)
-    loader = split_loader(spec.records(split), class_names, model.config, batch_size=batch_size, workers=workers)
-    with plain_data_errors():
-        result = evaluate_split(model, loader, class_names=class_names, metric=metric, device=torch_device,
-                                channels_last=channels_last, score_threshold=score_threshold,
-                                iou_threshold=iou_threshold, tile=tile, tile_overlap=tile_overlap)
+    loader = split_loader(spec.records(split), class_names, backend, batch_size=batch_size, workers=workers)
+    result = evaluate_split(backend, loader, class_names=class_names, metric=metric, score_threshold=score_threshold,
+                            iou_threshold=iou_threshold, max_detections=max_detections, tile=tile,
+                            tile_overlap=tile_overlap)
     if save_json is not None:
         save_coco_json(result, save_json, category_ids=getattr(spec, "category_ids", None))
     return {**result, "class_names": class_names}
 
 
-def split_loader(records: Sequence[ImageRecord], class_names: Sequence[str], model_config: ModelConfig, *,
+def split_loader(records: Sequence[ImageRecord], class_names: Sequence[str], inputs: ModelConfig | Backend, *,
                  batch_size: int, workers: int = 0, cache_images: bool = False,
                  info: ddp.DistInfo | None = None) -> DataLoader:
-    """The evaluation loader of a split: no augmentation, every image once in order, difficult objects kept (and
-    flagged); under torchrun each rank takes every ``world_size``-th image."""
+    """The evaluation loader of a split for a network whose input is described by ``inputs`` (``image_size``,
+    ``mean``, ``std``: a model configuration or a backend): no augmentation, every image once in order, difficult
+    objects kept (and flagged); under torchrun each rank takes every ``world_size``-th image."""
     info = info or ddp.DistInfo()
-    return build_dataloader(records, class_names, model_config.image_size, model_config.mean, model_config.std,
-                            train=False, batch_size=batch_size, workers=workers, augment="none",
-                            cache_images=cache_images, rank=info.rank, world_size=info.world_size)
+    return build_dataloader(records, class_names, inputs.image_size, inputs.mean, inputs.std, train=False,
+                            batch_size=batch_size, workers=workers, augment="none", cache_images=cache_images,
+                            rank=info.rank, world_size=info.world_size)
 
 
-def evaluate_split(model: nn.Module, loader: Iterable[dict[str, Any]], *, class_names: Sequence[str] | None = None,
-                   metric: str = "voc07", device: torch.device | str | None = None, channels_last: bool = False,
-                   score_threshold: float = 0.01, iou_threshold: float = 0.45, max_detections: int = 200,
-                   amp_dtype: torch.dtype | None = None, progress: bool = False,
-                   tile: int | str | Sequence[int] | None = None, tile_overlap: float = TILE_OVERLAP
-                   ) -> dict[str, Any]:
+def evaluate_split(network: nn.Module | Backend, loader: Iterable[dict[str, Any]], *,
+                   class_names: Sequence[str] | None = None, metric: str = "voc07",
+                   device: torch.device | str | None = None, channels_last: bool = False,
+                   score_threshold: float = EVALUATE.score_threshold, iou_threshold: float = EVALUATE.iou_threshold,
+                   max_detections: int = EVALUATE.max_detections, amp_dtype: torch.dtype | None = None,
+                   progress: bool = False, tile: int | str | Sequence[int] | None = None,
+                   tile_overlap: float = TILE_OVERLAP) -> dict[str, Any]:
     """Predict this rank's share of a split (:func:`predict_dataset`), gather every rank's per-image results and
     score the full set with ``metric`` (identical metrics on every rank).
 
-    ``model`` may be wrapped (DDP, ``torch.compile``): the plain module runs, because a DDP forward syncs buffers,
-    a collective that ranks with different numbers of batches would not all join. ``class_names`` defaults to the
-    model's; ``iou_threshold`` is the NMS overlap (the metric's match threshold is fixed by ``metric``); ``tile``:
-    see :func:`predict_dataset`.
+    ``network``: an SSD module or a backend. A module may be wrapped (DDP, ``torch.compile``): the plain module
+    runs, because a DDP forward syncs buffers, a collective that ranks with different numbers of batches would not
+    all join. ``class_names`` defaults to the network's; ``tile``: see :func:`predict_dataset`.
 
-    Returns the dict of :func:`score_detections` plus ``ground_truths`` (per image, pixels).
+    Returns the dict of :func:`score_detections` plus ``ground_truths`` (per image, pixels) and the post-processing
+    settings: ``score_threshold``, ``nms_iou_threshold``, ``max_detections`` (the metric's own IoU for matching a
+    detection to an object is ``match_iou_threshold``).
     """
     _check_metric(metric)
-    model = unwrap_model(model)
-    names = list(class_names if class_names is not None else model.class_names)
-    detections, ground_truths = predict_dataset(model, loader, device=device, score_threshold=score_threshold,
+    network = unwrap_model(network) if isinstance(network, nn.Module) else network
+    names = list(class_names if class_names is not None else network.class_names)
+    detections, ground_truths = predict_dataset(network, loader, device=device, score_threshold=score_threshold,
                                                 iou_threshold=iou_threshold, max_detections=max_detections,
                                                 channels_last=channels_last, amp_dtype=amp_dtype, progress=progress,
                                                 tile=tile, tile_overlap=tile_overlap)
     gathered = ddp.all_gather_objects((detections, ground_truths))
     ground_truths = merge_results([g for _, g in gathered])
     result = score_detections(merge_results([d for d, _ in gathered]), ground_truths, names, metric)
-    return {**result, "ground_truths": ground_truths}
+    return {**result, "ground_truths": ground_truths, "score_threshold": float(score_threshold),
+            "nms_iou_threshold": float(iou_threshold), "max_detections": max_detections}
 
 
-def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, device: torch.device | str | None = None,
-                    score_threshold: float = 0.01, iou_threshold: float = 0.45, max_detections: int = 200,
+def predict_dataset(network: nn.Module | Backend, loader: Iterable[dict[str, Any]], *,
+                    device: torch.device | str | None = None, score_threshold: float = EVALUATE.score_threshold,
+                    iou_threshold: float = EVALUATE.iou_threshold, max_detections: int = EVALUATE.max_detections,
                     channels_last: bool = False, amp_dtype: torch.dtype | None = None, progress: bool = True,
                     tile: int | str | Sequence[int] | None = None, tile_overlap: float = TILE_OVERLAP
                     ) -> tuple[list[dict[str, Any]], list[dict[str, Tensor]]]:
-    """Detections and ground truths of every image of ``loader``, in pixel xyxy of the original images.
+    """Detections and ground truths of every image of ``loader``, in pixel xyxy of the original images, each batch
+    through :func:`ssd.detect.detect_batch`.
 
-    ``model`` maps ``images [B, 3, S, S]`` to ``(loc [B, P, 4], logits [B, P, K+1])`` and has ``priors [P, 4]`` and
-    ``config.variances``; it runs in eval mode under ``torch.inference_mode`` (autocast to ``amp_dtype`` when
-    given) and its train/eval mode is restored after.
+    ``network``: a backend (run as it is: its device, memory format and precision), or a module mapping
+    ``images [B, 3, S, S]`` to ``(loc [B, P, 4], logits [B, P, K+1])`` with ``priors [P, 4]`` and
+    ``config.variances``: it runs on ``device`` (default: where its priors are) in eval mode under
+    ``torch.inference_mode``, channels-last inputs with ``channels_last``, autocast to ``amp_dtype`` when given, and
+    its train/eval mode is restored after.
 
     ``tile`` (``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels): also predict on overlapping tiles of each original
     image, read from its file (the loader's images are resized), and merge them with the loader batch's detections
@@ -140,46 +152,65 @@ def predict_dataset(model: nn.Module, loader: Iterable[dict[str, Any]], *, devic
         ``boxes [N, 4]`` float32, ``scores [N]``, ``labels [N]`` int64 ``0..K-1``, ``image_id``, ``path``.
         Ground truths: ``boxes [M, 4]``, ``labels [M]``, ``difficult [M]`` bool (padding removed).
     """
-    device = torch.device(device) if device is not None else unwrap_model(model).priors.device
-    memory_format = torch.channels_last if channels_last else torch.contiguous_format
-    was_training = model.training
-    model.eval()
-    options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections)
+    module = network if isinstance(network, nn.Module) else None
+    if device is not None:
+        device = torch.device(device)
+    else:
+        device = unwrap_model(module).priors.device if module is not None else network.device
+    was_training = module is not None and module.training
+    if module is not None:
+        module.eval()
+    run = _BatchRunner(network, device, channels_last, amp_dtype,
+                       dict(score_threshold=score_threshold, iou_threshold=iou_threshold,
+                            max_detections=max_detections))
     detections: list[dict[str, Any]] = []
     ground_truths: list[dict[str, Tensor]] = []
     try:
         with tqdm(loader, desc="evaluate", unit="batch", disable=not progress, leave=False) as bar:
             for batch in bar:
-                images = batch["images"].to(device, non_blocking=True).contiguous(memory_format=memory_format)
-                with torch.inference_mode(), autocast(device, amp_dtype):
-                    outputs = detect_batch(model, images, batch["orig_sizes"].to(device), **options)
-                    if tile is not None:
-                        outputs = _add_tiles(model, outputs, batch["paths"], options, tile, tile_overlap,
-                                             device, memory_format)
+                outputs = run(batch["images"], batch["orig_sizes"])
+                if tile is not None:
+                    outputs = run.add_tiles(outputs, batch["paths"], tile, tile_overlap)
                 for out, image_id, path in zip(outputs, batch["image_ids"], batch["paths"]):
                     detections.append({**{k: out[k].cpu().clone() for k in ("boxes", "scores", "labels")},
                                        "image_id": image_id, "path": path})
                 ground_truths += _ground_truths(batch, pixel_scale(batch["orig_sizes"]))
     finally:
-        model.train(was_training)
+        if module is not None:
+            module.train(was_training)
     return detections, ground_truths
 
 
-def _add_tiles(model: nn.Module, whole: list[dict[str, Tensor]], paths: Sequence[str], options: dict[str, Any],
-               tile: int | str | Sequence[int], overlap: float, device: torch.device,
-               memory_format: torch.memory_format) -> list[dict[str, Tensor]]:
-    """The loader batch's detections (``whole``) merged with those of the tiles of each image, read from its file
-    and run through :func:`ssd.preprocess.preprocess` and :func:`detect_batch` as many crops at a time as the
-    batch has images."""
-    config = unwrap_model(model).config
+class _BatchRunner:
+    """:func:`ssd.detect.detect_batch` of one network with the settings of :func:`predict_dataset`."""
 
-    def run(crops: list[Tensor]) -> list[dict[str, Tensor]]:
-        batch, sizes = preprocess(crops, config.image_size, config.mean, config.std, device=device)
-        return detect_batch(model, batch.contiguous(memory_format=memory_format), sizes.to(device), **options)
+    def __init__(self, network: nn.Module | Backend, device: torch.device, channels_last: bool,
+                 amp_dtype: torch.dtype | None, options: dict[str, Any]):
+        self.network, self.device, self.channels_last, self.amp_dtype = network, device, channels_last, amp_dtype
+        self.options = options
+        self.is_module = isinstance(network, nn.Module)
+        self.inputs = network.config if self.is_module else network  # image_size, mean, std
 
-    return detect_tiled(run, [read_image(path) for path in paths], tile=tile, input_size=config.image_size,
-                        overlap=overlap, iou_threshold=options["iou_threshold"],
-                        max_detections=options["max_detections"], batch_size=len(paths), whole=whole)
+    def __call__(self, images: Tensor, sizes: Tensor) -> list[dict[str, Tensor]]:
+        """``images [B, 3, S, S]`` normalized, ``sizes [B, 2]`` ``(h, w)`` -> detections in pixels."""
+        images = images.to(self.device, non_blocking=True)
+        if self.is_module:
+            images = model_input(images, self.channels_last)
+        with torch.inference_mode(), autocast(self.device, self.amp_dtype if self.is_module else None):
+            return detect_batch(self.network, images, sizes.to(self.device), **self.options)
+
+    def add_tiles(self, whole: list[dict[str, Tensor]], paths: Sequence[str], tile: int | str | Sequence[int],
+                  overlap: float) -> list[dict[str, Tensor]]:
+        """The loader batch's detections (``whole``) merged with those of the tiles of each image, read from its
+        file and run through :func:`ssd.preprocess.preprocess` as many crops at a time as the batch has images."""
+        inputs = self.inputs
+
+        def run(crops: list[Tensor]) -> list[dict[str, Tensor]]:
+            return self(*preprocess(crops, inputs.image_size, inputs.mean, inputs.std, device=self.device))
+
+        return detect_tiled(run, [read_image(path) for path in paths], tile=tile, input_size=inputs.image_size,
+                            overlap=overlap, iou_threshold=self.options["iou_threshold"],
+                            max_detections=self.options["max_detections"], batch_size=len(paths), whole=whole)
 
 
 def _ground_truths(batch: Mapping[str, Any], scale: Tensor) -> list[dict[str, Tensor]]:

@@ -159,11 +159,11 @@ def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequenc
     """PASCAL VOC average precision per class at one IoU threshold (see the module docstring for the rules).
 
     Returns:
-        ``dict(map, iou_threshold, use_07_metric, per_class)``: ``map`` is the mean AP over classes that have at least
-        one non-difficult ground truth (``nan`` when none has); ``per_class`` maps each class name (``class_names``,
-        default ``"class0".."classK-1"``), in label order, to ``dict(ap, num_gt, num_det, precision, recall)``:
-        ``ap`` (``nan`` without ground truth), ``num_gt`` non-difficult objects, ``num_det`` detections given,
-        ``precision`` / ``recall`` ``[D]`` float64 arrays after each detection by decreasing score (detections
+        ``dict(map, match_iou_threshold, use_07_metric, per_class)``: ``map`` is the mean AP over classes that have at
+        least one non-difficult ground truth (``nan`` when none has); ``per_class`` maps each class name
+        (``class_names``, default ``"class0".."classK-1"``), in label order, to ``dict(ap, num_gt, num_det, precision,
+        recall)``: ``ap`` (``nan`` without ground truth), ``num_gt`` non-difficult objects, ``num_det`` detections
+        given, ``precision`` / ``recall`` ``[D]`` float64 arrays after each detection by decreasing score (detections
         matched to difficult objects left out; empty without ground truth).
     """
     names = _check_inputs(detections, ground_truths, num_classes, class_names)
@@ -203,7 +203,7 @@ def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequenc
             aps.append(ap)
         per_class[names[k]] = {"ap": ap, "num_gt": num_gt[k], "num_det": num_det[k], "precision": precision,
                                "recall": recall}
-    return {"map": float(np.mean(aps)) if aps else float("nan"), "iou_threshold": float(iou_threshold),
+    return {"map": float(np.mean(aps)) if aps else float("nan"), "match_iou_threshold": float(iou_threshold),
             "use_07_metric": bool(use_07_metric), "per_class": per_class}
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ssd.export.onnx import check_opset, export_onnx
 from ssd.files import check_output
-from ssd.inference.pipeline import check_thresholds
+from ssd.settings import PREDICT, check_thresholds
 from ssd.weights.resolve import resolve_weights
 
 __all__ = ["FORMATS", "default_output", "export"]
@@ -51,8 +51,9 @@ def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_b
 
 def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None = None, *, int8: bool = False,
            data: str | Path | None = None, calib_images: int | None = None, opset: int = 18,
-           nms: bool = False, dynamic_batch: bool = False, score_threshold: float = 0.25, iou_threshold: float = 0.45,
-           max_detections: int = 100, **onnx_options) -> Path:
+           nms: bool = False, dynamic_batch: bool = False, score_threshold: float = PREDICT.score_threshold,
+           iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
+           **onnx_options) -> Path:
     """Export a checkpoint or run directory (its best checkpoint) to ``fmt`` and return the artifact's path.
 
     ``out_path`` defaults to :func:`default_output`; it is never one of the inputs. ``int8`` quantizes on

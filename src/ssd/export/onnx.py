@@ -49,10 +49,10 @@ from ssd.boxes import decode
 from ssd.export.parity import ExportCheckError, check_onnx
 from ssd.files import check_output, write_bytes
 from ssd.inference.backends import check_category_ids, graph_digest
-from ssd.inference.pipeline import check_thresholds
 from ssd.models import model_from_checkpoint
 from ssd.models.build import read_weights
 from ssd.postprocess import CANDIDATES_PER_CLASS
+from ssd.settings import PREDICT, check_thresholds
 
 __all__ = ["ExportCheckError", "export_onnx", "check_opset", "check_onnx", "as_model", "onnx_metadata"]
 
@@ -84,7 +84,12 @@ def _onnx_nms_graph(boxes, scores, iou_threshold: float, score_threshold: float)
 
 
 class _ExportGraph(nn.Module):
-    """The exported computation: ``images [B, 3, S, S]`` -> raw outputs, or detections (see the module docstring)."""
+    """The exported computation: ``images [B, 3, S, S]`` -> raw outputs, or detections (see the module docstring).
+
+    With NMS this is a second post-processing next to :func:`ssd.postprocess.postprocess_detections`, on purpose:
+    a graph cannot hold that function's data-dependent steps (pre-filtering the priors that can pass, widening
+    the NMS set until ``max_detections`` survive, packed sort keys), so fixed-shape ONNX ops compute the same rule
+    (its ``CANDIDATES_PER_CLASS``, strict score threshold, per-class NMS); tests check both agree."""
 
     def __init__(self, model: nn.Module, nms: bool, score_threshold: float, iou_threshold: float,
                  max_detections: int):
@@ -150,9 +155,9 @@ def export_onnx(
     nms: bool = False,
     check: bool = True,
     sample_images: Sequence | None = None,
-    score_threshold: float = 0.25,
-    iou_threshold: float = 0.45,
-    max_detections: int = 100,
+    score_threshold: float = PREDICT.score_threshold,
+    iou_threshold: float = PREDICT.iou_threshold,
+    max_detections: int = PREDICT.max_detections,
 ) -> Path:
     """Export a checkpoint path or an ``SSD`` to ONNX at ``out_path`` and return the path.
 

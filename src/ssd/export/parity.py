@@ -13,6 +13,7 @@ from torchvision.ops import box_iou
 from ssd.boxes import decode
 from ssd.inference.backends import OnnxBackend, TorchBackend
 from ssd.inference.pipeline import Detector, to_image
+from ssd.settings import PREDICT, Thresholds
 
 __all__ = ["ExportCheckError", "check_onnx"]
 
@@ -31,8 +32,8 @@ def check_onnx(
     """Compare ONNX Runtime with PyTorch on ``sample_images`` (default: two seeded random images of different sizes).
 
     Raw outputs (graphs without NMS): every prior's decoded box within ``box_tol`` (normalized, i.e. of the image size)
-    and class scores within ``score_tol``. Detections (the thresholds stored with NMS, else a score threshold of
-    0.25, IoU 0.45, 100 per image), both through :func:`ssd.inference.pipeline.detect_batch`: for each image the same
+    and class scores within ``score_tol``. Detections (the thresholds stored with NMS, else
+    :data:`ssd.settings.PREDICT`), both through :func:`ssd.detect.detect_batch`: for each image the same
     detections, labels equal, boxes within ``box_tol`` of the image size, scores within ``score_tol``;
     a detection present on one side only is accepted only when a tolerance explains it (its score is within
     ``score_tol`` of the threshold, or an overlapping same-class detection has a score within ``score_tol``: an NMS
@@ -50,8 +51,9 @@ def check_onnx(
     onnx = ours.backend
     if not onnx.nms:
         _check_raw(reference, ours, images, box_tol, score_tol)
-    conf, iou, max_det = (onnx.score_threshold, onnx.iou_threshold, onnx.max_det) if onnx.nms else (0.25, 0.45, 100)
-    options = dict(score_threshold=conf, iou_threshold=iou, max_detections=max_det)
+    thresholds = Thresholds(onnx.score_threshold, onnx.iou_threshold, onnx.max_det) if onnx.nms else PREDICT
+    options = thresholds.as_kwargs()
+    conf, iou = thresholds.score_threshold, thresholds.iou_threshold
     expected, got = reference.predict(images, **options), ours.predict(images, **options)
     for index, (a, b) in enumerate(zip(expected, got)):
         scale = torch.tensor([a.width, a.height, a.width, a.height], dtype=torch.float32)

@@ -1,10 +1,11 @@
-"""Inference backends: what runs the network between :func:`ssd.preprocess.preprocess` and post-processing.
+"""The built-in inference backends (:class:`ssd.inference.registry.Backend`): PyTorch and ONNX Runtime.
 
 A backend maps a preprocessed batch ``[B, 3, S, S]`` (float32, normalized) to ``(loc [B, P, 4], logits [B, P, K+1])``
 and knows what the rest of the pipeline needs: ``priors [P, 4]``, ``variances``, ``mean``, ``std``, ``image_size``,
 ``class_names``, ``category_ids`` (the dataset's COCO category id of each label, or ``None``), ``device`` (where
 its input batch is made). An ONNX graph exported with NMS inside (``nms = True``) returns detections instead:
-:meth:`OnnxBackend.nms_detections`. :func:`ssd.inference.pipeline.detect_batch` runs either kind.
+:meth:`OnnxBackend.nms_detections`. :func:`ssd.inference.pipeline.detect_batch` runs either kind;
+:func:`ssd.inference.registry.open_backend` opens them (:func:`open_torch`, :func:`open_onnx`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ import torch
 from torch import Tensor, nn
 
 from ssd._utils import as_hw, compact_size, unwrap_model
+from ssd.detect import model_input
+from ssd.device import prepare_model
 from ssd.weights.checkpoint import CheckpointError
 
-__all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "check_category_ids", "read_metadata"]
+__all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "check_category_ids", "read_metadata",
+           "open_torch", "open_onnx"]
 
 RAW_OUTPUTS = ["loc", "logits", "priors"]
 NMS_OUTPUTS = ["detections", "num_detections"]
@@ -49,19 +53,23 @@ def check_category_ids(ids: Any, num_classes: int, source: str, error: type[Exce
 class TorchBackend:
     """A PyTorch :class:`ssd.models.SSD` (unwrapped from DDP / ``torch.compile``), put in eval mode on ``device``.
 
-    ``device``: default the model's own; ``half``: float16 autocast (CUDA only). The batch is moved to ``device``
-    and made channels-last when the model's configuration recommends it.
+    ``device``: default the model's own; ``half``: float16 autocast (CUDA only). The model and each batch are moved
+    to ``device`` and made channels-last when the model's configuration recommends it. ``source``: the checkpoint
+    it came from.
     """
 
+    name = "torch"
     nms = False
 
     def __init__(self, model: nn.Module, device: str | torch.device | None = None, half: bool = False,
-                 category_ids: Sequence[int] | None = None):
+                 category_ids: Sequence[int] | None = None, source: Path | None = None):
         model = unwrap_model(model)
+        self.source = source
         self.device = torch.device(device) if device is not None else model.priors.device
         if half and self.device.type != "cuda":
             raise ValueError(f"half precision needs a CUDA device, got device={str(self.device)!r}")
-        self.model = model.to(self.device).eval()
+        self.model, self.channels_last = prepare_model(model, self.device, None)
+        self.model.eval()
         self.half = half
         config = model.config
         self.class_names = list(model.class_names)
@@ -76,11 +84,31 @@ class TorchBackend:
 
     def __call__(self, batch: Tensor) -> tuple[Tensor, Tensor]:
         """``batch [B, 3, S, S]`` -> ``(loc [B, P, 4], logits [B, P, K+1])`` (float16 logits with ``half``)."""
-        batch = batch.to(self.device)
-        if self.model.config.channels_last:
-            batch = batch.contiguous(memory_format=torch.channels_last)
+        batch = model_input(batch.to(self.device), self.channels_last)
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
             return self.model(batch)
+
+
+def open_torch(path: Path, device: torch.device, half: bool) -> TorchBackend:
+    """A checkpoint of this library, or a foreign detector :func:`ssd.models.build.read_weights` imports; its
+    ``category_ids`` (the dataset's ids, when training stored them) become the backend's."""
+    from ssd.models import model_from_checkpoint
+    from ssd.models.build import read_weights
+
+    ckpt = read_weights(path)
+    try:
+        model = model_from_checkpoint(ckpt)
+    except CheckpointError as e:  # it names "the checkpoint": say which file
+        raise CheckpointError(f"{path}: {e}") from None
+    category_ids = check_category_ids(ckpt.get("category_ids"), model.num_classes, str(path))
+    return TorchBackend(model, device, half, category_ids=category_ids, source=path)
+
+
+def open_onnx(path: Path, device: torch.device, half: bool) -> OnnxBackend:
+    """A model written by ``ssd export`` (float32: ``half`` is refused)."""
+    if half:
+        raise ValueError(f"half precision applies to PyTorch checkpoints, not to the ONNX model {path}")
+    return OnnxBackend(path, device)
 
 
 def graph_digest(proto) -> str:
@@ -167,8 +195,10 @@ class OnnxBackend:
     runs on CUDA when ``device`` is a CUDA device and ONNX Runtime has the CUDA provider.
     """
 
+    name = "onnx"
+
     def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
-        self.path = Path(path)
+        self.path = self.source = Path(path)
         self.device = torch.device("cpu")
         self.session = self._open_session(device)
         raw = self.session.get_modelmeta().custom_metadata_map

@@ -46,6 +46,8 @@ class OpenCvBackend(OnnxBackend):
     """An ``ssd export`` ONNX file (FP32, no NMS) on OpenCV DNN's CPU backend, with the metadata rules, checksum and
     graph checks of :class:`OnnxBackend`."""
 
+    name = "opencv"
+
     def _open_session(self, device: str | torch.device) -> _OpenCvSession:
         import cv2
         import onnx

@@ -17,7 +17,8 @@ import torch
 
 from ssd.inference.backends import OnnxBackend, OnnxModelError
 
-__all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "require_openvino"]
+__all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "require_openvino",
+           "open_openvino"]
 
 IR_FILES = ("model.xml", "model.bin")
 METADATA_FILE = "metadata.json"
@@ -75,6 +76,8 @@ class OpenVinoBackend(OnnxBackend):
     rules, graph checks and outputs of :class:`OnnxBackend`; the IR files must match the checksums in
     ``metadata.json``."""
 
+    name = "openvino"
+
     def __init__(self, path: str | Path, device: str | torch.device = "cpu", precision: str = "f32"):
         if precision not in OPENVINO_PRECISIONS:
             raise ValueError(f"OpenVINO precision must be one of {', '.join(OPENVINO_PRECISIONS)}, got {precision!r}")
@@ -114,3 +117,10 @@ class OpenVinoBackend(OnnxBackend):
             if metadata.get(key) != file_digest(self.path / name):
                 raise OnnxModelError(f"{self.path}: {name} does not match the checksum stored at export ({key}, "
                                      "missing or different): the file was modified after `ssd export`; export it again")
+
+
+def open_openvino(path: Path, device: torch.device, half: bool) -> OpenVinoBackend:
+    """An ``ssd export --format openvino`` folder or its ``model.xml`` (``f32`` precision: ``half`` is refused)."""
+    if half:
+        raise ValueError(f"half precision applies to PyTorch checkpoints, not to the OpenVINO model {path}")
+    return OpenVinoBackend(path, device)

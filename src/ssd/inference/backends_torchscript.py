@@ -12,7 +12,7 @@ from torch import Tensor
 from ssd._utils import as_hw, compact_size
 from ssd.inference.backends import OnnxModelError, read_metadata
 
-__all__ = ["METADATA_FILE", "TorchScriptBackend", "module_digest"]
+__all__ = ["METADATA_FILE", "TorchScriptBackend", "module_digest", "open_torchscript"]
 
 METADATA_FILE = "ssd.json"
 
@@ -30,10 +30,11 @@ class TorchScriptBackend:
     """A traced SSD network on ``device``; its metadata (the ONNX export's keys) is validated and its checksum
     (``module_sha256``) verified at load. ``batch [B, 3, S, S]`` -> ``(loc, logits)`` as the eager model."""
 
+    name = "torchscript"
     nms = False
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
-        self.path = Path(path)
+        self.path = self.source = Path(path)
         self.device = torch.device(device)
         extra = {METADATA_FILE: ""}
         try:
@@ -66,3 +67,10 @@ class TorchScriptBackend:
         with torch.no_grad():
             loc, logits, self._priors = self.module(batch.to(self.device))
         return loc, logits
+
+
+def open_torchscript(path: Path, device: torch.device, half: bool) -> TorchScriptBackend:
+    """A ``.torchscript`` file of ``ssd export`` (float32: ``half`` is refused)."""
+    if half:
+        raise ValueError(f"half precision applies to PyTorch checkpoints, not to the TorchScript model {path}")
+    return TorchScriptBackend(path, device)

@@ -1,20 +1,16 @@
-"""The inference pipeline: ``preprocess -> backend -> postprocess -> pixels``, written once for every caller.
+"""Detection for users: :class:`Detector` (a backend plus the input handling: paths, PIL images, numpy arrays,
+tensors; batching and tiling) and :func:`load`, which makes one from anything
+:func:`~ssd.inference.registry.open_backend` opens. Each batch runs :func:`ssd.detect.detect_batch`, the one
+pipeline.
 
-- :func:`detect_batch`: a preprocessed batch through a backend (:class:`~ssd.inference.backends.TorchBackend`,
-  :class:`~ssd.inference.backends.OnnxBackend`) or a plain SSD module,
-  :func:`ssd.postprocess.postprocess_detections` (or the graph's own NMS) and :func:`ssd.preprocess.to_pixels`.
-  Used by :class:`Detector`, evaluation and the export check.
-- :class:`Detector`: a backend plus the input handling (paths, PIL images, numpy arrays, tensors) and batching;
-  :func:`load` makes one from a checkpoint, a run directory or an exported ONNX file.
-
-Thresholds have one vocabulary: ``score_threshold`` (keep scores strictly above it), ``iou_threshold`` (per-class
-NMS overlap), ``max_detections`` (per image). Every output box is pixel ``xyxy`` of the original image; labels are
-``0..K-1``.
+Thresholds have one vocabulary (:mod:`ssd.settings`, defaults :data:`~ssd.settings.PREDICT`): ``score_threshold``
+(keep scores strictly above it), ``iou_threshold`` (per-class NMS overlap), ``max_detections`` (per image). Every
+output box is pixel ``xyxy`` of the original image; labels are ``0..K-1``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,15 +20,13 @@ from PIL import Image
 from torch import Tensor, nn
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from ssd._utils import unwrap_model
-from ssd.inference.backends import OnnxBackend, TorchBackend, check_category_ids
+from ssd.detect import detect_batch
+from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
-from ssd.postprocess import postprocess_detections
-from ssd.preprocess import preprocess, to_pixels
+from ssd.preprocess import preprocess
+from ssd.settings import PREDICT, check_thresholds
 
-__all__ = ["Backend", "Detector", "Result", "check_thresholds", "detect_batch", "load", "to_image"]
-
-Backend = TorchBackend | OnnxBackend
+__all__ = ["Detector", "Result", "load", "to_image"]
 
 
 @dataclass
@@ -72,51 +66,6 @@ class Result:
         }
 
 
-def check_thresholds(score_threshold: float, iou_threshold: float, max_detections: int, batch_size: int = 1, *,
-                     names: Mapping[str, str] | None = None) -> None:
-    """Raise ``ValueError`` for a score or IoU threshold outside ``[0, 1]`` (or NaN), or a ``max_detections`` or
-    ``batch_size`` that is not a positive integer. ``names`` renames the options in the message (the CLI's flags)."""
-    names = names or {}
-    for key, value in (("score_threshold", score_threshold), ("iou_threshold", iou_threshold)):
-        if not (isinstance(value, (int, float)) and 0 <= value <= 1):  # `not <=` also refuses NaN
-            raise ValueError(f"{names.get(key, key)} must be a number in [0, 1], got {value}")
-    for key, value in (("max_detections", max_detections), ("batch_size", batch_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{names.get(key, key)} must be a positive integer, got {value}")
-
-
-def detect_batch(backend: Backend | nn.Module, batch: Tensor, sizes: Tensor, *, score_threshold: float = 0.01,
-                 iou_threshold: float = 0.45, max_detections: int = 200) -> list[dict[str, Tensor]]:
-    """Detections of a preprocessed batch, in pixels of the original images.
-
-    Args:
-        backend: a backend, or an SSD module (possibly DDP-wrapped) called as it is: its train/eval mode, device and
-            autocast are the caller's.
-        batch: ``[B, 3, S, S]`` from :func:`ssd.preprocess.preprocess` (or the evaluation transform: plain resize,
-            normalized).
-        sizes: ``[B, 2]`` int ``(h, w)`` of the original images.
-
-    Returns:
-        One dict per image: ``boxes [N, 4]`` float32 pixel xyxy, ``scores [N]``, ``labels [N]`` int64 ``0..K-1``,
-        sorted by decreasing score (on the device of the outputs).
-    """
-    check_thresholds(score_threshold, iou_threshold, max_detections)
-    if getattr(backend, "nms", False):
-        return to_pixels(backend.nms_detections(batch, score_threshold=score_threshold, iou_threshold=iou_threshold,
-                                                max_detections=max_detections), sizes)
-    if isinstance(backend, nn.Module):
-        model = unwrap_model(backend)
-        with torch.no_grad():
-            loc, logits = backend(batch)
-        priors, variances = model.priors, model.config.variances
-    else:
-        loc, logits = backend(batch)
-        priors, variances = backend.priors, backend.variances
-    detections = postprocess_detections(loc, logits, priors.to(loc.device), score_threshold=score_threshold,
-                             iou_threshold=iou_threshold, max_detections=max_detections, variances=variances)
-    return to_pixels(detections, sizes)
-
-
 def to_image(item, index: int = 0) -> Tensor:
     """One input -> ``[3, H, W]`` tensor: a path (decoded with :func:`ssd.data.images.read_image`), a PIL image, a
     numpy ``[H, W, 3]`` uint8 RGB array or a tensor (checked by :func:`ssd.preprocess.check_image`); a bad input
@@ -143,7 +92,7 @@ class Detector:
     (run as a :class:`~ssd.inference.backends.TorchBackend` on its own device)."""
 
     def __init__(self, backend: Backend | nn.Module):
-        self.backend = TorchBackend(backend) if isinstance(backend, nn.Module) else backend
+        self.backend = open_backend(backend)
 
     @property
     def class_names(self) -> list[str]:
@@ -164,9 +113,9 @@ class Detector:
         return preprocess(images, backend.image_size, backend.mean, backend.std, device=backend.device)
 
     def detect(self, images: Sequence[Tensor], paths: Sequence[str | None] | None = None, *,
-               score_threshold: float = 0.25, iou_threshold: float = 0.45, max_detections: int = 100,
-               tile: int | str | Sequence[int] | None = None, tile_overlap: float = TILE_OVERLAP,
-               batch_size: int | None = None) -> list[Result]:
+               score_threshold: float = PREDICT.score_threshold, iou_threshold: float = PREDICT.iou_threshold,
+               max_detections: int = PREDICT.max_detections, tile: int | str | Sequence[int] | None = None,
+               tile_overlap: float = TILE_OVERLAP, batch_size: int | None = None) -> list[Result]:
         """One batch of ``[3, H, W]`` tensors (uint8 or float in ``0..1``) -> one :class:`Result` per image.
 
         ``tile``: ``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels: also detect on overlapping tiles of each image
@@ -190,8 +139,9 @@ class Detector:
             for d, image, path in zip(detections, images, paths)
         ]
 
-    def predict(self, source, *, score_threshold: float = 0.25, iou_threshold: float = 0.45,
-                max_detections: int = 100, batch_size: int = 8, tile: int | str | Sequence[int] | None = None,
+    def predict(self, source, *, score_threshold: float = PREDICT.score_threshold,
+                iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
+                batch_size: int = 8, tile: int | str | Sequence[int] | None = None,
                 tile_overlap: float = TILE_OVERLAP) -> list[Result]:
         """Detect objects in ``source``: one or a list of paths, PIL images, numpy ``[H, W, 3]`` uint8 RGB arrays,
         tensors ``[3, H, W]`` (uint8, or float in ``0..1``). Returns one :class:`Result` per image, in order;
@@ -215,29 +165,12 @@ class Detector:
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", half: bool = False) -> Detector:
-    """A :class:`Detector` for a checkpoint (``.pt``), a run directory (its best checkpoint) or an exported ``.onnx``.
+    """A :class:`Detector` for a checkpoint (``.pt``), a run directory (its best checkpoint) or an exported model
+    (``.onnx``, any runtime of :data:`ssd.inference.registry.BACKENDS`): see
+    :func:`ssd.inference.registry.open_backend`.
 
     ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available). ``half``: float16 inference
     (PyTorch on CUDA only). A checkpoint's ``category_ids`` (the dataset's ids, when training stored them) become
     :attr:`Detector.category_ids`. Raises ``CheckpointError`` for a missing file or one not written by this library.
     """
-    from ssd.device import resolve_device
-    from ssd.weights.resolve import resolve_weights
-
-    path = resolve_weights(path)
-    device = resolve_device(device)
-    if path.suffix.lower() == ".onnx":
-        if half:
-            raise ValueError(f"half precision applies to PyTorch checkpoints, not to the ONNX model {path}")
-        return Detector(OnnxBackend(path, device))
-    from ssd.models import model_from_checkpoint
-    from ssd.models.build import read_weights
-    from ssd.weights.checkpoint import CheckpointError
-
-    ckpt = read_weights(path)  # a checkpoint, or a foreign detector imported
-    try:
-        model = model_from_checkpoint(ckpt)
-    except CheckpointError as e:  # it names "the checkpoint": say which file
-        raise CheckpointError(f"{path}: {e}") from None
-    category_ids = check_category_ids(ckpt.get("category_ids"), model.num_classes, str(path))
-    return Detector(TorchBackend(model, device, half, category_ids=category_ids))
+    return Detector(open_backend(path, device, half))

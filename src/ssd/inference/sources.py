@@ -20,8 +20,9 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ssd.data.images import IMAGE_SUFFIXES, is_image, read_image
-from ssd.inference.pipeline import Detector, Result, check_thresholds
+from ssd.inference.pipeline import Detector, Result
 from ssd.inference.tiling import TILE_OVERLAP, check_tile
+from ssd.settings import PREDICT, check_thresholds
 
 __all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
 
@@ -121,9 +122,9 @@ def predict_source(
     source: str | Path,
     save_dir: str | Path = "runs/predict",
     *,
-    score_threshold: float = 0.25,
-    iou_threshold: float = 0.45,
-    max_detections: int = 100,
+    score_threshold: float = PREDICT.score_threshold,
+    iou_threshold: float = PREDICT.iou_threshold,
+    max_detections: int = PREDICT.max_detections,
     batch_size: int = 8,
     save_images: bool = True,
     fmt: str = "json",

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ssd.detect import detect_batch, model_input
 from ssd.models.config import ModelConfig
-from ssd.postprocess import postprocess_detections
-from ssd.preprocess import preprocess, to_pixels
+from ssd.preprocess import preprocess
+from ssd.settings import PREDICT
 
 __all__ = ["SSD", "LevelHead"]
 
@@ -88,11 +89,11 @@ class SSD(nn.Module):
         return preprocess(images, self.image_size, self.config.mean, self.config.std, device=self.priors.device)
 
     @torch.no_grad()
-    def predict(self, images: Sequence[Tensor] | Tensor, score_threshold: float = 0.01, iou_threshold: float = 0.45,
-                max_detections: int = 200) -> list[dict]:
-        """Detections in original-image pixels: :meth:`preprocess`, :meth:`forward`,
-        :func:`ssd.postprocess.postprocess_detections` and :func:`ssd.preprocess.to_pixels` (the steps of every
-        inference backend, see :mod:`ssd.inference.pipeline`).
+    def predict(self, images: Sequence[Tensor] | Tensor, score_threshold: float = PREDICT.score_threshold,
+                iou_threshold: float = PREDICT.iou_threshold,
+                max_detections: int = PREDICT.max_detections) -> list[dict]:
+        """Detections in original-image pixels: :meth:`preprocess`, then :func:`ssd.detect.detect_batch` (the
+        pipeline of every inference backend). Thresholds default to :data:`ssd.settings.PREDICT`.
 
         Runs in eval mode (the previous mode is restored). ``images`` as for :meth:`preprocess`.
 
@@ -101,17 +102,14 @@ class SSD(nn.Module):
             ``labels [N]`` int64 in ``0..K-1``, ``names`` list of N class names; sorted by decreasing score.
         """
         batch, sizes = self.preprocess(images)
-        if self.config.channels_last:
-            batch = batch.contiguous(memory_format=torch.channels_last)
         was_training = self.training
         self.eval()
         try:
-            loc, logits = self(batch)
+            detections = detect_batch(self, model_input(batch, self.config.channels_last), sizes,
+                                      score_threshold=score_threshold, iou_threshold=iou_threshold,
+                                      max_detections=max_detections)
         finally:
             self.train(was_training)
-        detections = postprocess_detections(loc, logits, self.priors, score_threshold=score_threshold,
-                                 iou_threshold=iou_threshold, max_detections=max_detections,
-                                 variances=self.config.variances)
-        for detection in to_pixels(detections, sizes):
+        for detection in detections:
             detection["names"] = [self.class_names[k] for k in detection["labels"].tolist()]
         return detections

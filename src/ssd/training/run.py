@@ -37,6 +37,7 @@ from ssd.plots import (
     plot_results,
     save_image,
 )
+from ssd.settings import PREDICT
 from ssd.training.config import TrainConfig
 from ssd.weights.checkpoint import remove_stale_temporaries
 
@@ -154,7 +155,7 @@ class RunOutput:
     def finish(self, model: nn.Module, metrics: dict[str, Any], records: Sequence[ImageRecord],
                best_map: float) -> None:
         """Curves, PR curves of the last validation, and ``num_plot_images`` of ``records`` drawn with ``model``'s
-        predictions (score >= 0.3)."""
+        predictions (thresholds :data:`ssd.settings.PREDICT`)."""
         run_dir, class_names = self.run_dir, list(model.class_names)
         plot_results(run_dir / "results.csv", run_dir / "results.png")
         if metrics:
@@ -165,7 +166,7 @@ class RunOutput:
         device = model.priors.device
         for record in records[: self.config.num_plot_images]:
             image = read_image(record.path)
-            found = model.predict([image.to(device)], score_threshold=0.3)[0]
+            found = model.predict([image.to(device)], **PREDICT.as_kwargs())[0]
             drawn = draw_detections(image, found["boxes"], found["labels"], found["scores"], class_names)
             save_image(drawn, out_dir / f"{record.path.stem}.jpg")
         self.log(f"results saved to {run_dir} (best {self.config.metric} mAP {best_map:.4f})")

@@ -1,0 +1,58 @@
+"""The one inference pipeline after :func:`ssd.preprocess.preprocess`: network -> post-processing -> pixels.
+
+:func:`detect_batch` is what :meth:`ssd.models.SSD.predict`, :class:`ssd.inference.pipeline.Detector`, evaluation,
+the export check and tiling all run; it sits in the core so that the model itself can use it. The network is an
+SSD module (called as it is) or any :class:`ssd.inference.registry.Backend` (PyTorch, ONNX Runtime, ...), read by
+its attributes only.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ssd._utils import unwrap_model
+from ssd.postprocess import postprocess_detections
+from ssd.preprocess import to_pixels
+from ssd.settings import check_thresholds
+
+__all__ = ["detect_batch", "model_input"]
+
+
+def model_input(batch: Tensor, channels_last: bool) -> Tensor:
+    """``batch [B, 3, S, S]`` in the memory format the network's weights are in (channels-last or contiguous)."""
+    return batch.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def detect_batch(network: Any, batch: Tensor, sizes: Tensor, *, score_threshold: float, iou_threshold: float,
+                 max_detections: int) -> list[dict[str, Tensor]]:
+    """Detections of a preprocessed batch, in pixels of the original images.
+
+    Args:
+        network: a backend, or an SSD module (possibly DDP-wrapped) called as it is: its train/eval mode, device,
+            memory format and autocast are the caller's.
+        batch: ``[B, 3, S, S]`` from :func:`ssd.preprocess.preprocess` (or the evaluation transform: plain resize,
+            normalized).
+        sizes: ``[B, 2]`` int ``(h, w)`` of the original images.
+        score_threshold, iou_threshold, max_detections: see :mod:`ssd.settings` (checked here).
+
+    Returns:
+        One dict per image: ``boxes [N, 4]`` float32 pixel xyxy, ``scores [N]``, ``labels [N]`` int64 ``0..K-1``,
+        sorted by decreasing score (on the device of the outputs).
+    """
+    check_thresholds(score_threshold, iou_threshold, max_detections)
+    options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections)
+    if getattr(network, "nms", False):  # the graph ran its own NMS (see ssd.export.onnx)
+        return to_pixels(network.nms_detections(batch, **options), sizes)
+    if isinstance(network, nn.Module):
+        model = unwrap_model(network)
+        with torch.no_grad():
+            loc, logits = network(batch)
+        priors, variances = model.priors, model.config.variances
+    else:
+        loc, logits = network(batch)
+        priors, variances = network.priors, network.variances
+    detections = postprocess_detections(loc, logits, priors.to(loc.device), variances=variances, **options)
+    return to_pixels(detections, sizes)

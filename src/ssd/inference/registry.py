@@ -1,0 +1,141 @@
+"""What every runtime offers (:class:`Backend`) and the one way to open one (:func:`open_backend`).
+
+:func:`open_backend` takes what a user names (a checkpoint ``.pt``, a run directory, an exported ``.onnx``, an SSD
+module or an opened backend) and picks the runtime from :data:`BACKENDS`, keyed by artifact kind. A new runtime
+(another exported format) is added with :func:`register_backend` (a row of that table), not by editing the dispatch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["Backend", "BackendKind", "BACKENDS", "DEFAULT_BACKEND", "register_backend", "backend_kind", "open_backend"]
+
+
+class Backend(Protocol):
+    """A network ready to run between :func:`ssd.preprocess.preprocess` and post-processing.
+
+    Attributes:
+        name: the runtime (the :data:`BACKENDS` key: ``"torch"``, ``"onnx"``, ...).
+        source: the file it was opened from (``None`` for an in-memory model).
+        nms: ``True`` when the network returns detections itself, not head outputs: such a backend also has
+            ``nms_detections(batch, *, score_threshold, iou_threshold, max_detections)`` -> per image
+            ``boxes [N, 4]`` xyxy normalized, ``scores [N]``, ``labels [N]`` (and ``__call__`` may refuse).
+        priors: ``[P, 4]`` cxcywh normalized default boxes; ``variances``: the box encoding's two variances.
+        mean, std: per-channel normalization of the input; ``image_size``: the input ``S`` or ``(H, W)``.
+        class_names: the K class names (label ``k`` is ``class_names[k]``); ``category_ids``: the dataset's
+            category id of each label, or ``None``.
+        device: where its input batch is made.
+    """
+
+    name: str
+    source: Path | None
+    nms: bool
+    variances: tuple[float, float]
+    mean: Sequence[float]
+    std: Sequence[float]
+    image_size: int | tuple[int, int]
+    class_names: list[str]
+    category_ids: list[int] | None
+    device: torch.device
+
+    @property
+    def priors(self) -> Tensor: ...
+
+    def __call__(self, batch: Tensor) -> tuple[Tensor, Tensor]:
+        """``batch [B, 3, H, W]`` float32 normalized -> ``(loc [B, P, 4], logits [B, P, K+1])``."""
+        ...
+
+
+
+Opener = Callable[..., Backend]
+"""``opener(path: Path, device: torch.device, half: bool) -> Backend``."""
+
+
+@dataclass(frozen=True)
+class BackendKind:
+    """One runtime: the file suffixes it opens and its opener, a callable or ``"module:function"`` (imported on first
+    use, so that ``import ssd`` and unrelated commands load no runtime). ``folder_file``: a folder holding a file of
+    this name is this kind of artifact, opened through that file (OpenVINO's ``model.xml``)."""
+
+    suffixes: tuple[str, ...]
+    opener: Opener | str
+    folder_file: str | None = None
+
+    def open(self, path: Path, device: torch.device, half: bool) -> Backend:
+        opener = self.opener
+        if isinstance(opener, str):
+            module, _, function = opener.partition(":")
+            opener = getattr(importlib.import_module(module), function)
+        return opener(path, device, half)
+
+
+BACKENDS: dict[str, BackendKind] = {
+    "torch": BackendKind((".pt", ".pth"), "ssd.inference.backends:open_torch"),
+    "onnx": BackendKind((".onnx",), "ssd.inference.backends:open_onnx"),
+    "openvino": BackendKind((".xml",), "ssd.inference.backends_openvino:open_openvino", folder_file="model.xml"),
+    "torchscript": BackendKind((".torchscript",), "ssd.inference.backends_torchscript:open_torchscript"),
+}
+"""Runtime name -> :class:`BackendKind`; a run directory opens its checkpoint (``ssd.weights.resolve``)."""
+
+DEFAULT_BACKEND = "torch"
+"""Opens a file whose suffix no runtime claims: checkpoints and foreign detectors come with many suffixes, and
+:func:`ssd.models.build.read_weights` tells them apart by content."""
+
+
+def register_backend(name: str, suffixes: Sequence[str], opener: Opener | str, folder_file: str | None = None
+                     ) -> None:
+    """Open files ending in one of ``suffixes`` (e.g. ``[".xml"]``) with ``opener`` (see :class:`BackendKind`).
+
+    Raises ``ValueError`` when a suffix already belongs to another runtime."""
+    suffixes = tuple(s.lower() for s in suffixes)
+    for other, kind in BACKENDS.items():
+        taken = set(suffixes) & set(kind.suffixes)
+        if other != name and taken:
+            raise ValueError(f"backend {name!r}: suffix {sorted(taken)[0]} is already opened by backend {other!r}")
+    BACKENDS[name] = BackendKind(suffixes, opener, folder_file)
+
+
+def backend_kind(path: str | Path) -> str:
+    """The :data:`BACKENDS` name that opens the file ``path``: the runtime claiming its suffix, else
+    :data:`DEFAULT_BACKEND`."""
+    suffix = Path(path).suffix.lower()
+    return next((name for name, kind in BACKENDS.items() if suffix in kind.suffixes), DEFAULT_BACKEND)
+
+
+def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.device | None = None,
+                 half: bool = False) -> Backend:
+    """A :class:`Backend` for ``weights``: a checkpoint, a run directory (its best checkpoint), an exported model
+    (any suffix of :data:`BACKENDS`), an SSD module (possibly wrapped) or a backend (returned as it is).
+
+    ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available); default the CPU for a
+    file, the module's own device for a module. ``half``: float16 inference (PyTorch on CUDA only).
+
+    Raises:
+        CheckpointError: a missing path, or a file its runtime cannot read (``OnnxModelError`` for ONNX).
+    """
+    from ssd.device import resolve_device
+
+    if isinstance(weights, nn.Module):
+        from ssd.inference.backends import TorchBackend
+
+        return TorchBackend(weights, None if device is None else resolve_device(device), half)
+    if not isinstance(weights, (str, Path)):
+        return weights
+    from ssd.weights.resolve import resolve_weights
+
+    torch_device = resolve_device("cpu" if device is None else device)
+    folder = Path(weights)
+    for kind in BACKENDS.values():
+        if kind.folder_file and folder.is_dir() and (folder / kind.folder_file).is_file():
+            return kind.open(folder / kind.folder_file, torch_device, half)
+    path = resolve_weights(weights)
+    return BACKENDS[backend_kind(path)].open(path, torch_device, half)
+
