@@ -2,11 +2,12 @@
 post-processing left in float, the metadata carried over with its own checksum, bad calibration input refused."""
 
 import json
+import shutil
+from pathlib import Path
 
 import onnx
 import pytest
 import torch
-from torch import nn
 
 from ssd.boxes import decode
 from ssd.cli import main
@@ -14,20 +15,13 @@ from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.export.formats import export
 from ssd.inference.backends import OnnxBackend, graph_digest
-from ssd.models import build_model
 from ssd.preprocess import preprocess
-from ssd.weights.checkpoint import save_checkpoint
 
 
 @pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    torch.manual_seed(0)
-    model = build_model("ssd_tiny", num_classes=3, image_size=128).eval()
-    with torch.no_grad():  # biased towards objects, so that it detects something
-        for head in model.heads:
-            conv = [m for m in head.cls.modules() if isinstance(m, nn.Conv2d)][-1]
-            conv.bias.view(-1, 4)[:, 1:] += torch.linspace(1.5, 0.5, 3)
-    return save_checkpoint(tmp_path_factory.mktemp("int8") / "best.pt", model)
+def weights(tiny_checkpoint, tmp_path_factory):
+    """A copy of the checkpoint in a folder of this module, where the exports land next to it."""
+    return Path(shutil.copy(tiny_checkpoint, tmp_path_factory.mktemp("int8") / "best.pt"))
 
 
 @pytest.fixture(scope="module")

@@ -138,7 +138,9 @@ def _add_train_parser(sub) -> None:
 
 def _add_val_parser(sub) -> None:
     p = sub.add_parser("val", help="evaluate a checkpoint on a dataset split", epilog=EPILOG)
-    p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) to evaluate")
+    p.add_argument("--weights", required=True, type=Path,
+                   help="what to evaluate: checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml or "
+                        "its folder, .torchscript")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON")
     p.add_argument("--split", default="val", help="dataset split (default: val)")
     p.add_argument("--metric", default="voc07", choices=["voc07", "voc", "coco"],
@@ -154,7 +156,9 @@ def _add_val_parser(sub) -> None:
 
 def _add_predict_parser(sub) -> None:
     p = sub.add_parser("predict", help="detect objects in images, folders, globs or videos", epilog=EPILOG)
-    p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt), exported .onnx or run directory")
+    p.add_argument("--weights", required=True, type=Path,
+                   help="checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml or its folder, "
+                        ".torchscript")
     p.add_argument("--source", required=True, help="image, folder, glob or video file")
     p.add_argument("--conf", type=float, default=0.3, help="score threshold in [0, 1] (default: 0.3)")
     p.add_argument("--iou", type=float, default=0.45, help="NMS IoU threshold in [0, 1] (default: 0.45)")
