@@ -1,4 +1,4 @@
-"""The ``ssd`` command line: ``ssd train|val|predict|export|check|demo|import``.
+"""The ``ssd`` command line: ``ssd train|val|predict|export|benchmark|check|demo|import``.
 
 One grammar everywhere: ``--option value`` (``--epochs 50``), booleans as ``--amp`` / ``--no-amp``.
 ``ssd train`` takes every field of :class:`ssd.training.config.TrainConfig` as an option and ``--config FILE.yaml``
@@ -118,10 +118,10 @@ def _add_tile_options(parser: argparse.ArgumentParser) -> None:
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ssd", description="SSD object detection that just works on your own data.", epilog=EPILOG)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{train,val,predict,export,check,demo,import}",
+    sub = parser.add_subparsers(dest="command", metavar="{train,val,predict,export,benchmark,check,demo,import}",
                                 parser_class=_Parser)
-    for add in (_add_train_parser, _add_val_parser, _add_predict_parser, _add_export_parser, _add_check_parser,
-                _add_demo_parser, _add_import_parser):
+    for add in (_add_train_parser, _add_val_parser, _add_predict_parser, _add_export_parser, _add_benchmark_parser,
+                _add_check_parser, _add_demo_parser, _add_import_parser):
         add(sub)
     return parser
 
@@ -196,6 +196,36 @@ def _add_export_parser(sub) -> None:
     p.add_argument("--data", help="dataset whose training images calibrate --int8 (data.yaml, folder or COCO JSON)")
     p.add_argument("--calib-images", type=int, help="calibration images for --int8 (default: 300)")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the ONNX Runtime parity check")
+
+
+def _add_benchmark_parser(sub) -> None:
+    p = sub.add_parser("benchmark", help="export to every format, score each on the val split and time it",
+                       description="Export WEIGHTS to each format into a new run directory, validate each on the "
+                                   "dataset's val split and time it; print one table, also written as CSV and JSON.",
+                       epilog=EPILOG)
+    p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
+    p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON (val split scored, train "
+                                                 "split calibrates INT8)")
+    p.add_argument("--formats", help="comma-separated: pytorch, torchscript, onnx, onnx-int8, openvino, openvino-bf16, "
+                                     "openvino-int8, opencv (default: all)")
+    p.add_argument("--batch-sizes", type=_int_list, default=[1, 8],
+                   help="latency at batch 1, images/s at the largest (default: 1,8)")
+    p.add_argument("--floor", type=float, help="exit 1 when a format scores mAP50 (points) below this, or fails")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--calib-images", type=int, help="calibration images of the INT8 rows (default: 300 or all)")
+    p.add_argument("--runs", type=int, default=30, help="timed images at batch 1 (default: 30)")
+    p.add_argument("--project", type=Path, default=Path("runs/benchmark"), help="default: runs/benchmark")
+    p.add_argument("--name", default="exp", help="run directory name (exp, exp2, ... never overwritten)")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,8, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
+    return values
 
 
 def _add_check_parser(sub) -> None:
@@ -315,6 +345,26 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_benchmark(args: argparse.Namespace) -> int:
+    from ssd.export.benchmark import below_floor, format_benchmark, parse_formats, run_benchmark
+    from ssd.training.run import make_run_dir
+
+    formats = parse_formats(args.formats)  # before the run directory is made
+    if args.runs < 1:
+        raise UsageError(f"ssd benchmark: --runs must be a positive integer, got {args.runs}")
+    run_dir = make_run_dir(args.project, args.name)
+    rows = run_benchmark(args.weights, args.data, run_dir, formats=formats, batch_sizes=args.batch_sizes,
+                         device=args.device, calib_images=args.calib_images, runs=args.runs)
+    print(format_benchmark(rows))
+    print(f"written: {run_dir}/benchmark.csv, benchmark.json")
+    if args.floor is not None:
+        low = below_floor(rows, args.floor)
+        if low:
+            print(f"error: below the mAP50 floor of {args.floor}: {', '.join(low)}", file=sys.stderr)
+            return 1
+    return 0
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
     from ssd.data.check import check_dataset
     from ssd.data.load import load_dataset
@@ -380,7 +430,7 @@ def _with_library_messages(command, args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "export": _cmd_export,
-            "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import}
+            "benchmark": _cmd_benchmark, "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import}
 
 
 def main(argv: list[str] | None = None) -> int:
