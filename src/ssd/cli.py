@@ -214,6 +214,7 @@ def _add_benchmark_parser(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
     p.add_argument("--calib-images", type=int, help="calibration images of the INT8 rows (default: 300 or all)")
     p.add_argument("--runs", type=int, default=30, help="timed images at batch 1 (default: 30)")
+    p.add_argument("--skip-invalid", action="store_true", help="score the val split without its invalid objects")
     p.add_argument("--project", type=Path, default=Path("runs/benchmark"), help="default: runs/benchmark")
     p.add_argument("--name", default="exp", help="run directory name (exp, exp2, ... never overwritten)")
 
@@ -354,7 +355,8 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         raise UsageError(f"ssd benchmark: --runs must be a positive integer, got {args.runs}")
     run_dir = make_run_dir(args.project, args.name)
     rows = run_benchmark(args.weights, args.data, run_dir, formats=formats, batch_sizes=args.batch_sizes,
-                         device=args.device, calib_images=args.calib_images, runs=args.runs)
+                         device=args.device, calib_images=args.calib_images, runs=args.runs,
+                         skip_invalid=args.skip_invalid)
     print(format_benchmark(rows))
     print(f"written: {run_dir}/benchmark.csv, benchmark.json")
     if args.floor is not None:

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ssd._utils import did_you_mean, render_table
 from ssd.data.images import read_image
-from ssd.data.load import load_training_data
+from ssd.data.load import load_dataset, load_training_data
 from ssd.evaluation.evaluator import evaluate
 from ssd.export.formats import export
 from ssd.export.quantize import CALIBRATION_IMAGES
@@ -36,7 +36,8 @@ from ssd.inference.pipeline import Detector
 from ssd.inference.registry import Backend, open_backend
 from ssd.settings import PREDICT
 
-__all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "format_benchmark", "parse_formats", "below_floor"]
+__all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "time_backend", "format_benchmark", "parse_formats",
+           "below_floor"]
 
 OK, VALIDATION_FAILED, EXPORT_FAILED = "ok", "exported but validation failed", "export failed"
 
@@ -115,7 +116,7 @@ def _size_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in files) / 1e6
 
 
-def _time(backend: Backend, images: list[torch.Tensor], batch_size: int, runs: int, warmup: int
+def time_backend(backend: Backend, images: list[torch.Tensor], batch_size: int, runs: int, warmup: int
           ) -> tuple[float, float, float]:
     """``(p50 ms, p90 ms)`` per image at batch 1 over ``runs`` images, and images/s at ``batch_size``."""
     detector, options = Detector(backend), PREDICT.as_kwargs()
@@ -141,11 +142,13 @@ def _time(backend: Backend, images: list[torch.Tensor], batch_size: int, runs: i
 
 def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *, formats: Sequence[str] | None = None,
                   batch_sizes: Sequence[int] = (1, 8), device: str = "cpu", calib_images: int | None = None,
-                  runs: int = 30, warmup: int = 3, progress: bool = True) -> list[BenchmarkRow]:
+                  runs: int = 30, warmup: int = 3, skip_invalid: bool = False, progress: bool = True
+                  ) -> list[BenchmarkRow]:
     """Benchmark ``weights`` (a checkpoint or run directory) on ``data``'s val split into ``out_dir``, a new or
     empty folder (the artifacts, ``benchmark.csv``, ``benchmark.json``, ``benchmark.txt``). ``formats``: names of
     :data:`RUNTIMES` (:func:`parse_formats`); ``calib_images``: for the INT8 rows (default: 300, or the whole
-    training split when smaller); ``runs`` timed images at batch 1 after ``warmup``."""
+    training split when smaller); ``runs`` timed images at batch 1 after ``warmup``; ``skip_invalid``: score the val
+    split without its invalid objects (as ``ssd val --skip-invalid``) instead of refusing it."""
     from ssd.weights.resolve import resolve_weights
 
     names = parse_formats(formats)
@@ -155,9 +158,9 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(f"benchmark folder {out_dir} is not empty: the benchmark writes into a new folder")
     eager = open_backend(weights, device)
-    spec = load_training_data(data, class_names=eager.class_names, splits=("val", "train"))  # refused here, once
+    spec = load_training_data(data, class_names=eager.class_names, splits=("val",), skip_invalid=skip_invalid)
     images = [read_image(r.path) for r in spec.records("val")[:16]]  # timed in turn
-    calib = calib_images or min(CALIBRATION_IMAGES, len(spec.records("train")))
+    calib = calib_images or min(CALIBRATION_IMAGES, len(load_dataset(data).records("train")))
     out_dir.mkdir(parents=True, exist_ok=True)
     artifacts: dict[str, Path | Exception] = {}
     rows, eager_map50 = [], None
@@ -175,9 +178,9 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
         row = BenchmarkRow(name, OK, artifact=str(artifact), size_mb=round(_size_mb(artifact), 3))
         try:
             backend = opener(artifact, device)
-            result = evaluate(backend, data, metric="coco", device=device)
+            result = evaluate(backend, data, metric="coco", device=device, skip_invalid=skip_invalid)
             row.map50, row.map = round(100 * result["AP50"], 2), round(100 * result["AP"], 2)
-            row.p50_ms, row.p90_ms, row.images_per_s = (round(v, 2) for v in _time(
+            row.p50_ms, row.p90_ms, row.images_per_s = (round(v, 2) for v in time_backend(
                 backend, images, max(batch_sizes), runs, warmup))
         except (ValueError, OSError, RuntimeError) as e:
             row.status, row.reason = VALIDATION_FAILED, _reason(e)
