@@ -29,8 +29,9 @@ from ssd.inference.backends_openvino import OpenVinoBackend  # noqa: E402  (afte
 def artifacts(tiny_checkpoint, tmp_path_factory):
     """The checkpoint exported to every format, in a folder of this module: kind -> path."""
     weights = shutil.copy(tiny_checkpoint, tmp_path_factory.mktemp("backends") / "best.pt")
-    return {"pt": weights, "onnx": export(weights, "onnx"), "nms": export(weights, "onnx", nms=True, out_path=
-            weights.with_name("nms.onnx")), "openvino": export(weights, "openvino"),
+    return {"pt": weights, "onnx": export(weights, "onnx"), "openvino": export(weights, "openvino"),
+            "nms": export(weights, "onnx", nms=True, out_path=weights.with_name("nms.onnx")),
+            "openvino-nms": export(weights, "openvino", nms=True, out_path=weights.with_name("nms_openvino")),
             "torchscript": export(weights, "torchscript")}
 
 
@@ -68,10 +69,10 @@ def test_open_backend_picks_the_runtime_from_what_the_user_names(artifacts):
     for kind, name in kinds.items():
         assert open_backend(artifacts[kind]).name == name
     assert open_backend(artifacts["openvino"] / "model.xml").name == "openvino"
-    assert open_backend(artifacts["nms"]).nms
+    assert open_backend(artifacts["nms"]).nms and open_backend(artifacts["openvino-nms"]).nms
 
 
-@pytest.mark.parametrize("kind", ["onnx", "nms", "openvino", "torchscript"])
+@pytest.mark.parametrize("kind", ["onnx", "nms", "openvino", "openvino-nms", "torchscript"])
 def test_val_on_each_artifact_gives_the_checkpoints_metrics(artifacts, synthetic_voc, kind):
     options = dict(metric="voc", batch_size=4, device="cpu", score_threshold=0.25, iou_threshold=0.45,
                    max_detections=100)  # the NMS export's thresholds, so every artifact can use them
