@@ -67,3 +67,15 @@ def test_benchmark_unknown_format_names_the_closest_before_any_folder_is_made(ti
     err = capsys.readouterr().err
     assert "unknown benchmark format 'openvino-int9'" in err and "openvino-int8" in err
     assert not (tmp_path / "runs").exists()
+
+
+def test_benchmark_missing_weights_or_data_is_refused_before_any_folder_is_made(tiny_checkpoint, synthetic_voc,
+                                                                               tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert main(["benchmark", "--weights", str(tmp_path / "missing.pt"), "--data", str(synthetic_voc),
+                 "--project", str(runs)]) == 1
+    assert "missing.pt does not exist" in capsys.readouterr().err
+    assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(tmp_path / "nodata"),
+                 "--project", str(runs)]) == 1
+    assert "dataset " + str(tmp_path / "nodata") + " does not exist" in capsys.readouterr().err
+    assert not runs.exists()

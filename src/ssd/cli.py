@@ -349,12 +349,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
 def _cmd_benchmark(args: argparse.Namespace) -> int:
     from ssd.export.benchmark import below_floor, format_benchmark, parse_formats, run_benchmark
     from ssd.training.run import make_run_dir
+    from ssd.weights.resolve import resolve_weights
 
-    formats = parse_formats(args.formats)  # before the run directory is made
+    formats = parse_formats(args.formats)  # these checks before the run directory is made
     if args.runs < 1:
         raise UsageError(f"ssd benchmark: --runs must be a positive integer, got {args.runs}")
+    weights = resolve_weights(args.weights)
+    if not Path(args.data).exists():
+        raise ValueError(f"dataset {args.data} does not exist (--data: a data.yaml, dataset folder or COCO JSON)")
     run_dir = make_run_dir(args.project, args.name)
-    rows = run_benchmark(args.weights, args.data, run_dir, formats=formats, batch_sizes=args.batch_sizes,
+    rows = run_benchmark(weights, args.data, run_dir, formats=formats, batch_sizes=args.batch_sizes,
                          device=args.device, calib_images=args.calib_images, runs=args.runs,
                          skip_invalid=args.skip_invalid)
     print(format_benchmark(rows))
