@@ -96,3 +96,21 @@ def jittered_detections(ground_truths: list[dict], num_classes: int, seed: int =
                     "labels": torch.cat([labels, torch.randint(0, num_classes, (1,), generator=g)]),
                     "scores": torch.rand(n + 1, generator=g)})
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    """``best.pt`` of an ssd_tiny (the 3 classes of ``synthetic_voc``, 128 px input, seeded random weights) whose
+    class logits are biased towards objects, so that it detects something: what the deployment tests export."""
+    from torch import nn
+
+    from ssd.models import build_model
+    from ssd.weights.checkpoint import save_checkpoint
+
+    torch.manual_seed(0)
+    model = build_model("ssd_tiny", class_names=["circle", "square", "triangle"], image_size=128).eval()
+    with torch.no_grad():
+        for head in model.heads:
+            conv = [m for m in head.cls.modules() if isinstance(m, nn.Conv2d)][-1]
+            conv.bias.view(-1, 4)[:, 1:] += torch.linspace(1.5, 0.5, 3)  # [A, K+1], index 0 background
+    return save_checkpoint(tmp_path_factory.mktemp("tiny") / "best.pt", model)

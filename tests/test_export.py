@@ -11,9 +11,12 @@ import torch
 
 from conftest import biased_model, random_images
 from ssd.cli import main
-from ssd.export.onnx import export, export_onnx, export_torchscript
+from ssd.export.formats import export
+from ssd.export.onnx import export_onnx
 from ssd.export.parity import ExportCheckError, check_onnx
+from ssd.export.torchscript import export_torchscript
 from ssd.inference.backends import OnnxBackend, OnnxModelError
+from ssd.inference.backends_torchscript import TorchScriptBackend
 from ssd.inference.pipeline import Detector, load
 from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess_detections
 from ssd.weights.checkpoint import save_checkpoint
@@ -115,15 +118,15 @@ def test_export_rejects_unknown_format(tmp_path):
         export(tmp_path / "best.pt", fmt="tflite")
 
 
-def test_torchscript_export(tiny, tmp_path):
+def test_torchscript_export_matches_pytorch_at_any_batch_size(tiny, tmp_path):
     path = export_torchscript(tiny, tmp_path / "tiny.torchscript")
-    extra = {"config.json": ""}
-    traced = torch.jit.load(str(path), _extra_files=extra)
-    batch, _ = tiny.preprocess(random_images(1))
+    backend = TorchScriptBackend(path)
+    batch, _ = tiny.preprocess(random_images(3))
     with torch.no_grad():
-        for got, want in zip(traced(batch), tiny(batch)):
+        for got, want in zip(backend(batch), tiny(batch)):
             torch.testing.assert_close(got, want)
-    assert json.loads(extra["config.json"])["class_names"] == tiny.class_names
+    assert torch.equal(backend.priors, tiny.priors)
+    assert backend.class_names == tiny.class_names and backend.image_size == tiny.image_size
 
 
 def test_onnx_nms_strict_score_threshold():
@@ -189,6 +192,8 @@ def test_export_refuses_to_overwrite_the_weights(tiny, tmp_path, capsys):
             export(weights, out_path=out)
     with pytest.raises(ValueError, match=r"is the input .*best\.pt \(the same file\)"):
         export(weights, fmt="torchscript", out_path=weights)
+    with pytest.raises(ValueError, match=r"export output \(--output\) .*best\.pt is the input"):
+        export_onnx(weights, weights)
     assert main(["export", "--weights", str(weights), "--output", str(weights)]) == 1
     assert "(the same file)" in capsys.readouterr().err
     assert weights.read_bytes() == before
@@ -218,7 +223,8 @@ def with_metadata(source, target, **changes):
     (dict(nms="true", score_threshold="0.3", iou_threshold="0.45", max_det="100"),
      r"the metadata says nms=true but the graph's outputs are \['loc', 'logits', 'priors'\]"),
     (dict(category_ids="[1, 2]"), r"category_ids must be 3 integers \(one per class\), got \[1, 2\]"),
-    (dict(graph_sha256=None), r"the metadata lacks graph_sha256 \(the checksum `ssd export` stores\)"),
+    (dict(graph_sha256=None), r"the metadata has no graph_sha256 \(the checksum `ssd export` stores\)"),
+    (dict(precision='"int4"'), r"metadata precision='\"int4\"' is not \"fp32\" or \"int8\""),
 ])
 def test_onnx_metadata_problems_are_named(tiny_onnx, tmp_path, changes, message):
     path = with_metadata(tiny_onnx, tmp_path / "edited.onnx", **changes)

@@ -281,7 +281,7 @@ def test_lock_held_by_another_process_is_seen(tmp_path):
 
 
 def test_train_project_naming_an_existing_file_is_one_line(tmp_path, capsys):
-    from ssd.training.run import make_run_dir
+    from ssd.files import make_run_dir
 
     (tmp_path / "runs").write_text("mine")
     with pytest.raises(OutputError, match="project folder .*runs is an existing file; give a directory"):
@@ -342,7 +342,7 @@ def test_predict_on_a_full_disk_is_one_line_and_leaves_no_partial_image(weights,
 
 
 def test_exist_ok_run_directory_naming_a_file_is_refused_not_renamed(tmp_path):
-    from ssd.training.run import make_run_dir
+    from ssd.files import make_run_dir
 
     (tmp_path / "exp").write_text("mine")
     with pytest.raises(OutputError, match="run directory .*exp is an existing file; give a directory"):

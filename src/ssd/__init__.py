@@ -51,6 +51,7 @@ _EXPORTS: dict[str, str] = {
     "evaluate_voc": "ssd.evaluation.metrics",
     "voc_ap": "ssd.evaluation.metrics",
     "export_onnx": "ssd.export.onnx",
+    "run_benchmark": "ssd.export.benchmark",
     "Detector": "ssd.inference.pipeline",
     "load": "ssd.inference.pipeline",
     "open_backend": "ssd.inference.registry",
@@ -83,6 +84,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ssd.evaluation.coco import evaluate_coco
     from ssd.evaluation.evaluator import evaluate, evaluate_split
     from ssd.evaluation.metrics import evaluate_voc, voc_ap
+    from ssd.export.benchmark import run_benchmark
     from ssd.export.onnx import export_onnx
     from ssd.inference.pipeline import Detector, load
     from ssd.inference.registry import open_backend, register_backend

@@ -1,4 +1,4 @@
-"""The ``ssd`` command line: ``ssd train|val|predict|export|check|demo|import``.
+"""The ``ssd`` command line: ``ssd train|val|predict|export|benchmark|check|demo|import``.
 
 One grammar everywhere: ``--option value`` (``--epochs 50``), booleans as ``--amp`` / ``--no-amp``.
 ``ssd train`` takes every field of :class:`ssd.training.config.TrainConfig` as an option and ``--config FILE.yaml``
@@ -148,10 +148,10 @@ def _thresholds(args: argparse.Namespace) -> dict[str, float | int]:
 def _build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ssd", description="SSD object detection that just works on your own data.", epilog=EPILOG)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{train,val,predict,export,check,demo,import}",
+    sub = parser.add_subparsers(dest="command", metavar="{train,val,predict,export,benchmark,check,demo,import}",
                                 parser_class=_Parser)
-    for add in (_add_train_parser, _add_val_parser, _add_predict_parser, _add_export_parser, _add_check_parser,
-                _add_demo_parser, _add_import_parser):
+    for add in (_add_train_parser, _add_val_parser, _add_predict_parser, _add_export_parser, _add_benchmark_parser,
+                _add_check_parser, _add_demo_parser, _add_import_parser):
         add(sub)
     return parser
 
@@ -169,7 +169,9 @@ def _add_train_parser(sub) -> None:
 def _add_val_parser(sub) -> None:
     p = sub.add_parser("val", help="evaluate a checkpoint or an exported model on a dataset split", epilog=EPILOG)
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--weights", type=Path, help="checkpoint (.pt), exported .onnx or run directory (its best.pt)")
+    source.add_argument("--weights", type=Path,
+                        help="what to evaluate: checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml "
+                             "or its folder, .torchscript")
     source.add_argument("--detections", type=Path,
                         help="score this COCO results JSON (the dataset's image and category ids) instead of a model")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON")
@@ -191,7 +193,9 @@ def _add_val_parser(sub) -> None:
 
 def _add_predict_parser(sub) -> None:
     p = sub.add_parser("predict", help="detect objects in images, folders, globs or videos", epilog=EPILOG)
-    p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt), exported .onnx or run directory")
+    p.add_argument("--weights", required=True, type=Path,
+                   help="checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml or its folder, "
+                        ".torchscript")
     p.add_argument("--source", required=True, help="image, folder, glob or video file")
     _add_threshold_options(p, PREDICT, "")
     p.add_argument("--batch-size", type=int, default=8)
@@ -205,16 +209,52 @@ def _add_predict_parser(sub) -> None:
 
 
 def _add_export_parser(sub) -> None:
-    p = sub.add_parser("export", help="export a checkpoint to ONNX (checked with ONNX Runtime)", epilog=EPILOG)
+    p = sub.add_parser("export", help="export a checkpoint to ONNX (FP32/INT8), OpenVINO or TorchScript",
+                       epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
-    p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "torchscript"])
-    p.add_argument("--output", type=Path, help="output file, not the weights file (default: next to the weights)")
+    p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "openvino", "torchscript"])
+    p.add_argument("--output", type=Path, help="output file (OpenVINO: folder), not the weights file "
+                                               "(default: next to the weights)")
     p.add_argument("--opset", type=int, default=18,
                    help="ONNX opset (default: 18; lower ones are down-converted when possible)")
     p.add_argument("--dynamic-batch", action="store_true", help="allow any batch size")
     p.add_argument("--nms", action="store_true", help="put score filtering and NMS inside the graph")
     _add_threshold_options(p, PREDICT, "with --nms: ")
+    p.add_argument("--int8", action="store_true", help="quantize to INT8, calibrated on --data's training images")
+    p.add_argument("--data", help="dataset whose training images calibrate --int8 (data.yaml, folder or COCO JSON)")
+    p.add_argument("--calib-images", type=int, help="calibration images for --int8 (default: 300)")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the ONNX Runtime parity check")
+
+
+def _add_benchmark_parser(sub) -> None:
+    p = sub.add_parser("benchmark", help="export to every format, score each on the val split and time it",
+                       description="Export WEIGHTS to each format into a new run directory, validate each on the "
+                                   "dataset's val split and time it; print one table, also written as CSV and JSON.",
+                       epilog=EPILOG)
+    p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
+    p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON (val split scored, train "
+                                                 "split calibrates INT8)")
+    p.add_argument("--formats", help="comma-separated: pytorch, torchscript, onnx, onnx-int8, openvino, openvino-bf16, "
+                                     "openvino-int8, opencv (default: all)")
+    p.add_argument("--batch-sizes", type=_int_list, default=[1, 8],
+                   help="latency at batch 1, images/s at the largest (default: 1,8)")
+    p.add_argument("--floor", type=float, help="exit 1 when a format scores mAP50 (points) below this, or fails")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--calib-images", type=int, help="calibration images of the INT8 rows (default: 300 or all)")
+    p.add_argument("--runs", type=int, default=30, help="timed images at batch 1 (default: 30)")
+    p.add_argument("--skip-invalid", action="store_true", help="score the val split without its invalid objects")
+    p.add_argument("--project", type=Path, default=Path("runs/benchmark"), help="default: runs/benchmark")
+    p.add_argument("--name", default="exp", help="run directory name (exp, exp2, ... never overwritten)")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,8, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
+    return values
 
 
 def _add_check_parser(sub) -> None:
@@ -326,12 +366,37 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ssd.export.onnx import export
+    from ssd.export.formats import export
 
-    options = _thresholds(args) if args.fmt == "onnx" else {}
-    out = export(args.weights, fmt=args.fmt, out_path=args.output, opset=args.opset,
-                 dynamic_batch=args.dynamic_batch, nms=args.nms, check=args.check, **options)
+    out = export(args.weights, fmt=args.fmt, out_path=args.output, opset=args.opset, dynamic_batch=args.dynamic_batch,
+                 nms=args.nms, check=args.check, int8=args.int8, data=args.data, calib_images=args.calib_images,
+                 **_thresholds(args))
     print(f"exported: {out}")
+    return 0
+
+
+def _cmd_benchmark(args: argparse.Namespace) -> int:
+    from ssd.export.benchmark import below_floor, format_benchmark, parse_formats, run_benchmark
+    from ssd.files import make_run_dir
+    from ssd.weights.resolve import resolve_weights
+
+    formats = parse_formats(args.formats)  # these checks before the run directory is made
+    if args.runs < 1:
+        raise UsageError(f"ssd benchmark: --runs must be a positive integer, got {args.runs}")
+    weights = resolve_weights(args.weights)
+    if not Path(args.data).exists():
+        raise ValueError(f"dataset {args.data} does not exist (--data: a data.yaml, dataset folder or COCO JSON)")
+    run_dir = make_run_dir(args.project, args.name)
+    rows = run_benchmark(weights, args.data, run_dir, formats=formats, batch_sizes=args.batch_sizes,
+                         device=args.device, calib_images=args.calib_images, runs=args.runs,
+                         skip_invalid=args.skip_invalid)
+    print(format_benchmark(rows))
+    print(f"written: {run_dir}/benchmark.csv, benchmark.json")
+    if args.floor is not None:
+        low = below_floor(rows, args.floor)
+        if low:
+            print(f"error: below the mAP50 floor of {args.floor}: {', '.join(low)}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -417,7 +482,7 @@ def _with_library_messages(command, args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "export": _cmd_export,
-            "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import}
+            "benchmark": _cmd_benchmark, "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import}
 
 
 def _one_line(error: Exception) -> str:

@@ -21,7 +21,8 @@ NMS batch entry per image and class) and the ``max_det`` best per image, so a de
 - ``num_detections [B]`` int64: the number of real rows per image.
 
 Metadata (``metadata_props``, strings, JSON values): ``ssd_version``, ``model_name``, ``class_names`` (list),
-``image_size``, ``mean``, ``std``, ``variances`` (lists), ``nms`` (``true``/``false``), ``graph_sha256`` (the
+``image_size``, ``mean``, ``std``, ``variances`` (lists), ``nms`` (``true``/``false``), ``precision`` (``fp32``, or
+``int8`` for :mod:`ssd.export.quantize`'s files), ``graph_sha256`` (the
 checksum of the graph: :func:`ssd.inference.backends.graph_digest`, verified at load), ``category_ids`` (list, when the
 checkpoint has the dataset's ids) and, with NMS, ``score_threshold``, ``iou_threshold``, ``max_det``,
 ``candidates_per_class``. :class:`ssd.inference.backends.OnnxBackend` validates all of them against the graph.
@@ -46,17 +47,13 @@ from ssd._utils import as_hw, require, unwrap_model
 from ssd._version import __version__
 from ssd.boxes import decode
 from ssd.export.parity import ExportCheckError, check_onnx
-from ssd.files import OutputError, atomic_write, check_output, write_bytes
+from ssd.files import check_output, write_bytes
 from ssd.inference.backends import check_category_ids, graph_digest
 from ssd.postprocess import CANDIDATES_PER_CLASS
 from ssd.settings import PREDICT, check_thresholds
 from ssd.weights.load import model_from_checkpoint, read_weights
-from ssd.weights.resolve import resolve_weights
 
-__all__ = ["ExportCheckError", "export", "export_onnx", "export_torchscript", "check_onnx", "EXPORT_SUFFIXES"]
-
-EXPORT_SUFFIXES = {"onnx": ".onnx", "torchscript": ".torchscript"}
-"""The file suffix of each export format (an existing file with another suffix is never overwritten)."""
+__all__ = ["ExportCheckError", "export_onnx", "check_opset", "check_onnx", "as_model", "onnx_metadata"]
 
 
 # --- ONNX NonMaxSuppression as a PyTorch op: eager (torchvision) for tracing, NonMaxSuppression in the graph ---
@@ -128,16 +125,22 @@ class _ExportGraph(nn.Module):
         return detections, valid.sum(dim=1)
 
 
-def _as_model(weights_or_model, out_path: Path) -> tuple[nn.Module, list[int] | None]:
+def check_opset(opset: int) -> None:
+    """Refuse an opset ``torch.onnx`` cannot write (``ValueError`` naming the range), before any work is done."""
+    from torch.onnx._constants import ONNX_MAX_OPSET, ONNX_MIN_OPSET
+
+    if isinstance(opset, bool) or not isinstance(opset, int) or not ONNX_MIN_OPSET <= opset <= ONNX_MAX_OPSET:
+        raise ValueError(f"opset {opset} cannot be written: torch.onnx writes opsets {ONNX_MIN_OPSET} to "
+                         f"{ONNX_MAX_OPSET} (18 and newer natively, lower ones by down-conversion); default 18")
+
+
+def as_model(weights_or_model, out_path: Path) -> tuple[nn.Module, list[int] | None]:
     """A CPU copy in eval mode of the model (unwrapped from DDP), or the model of a checkpoint path with its
     ``category_ids`` (``None`` when it has none). Refuses an ``out_path`` that is the checkpoint itself."""
     if isinstance(weights_or_model, nn.Module):
         return copy.deepcopy(unwrap_model(weights_or_model)).cpu().eval(), None
     weights = Path(weights_or_model)
     check_output(out_path, inputs=[weights], what="--output")
-    if out_path.is_file() and out_path.suffix.lower() not in EXPORT_SUFFIXES.values():
-        raise OutputError(f"--output {out_path} is an existing file that is not an exported model "
-                          f"({', '.join(EXPORT_SUFFIXES.values())}); choose another output path")
     ckpt = read_weights(weights)  # a checkpoint, or a foreign detector imported
     model = model_from_checkpoint(ckpt).eval()
     return model, check_category_ids(ckpt.get("category_ids"), model.num_classes, str(weights))
@@ -159,7 +162,7 @@ def export_onnx(
 
     Args:
         weights_or_model: a checkpoint (``.pt``) or an ``SSD`` module (a CPU copy in eval mode is exported).
-        out_path: the ``.onnx`` file to write (parent folders are created).
+        out_path: the ``.onnx`` file to write atomically (parent folders are created).
         opset: ONNX opset version: 18 or newer is written natively by ``torch.onnx.export``; for a lower one the
             graph is converted down, and a ``ValueError`` says so when that conversion fails.
         dynamic_batch: accept any batch size (else batch 1).
@@ -175,8 +178,9 @@ def export_onnx(
     require("onnxscript", "export", "ONNX export")  # torch.onnx.export writes the graph with it
 
     check_thresholds(score_threshold, iou_threshold, max_detections)
+    check_opset(opset)
     out_path = Path(out_path)
-    model, category_ids = _as_model(weights_or_model, out_path)
+    model, category_ids = as_model(weights_or_model, out_path)
     size = model.config.image_size
     graph = _ExportGraph(model, nms, score_threshold, iou_threshold, max_detections).eval()
     example = torch.zeros(2 if dynamic_batch else 1, 3, *as_hw(size))
@@ -194,14 +198,14 @@ def export_onnx(
         raise ValueError(f"cannot export {model.config.name} at opset {opset}: the conversion "
                          f"from opset {written} failed (use opset {written} or newer)")
     thresholds = (score_threshold, iou_threshold, max_detections) if nms else None
-    onnx.helper.set_model_props(proto, _metadata(model, category_ids, graph_digest(proto), thresholds))
+    onnx.helper.set_model_props(proto, onnx_metadata(model, category_ids, graph_digest(proto), thresholds))
     write_bytes(out_path, proto.SerializeToString())
     if check:
         check_onnx(model, out_path, sample_images)
     return out_path
 
 
-def _metadata(model: nn.Module, category_ids: list[int] | None, digest: str,
+def onnx_metadata(model: nn.Module, category_ids: list[int] | None, digest: str,
               thresholds: tuple[float, float, int] | None) -> dict[str, str]:
     """The metadata of an export (see the module docstring); ``thresholds``: those of in-graph NMS, or ``None``."""
     config = model.config
@@ -214,6 +218,7 @@ def _metadata(model: nn.Module, category_ids: list[int] | None, digest: str,
         "std": json.dumps(list(config.std)),
         "variances": json.dumps(list(config.variances)),
         "nms": json.dumps(thresholds is not None),
+        "precision": json.dumps("fp32"),
         "graph_sha256": digest,
     }
     if category_ids is not None:
@@ -223,30 +228,3 @@ def _metadata(model: nn.Module, category_ids: list[int] | None, digest: str,
         metadata.update(score_threshold=repr(float(score_threshold)), iou_threshold=repr(float(iou_threshold)),
                         max_det=str(max_detections), candidates_per_class=str(CANDIDATES_PER_CLASS))
     return metadata
-
-
-def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
-    """Trace ``SSD.forward`` (``images [1, 3, S, S]`` -> ``(loc, logits)``) to TorchScript; the model config and class
-    names are stored as the ``config.json`` extra file (``torch.jit.load(path, _extra_files={"config.json": ""})``)."""
-    out_path = Path(out_path)
-    model, _ = _as_model(weights_or_model, out_path)
-    size = model.config.image_size
-    with torch.no_grad():
-        traced = torch.jit.trace(model, torch.zeros(1, 3, *as_hw(size)))
-    extra = {"config.json": json.dumps({"config": model.config.to_dict(), "class_names": list(model.class_names)})}
-    with atomic_write(out_path) as f:
-        torch.jit.save(traced, f, _extra_files=extra)
-    return out_path
-
-
-def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None = None, **options) -> Path:
-    """``ssd export``: ``fmt`` ``"onnx"`` (:func:`export_onnx` options) or ``"torchscript"``; ``weights`` is a
-    checkpoint or a run directory (its best checkpoint); the output defaults to the weights path with the format's
-    suffix and is never the weights file itself."""
-    if fmt not in EXPORT_SUFFIXES:
-        raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(EXPORT_SUFFIXES)})")
-    weights = resolve_weights(weights)
-    out_path = Path(out_path) if out_path else Path(weights).with_suffix(EXPORT_SUFFIXES[fmt])
-    if fmt == "onnx":
-        return export_onnx(weights, out_path, **options)
-    return export_torchscript(weights, out_path)

@@ -26,8 +26,8 @@ from ssd.detect import model_input
 from ssd.device import prepare_model
 from ssd.weights.checkpoint import CheckpointError
 
-__all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "check_category_ids", "open_torch",
-           "open_onnx"]
+__all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "check_category_ids", "read_metadata",
+           "open_torch", "open_onnx"]
 
 RAW_OUTPUTS = ["loc", "logits", "priors"]
 NMS_OUTPUTS = ["detections", "num_detections"]
@@ -143,12 +143,13 @@ _RULES = {
     "iou_threshold": (_unit, "a number in [0, 1]"),
     "max_det": (_positive_int, "a positive integer"),
     "category_ids": (lambda v: isinstance(v, list), "a JSON list of integers"),
+    "precision": (lambda v: v in ("fp32", "int8"), '"fp32" or "int8"'),
 }
 _REQUIRED = ("class_names", "image_size", "mean", "std", "variances", "nms")
 _REQUIRED_NMS = ("score_threshold", "iou_threshold", "max_det")
 
 
-def _read_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
+def read_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
     """The validated metadata of an exported model; :class:`OnnxModelError` names the key and what is wrong."""
     if "class_names" not in raw and "image_size" not in raw:
         raise OnnxModelError(f"{path} was not written by `ssd export` (no class_names or image_size metadata); "
@@ -173,9 +174,13 @@ def _read_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
     return meta
 
 
-def _verify_digest(path: Path, expected: str) -> None:
+def _verify_digest(path: Path, expected: str | None) -> None:
+    """A missing checksum is refused like a wrong one: deleting the key must not let an edited graph through."""
     onnx = require("onnx", "export", "checking an ONNX model")
 
+    if expected is None:
+        raise OnnxModelError(f"{path}: the metadata has no graph_sha256 (the checksum `ssd export` stores): it was "
+                             "removed or the file was written by another tool; export the model again")
     if graph_digest(onnx.load(str(path))) != expected:
         raise OnnxModelError(f"{path}: the graph does not match the checksum stored at export (graph_sha256): the "
                              f"file was modified or corrupted after `ssd export`; export it again")
@@ -192,23 +197,12 @@ class OnnxBackend:
     name = "onnx"
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
-        ort = require("onnxruntime", "export", "running an ONNX model")
-
         self.path = self.source = Path(path)
         self.device = torch.device("cpu")
-        providers = ["CPUExecutionProvider"]
-        if torch.device(device).type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, ("CUDAExecutionProvider", {"device_id": torch.device(device).index or 0}))
-        try:
-            self.session = ort.InferenceSession(str(self.path), providers=providers)
-        except Exception as e:  # onnxruntime raises its own exception types for unreadable files
-            raise OnnxModelError(f"cannot load ONNX model {self.path}: {e}") from e
+        self.session = self._open_session(device)
         raw = self.session.get_modelmeta().custom_metadata_map
-        meta = _read_metadata(self.path, raw)
-        if "graph_sha256" not in raw:
-            raise OnnxModelError(f"{self.path}: the metadata lacks graph_sha256 (the checksum `ssd export` stores); "
-                                 "it was edited or written by another tool; export the model again with `ssd export`")
-        _verify_digest(self.path, raw["graph_sha256"])
+        meta = read_metadata(self.path, raw)
+        self._verify_checksum(raw)
         self.class_names, self.category_ids = meta["class_names"], meta["category_ids"]
         self.image_size = compact_size(meta["image_size"])
         self.mean, self.std, self.variances = tuple(meta["mean"]), tuple(meta["std"]), tuple(meta["variances"])
@@ -218,6 +212,21 @@ class OnnxBackend:
                 float(meta["score_threshold"]), float(meta["iou_threshold"]), meta["max_det"])
         self.fixed_batch = self._check_graph()
         self._priors: Tensor | None = None
+
+    def _open_session(self, device: str | torch.device):
+        """The runtime's session (other runtimes' backends return an object with the same methods)."""
+        ort = require("onnxruntime", "export", "running an ONNX model")
+
+        providers = ["CPUExecutionProvider"]
+        if torch.device(device).type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, ("CUDAExecutionProvider", {"device_id": torch.device(device).index or 0}))
+        try:
+            return ort.InferenceSession(str(self.path), providers=providers)
+        except Exception as e:  # onnxruntime raises its own exception types for unreadable files
+            raise OnnxModelError(f"cannot load ONNX model {self.path}: {e}") from e
+
+    def _verify_checksum(self, metadata: dict[str, str]) -> None:
+        _verify_digest(self.path, metadata.get("graph_sha256"))
 
     def _check_graph(self) -> int | None:
         """Check the graph's input and outputs against the metadata; returns the fixed batch size (or ``None``)."""

@@ -62,10 +62,12 @@ Opener = Callable[..., Backend]
 @dataclass(frozen=True)
 class BackendKind:
     """One runtime: the file suffixes it opens and its opener, a callable or ``"module:function"`` (imported on first
-    use, so that ``import ssd`` and unrelated commands load no runtime)."""
+    use, so that ``import ssd`` and unrelated commands load no runtime). ``folder_file``: a folder holding a file of
+    this name is this kind of artifact, opened through that file (OpenVINO's ``model.xml``)."""
 
     suffixes: tuple[str, ...]
     opener: Opener | str
+    folder_file: str | None = None
 
     def open(self, path: Path, device: torch.device, half: bool) -> Backend:
         opener = self.opener
@@ -78,6 +80,8 @@ class BackendKind:
 BACKENDS: dict[str, BackendKind] = {
     "torch": BackendKind((".pt", ".pth"), "ssd.inference.backends:open_torch"),
     "onnx": BackendKind((".onnx",), "ssd.inference.backends:open_onnx"),
+    "openvino": BackendKind((".xml",), "ssd.inference.backends_openvino:open_openvino", folder_file="model.xml"),
+    "torchscript": BackendKind((".torchscript",), "ssd.inference.backends_torchscript:open_torchscript"),
 }
 """Runtime name -> :class:`BackendKind`; a run directory opens its checkpoint (``ssd.weights.resolve``)."""
 
@@ -86,7 +90,8 @@ DEFAULT_BACKEND = "torch"
 :func:`ssd.models.build.read_weights` tells them apart by content."""
 
 
-def register_backend(name: str, suffixes: Sequence[str], opener: Opener | str) -> None:
+def register_backend(name: str, suffixes: Sequence[str], opener: Opener | str, folder_file: str | None = None
+                     ) -> None:
     """Open files ending in one of ``suffixes`` (e.g. ``[".xml"]``) with ``opener`` (see :class:`BackendKind`).
 
     Raises ``ValueError`` when a suffix already belongs to another runtime."""
@@ -95,7 +100,7 @@ def register_backend(name: str, suffixes: Sequence[str], opener: Opener | str) -
         taken = set(suffixes) & set(kind.suffixes)
         if other != name and taken:
             raise ValueError(f"backend {name!r}: suffix {sorted(taken)[0]} is already opened by backend {other!r}")
-    BACKENDS[name] = BackendKind(suffixes, opener)
+    BACKENDS[name] = BackendKind(suffixes, opener, folder_file)
 
 
 def backend_kind(path: str | Path) -> str:
@@ -126,7 +131,11 @@ def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.
         return weights
     from ssd.weights.resolve import resolve_weights
 
-    torch_device = resolve_device("cpu" if device is None else device)  # a bad option before a missing file
+    torch_device = resolve_device("cpu" if device is None else device)
+    folder = Path(weights)
+    for kind in BACKENDS.values():
+        if kind.folder_file and folder.is_dir() and (folder / kind.folder_file).is_file():
+            return kind.open(folder / kind.folder_file, torch_device, half)
     path = resolve_weights(weights)
     return BACKENDS[backend_kind(path)].open(path, torch_device, half)
 

@@ -1,6 +1,7 @@
-"""A training run on disk: the run directory, its layout, and its creation.
+"""A training run on disk: the run directory's layout, and preparing it (locked while a run writes into it).
 
-A run directory ``<project>/<name>`` (auto-incremented, never overwritten) holds::
+A run directory ``<project>/<name>`` (made by :func:`ssd.files.make_run_dir`: auto-incremented, never overwritten)
+holds::
 
     config.yaml        the resolved TrainConfig: what really ran (everything needed to reproduce the run)
     results.csv        one row per epoch (columns: ssd.plots.RESULTS_COLUMNS)

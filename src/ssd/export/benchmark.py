@@ -1,0 +1,228 @@
+"""``ssd benchmark``: export a checkpoint to every deployment format, score each on the val split and time it.
+
+Each row of :data:`RUNTIMES` is one runtime on one artifact (several runtimes share an artifact: OpenCV DNN runs the
+ONNX Runtime FP32 file, OpenVINO bf16 the FP32 IR). Every artifact is written into the benchmark's own new folder.
+A row's status is ``ok``, ``exported but validation failed`` or ``export failed``, with the reason. Scores come
+from :func:`ssd.evaluation.evaluator.evaluate` (COCO metric: mAP50 and mAP50-95, thresholds
+:data:`ssd.settings.EVALUATE`); ``change vs eager`` is the mAP50 difference to the PyTorch row in points. Timing runs
+the whole pipeline (:meth:`ssd.inference.pipeline.Detector.detect`: preprocessing, network, post-processing) on
+decoded val images after a warm-up: p50 / p90 milliseconds per image at batch 1, images per second at the largest
+batch size.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from ssd._utils import did_you_mean, render_table
+from ssd.data.images import read_image
+from ssd.data.load import load_dataset, load_training_data
+from ssd.evaluation.evaluator import evaluate
+from ssd.export.formats import export
+from ssd.export.quantize import CALIBRATION_IMAGES
+from ssd.files import write_text
+from ssd.inference.pipeline import Detector
+from ssd.inference.registry import Backend, open_backend
+from ssd.settings import PREDICT
+
+__all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "time_backend", "format_benchmark", "parse_formats",
+           "below_floor"]
+
+OK, VALIDATION_FAILED, EXPORT_FAILED = "ok", "exported but validation failed", "export failed"
+
+# artifact -> how to write it into the benchmark folder: (weights, folder, data, calibration images) -> path
+_ARTIFACTS: dict[str, Callable[[Path, Path, str, int], Path]] = {
+    "pt": lambda weights, folder, data, calib: weights,
+    "torchscript": lambda weights, folder, data, calib: export(weights, "torchscript", folder / "model.torchscript"),
+    "onnx": lambda weights, folder, data, calib: export(weights, "onnx", folder / "model.onnx"),
+    "onnx-int8": lambda weights, folder, data, calib: export(weights, "onnx", folder / "model.int8.onnx", int8=True,
+                                                             data=data, calib_images=calib),
+    "openvino": lambda weights, folder, data, calib: export(weights, "openvino", folder / "openvino"),
+    "openvino-int8": lambda weights, folder, data, calib: export(weights, "openvino", folder / "openvino_int8",
+                                                                 int8=True, data=data, calib_images=calib),
+}
+
+
+def _open_openvino(precision: str) -> Callable[[Path, str], Backend]:
+    def opener(path: Path, device: str) -> Backend:
+        from ssd.inference.backends_openvino import OpenVinoBackend
+
+        return OpenVinoBackend(path, device, precision=precision)
+
+    return opener
+
+
+def _open_opencv(path: Path, device: str) -> Backend:
+    from ssd.inference.backends_opencv import OpenCvBackend
+
+    return OpenCvBackend(path, device)
+
+
+# runtime (a row) -> (its artifact, how to open it on a device)
+RUNTIMES: dict[str, tuple[str, Callable[[Path, str], Backend]]] = {
+    "pytorch": ("pt", open_backend),
+    "torchscript": ("torchscript", open_backend),
+    "onnx": ("onnx", open_backend),
+    "onnx-int8": ("onnx-int8", open_backend),
+    "openvino": ("openvino", _open_openvino("f32")),
+    "openvino-bf16": ("openvino", _open_openvino("bf16")),
+    "openvino-int8": ("openvino-int8", _open_openvino("f32")),
+    "opencv": ("onnx", _open_opencv),
+}
+
+
+@dataclass
+class BenchmarkRow:
+    """One runtime's result; the numbers are ``None`` where the row failed before them."""
+
+    format: str
+    status: str
+    reason: str = ""
+    artifact: str | None = None
+    size_mb: float | None = None
+    map50: float | None = None
+    map: float | None = None
+    change_vs_eager: float | None = None
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    images_per_s: float | None = None
+
+
+def parse_formats(text: str | Sequence[str] | None) -> list[str]:
+    """``"onnx,onnx-int8"`` -> the runtimes, ``pytorch`` first (the reference of ``change vs eager``); ``None``:
+    all of :data:`RUNTIMES`. An unknown name raises ``ValueError`` with the closest valid ones."""
+    names = list(RUNTIMES) if text is None else [n.strip() for n in
+                                                 (text.split(",") if isinstance(text, str) else text) if n.strip()]
+    for name in names:
+        if name not in RUNTIMES:
+            raise ValueError(f"unknown benchmark format {name!r}{did_you_mean(name, RUNTIMES)} "
+                             f"(choose from {', '.join(RUNTIMES)})")
+    return ["pytorch", *dict.fromkeys(n for n in names if n != "pytorch")]
+
+
+def _size_mb(path: Path) -> float:
+    files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
+    return sum(p.stat().st_size for p in files) / 1e6
+
+
+def time_backend(backend: Backend, images: list[torch.Tensor], batch_size: int, runs: int, warmup: int
+          ) -> tuple[float, float, float]:
+    """``(p50 ms, p90 ms)`` per image at batch 1 over ``runs`` images, and images/s at ``batch_size``."""
+    detector, options = Detector(backend), PREDICT.as_kwargs()
+    for image in images[:warmup]:
+        detector.detect([image], **options)
+    times = []
+    for i in range(runs):
+        start = time.perf_counter()
+        detector.detect([images[i % len(images)]], **options)
+        times.append(time.perf_counter() - start)
+    p50, p90 = (float(v) * 1000 for v in np.percentile(times, [50, 90]))
+    if batch_size == 1:
+        return p50, p90, 1000 / p50
+    batch = (images * math.ceil(batch_size / len(images)))[:batch_size]
+    detector.detect(batch, **options)  # warm-up at this batch size
+    spans = []
+    for _ in range(max(2, runs // batch_size)):
+        start = time.perf_counter()
+        detector.detect(batch, **options)
+        spans.append(time.perf_counter() - start)
+    return p50, p90, batch_size / float(np.median(spans))
+
+
+def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *, formats: Sequence[str] | None = None,
+                  batch_sizes: Sequence[int] = (1, 8), device: str = "cpu", calib_images: int | None = None,
+                  runs: int = 30, warmup: int = 3, skip_invalid: bool = False, progress: bool = True
+                  ) -> list[BenchmarkRow]:
+    """Benchmark ``weights`` (a checkpoint or run directory) on ``data``'s val split into ``out_dir``, a new or
+    empty folder (the artifacts, ``benchmark.csv``, ``benchmark.json``, ``benchmark.txt``). ``formats``: names of
+    :data:`RUNTIMES` (:func:`parse_formats`); ``calib_images``: for the INT8 rows (default: 300, or the whole
+    training split when smaller); ``runs`` timed images at batch 1 after ``warmup``; ``skip_invalid``: score the val
+    split without its invalid objects (as ``ssd val --skip-invalid``) instead of refusing it."""
+    from ssd.weights.resolve import resolve_weights
+
+    names = parse_formats(formats)
+    if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
+        raise ValueError(f"--batch-sizes must be positive integers, got {list(batch_sizes)}")
+    weights, out_dir = resolve_weights(weights), Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ValueError(f"benchmark folder {out_dir} is not empty: the benchmark writes into a new folder")
+    eager = open_backend(weights, device)
+    spec = load_training_data(data, class_names=eager.class_names, splits=("val",), skip_invalid=skip_invalid)
+    images = [read_image(r.path) for r in spec.records("val")[:16]]  # timed in turn
+    calib = calib_images or min(CALIBRATION_IMAGES, len(load_dataset(data).records("train")))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    artifacts: dict[str, Path | Exception] = {}
+    rows, eager_map50 = [], None
+    for name in tqdm(names, desc="benchmark", unit="format", disable=not progress):
+        kind, opener = RUNTIMES[name]
+        if kind not in artifacts:
+            try:
+                artifacts[kind] = _ARTIFACTS[kind](weights, out_dir, str(data), calib)
+            except (ValueError, OSError, RuntimeError) as e:  # the reason goes in the table, the others still run
+                artifacts[kind] = e
+        artifact = artifacts[kind]
+        if isinstance(artifact, Exception):
+            rows.append(BenchmarkRow(name, EXPORT_FAILED, _reason(artifact)))
+            continue
+        row = BenchmarkRow(name, OK, artifact=str(artifact), size_mb=round(_size_mb(artifact), 3))
+        try:
+            backend = opener(artifact, device)
+            result = evaluate(backend, data, metric="coco", device=device, skip_invalid=skip_invalid)
+            row.map50, row.map = round(100 * result["AP50"], 2), round(100 * result["AP"], 2)
+            row.p50_ms, row.p90_ms, row.images_per_s = (round(v, 2) for v in time_backend(
+                backend, images, max(batch_sizes), runs, warmup))
+        except (ValueError, OSError, RuntimeError) as e:
+            row.status, row.reason = VALIDATION_FAILED, _reason(e)
+        eager_map50 = row.map50 if name == "pytorch" else eager_map50
+        if row.map50 is not None and eager_map50 is not None:
+            row.change_vs_eager = round(row.map50 - eager_map50, 2)
+        rows.append(row)
+    _write(rows, out_dir)
+    return rows
+
+
+def _reason(error: Exception) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def _write(rows: list[BenchmarkRow], out_dir: Path) -> None:
+    records = [asdict(row) for row in rows]
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(records[0]))
+    writer.writeheader()
+    writer.writerows(records)
+    write_text(out_dir / "benchmark.csv", buffer.getvalue())
+    write_text(out_dir / "benchmark.json", json.dumps(records, indent=1))
+    write_text(out_dir / "benchmark.txt", format_benchmark(rows) + "\n")
+
+
+HEADER = ("format", "status", "size MB", "mAP50", "mAP50-95", "change vs eager", "ms/img p50", "p90", "img/s")
+
+
+def format_benchmark(rows: Sequence[BenchmarkRow]) -> str:
+    """The table (see :data:`HEADER`), then the reason of each row that failed."""
+    def cell(value) -> str:
+        return "-" if value is None else str(value)
+
+    lines = render_table(HEADER, [
+        (r.format, r.status, cell(r.size_mb), cell(r.map50), cell(r.map),
+         "-" if r.change_vs_eager is None else f"{r.change_vs_eager:+.2f}", cell(r.p50_ms), cell(r.p90_ms),
+         cell(r.images_per_s)) for r in rows])
+    lines += [f"{r.format}: {r.reason}" for r in rows if r.reason]
+    return "\n".join(lines)
+
+
+def below_floor(rows: Sequence[BenchmarkRow], floor: float) -> list[str]:
+    """The formats under a mAP50 ``floor`` (points): those scoring below it and those that failed (no score)."""
+    return [r.format for r in rows if r.map50 is None or r.map50 < floor]

@@ -1,0 +1,98 @@
+"""``ssd export``: one entry for every artifact format, its options checked before any work is done.
+
+========================  ==============================================  ===========================
+format                    artifact                                        loaded by
+========================  ==============================================  ===========================
+``onnx``                  ``.onnx`` (FP32, or INT8 with ``int8=True``)    ONNX Runtime, OpenCV DNN
+``openvino``              a folder: ``model.xml`` + ``.bin`` + metadata   OpenVINO
+``torchscript``           ``.torchscript`` (traced network + metadata)    PyTorch
+========================  ==============================================  ===========================
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from ssd.export.onnx import check_opset, export_onnx
+from ssd.files import check_output
+from ssd.settings import PREDICT, check_thresholds
+from ssd.weights.resolve import resolve_weights
+
+__all__ = ["FORMATS", "default_output", "export"]
+
+# format -> (the artifact's suffix, whether it is a folder)
+FORMATS = {"onnx": (".onnx", False), "openvino": ("_openvino", True), "torchscript": (".torchscript", False)}
+
+
+def default_output(weights: Path, fmt: str, int8: bool = False) -> Path:
+    """``best.pt`` -> ``best.onnx``, ``best.int8.onnx``, ``best_openvino/``, ``best_int8_openvino/``, ..."""
+    suffix, folder = FORMATS[fmt]
+    if folder:
+        return weights.with_name(weights.stem + ("_int8" if int8 else "") + suffix)
+    return weights.with_suffix((".int8" if int8 else "") + suffix)
+
+
+def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_batch: bool) -> None:
+    if fmt == "torchscript" and (nms or dynamic_batch or int8):
+        given = [name for name, on in (("--nms", nms), ("--dynamic-batch", dynamic_batch), ("--int8", int8)) if on]
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ValueError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a TorchScript export is the "
+                         "network alone (any batch size, post-processing in the library); drop them or use --format "
+                         "onnx")
+    if fmt == "openvino":
+        from ssd.inference.backends_openvino import require_openvino
+
+        require_openvino(nncf=int8)
+    suffix, folder = FORMATS[fmt]
+    if not folder and out_path.suffix.lower() != suffix:
+        raise ValueError(f"the output {out_path} of the {fmt} export must end in {suffix} (--output)")
+
+
+def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None = None, *, int8: bool = False,
+           data: str | Path | None = None, calib_images: int | None = None, opset: int = 18,
+           nms: bool = False, dynamic_batch: bool = False, score_threshold: float = PREDICT.score_threshold,
+           iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
+           **onnx_options) -> Path:
+    """Export a checkpoint or run directory (its best checkpoint) to ``fmt`` and return the artifact's path.
+
+    ``out_path`` defaults to :func:`default_output`; it is never one of the inputs. ``int8`` quantizes on
+    ``calib_images`` images of ``data``'s training split (:mod:`ssd.export.quantize`, OpenVINO: NNCF). ``opset``,
+    ``nms``, ``dynamic_batch``, the thresholds and ``onnx_options`` (``check``, ``sample_images``): see
+    :func:`ssd.export.onnx.export_onnx`. Every option is checked, and the calibration images counted, before
+    anything is written.
+    """
+    from ssd.export.quantize import CALIBRATION_IMAGES, calibration_paths
+
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(FORMATS)})")
+    weights = resolve_weights(weights)
+    out_path = Path(out_path) if out_path else default_output(weights, fmt, int8)
+    check_output(out_path, inputs=[weights, data], kind="dir" if FORMATS[fmt][1] else "file",
+                 what="--output")
+    _check_options(fmt, out_path, int8=int8, nms=nms, dynamic_batch=dynamic_batch)
+    check_thresholds(score_threshold, iou_threshold, max_detections)
+    check_opset(opset)
+    if calib_images is not None and not int8:
+        raise ValueError("--calib-images applies to INT8 exports: add --int8 --data DATA")
+    calibration = calibration_paths(data, calib_images or CALIBRATION_IMAGES) if int8 else None
+    if fmt == "torchscript":
+        from ssd.export.torchscript import export_torchscript
+
+        return export_torchscript(weights, out_path)
+    onnx_args = dict(opset=opset, nms=nms, dynamic_batch=dynamic_batch, score_threshold=score_threshold,
+                     iou_threshold=iou_threshold, max_detections=max_detections, **onnx_options)
+    if fmt == "onnx" and not int8:
+        return export_onnx(weights, out_path, **onnx_args)
+    with tempfile.TemporaryDirectory(prefix="ssd-export-") as work:
+        fp32 = export_onnx(weights, Path(work) / "model.onnx", **onnx_args)
+        if fmt == "openvino":
+            from ssd.export.openvino import export_openvino
+
+            return export_openvino(fp32, out_path, calibration)
+        from ssd.export.quantize import calibration_inputs, quantize_onnx
+        from ssd.inference.backends import OnnxBackend
+
+        backend = OnnxBackend(fp32)
+        inputs = calibration_inputs(calibration, backend.image_size, backend.mean, backend.std)
+        return quantize_onnx(fp32, out_path, inputs)

@@ -1,0 +1,95 @@
+"""INT8 post-training quantization of an exported ONNX graph with ONNX Runtime, calibrated on the user's images.
+
+The network (every ``Conv``) is quantized to static QDQ INT8: weights per output channel (int8, symmetric),
+activations per tensor (uint8, MinMax range over the calibration images). Everything else stays float, the
+in-graph decoding and NMS of an ``--nms`` export included. Calibration images are the first ``N`` of the dataset's
+training split, decoded by :func:`ssd.data.images.read_image` and made into network inputs by
+:func:`ssd.preprocess.preprocess` exactly as at inference. The INT8 file carries the FP32 file's metadata with
+``precision`` ``int8`` and the checksum of its own graph, so :class:`ssd.inference.backends.OnnxBackend` loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ssd.data.images import read_image
+from ssd.data.load import load_dataset
+from ssd.files import write_bytes
+from ssd.inference.backends import graph_digest
+from ssd.preprocess import preprocess
+
+__all__ = ["CALIBRATION_IMAGES", "calibration_paths", "calibration_input", "calibration_inputs", "quantize_onnx"]
+
+CALIBRATION_IMAGES = 300
+
+
+def calibration_paths(data: str | Path | None, count: int = CALIBRATION_IMAGES) -> list[Path]:
+    """The first ``count`` images of ``data``'s training split (a data.yaml, dataset folder or COCO JSON).
+
+    Raises ``ValueError`` without ``data``, for a ``count`` below 1, or when the split has fewer images (saying how
+    many it has)."""
+    if data is None:
+        raise ValueError("INT8 calibration needs images: give a dataset with --data DATA (its training split is used)")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"--calib-images must be a positive integer, got {count}")
+    records = load_dataset(data).records("train")
+    if len(records) < count:
+        raise ValueError(f"INT8 calibration asked for {count} images (--calib-images) but the training split of "
+                         f"{data} has {len(records)}: use --calib-images {len(records)} or fewer, or a dataset with "
+                         "more images")
+    return [record.path for record in records[:count]]
+
+
+def calibration_input(path: Path, image_size: int | tuple[int, int], mean: Sequence[float],
+                      std: Sequence[float]) -> np.ndarray:
+    """One calibration image as a network input ``[1, 3, S, S]`` float32, as inference would make it."""
+    batch, _ = preprocess([read_image(path)], image_size, mean, std)
+    return batch.numpy()
+
+
+def calibration_inputs(paths: Sequence[Path], image_size: int | tuple[int, int], mean: Sequence[float],
+                       std: Sequence[float]) -> Iterator[np.ndarray]:
+    """Each image of ``paths`` as :func:`calibration_input` (decoded one at a time)."""
+    return (calibration_input(path, image_size, mean, std) for path in paths)
+
+
+class _Reader:
+    """An ONNX Runtime ``CalibrationDataReader`` over :func:`calibration_inputs`."""
+
+    def __init__(self, inputs: Iterator[np.ndarray]):
+        self.inputs = inputs
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        array = next(self.inputs, None)
+        return None if array is None else {"images": array}
+
+
+def quantize_onnx(fp32_path: str | Path, out_path: str | Path, inputs: Iterator[np.ndarray],
+                  exclude: Sequence[str] = ()) -> Path:
+    """Write the static INT8 (QDQ) version of an ``ssd export`` FP32 graph to ``out_path`` (atomically).
+
+    ``inputs``: calibration batches ``[1, 3, S, S]`` (:func:`calibration_inputs`); ``exclude``: names of nodes to
+    keep in float (a remedy when a layer quantizes poorly). The metadata is the FP32 file's with ``precision``
+    ``int8`` and the new graph's ``graph_sha256``."""
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    source = onnx.load(str(fp32_path))
+    metadata = {p.key: p.value for p in source.metadata_props}
+    with tempfile.TemporaryDirectory(prefix="ssd-int8-") as work:
+        prepared, quantized = Path(work) / "prepared.onnx", Path(work) / "int8.onnx"
+        quant_pre_process(str(fp32_path), str(prepared))
+        quantize_static(str(prepared), str(quantized), _Reader(inputs), quant_format=QuantFormat.QDQ,
+                        op_types_to_quantize=["Conv"], per_channel=True, activation_type=QuantType.QUInt8,
+                        weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude),
+                        calibrate_method=CalibrationMethod.MinMax)
+        proto = onnx.load(str(quantized))
+    metadata.update(precision=json.dumps("int8"), graph_sha256=graph_digest(proto))
+    onnx.helper.set_model_props(proto, metadata)
+    return write_bytes(out_path, proto.SerializeToString())

@@ -1,0 +1,50 @@
+"""Export an SSD's network to TorchScript: ``images [B, 3, S, S]`` -> ``(loc, logits, priors)`` as the ONNX graph
+without NMS (see :mod:`ssd.export.onnx`), any batch size; post-processing stays in the library.
+
+The metadata is the ONNX export's (same keys and JSON values, ``precision`` ``fp32``), stored as the extra file
+``ssd.json`` with ``module_sha256``, the checksum of the traced code and weights
+(:func:`ssd.inference.backends_torchscript.module_digest`), verified by
+:class:`~ssd.inference.backends_torchscript.TorchScriptBackend` at load.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ssd._utils import as_hw
+from ssd.export.onnx import as_model, onnx_metadata
+from ssd.files import write_bytes
+from ssd.inference.backends_torchscript import METADATA_FILE, module_digest
+
+__all__ = ["export_torchscript"]
+
+
+class _RawOutputs(nn.Module):
+    """``images [B, 3, S, S]`` -> ``(loc [B, P, 4], logits [B, P, K+1], priors [P, 4])``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: Tensor):
+        loc, logits = self.model(images)
+        return loc, logits, self.model.priors.clone()
+
+
+def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
+    """Trace a checkpoint path or an ``SSD`` (see the module docstring) to ``out_path`` (written atomically)."""
+    out_path = Path(out_path)
+    model, category_ids = as_model(weights_or_model, out_path)
+    with torch.no_grad():
+        traced = torch.jit.trace(_RawOutputs(model), torch.zeros(1, 3, *as_hw(model.config.image_size)))
+    metadata = onnx_metadata(model, category_ids, digest="", thresholds=None)
+    del metadata["graph_sha256"]
+    metadata["module_sha256"] = module_digest(traced)
+    buffer = io.BytesIO()
+    torch.jit.save(traced, buffer, _extra_files={METADATA_FILE: json.dumps(metadata)})
+    return write_bytes(out_path, buffer.getvalue())

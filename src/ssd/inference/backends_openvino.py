@@ -1,0 +1,126 @@
+"""The OpenVINO backend: an IR folder written by :func:`ssd.export.openvino.export_openvino`.
+
+``precision``: ``"f32"`` (default; OpenVINO's own default on a CPU with AMX is bf16, which moves scores by about
+2e-3 and changes which boxes survive NMS) or ``"bf16"``. INT8 IR runs its quantized layers in INT8 either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from ssd.inference.backends import OnnxBackend, OnnxModelError
+
+__all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "require_openvino",
+           "open_openvino"]
+
+IR_FILES = ("model.xml", "model.bin")
+METADATA_FILE = "metadata.json"
+OPENVINO_PRECISIONS = ("f32", "bf16")
+
+
+def require_openvino(nncf: bool = False):
+    """The ``openvino`` module (and NNCF importable, with ``nncf``), or a ``ValueError`` naming the extra to
+    install."""
+    try:
+        import openvino
+
+        if nncf:
+            importlib.import_module("nncf")
+    except ImportError as e:
+        raise ValueError(f"{e.name} is not installed (OpenVINO export and inference): "
+                         "pip install 'ssd-detect[openvino]'") from None
+    return openvino
+
+
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, as hex."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _ports(ports) -> list[SimpleNamespace]:
+    """OpenVINO ports as ONNX Runtime describes its inputs/outputs: ``name``, ``shape`` (a string where dynamic)."""
+    return [SimpleNamespace(name=p.get_any_name(), shape=[d.get_length() if d.is_static else "dynamic"
+                                                          for d in p.get_partial_shape()]) for p in ports]
+
+
+class _OpenVinoSession:
+    """A compiled OpenVINO model behind the ONNX Runtime session methods :class:`OnnxBackend` calls."""
+
+    def __init__(self, compiled, metadata: dict[str, str]):
+        self.compiled, self.metadata = compiled, metadata
+
+    def get_modelmeta(self) -> SimpleNamespace:
+        return SimpleNamespace(custom_metadata_map=self.metadata)
+
+    def get_inputs(self) -> list[SimpleNamespace]:
+        return _ports(self.compiled.inputs)
+
+    def get_outputs(self) -> list[SimpleNamespace]:
+        return _ports(self.compiled.outputs)
+
+    def run(self, _names, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        results = self.compiled(feeds["images"])
+        return [results[output] for output in self.compiled.outputs]
+
+
+class OpenVinoBackend(OnnxBackend):
+    """An ``ssd export --format openvino`` folder (or its ``model.xml``) on OpenVINO's CPU plugin, with the metadata
+    rules, graph checks and outputs of :class:`OnnxBackend`; the IR files must match the checksums in
+    ``metadata.json``."""
+
+    name = "openvino"
+
+    def __init__(self, path: str | Path, device: str | torch.device = "cpu", precision: str = "f32"):
+        if precision not in OPENVINO_PRECISIONS:
+            raise ValueError(f"OpenVINO precision must be one of {', '.join(OPENVINO_PRECISIONS)}, got {precision!r}")
+        path = Path(path)
+        self.precision = precision
+        super().__init__(path.parent if path.suffix.lower() == ".xml" else path, device)
+
+    def _open_session(self, device: str | torch.device) -> _OpenVinoSession:
+        ov = require_openvino()
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"the OpenVINO backend runs on the CPU, got device={str(device)!r}")
+        metadata = self._read_sidecar()
+        try:
+            compiled = ov.Core().compile_model(str(self.path / IR_FILES[0]), "CPU",
+                                               {"INFERENCE_PRECISION_HINT": self.precision})
+        except RuntimeError as e:  # OpenVINO raises RuntimeError subclasses for files it cannot read
+            raise OnnxModelError(f"cannot load OpenVINO model {self.path}: {e}") from e
+        return _OpenVinoSession(compiled, metadata)
+
+    def _read_sidecar(self) -> dict[str, str]:
+        sidecar = self.path / METADATA_FILE
+        if not sidecar.is_file():
+            raise OnnxModelError(f"{self.path} is not an `ssd export --format openvino` folder (no {METADATA_FILE}); "
+                                 "export it with `ssd export --weights CKPT --format openvino`")
+        try:
+            raw = json.loads(sidecar.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise OnnxModelError(f"{sidecar} is not JSON ({e}); export the model again") from e
+        if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+            raise OnnxModelError(f"{sidecar} is not a JSON object of strings; export the model again")
+        return raw
+
+    def _verify_checksum(self, metadata: dict[str, str]) -> None:
+        for name, key in zip(IR_FILES, ("xml_sha256", "bin_sha256")):
+            if not (self.path / name).is_file():
+                raise OnnxModelError(f"{self.path}: {name} is missing; export the model again")
+            if metadata.get(key) != file_digest(self.path / name):
+                raise OnnxModelError(f"{self.path}: {name} does not match the checksum stored at export ({key}, "
+                                     "missing or different): the file was modified after `ssd export`; export it again")
+
+
+def open_openvino(path: Path, device: torch.device, half: bool) -> OpenVinoBackend:
+    """An ``ssd export --format openvino`` folder or its ``model.xml`` (``f32`` precision: ``half`` is refused)."""
+    if half:
+        raise ValueError(f"half precision applies to PyTorch checkpoints, not to the OpenVINO model {path}")
+    return OpenVinoBackend(path, device)

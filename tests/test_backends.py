@@ -1,0 +1,139 @@
+"""Every deployment runtime behind the one pipeline: each loads a small exported model and matches eager PyTorch
+within its stated tolerance, is opened from what the user names, scores a split like the checkpoint, and refuses
+an artifact that was edited after export."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from ssd.boxes import decode
+from ssd.cli import main
+from ssd.data.images import read_image
+from ssd.data.load import load_dataset
+from ssd.evaluation.evaluator import evaluate
+from ssd.export.formats import export
+from ssd.inference.backends import OnnxBackend, OnnxModelError, open_torch
+from ssd.inference.backends_opencv import OpenCvBackend
+from ssd.inference.backends_torchscript import METADATA_FILE, TorchScriptBackend
+from ssd.inference.registry import open_backend
+from ssd.preprocess import preprocess
+
+openvino = pytest.importorskip("openvino")
+
+from ssd.inference.backends_openvino import OpenVinoBackend  # noqa: E402  (after the skip: it needs openvino)
+
+
+@pytest.fixture(scope="module")
+def artifacts(tiny_checkpoint, tmp_path_factory):
+    """The checkpoint exported to every format, in a folder of this module: kind -> path."""
+    weights = shutil.copy(tiny_checkpoint, tmp_path_factory.mktemp("backends") / "best.pt")
+    return {"pt": weights, "onnx": export(weights, "onnx"), "openvino": export(weights, "openvino"),
+            "nms": export(weights, "onnx", nms=True, out_path=weights.with_name("nms.onnx")),
+            "openvino-nms": export(weights, "openvino", nms=True, out_path=weights.with_name("nms_openvino")),
+            "torchscript": export(weights, "torchscript")}
+
+
+def batch_of(data, backend, count: int = 6) -> torch.Tensor:
+    images = [read_image(r.path) for r in load_dataset(data).records("val")[:count]]
+    return preprocess(images, backend.image_size, backend.mean, backend.std)[0]
+
+
+# runtime -> (how to open the artifact, largest score difference, largest box difference of the image size)
+RUNTIMES = {
+    "onnxruntime": (lambda a: OnnxBackend(a["onnx"]), 1e-4, 1e-3),
+    "opencv": (lambda a: OpenCvBackend(a["onnx"]), 1e-4, 1e-3),
+    "openvino f32": (lambda a: OpenVinoBackend(a["openvino"]), 1e-4, 1e-3),
+    "openvino bf16": (lambda a: OpenVinoBackend(a["openvino"], precision="bf16"), 5e-2, 2e-2),
+    "torchscript": (lambda a: TorchScriptBackend(a["torchscript"]), 1e-5, 1e-5),
+}
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_each_runtime_matches_eager_pytorch_within_its_tolerance(artifacts, synthetic_voc, runtime):
+    opener, score_tol, box_tol = RUNTIMES[runtime]
+    eager, backend = open_torch(artifacts["pt"], torch.device("cpu"), False), opener(artifacts)
+    assert (backend.class_names, backend.image_size, backend.variances) == (eager.class_names, 128,
+                                                                           eager.variances)
+    batch = batch_of(synthetic_voc, eager)
+    (loc, logits), (got_loc, got_logits) = eager(batch), backend(batch)
+    assert torch.equal(backend.priors, eager.priors)
+    assert (got_logits.softmax(-1) - logits.softmax(-1)).abs().max() <= score_tol
+    boxes = decode(loc, eager.priors, eager.variances)
+    assert (decode(got_loc, eager.priors, eager.variances) - boxes).abs().max() <= box_tol
+
+
+def test_open_backend_picks_the_runtime_from_what_the_user_names(artifacts):
+    kinds = {"pt": "torch", "onnx": "onnx", "openvino": "openvino", "torchscript": "torchscript"}
+    for kind, name in kinds.items():
+        assert open_backend(artifacts[kind]).name == name
+    assert open_backend(artifacts["openvino"] / "model.xml").name == "openvino"
+    assert open_backend(artifacts["nms"]).nms and open_backend(artifacts["openvino-nms"]).nms
+
+
+@pytest.mark.parametrize("kind", ["onnx", "nms", "openvino", "openvino-nms", "torchscript"])
+def test_val_on_each_artifact_gives_the_checkpoints_metrics(artifacts, synthetic_voc, kind):
+    options = dict(metric="voc", batch_size=4, device="cpu", score_threshold=0.25, iou_threshold=0.45,
+                   max_detections=100)  # the NMS export's thresholds, so every artifact can use them
+    reference, got = evaluate(artifacts["pt"], synthetic_voc, **options), evaluate(artifacts[kind], synthetic_voc,
+                                                                                    **options)
+    assert reference["map"] > 0
+    assert got["map"] == pytest.approx(reference["map"], abs=1e-4)
+    for name, per_class in reference["per_class"].items():
+        assert got["per_class"][name]["ap"] == pytest.approx(per_class["ap"], abs=1e-4)
+        assert got["per_class"][name]["num_det"] == per_class["num_det"]
+
+
+def test_predict_on_an_openvino_folder(artifacts, synthetic_voc, tmp_path, capsys):
+    source = load_dataset(synthetic_voc).records("val")[0].path
+    assert main(["predict", "--weights", str(artifacts["openvino"]), "--source", str(source), "--save-dir",
+                 str(tmp_path / "out"), "--no-save-images", "--device", "cpu"]) == 0
+    assert "1 image" in capsys.readouterr().out
+
+
+def test_opencv_refuses_an_nms_export_and_says_what_to_export(artifacts):
+    with pytest.raises(ValueError, match=r"OpenCV DNN cannot run the in-graph NMS of .*nms\.onnx \(exported with "
+                                         r"--nms\): export the plain graph for OpenCV \(`ssd export --weights CKPT "
+                                         r"--format onnx`, without --nms\)"):
+        OpenCvBackend(artifacts["nms"])
+
+
+def test_openvino_files_changed_after_export_are_refused(artifacts, tmp_path):
+    edited = shutil.copytree(artifacts["openvino"], tmp_path / "edited")
+    data = bytearray((edited / "model.bin").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (edited / "model.bin").write_bytes(bytes(data))
+    with pytest.raises(OnnxModelError, match=r"edited: model\.bin does not match the checksum stored at export"):
+        OpenVinoBackend(edited)
+    meta = json.loads((edited / "metadata.json").read_text())
+    del meta["bin_sha256"]
+    (edited / "metadata.json").write_text(json.dumps(meta))
+    with pytest.raises(OnnxModelError, match=r"bin_sha256, missing or different"):
+        OpenVinoBackend(edited)
+    (edited / "metadata.json").unlink()
+    with pytest.raises(OnnxModelError, match=r"edited is not an `ssd export --format openvino` folder \(no "
+                                             r"metadata\.json\)"):
+        open_backend(edited / "model.xml")
+
+
+def test_torchscript_weights_changed_after_export_are_refused(artifacts, tmp_path):
+    extra = {METADATA_FILE: ""}
+    module = torch.jit.load(str(artifacts["torchscript"]), _extra_files=extra)
+    with torch.no_grad():
+        next(module.parameters()).add_(0.01)
+    edited = tmp_path / "edited.torchscript"
+    torch.jit.save(module, str(edited), _extra_files=extra)
+    with pytest.raises(OnnxModelError, match=r"edited\.torchscript: the code or weights do not match the checksum "
+                                             r"stored at export \(module_sha256"):
+        TorchScriptBackend(edited)
+
+
+def test_openvino_export_of_an_int8_model_is_quantized_and_close(artifacts, synthetic_voc, tmp_path):
+    folder = export(artifacts["pt"], "openvino", out_path=tmp_path / "int8_openvino", int8=True,
+                    data=synthetic_voc, calib_images=8)
+    fp32, int8 = OpenVinoBackend(artifacts["openvino"]), OpenVinoBackend(folder)
+    assert json.loads(json.loads((folder / "metadata.json").read_text())["precision"]) == "int8"
+    assert (folder / "model.bin").stat().st_size <= 0.3 * (artifacts["openvino"] / "model.bin").stat().st_size
+    batch = batch_of(synthetic_voc, fp32)
+    assert (int8(batch)[1].softmax(-1) - fp32(batch)[1].softmax(-1)).abs().max() <= 0.03

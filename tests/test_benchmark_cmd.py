@@ -1,0 +1,81 @@
+"""``ssd benchmark`` on a tiny model: a row per format with the right status (a format made to fail at export, one
+made to fail at validation), the CSV and JSON beside the table, a new run directory each time, the --floor gate."""
+
+import csv
+import json
+
+import pytest
+
+import ssd.export.benchmark as benchmark
+from ssd.cli import main
+
+
+def failing_export(*_args):
+    raise ValueError("calibration went wrong")
+
+
+def failing_open(path, device):
+    raise RuntimeError(f"cannot run {path.name} here")
+
+
+@pytest.fixture
+def broken_formats(monkeypatch):
+    """``onnx-int8`` fails to export, ``opencv`` exports (the shared ONNX file) but fails to run."""
+    monkeypatch.setitem(benchmark._ARTIFACTS, "onnx-int8", failing_export)
+    monkeypatch.setitem(benchmark.RUNTIMES, "opencv", ("onnx", failing_open))
+
+
+def test_benchmark_writes_a_row_per_format_with_its_status(tiny_checkpoint, synthetic_voc, tmp_path, broken_formats,
+                                                          capsys):
+    args = ["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--formats",
+            "onnx,onnx-int8,opencv", "--runs", "2", "--batch-sizes", "1,2", "--project", str(tmp_path)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    table = [line.split() for line in out.splitlines()]
+    assert table[0][:2] == ["format", "status"]
+    rows = {r["format"]: r for r in json.loads((tmp_path / "exp" / "benchmark.json").read_text())}
+    assert list(rows) == ["pytorch", "onnx", "onnx-int8", "opencv"]
+    assert [(r["status"], r["reason"]) for r in rows.values()] == [
+        ("ok", ""), ("ok", ""), ("export failed", "calibration went wrong"),
+        ("exported but validation failed", "cannot run model.onnx here")]
+    assert rows["onnx"]["map50"] == pytest.approx(rows["pytorch"]["map50"], abs=0.01) and rows["onnx"]["map50"] > 0
+    assert rows["onnx"]["change_vs_eager"] == pytest.approx(0.0, abs=0.01)
+    assert rows["onnx"]["size_mb"] == pytest.approx((tmp_path / "exp" / "model.onnx").stat().st_size / 1e6, abs=1e-3)
+    assert all(rows[f][k] > 0 for f in ("pytorch", "onnx") for k in ("p50_ms", "p90_ms", "images_per_s"))
+    assert rows["onnx-int8"]["map50"] is None and rows["opencv"]["size_mb"] == rows["onnx"]["size_mb"]
+    assert "onnx-int8: calibration went wrong" in out and "opencv: cannot run model.onnx here" in out
+    with open(tmp_path / "exp" / "benchmark.csv", newline="") as f:
+        assert [r["status"] for r in csv.DictReader(f)] == [r["status"] for r in rows.values()]
+
+    assert main(args + ["--floor", "0"]) == 1  # failed formats count as below any floor
+    assert "error: below the mAP50 floor of 0.0: onnx-int8, opencv" in capsys.readouterr().err
+    assert (tmp_path / "exp2" / "benchmark.json").is_file()  # a new run directory, the first one kept
+    assert json.loads((tmp_path / "exp" / "benchmark.json").read_text())[0]["format"] == "pytorch"
+
+
+def test_benchmark_floor_passes_when_every_format_scores_above_it(tiny_checkpoint, synthetic_voc, tmp_path, capsys):
+    assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--formats",
+                 "torchscript", "--runs", "2", "--batch-sizes", "1", "--project", str(tmp_path), "--floor",
+                 "0"]) == 0
+    assert "torchscript" in capsys.readouterr().out
+
+
+def test_benchmark_unknown_format_names_the_closest_before_any_folder_is_made(tiny_checkpoint, synthetic_voc,
+                                                                               tmp_path, capsys):
+    assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--formats",
+                 "onnx,openvino-int9", "--project", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert "unknown benchmark format 'openvino-int9'" in err and "openvino-int8" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_benchmark_missing_weights_or_data_is_refused_before_any_folder_is_made(tiny_checkpoint, synthetic_voc,
+                                                                               tmp_path, capsys):
+    runs = tmp_path / "runs"
+    assert main(["benchmark", "--weights", str(tmp_path / "missing.pt"), "--data", str(synthetic_voc),
+                 "--project", str(runs)]) == 1
+    assert "missing.pt does not exist" in capsys.readouterr().err
+    assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(tmp_path / "nodata"),
+                 "--project", str(runs)]) == 1
+    assert "dataset " + str(tmp_path / "nodata") + " does not exist" in capsys.readouterr().err
+    assert not runs.exists()

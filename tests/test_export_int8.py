@@ -1,0 +1,96 @@
+"""INT8 export with ONNX Runtime: calibrated on the dataset's training images, the network quantized and the
+post-processing left in float, the metadata carried over with its own checksum, bad calibration input refused."""
+
+import json
+import shutil
+from pathlib import Path
+
+import onnx
+import pytest
+import torch
+
+from ssd.boxes import decode
+from ssd.cli import main
+from ssd.data.images import read_image
+from ssd.data.load import load_dataset
+from ssd.export.formats import export
+from ssd.inference.backends import OnnxBackend, graph_digest
+from ssd.preprocess import preprocess
+
+
+@pytest.fixture(scope="module")
+def weights(tiny_checkpoint, tmp_path_factory):
+    """A copy of the checkpoint in a folder of this module, where the exports land next to it."""
+    return Path(shutil.copy(tiny_checkpoint, tmp_path_factory.mktemp("int8") / "best.pt"))
+
+
+@pytest.fixture(scope="module")
+def int8_pair(weights, synthetic_voc):
+    """``(fp32, int8)`` exports of the same checkpoint, the INT8 one through the CLI on 16 calibration images."""
+    fp32 = export(weights, fmt="onnx", check=False)
+    assert main(["export", "--weights", str(weights), "--int8", "--data", str(synthetic_voc),
+                 "--calib-images", "16"]) == 0
+    return fp32, weights.with_suffix(".int8.onnx")
+
+
+def val_batch(data, backend) -> torch.Tensor:
+    images = [read_image(r.path) for r in load_dataset(data).records("val")[:8]]
+    return preprocess(images, backend.image_size, backend.mean, backend.std)[0]
+
+
+def test_int8_export_is_a_quarter_of_the_size_and_close_to_fp32(int8_pair, synthetic_voc):
+    fp32_path, int8_path = int8_pair
+    fp32, int8 = OnnxBackend(fp32_path), OnnxBackend(int8_path)  # the checksum of the INT8 graph is verified
+    assert int8_path.stat().st_size <= 0.3 * fp32_path.stat().st_size
+    batch = val_batch(synthetic_voc, fp32)
+    (loc, logits), (loc8, logits8) = fp32(batch), int8(batch)
+    # the stated tolerance of INT8 on this model: class scores within 0.03, decoded boxes within 1% of the image
+    assert (logits8.softmax(-1) - logits.softmax(-1)).abs().max() <= 0.03
+    assert (decode(loc8, fp32.priors, fp32.variances) - decode(loc, fp32.priors, fp32.variances)).abs().max() <= 0.01
+    assert torch.equal(int8.priors, fp32.priors)
+
+
+def test_int8_file_carries_the_fp32_metadata_with_its_own_checksum(int8_pair):
+    fp32, int8 = (onnx.load(str(p)) for p in int8_pair)
+    meta = {p.key: p.value for p in fp32.metadata_props}
+    meta8 = {p.key: p.value for p in int8.metadata_props}
+    assert json.loads(meta["precision"]) == "fp32" and json.loads(meta8["precision"]) == "int8"
+    assert meta8["graph_sha256"] == graph_digest(int8) != meta["graph_sha256"]
+    assert {k: v for k, v in meta8.items() if k not in ("precision", "graph_sha256")} == {
+        k: v for k, v in meta.items() if k not in ("precision", "graph_sha256")}
+    assert sum(n.op_type == "QuantizeLinear" for n in int8.graph.node) > 0
+
+
+def test_int8_nms_export_quantizes_the_network_and_keeps_nms_in_float(weights, synthetic_voc, tmp_path):
+    path = export(weights, fmt="onnx", out_path=tmp_path / "nms.int8.onnx", int8=True, data=synthetic_voc,
+                  calib_images=4, nms=True)
+    graph = onnx.load(str(path)).graph
+    dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    float_only = [n.op_type for n in graph.node if n.op_type in ("Softmax", "TopK", "NonMaxSuppression")]
+    assert float_only and not [n.op_type for n in graph.node
+                               if n.op_type in ("Softmax", "TopK", "NonMaxSuppression") and set(n.input) & dequantized]
+    assert any(n.op_type == "Conv" and set(n.input) & dequantized for n in graph.node)
+    backend = OnnxBackend(path)
+    assert backend.nms and backend.score_threshold == 0.25
+
+
+def test_int8_without_data_says_calibration_needs_images(weights, tmp_path, capsys):
+    out = tmp_path / "x.int8.onnx"
+    assert main(["export", "--weights", str(weights), "--int8", "--output", str(out)]) == 1
+    assert capsys.readouterr().err.strip() == ("error: INT8 calibration needs images: give a dataset with --data DATA "
+                                              "(its training split is used)")
+    assert not out.exists()
+
+
+def test_int8_with_fewer_images_than_asked_says_how_many_it_found(weights, synthetic_voc, tmp_path, capsys):
+    out = tmp_path / "x.int8.onnx"
+    assert main(["export", "--weights", str(weights), "--int8", "--data", str(synthetic_voc), "--output", str(out),
+                 "--calib-images", "500"]) == 1
+    assert (f"INT8 calibration asked for 500 images (--calib-images) but the training split of {synthetic_voc} has "
+            "48: use --calib-images 48 or fewer") in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_calib_images_without_int8_is_refused(weights, synthetic_voc, capsys):
+    assert main(["export", "--weights", str(weights), "--data", str(synthetic_voc), "--calib-images", "5"]) == 1
+    assert "--calib-images applies to INT8 exports: add --int8 --data DATA" in capsys.readouterr().err
