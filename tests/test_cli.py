@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 
 from conftest import biased_model
-from ssd.cli import COMMANDS, main
+from ssd.cli import main
+from ssd.cli.commands import COMMANDS
 from ssd.weights.checkpoint import load_checkpoint, save_checkpoint
 
 

@@ -195,9 +195,9 @@ def test_train_config_image_size_forms_and_errors(tmp_path):
 
 
 def test_train_option_reads_height_by_width():
-    from ssd.cli import _build_parser, _parse
+    from ssd.cli.parsers import build_parser, parse
 
-    args = _parse(_build_parser(), ["train", "--image-size", "512x288"])
+    args = parse(build_parser(), ["train", "--image-size", "512x288"])
     assert TrainConfig().update(image_size=args.image_size).image_size == "512x288"
 
 

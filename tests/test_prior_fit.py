@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from ssd.cli import _build_parser, _parse, main
+from ssd.cli import main
+from ssd.cli.parsers import build_parser, parse
 from ssd.models import build_model
 from ssd.models.build import default_priors
 from ssd.priors import PRIOR_CONFIGS, PriorConfig
@@ -233,7 +234,7 @@ def test_check_fit_priors_writes_the_file_train_reads(synthetic_voc, tmp_path, c
     priors, model, size = load_priors(tmp_path / "priors.yaml")
     assert priors == PriorConfig.from_dict(fit["priors"]) and (model, size) == ("ssd_tiny", 256)
     # `ssd train --priors priors.yaml` -> TrainConfig.priors -> the same PriorConfig
-    args = _parse(_build_parser(), ["train", "--model", "ssd_tiny", "--priors", "priors.yaml"])
+    args = parse(build_parser(), ["train", "--model", "ssd_tiny", "--priors", "priors.yaml"])
     config = TrainConfig().update(priors=args.priors, model=args.model)
     assert resolve_priors(None, config.model, config.image_size, config.priors) == priors
     out = tmp_path / "sub" / "free.yaml"

@@ -26,8 +26,9 @@ import torch
 from tqdm import tqdm
 
 from ssd._utils import did_you_mean, render_table
+from ssd.data.gate import load_training_data
 from ssd.data.images import read_image
-from ssd.data.load import load_dataset, load_training_data
+from ssd.data.load import load_dataset
 from ssd.evaluation.evaluator import evaluate
 from ssd.export.formats import export
 from ssd.export.quantize import CALIBRATION_IMAGES

@@ -1,0 +1,143 @@
+"""Pieces of the ``ssd`` grammar shared by the subcommands: the parser class, option types, the options made
+from a dataclass's fields, and the threshold and tile options every command spells alike."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+
+from ssd._utils import closest_names
+from ssd.settings import THRESHOLD_OPTIONS, Thresholds
+
+EPILOG = "Labels: a dataset with K classes uses labels 0..K-1; the background class is added internally."
+
+
+class UsageError(Exception):
+    """A command-line mistake (exit code 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # `--epoch` is a typo to point out, not a prefix to guess from
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):  # argparse prints usage and exits; we raise to print one clear message
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def suggest(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    valid = [s for s in parser._option_string_actions if s.startswith("--")]
+    lines = []
+    for token in unknown:
+        if not token.startswith("-"):
+            lines.append(f"unexpected argument {token!r}")
+            continue
+        name = token.split("=", 1)[0]
+        close = closest_names(name, valid)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        lines.append(f"unknown option {name!r}{hint}")
+    return "\n".join(lines) + f"\nsee `{parser.prog} --help` for every option"
+
+
+def field_type(tp):
+    """The scalar type argparse should convert to, and whether the field is a list."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return field_type(args[0]) if len(args) == 1 else (str, False)
+    if origin in (list, tuple):
+        args = [a for a in typing.get_args(tp) if a is not Ellipsis]
+        return (args[0] if args else str), True
+    if origin is typing.Literal:
+        return type(typing.get_args(tp)[0]), False
+    return (tp if tp in (int, float, str, bool) else str), False
+
+
+def add_config_options(parser: argparse.ArgumentParser, config_cls, flag_of) -> None:
+    """An option ``flag_of(field name)`` for every field of the dataclass ``config_cls``."""
+    hints = typing.get_type_hints(config_cls)
+    for f in dataclasses.fields(config_cls):
+        scalar, is_list = field_type(hints[f.name])
+        flag = flag_of(f.name)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        help_text = f.metadata.get("help", "")
+        if default not in (None, "", dataclasses.MISSING) and not isinstance(default, bool):
+            help_text = f"{help_text} (default: {default})".strip()
+        kwargs = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text)
+        if flag != "--" + f.name.replace("_", "-"):  # a renamed option: name its value after the option
+            kwargs["metavar"] = flag.lstrip("-").replace("-", "_").upper()
+        if scalar is bool and not is_list:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+        elif is_list:
+            parser.add_argument(flag, type=scalar, nargs="+", **kwargs)
+        else:
+            choices = typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is typing.Literal else None
+            parser.add_argument(flag, type=scalar, choices=choices, **kwargs)
+
+
+def image_size_option(text: str) -> int | str:
+    """``ssd check --image-size``: the rules of ``TrainConfig.image_size``, as an argparse error."""
+    from ssd.settings import ConfigError
+    from ssd.training.config import parse_image_size
+
+    try:
+        return parse_image_size(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def tile_option(text: str) -> str | tuple[int, int]:
+    """``--tile``: ``auto``, ``N`` or ``HxW`` (the rules of :func:`ssd.inference.tiling.check_tile`), as an argparse
+    error."""
+    from ssd.inference.tiling import check_tile
+
+    try:
+        return check_tile(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_tile_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tile", type=tile_option,
+                        help="also detect on overlapping tiles of N (or HxW) pixels of each image, or auto (images "
+                             "more than twice the network input, tiles of the input size), and merge (default: off)")
+    parser.add_argument("--tile-overlap", type=float, default=0.2,
+                        help="share of a tile its neighbours also cover, in [0, 1) (default: 0.2)")
+
+
+def add_threshold_options(parser: argparse.ArgumentParser, defaults: Thresholds, use: str) -> None:
+    """``--conf``, ``--iou``, ``--max-det`` (:data:`ssd.settings.THRESHOLD_OPTIONS`) with ``defaults``; ``use``:
+    what they are for, in the help."""
+    conf, iou, max_det = (THRESHOLD_OPTIONS[k] for k in ("score_threshold", "iou_threshold", "max_detections"))
+    parser.add_argument(conf, dest="score_threshold", type=float, metavar="CONF", default=defaults.score_threshold,
+                        help=f"{use}score threshold in [0, 1] (default: {defaults.score_threshold})")
+    parser.add_argument(iou, dest="iou_threshold", type=float, metavar="IOU", default=defaults.iou_threshold,
+                        help=f"{use}NMS IoU threshold in [0, 1] (default: {defaults.iou_threshold})")
+    parser.add_argument(max_det, dest="max_detections", type=int, metavar="N", default=defaults.max_detections,
+                        help=f"{use}detections kept per image (default: {defaults.max_detections})")
+
+
+def thresholds(args: argparse.Namespace) -> dict[str, float | int]:
+    """The threshold options of a command, checked (a command-line mistake when out of range, named by flag)."""
+    from ssd.settings import check_thresholds
+
+    options = {key: getattr(args, key) for key in THRESHOLD_OPTIONS}
+    try:
+        check_thresholds(**options, batch_size=getattr(args, "batch_size", 1),
+                         names={**THRESHOLD_OPTIONS, "batch_size": "--batch-size"})
+    except ValueError as e:
+        raise UsageError(f"ssd {args.command}: {e}") from None
+    return options
+
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,8, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
+    return values
