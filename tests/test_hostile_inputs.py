@@ -410,3 +410,14 @@ def test_yolo_label_files_without_an_image_are_reported(tmp_path):
     spec = load_dataset(root)
     assert [(i.code, i.message) for i in spec.issues] == [
         ("label_without_image", "train/labels: 2 label file(s) without an image are not read: gone.txt, lost.txt")]
+
+
+def test_split_whose_every_image_is_corrupt_says_so_not_no_images(tmp_path):
+    from ssd.data.check import check_dataset
+
+    root = make_yolo_folder(tmp_path, 2)
+    for image in (root / "train" / "images").iterdir():
+        image.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
+    report = check_dataset(root)
+    assert [i.message for i in report.errors if i.code in ("no_valid_images", "empty_split")] == [
+        f"split 'train' ({root}): none of its 2 images could be read (see the errors about them)"]

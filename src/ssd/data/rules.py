@@ -61,6 +61,9 @@ def _split_issue(spec: DatasetSpec, split: str, bad_images: set, bad_objects: se
     def error(code: str, text: str) -> Issue:
         return Issue("error", code, f"split {split!r} ({place}): {text}", place, split=split)
 
+    unreadable = sum(i.split == split and i.severity == "error" and i.image is not None for i in spec.issues)
+    if not records and unreadable:  # every image failed to decode: not "no images"
+        return error("no_valid_images", f"none of its {unreadable} images could be read (see the errors about them)")
     if not records:
         return error("empty_split", f"no images: looked for {_LOOKED_FOR.get(spec.format, 'images')}")
     if not good:
