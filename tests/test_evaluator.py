@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import biased_model
 from ssd.boxes import xyxy_to_cxcywh
 from ssd.data.synthetic import SHAPE_NAMES
 from ssd.evaluation.evaluator import (
@@ -21,7 +22,6 @@ from ssd.evaluation.evaluator import (
 from ssd.export.onnx import export_onnx
 from ssd.settings import EVALUATE
 from ssd.weights.checkpoint import save_checkpoint
-from test_export import biased_model
 
 CLASS_NAMES = ["cat", "dog"]
 # Two images (orig (h, w) = (100, 200) and (50, 50)), boxes normalized xyxy; the last object of image 1 is difficult

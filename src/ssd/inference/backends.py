@@ -90,7 +90,7 @@ class TorchBackend:
 
 
 def open_torch(path: Path, device: torch.device, half: bool) -> TorchBackend:
-    """A checkpoint of this library, or a foreign detector :func:`ssd.models.build.read_weights` imports; its
+    """A checkpoint of this library, or a foreign detector :func:`ssd.weights.load.read_weights` imports; its
     ``category_ids`` (the dataset's ids, when training stored them) become the backend's."""
     from ssd.weights.load import model_from_checkpoint, read_weights
 

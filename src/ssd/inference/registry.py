@@ -87,7 +87,7 @@ BACKENDS: dict[str, BackendKind] = {
 
 DEFAULT_BACKEND = "torch"
 """Opens a file whose suffix no runtime claims: checkpoints and foreign detectors come with many suffixes, and
-:func:`ssd.models.build.read_weights` tells them apart by content."""
+:func:`ssd.weights.load.read_weights` tells them apart by content."""
 
 
 def register_backend(name: str, suffixes: Sequence[str], opener: Opener | str, folder_file: str | None = None
