@@ -69,7 +69,7 @@ def test_alias_bomb_in_config_file_is_a_config_error(tmp_path):
 
 
 def test_alias_bomb_in_priors_file_is_refused(tmp_path):
-    from ssd.data.priors import load_priors
+    from ssd.priors.io import load_priors
 
     (tmp_path / "priors.yaml").write_text(ALIAS_BOMB + "priors: *l9\n")
     with pytest.raises(ValueError, match=r"priors\.yaml: not valid YAML \(more than 100,000 values"):

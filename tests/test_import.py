@@ -516,8 +516,8 @@ def test_ssd_import_refuses_to_write_over_its_source(original_file, tmp_path, ca
     elif link == "symlink":
         output.symlink_to(source)
     assert main(["import", str(source), "--output", str(output)]) == 1
-    assert capsys.readouterr().err == (f"error: --output {output} is the input {source}; choose another --output so "
-                                       "the input is kept\n")
+    assert capsys.readouterr().err == (f"error: --output {output} is the input {source} (the same file); choose "
+                                       "another --output so the input is kept\n")
     assert source.read_bytes() == original_file.read_bytes()
 
 

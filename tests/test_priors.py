@@ -158,9 +158,9 @@ def test_a_model_at_an_absurd_input_size_is_refused_before_building(synthetic_vo
     assert main(["check", str(synthetic_voc), "--model", "ssd_tiny", "--image-size", "100000"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ("error: ssd check: argument --image-size: image_size='100000' is "
-                                                   "invalid: must be at most 4096 on each side "
-                                                   "(ssd.limits.MAX_INPUT_SIDE)\n")
-    with pytest.raises(ConfigError, match=r"image_size='300x5000' is invalid: must be at most 4096 on each side"):
+                                                   "invalid: must be at least 32 and at most 4096 on each side "
+                                                   "(--image-size; the bound is ssd.limits.MAX_INPUT_SIDE)\n")
+    with pytest.raises(ConfigError, match=r"image_size='300x5000' is invalid: must be at least 32 and at most 4096 on each side"):
         TrainConfig(image_size="300x5000")
 
 

@@ -210,14 +210,17 @@ def test_val_with_tiles(weights, synthetic_voc):
 
 def test_cli_val_and_predict_take_tile(weights, tmp_path, capsys, monkeypatch):
     import ssd.evaluation.evaluator
+    import ssd.evaluation.report
 
     calls = []
     per_class = {"a": {"ap": 0.5, "num_gt": 2, "num_det": 3}}
     monkeypatch.setattr(ssd.evaluation.evaluator, "evaluate", lambda *args, **kwargs: calls.append(kwargs) or {
-        "map": 0.5, "per_class": per_class, "metric": "voc07", "class_names": ["a"]})
-    assert main(["val", "--weights", "w.pt", "--data", "d", "--tile", "96x128", "--tile-overlap", "0.1"]) == 0
+        "map": 0.5, "per_class": per_class, "metric": "voc07", "class_names": ["a"], "report": {}})
+    monkeypatch.setattr(ssd.evaluation.report, "format_report", lambda report: "")
+    assert main(["val", "--weights", "w.pt", "--data", "d", "--tile", "96x128", "--tile-overlap", "0.1",
+                 "--no-save"]) == 0
     assert (calls[0]["tile"], calls[0]["tile_overlap"]) == ((96, 128), 0.1)
-    assert main(["val", "--weights", "w.pt", "--data", "d"]) == 0
+    assert main(["val", "--weights", "w.pt", "--data", "d", "--no-save"]) == 0
     assert (calls[1]["tile"], calls[1]["tile_overlap"]) == (None, 0.2)
     assert "mAP: VOC AP@0.5, 2007 11-point" in capsys.readouterr().out
     image = tmp_path / "big.png"

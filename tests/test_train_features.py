@@ -15,6 +15,7 @@ from torch import nn
 
 import ssd
 from ssd.data.gate import load_training_data
+from ssd.data.records import DataError
 from ssd.data.synthetic import generate_synthetic
 from ssd.evaluation.evaluator import evaluate, split_loader
 from ssd.loss import MultiBoxLoss
@@ -211,10 +212,11 @@ def test_early_stopping_ends_the_run_says_why_and_resume_keeps_it_stopped(shapes
     assert len(resumed.history) == 3 and maps == [0.9]  # nothing trained or validated again
 
 
-def test_patience_without_a_validation_split_says_why(shapes, tmp_path):
+def test_patience_without_a_validation_split_says_how_to_get_one(shapes, tmp_path):
+    """Early stopping watches a held-out split: data without one is refused, naming the two ways to give one."""
     data = Path(shutil.copytree(shapes, tmp_path / "train_only"))
     (data / "ImageSets" / "Main" / "val.txt").unlink()
-    with pytest.raises(ConfigError, match=r"patience=3 is invalid: early stopping watches the mAP of a held-out "
-                                          r"split, but .*train_only has only a train split"):
+    with pytest.raises(DataError, match=r"train_only has no validation split, and training never scores on its own "
+                                        r"training images: name one .* or hold out part of train with --val-fraction"):
         train(data=str(data), epochs=2, patience=3, project=str(tmp_path / "runs"), **TINY)
     assert not (tmp_path / "runs").exists()

@@ -20,7 +20,7 @@ import secrets
 import stat
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, ClassVar, Literal
 
 __all__ = ["OutputError", "check_output", "check_outputs", "atomic_write", "write_text", "write_bytes", "is_temporary",
            "remove_stale_temporaries", "describe_os_error", "make_run_dir", "DirectoryLock", "LOCK_FILE"]
@@ -229,31 +229,45 @@ class DirectoryLock:
     """An exclusive lock on a folder that one process writes into (a training run directory), held until
     :meth:`release`: a second run into the same folder (``--exist-ok``) is refused instead of mixing its files.
 
-    The lock is ``fcntl.flock`` on :data:`LOCK_FILE` inside the folder, so the system drops it when the holder dies
-    (a killed run never leaves the folder locked).
+    The lock is a POSIX record lock (``fcntl.lockf``) on :data:`LOCK_FILE` inside the folder: the system drops it
+    when the holder dies (a killed run never leaves the folder locked), and, unlike ``flock``, the holder's forked
+    children (data-loader workers still shutting down) do not keep it. Record locks do not exclude the holder itself,
+    so the folders this process holds are also remembered here.
 
     Raises:
         OutputError: the folder is locked by another process (or another open lock in this one).
     """
 
+    _held: ClassVar[set[str]] = set()
+
     def __init__(self, directory: str | os.PathLike, *, what: str = "run directory") -> None:
         import fcntl
 
         self.path = Path(directory) / LOCK_FILE
+        self._key: str | None = None
+        self._fd: int | None = None
+        key = os.path.realpath(self.path)
+        if key in DirectoryLock._held:
+            raise self._in_use(directory, what)
         try:
-            self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as error:
             raise OutputError(describe_os_error(error, self.path, action="locking")) from error
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self._fd)
-            self._fd = None
-            raise OutputError(f"{what} {directory} is in use by another run (it holds {self.path}); wait for it to "
-                              "finish or choose another --name") from None
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # EACCES or EAGAIN: another process holds it
+            os.close(fd)
+            raise self._in_use(directory, what) from None
+        self._fd, self._key = fd, key
+        DirectoryLock._held.add(key)
+
+    def _in_use(self, directory: str | os.PathLike, what: str) -> OutputError:
+        return OutputError(f"{what} {directory} is in use by another run (it holds {self.path}); wait for it to "
+                           "finish or choose another --name")
 
     def release(self) -> None:
         """Give the lock up (the lock file stays, unlocked); calling it again does nothing."""
         if self._fd is not None:
-            os.close(self._fd)  # closing the descriptor releases the flock
-            self._fd = None
+            os.close(self._fd)  # closing the descriptor releases the record lock
+            DirectoryLock._held.discard(self._key)
+            self._fd = self._key = None
