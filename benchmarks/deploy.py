@@ -31,12 +31,12 @@ SHARED = Path(os.environ.get("SSD_SHARED_DATA", REPO.parent / "shared" / "data")
 
 
 def markdown(rows) -> str:
-    head = "| format | status | size MB | mAP50 | mAP50-95 | change vs eager | ms/img p50 | p90 | img/s |"
-    lines = [head, "|" + "---|" * 9]
+    head = "| format | status | size MB | mAP50 | mAP50-95 | change vs eager | ms/img p50 | p90 | img/s | network ms |"
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         cells = [r.format, r.status, r.size_mb, r.map50, r.map,
                  None if r.change_vs_eager is None else f"{r.change_vs_eager:+.2f}", r.p50_ms, r.p90_ms,
-                 r.images_per_s]
+                 r.images_per_s, r.network_ms]
         lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -51,7 +51,7 @@ def remedies(fp32: Path, data: Path, out: Path, calib: int) -> list[str]:
                 f"{min(32, calib)} calibration images": ([], min(32, calib))}
     backend = OnnxBackend(fp32)
     decoded = [read_image(r.path) for r in load_dataset(data).records("val")[:16]]
-    lines = ["| ONNX Runtime variant | size MB | mAP50 | ms/img p50 (timed side by side) |", "|---|---|---|---|"]
+    lines = ["| ONNX Runtime variant | size MB | mAP50 | ms/img p50 | network ms |", "|---|---|---|---|---|"]
     rows = [("FP32 (reference)", fp32)]
     for index, (name, (exclude, count)) in enumerate(variants.items()):
         path = out / f"remedy_{index}.int8.onnx"
@@ -60,8 +60,8 @@ def remedies(fp32: Path, data: Path, out: Path, calib: int) -> list[str]:
     for name, path in rows:
         variant = OnnxBackend(path)
         score = evaluate(variant, data, metric="coco", device="cpu", skip_invalid=True)["AP50"] * 100
-        p50 = time_backend(variant, decoded, 1, 60, 5)[0]
-        lines.append(f"| {name} | {path.stat().st_size / 1e6:.3f} | {score:.2f} | {p50:.2f} |")
+        p50, _, _, network = time_backend(variant, decoded, 1, 60, 5)
+        lines.append(f"| {name} | {path.stat().st_size / 1e6:.3f} | {score:.2f} | {p50:.2f} | {network:.2f} |")
     return lines
 
 
