@@ -1,1 +1,2 @@
-"""Export: ONNX and TorchScript artifacts and the parity check against PyTorch."""
+"""Export: ONNX (FP32, INT8), OpenVINO and TorchScript artifacts (``formats.export``), the parity check against
+PyTorch, and ``ssd benchmark`` over every format."""

@@ -7,7 +7,8 @@ from :func:`ssd.evaluation.evaluator.evaluate` (COCO metric: mAP50 and mAP50-95,
 :data:`ssd.settings.EVALUATE`); ``change vs eager`` is the mAP50 difference to the PyTorch row in points. Timing runs
 the whole pipeline (:meth:`ssd.inference.pipeline.Detector.detect`: preprocessing, network, post-processing) on
 decoded val images after a warm-up: p50 / p90 milliseconds per image at batch 1, images per second at the largest
-batch size.
+batch size; ``network ms`` is the network's own p50 at batch 1 (the rest of a pipeline's time is pre- and
+post-processing, the same code for every runtime).
 """
 
 from __future__ import annotations
@@ -98,6 +99,7 @@ class BenchmarkRow:
     p50_ms: float | None = None
     p90_ms: float | None = None
     images_per_s: float | None = None
+    network_ms: float | None = None
 
 
 def parse_formats(text: str | Sequence[str] | None) -> list[str]:
@@ -117,9 +119,21 @@ def _size_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in files) / 1e6
 
 
+def _network_p50(backend: Backend, batch: torch.Tensor, runs: int) -> float:
+    """Median ms of the network alone (with in-graph NMS for such graphs) on one preprocessed ``batch``."""
+    options = PREDICT.as_kwargs()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        backend.nms_detections(batch, **options) if backend.nms else backend(batch)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)) * 1000
+
+
 def time_backend(backend: Backend, images: list[torch.Tensor], batch_size: int, runs: int, warmup: int
-          ) -> tuple[float, float, float]:
-    """``(p50 ms, p90 ms)`` per image at batch 1 over ``runs`` images, and images/s at ``batch_size``."""
+                 ) -> tuple[float, float, float, float]:
+    """``(p50 ms, p90 ms)`` per image at batch 1 over ``runs`` images (the whole pipeline), images/s at
+    ``batch_size``, and the network's own p50 ms at batch 1 (the rest is pre- and post-processing)."""
     detector, options = Detector(backend), PREDICT.as_kwargs()
     for image in images[:warmup]:
         detector.detect([image], **options)
@@ -129,8 +143,9 @@ def time_backend(backend: Backend, images: list[torch.Tensor], batch_size: int, 
         detector.detect([images[i % len(images)]], **options)
         times.append(time.perf_counter() - start)
     p50, p90 = (float(v) * 1000 for v in np.percentile(times, [50, 90]))
+    network = _network_p50(backend, detector.preprocess(images[:1])[0], runs)
     if batch_size == 1:
-        return p50, p90, 1000 / p50
+        return p50, p90, 1000 / p50, network
     batch = (images * math.ceil(batch_size / len(images)))[:batch_size]
     detector.detect(batch, **options)  # warm-up at this batch size
     spans = []
@@ -138,7 +153,7 @@ def time_backend(backend: Backend, images: list[torch.Tensor], batch_size: int, 
         start = time.perf_counter()
         detector.detect(batch, **options)
         spans.append(time.perf_counter() - start)
-    return p50, p90, batch_size / float(np.median(spans))
+    return p50, p90, batch_size / float(np.median(spans)), network
 
 
 def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *, formats: Sequence[str] | None = None,
@@ -181,7 +196,7 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
             backend = opener(artifact, device)
             result = evaluate(backend, data, metric="coco", device=device, skip_invalid=skip_invalid)
             row.map50, row.map = round(100 * result["AP50"], 2), round(100 * result["AP"], 2)
-            row.p50_ms, row.p90_ms, row.images_per_s = (round(v, 2) for v in time_backend(
+            row.p50_ms, row.p90_ms, row.images_per_s, row.network_ms = (round(v, 2) for v in time_backend(
                 backend, images, max(batch_sizes), runs, warmup))
         except (ValueError, OSError, RuntimeError) as e:
             row.status, row.reason = VALIDATION_FAILED, _reason(e)
@@ -208,7 +223,8 @@ def _write(rows: list[BenchmarkRow], out_dir: Path) -> None:
     write_text(out_dir / "benchmark.txt", format_benchmark(rows) + "\n")
 
 
-HEADER = ("format", "status", "size MB", "mAP50", "mAP50-95", "change vs eager", "ms/img p50", "p90", "img/s")
+HEADER = ("format", "status", "size MB", "mAP50", "mAP50-95", "change vs eager", "ms/img p50", "p90", "img/s",
+          "network ms")
 
 
 def format_benchmark(rows: Sequence[BenchmarkRow]) -> str:
@@ -219,7 +235,7 @@ def format_benchmark(rows: Sequence[BenchmarkRow]) -> str:
     lines = render_table(HEADER, [
         (r.format, r.status, cell(r.size_mb), cell(r.map50), cell(r.map),
          "-" if r.change_vs_eager is None else f"{r.change_vs_eager:+.2f}", cell(r.p50_ms), cell(r.p90_ms),
-         cell(r.images_per_s)) for r in rows])
+         cell(r.images_per_s), cell(r.network_ms)) for r in rows])
     lines += [f"{r.format}: {r.reason}" for r in rows if r.reason]
     return "\n".join(lines)
 

@@ -190,8 +190,8 @@ class OnnxBackend:
     """A model written by ``ssd export`` (see :mod:`ssd.export.onnx`), run with ONNX Runtime.
 
     Its metadata is validated at load (every key present and well formed, class count and input size agreeing with
-    the graph, the graph checksum when stored). Tensors go in and come out on the CPU (``device``); the session
-    runs on CUDA when ``device`` is a CUDA device and ONNX Runtime has the CUDA provider.
+    the graph, the graph checksum, which must be present). Tensors go in and come out on the CPU (``device``); the
+    session runs on CUDA when ``device`` is a CUDA device and ONNX Runtime has the CUDA provider.
     """
 
     name = "onnx"
