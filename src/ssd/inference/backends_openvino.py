@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -15,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from ssd._utils import require
 from ssd.inference.backends import OnnxBackend, OnnxModelError
 
 __all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "require_openvino",
@@ -26,17 +26,11 @@ OPENVINO_PRECISIONS = ("f32", "bf16")
 
 
 def require_openvino(nncf: bool = False):
-    """The ``openvino`` module (and NNCF importable, with ``nncf``), or a ``ValueError`` naming the extra to
-    install."""
-    try:
-        import openvino
-
-        if nncf:
-            importlib.import_module("nncf")
-    except ImportError as e:
-        raise ValueError(f"{e.name} is not installed (OpenVINO export and inference): "
-                         "pip install 'ssd-detect[openvino]'") from None
-    return openvino
+    """The ``openvino`` module (and NNCF, with ``nncf``), or :class:`ssd._utils.MissingDependencyError` naming the
+    extra to install."""
+    if nncf:
+        require("nncf", "openvino", "OpenVINO INT8 export")
+    return require("openvino", "openvino", "OpenVINO export and inference")
 
 
 def file_digest(path: Path) -> str:
