@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ssd._utils import MissingDependencyError, require
 from ssd.data.images import read_image
 from ssd.files import atomic_write, write_text
 from ssd.plots import RESULTS_COLUMNS, draw_detections, plot_label_stats, plot_pr_curves, plot_results, save_image
@@ -58,13 +59,12 @@ class TensorBoardLogger(Callback):
         self.writer = None
 
     def on_train_start(self, trainer: Trainer) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter  # heavy, and an optional extra
-        except ImportError:
-            trainer.log("tensorboard is not installed: no TensorBoard scalars for this run "
-                        "(pip install ssd-detect[tensorboard])")
+        try:  # heavy, and an optional extra
+            tensorboard = require("torch.utils.tensorboard", "tensorboard", "TensorBoard logging")
+        except MissingDependencyError as missing:
+            trainer.log(f"{missing} (this run goes on without TensorBoard scalars)")
             return
-        self.writer = SummaryWriter(str(trainer.run_dir))
+        self.writer = tensorboard.SummaryWriter(str(trainer.run_dir))
 
     def on_epoch_end(self, trainer: Trainer, row: dict[str, Any]) -> None:
         if self.writer is None:
