@@ -2,10 +2,13 @@
 missing final newline, COCO boxes written as xyxy, and folder sources with subfolders."""
 
 import json
+from pathlib import Path
 
 from PIL import Image
 
 from conftest import biased_model
+from ssd.cli import main
+from ssd.data.check import check_dataset
 from ssd.inference.pipeline import load
 from ssd.inference.sources import predict_source
 from ssd.weights.checkpoint import save_checkpoint
@@ -33,3 +36,33 @@ def test_folder_source_reads_its_subfolders_sorted_and_mirrors_them(tmp_path):
     assert drawn == ["a/deeper/y.jpg", "a/x.png", "b.png", "c/z.png"]
     assert [name for name, _ in summary.skipped] == [str(source / "a" / "loop1.png"), str(source / "a" / "loop2.png")]
     assert all("symbolic links" in reason for _, reason in summary.skipped)
+
+
+def yolo_folder(root, labels: dict[str, str]):
+    """``root/images/<stem>.jpg`` (64 x 48) and ``root/labels/<stem>.txt`` holding the given text, one class."""
+    for stem, text in labels.items():
+        save_image(root / "images" / f"{stem}.jpg")
+        (root / "labels").mkdir(parents=True, exist_ok=True)
+        (root / "labels" / f"{stem}.txt").write_text(text)
+    (root / "classes.txt").write_text("cat\n")
+    return root
+
+
+def test_unreadable_labels_folder_is_one_error_naming_it(tmp_path, monkeypatch, capsys):
+    root = yolo_folder(tmp_path / "d", {"a": "0 0.5 0.5 0.2 0.2\n", "b": "0 0.5 0.5 0.2 0.2\n"})
+    is_file = Path.is_file
+
+    def denied(path):  # what stat says under a chmod 000 folder (tests run as root, who may read it anyway)
+        if path.parent.name == "labels":
+            raise PermissionError(13, "Permission denied", str(path))
+        return is_file(path)
+
+    monkeypatch.setattr(Path, "is_file", denied)
+    report = check_dataset(root)
+    assert [(i.code, i.message) for i in report.errors] == [
+        *[("unreadable_folder", f"images/{stem}.jpg: its label file labels/{stem}.txt cannot be read: the folder "
+           f"labels is not readable (permission denied; give read access: chmod u+rx {root / 'labels'})")
+          for stem in "ab"],
+        ("no_valid_images", f"split 'train' ({root}): none of its 2 images could be read (see the errors about them)")]
+    assert main(["check", str(root)]) == 1
+    assert "the folder labels is not readable (permission denied" in capsys.readouterr().out

@@ -155,11 +155,17 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
         rel_lbl = relative_path(lbl, root)
         try:
             width, height = read_image_size(image)
+            has_label = lbl.is_file()
         except ImageError as e:
             issues.append(Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=image))
             continue
+        except PermissionError:  # a labels/ folder without read access: the objects are unknown, not absent
+            issues.append(Issue("error", "unreadable_folder", f"{rel}: its label file {rel_lbl} cannot be read: the "
+                                f"folder {relative_path(lbl.parent, root)} is not readable (permission denied; give "
+                                f"read access: chmod u+rx {lbl.parent})", rel_lbl, split=split, image=image))
+            continue
         objects: list[ObjectRecord] = []
-        if lbl.is_file():
+        if has_label:
             objects, found = parse_label_file(lbl, rel_lbl, width, height, class_names)
             for issue in found:
                 issue.split, issue.image = split, image
@@ -167,7 +173,7 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
         else:
             issues.append(Issue("warning", "missing_label_file", f"{rel}: no label file {rel_lbl}; "
                                 "read as an image without objects", rel_lbl, split=split, image=image))
-        records.append(ImageRecord(image, lbl if lbl.is_file() else None, objects, width, height, image.stem))
+        records.append(ImageRecord(image, lbl if has_label else None, objects, width, height, image.stem))
     expected = {label_path(image) for image in images}
     for folder in sorted({p.parent for p in expected if p.parent.is_dir() and p.parent not in
                           {i.parent for i in images}}):  # a labels/ folder of its own: its .txt are all labels
