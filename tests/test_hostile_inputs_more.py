@@ -4,11 +4,14 @@ missing final newline, COCO boxes written as xyxy, and folder sources with subfo
 import json
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from conftest import biased_model
 from ssd.cli import main
 from ssd.data.check import check_dataset
+from ssd.data.load import load_dataset
+from ssd.data.yolo import GLUED_HINT
 from ssd.inference.pipeline import load
 from ssd.inference.sources import predict_source
 from ssd.weights.checkpoint import save_checkpoint
@@ -66,3 +69,28 @@ def test_unreadable_labels_folder_is_one_error_naming_it(tmp_path, monkeypatch, 
         ("no_valid_images", f"split 'train' ({root}): none of its 2 images could be read (see the errors about them)")]
     assert main(["check", str(root)]) == 1
     assert "the folder labels is not readable (permission denied" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, values", [
+    ("0 0.5 0.5 0.2 0.2" + "0 0.3 0.3 0.1 0.1\n", 9),  # one class: the 0 glued to the h before it
+    ("0 0.500 0.500 0.200 0.200" + "1 0.300 0.300 0.100 0.100" + "0 0.7 0.7 0.1 0.1\n", 13),
+    ("0 0.5 0.5 0.2 0.2" + "0 0.1 0.1 0.2 0.1 0.3 0.3\n", 11),  # a box run into a polygon
+    ("0 0.5 0.5 0.2 0.2" + "0 0.1 0.1 0.2\n", 8),  # into a short line: an even count
+])
+def test_yolo_lines_run_together_by_a_missing_newline_are_malformed_with_the_hint(tmp_path, text, values):
+    root = yolo_folder(tmp_path / "d", {"a": "0 0.4 0.4 0.1 0.1\n" + text,
+                                        "b": "0 0.5 0.5 0.2 0.2\n1 0.3 0.3 0.1 0.1\n"})
+    (root / "classes.txt").write_text("cat\ndog\n")
+    errors = check_dataset(root).errors
+    assert [(e.code, e.file, e.line) for e in errors] == [("parse_error", "labels/a.txt", 2)]
+    assert errors[0].message == (f"labels/a.txt:2: {text.strip()!r} has {values} values (YOLO lines are 'class cx cy "
+                                 f"w h' with an integer class and normalized coordinates) {GLUED_HINT}")
+    assert GLUED_HINT.startswith("(two lines run together? a label file missing its final newline")
+
+
+def test_yolo_four_point_polygon_is_still_read_as_its_bounding_box(tmp_path):
+    root = yolo_folder(tmp_path / "d", {"a": "0 0.25 0.25 0.75 0.25 0.75 0.75 0.25 0.75\n"})
+    report = check_dataset(root)
+    assert report.errors == []
+    [record] = load_dataset(root).records("train")
+    assert [o.box for o in record.objects] == [(16.0, 12.0, 48.0, 36.0)]

@@ -14,6 +14,7 @@ Paths are made absolute without resolving symbolic links: labels are looked up b
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import yaml
@@ -97,6 +98,24 @@ def _images(entries, root: Path, source: Path, split: str) -> list[Path]:
     return images
 
 
+GLUED_HINT = ("(two lines run together? a label file missing its final newline, then appended to, joins its last "
+              "line to the next: put each box on a line of its own)")
+
+
+def _decimals(token: str) -> int:
+    return len(token.partition(".")[2])
+
+
+def _glued(tokens: list[str], num_classes: int) -> bool:
+    """Whether a polygon line is a box line run into the next line: its ``h`` followed by the next class
+    (``0.2`` + ``0`` -> ``0.20``) has more decimals than the values mostly have, the extra digits a class id."""
+    if len(tokens) < 9 or any(c in t for t in tokens for c in "eE") or "." not in tokens[4]:
+        return False
+    places = Counter(_decimals(t) for i, t in enumerate(tokens[1:], start=1) if i != 4).most_common(1)[0][0]
+    extra = _decimals(tokens[4]) - places
+    return extra > 0 and (not num_classes or int(tokens[4][-extra:]) < num_classes)
+
+
 def parse_label_file(path: Path, rel: str, width: int, height: int, class_names: list[str]):
     """Objects of one label file (pixel xyxy) and the parse problems found (file:line, the bad text, the rule)."""
     objects, issues = [], []
@@ -110,9 +129,10 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
             continue
         where = f"{rel}:{number}"
         rule = "(YOLO lines are 'class cx cy w h' with an integer class and normalized coordinates)"
-        if len(tokens) < 5 or (len(tokens) > 5 and len(tokens) % 2 == 0):
-            issues.append(Issue("error", "parse_error", f"{where}: {line.strip()!r} has {len(tokens)} values {rule}",
-                                rel, number))
+        if len(tokens) < 5 or (len(tokens) > 5 and len(tokens) % 2 == 0) or _glued(tokens, len(class_names)):
+            hint = f" {GLUED_HINT}" if len(tokens) > 5 else ""
+            issues.append(Issue("error", "parse_error", f"{where}: {line.strip()!r} has {len(tokens)} values {rule}"
+                                f"{hint}", rel, number))
             continue
         try:
             cls_f = float(tokens[0])
