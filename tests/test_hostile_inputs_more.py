@@ -94,3 +94,19 @@ def test_yolo_four_point_polygon_is_still_read_as_its_bounding_box(tmp_path):
     assert report.errors == []
     [record] = load_dataset(root).records("train")
     assert [o.box for o in record.objects] == [(16.0, 12.0, 48.0, 36.0)]
+
+
+def test_coco_bbox_written_as_xyxy_is_an_error_unless_it_fits_as_xywh(tmp_path, capsys):
+    save_image(tmp_path / "images" / "a.jpg", (100, 80))
+    annotations = [{"id": 7, "image_id": 1, "category_id": 3, "bbox": [40, 30, 90, 70]},  # x + w = 130 > 100
+                   {"id": 8, "image_id": 1, "category_id": 3, "bbox": [10, 10, 50, 40]}]  # fits either way: xywh
+    data = {"images": [{"id": 1, "file_name": "a.jpg", "width": 100, "height": 80}], "annotations": annotations,
+            "categories": [{"id": 3, "name": "cat"}]}
+    (tmp_path / "instances_train.json").write_text(json.dumps(data))
+    report = check_dataset(tmp_path / "instances_train.json")
+    assert [(e.code, e.line, e.message) for e in report.errors][:1] == [(
+        "parse_error", 7, "instances_train.json annotation id 7: bbox [40, 30, 90, 70] passes the 100x80 image as "
+        "[x, y, width, height] but fits it as [x1, y1, x2, y2]; COCO bboxes are [x, y, width, height] (write width = "
+        "x2 - x1, height = y2 - y1)")]
+    assert main(["check", str(tmp_path / "instances_train.json")]) == 1
+    assert "annotation id 7: bbox [40, 30, 90, 70] passes the 100x80 image" in capsys.readouterr().out
