@@ -110,3 +110,24 @@ def test_coco_bbox_written_as_xyxy_is_an_error_unless_it_fits_as_xywh(tmp_path, 
         "x2 - x1, height = y2 - y1)")]
     assert main(["check", str(tmp_path / "instances_train.json")]) == 1
     assert "annotation id 7: bbox [40, 30, 90, 70] passes the 100x80 image" in capsys.readouterr().out
+
+
+def test_voc_files_in_a_symlink_loop_are_listed_not_dropped(tmp_path):
+    for stem in ["a", "b"]:
+        save_image(tmp_path / f"{stem}.jpg")
+        (tmp_path / f"{stem}.xml").write_text(
+            f"<annotation><filename>{stem}.jpg</filename><size><width>64</width><height>48</height></size><object>"
+            "<name>cat</name><bndbox><xmin>10</xmin><ymin>10</ymin><xmax>30</xmax><ymax>30</ymax></bndbox></object>"
+            "</annotation>")
+    (tmp_path / "l1.xml").symlink_to("l2.xml")
+    (tmp_path / "l2.xml").symlink_to("l1.xml")
+    (tmp_path / "gone.xml").symlink_to("missing.xml")
+    (tmp_path / "b.jpg").unlink()
+    (tmp_path / "b.jpg").symlink_to("b.jpg")
+    report = check_dataset(tmp_path)
+    assert [(e.code, e.message) for e in report.errors] == [
+        ("broken_link", "b.jpg: is a symbolic link in a loop, so it cannot be read"),
+        ("broken_link", "gone.xml: is a symbolic link to missing.xml, which does not exist, so it cannot be read"),
+        ("broken_link", "l1.xml: is a symbolic link in a loop, so it cannot be read"),
+        ("broken_link", "l2.xml: is a symbolic link in a loop, so it cannot be read")]
+    assert report.stats["train"]["images"] == 1
