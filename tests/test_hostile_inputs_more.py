@@ -131,3 +131,12 @@ def test_voc_files_in_a_symlink_loop_are_listed_not_dropped(tmp_path):
         ("broken_link", "l1.xml: is a symbolic link in a loop, so it cannot be read"),
         ("broken_link", "l2.xml: is a symbolic link in a loop, so it cannot be read")]
     assert report.stats["train"]["images"] == 1
+
+
+def test_yolo_images_in_a_symlink_loop_are_listed_not_dropped(tmp_path):
+    root = yolo_folder(tmp_path / "d", {"a": "0 0.5 0.5 0.2 0.2\n"})
+    (root / "images" / "l1.jpg").symlink_to("l2.jpg")
+    (root / "images" / "l2.jpg").symlink_to("l1.jpg")
+    assert [(e.code, e.message) for e in check_dataset(root).errors] == [
+        ("broken_link", f"images/{name}: is a symbolic link in a loop, so it cannot be read") for name in
+        ["l1.jpg", "l2.jpg"]]

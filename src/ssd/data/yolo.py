@@ -21,7 +21,7 @@ import yaml
 
 from ssd._utils import few
 from ssd.data.images import ImageError, is_image, read_image_size
-from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
+from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
 from ssd.data.voc import read_class_file, read_lines
 from ssd.limits import value_text
 from ssd.yamlfile import safe_load
@@ -173,6 +173,10 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
         rel = relative_path(image, root)
         lbl = label_path(image)
         rel_lbl = relative_path(lbl, root)
+        if why := broken_link(image):
+            issues.append(Issue("error", "broken_link", f"{rel}: {why}, so it cannot be read", rel, split=split,
+                                image=image))
+            continue
         try:
             width, height = read_image_size(image)
             has_label = lbl.is_file()
