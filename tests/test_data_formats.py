@@ -293,18 +293,21 @@ def test_coco_annotation_defects_name_file_and_annotation(tmp_path):
                                                                                 ("non_finite", 15)]
 
 
-def test_coco_xyxy_bbox_gets_a_hint_and_listed_size_is_compared(tmp_path):
+def test_coco_xyxy_bbox_is_an_error_and_listed_size_is_compared(tmp_path):
     anns = [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [30, 20, 60, 40]},  # xyxy: fits; xywh: past the edge
             {"id": 2, "image_id": 1, "category_id": 1, "bbox": [50, 20, 30, 10]}]  # x2 < x: plain xywh overflow
     images = [{"id": 1, "file_name": "1.jpg", "width": 64, "height": 48},
               {"id": 2, "file_name": "2.jpg", "width": 640, "height": 480}]
     spec = read_coco(_coco(tmp_path, annotations=anns, images=images))
-    (size,) = spec.issues
+    size, xyxy = spec.issues
     assert size.code == "size_mismatch" and size.severity == "warning"
     assert "image id 2: listed as 640x480 but 2.jpg is 64x48" in size.message
-    first, second = (i for i in check_dataset(spec, decode_images=False).issues if i.line in (1, 2))
-    assert "looks like [x1, y1, x2, y2]; COCO bboxes are [x, y, width, height]" in first.message
-    assert "looks like" not in second.message
+    assert (xyxy.severity, xyxy.code, xyxy.line) == ("error", "parse_error", 1)
+    assert xyxy.message.endswith("annotation id 1: bbox [30, 20, 60, 40] passes the 64x48 image as [x, y, width, "
+                                 "height] but fits it as [x1, y1, x2, y2]; COCO bboxes are [x, y, width, height] "
+                                 "(write width = x2 - x1, height = y2 - y1)")
+    [record] = (r for r in spec.records("train") if r.image_id == 1)
+    assert [o.line for o in record.objects] == [2]  # the plain overflow stays a box for check's border rule
 
 
 # --- YOLO layouts and label lines ------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def _add_predict_parser(sub) -> None:
     p.add_argument("--weights", required=True, type=Path,
                    help="checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml or its folder, "
                         ".torchscript")
-    p.add_argument("--source", required=True, help="image, folder, glob or video file")
+    p.add_argument("--source", required=True, help="image, folder (subfolders included), glob or video file")
     add_threshold_options(p, PREDICT, "")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")

@@ -3,7 +3,7 @@
 Categories are mapped to contiguous labels ``0..K-1`` in ascending category id, names kept; the ids themselves are
 kept in ``DatasetSpec.category_ids`` (label ``k`` is category ``category_ids[k]``) so results can be written in the
 dataset's own ids. ``bbox`` is ``[x, y, w, h]`` in pixels, converted to ``xyxy``; a bbox that only fits the image
-when read as ``[x1, y1, x2, y2]`` carries that hint into every message about it. ``iscrowd`` annotations are kept as
+when read as ``[x1, y1, x2, y2]`` is an error (never clipped and trained on). ``iscrowd`` annotations are kept as
 ignore regions (``ObjectRecord.iscrowd``): never trained on, ignored in evaluation. Image files are looked up
 relative to the JSON's folder, its ``images/`` subfolder, or ``../images`` (the usual ``annotations/`` + ``images/``
 layout), or ``image_root`` when given.
@@ -26,7 +26,7 @@ from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectR
 
 __all__ = ["read_coco", "split_name"]
 
-_TOLERANCE = 1.0  # pixels a box may pass the border before the xyxy hint is considered (as check's border rule)
+_TOLERANCE = 1.0  # pixels a box may pass the border before it is taken for xyxy (as check's border rule)
 
 
 _SPLIT_WORDS = {"val": "val", "valid": "val", "validation": "val", "test": "test", "train": "train"}
@@ -132,17 +132,20 @@ def _images(data: dict, json_path: Path, image_root: Path | None, split: str,
     return records
 
 
-def _bbox(bbox, width: int, height: int) -> tuple[tuple[float, float, float, float], str] | None:
-    """``(xyxy box, raw text)`` of a ``[x, y, w, h]`` bbox (None when it is not four numbers)."""
+def _bbox(bbox) -> tuple[float, float, float, float] | None:
+    """The xyxy box of a ``[x, y, w, h]`` bbox (None when it is not four numbers)."""
     if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                             for v in bbox)):
         return None
     x, y, w, h = (_float(v) for v in bbox)
-    raw = f"bbox {bbox}"
-    tol = _TOLERANCE
-    if (x + w > width + tol or y + h > height + tol) and x < w <= width + tol and y < h <= height + tol:
-        raw += " - it looks like [x1, y1, x2, y2]; COCO bboxes are [x, y, width, height]"
-    return (x, y, x + w, y + h), raw
+    return x, y, x + w, y + h
+
+
+def _looks_xyxy(box: tuple[float, float, float, float], width: int, height: int) -> bool:
+    """Whether a box passes the image as ``[x, y, w, h]`` but fits it read as ``[x1, y1, x2, y2]``."""
+    x, y, x2, y2 = box
+    w, h, tol = x2 - x, y2 - y, _TOLERANCE
+    return (x2 > width + tol or y2 > height + tol) and x < w <= width + tol and y < h <= height + tol
 
 
 def _float(value: int | float) -> float:
@@ -168,8 +171,11 @@ def _add_objects(data: dict, json_path: Path, records: dict, label_of: dict[int,
                 issues.append(Issue("error", "parse_error", f"{where}: image_id {image_id!r:.60} is not in 'images'",
                                     rel, line, split=split))
             continue
-        parsed = _bbox(ann.get("bbox"), rec.width, rec.height)
+        parsed = _bbox(ann.get("bbox"))
         problem = (f"bbox {ann.get('bbox')!r:.80} is not [x, y, w, h] numbers" if parsed is None else
+                   f"bbox {ann['bbox']} passes the {rec.width}x{rec.height} image as [x, y, width, height] but fits "
+                   "it as [x1, y1, x2, y2]; COCO bboxes are [x, y, width, height] (write width = x2 - x1, height = "
+                   "y2 - y1)" if _looks_xyxy(parsed, rec.width, rec.height) else
                    f"id {ann_id!r:.60} is not an integer" if not _is_int(ann_id) else
                    f"iscrowd {ann.get('iscrowd')!r:.60} is not 0 or 1" if ann.get("iscrowd", 0) not in (0, 1) else None)
         if not problem and ann_id in seen:
@@ -182,8 +188,8 @@ def _add_objects(data: dict, json_path: Path, records: dict, label_of: dict[int,
         cat = ann.get("category_id")
         label = label_of.get(cat, -1) if _is_int(cat) else -1
         name = names[label] if label >= 0 else f"category {cat!r:.40}"
-        rec.objects.append(ObjectRecord(parsed[0], label, name, iscrowd=bool(ann.get("iscrowd", 0)), line=ann_id,
-                                        source=json_path, where=where, raw=parsed[1]))
+        rec.objects.append(ObjectRecord(parsed, label, name, iscrowd=bool(ann.get("iscrowd", 0)), line=ann_id,
+                                        source=json_path, where=where, raw=f"bbox {ann['bbox']}"))
 
 
 def read_coco(json_path: Path, image_root: Path | None = None, split: str | None = None) -> DatasetSpec:

@@ -9,6 +9,8 @@ Parsers do not reject defective objects; they keep them (``label`` may be out of
 from __future__ import annotations
 
 import dataclasses
+import errno
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,3 +140,14 @@ def relative_path(path: str | Path, root: Path) -> str:
         return str(Path(path).relative_to(root))
     except ValueError:
         return str(path)
+
+
+def broken_link(path: Path) -> str | None:
+    """Why ``path``, a symbolic link, leads to no file (a loop, or a missing target); None for anything else."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if path.is_symlink():
+            return ("is a symbolic link in a loop" if e.errno == errno.ELOOP else
+                    f"is a symbolic link to {os.readlink(path)}, which does not exist")
+    return None

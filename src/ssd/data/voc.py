@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ssd._utils import few
 from ssd.data.images import ImageError, is_image, read_image_size
-from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
+from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
 
 __all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "read_class_file", "xml_files", "CLASS_FILE"]
 
@@ -133,6 +133,12 @@ def _read_images(pairs: list[tuple[str, Path | None, Path]], root: Path, split: 
     records = []
     for image_id, image_path, xml_path in pairs:
         rel_xml = relative_path(xml_path, root)
+        link = next(((p, why) for p in (xml_path, image_path) if p is not None and (why := broken_link(p))), None)
+        if link:
+            rel = relative_path(link[0], root)
+            issues.append(Issue("error", "broken_link", f"{rel}: {link[1]}, so it cannot be read", rel, split=split,
+                                image=image_path))
+            continue
         if image_path is None or not image_path.is_file():
             issues.append(Issue("error", "missing_image", f"{rel_xml}: no image found for id {image_id!r}", rel_xml,
                                 split=split))
@@ -168,7 +174,7 @@ def read_class_file(path: Path) -> list[str]:
 
 def xml_files(folder: Path) -> list[Path]:
     """The VOC XML files directly in ``folder``, sorted; the suffix in any case (``a.XML`` too)."""
-    return sorted(p for p in folder.iterdir() if p.suffix.lower() == ".xml" and p.is_file())
+    return sorted(p for p in folder.iterdir() if p.suffix.lower() == ".xml" and not p.is_dir())  # links in a loop too
 
 
 def _images_by_stem(folder: Path, root: Path, split: str, issues: list[Issue]) -> dict[str, Path]:

@@ -14,13 +14,14 @@ Paths are made absolute without resolving symbolic links: labels are looked up b
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import yaml
 
 from ssd._utils import few
 from ssd.data.images import ImageError, is_image, read_image_size
-from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
+from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
 from ssd.data.voc import read_class_file, read_lines
 from ssd.limits import value_text
 from ssd.yamlfile import safe_load
@@ -97,6 +98,24 @@ def _images(entries, root: Path, source: Path, split: str) -> list[Path]:
     return images
 
 
+GLUED_HINT = ("(two lines run together? a label file missing its final newline, then appended to, joins its last "
+              "line to the next: put each box on a line of its own)")
+
+
+def _decimals(token: str) -> int:
+    return len(token.partition(".")[2])
+
+
+def _glued(tokens: list[str], num_classes: int) -> bool:
+    """Whether a polygon line is a box line run into the next line: its ``h`` followed by the next class
+    (``0.2`` + ``0`` -> ``0.20``) has more decimals than the values mostly have, the extra digits a class id."""
+    if len(tokens) < 9 or any(c in t for t in tokens for c in "eE") or "." not in tokens[4]:
+        return False
+    places = Counter(_decimals(t) for i, t in enumerate(tokens[1:], start=1) if i != 4).most_common(1)[0][0]
+    extra = _decimals(tokens[4]) - places
+    return extra > 0 and (not num_classes or int(tokens[4][-extra:]) < num_classes)
+
+
 def parse_label_file(path: Path, rel: str, width: int, height: int, class_names: list[str]):
     """Objects of one label file (pixel xyxy) and the parse problems found (file:line, the bad text, the rule)."""
     objects, issues = [], []
@@ -110,9 +129,10 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
             continue
         where = f"{rel}:{number}"
         rule = "(YOLO lines are 'class cx cy w h' with an integer class and normalized coordinates)"
-        if len(tokens) < 5 or (len(tokens) > 5 and len(tokens) % 2 == 0):
-            issues.append(Issue("error", "parse_error", f"{where}: {line.strip()!r} has {len(tokens)} values {rule}",
-                                rel, number))
+        if len(tokens) < 5 or (len(tokens) > 5 and len(tokens) % 2 == 0) or _glued(tokens, len(class_names)):
+            hint = f" {GLUED_HINT}" if len(tokens) > 5 else ""
+            issues.append(Issue("error", "parse_error", f"{where}: {line.strip()!r} has {len(tokens)} values {rule}"
+                                f"{hint}", rel, number))
             continue
         try:
             cls_f = float(tokens[0])
@@ -153,13 +173,23 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
         rel = relative_path(image, root)
         lbl = label_path(image)
         rel_lbl = relative_path(lbl, root)
+        if why := broken_link(image):
+            issues.append(Issue("error", "broken_link", f"{rel}: {why}, so it cannot be read", rel, split=split,
+                                image=image))
+            continue
         try:
             width, height = read_image_size(image)
+            has_label = lbl.is_file()
         except ImageError as e:
             issues.append(Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=image))
             continue
+        except PermissionError:  # a labels/ folder without read access: the objects are unknown, not absent
+            issues.append(Issue("error", "unreadable_folder", f"{rel}: its label file {rel_lbl} cannot be read: the "
+                                f"folder {relative_path(lbl.parent, root)} is not readable (permission denied; give "
+                                f"read access: chmod u+rx {lbl.parent})", rel_lbl, split=split, image=image))
+            continue
         objects: list[ObjectRecord] = []
-        if lbl.is_file():
+        if has_label:
             objects, found = parse_label_file(lbl, rel_lbl, width, height, class_names)
             for issue in found:
                 issue.split, issue.image = split, image
@@ -167,7 +197,7 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
         else:
             issues.append(Issue("warning", "missing_label_file", f"{rel}: no label file {rel_lbl}; "
                                 "read as an image without objects", rel_lbl, split=split, image=image))
-        records.append(ImageRecord(image, lbl if lbl.is_file() else None, objects, width, height, image.stem))
+        records.append(ImageRecord(image, lbl if has_label else None, objects, width, height, image.stem))
     expected = {label_path(image) for image in images}
     for folder in sorted({p.parent for p in expected if p.parent.is_dir() and p.parent not in
                           {i.parent for i in images}}):  # a labels/ folder of its own: its .txt are all labels

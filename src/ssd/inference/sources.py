@@ -67,10 +67,11 @@ def is_video(path: Path) -> bool:
 
 
 def resolve_source(source: str | Path) -> list[Path]:
-    """Files of a source: the file itself, a folder's images and videos (sorted), or a glob's files (sorted)."""
+    """Files of a source: the file itself, a folder's images and videos with its subfolders' (sorted), or a glob's
+    files (sorted). A link that leads nowhere (dangling, or a loop) is kept, so that reading it skips it by name."""
     path = Path(source)
     if path.is_dir():
-        files = sorted(f for f in path.iterdir() if f.is_file() and (is_image(f) or is_video(f)))
+        files = sorted(f for f in path.rglob("*") if (is_image(f) or is_video(f)) and not f.is_dir())
     elif path.is_file():
         return [path]
     elif glob.has_magic(str(source)):
