@@ -41,8 +41,10 @@ def test_benchmark_writes_a_row_per_format_with_its_status(tiny_checkpoint, synt
     assert rows["onnx"]["map50"] == pytest.approx(rows["pytorch"]["map50"], abs=0.01) and rows["onnx"]["map50"] > 0
     assert rows["onnx"]["change_vs_eager"] == pytest.approx(0.0, abs=0.01)
     assert rows["onnx"]["size_mb"] == pytest.approx((tmp_path / "exp" / "model.onnx").stat().st_size / 1e6, abs=1e-3)
-    assert all(rows[f][k] > 0 for f in ("pytorch", "onnx") for k in ("p50_ms", "p90_ms", "images_per_s", "network_ms"))
-    assert rows["onnx"]["network_ms"] < rows["onnx"]["p50_ms"]
+    stages = ("pre_ms", "network_ms", "post_ms")
+    assert all(rows[f][k] > 0 for f in ("pytorch", "onnx") for k in ("p50_ms", "p90_ms", "images_per_s", *stages))
+    assert all(rows[f][k] < rows[f]["p90_ms"] for f in ("pytorch", "onnx") for k in stages)
+    assert table[0][-6:] == ["pre", "ms", "network", "ms", "post", "ms"]
     assert rows["onnx-int8"]["map50"] is None and rows["opencv"]["size_mb"] == rows["onnx"]["size_mb"]
     assert "onnx-int8: calibration went wrong" in out and "opencv: cannot run model.onnx here" in out
     with open(tmp_path / "exp" / "benchmark.csv", newline="") as f:

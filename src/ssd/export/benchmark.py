@@ -4,11 +4,10 @@ Each row of :data:`RUNTIMES` is one runtime on one artifact (several runtimes sh
 ONNX Runtime FP32 file, OpenVINO bf16 the FP32 IR). Every artifact is written into the benchmark's own new folder.
 A row's status is ``ok``, ``exported but validation failed`` or ``export failed``, with the reason. Scores come
 from :func:`ssd.evaluation.evaluator.evaluate` (COCO metric: mAP50 and mAP50-95, thresholds
-:data:`ssd.settings.EVALUATE`); ``change vs eager`` is the mAP50 difference to the PyTorch row in points. Timing runs
-the whole pipeline (:meth:`ssd.inference.pipeline.Detector.detect`: preprocessing, network, post-processing) on
-decoded val images after a warm-up: p50 / p90 milliseconds per image at batch 1, images per second at the largest
-batch size; ``network ms`` is the network's own p50 at batch 1 (the rest of a pipeline's time is pre- and
-post-processing, the same code for every runtime).
+:data:`ssd.settings.EVALUATE`); ``change vs eager`` is the mAP50 difference to the PyTorch row in points. Timing
+(:mod:`ssd.export.timing`) runs the whole pipeline on decoded val images, the runtimes in turn call by call, after a
+warm-up: p50 / p90 milliseconds per image at batch 1 and the medians of its three stages (``pre ms``, ``network
+ms``, ``post ms``), images per second at the largest batch size.
 """
 
 from __future__ import annotations
@@ -16,14 +15,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
 from tqdm import tqdm
 
 from ssd._utils import did_you_mean, render_table
@@ -33,12 +28,11 @@ from ssd.data.load import load_dataset
 from ssd.evaluation.evaluator import evaluate
 from ssd.export.formats import export
 from ssd.export.quantize import CALIBRATION_IMAGES
+from ssd.export.timing import time_backends
 from ssd.files import write_text
-from ssd.inference.pipeline import Detector
 from ssd.inference.registry import Backend, open_backend
-from ssd.settings import PREDICT
 
-__all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "time_backend", "format_benchmark", "parse_formats",
+__all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "format_benchmark", "parse_formats",
            "below_floor"]
 
 OK, VALIDATION_FAILED, EXPORT_FAILED = "ok", "exported but validation failed", "export failed"
@@ -99,7 +93,9 @@ class BenchmarkRow:
     p50_ms: float | None = None
     p90_ms: float | None = None
     images_per_s: float | None = None
+    pre_ms: float | None = None
     network_ms: float | None = None
+    post_ms: float | None = None
 
 
 def parse_formats(text: str | Sequence[str] | None) -> list[str]:
@@ -117,43 +113,6 @@ def parse_formats(text: str | Sequence[str] | None) -> list[str]:
 def _size_mb(path: Path) -> float:
     files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
     return sum(p.stat().st_size for p in files) / 1e6
-
-
-def _network_p50(backend: Backend, batch: torch.Tensor, runs: int) -> float:
-    """Median ms of the network alone (with in-graph NMS for such graphs) on one preprocessed ``batch``."""
-    options = PREDICT.as_kwargs()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        backend.nms_detections(batch, **options) if backend.nms else backend(batch)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1000
-
-
-def time_backend(backend: Backend, images: list[torch.Tensor], batch_size: int, runs: int, warmup: int
-                 ) -> tuple[float, float, float, float]:
-    """``(p50 ms, p90 ms)`` per image at batch 1 over ``runs`` images (the whole pipeline), images/s at
-    ``batch_size``, and the network's own p50 ms at batch 1 (the rest is pre- and post-processing)."""
-    detector, options = Detector(backend), PREDICT.as_kwargs()
-    for image in images[:warmup]:
-        detector.detect([image], **options)
-    times = []
-    for i in range(runs):
-        start = time.perf_counter()
-        detector.detect([images[i % len(images)]], **options)
-        times.append(time.perf_counter() - start)
-    p50, p90 = (float(v) * 1000 for v in np.percentile(times, [50, 90]))
-    network = _network_p50(backend, detector.preprocess(images[:1])[0], runs)
-    if batch_size == 1:
-        return p50, p90, 1000 / p50, network
-    batch = (images * math.ceil(batch_size / len(images)))[:batch_size]
-    detector.detect(batch, **options)  # warm-up at this batch size
-    spans = []
-    for _ in range(max(2, runs // batch_size)):
-        start = time.perf_counter()
-        detector.detect(batch, **options)
-        spans.append(time.perf_counter() - start)
-    return p50, p90, batch_size / float(np.median(spans)), network
 
 
 def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *, formats: Sequence[str] | None = None,
@@ -179,33 +138,49 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     calib = calib_images or min(CALIBRATION_IMAGES, len(load_dataset(data).records("train")))
     out_dir.mkdir(parents=True, exist_ok=True)
     artifacts: dict[str, Path | Exception] = {}
-    rows, eager_map50 = [], None
+    rows, backends = [], {}
     for name in tqdm(names, desc="benchmark", unit="format", disable=not progress):
-        kind, opener = RUNTIMES[name]
-        if kind not in artifacts:
-            try:
-                artifacts[kind] = _ARTIFACTS[kind](weights, out_dir, str(data), calib)
-            except (ValueError, OSError, RuntimeError) as e:  # the reason goes in the table, the others still run
-                artifacts[kind] = e
-        artifact = artifacts[kind]
-        if isinstance(artifact, Exception):
-            rows.append(BenchmarkRow(name, EXPORT_FAILED, _reason(artifact)))
-            continue
-        row = BenchmarkRow(name, OK, artifact=str(artifact), size_mb=round(_size_mb(artifact), 3))
-        try:
-            backend = opener(artifact, device)
-            result = evaluate(backend, data, metric="coco", device=device, skip_invalid=skip_invalid)
-            row.map50, row.map = round(100 * result["AP50"], 2), round(100 * result["AP"], 2)
-            row.p50_ms, row.p90_ms, row.images_per_s, row.network_ms = (round(v, 2) for v in time_backend(
-                backend, images, max(batch_sizes), runs, warmup))
-        except (ValueError, OSError, RuntimeError) as e:
-            row.status, row.reason = VALIDATION_FAILED, _reason(e)
-        eager_map50 = row.map50 if name == "pytorch" else eager_map50
+        row, backend = _scored_row(name, artifacts, weights, out_dir, data, calib, device, skip_invalid)
+        rows.append(row)
+        if backend is not None:
+            backends[name] = backend
+    timings = time_backends(backends, images, max(batch_sizes), runs, warmup)
+    eager_map50 = rows[0].map50
+    for row in rows:
+        timing = timings.get(row.format)
+        if isinstance(timing, Exception):
+            row.status, row.reason = VALIDATION_FAILED, _reason(timing)
+        elif timing is not None:
+            for key, value in asdict(timing).items():
+                setattr(row, key, value)
         if row.map50 is not None and eager_map50 is not None:
             row.change_vs_eager = round(row.map50 - eager_map50, 2)
-        rows.append(row)
     _write(rows, out_dir)
     return rows
+
+
+def _scored_row(name: str, artifacts: dict[str, Path | Exception], weights: Path, out_dir: Path, data, calib: int,
+                device: str, skip_invalid: bool) -> tuple[BenchmarkRow, Backend | None]:
+    """The row of runtime ``name`` with its size and scores, and its backend to time (``None`` when it failed);
+    ``artifacts`` (artifact kind -> its path, or the export's error) is filled as the rows need them."""
+    kind, opener = RUNTIMES[name]
+    if kind not in artifacts:
+        try:
+            artifacts[kind] = _ARTIFACTS[kind](weights, out_dir, str(data), calib)
+        except (ValueError, OSError, RuntimeError) as e:  # the reason goes in the table, the others still run
+            artifacts[kind] = e
+    artifact = artifacts[kind]
+    if isinstance(artifact, Exception):
+        return BenchmarkRow(name, EXPORT_FAILED, _reason(artifact)), None
+    row = BenchmarkRow(name, OK, artifact=str(artifact), size_mb=round(_size_mb(artifact), 3))
+    try:
+        backend = opener(artifact, device)
+        result = evaluate(backend, data, metric="coco", device=device, skip_invalid=skip_invalid)
+    except (ValueError, OSError, RuntimeError) as e:
+        row.status, row.reason = VALIDATION_FAILED, _reason(e)
+        return row, None
+    row.map50, row.map = round(100 * result["AP50"], 2), round(100 * result["AP"], 2)
+    return row, backend
 
 
 def _reason(error: Exception) -> str:
@@ -224,7 +199,7 @@ def _write(rows: list[BenchmarkRow], out_dir: Path) -> None:
 
 
 HEADER = ("format", "status", "size MB", "mAP50", "mAP50-95", "change vs eager", "ms/img p50", "p90", "img/s",
-          "network ms")
+          "pre ms", "network ms", "post ms")
 
 
 def format_benchmark(rows: Sequence[BenchmarkRow]) -> str:
@@ -235,7 +210,7 @@ def format_benchmark(rows: Sequence[BenchmarkRow]) -> str:
     lines = render_table(HEADER, [
         (r.format, r.status, cell(r.size_mb), cell(r.map50), cell(r.map),
          "-" if r.change_vs_eager is None else f"{r.change_vs_eager:+.2f}", cell(r.p50_ms), cell(r.p90_ms),
-         cell(r.images_per_s), cell(r.network_ms)) for r in rows])
+         cell(r.images_per_s), cell(r.pre_ms), cell(r.network_ms), cell(r.post_ms)) for r in rows])
     lines += [f"{r.format}: {r.reason}" for r in rows if r.reason]
     return "\n".join(lines)
 
