@@ -5,9 +5,11 @@ import csv
 import json
 
 import pytest
+import torch
 
 import ssd.export.benchmark as benchmark
 from ssd.cli import main
+from ssd.inference.registry import open_backend
 
 
 def failing_export(*_args):
@@ -82,3 +84,29 @@ def test_benchmark_missing_weights_or_data_is_refused_before_any_folder_is_made(
                  "--project", str(runs)]) == 1
     assert "dataset " + str(tmp_path / "nodata") + " does not exist" in capsys.readouterr().err
     assert not runs.exists()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_benchmark_eager_bfloat16_row_runs_where_the_cpu_has_native_bfloat16_else_says_why_it_is_skipped(
+        tiny_checkpoint, synthetic_voc, tmp_path, monkeypatch, capsys, native):
+    monkeypatch.setattr(benchmark, "amp_dtype", lambda device: torch.bfloat16 if native else None)
+    assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--formats",
+                 "pytorch-bf16", "--runs", "2", "--batch-sizes", "1", "--project", str(tmp_path), "--floor",
+                 "0"]) == 0  # a skipped row is not below the floor
+    eager, bf16 = json.loads((tmp_path / "exp" / "benchmark.json").read_text())
+    if native:
+        assert bf16["status"] == "ok" and bf16["map50"] == pytest.approx(eager["map50"], abs=5) and bf16["p50_ms"] > 0
+    else:
+        assert (bf16["status"], bf16["map50"], bf16["p50_ms"]) == ("skipped", None, None)
+        assert bf16["reason"].startswith("cpu has no native bfloat16")
+        assert "pytorch-bf16: cpu has no native bfloat16" in capsys.readouterr().out
+
+
+def test_eager_bfloat16_runs_the_network_in_bfloat16_and_returns_float32(tiny_checkpoint):
+    eager = open_backend(tiny_checkpoint, "cpu")
+    batch = torch.rand(2, 3, 128, 128)
+    loc, logits = eager(batch)
+    loc16, logits16 = benchmark._Bfloat16Backend(eager)(batch)
+    assert loc16.dtype == logits16.dtype == torch.float32
+    assert not torch.equal(logits16, logits) and torch.allclose(logits16, logits, atol=0.2)
+    assert torch.allclose(loc16, loc, atol=0.2)

@@ -1,9 +1,10 @@
 """``ssd benchmark``: export a checkpoint to every deployment format, score each on the val split and time it.
 
 Each row of :data:`RUNTIMES` is one runtime on one artifact (several runtimes share an artifact: OpenCV DNN runs the
-ONNX Runtime FP32 file, OpenVINO bf16 the FP32 IR). Every artifact is written into the benchmark's own new folder.
-A row's status is ``ok``, ``exported but validation failed`` or ``export failed``, with the reason. Scores come
-from :func:`ssd.evaluation.evaluator.evaluate` (COCO metric: mAP50 and mAP50-95, thresholds
+ONNX Runtime FP32 file, OpenVINO bf16 the FP32 IR, ``pytorch-bf16`` the checkpoint). Every artifact is written into
+the benchmark's own new folder. A row's status is ``ok``, ``exported but validation failed``, ``export failed`` or
+``skipped`` (``pytorch-bf16``, eager bfloat16 autocast, where the device has no native bfloat16), with the reason.
+Scores come from :func:`ssd.evaluation.evaluator.evaluate` (COCO metric: mAP50 and mAP50-95, thresholds
 :data:`ssd.settings.EVALUATE`); ``change vs eager`` is the mAP50 difference to the PyTorch row in points. Timing
 (:mod:`ssd.export.timing`) runs the whole pipeline on decoded val images, the runtimes in turn call by call, after a
 warm-up: p50 / p90 milliseconds per image at batch 1 and the medians of its three stages (``pre ms``, ``network
@@ -19,12 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from ssd._utils import did_you_mean, render_table
 from ssd.data.gate import load_training_data
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
+from ssd.device import amp_dtype, autocast
 from ssd.evaluation.evaluator import evaluate
 from ssd.export.formats import export
 from ssd.export.quantize import CALIBRATION_IMAGES
@@ -35,7 +38,7 @@ from ssd.inference.registry import Backend, open_backend
 __all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "format_benchmark", "parse_formats",
            "below_floor"]
 
-OK, VALIDATION_FAILED, EXPORT_FAILED = "ok", "exported but validation failed", "export failed"
+OK, VALIDATION_FAILED, EXPORT_FAILED, SKIPPED = "ok", "exported but validation failed", "export failed", "skipped"
 
 # artifact -> how to write it into the benchmark folder: (weights, folder, data, calibration images) -> path
 _ARTIFACTS: dict[str, Callable[[Path, Path, str, int], Path]] = {
@@ -59,6 +62,33 @@ def _open_openvino(precision: str) -> Callable[[Path, str], Backend]:
     return opener
 
 
+class _Bfloat16Backend:
+    """A PyTorch ``backend`` run under bfloat16 autocast, its outputs back in float32 for the post-processing."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+    def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with autocast(self.backend.device, torch.bfloat16):
+            loc, logits = self.backend(batch)
+        return loc.float(), logits.float()
+
+
+class _SkippedRow(Exception):
+    """A runtime that does not apply on this machine; the message says why."""
+
+
+def _open_bfloat16(path: Path, device: str) -> Backend:
+    backend = open_backend(path, device)
+    if amp_dtype(backend.device) != torch.bfloat16:
+        raise _SkippedRow(f"{backend.device} has no native bfloat16 (AVX512-BF16 / AMX, or a CUDA GPU with bfloat16), "
+                         "where it is emulated and slower than float32")
+    return _Bfloat16Backend(backend)
+
+
 def _open_opencv(path: Path, device: str) -> Backend:
     from ssd.inference.backends_opencv import OpenCvBackend
 
@@ -68,6 +98,7 @@ def _open_opencv(path: Path, device: str) -> Backend:
 # runtime (a row) -> (its artifact, how to open it on a device)
 RUNTIMES: dict[str, tuple[str, Callable[[Path, str], Backend]]] = {
     "pytorch": ("pt", open_backend),
+    "pytorch-bf16": ("pt", _open_bfloat16),
     "torchscript": ("torchscript", open_backend),
     "onnx": ("onnx", open_backend),
     "onnx-int8": ("onnx-int8", open_backend),
@@ -176,6 +207,9 @@ def _scored_row(name: str, artifacts: dict[str, Path | Exception], weights: Path
     try:
         backend = opener(artifact, device)
         result = evaluate(backend, data, metric="coco", device=device, skip_invalid=skip_invalid)
+    except _SkippedRow as e:
+        row.status, row.reason = SKIPPED, _reason(e)
+        return row, None
     except (ValueError, OSError, RuntimeError) as e:
         row.status, row.reason = VALIDATION_FAILED, _reason(e)
         return row, None
@@ -216,5 +250,6 @@ def format_benchmark(rows: Sequence[BenchmarkRow]) -> str:
 
 
 def below_floor(rows: Sequence[BenchmarkRow], floor: float) -> list[str]:
-    """The formats under a mAP50 ``floor`` (points): those scoring below it and those that failed (no score)."""
-    return [r.format for r in rows if r.map50 is None or r.map50 < floor]
+    """The formats under a mAP50 ``floor`` (points): those scoring below it and those that failed (no score); a
+    skipped row does not count."""
+    return [r.format for r in rows if r.status != SKIPPED and (r.map50 is None or r.map50 < floor)]
