@@ -110,3 +110,40 @@ def test_eager_bfloat16_runs_the_network_in_bfloat16_and_returns_float32(tiny_ch
     assert loc16.dtype == logits16.dtype == torch.float32
     assert not torch.equal(logits16, logits) and torch.allclose(logits16, logits, atol=0.2)
     assert torch.allclose(loc16, loc, atol=0.2)
+
+
+def test_benchmark_takes_ready_made_artifacts_as_they_are_without_exporting_again(tiny_checkpoint, synthetic_voc,
+                                                                                  tmp_path):
+    from ssd.export.formats import export
+
+    onnx_file = export(tiny_checkpoint, "onnx", tmp_path / "given" / "detector.onnx")
+    script = export(tiny_checkpoint, "torchscript", tmp_path / "given" / "detector.torchscript")
+    assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--artifacts",
+                 str(onnx_file), str(script), "--runs", "2", "--batch-sizes", "1", "--project",
+                 str(tmp_path / "runs")]) == 0
+    rows = json.loads((tmp_path / "runs" / "exp" / "benchmark.json").read_text())
+    assert [(r["format"], r["status"], r["artifact"]) for r in rows] == [
+        ("pytorch", "ok", str(tiny_checkpoint)), ("onnx:detector.onnx", "ok", str(onnx_file)),
+        ("torchscript:detector.torchscript", "ok", str(script))]
+    assert all(r["change_vs_eager"] == pytest.approx(0.0, abs=0.01) and r["p50_ms"] > 0 for r in rows)
+    assert sorted(p.name for p in (tmp_path / "runs" / "exp").iterdir()) == [
+        "benchmark.csv", "benchmark.json", "benchmark.txt"]  # nothing exported again
+
+
+def test_benchmark_missing_artifact_is_refused_before_any_folder_is_made(tiny_checkpoint, synthetic_voc, tmp_path,
+                                                                         capsys):
+    assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--artifacts",
+                 str(tmp_path / "gone.onnx"), "--project", str(tmp_path / "runs")]) == 1
+    assert f"error: artifact {tmp_path / 'gone.onnx'} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_artifacts_with_the_same_file_name_are_named_by_their_paths(tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "model.onnx").write_bytes(b"")
+    (tmp_path / "ir").mkdir()
+    (tmp_path / "ir" / "model.xml").write_text("")
+    assert benchmark.artifact_rows([tmp_path / "ir"]) == {"openvino:ir": tmp_path / "ir"}
+    assert list(benchmark.artifact_rows([tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx"])) == [
+        f"onnx:{tmp_path / 'a' / 'model.onnx'}", f"onnx:{tmp_path / 'b' / 'model.onnx'}"]

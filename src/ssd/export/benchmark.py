@@ -33,9 +33,9 @@ from ssd.export.formats import export
 from ssd.export.quantize import CALIBRATION_IMAGES
 from ssd.export.timing import time_backends
 from ssd.files import write_text
-from ssd.inference.registry import Backend, open_backend
+from ssd.inference.registry import BACKENDS, Backend, backend_kind, open_backend
 
-__all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "format_benchmark", "parse_formats",
+__all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format_benchmark", "parse_formats",
            "below_floor"]
 
 OK, VALIDATION_FAILED, EXPORT_FAILED, SKIPPED = "ok", "exported but validation failed", "export failed", "skipped"
@@ -148,16 +148,17 @@ def _size_mb(path: Path) -> float:
 
 def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *, formats: Sequence[str] | None = None,
                   batch_sizes: Sequence[int] = (1, 8), device: str = "cpu", calib_images: int | None = None,
-                  runs: int = 30, warmup: int = 3, skip_invalid: bool = False, progress: bool = True
-                  ) -> list[BenchmarkRow]:
+                  runs: int = 30, warmup: int = 3, skip_invalid: bool = False, progress: bool = True,
+                  artifacts: Sequence[str | Path] = ()) -> list[BenchmarkRow]:
     """Benchmark ``weights`` (a checkpoint or run directory) on ``data``'s val split into ``out_dir``, a new or
     empty folder (the artifacts, ``benchmark.csv``, ``benchmark.json``, ``benchmark.txt``). ``formats``: names of
     :data:`RUNTIMES` (:func:`parse_formats`); ``calib_images``: for the INT8 rows (default: 300, or the whole
     training split when smaller); ``runs`` timed images at batch 1 after ``warmup``; ``skip_invalid``: score the val
-    split without its invalid objects (as ``ssd val --skip-invalid``) instead of refusing it."""
+    split without its invalid objects (as ``ssd val --skip-invalid``) instead of refusing it; ``artifacts``: exported
+    models benchmarked as they are, a row each after the formats' (:func:`artifact_rows`)."""
     from ssd.weights.resolve import resolve_weights
 
-    names = parse_formats(formats)
+    names, given = parse_formats(formats), artifact_rows(artifacts)
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise ValueError(f"--batch-sizes must be positive integers, got {list(batch_sizes)}")
     weights, out_dir = resolve_weights(weights), Path(out_dir)
@@ -168,10 +169,21 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     images = [read_image(r.path) for r in spec.records("val")[:16]]  # timed in turn
     calib = calib_images or min(CALIBRATION_IMAGES, len(load_dataset(data).records("train")))
     out_dir.mkdir(parents=True, exist_ok=True)
-    artifacts: dict[str, Path | Exception] = {}
+    exported: dict[str, Path | Exception] = {}
+
+    def export_once(kind: str) -> Path | Exception:
+        if kind not in exported:
+            try:
+                exported[kind] = _ARTIFACTS[kind](weights, out_dir, str(data), calib)
+            except (ValueError, OSError, RuntimeError) as e:  # the reason goes in the table, the others still run
+                exported[kind] = e
+        return exported[kind]
+
+    jobs = [(name, lambda kind=RUNTIMES[name][0]: export_once(kind), RUNTIMES[name][1]) for name in names]
+    jobs += [(name, lambda path=path: path, open_backend) for name, path in given.items()]
     rows, backends = [], {}
-    for name in tqdm(names, desc="benchmark", unit="format", disable=not progress):
-        row, backend = _scored_row(name, artifacts, weights, out_dir, data, calib, device, skip_invalid)
+    for name, artifact, opener in tqdm(jobs, desc="benchmark", unit="format", disable=not progress):
+        row, backend = _scored_row(name, artifact(), opener, data, device, skip_invalid)
         rows.append(row)
         if backend is not None:
             backends[name] = backend
@@ -190,17 +202,10 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     return rows
 
 
-def _scored_row(name: str, artifacts: dict[str, Path | Exception], weights: Path, out_dir: Path, data, calib: int,
-                device: str, skip_invalid: bool) -> tuple[BenchmarkRow, Backend | None]:
-    """The row of runtime ``name`` with its size and scores, and its backend to time (``None`` when it failed);
-    ``artifacts`` (artifact kind -> its path, or the export's error) is filled as the rows need them."""
-    kind, opener = RUNTIMES[name]
-    if kind not in artifacts:
-        try:
-            artifacts[kind] = _ARTIFACTS[kind](weights, out_dir, str(data), calib)
-        except (ValueError, OSError, RuntimeError) as e:  # the reason goes in the table, the others still run
-            artifacts[kind] = e
-    artifact = artifacts[kind]
+def _scored_row(name: str, artifact: Path | Exception, opener: Callable[[Path, str], Backend], data, device: str,
+                skip_invalid: bool) -> tuple[BenchmarkRow, Backend | None]:
+    """The row ``name`` of ``artifact`` (or of the error that kept it from being exported) with its size and scores,
+    and its backend to time (``None`` when it failed)."""
     if isinstance(artifact, Exception):
         return BenchmarkRow(name, EXPORT_FAILED, _reason(artifact)), None
     row = BenchmarkRow(name, OK, artifact=str(artifact), size_mb=round(_size_mb(artifact), 3))
@@ -215,6 +220,23 @@ def _scored_row(name: str, artifacts: dict[str, Path | Exception], weights: Path
         return row, None
     row.map50, row.map = round(100 * result["AP50"], 2), round(100 * result["AP"], 2)
     return row, backend
+
+
+def artifact_rows(paths: Sequence[str | Path]) -> dict[str, Path]:
+    """Row name -> path of each exported model in ``paths`` (an .onnx, OpenVINO .xml or its folder, .torchscript,
+    ...): ``"kind:file name"``, the kind being the :data:`ssd.inference.registry.BACKENDS` runtime that opens it
+    (``"kind:path"`` when two file names are alike). A missing path raises ``ValueError``."""
+    kinds = {}
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ValueError(f"artifact {path} does not exist (--artifacts: exported models: .onnx, OpenVINO .xml or "
+                             "its folder, .torchscript)")
+        folder_kind = next((name for name, kind in BACKENDS.items()
+                            if kind.folder_file and path.is_dir() and (path / kind.folder_file).is_file()), None)
+        kinds[path] = folder_kind or backend_kind(path)
+    short = {f"{kind}:{path.name}" for path, kind in kinds.items()}
+    return {f"{kind}:{path.name}" if len(short) == len(kinds) else f"{kind}:{path}": path
+            for path, kind in kinds.items()}
 
 
 def _reason(error: Exception) -> str:
