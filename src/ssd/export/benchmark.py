@@ -33,7 +33,7 @@ from ssd.export.formats import export
 from ssd.export.quantize import CALIBRATION_IMAGES
 from ssd.export.timing import time_backends
 from ssd.files import write_text
-from ssd.inference.registry import BACKENDS, Backend, backend_kind, open_backend
+from ssd.inference.registry import Backend, backend_kind, folder_kind, open_backend
 
 __all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format_benchmark", "parse_formats",
            "below_floor"]
@@ -231,9 +231,7 @@ def artifact_rows(paths: Sequence[str | Path]) -> dict[str, Path]:
         if not path.exists():
             raise ValueError(f"artifact {path} does not exist (--artifacts: exported models: .onnx, OpenVINO .xml or "
                              "its folder, .torchscript)")
-        folder_kind = next((name for name, kind in BACKENDS.items()
-                            if kind.folder_file and path.is_dir() and (path / kind.folder_file).is_file()), None)
-        kinds[path] = folder_kind or backend_kind(path)
+        kinds[path] = folder_kind(path) or backend_kind(path)
     short = {f"{kind}:{path.name}" for path, kind in kinds.items()}
     return {f"{kind}:{path.name}" if len(short) == len(kinds) else f"{kind}:{path}": path
             for path, kind in kinds.items()}
