@@ -21,8 +21,9 @@ import torch
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.evaluation.evaluator import evaluate
-from ssd.export.benchmark import format_benchmark, run_benchmark, time_backend
+from ssd.export.benchmark import format_benchmark, run_benchmark
 from ssd.export.quantize import calibration_inputs, calibration_paths, quantize_onnx
+from ssd.export.timing import time_backends
 from ssd.inference.backends import OnnxBackend
 from ssd.training.trainer import train
 
@@ -31,12 +32,13 @@ SHARED = Path(os.environ.get("SSD_SHARED_DATA", REPO.parent / "shared" / "data")
 
 
 def markdown(rows) -> str:
-    head = "| format | status | size MB | mAP50 | mAP50-95 | change vs eager | ms/img p50 | p90 | img/s | network ms |"
-    lines = [head, "|" + "---|" * 10]
+    head = ("| format | status | size MB | mAP50 | mAP50-95 | change vs eager | ms/img p50 | p90 | img/s | pre ms "
+            "| network ms | post ms |")
+    lines = [head, "|" + "---|" * 12]
     for r in rows:
         cells = [r.format, r.status, r.size_mb, r.map50, r.map,
                  None if r.change_vs_eager is None else f"{r.change_vs_eager:+.2f}", r.p50_ms, r.p90_ms,
-                 r.images_per_s, r.network_ms]
+                 r.images_per_s, r.pre_ms, r.network_ms, r.post_ms]
         lines.append("| " + " | ".join("-" if c is None else str(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -57,11 +59,13 @@ def remedies(fp32: Path, data: Path, out: Path, calib: int) -> list[str]:
         path = out / f"remedy_{index}.int8.onnx"
         inputs = calibration_inputs(calibration_paths(data, count), backend.image_size, backend.mean, backend.std)
         rows.append((name, quantize_onnx(fp32, path, inputs, exclude=exclude)))
+    variants = {name: OnnxBackend(path) for name, path in rows}
+    timings = time_backends(variants, decoded, 1, 60, 5)  # side by side, call by call
     for name, path in rows:
-        variant = OnnxBackend(path)
-        score = evaluate(variant, data, metric="coco", device="cpu", skip_invalid=True)["AP50"] * 100
-        p50, _, _, network = time_backend(variant, decoded, 1, 60, 5)
-        lines.append(f"| {name} | {path.stat().st_size / 1e6:.3f} | {score:.2f} | {p50:.2f} | {network:.2f} |")
+        score = evaluate(variants[name], data, metric="coco", device="cpu", skip_invalid=True)["AP50"] * 100
+        timing = timings[name]
+        lines.append(f"| {name} | {path.stat().st_size / 1e6:.3f} | {score:.2f} | {timing.p50_ms:.2f} "
+                     f"| {timing.network_ms:.2f} |")
     return lines
 
 

@@ -5,9 +5,11 @@ import csv
 import json
 
 import pytest
+import torch
 
 import ssd.export.benchmark as benchmark
 from ssd.cli import main
+from ssd.inference.registry import open_backend
 
 
 def failing_export(*_args):
@@ -41,8 +43,10 @@ def test_benchmark_writes_a_row_per_format_with_its_status(tiny_checkpoint, synt
     assert rows["onnx"]["map50"] == pytest.approx(rows["pytorch"]["map50"], abs=0.01) and rows["onnx"]["map50"] > 0
     assert rows["onnx"]["change_vs_eager"] == pytest.approx(0.0, abs=0.01)
     assert rows["onnx"]["size_mb"] == pytest.approx((tmp_path / "exp" / "model.onnx").stat().st_size / 1e6, abs=1e-3)
-    assert all(rows[f][k] > 0 for f in ("pytorch", "onnx") for k in ("p50_ms", "p90_ms", "images_per_s", "network_ms"))
-    assert rows["onnx"]["network_ms"] < rows["onnx"]["p50_ms"]
+    stages = ("pre_ms", "network_ms", "post_ms")
+    assert all(rows[f][k] > 0 for f in ("pytorch", "onnx") for k in ("p50_ms", "p90_ms", "images_per_s", *stages))
+    assert all(rows[f][k] < rows[f]["p90_ms"] for f in ("pytorch", "onnx") for k in stages)
+    assert table[0][-6:] == ["pre", "ms", "network", "ms", "post", "ms"]
     assert rows["onnx-int8"]["map50"] is None and rows["opencv"]["size_mb"] == rows["onnx"]["size_mb"]
     assert "onnx-int8: calibration went wrong" in out and "opencv: cannot run model.onnx here" in out
     with open(tmp_path / "exp" / "benchmark.csv", newline="") as f:
@@ -80,3 +84,66 @@ def test_benchmark_missing_weights_or_data_is_refused_before_any_folder_is_made(
                  "--project", str(runs)]) == 1
     assert "dataset " + str(tmp_path / "nodata") + " does not exist" in capsys.readouterr().err
     assert not runs.exists()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_benchmark_eager_bfloat16_row_runs_where_the_cpu_has_native_bfloat16_else_says_why_it_is_skipped(
+        tiny_checkpoint, synthetic_voc, tmp_path, monkeypatch, capsys, native):
+    monkeypatch.setattr(benchmark, "amp_dtype", lambda device: torch.bfloat16 if native else None)
+    assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--formats",
+                 "pytorch-bf16", "--runs", "2", "--batch-sizes", "1", "--project", str(tmp_path), "--floor",
+                 "0"]) == 0  # a skipped row is not below the floor
+    eager, bf16 = json.loads((tmp_path / "exp" / "benchmark.json").read_text())
+    if native:
+        assert bf16["status"] == "ok" and bf16["map50"] == pytest.approx(eager["map50"], abs=5) and bf16["p50_ms"] > 0
+    else:
+        assert (bf16["status"], bf16["map50"], bf16["p50_ms"]) == ("skipped", None, None)
+        assert bf16["reason"].startswith("cpu has no native bfloat16")
+        assert "pytorch-bf16: cpu has no native bfloat16" in capsys.readouterr().out
+
+
+def test_eager_bfloat16_runs_the_network_in_bfloat16_and_returns_float32(tiny_checkpoint):
+    eager = open_backend(tiny_checkpoint, "cpu")
+    batch = torch.rand(2, 3, 128, 128)
+    loc, logits = eager(batch)
+    loc16, logits16 = benchmark._Bfloat16Backend(eager)(batch)
+    assert loc16.dtype == logits16.dtype == torch.float32
+    assert not torch.equal(logits16, logits) and torch.allclose(logits16, logits, atol=0.2)
+    assert torch.allclose(loc16, loc, atol=0.2)
+
+
+def test_benchmark_takes_ready_made_artifacts_as_they_are_without_exporting_again(tiny_checkpoint, synthetic_voc,
+                                                                                  tmp_path):
+    from ssd.export.formats import export
+
+    onnx_file = export(tiny_checkpoint, "onnx", tmp_path / "given" / "detector.onnx")
+    script = export(tiny_checkpoint, "torchscript", tmp_path / "given" / "detector.torchscript")
+    assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--artifacts",
+                 str(onnx_file), str(script), "--runs", "2", "--batch-sizes", "1", "--project",
+                 str(tmp_path / "runs")]) == 0
+    rows = json.loads((tmp_path / "runs" / "exp" / "benchmark.json").read_text())
+    assert [(r["format"], r["status"], r["artifact"]) for r in rows] == [
+        ("pytorch", "ok", str(tiny_checkpoint)), ("onnx:detector.onnx", "ok", str(onnx_file)),
+        ("torchscript:detector.torchscript", "ok", str(script))]
+    assert all(r["change_vs_eager"] == pytest.approx(0.0, abs=0.01) and r["p50_ms"] > 0 for r in rows)
+    assert sorted(p.name for p in (tmp_path / "runs" / "exp").iterdir()) == [
+        "benchmark.csv", "benchmark.json", "benchmark.txt"]  # nothing exported again
+
+
+def test_benchmark_missing_artifact_is_refused_before_any_folder_is_made(tiny_checkpoint, synthetic_voc, tmp_path,
+                                                                         capsys):
+    assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--artifacts",
+                 str(tmp_path / "gone.onnx"), "--project", str(tmp_path / "runs")]) == 1
+    assert f"error: artifact {tmp_path / 'gone.onnx'} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_artifacts_with_the_same_file_name_are_named_by_their_paths(tmp_path):
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "model.onnx").write_bytes(b"")
+    (tmp_path / "ir").mkdir()
+    (tmp_path / "ir" / "model.xml").write_text("")
+    assert benchmark.artifact_rows([tmp_path / "ir"]) == {"openvino:ir": tmp_path / "ir"}
+    assert list(benchmark.artifact_rows([tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx"])) == [
+        f"onnx:{tmp_path / 'a' / 'model.onnx'}", f"onnx:{tmp_path / 'b' / 'model.onnx'}"]

@@ -85,11 +85,13 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_benchmark(args: argparse.Namespace) -> int:
-    from ssd.export.benchmark import below_floor, format_benchmark, parse_formats, run_benchmark
+    from ssd.export.benchmark import artifact_rows, below_floor, format_benchmark, parse_formats, run_benchmark
     from ssd.files import make_run_dir
     from ssd.weights.resolve import resolve_weights
 
-    formats = parse_formats(args.formats)  # these checks before the run directory is made
+    # these checks before the run directory is made; with --artifacts, only what is asked is exported
+    formats = parse_formats("pytorch" if args.formats is None and args.artifacts else args.formats)
+    artifact_rows(args.artifacts)
     if args.runs < 1:
         raise UsageError(f"ssd benchmark: --runs must be a positive integer, got {args.runs}")
     weights = resolve_weights(args.weights)
@@ -98,7 +100,7 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     run_dir = make_run_dir(args.project, args.name)
     rows = run_benchmark(weights, args.data, run_dir, formats=formats, batch_sizes=args.batch_sizes,
                          device=args.device, calib_images=args.calib_images, runs=args.runs,
-                         skip_invalid=args.skip_invalid)
+                         skip_invalid=args.skip_invalid, artifacts=args.artifacts)
     print(format_benchmark(rows))
     print(f"written: {run_dir}/benchmark.csv, benchmark.json")
     if args.floor is not None:

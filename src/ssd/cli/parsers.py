@@ -109,8 +109,11 @@ def _add_benchmark_parser(sub) -> None:
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON (val split scored, train "
                                                  "split calibrates INT8)")
-    p.add_argument("--formats", help="comma-separated: pytorch, torchscript, onnx, onnx-int8, openvino, openvino-bf16, "
-                                     "openvino-int8, opencv (default: all)")
+    p.add_argument("--formats", help="comma-separated: pytorch, pytorch-bf16, torchscript, onnx, onnx-int8, openvino, "
+                                     "openvino-bf16, openvino-int8, opencv (default: all; with --artifacts: pytorch)")
+    p.add_argument("--artifacts", nargs="+", type=Path, default=[], metavar="PATH",
+                   help="also benchmark these exported models as they are (.onnx, OpenVINO .xml or folder, "
+                        ".torchscript): a row each, named kind:file")
     p.add_argument("--batch-sizes", type=int_list, default=[1, 8],
                    help="latency at batch 1, images/s at the largest (default: 1,8)")
     p.add_argument("--floor", type=float, help="exit 1 when a format scores mAP50 (points) below this, or fails")

@@ -1,14 +1,14 @@
 """``ssd benchmark``: export a checkpoint to every deployment format, score each on the val split and time it.
 
 Each row of :data:`RUNTIMES` is one runtime on one artifact (several runtimes share an artifact: OpenCV DNN runs the
-ONNX Runtime FP32 file, OpenVINO bf16 the FP32 IR). Every artifact is written into the benchmark's own new folder.
-A row's status is ``ok``, ``exported but validation failed`` or ``export failed``, with the reason. Scores come
-from :func:`ssd.evaluation.evaluator.evaluate` (COCO metric: mAP50 and mAP50-95, thresholds
-:data:`ssd.settings.EVALUATE`); ``change vs eager`` is the mAP50 difference to the PyTorch row in points. Timing runs
-the whole pipeline (:meth:`ssd.inference.pipeline.Detector.detect`: preprocessing, network, post-processing) on
-decoded val images after a warm-up: p50 / p90 milliseconds per image at batch 1, images per second at the largest
-batch size; ``network ms`` is the network's own p50 at batch 1 (the rest of a pipeline's time is pre- and
-post-processing, the same code for every runtime).
+ONNX Runtime FP32 file, OpenVINO bf16 the FP32 IR, ``pytorch-bf16`` the checkpoint). Every artifact is written into
+the benchmark's own new folder. A row's status is ``ok``, ``exported but validation failed``, ``export failed`` or
+``skipped`` (``pytorch-bf16``, eager bfloat16 autocast, where the device has no native bfloat16), with the reason.
+Scores come from :func:`ssd.evaluation.evaluator.evaluate` (COCO metric: mAP50 and mAP50-95, thresholds
+:data:`ssd.settings.EVALUATE`); ``change vs eager`` is the mAP50 difference to the PyTorch row in points. Timing
+(:mod:`ssd.export.timing`) runs the whole pipeline on decoded val images, the runtimes in turn call by call, after a
+warm-up: p50 / p90 milliseconds per image at batch 1 and the medians of its three stages (``pre ms``, ``network
+ms``, ``post ms``), images per second at the largest batch size.
 """
 
 from __future__ import annotations
@@ -16,13 +16,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -30,18 +27,18 @@ from ssd._utils import did_you_mean, render_table
 from ssd.data.gate import load_training_data
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
+from ssd.device import amp_dtype, autocast
 from ssd.evaluation.evaluator import evaluate
 from ssd.export.formats import export
 from ssd.export.quantize import CALIBRATION_IMAGES
+from ssd.export.timing import time_backends
 from ssd.files import write_text
-from ssd.inference.pipeline import Detector
-from ssd.inference.registry import Backend, open_backend
-from ssd.settings import PREDICT
+from ssd.inference.registry import Backend, backend_kind, folder_kind, open_backend
 
-__all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "time_backend", "format_benchmark", "parse_formats",
+__all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format_benchmark", "parse_formats",
            "below_floor"]
 
-OK, VALIDATION_FAILED, EXPORT_FAILED = "ok", "exported but validation failed", "export failed"
+OK, VALIDATION_FAILED, EXPORT_FAILED, SKIPPED = "ok", "exported but validation failed", "export failed", "skipped"
 
 # artifact -> how to write it into the benchmark folder: (weights, folder, data, calibration images) -> path
 _ARTIFACTS: dict[str, Callable[[Path, Path, str, int], Path]] = {
@@ -65,6 +62,33 @@ def _open_openvino(precision: str) -> Callable[[Path, str], Backend]:
     return opener
 
 
+class _Bfloat16Backend:
+    """A PyTorch ``backend`` run under bfloat16 autocast, its outputs back in float32 for the post-processing."""
+
+    def __init__(self, backend: Backend):
+        self.backend = backend
+
+    def __getattr__(self, name: str):
+        return getattr(self.backend, name)
+
+    def __call__(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with autocast(self.backend.device, torch.bfloat16):
+            loc, logits = self.backend(batch)
+        return loc.float(), logits.float()
+
+
+class _SkippedRow(Exception):
+    """A runtime that does not apply on this machine; the message says why."""
+
+
+def _open_bfloat16(path: Path, device: str) -> Backend:
+    backend = open_backend(path, device)
+    if amp_dtype(backend.device) != torch.bfloat16:
+        raise _SkippedRow(f"{backend.device} has no native bfloat16 (AVX512-BF16 / AMX, or a CUDA GPU with bfloat16), "
+                         "where it is emulated and slower than float32")
+    return _Bfloat16Backend(backend)
+
+
 def _open_opencv(path: Path, device: str) -> Backend:
     from ssd.inference.backends_opencv import OpenCvBackend
 
@@ -74,6 +98,7 @@ def _open_opencv(path: Path, device: str) -> Backend:
 # runtime (a row) -> (its artifact, how to open it on a device)
 RUNTIMES: dict[str, tuple[str, Callable[[Path, str], Backend]]] = {
     "pytorch": ("pt", open_backend),
+    "pytorch-bf16": ("pt", _open_bfloat16),
     "torchscript": ("torchscript", open_backend),
     "onnx": ("onnx", open_backend),
     "onnx-int8": ("onnx-int8", open_backend),
@@ -99,7 +124,9 @@ class BenchmarkRow:
     p50_ms: float | None = None
     p90_ms: float | None = None
     images_per_s: float | None = None
+    pre_ms: float | None = None
     network_ms: float | None = None
+    post_ms: float | None = None
 
 
 def parse_formats(text: str | Sequence[str] | None) -> list[str]:
@@ -119,55 +146,19 @@ def _size_mb(path: Path) -> float:
     return sum(p.stat().st_size for p in files) / 1e6
 
 
-def _network_p50(backend: Backend, batch: torch.Tensor, runs: int) -> float:
-    """Median ms of the network alone (with in-graph NMS for such graphs) on one preprocessed ``batch``."""
-    options = PREDICT.as_kwargs()
-    times = []
-    for _ in range(runs):
-        start = time.perf_counter()
-        backend.nms_detections(batch, **options) if backend.nms else backend(batch)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1000
-
-
-def time_backend(backend: Backend, images: list[torch.Tensor], batch_size: int, runs: int, warmup: int
-                 ) -> tuple[float, float, float, float]:
-    """``(p50 ms, p90 ms)`` per image at batch 1 over ``runs`` images (the whole pipeline), images/s at
-    ``batch_size``, and the network's own p50 ms at batch 1 (the rest is pre- and post-processing)."""
-    detector, options = Detector(backend), PREDICT.as_kwargs()
-    for image in images[:warmup]:
-        detector.detect([image], **options)
-    times = []
-    for i in range(runs):
-        start = time.perf_counter()
-        detector.detect([images[i % len(images)]], **options)
-        times.append(time.perf_counter() - start)
-    p50, p90 = (float(v) * 1000 for v in np.percentile(times, [50, 90]))
-    network = _network_p50(backend, detector.preprocess(images[:1])[0], runs)
-    if batch_size == 1:
-        return p50, p90, 1000 / p50, network
-    batch = (images * math.ceil(batch_size / len(images)))[:batch_size]
-    detector.detect(batch, **options)  # warm-up at this batch size
-    spans = []
-    for _ in range(max(2, runs // batch_size)):
-        start = time.perf_counter()
-        detector.detect(batch, **options)
-        spans.append(time.perf_counter() - start)
-    return p50, p90, batch_size / float(np.median(spans)), network
-
-
 def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *, formats: Sequence[str] | None = None,
                   batch_sizes: Sequence[int] = (1, 8), device: str = "cpu", calib_images: int | None = None,
-                  runs: int = 30, warmup: int = 3, skip_invalid: bool = False, progress: bool = True
-                  ) -> list[BenchmarkRow]:
+                  runs: int = 30, warmup: int = 3, skip_invalid: bool = False, progress: bool = True,
+                  artifacts: Sequence[str | Path] = ()) -> list[BenchmarkRow]:
     """Benchmark ``weights`` (a checkpoint or run directory) on ``data``'s val split into ``out_dir``, a new or
     empty folder (the artifacts, ``benchmark.csv``, ``benchmark.json``, ``benchmark.txt``). ``formats``: names of
     :data:`RUNTIMES` (:func:`parse_formats`); ``calib_images``: for the INT8 rows (default: 300, or the whole
     training split when smaller); ``runs`` timed images at batch 1 after ``warmup``; ``skip_invalid``: score the val
-    split without its invalid objects (as ``ssd val --skip-invalid``) instead of refusing it."""
+    split without its invalid objects (as ``ssd val --skip-invalid``) instead of refusing it; ``artifacts``: exported
+    models benchmarked as they are, a row each after the formats' (:func:`artifact_rows`)."""
     from ssd.weights.resolve import resolve_weights
 
-    names = parse_formats(formats)
+    names, given = parse_formats(formats), artifact_rows(artifacts)
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise ValueError(f"--batch-sizes must be positive integers, got {list(batch_sizes)}")
     weights, out_dir = resolve_weights(weights), Path(out_dir)
@@ -178,34 +169,72 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     images = [read_image(r.path) for r in spec.records("val")[:16]]  # timed in turn
     calib = calib_images or min(CALIBRATION_IMAGES, len(load_dataset(data).records("train")))
     out_dir.mkdir(parents=True, exist_ok=True)
-    artifacts: dict[str, Path | Exception] = {}
-    rows, eager_map50 = [], None
-    for name in tqdm(names, desc="benchmark", unit="format", disable=not progress):
-        kind, opener = RUNTIMES[name]
-        if kind not in artifacts:
+    exported: dict[str, Path | Exception] = {}
+
+    def export_once(kind: str) -> Path | Exception:
+        if kind not in exported:
             try:
-                artifacts[kind] = _ARTIFACTS[kind](weights, out_dir, str(data), calib)
+                exported[kind] = _ARTIFACTS[kind](weights, out_dir, str(data), calib)
             except (ValueError, OSError, RuntimeError) as e:  # the reason goes in the table, the others still run
-                artifacts[kind] = e
-        artifact = artifacts[kind]
-        if isinstance(artifact, Exception):
-            rows.append(BenchmarkRow(name, EXPORT_FAILED, _reason(artifact)))
-            continue
-        row = BenchmarkRow(name, OK, artifact=str(artifact), size_mb=round(_size_mb(artifact), 3))
-        try:
-            backend = opener(artifact, device)
-            result = evaluate(backend, data, metric="coco", device=device, skip_invalid=skip_invalid)
-            row.map50, row.map = round(100 * result["AP50"], 2), round(100 * result["AP"], 2)
-            row.p50_ms, row.p90_ms, row.images_per_s, row.network_ms = (round(v, 2) for v in time_backend(
-                backend, images, max(batch_sizes), runs, warmup))
-        except (ValueError, OSError, RuntimeError) as e:
-            row.status, row.reason = VALIDATION_FAILED, _reason(e)
-        eager_map50 = row.map50 if name == "pytorch" else eager_map50
+                exported[kind] = e
+        return exported[kind]
+
+    jobs = [(name, lambda kind=RUNTIMES[name][0]: export_once(kind), RUNTIMES[name][1]) for name in names]
+    jobs += [(name, lambda path=path: path, open_backend) for name, path in given.items()]
+    rows, backends = [], {}
+    for name, artifact, opener in tqdm(jobs, desc="benchmark", unit="format", disable=not progress):
+        row, backend = _scored_row(name, artifact(), opener, data, device, skip_invalid)
+        rows.append(row)
+        if backend is not None:
+            backends[name] = backend
+    timings = time_backends(backends, images, max(batch_sizes), runs, warmup)
+    eager_map50 = rows[0].map50
+    for row in rows:
+        timing = timings.get(row.format)
+        if isinstance(timing, Exception):
+            row.status, row.reason = VALIDATION_FAILED, _reason(timing)
+        elif timing is not None:
+            for key, value in asdict(timing).items():
+                setattr(row, key, value)
         if row.map50 is not None and eager_map50 is not None:
             row.change_vs_eager = round(row.map50 - eager_map50, 2)
-        rows.append(row)
     _write(rows, out_dir)
     return rows
+
+
+def _scored_row(name: str, artifact: Path | Exception, opener: Callable[[Path, str], Backend], data, device: str,
+                skip_invalid: bool) -> tuple[BenchmarkRow, Backend | None]:
+    """The row ``name`` of ``artifact`` (or of the error that kept it from being exported) with its size and scores,
+    and its backend to time (``None`` when it failed)."""
+    if isinstance(artifact, Exception):
+        return BenchmarkRow(name, EXPORT_FAILED, _reason(artifact)), None
+    row = BenchmarkRow(name, OK, artifact=str(artifact), size_mb=round(_size_mb(artifact), 3))
+    try:
+        backend = opener(artifact, device)
+        result = evaluate(backend, data, metric="coco", device=device, skip_invalid=skip_invalid)
+    except _SkippedRow as e:
+        row.status, row.reason = SKIPPED, _reason(e)
+        return row, None
+    except (ValueError, OSError, RuntimeError) as e:
+        row.status, row.reason = VALIDATION_FAILED, _reason(e)
+        return row, None
+    row.map50, row.map = round(100 * result["AP50"], 2), round(100 * result["AP"], 2)
+    return row, backend
+
+
+def artifact_rows(paths: Sequence[str | Path]) -> dict[str, Path]:
+    """Row name -> path of each exported model in ``paths`` (an .onnx, OpenVINO .xml or its folder, .torchscript,
+    ...): ``"kind:file name"``, the kind being the :data:`ssd.inference.registry.BACKENDS` runtime that opens it
+    (``"kind:path"`` when two file names are alike). A missing path raises ``ValueError``."""
+    kinds = {}
+    for path in map(Path, paths):
+        if not path.exists():
+            raise ValueError(f"artifact {path} does not exist (--artifacts: exported models: .onnx, OpenVINO .xml or "
+                             "its folder, .torchscript)")
+        kinds[path] = folder_kind(path) or backend_kind(path)
+    short = {f"{kind}:{path.name}" for path, kind in kinds.items()}
+    return {f"{kind}:{path.name}" if len(short) == len(kinds) else f"{kind}:{path}": path
+            for path, kind in kinds.items()}
 
 
 def _reason(error: Exception) -> str:
@@ -224,7 +253,7 @@ def _write(rows: list[BenchmarkRow], out_dir: Path) -> None:
 
 
 HEADER = ("format", "status", "size MB", "mAP50", "mAP50-95", "change vs eager", "ms/img p50", "p90", "img/s",
-          "network ms")
+          "pre ms", "network ms", "post ms")
 
 
 def format_benchmark(rows: Sequence[BenchmarkRow]) -> str:
@@ -235,11 +264,12 @@ def format_benchmark(rows: Sequence[BenchmarkRow]) -> str:
     lines = render_table(HEADER, [
         (r.format, r.status, cell(r.size_mb), cell(r.map50), cell(r.map),
          "-" if r.change_vs_eager is None else f"{r.change_vs_eager:+.2f}", cell(r.p50_ms), cell(r.p90_ms),
-         cell(r.images_per_s), cell(r.network_ms)) for r in rows])
+         cell(r.images_per_s), cell(r.pre_ms), cell(r.network_ms), cell(r.post_ms)) for r in rows])
     lines += [f"{r.format}: {r.reason}" for r in rows if r.reason]
     return "\n".join(lines)
 
 
 def below_floor(rows: Sequence[BenchmarkRow], floor: float) -> list[str]:
-    """The formats under a mAP50 ``floor`` (points): those scoring below it and those that failed (no score)."""
-    return [r.format for r in rows if r.map50 is None or r.map50 < floor]
+    """The formats under a mAP50 ``floor`` (points): those scoring below it and those that failed (no score); a
+    skipped row does not count."""
+    return [r.format for r in rows if r.status != SKIPPED and (r.map50 is None or r.map50 < floor)]

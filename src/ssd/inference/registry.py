@@ -16,7 +16,8 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Backend", "BackendKind", "BACKENDS", "DEFAULT_BACKEND", "register_backend", "backend_kind", "open_backend"]
+__all__ = ["Backend", "BackendKind", "BACKENDS", "DEFAULT_BACKEND", "register_backend", "backend_kind", "folder_kind",
+           "open_backend"]
 
 
 class Backend(Protocol):
@@ -110,6 +111,13 @@ def backend_kind(path: str | Path) -> str:
     return next((name for name, kind in BACKENDS.items() if suffix in kind.suffixes), DEFAULT_BACKEND)
 
 
+def folder_kind(path: str | Path) -> str | None:
+    """The :data:`BACKENDS` name whose ``folder_file`` the folder ``path`` holds (an OpenVINO folder), else None."""
+    folder = Path(path)
+    return next((name for name, kind in BACKENDS.items()
+                 if kind.folder_file and folder.is_dir() and (folder / kind.folder_file).is_file()), None)
+
+
 def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.device | None = None,
                  half: bool = False) -> Backend:
     """A :class:`Backend` for ``weights``: a checkpoint, a run directory (its best checkpoint), an exported model
@@ -132,10 +140,10 @@ def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.
     from ssd.weights.resolve import resolve_weights
 
     torch_device = resolve_device("cpu" if device is None else device)
-    folder = Path(weights)
-    for kind in BACKENDS.values():
-        if kind.folder_file and folder.is_dir() and (folder / kind.folder_file).is_file():
-            return kind.open(folder / kind.folder_file, torch_device, half)
+    in_folder = folder_kind(weights)
+    if in_folder is not None:
+        kind = BACKENDS[in_folder]
+        return kind.open(Path(weights) / kind.folder_file, torch_device, half)
     path = resolve_weights(weights)
     return BACKENDS[backend_kind(path)].open(path, torch_device, half)
 
