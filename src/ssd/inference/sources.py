@@ -146,12 +146,12 @@ def predict_source(
     :meth:`Detector.predict`). ``score_threshold``: ``None`` is the model's best-F1 confidence, else
     ``settings.PREDICT``'s (:meth:`Detector.confidence`).
     """
-    score_threshold = detector.confidence(score_threshold)[0]
-    check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     check_tile(tile, tile_overlap)
     if fmt not in RESULTS_FILES:
         raise ValueError(f"unknown results format {fmt!r} (choose json or coco)")
     files = resolve_source(source)
+    score_threshold = detector.confidence(score_threshold)[0]
+    check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     save_dir, plan = _prepare(files, Path(save_dir), exist_ok, fmt)
     summary = PredictSummary(save_dir, save_dir / RESULTS_FILES[fmt])
     options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections,
