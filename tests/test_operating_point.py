@@ -107,3 +107,29 @@ def test_predict_prints_the_threshold_and_where_it_came_from(tiny, weights, tmp_
     assert main(["predict", "--weights", str(plain), "--source", str(image), "--device", "cpu",
                  "--save-dir", str(tmp_path / "p3")]) == 0
     assert capsys.readouterr().out.splitlines()[0] == f"conf {PREDICT.score_threshold:g} (default)"
+
+
+def test_opencv_and_openvino_backends_read_the_operating_point(weights, tmp_path):
+    pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino package")
+    from ssd.export.formats import export
+    from ssd.inference.backends_opencv import OpenCvBackend
+    from ssd.inference.backends_openvino import OpenVinoBackend
+
+    onnx_path = export(weights, "onnx", out_path=tmp_path / "best.onnx")
+    assert OpenCvBackend(onnx_path).operating_point == POINT
+    folder = export(weights, "openvino", out_path=tmp_path / "best_openvino")
+    assert OpenVinoBackend(folder).operating_point == POINT
+    assert load(folder).confidence() == (0.31, FROM_MODEL)
+
+
+def test_an_nms_export_defaults_to_the_higher_of_its_graph_threshold_and_the_models(tiny, tmp_path):
+    low = save_checkpoint(tmp_path / "low.pt", tiny, operating_point={**POINT, "score_threshold": 0.1})
+    graph = load(export_onnx(low, tmp_path / "low_nms.onnx", nms=True, check=False, score_threshold=0.2))
+    assert graph.backend.operating_point["score_threshold"] == 0.1
+    assert graph.confidence() == (0.2, "the NMS graph's threshold, above the model's 0.1")
+    assert len(graph.predict(random_images(1))[0].scores) > 0
+
+    high = save_checkpoint(tmp_path / "high.pt", tiny, operating_point=POINT)
+    graph = load(export_onnx(high, tmp_path / "high_nms.onnx", nms=True, check=False, score_threshold=0.2))
+    assert graph.confidence() == (0.31, FROM_MODEL)
+    assert min(graph.predict(random_images(1))[0].scores.tolist()) > 0.31

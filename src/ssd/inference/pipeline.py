@@ -116,13 +116,18 @@ class Detector:
 
     def confidence(self, score_threshold: float | None = None, given: str = "score_threshold") -> tuple[float, str]:
         """The score threshold a prediction uses and where it comes from, in words: ``score_threshold`` when given
-        (``given`` names the option), else the model's best-F1 confidence, else ``settings.PREDICT``'s."""
+        (``given`` names the option), else the model's best-F1 confidence, else ``settings.PREDICT``'s; a graph with
+        NMS inside cannot go below the threshold fixed at its export, which is then the default."""
         if score_threshold is not None:
             return score_threshold, given
         point = self.operating_point
-        if point is not None:
-            return point["score_threshold"], f"the model's best-F1 confidence on its {point['split']} split"
-        return PREDICT.score_threshold, "default"
+        value, origin = ((point["score_threshold"], f"the model's best-F1 confidence on its {point['split']} split")
+                         if point is not None else (PREDICT.score_threshold, "default"))
+        fixed = self.backend.score_threshold if getattr(self.backend, "nms", False) else 0.0
+        if value < fixed:
+            below = "the model's" if point is not None else "the default"
+            return fixed, f"the NMS graph's threshold, above {below} {value:g}"
+        return value, origin
 
     def preprocess(self, images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         """``[3, H, W]`` tensors -> ``(batch [B, 3, S, S], sizes [B, 2] (h, w))`` for this backend."""
