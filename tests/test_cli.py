@@ -208,7 +208,9 @@ def test_thresholds_are_spelled_alike_and_show_the_settings_defaults(command, de
     with pytest.raises(SystemExit):
         main([command, "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert f"--conf CONF {use}score threshold in [0, 1] (default: {table.score_threshold})" in out
+    conf_default = (f"the model's best-F1 confidence, else {table.score_threshold}" if command == "predict"
+                    else table.score_threshold)
+    assert f"--conf CONF {use}score threshold in [0, 1] (default: {conf_default})" in out
     assert f"--iou IOU {use}NMS IoU threshold in [0, 1] (default: {table.iou_threshold})" in out
     assert "--score-threshold" not in out and "--iou-threshold" not in out
     assert ("--max-det N" in out) == (command != "train")

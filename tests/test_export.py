@@ -225,6 +225,9 @@ def with_metadata(source, target, **changes):
     (dict(category_ids="[1, 2]"), r"category_ids must be 3 integers \(one per class\), got \[1, 2\]"),
     (dict(graph_sha256=None), r"the metadata has no graph_sha256 \(the checksum `ssd export` stores\)"),
     (dict(precision='"int4"'), r"metadata precision='\"int4\"' is not \"fp32\" or \"int8\""),
+    (dict(operating_point="0.3"), r"metadata operating_point='0.3' is not a JSON object"),
+    (dict(operating_point='{"score_threshold": 1.0, "precision": 1, "recall": 1, "f1": 1, "split": "val"}'),
+     r"edited\.onnx: metadata: operating_point must be a dict of score_threshold in \[0, 1\)"),
 ])
 def test_onnx_metadata_problems_are_named(tiny_onnx, tmp_path, changes, message):
     path = with_metadata(tiny_onnx, tmp_path / "edited.onnx", **changes)
@@ -237,6 +240,7 @@ def test_onnx_backend_knows_its_priors_and_settings(tiny, tiny_onnx):
     backend = OnnxBackend(tiny_onnx)
     assert torch.equal(backend.priors, tiny.priors)  # before any batch ran
     assert (backend.class_names, backend.image_size, backend.category_ids) == (tiny.class_names, 256, None)
+    assert backend.operating_point is None
     assert (backend.mean, backend.std, backend.variances) == (tiny.config.mean, tiny.config.std, tiny.config.variances)
 
 

@@ -46,7 +46,9 @@ def test_plot_results_draws_training_and_validation_losses(tmp_path, figures):
                              "train/cls_loss": 3 / epoch, "val/loss": 6 / epoch if validated else "",
                              "val/loc_loss": 2.5 / epoch if validated else "",
                              "val/cls_loss": 3.5 / epoch if validated else "", "lr": 0.01,
-                             "val/mAP": 0.3 * epoch if validated else "", "time": 10 * epoch})
+                             "val/mAP": 0.3 * epoch if validated else "",
+                             "val/precision": 0.2 * epoch if validated else "",
+                             "val/recall": 0.1 * epoch if validated else "", "time": 10 * epoch})
     width, height = _is_png(plot_results(path, tmp_path / "results.png"))
     assert width > 500 and height > 200
     loss_ax, _, map_ax = figures[0].axes
@@ -55,7 +57,12 @@ def test_plot_results_draws_training_and_validation_losses(tmp_path, figures):
     assert list(lines["loss"].get_xdata()) == [1.0, 2.0, 3.0]
     assert list(lines["val loss"].get_xdata()) == [2.0, 3.0]  # the epoch without validation is skipped
     assert list(lines["val loss"].get_ydata()) == [3.0, 2.0] and lines["val loss"].get_linestyle() == "--"
-    assert list(map_ax.get_lines()[0].get_ydata()) == [0.6, pytest.approx(0.9)]
+    scores = {line.get_label(): line for line in map_ax.get_lines()}
+    assert list(scores) == ["mAP", "precision", "recall"]
+    assert list(scores["mAP"].get_ydata()) == [0.6, pytest.approx(0.9)]
+    assert list(scores["precision"].get_ydata()) == [0.4, pytest.approx(0.6)]
+    assert list(scores["recall"].get_xdata()) == [2.0, 3.0] and list(scores["recall"].get_ydata()) == [
+        0.2, pytest.approx(0.3)]
 
 
 def test_plot_pr_curves_and_label_stats(tmp_path):
@@ -177,7 +184,7 @@ def test_names_no_font_has_are_drawn_as_indices_with_a_legend(tmp_path, fonts, f
     run = tmp_path / "実験"
     run.mkdir()
     with open(run / "results.csv", "w", newline="") as f:
-        csv.writer(f).writerows([RESULTS_COLUMNS, [1, 3, 1, 2, 3.5, 1.5, 2, 0.01, 0.5, 9]])
+        csv.writer(f).writerows([RESULTS_COLUMNS, [1, 3, 1, 2, 3.5, 1.5, 2, 0.01, 0.5, 0.6, 0.4, 9]])
     with no_font_warnings(caplog):
         _is_png(plot_label_stats(boxes, labels, names, tmp_path / "labels.png"))
         _is_png(plot_pr_curves(result, names, tmp_path / "pr.png"))

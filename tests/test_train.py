@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import csv
 import math
 import re
 from pathlib import Path
@@ -102,6 +103,23 @@ def test_two_epochs_lower_loss_and_every_file(two_epochs):
     ckpt = ssd.load_checkpoint(run / "weights" / "last.pt")
     assert ckpt["epoch"] == 1 and ckpt["class_names"] == ["circle", "square", "triangle"]
     assert {"optimizer", "scheduler", "scaler", "rng", "train_config"} <= set(ckpt)
+
+
+def test_validation_stores_its_best_f1_point_in_the_checkpoints_and_results_csv(two_epochs):
+    """The last validation's best-F1 point is last.pt's operating point, its precision and recall are the row's,
+    and predict with the checkpoint defaults to that confidence."""
+    run = two_epochs.run_dir
+    point = ssd.load_checkpoint(run / "weights" / "last.pt")["operating_point"]
+    assert set(point) == {"score_threshold", "precision", "recall", "f1", "split"} and point["split"] == "val"
+    assert 0 <= point["score_threshold"] < 1
+    assert 0 < point["f1"] <= 1  # the mean of the classes' F1, not the F1 of the mean P and R
+    rows = list(csv.DictReader((run / "results.csv").open()))
+    assert float(rows[-1]["val/precision"]) == pytest.approx(point["precision"])
+    assert float(rows[-1]["val/recall"]) == pytest.approx(point["recall"])
+    best = ssd.load_checkpoint(run / "weights" / "best.pt")
+    best_row = rows[best["best_epoch"] - 1]
+    assert float(best_row["val/precision"]) == pytest.approx(best["operating_point"]["precision"])
+    assert ssd.load(run / "weights" / "last.pt").confidence()[0] == point["score_threshold"]
 
 
 def test_evaluate_checkpoint_equals_end_of_training(two_epochs, synthetic_voc):

@@ -43,9 +43,12 @@ __all__ = ["RESULTS_COLUMNS", "class_color", "draw_detections", "font_for", "plo
 #                   the same losses on the validation split, no augmentation (empty when not validated)
 #   lr              learning rate at the end of the epoch (first parameter group)
 #   val/mAP         validation mAP of the run's metric (empty when the epoch was not validated)
+#   val/precision, val/recall
+#                   validation precision and recall at that epoch's best-F1 confidence (the checkpoint's
+#                   operating_point; empty when not validated)
 #   time            seconds since the start of training
 RESULTS_COLUMNS = ("epoch", "train/loss", "train/loc_loss", "train/cls_loss", "val/loss", "val/loc_loss",
-                   "val/cls_loss", "lr", "val/mAP", "time")
+                   "val/cls_loss", "lr", "val/mAP", "val/precision", "val/recall", "time")
 
 _PALETTE = [tuple(round(255 * c) for c in colormaps["tab20"](i)[:3]) for i in (*range(0, 20, 2), *range(1, 20, 2))]
 _FONT = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
@@ -112,8 +115,8 @@ def _save(fig: Figure, out_png: str | Path) -> Path:
 
 
 def plot_results(csv_path: str | Path, out_png: str | Path) -> Path:
-    """Loss curves (total, loc, cls; training solid, validation dashed), learning rate and validation mAP against
-    the epoch, from ``results.csv``."""
+    """Loss curves (total, loc, cls; training solid, validation dashed), learning rate and validation mAP,
+    precision and recall against the epoch, from ``results.csv``."""
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
 
@@ -133,8 +136,10 @@ def plot_results(csv_path: str | Path, out_png: str | Path) -> Path:
         loss_ax.legend()
         lr_ax.plot(*column("lr"), marker=".")
         lr_ax.set(title="learning rate", xlabel="epoch")
-        map_ax.plot(*column("val/mAP"), marker="o", color="tab:green")
-        map_ax.set(title="validation mAP", xlabel="epoch", ylim=(0, 1))
+        for name, color in (("mAP", "tab:green"), ("precision", "tab:purple"), ("recall", "tab:brown")):
+            map_ax.plot(*column(f"val/{name}"), marker="o", color=color, label=name)
+        map_ax.set(title="validation (P, R at the best-F1 confidence)", xlabel="epoch", ylim=(0, 1))
+        map_ax.legend()
         for ax in (loss_ax, lr_ax, map_ax):
             ax.grid(alpha=0.3)
         fig.suptitle(title if font else _escaped(title))

@@ -64,6 +64,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     options = thresholds(args)
     overlap = _overlap(args)
     detector = load(args.weights, device=args.device, half=args.half)
+    options["score_threshold"], origin = detector.confidence(options["score_threshold"], "--conf")
+    print(f"conf {options['score_threshold']:g} ({origin})")
     summary = predict_source(detector, args.source, args.save_dir, **options, batch_size=args.batch_size,
                              save_images=args.save_images,
                              fmt=args.fmt, exist_ok=args.exist_ok, tile=args.tile, tile_overlap=overlap)

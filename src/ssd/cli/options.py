@@ -107,12 +107,17 @@ def add_tile_options(parser: argparse.ArgumentParser) -> None:
                         help="share of a tile its neighbours also cover, in [0, 1) (default: 0.2)")
 
 
-def add_threshold_options(parser: argparse.ArgumentParser, defaults: Thresholds, use: str) -> None:
+def add_threshold_options(parser: argparse.ArgumentParser, defaults: Thresholds, use: str,
+                          model_conf: bool = False) -> None:
     """``--conf``, ``--iou``, ``--max-det`` (:data:`ssd.settings.THRESHOLD_OPTIONS`) with ``defaults``; ``use``:
-    what they are for, in the help."""
+    what they are for, in the help. ``model_conf``: ``--conf`` defaults to ``None``, the model's stored best-F1
+    confidence when it has one."""
     conf, iou, max_det = (THRESHOLD_OPTIONS[k] for k in ("score_threshold", "iou_threshold", "max_detections"))
-    parser.add_argument(conf, dest="score_threshold", type=float, metavar="CONF", default=defaults.score_threshold,
-                        help=f"{use}score threshold in [0, 1] (default: {defaults.score_threshold})")
+    conf_default = f"the model's best-F1 confidence, else {defaults.score_threshold}" if model_conf else (
+        defaults.score_threshold)
+    parser.add_argument(conf, dest="score_threshold", type=float, metavar="CONF",
+                        default=None if model_conf else defaults.score_threshold,
+                        help=f"{use}score threshold in [0, 1] (default: {conf_default})")
     parser.add_argument(iou, dest="iou_threshold", type=float, metavar="IOU", default=defaults.iou_threshold,
                         help=f"{use}NMS IoU threshold in [0, 1] (default: {defaults.iou_threshold})")
     parser.add_argument(max_det, dest="max_detections", type=int, metavar="N", default=defaults.max_detections,
@@ -124,8 +129,9 @@ def thresholds(args: argparse.Namespace) -> dict[str, float | int]:
     from ssd.settings import check_thresholds
 
     options = {key: getattr(args, key) for key in THRESHOLD_OPTIONS}
+    given = {**options, "score_threshold": 0.0} if options["score_threshold"] is None else options  # the model's
     try:
-        check_thresholds(**options, batch_size=getattr(args, "batch_size", 1),
+        check_thresholds(**given, batch_size=getattr(args, "batch_size", 1),
                          names={**THRESHOLD_OPTIONS, "batch_size": "--batch-size"})
     except ValueError as e:
         raise UsageError(f"ssd {args.command}: {e}") from None

@@ -72,7 +72,7 @@ def _add_predict_parser(sub) -> None:
                    help="checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml or its folder, "
                         ".torchscript")
     p.add_argument("--source", required=True, help="image, folder (subfolders included), glob or video file")
-    add_threshold_options(p, PREDICT, "")
+    add_threshold_options(p, PREDICT, "", model_conf=True)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
     p.add_argument("--half", action="store_true", help="half precision (CUDA only)")

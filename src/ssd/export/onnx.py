@@ -24,7 +24,8 @@ Metadata (``metadata_props``, strings, JSON values): ``ssd_version``, ``model_na
 ``image_size``, ``mean``, ``std``, ``variances`` (lists), ``nms`` (``true``/``false``), ``precision`` (``fp32``, or
 ``int8`` for :mod:`ssd.export.quantize`'s files), ``graph_sha256`` (the
 checksum of the graph: :func:`ssd.inference.backends.graph_digest`, verified at load), ``category_ids`` (list, when the
-checkpoint has the dataset's ids) and, with NMS, ``score_threshold``, ``iou_threshold``, ``max_det``,
+checkpoint has the dataset's ids), ``operating_point`` (object, when the checkpoint has the best-F1 confidence
+training stored: the default confidence of predict) and, with NMS, ``score_threshold``, ``iou_threshold``, ``max_det``,
 ``candidates_per_class``. :class:`ssd.inference.backends.OnnxBackend` validates all of them against the graph.
 
 The in-graph post-processing (:class:`_ExportGraph`) is written with ONNX-exportable ops, apart from
@@ -38,6 +39,7 @@ import copy
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +53,7 @@ from ssd.files import check_output, write_bytes
 from ssd.inference.backends import check_category_ids, graph_digest
 from ssd.postprocess import CANDIDATES_PER_CLASS
 from ssd.settings import PREDICT, check_thresholds
+from ssd.weights.checkpoint import check_operating_point
 from ssd.weights.load import model_from_checkpoint, read_weights
 
 __all__ = ["ExportCheckError", "export_onnx", "check_opset", "check_onnx", "as_model", "onnx_metadata"]
@@ -134,16 +137,18 @@ def check_opset(opset: int) -> None:
                          f"{ONNX_MAX_OPSET} (18 and newer natively, lower ones by down-conversion); default 18")
 
 
-def as_model(weights_or_model, out_path: Path) -> tuple[nn.Module, list[int] | None]:
+def as_model(weights_or_model, out_path: Path) -> tuple[nn.Module, list[int] | None, dict[str, Any] | None]:
     """A CPU copy in eval mode of the model (unwrapped from DDP), or the model of a checkpoint path with its
-    ``category_ids`` (``None`` when it has none). Refuses an ``out_path`` that is the checkpoint itself."""
+    ``category_ids`` and ``operating_point`` (``None`` when it has none). Refuses an ``out_path`` that is the
+    checkpoint itself."""
     if isinstance(weights_or_model, nn.Module):
-        return copy.deepcopy(unwrap_model(weights_or_model)).cpu().eval(), None
+        return copy.deepcopy(unwrap_model(weights_or_model)).cpu().eval(), None, None
     weights = Path(weights_or_model)
     check_output(out_path, inputs=[weights], what="--output")
     ckpt = read_weights(weights)  # a checkpoint, or a foreign detector imported
     model = model_from_checkpoint(ckpt).eval()
-    return model, check_category_ids(ckpt.get("category_ids"), model.num_classes, str(weights))
+    return (model, check_category_ids(ckpt.get("category_ids"), model.num_classes, str(weights)),
+            check_operating_point(ckpt.get("operating_point"), str(weights)))
 
 
 def export_onnx(
@@ -180,7 +185,7 @@ def export_onnx(
     check_thresholds(score_threshold, iou_threshold, max_detections)
     check_opset(opset)
     out_path = Path(out_path)
-    model, category_ids = as_model(weights_or_model, out_path)
+    model, category_ids, point = as_model(weights_or_model, out_path)
     size = model.config.image_size
     graph = _ExportGraph(model, nms, score_threshold, iou_threshold, max_detections).eval()
     example = torch.zeros(2 if dynamic_batch else 1, 3, *as_hw(size))
@@ -198,7 +203,7 @@ def export_onnx(
         raise ValueError(f"cannot export {model.config.name} at opset {opset}: the conversion "
                          f"from opset {written} failed (use opset {written} or newer)")
     thresholds = (score_threshold, iou_threshold, max_detections) if nms else None
-    onnx.helper.set_model_props(proto, onnx_metadata(model, category_ids, graph_digest(proto), thresholds))
+    onnx.helper.set_model_props(proto, onnx_metadata(model, category_ids, graph_digest(proto), thresholds, point))
     write_bytes(out_path, proto.SerializeToString())
     if check:
         check_onnx(model, out_path, sample_images)
@@ -206,8 +211,10 @@ def export_onnx(
 
 
 def onnx_metadata(model: nn.Module, category_ids: list[int] | None, digest: str,
-              thresholds: tuple[float, float, int] | None) -> dict[str, str]:
-    """The metadata of an export (see the module docstring); ``thresholds``: those of in-graph NMS, or ``None``."""
+                  thresholds: tuple[float, float, int] | None,
+                  operating_point: dict[str, Any] | None = None) -> dict[str, str]:
+    """The metadata of an export (see the module docstring); ``thresholds``: those of in-graph NMS, or ``None``;
+    ``operating_point``: the checkpoint's (the default confidence of the artifact's backend), or ``None``."""
     config = model.config
     metadata = {
         "ssd_version": __version__,
@@ -223,6 +230,8 @@ def onnx_metadata(model: nn.Module, category_ids: list[int] | None, digest: str,
     }
     if category_ids is not None:
         metadata["category_ids"] = json.dumps(category_ids)
+    if operating_point is not None:
+        metadata["operating_point"] = json.dumps(operating_point)
     if thresholds is not None:
         score_threshold, iou_threshold, max_detections = thresholds
         metadata.update(score_threshold=repr(float(score_threshold)), iou_threshold=repr(float(iou_threshold)),

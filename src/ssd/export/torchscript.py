@@ -39,10 +39,10 @@ class _RawOutputs(nn.Module):
 def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
     """Trace a checkpoint path or an ``SSD`` (see the module docstring) to ``out_path`` (written atomically)."""
     out_path = Path(out_path)
-    model, category_ids = as_model(weights_or_model, out_path)
+    model, category_ids, point = as_model(weights_or_model, out_path)
     with torch.no_grad():
         traced = torch.jit.trace(_RawOutputs(model), torch.zeros(1, 3, *as_hw(model.config.image_size)))
-    metadata = onnx_metadata(model, category_ids, digest="", thresholds=None)
+    metadata = onnx_metadata(model, category_ids, digest="", thresholds=None, operating_point=point)
     del metadata["graph_sha256"]
     metadata["module_sha256"] = module_digest(traced)
     buffer = io.BytesIO()

@@ -2,10 +2,11 @@
 
 A backend maps a preprocessed batch ``[B, 3, S, S]`` (float32, normalized) to ``(loc [B, P, 4], logits [B, P, K+1])``
 and knows what the rest of the pipeline needs: ``priors [P, 4]``, ``variances``, ``mean``, ``std``, ``image_size``,
-``class_names``, ``category_ids`` (the dataset's COCO category id of each label, or ``None``), ``device`` (where
-its input batch is made). An ONNX graph exported with NMS inside (``nms = True``) returns detections instead:
-:meth:`OnnxBackend.nms_detections`. :func:`ssd.inference.pipeline.detect_batch` runs either kind;
-:func:`ssd.inference.registry.open_backend` opens them (:func:`open_torch`, :func:`open_onnx`).
+``class_names``, ``category_ids`` (the dataset's COCO category id of each label, or ``None``), ``operating_point``
+(the stored best-F1 confidence and its P/R/F1, or ``None``), ``device`` (where its input batch is made). An ONNX
+graph exported with NMS inside (``nms = True``) returns detections instead: :meth:`OnnxBackend.nms_detections`.
+:func:`ssd.inference.pipeline.detect_batch` runs either kind; :func:`ssd.inference.registry.open_backend` opens
+them (:func:`open_torch`, :func:`open_onnx`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 from ssd._utils import as_hw, compact_size, require, unwrap_model
 from ssd.detect import model_input
 from ssd.device import prepare_model
-from ssd.weights.checkpoint import CheckpointError
+from ssd.weights.checkpoint import CheckpointError, check_operating_point
 
 __all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "check_category_ids", "read_metadata",
            "open_torch", "open_onnx"]
@@ -55,14 +56,15 @@ class TorchBackend:
 
     ``device``: default the model's own; ``half``: float16 autocast (CUDA only). The model and each batch are moved
     to ``device`` and made channels-last when the model's configuration recommends it. ``source``: the checkpoint
-    it came from.
+    it came from; ``operating_point``: its stored best-F1 point (checked), or ``None``.
     """
 
     name = "torch"
     nms = False
 
     def __init__(self, model: nn.Module, device: str | torch.device | None = None, half: bool = False,
-                 category_ids: Sequence[int] | None = None, source: Path | None = None):
+                 category_ids: Sequence[int] | None = None, source: Path | None = None,
+                 operating_point: dict[str, Any] | None = None):
         model = unwrap_model(model)
         self.source = source
         self.device = torch.device(device) if device is not None else model.priors.device
@@ -76,6 +78,7 @@ class TorchBackend:
         self.image_size, self.variances = config.image_size, config.variances
         self.mean, self.std = config.mean, config.std
         self.category_ids = check_category_ids(category_ids, config.num_classes, "category_ids")
+        self.operating_point = check_operating_point(operating_point, "operating_point")
 
     @property
     def priors(self) -> Tensor:
@@ -91,7 +94,7 @@ class TorchBackend:
 
 def open_torch(path: Path, device: torch.device, half: bool) -> TorchBackend:
     """A checkpoint of this library, or a foreign detector :func:`ssd.weights.load.read_weights` imports; its
-    ``category_ids`` (the dataset's ids, when training stored them) become the backend's."""
+    ``category_ids`` and ``operating_point`` (when training stored them) become the backend's."""
     from ssd.weights.load import model_from_checkpoint, read_weights
 
     ckpt = read_weights(path)
@@ -100,7 +103,8 @@ def open_torch(path: Path, device: torch.device, half: bool) -> TorchBackend:
     except CheckpointError as e:  # it names "the checkpoint": say which file
         raise CheckpointError(f"{path}: {e}") from None
     category_ids = check_category_ids(ckpt.get("category_ids"), model.num_classes, str(path))
-    return TorchBackend(model, device, half, category_ids=category_ids, source=path)
+    point = check_operating_point(ckpt.get("operating_point"), str(path))
+    return TorchBackend(model, device, half, category_ids=category_ids, source=path, operating_point=point)
 
 
 def open_onnx(path: Path, device: torch.device, half: bool) -> OnnxBackend:
@@ -144,6 +148,7 @@ _RULES = {
     "max_det": (_positive_int, "a positive integer"),
     "category_ids": (lambda v: isinstance(v, list), "a JSON list of integers"),
     "precision": (lambda v: v in ("fp32", "int8"), '"fp32" or "int8"'),
+    "operating_point": (lambda v: isinstance(v, dict), "a JSON object"),
 }
 _REQUIRED = ("class_names", "image_size", "mean", "std", "variances", "nms")
 _REQUIRED_NMS = ("score_threshold", "iou_threshold", "max_det")
@@ -171,6 +176,7 @@ def read_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
                              f"it was edited or written by another tool; export the model again with `ssd export`")
     meta["category_ids"] = check_category_ids(meta.get("category_ids"), len(meta["class_names"]), str(path),
                                               OnnxModelError)
+    meta["operating_point"] = check_operating_point(meta.get("operating_point"), f"{path}: metadata", OnnxModelError)
     return meta
 
 
@@ -204,6 +210,7 @@ class OnnxBackend:
         meta = read_metadata(self.path, raw)
         self._verify_checksum(raw)
         self.class_names, self.category_ids = meta["class_names"], meta["category_ids"]
+        self.operating_point = meta["operating_point"]
         self.image_size = compact_size(meta["image_size"])
         self.mean, self.std, self.variances = tuple(meta["mean"]), tuple(meta["std"]), tuple(meta["variances"])
         self.nms = meta["nms"]

@@ -51,6 +51,7 @@ class TorchScriptBackend:
                                  "(module_sha256, missing or different): the file was modified after `ssd export`; "
                                  "export it again")
         self.class_names, self.category_ids = meta["class_names"], meta["category_ids"]
+        self.operating_point = meta["operating_point"]
         self.image_size = compact_size(meta["image_size"])
         self.mean, self.std, self.variances = tuple(meta["mean"]), tuple(meta["std"]), tuple(meta["variances"])
         self._priors: Tensor | None = None

@@ -4,7 +4,8 @@ tensors; batching and tiling) and :func:`load`, which makes one from anything
 pipeline.
 
 Thresholds have one vocabulary (:mod:`ssd.settings`, defaults :data:`~ssd.settings.PREDICT`): ``score_threshold``
-(keep scores strictly above it), ``iou_threshold`` (per-class NMS overlap), ``max_detections`` (per image). Every
+(keep scores strictly above it; default the model's stored best-F1 confidence when it has one, see
+:meth:`Detector.confidence`), ``iou_threshold`` (per-class NMS overlap), ``max_detections`` (per image). Every
 output box is pixel ``xyxy`` of the original image; labels are ``0..K-1``.
 """
 
@@ -107,21 +108,44 @@ class Detector:
         """The dataset's category id of each label (from the checkpoint), or ``None`` (the labels themselves)."""
         return self.backend.category_ids
 
+    @property
+    def operating_point(self) -> dict | None:
+        """The model's stored best-F1 point (``score_threshold``, ``precision``, ``recall``, ``f1``, ``split``), or
+        ``None``."""
+        return getattr(self.backend, "operating_point", None)
+
+    def confidence(self, score_threshold: float | None = None, given: str = "score_threshold") -> tuple[float, str]:
+        """The score threshold a prediction uses and where it comes from, in words: ``score_threshold`` when given
+        (``given`` names the option), else the model's best-F1 confidence, else ``settings.PREDICT``'s; a graph with
+        NMS inside cannot go below the threshold fixed at its export, which is then the default."""
+        if score_threshold is not None:
+            return score_threshold, given
+        point = self.operating_point
+        value, origin = ((point["score_threshold"], f"the model's best-F1 confidence on its {point['split']} split")
+                         if point is not None else (PREDICT.score_threshold, "default"))
+        fixed = self.backend.score_threshold if getattr(self.backend, "nms", False) else 0.0
+        if value < fixed:
+            below = "the model's" if point is not None else "the default"
+            return fixed, f"the NMS graph's threshold, above {below} {value:g}"
+        return value, origin
+
     def preprocess(self, images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         """``[3, H, W]`` tensors -> ``(batch [B, 3, S, S], sizes [B, 2] (h, w))`` for this backend."""
         backend = self.backend
         return preprocess(images, backend.image_size, backend.mean, backend.std, device=backend.device)
 
     def detect(self, images: Sequence[Tensor], paths: Sequence[str | None] | None = None, *,
-               score_threshold: float = PREDICT.score_threshold, iou_threshold: float = PREDICT.iou_threshold,
+               score_threshold: float | None = None, iou_threshold: float = PREDICT.iou_threshold,
                max_detections: int = PREDICT.max_detections, tile: int | str | Sequence[int] | None = None,
                tile_overlap: float = TILE_OVERLAP, batch_size: int | None = None) -> list[Result]:
-        """One batch of ``[3, H, W]`` tensors (uint8 or float in ``0..1``) -> one :class:`Result` per image.
+        """One batch of ``[3, H, W]`` tensors (uint8 or float in ``0..1``) -> one :class:`Result` per image
+        (``score_threshold`` ``None``: :meth:`confidence`).
 
         ``tile``: ``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels: also detect on overlapping tiles of each image
         and merge (:func:`ssd.inference.tiling.detect_tiled`), ``batch_size`` crops at a time (default: as many as
         ``images``)."""
-        options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections)
+        options = dict(score_threshold=self.confidence(score_threshold)[0], iou_threshold=iou_threshold,
+                       max_detections=max_detections)
 
         def run(crops: list[Tensor]) -> list[dict[str, Tensor]]:
             return detect_batch(self.backend, *self.preprocess(crops), **options)
@@ -139,7 +163,7 @@ class Detector:
             for d, image, path in zip(detections, images, paths)
         ]
 
-    def predict(self, source, *, score_threshold: float = PREDICT.score_threshold,
+    def predict(self, source, *, score_threshold: float | None = None,
                 iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
                 batch_size: int = 8, tile: int | str | Sequence[int] | None = None,
                 tile_overlap: float = TILE_OVERLAP) -> list[Result]:
@@ -149,7 +173,9 @@ class Detector:
 
         ``tile``: ``"auto"`` (tile images more than twice the network input along a side), a tile side ``N`` or
         ``(h, w)`` in pixels, or ``None`` (no tiling); ``tile_overlap``: the share of a tile its neighbours also
-        cover. See :mod:`ssd.inference.tiling`."""
+        cover. See :mod:`ssd.inference.tiling`. ``score_threshold``: default the model's best-F1 confidence when it
+        stores one, else ``settings.PREDICT``'s (:meth:`confidence`); a given value wins."""
+        score_threshold = self.confidence(score_threshold)[0]
         check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
         check_tile(tile, tile_overlap)
         items = list(source) if isinstance(source, (list, tuple)) else [source]

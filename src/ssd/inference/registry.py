@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,9 @@ class Backend(Protocol):
         mean, std: per-channel normalization of the input; ``image_size``: the input ``S`` or ``(H, W)``.
         class_names: the K class names (label ``k`` is ``class_names[k]``); ``category_ids``: the dataset's
             category id of each label, or ``None``.
+        operating_point: the model's stored best-F1 point (``dict(score_threshold, precision, recall, f1,
+            split)``, :func:`ssd.weights.checkpoint.check_operating_point`), or ``None``: the default confidence of
+            :class:`ssd.inference.pipeline.Detector`.
         device: where its input batch is made.
     """
 
@@ -45,6 +48,7 @@ class Backend(Protocol):
     image_size: int | tuple[int, int]
     class_names: list[str]
     category_ids: list[int] | None
+    operating_point: dict[str, Any] | None
     device: torch.device
 
     @property

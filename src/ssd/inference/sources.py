@@ -121,7 +121,7 @@ def predict_source(
     source: str | Path,
     save_dir: str | Path = "runs/predict",
     *,
-    score_threshold: float = PREDICT.score_threshold,
+    score_threshold: float | None = None,
     iou_threshold: float = PREDICT.iou_threshold,
     max_detections: int = PREDICT.max_detections,
     batch_size: int = 8,
@@ -144,13 +144,15 @@ def predict_source(
     category id of the label when the checkpoint stores them (:attr:`Detector.category_ids`), else the label
     ``0..K-1``, ``bbox`` xywh pixels, ``score``). An unreadable image or video is reported by name, skipped and
     listed in the summary. ``tile`` / ``tile_overlap``: tiled prediction of large images and video frames (see
-    :meth:`Detector.predict`).
+    :meth:`Detector.predict`). ``score_threshold``: ``None`` is the model's best-F1 confidence, else
+    ``settings.PREDICT``'s (:meth:`Detector.confidence`).
     """
-    check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     check_tile(tile, tile_overlap)
     if fmt not in RESULTS_FILES:
         raise ValueError(f"unknown results format {fmt!r} (choose json or coco)")
     files = resolve_source(source)
+    score_threshold = detector.confidence(score_threshold)[0]
+    check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     save_dir, plan = _prepare(files, Path(save_dir), exist_ok, fmt)
     summary = PredictSummary(save_dir, save_dir / RESULTS_FILES[fmt])
     options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections,

@@ -75,7 +75,7 @@ def checkpoint_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 def save_training_state(trainer: Trainer, path: Path, *, resume: bool) -> None:
     """Write ``trainer``'s evaluated model and training state (:data:`ssd.training.plan.TRAINING_STATE`) to
     ``path``; ``resume`` adds the raw weights and EMA count (``last.pt``)."""
-    extra = {}
+    extra = {} if trainer.operating_point is None else {"operating_point": trainer.operating_point}
     if trainer.ema is not None and resume:
         extra["ema"] = {"updates": int(trainer.ema.n_averaged), "raw_model": trainer.model.state_dict()}
     save_checkpoint(path, trainer.eval_model, optimizer=trainer.optimizer.state_dict(),
@@ -97,6 +97,7 @@ def restore_training_state(trainer: Trainer, state: dict[str, Any]) -> None:
     trainer.best_map, trainer.best_epoch = state["best_map"], state["best_epoch"]
     trainer.history = list(state["history"])
     trainer.metrics = dict(state["metrics"])
+    trainer.operating_point = state.get("operating_point")
     trainer.nonfinite, trainer.stop_reason = state["nonfinite_skipped"], state["stop_reason"]
     if trainer.ema is not None and "ema" in state:
         trainer.ema.n_averaged.fill_(state["ema"]["updates"])

@@ -40,7 +40,7 @@ from ssd.training.outputs import output_callbacks
 from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run
 from ssd.training.rundir import prepare_run_dir
 from ssd.training.state import epoch_seed, restore_training_state, save_training_state, seed_everything
-from ssd.training.validation import batch_loss, validation_loss
+from ssd.training.validation import batch_loss, validation_loss, validation_operating_point
 from ssd.weights.finetune import set_backbone_trainable
 
 __all__ = ["train", "Trainer", "TrainResult"]
@@ -109,6 +109,7 @@ class Trainer:
         self.start_epoch, self.epoch, self.best_map, self.best_epoch = 0, 0, -1.0, 0
         self.history: list[dict[str, Any]] = []
         self.metrics: dict[str, Any] = {}
+        self.operating_point: dict[str, Any] | None = None  # of the last validation, saved with its weights
         self.step_losses: list[float] = []
         self.nonfinite, self.stop_reason = 0, None
         if self.plan.state is not None:
@@ -222,7 +223,9 @@ class Trainer:
                                       amp_dtype=self.amp_dtype, progress=self.info.is_main and not config.quiet)
         losses = validation_loss(model, self.val_loader, self.loss_fn, self.device, channels_last=self.channels_last,
                                  amp_dtype=self.amp_dtype)
-        return {**losses, "val/mAP": self.metrics["map"]}
+        self.operating_point = point = validation_operating_point(self.metrics, self.class_names)
+        scores = {} if point is None else {"val/precision": point["precision"], "val/recall": point["recall"]}
+        return {**losses, "val/mAP": self.metrics["map"], **scores}
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         config = self.config

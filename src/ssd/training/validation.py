@@ -1,4 +1,5 @@
-"""The loss of a batch, for the training step and for the validation loss of an epoch (same ``MultiBoxLoss``)."""
+"""The loss of a batch, for the training step and for the validation loss of an epoch (same ``MultiBoxLoss``), and
+the operating point of a validation (the best-F1 confidence stored in the checkpoints)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from torch import Tensor, nn
 
 import ssd.distributed as ddp
 from ssd.device import autocast
+from ssd.evaluation.curves import operating_point
 from ssd.loss import MultiBoxLoss
 
-__all__ = ["batch_loss", "validation_loss"]
+__all__ = ["batch_loss", "validation_loss", "validation_operating_point"]
 
 
 def batch_loss(net: nn.Module, loss_fn: MultiBoxLoss, priors: Tensor, batch: dict[str, Any], device: torch.device,
@@ -49,3 +51,15 @@ def validation_loss(model: nn.Module, loader: Iterable[dict[str, Any]], loss_fn:
     gathered = ddp.all_gather_objects((totals, batches))
     mean = (sum(t for t, _ in gathered) / max(1, sum(n for _, n in gathered))).tolist()
     return {"val/loss": mean[0], "val/loc_loss": mean[1], "val/cls_loss": mean[2]}
+
+
+def validation_operating_point(metrics: dict[str, Any], class_names: list[str]) -> dict[str, Any] | None:
+    """The overall best-F1 point of :func:`ssd.evaluation.evaluator.evaluate_split`'s ``metrics`` (its
+    ``detections`` and ``ground_truths``): ``dict(score_threshold, precision, recall, f1, split="val")``, the
+    checkpoint's ``operating_point``; ``None`` when the split has no objects."""
+    curves = operating_point(metrics["detections"], metrics["ground_truths"], len(class_names), class_names)
+    best = curves["overall"]["best"]
+    if best is None:
+        return None
+    return {"score_threshold": float(best["confidence"]), "precision": float(best["precision"]),
+            "recall": float(best["recall"]), "f1": float(best["f1"]), "split": "val"}

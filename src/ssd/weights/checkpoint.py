@@ -31,7 +31,7 @@ from ssd.files import atomic_write
 from ssd.weights.identify import file_kind, identify
 
 __all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "read_file", "checked_checkpoint",
-           "checkpoint_dict"]
+           "checkpoint_dict", "check_operating_point", "OPERATING_POINT_KEYS"]
 
 FORMAT = "ssd-checkpoint-v1"
 """Value of the ``format`` key: the checkpoint layout this version reads and writes (see the policy above)."""
@@ -41,8 +41,29 @@ _LEAVES = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, torc
 _HEAD_BYTES = 4096  # enough of a file to tell text, pickles and archives apart
 
 
+OPERATING_POINT_KEYS = ("score_threshold", "precision", "recall", "f1", "split")
+"""The optional ``operating_point`` extra of a checkpoint (and key of an export's metadata): the best-F1 confidence
+on a split and its precision, recall and F1 there; what predict uses as its default confidence."""
+
+
 class CheckpointError(ValueError):
     """A checkpoint that is missing, truncated, corrupt, foreign, or does not fit the request."""
+
+
+def check_operating_point(value: Any, source: str, error: type[Exception] = CheckpointError
+                          ) -> dict[str, Any] | None:
+    """``value`` (``None`` or a dict of :data:`OPERATING_POINT_KEYS`: ``score_threshold`` in ``[0, 1)``,
+    precision / recall / F1 in ``[0, 1]``, ``split`` a string) as a plain dict; raises ``error`` naming ``source``."""
+    if value is None:
+        return None
+    rule = ("a dict of score_threshold in [0, 1), precision, recall, f1 in [0, 1] and split (a name)")
+    if not isinstance(value, Mapping) or set(value) != set(OPERATING_POINT_KEYS):
+        raise error(f"{source}: operating_point must be {rule}, got {value!r}")
+    numbers = [value[k] for k in OPERATING_POINT_KEYS[:4]]
+    if (not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in numbers)
+            or not value["score_threshold"] < 1 or not isinstance(value["split"], str)):
+        raise error(f"{source}: operating_point must be {rule}, got {dict(value)!r}")
+    return {**{k: float(value[k]) for k in OPERATING_POINT_KEYS[:4]}, "split": value["split"]}
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> Path:
