@@ -192,7 +192,7 @@ def test_export_refuses_to_overwrite_the_weights(tiny, tmp_path, capsys):
             export(weights, out_path=out)
     with pytest.raises(ValueError, match=r"is the input .*best\.pt \(the same file\)"):
         export(weights, fmt="torchscript", out_path=weights)
-    with pytest.raises(ValueError, match=r"export output \(--output\) .*best\.pt is the input"):
+    with pytest.raises(ValueError, match=r"--output .*best\.pt is the input .*best\.pt \(the same file\)"):
         export_onnx(weights, weights)
     assert main(["export", "--weights", str(weights), "--output", str(weights)]) == 1
     assert "(the same file)" in capsys.readouterr().err
