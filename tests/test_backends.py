@@ -4,6 +4,8 @@ an artifact that was edited after export."""
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -137,3 +139,17 @@ def test_openvino_export_of_an_int8_model_is_quantized_and_close(artifacts, synt
     assert (folder / "model.bin").stat().st_size <= 0.3 * (artifacts["openvino"] / "model.bin").stat().st_size
     batch = batch_of(synthetic_voc, fp32)
     assert (int8(batch)[1].softmax(-1) - fp32(batch)[1].softmax(-1)).abs().max() <= 0.03
+
+
+def test_openvino_backends_share_the_process_core(tiny_checkpoint, tmp_path):
+    """One ``openvino.Core`` per process, kept alive: a Core destroyed while OpenVINO's threads live makes a later
+    fork (a subprocess, data-loader workers) crash the whole process."""
+    from ssd.inference.backends_openvino import open_openvino, openvino_core
+
+    folder = export(tiny_checkpoint, fmt="openvino", out_path=tmp_path / "ir")
+    first = open_openvino(folder / "model.xml", torch.device("cpu"), False)
+    del first
+    second = open_openvino(folder / "model.xml", torch.device("cpu"), False)
+    assert openvino_core() is openvino_core() and second.session is not None
+    done = subprocess.run([sys.executable, "-c", "print('forked')"], capture_output=True, text=True, check=True)
+    assert done.stdout == "forked\n"

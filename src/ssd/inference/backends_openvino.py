@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -31,6 +32,14 @@ def require_openvino(nncf: bool = False):
     if nncf:
         require("nncf", "openvino", "OpenVINO INT8 export")
     return require("openvino", "openvino", "OpenVINO export and inference")
+
+
+@functools.cache
+def openvino_core():
+    """The process's one ``openvino.Core``, kept for the process's lifetime: OpenVINO's own advice (one Core per
+    process), and a Core destroyed while others' threads live makes a later ``fork`` (a subprocess, data-loader
+    workers) crash the process."""
+    return require_openvino().Core()
 
 
 def file_digest(path: Path) -> str:
@@ -80,13 +89,13 @@ class OpenVinoBackend(OnnxBackend):
         super().__init__(path.parent if path.suffix.lower() == ".xml" else path, device)
 
     def _open_session(self, device: str | torch.device) -> _OpenVinoSession:
-        ov = require_openvino()
+        core = openvino_core()
         if torch.device(device).type != "cpu":
             raise ValueError(f"the OpenVINO backend runs on the CPU, got device={str(device)!r}")
         metadata = self._read_sidecar()
         try:
-            compiled = ov.Core().compile_model(str(self.path / IR_FILES[0]), "CPU",
-                                               {"INFERENCE_PRECISION_HINT": self.precision})
+            compiled = core.compile_model(str(self.path / IR_FILES[0]), "CPU",
+                                          {"INFERENCE_PRECISION_HINT": self.precision})
         except RuntimeError as e:  # OpenVINO raises RuntimeError subclasses for files it cannot read
             raise OnnxModelError(f"cannot load OpenVINO model {self.path}: {e}") from e
         return _OpenVinoSession(compiled, metadata)
