@@ -86,6 +86,7 @@ class FakeBackend:
 
     name, nms, variances, mean, std = "fake", True, (0.1, 0.2), (0.5,) * 3, (0.25,) * 3
     image_size, class_names, category_ids, device = 32, ["cat", "dog"], None, torch.device("cpu")
+    score_threshold, operating_point = 0.0, None  # the threshold fixed in its graph; no stored best-F1 point
 
     def __init__(self, path, device, half):
         self.source, self.half = path, half

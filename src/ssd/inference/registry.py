@@ -28,7 +28,8 @@ class Backend(Protocol):
         source: the file it was opened from (``None`` for an in-memory model).
         nms: ``True`` when the network returns detections itself, not head outputs: such a backend also has
             ``nms_detections(batch, *, score_threshold, iou_threshold, max_detections)`` -> per image
-            ``boxes [N, 4]`` xyxy normalized, ``scores [N]``, ``labels [N]`` (and ``__call__`` may refuse).
+            ``boxes [N, 4]`` xyxy normalized, ``scores [N]``, ``labels [N]`` (and ``__call__`` may refuse), and
+            ``score_threshold``, the lowest threshold its graph can apply (fixed at export).
         priors: ``[P, 4]`` cxcywh normalized default boxes; ``variances``: the box encoding's two variances.
         mean, std: per-channel normalization of the input; ``image_size``: the input ``S`` or ``(H, W)``.
         class_names: the K class names (label ``k`` is ``class_names[k]``); ``category_ids``: the dataset's
