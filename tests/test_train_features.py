@@ -4,6 +4,7 @@ optional extra, validation loss in results.csv, EMA of the weights (exact number
 from __future__ import annotations
 
 import csv
+import json
 import math
 import shutil
 import sys
@@ -221,3 +222,13 @@ def test_patience_without_a_validation_split_says_how_to_get_one(shapes, tmp_pat
                                         r"training images: name one .* or hold out part of train with --val-fraction"):
         train(data=str(data), epochs=2, patience=3, project=str(tmp_path / "runs"), **TINY)
     assert not (tmp_path / "runs").exists()
+
+
+def test_training_ends_with_the_report_of_its_last_validation(shapes, tmp_path):
+    """The run directory holds what `ssd val` writes for the final weights: the same numbers as the last validation."""
+    result = train(data=str(shapes), epochs=1, project=str(tmp_path), **TINY)
+    report_dir = result.run_dir / "val_report"
+    saved = json.loads((report_dir / "metrics.json").read_text())
+    assert saved["voc07"]["map"] == pytest.approx(result.metrics["map"], abs=1e-6)  # the run's metric is voc07
+    assert {p.name for p in report_dir.iterdir()} >= {"metrics.json", "detections.json", "report.html",
+                                                       "confusion.png", "pr_curves.png"}

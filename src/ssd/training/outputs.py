@@ -21,7 +21,7 @@ from ssd.training.rundir import STOP_FILE
 if TYPE_CHECKING:
     from ssd.training.trainer import Trainer
 
-__all__ = ["ResultsCSV", "TensorBoardLogger", "RunFigures", "output_callbacks", "write_results_csv"]
+__all__ = ["ResultsCSV", "TensorBoardLogger", "RunFigures", "ValidationReport", "output_callbacks", "write_results_csv"]
 
 
 def write_results_csv(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -109,6 +109,27 @@ class RunFigures(Callback):
             save_image(drawn, out_dir / f"{record.path.stem}.jpg")
 
 
+class ValidationReport(Callback):
+    """The evaluation report of the run's last validation in ``val_report/`` (what ``ssd val`` writes: metrics.json,
+    detections.json, curves, confusion matrices, the worst images and report.html; :mod:`ssd.evaluation.report`),
+    for the weights the run ended with."""
+
+    def on_fit_end(self, trainer: Trainer) -> None:
+        metrics = trainer.metrics
+        if not metrics.get("ground_truths"):  # nothing validated in this process (a finished run resumed)
+            return
+        from ssd.evaluation.report import build_report, write_report  # matplotlib: only at the end of a run
+
+        report = build_report(metrics["detections"], metrics["ground_truths"], trainer.class_names,
+                              priors=trainer.eval_model.priors.detach().cpu(), data=str(trainer.config.data),
+                              split="val")
+        out_dir = trainer.run_dir / "val_report"
+        out_dir.mkdir(exist_ok=True)
+        page = write_report(report, out_dir, metrics["detections"], metrics["ground_truths"],
+                            category_ids=trainer.category_ids)
+        trainer.log(f"validation report: {page}")
+
+
 def output_callbacks() -> list[Callback]:
     """The run directory's writers (the trainer adds them on rank 0 only)."""
-    return [ResultsCSV(), TensorBoardLogger(), RunFigures()]
+    return [ResultsCSV(), TensorBoardLogger(), RunFigures(), ValidationReport()]

@@ -9,6 +9,7 @@ holds::
     pr_curves.png      per-class precision/recall curves of the last validation
     labels.png         label and box statistics of the training split
     val_predictions/   a few validation images with predictions drawn
+    val_report/        the evaluation report of the last validation (report.html, metrics.json, ...)
     events.out.*       TensorBoard scalars (when tensorboard is installed)
     stop.txt           why the run stopped before its last epoch (early stopping, --patience)
     weights/last.pt    after every epoch (model and the training state: ssd.training.plan.TRAINING_STATE)
