@@ -29,6 +29,8 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_area
 
+from ssd.inference.coco_results import as_tensor
+
 __all__ = ["voc_ap", "evaluate_voc", "voc_from_rows", "match_detections", "check_inputs", "concat_rows",
            "same_key_pairs", "paired_iou"]
 
@@ -65,23 +67,19 @@ def voc_ap(recall: Sequence[float] | np.ndarray, precision: Sequence[float] | np
 
 
 # ------------------------------------------------------------------------------------------------ inputs
-def _as_tensor(value: Any, dtype: torch.dtype) -> Tensor:
-    return torch.as_tensor(np.asarray(value) if not isinstance(value, Tensor) else value.detach().cpu(), dtype=dtype)
-
-
 def concat_rows(items: Sequence[Mapping[str, Any]], kind: str, num_classes: int,
             keys: tuple[str, ...]) -> dict[str, Tensor]:
     """Concatenate per-image dicts into flat tensors plus ``image`` (index of the image of each row), validated."""
     columns: dict[str, list[Tensor]] = {k: [] for k in (*keys, "image")}
     for index, item in enumerate(items):
-        boxes = _as_tensor(item["boxes"], torch.float64).reshape(-1, 4)
+        boxes = as_tensor(item["boxes"], torch.float64).reshape(-1, 4)
         n = boxes.shape[0]
         row = {"boxes": boxes, "image": torch.full((n,), index, dtype=torch.int64)}
-        row["labels"] = _as_tensor(item["labels"], torch.int64).reshape(-1)
+        row["labels"] = as_tensor(item["labels"], torch.int64).reshape(-1)
         if "scores" in keys:
-            row["scores"] = _as_tensor(item["scores"], torch.float64).reshape(-1)
+            row["scores"] = as_tensor(item["scores"], torch.float64).reshape(-1)
         if "difficult" in keys:
-            row["difficult"] = (_as_tensor(item["difficult"], torch.bool).reshape(-1) if "difficult" in item
+            row["difficult"] = (as_tensor(item["difficult"], torch.bool).reshape(-1) if "difficult" in item
                                 else torch.zeros(n, dtype=torch.bool))
         for key, value in row.items():
             if value.shape[0] != n:

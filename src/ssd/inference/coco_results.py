@@ -9,10 +9,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["to_coco_detections"]
+__all__ = ["to_coco_detections", "as_tensor"]
 
 
-def _as_tensor(value: Any, dtype: torch.dtype) -> Tensor:
+def as_tensor(value: Any, dtype: torch.dtype) -> Tensor:
+    """A tensor, array or list as a CPU tensor of ``dtype`` (detached): what per-image result dicts may hold."""
     return torch.as_tensor(np.asarray(value) if not isinstance(value, Tensor) else value.detach().cpu(), dtype=dtype)
 
 
@@ -32,10 +33,10 @@ def to_coco_detections(detections: Sequence[Mapping[str, Any]], image_ids: Seque
     results = []
     for index, item in enumerate(detections):
         image_id = image_ids[index] if image_ids is not None else item.get("image_id", index)
-        boxes = _as_tensor(item["boxes"], torch.float64).reshape(-1, 4)
+        boxes = as_tensor(item["boxes"], torch.float64).reshape(-1, 4)
         xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
-        labels = _as_tensor(item["labels"], torch.int64).reshape(-1).tolist()
-        scores = _as_tensor(item["scores"], torch.float64).reshape(-1).tolist()
+        labels = as_tensor(item["labels"], torch.int64).reshape(-1).tolist()
+        scores = as_tensor(item["scores"], torch.float64).reshape(-1).tolist()
         for box, label, score in zip(xywh, labels, scores):
             category = label if category_ids is None else category_ids[label]
             results.append({"image_id": image_id, "category_id": int(category), "bbox": box, "score": score})
