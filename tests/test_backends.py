@@ -18,6 +18,7 @@ from ssd.evaluation.evaluator import evaluate
 from ssd.export.formats import export
 from ssd.inference.backends import OnnxBackend, OnnxModelError, open_torch
 from ssd.inference.backends_opencv import OpenCvBackend
+from ssd.inference.backends_pt2 import ExportedProgramBackend
 from ssd.inference.backends_torchscript import METADATA_FILE, TorchScriptBackend
 from ssd.inference.registry import open_backend
 from ssd.preprocess import preprocess
@@ -34,7 +35,7 @@ def artifacts(tiny_checkpoint, tmp_path_factory):
     return {"pt": weights, "onnx": export(weights, "onnx"), "openvino": export(weights, "openvino"),
             "nms": export(weights, "onnx", nms=True, out_path=weights.with_name("nms.onnx")),
             "openvino-nms": export(weights, "openvino", nms=True, out_path=weights.with_name("nms_openvino")),
-            "torchscript": export(weights, "torchscript")}
+            "torchscript": export(weights, "torchscript"), "pt2": export(weights, "pt2")}
 
 
 def batch_of(data, backend, count: int = 6) -> torch.Tensor:
@@ -49,6 +50,7 @@ RUNTIMES = {
     "openvino f32": (lambda a: OpenVinoBackend(a["openvino"]), 1e-4, 1e-3),
     "openvino bf16": (lambda a: OpenVinoBackend(a["openvino"], precision="bf16"), 5e-2, 2e-2),
     "torchscript": (lambda a: TorchScriptBackend(a["torchscript"]), 1e-5, 1e-5),
+    "torch.export": (lambda a: ExportedProgramBackend(a["pt2"]), 1e-5, 1e-5),
 }
 
 
@@ -67,14 +69,14 @@ def test_each_runtime_matches_eager_pytorch_within_its_tolerance(artifacts, synt
 
 
 def test_open_backend_picks_the_runtime_from_what_the_user_names(artifacts):
-    kinds = {"pt": "torch", "onnx": "onnx", "openvino": "openvino", "torchscript": "torchscript"}
+    kinds = {"pt": "torch", "onnx": "onnx", "openvino": "openvino", "torchscript": "torchscript", "pt2": "pt2"}
     for kind, name in kinds.items():
         assert open_backend(artifacts[kind]).name == name
     assert open_backend(artifacts["openvino"] / "model.xml").name == "openvino"
     assert open_backend(artifacts["nms"]).nms and open_backend(artifacts["openvino-nms"]).nms
 
 
-@pytest.mark.parametrize("kind", ["onnx", "nms", "openvino", "openvino-nms", "torchscript"])
+@pytest.mark.parametrize("kind", ["onnx", "nms", "openvino", "openvino-nms", "torchscript", "pt2"])
 def test_val_on_each_artifact_gives_the_checkpoints_metrics(artifacts, synthetic_voc, kind):
     options = dict(metric="voc", batch_size=4, device="cpu", score_threshold=0.25, iou_threshold=0.45,
                    max_detections=100)  # the NMS export's thresholds, so every artifact can use them
@@ -129,6 +131,26 @@ def test_torchscript_weights_changed_after_export_are_refused(artifacts, tmp_pat
     with pytest.raises(OnnxModelError, match=r"edited\.torchscript: the code or weights do not match the checksum "
                                              r"stored at export \(module_sha256"):
         TorchScriptBackend(edited)
+
+
+def test_torch_export_program_changed_after_export_is_refused(artifacts, tmp_path):
+    extra = {METADATA_FILE: ""}
+    program = torch.export.load(artifacts["pt2"], extra_files=extra)
+    with torch.no_grad():
+        next(iter(program.state_dict.values())).add_(0.01)
+    edited = tmp_path / "edited.pt2"
+    torch.export.save(program, edited, extra_files=extra)
+    with pytest.raises(OnnxModelError, match=r"edited\.pt2: the code or weights do not match the checksum stored at "
+                                             r"export \(program_sha256"):
+        ExportedProgramBackend(edited)
+    meta = json.loads(extra[METADATA_FILE])
+    del meta["program_sha256"]
+    torch.export.save(torch.export.load(artifacts["pt2"]), edited, extra_files={METADATA_FILE: json.dumps(meta)})
+    with pytest.raises(OnnxModelError, match=r"program_sha256, missing or different"):
+        ExportedProgramBackend(edited)
+    edited.write_bytes(b"not a zip archive")
+    with pytest.raises(OnnxModelError, match=r"cannot load torch\.export model .*edited\.pt2"):
+        open_backend(edited)
 
 
 def test_openvino_export_of_an_int8_model_is_quantized_and_close(artifacts, synthetic_voc, tmp_path):

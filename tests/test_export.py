@@ -14,8 +14,10 @@ from ssd.cli import main
 from ssd.export.formats import export
 from ssd.export.onnx import export_onnx
 from ssd.export.parity import ExportCheckError, check_onnx
+from ssd.export.pt2 import export_pt2
 from ssd.export.torchscript import export_torchscript
 from ssd.inference.backends import OnnxBackend, OnnxModelError
+from ssd.inference.backends_pt2 import ExportedProgramBackend
 from ssd.inference.backends_torchscript import TorchScriptBackend
 from ssd.inference.pipeline import Detector, load
 from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess_detections
@@ -113,18 +115,32 @@ def test_check_fails_loudly_when_outputs_differ(tiny_onnx):
         check_onnx(changed, tiny_onnx)
 
 
+def test_pytorch_program_exports_refuse_graph_options(tiny, tmp_path):
+    weights = save_checkpoint(tmp_path / "best.pt", tiny)
+    with pytest.raises(ValueError, match=r"^--nms and --int8 apply to ONNX and OpenVINO exports: a torch\.export "
+                                         r"program is the network alone \(any batch size"):
+        export(weights, fmt="pt2", nms=True, int8=True)
+    with pytest.raises(ValueError, match=r"^--dynamic-batch applies to ONNX and OpenVINO exports: a TorchScript "
+                                         r"export is the network alone"):
+        export(weights, fmt="torchscript", dynamic_batch=True)
+    assert not list(tmp_path.glob("best.*[!t]"))
+
+
 def test_export_rejects_unknown_format(tmp_path):
     with pytest.raises(ValueError, match="unknown export format 'tflite'"):
         export(tmp_path / "best.pt", fmt="tflite")
 
 
-def test_torchscript_export_matches_pytorch_at_any_batch_size(tiny, tmp_path):
-    path = export_torchscript(tiny, tmp_path / "tiny.torchscript")
-    backend = TorchScriptBackend(path)
-    batch, _ = tiny.preprocess(random_images(3))
-    with torch.no_grad():
-        for got, want in zip(backend(batch), tiny(batch)):
-            torch.testing.assert_close(got, want)
+@pytest.mark.parametrize("fmt", ["torchscript", "pt2"])
+def test_pytorch_program_exports_match_pytorch_at_any_batch_size(tiny, tmp_path, fmt):
+    exporter, backend_type = {"torchscript": (export_torchscript, TorchScriptBackend),
+                              "pt2": (export_pt2, ExportedProgramBackend)}[fmt]
+    backend = backend_type(exporter(tiny, tmp_path / f"tiny.{fmt}"))
+    for count in (1, 3):
+        batch, _ = tiny.preprocess(random_images(count))
+        with torch.no_grad():
+            for got, want in zip(backend(batch), tiny(batch)):
+                torch.testing.assert_close(got, want)
     assert torch.equal(backend.priors, tiny.priors)
     assert backend.class_names == tiny.class_names and backend.image_size == tiny.image_size
 
@@ -190,8 +206,9 @@ def test_export_refuses_to_overwrite_the_weights(tiny, tmp_path, capsys):
         with pytest.raises(ValueError, match=r"--output .* is the input .*best\.pt \(the same file\); choose "
                                              r"another --output so the input is kept"):
             export(weights, out_path=out)
-    with pytest.raises(ValueError, match=r"is the input .*best\.pt \(the same file\)"):
-        export(weights, fmt="torchscript", out_path=weights)
+    for fmt in ("torchscript", "pt2"):
+        with pytest.raises(ValueError, match=r"is the input .*best\.pt \(the same file\)"):
+            export(weights, fmt=fmt, out_path=weights)
     with pytest.raises(ValueError, match=r"--output .*best\.pt is the input .*best\.pt \(the same file\)"):
         export_onnx(weights, weights)
     assert main(["export", "--weights", str(weights), "--output", str(weights)]) == 1

@@ -46,7 +46,7 @@ def _add_val_parser(sub) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--weights", type=Path,
                         help="what to evaluate: checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml "
-                             "or its folder, .torchscript")
+                             "or its folder, .torchscript, .pt2 (torch.export)")
     source.add_argument("--detections", type=Path,
                         help="score this COCO results JSON (the dataset's image and category ids) instead of a model")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON")
@@ -70,7 +70,7 @@ def _add_predict_parser(sub) -> None:
     p = sub.add_parser("predict", help="detect objects in images, folders, globs or videos", epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path,
                    help="checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml or its folder, "
-                        ".torchscript")
+                        ".torchscript, .pt2")
     p.add_argument("--source", required=True, help="image, folder (subfolders included), glob or video file")
     add_threshold_options(p, PREDICT, "", model_conf=True)
     p.add_argument("--batch-size", type=int, default=8)
@@ -84,10 +84,12 @@ def _add_predict_parser(sub) -> None:
 
 
 def _add_export_parser(sub) -> None:
-    p = sub.add_parser("export", help="export a checkpoint to ONNX (FP32/INT8), OpenVINO or TorchScript",
+    p = sub.add_parser("export", help="export a checkpoint to ONNX (FP32/INT8), OpenVINO, TorchScript or torch.export",
                        epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
-    p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "openvino", "torchscript"])
+    p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "openvino", "torchscript", "pt2"],
+                   help="onnx (ONNX Runtime, OpenCV DNN), openvino, torchscript (deprecated by PyTorch) or pt2 "
+                        "(torch.export, its successor)")
     p.add_argument("--output", type=Path, help="output file (OpenVINO: folder), not the weights file "
                                                "(default: next to the weights)")
     p.add_argument("--opset", type=int, default=18,
@@ -109,11 +111,12 @@ def _add_benchmark_parser(sub) -> None:
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON (val split scored, train "
                                                  "split calibrates INT8)")
-    p.add_argument("--formats", help="comma-separated: pytorch, pytorch-bf16, torchscript, onnx, onnx-int8, openvino, "
-                                     "openvino-bf16, openvino-int8, opencv (default: all; with --artifacts: pytorch)")
+    p.add_argument("--formats", help="comma-separated: pytorch, pytorch-bf16, torchscript, pt2, onnx, onnx-int8, "
+                                     "openvino, openvino-bf16, openvino-int8, opencv (default: all; with --artifacts: "
+                                     "pytorch)")
     p.add_argument("--artifacts", nargs="+", type=Path, default=[], metavar="PATH",
                    help="also benchmark these exported models as they are (.onnx, OpenVINO .xml or folder, "
-                        ".torchscript): a row each, named kind:file")
+                        ".torchscript, .pt2): a row each, named kind:file")
     p.add_argument("--batch-sizes", type=int_list, default=[1, 8],
                    help="latency at batch 1, images/s at the largest (default: 1,8)")
     p.add_argument("--floor", type=float, help="exit 1 when a format scores mAP50 (points) below this, or fails")

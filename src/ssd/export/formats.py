@@ -5,7 +5,8 @@ format                    artifact                                        loaded
 ========================  ==============================================  ===========================
 ``onnx``                  ``.onnx`` (FP32, or INT8 with ``int8=True``)    ONNX Runtime, OpenCV DNN
 ``openvino``              a folder: ``model.xml`` + ``.bin`` + metadata   OpenVINO
-``torchscript``           ``.torchscript`` (traced network + metadata)    PyTorch
+``torchscript``           ``.torchscript`` (traced network + metadata)    PyTorch (TorchScript, deprecated by PyTorch)
+``pt2``                   ``.pt2`` (``torch.export`` program + metadata)  PyTorch
 ========================  ==============================================  ===========================
 """
 
@@ -22,7 +23,11 @@ from ssd.weights.resolve import resolve_weights
 __all__ = ["FORMATS", "default_output", "export"]
 
 # format -> (the artifact's suffix, whether it is a folder)
-FORMATS = {"onnx": (".onnx", False), "openvino": ("_openvino", True), "torchscript": (".torchscript", False)}
+FORMATS = {"onnx": (".onnx", False), "openvino": ("_openvino", True), "torchscript": (".torchscript", False),
+           "pt2": (".pt2", False)}
+
+
+_TITLES = {"torchscript": "TorchScript export", "pt2": "torch.export program"}
 
 
 def default_output(weights: Path, fmt: str, int8: bool = False) -> Path:
@@ -34,10 +39,10 @@ def default_output(weights: Path, fmt: str, int8: bool = False) -> Path:
 
 
 def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_batch: bool) -> None:
-    if fmt == "torchscript" and (nms or dynamic_batch or int8):
+    if fmt in ("torchscript", "pt2") and (nms or dynamic_batch or int8):
         given = [name for name, on in (("--nms", nms), ("--dynamic-batch", dynamic_batch), ("--int8", int8)) if on]
         verb = "applies" if len(given) == 1 else "apply"
-        raise ValueError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a TorchScript export is the "
+        raise ValueError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a {_TITLES[fmt]} is the "
                          "network alone (any batch size, post-processing in the library); drop them or use --format "
                          "onnx")
     if fmt == "openvino":
@@ -80,6 +85,10 @@ def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None =
         from ssd.export.torchscript import export_torchscript
 
         return export_torchscript(weights, out_path)
+    if fmt == "pt2":
+        from ssd.export.pt2 import export_pt2
+
+        return export_pt2(weights, out_path)
     onnx_args = dict(opset=opset, nms=nms, dynamic_batch=dynamic_batch, score_threshold=score_threshold,
                      iou_threshold=iou_threshold, max_detections=max_detections, **onnx_options)
     if fmt == "onnx" and not int8:

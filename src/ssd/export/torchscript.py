@@ -21,10 +21,10 @@ from ssd.export.onnx import as_model, onnx_metadata
 from ssd.files import write_bytes
 from ssd.inference.backends_torchscript import METADATA_FILE, module_digest
 
-__all__ = ["export_torchscript"]
+__all__ = ["export_torchscript", "RawOutputs"]
 
 
-class _RawOutputs(nn.Module):
+class RawOutputs(nn.Module):
     """``images [B, 3, S, S]`` -> ``(loc [B, P, 4], logits [B, P, K+1], priors [P, 4])``."""
 
     def __init__(self, model: nn.Module):
@@ -41,7 +41,7 @@ def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
     out_path = Path(out_path)
     model, category_ids, point = as_model(weights_or_model, out_path)
     with torch.no_grad():
-        traced = torch.jit.trace(_RawOutputs(model), torch.zeros(1, 3, *as_hw(model.config.image_size)))
+        traced = torch.jit.trace(RawOutputs(model), torch.zeros(1, 3, *as_hw(model.config.image_size)))
     metadata = onnx_metadata(model, category_ids, digest="", thresholds=None, operating_point=point)
     del metadata["graph_sha256"]
     metadata["module_sha256"] = module_digest(traced)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,33 +29,43 @@ def module_digest(module: torch.jit.ScriptModule) -> str:
 
 class TorchScriptBackend:
     """A traced SSD network on ``device``; its metadata (the ONNX export's keys) is validated and its checksum
-    (``module_sha256``) verified at load. ``batch [B, 3, S, S]`` -> ``(loc, logits)`` as the eager model."""
+    (``module_sha256``) verified at load. ``batch [B, 3, S, S]`` -> ``(loc, logits)`` as the eager model.
+
+    Subclasses read another serialized PyTorch network with the same metadata: they set ``name`` and
+    ``digest_key`` and override :meth:`_read` (:class:`ssd.inference.backends_pt2.ExportedProgramBackend`)."""
 
     name = "torchscript"
     nms = False
+    digest_key = "module_sha256"
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
         self.path = self.source = Path(path)
         self.device = torch.device(device)
-        extra = {METADATA_FILE: ""}
+        self.module, text, digest = self._read()
         try:
-            self.module = torch.jit.load(str(self.path), map_location=self.device, _extra_files=extra).eval()
-        except (RuntimeError, ValueError) as e:  # torch.jit raises RuntimeError for a file it cannot read
-            raise OnnxModelError(f"cannot load TorchScript model {self.path}: {e}") from e
-        try:
-            raw = json.loads(extra[METADATA_FILE] or "{}")
+            raw = json.loads(text or "{}")
         except json.JSONDecodeError as e:
             raise OnnxModelError(f"{self.path}: its {METADATA_FILE} is not JSON ({e}); export it again") from e
         meta = read_metadata(self.path, raw if isinstance(raw, dict) else {})
-        if raw.get("module_sha256") != module_digest(self.module):
+        if raw.get(self.digest_key) != digest:
             raise OnnxModelError(f"{self.path}: the code or weights do not match the checksum stored at export "
-                                 "(module_sha256, missing or different): the file was modified after `ssd export`; "
-                                 "export it again")
+                                 f"({self.digest_key}, missing or different): the file was modified after `ssd "
+                                 "export`; export it again")
         self.class_names, self.category_ids = meta["class_names"], meta["category_ids"]
         self.operating_point = meta["operating_point"]
         self.image_size = compact_size(meta["image_size"])
         self.mean, self.std, self.variances = tuple(meta["mean"]), tuple(meta["std"]), tuple(meta["variances"])
         self._priors: Tensor | None = None
+
+
+    def _read(self) -> tuple[Callable[[Tensor], tuple[Tensor, Tensor, Tensor]], str, str]:
+        """``(the network, its metadata JSON text, the digest of its code and weights)``."""
+        extra = {METADATA_FILE: ""}
+        try:
+            module = torch.jit.load(str(self.path), map_location=self.device, _extra_files=extra).eval()
+        except (RuntimeError, ValueError) as e:  # torch.jit raises RuntimeError for a file it cannot read
+            raise OnnxModelError(f"cannot load TorchScript model {self.path}: {e}") from e
+        return module, extra[METADATA_FILE], module_digest(module)
 
     @property
     def priors(self) -> Tensor:

@@ -88,6 +88,7 @@ BACKENDS: dict[str, BackendKind] = {
     "onnx": BackendKind((".onnx",), "ssd.inference.backends:open_onnx"),
     "openvino": BackendKind((".xml",), "ssd.inference.backends_openvino:open_openvino", folder_file="model.xml"),
     "torchscript": BackendKind((".torchscript",), "ssd.inference.backends_torchscript:open_torchscript"),
+    "pt2": BackendKind((".pt2",), "ssd.inference.backends_pt2:open_pt2"),
 }
 """Runtime name -> :class:`BackendKind`; a run directory opens its checkpoint (``ssd.weights.resolve``)."""
 
