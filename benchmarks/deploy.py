@@ -1,11 +1,12 @@
 """What deployment gives: ``ssd benchmark``'s table on a checkpoint trained here, plus the INT8 remedies.
 
-Trains ``ssd_tiny`` (default 256 px) on a shared real dataset (default: BCCD, 205 training / 87 val images) for
+Trains ``--model`` (default ``ssd_tiny`` at 256 px; ``ssdlite320_mobilenet_v3_large`` measures depthwise
+convolutions) on a shared real dataset (default: BCCD, 205 training / 87 val images) for
 ``--epochs``, then runs :func:`ssd.export.benchmark.run_benchmark` on its ``best.pt`` (every format: size, COCO
 mAP50 / mAP50-95 on val, p50 / p90 ms per image at batch 1, images/s at batch 8), then the standard INT8 remedies
 for ONNX Runtime, each scored and timed the same way: the first convolution and the heads kept in float, and fewer
 calibration images. Prints Markdown tables for ``benchmarks/README.md``. Run:
-``.venv/bin/python benchmarks/deploy.py [--epochs 30] [--data PATH] [--out DIR] [--threads N]``.
+``.venv/bin/python benchmarks/deploy.py [--model NAME] [--epochs 30] [--data PATH] [--out DIR] [--threads N]``.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=SHARED / "bccd" / "BCCD")
     parser.add_argument("--epochs", type=int, default=30)
-    parser.add_argument("--image-size", type=int, default=256)
+    parser.add_argument("--model", default="ssd_tiny")
+    parser.add_argument("--image-size", type=int, help="network input side (default: the model's)")
     parser.add_argument("--weights", type=Path, help="skip training: benchmark this checkpoint")
     parser.add_argument("--out", type=Path, help="where the run and the benchmark go (default: a temporary folder)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
@@ -88,7 +90,7 @@ def main() -> None:
     out = args.out or Path(tempfile.mkdtemp(prefix="ssd-deploy-"))
     weights = args.weights
     if weights is None:
-        result = train(model="ssd_tiny", data=str(args.data), epochs=args.epochs, image_size=args.image_size,
+        result = train(model=args.model, data=str(args.data), epochs=args.epochs, image_size=args.image_size,
                        augment="light", workers=1, skip_invalid=True, project=str(out), name="train", quiet=True,
                        metric="voc", device="cpu")
         weights = result.run_dir / "weights" / "best.pt"
