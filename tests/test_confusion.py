@@ -31,6 +31,9 @@ def test_counts_of_hits_confusions_misses_and_false_positives():
     # at confidence 0.05 fish C is found
     low = confusion_matrix(detections, truths, 2, ["fish", "shark"], confidence=0.05)
     assert low["counts"].tolist() == [[2, 0, 0], [1, 1, 0], [0, 2, 0]]
+    # a score equal to the confidence is not above it (as in predict): fish C at exactly 0.1 stays missed
+    at = confusion_matrix(detections, truths, 2, ["fish", "shark"], confidence=0.1)
+    assert at["counts"].tolist() == [[1, 0, 1], [1, 1, 0], [0, 2, 0]]
 
 
 def test_difficult_objects_are_neither_hits_nor_misses_and_empty_rows_stay_zero():

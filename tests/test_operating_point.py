@@ -31,14 +31,16 @@ def weights(tiny, tmp_path_factory):
 
 
 def test_validation_operating_point_of_one_hit_and_one_false_positive():
-    """One object found at 0.9 and a false positive at 0.6: F1 is 1 from just above 0.6 up to 0.9, so the best
-    point is confidence 0.9 with P = R = F1 = 1."""
+    """One object found at 0.9 and a false positive at 0.6: F1 is 1 for thresholds from 0.6 up to (not including)
+    0.9, so the best point is the last grid confidence below 0.9, 0.899, with P = R = F1 = 1: used as a threshold
+    (scores strictly above it kept), it keeps the hit and drops the false positive."""
     detections = [{"boxes": torch.tensor([[10.0, 10, 50, 50], [60, 60, 90, 90]]), "scores": torch.tensor([0.9, 0.6]),
                    "labels": torch.tensor([0, 0])}]
     truths = [{"boxes": torch.tensor([[10.0, 10, 50, 50]]), "labels": torch.tensor([0]),
                "difficult": torch.tensor([False])}]
     point = validation_operating_point({"detections": detections, "ground_truths": truths}, ["cat"])
-    assert point == {"score_threshold": 0.9, "precision": 1.0, "recall": 1.0, "f1": 1.0, "split": "val"}
+    assert point == {"score_threshold": 0.899, "precision": 1.0, "recall": 1.0, "f1": 1.0, "split": "val"}
+    assert (detections[0]["scores"] > point["score_threshold"]).tolist() == [True, False]
     empty = [{"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.long),
               "difficult": torch.zeros(0, dtype=torch.bool)}]
     assert validation_operating_point({"detections": detections, "ground_truths": empty}, ["cat"]) is None

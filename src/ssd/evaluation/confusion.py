@@ -1,11 +1,11 @@
 """Confusion matrix of detections at one confidence and IoU, with a background row and column.
 
-Detections scoring ``>= confidence`` are paired with the objects of their image (any class) at IoU ``>=
-iou_threshold`` and matched one to one greedily by IoU, in one pass as Ultralytics does: each detection keeps its
-best object, then each object its best detection among those. A matched pair counts at (true class, predicted
-class); an object left unmatched at (true class, background): missed; a detection left unmatched at (background,
-predicted class): a false positive on background (duplicates included). Pairs with a difficult / crowd object are
-not counted, and an unmatched difficult object is not missed.
+Detections scoring above ``confidence`` (strictly, as every ``score_threshold``) are paired with the objects of their
+image (any class) at IoU ``>= iou_threshold`` and matched one to one greedily by IoU, in one pass as Ultralytics does:
+each detection keeps its best object, then each object its best detection among those. A matched pair counts at (true
+class, predicted class); an object left unmatched at (true class, background): missed; a detection left unmatched at
+(background, predicted class): a false positive on background (duplicates included). Pairs with a difficult / crowd
+object are not counted, and an unmatched difficult object is not missed.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def confusion_matrix(detections: Sequence[Mapping[str, Any]], ground_truths: Seq
     names = check_inputs(detections, ground_truths, num_classes, class_names)
     det = concat_rows(detections, "detections", num_classes, ("boxes", "scores", "labels"))
     gt = concat_rows(ground_truths, "ground truths", num_classes, ("boxes", "labels", "difficult"))
-    confident = det["scores"] >= torch.tensor(confidence, dtype=torch.float32).double()  # a model's float32 compare
+    confident = det["scores"] > torch.tensor(confidence, dtype=torch.float32).double()  # a model's float32 compare
     det = {key: value[confident] for key, value in det.items()}
     det_index, gt_index = _matched_pairs(det, gt, iou_threshold)
 

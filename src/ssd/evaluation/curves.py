@@ -1,10 +1,12 @@
 """Operating point: precision, recall and F1 against the confidence threshold, and the confidence that maximises F1.
 
 Detections are matched to ground truths by the VOC rule at ``iou_threshold`` (:func:`ssd.evaluation.metrics.
-match_detections`; detections on difficult objects are left out). At a confidence ``c`` the kept detections are
-those scoring ``>= c``: precision is TP / kept (1 when nothing is kept), recall TP / objects, F1 their harmonic
-mean (0 when both are 0). The overall curves are the means over the classes that have objects (every class counts
-the same, as in Ultralytics' curves); a class without objects in the split is absent: no curves, no best point.
+match_detections`; detections on difficult objects are left out). At a confidence ``c`` the kept detections are those
+scoring above ``c`` (strictly, as ``score_threshold`` everywhere, so the best confidence used as a threshold keeps
+exactly the detections it was scored with): precision is TP / kept (1 when nothing is kept), recall TP / objects, F1
+their harmonic mean (0 when both are 0). The overall curves are the means over the classes that have objects (every
+class counts the same, as in Ultralytics' curves); a class without objects in the split is absent: no curves, no best
+point.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ def confidence_grid(steps: int = 1000) -> Tensor:
 
 
 def _counts_at(labels: Tensor, bins: Tensor, weights: Tensor, num_classes: int, size: int) -> Tensor:
-    """``[K, T]`` sum of ``weights`` of the rows of each class whose bin is at or above each grid index."""
+    """``[K, T]`` sum of ``weights`` of the rows of each class whose bin is at or above each grid index (a row's bin is
+    the last grid index below its score)."""
     hist = torch.bincount(labels * size + bins, weights=weights, minlength=num_classes * size).reshape(num_classes,
                                                                                                          size)
     return hist.flip(1).cumsum(1).flip(1)
@@ -64,10 +67,10 @@ def operating_point(detections: Sequence[Mapping[str, Any]], ground_truths: Sequ
     tp, ignored = match_detections(det, gt, num_classes, iou_threshold)[:2]
     grid = confidence_grid(steps)
     size = grid.numel()
-    counted = ~ignored
-    labels = det["labels"][counted]
     # binned in float32, the precision of the scores and of the threshold a model compares them with
-    bins = torch.searchsorted(grid.float(), det["scores"][counted].float(), right=True).sub(1).clamp(0, size - 1)
+    bins = torch.searchsorted(grid.float(), det["scores"].float(), right=False).sub(1).clamp(max=size - 1)
+    counted = ~ignored & (bins >= 0)  # a score of 0 is above no threshold
+    labels, bins = det["labels"][counted], bins[counted]
     kept = _counts_at(labels, bins, torch.ones_like(bins, dtype=torch.float64), num_classes, size)
     hits = _counts_at(labels, bins, tp[counted].to(torch.float64), num_classes, size)
     num_gt = torch.bincount(gt["labels"][~gt["difficult"]], minlength=num_classes).to(torch.float64)
