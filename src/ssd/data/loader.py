@@ -2,7 +2,8 @@
 
 Reproducibility: the sampler draws the epoch's order and one seed per item from ``torch.Generator(seed, epoch)``;
 each item's augmentation runs under its own seed (``torch.random.fork_rng``), so the same ``seed`` gives the same
-batches whatever the number of workers, and a resumed run can ``set_epoch`` to continue the sequence.
+batches whatever the number of workers, and a resumed run can ``set_epoch`` to continue the sequence. The sampler
+also carries the epoch's mosaic probability in each key (:mod:`ssd.data.mosaic` says why there).
 
 Errors: a :class:`DataError` met while loading an item (e.g. an image that no longer decodes) is raised by the loader
 with its own message, also from worker processes (where torch would wrap it in the worker's traceback).
@@ -28,6 +29,7 @@ from torchvision.transforms.v2 import functional as F
 
 from ssd._utils import as_hw
 from ssd.data.images import read_image
+from ssd.data.mosaic import Mosaic
 from ssd.data.records import DataError, ImageRecord
 from ssd.data.transforms import build_transform
 
@@ -48,21 +50,24 @@ class DetectionDataset(Dataset):
         keep_difficult: keep difficult / crowd objects (True for evaluation, where they are flagged and ignored;
             False for training, which leaves them out).
         cache_images: decode every image once, up front, and keep the uint8 tensors in RAM.
+        mosaic: the :class:`~ssd.data.mosaic.Mosaic` step applied to keys ``(i, seed, p)`` with ``p > 0`` (before
+            ``transform``; the partners are read like the item, from the cache when there is one).
 
-    Item ``i`` (or ``(i, seed)`` from :class:`SeededSampler`): ``(image [3, H, W] float normalized, target)`` with
-    ``target = dict(boxes=BoundingBoxes [N, 4] pixel xyxy of the transformed image, labels int64 [N], difficult bool
-    [N], image_id, path str, orig_size int64 [2] (h, w))``.
+    Item ``i`` (or ``(i, seed)``, or ``(i, seed, mosaic probability)`` from :class:`SeededSampler`): ``(image
+    [3, H, W] float normalized, target)`` with ``target = dict(boxes=BoundingBoxes [N, 4] pixel xyxy of the
+    transformed image, labels int64 [N], difficult bool [N], image_id, path str, orig_size int64 [2] (h, w))``.
     """
 
     def __init__(self, records: Sequence[ImageRecord], class_names: Sequence[str], transform=None, *,
                  image_size: int | tuple[int, int] | None = None, keep_difficult: bool = True,
-                 cache_images: bool = False):
+                 cache_images: bool = False, mosaic: Mosaic | None = None):
         self.records = list(records)
         self.class_names = list(class_names)
         self.transform = transform
         self.image_size = image_size
         self._hw = None if image_size is None else as_hw(image_size)
         self.keep_difficult = keep_difficult
+        self.mosaic = mosaic
         self._cache: list[Tensor] | None = None
         if cache_images:
             with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -77,8 +82,9 @@ class DetectionDataset(Dataset):
             image = F.resize(image, list(self._hw), antialias=True)
         return image
 
-    def __getitem__(self, key: int | tuple[int, int]):
-        index, seed = key if isinstance(key, tuple) else (key, None)
+    def _sample(self, index: int) -> tuple[Tensor, dict]:
+        """Item ``index`` before the transform: ``(image uint8 [3, H, W], target)`` with its kept objects' boxes
+        (pixel xyxy of that image, clamped), labels and difficult flags."""
         rec = self.records[index]
         image = self._cache[index] if self._cache is not None else self._decode(index)
         h, w = rec.height or image.shape[-2], rec.width or image.shape[-1]
@@ -91,6 +97,20 @@ class DetectionDataset(Dataset):
             "labels": torch.tensor([o.label for o in objects], dtype=torch.int64),
             "difficult": torch.tensor([o.ignore for o in objects], dtype=torch.bool),
         }
+        return image, target
+
+    def __getitem__(self, key: int | tuple[int, int] | tuple[int, int, float]):
+        index, seed, mosaic = (*key, 0.0)[:3] if isinstance(key, tuple) else (key, None, 0.0)
+        rec = self.records[index]
+        image, target = self._sample(index)
+        h, w = rec.height or image.shape[-2], rec.width or image.shape[-1]
+        if mosaic > 0:
+            if self.mosaic is None:
+                raise ValueError(f"item {key}: a mosaic probability {mosaic} was given to a dataset built without "
+                                 "the mosaic step (DetectionDataset(mosaic=Mosaic(...)))")
+            plan = self.mosaic.plan(index, len(self), seed, mosaic)
+            if plan is not None:
+                image, target = self.mosaic([(image, target), *map(self._sample, plan.partners)], plan.centre)
         image = tv_tensors.Image(image)
         if self.transform is not None:
             with torch.random.fork_rng(devices=[], enabled=seed is not None):
@@ -102,7 +122,8 @@ class DetectionDataset(Dataset):
 
 
 class SeededSampler(Sampler):
-    """Yields ``(index, item seed)``; order and seeds come from ``(seed, epoch)``; epoch advances on each pass.
+    """Yields ``(index, item seed, mosaic probability)``; order and seeds come from ``(seed, epoch)``; epoch advances
+    on each pass. ``mosaic`` (:meth:`set_mosaic`, set by the trainer at each epoch start) is read when a pass begins.
 
     ``rank``/``world_size`` shard the epoch's order for distributed training (every rank sees the same permutation).
     """
@@ -111,9 +132,13 @@ class SeededSampler(Sampler):
         self.length, self.shuffle, self.seed = length, shuffle, seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
+        self.mosaic = 0.0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+
+    def set_mosaic(self, probability: float) -> None:
+        self.mosaic = probability
 
     def __len__(self) -> int:
         return len(range(self.rank, self.length, self.world_size))
@@ -121,10 +146,11 @@ class SeededSampler(Sampler):
     def __iter__(self):
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
         self.epoch += 1
+        mosaic = self.mosaic
         order = torch.randperm(self.length, generator=g) if self.shuffle else torch.arange(self.length)
         seeds = torch.randint(0, 2**62, (self.length,), generator=g)
         for i in order[self.rank::self.world_size].tolist():
-            yield i, int(seeds[i])
+            yield i, int(seeds[i]), mosaic
 
 
 def seed_worker(worker_id: int) -> None:
@@ -195,21 +221,25 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
                      mean: Sequence[float], std: Sequence[float], train: bool, batch_size: int, workers: int = 0,
                      seed: int = 0, *, augment: str = "ssd", keep_difficult: bool | None = None,
                      cache_images: bool = False, shuffle: bool | None = None, drop_last: bool = False,
-                     rank: int = 0, world_size: int = 1, pin_memory: bool = False) -> DataLoader:
+                     rank: int = 0, world_size: int = 1, pin_memory: bool = False, mosaic: float = 0.0) -> DataLoader:
     """A ``DataLoader`` of :func:`collate` batches for ``records`` (a :class:`DataError` of an item is raised with
     its own message, with or without workers).
 
     ``image_size``: an int (square) or ``(height, width)``. ``train`` turns on augmentation (``augment`` level)
     and shuffling, and by default leaves difficult/crowd objects out (``keep_difficult`` overrides). The same
     ``seed`` gives the same batches, with any ``workers``.
-    ``loader.sampler.set_epoch(e)`` jumps to epoch ``e`` (resume).
+    ``loader.sampler.set_epoch(e)`` jumps to epoch ``e`` (resume). ``mosaic``: the probability of the mosaic step
+    (:mod:`ssd.data.mosaic`; a train loader can change it with ``loader.sampler.set_mosaic(p)`` between epochs).
     """
+    if mosaic and not train:
+        raise ValueError(f"mosaic={mosaic}: the mosaic step is a training augmentation (train=True)")
     transform = build_transform(image_size, mean, std, train=train, augment=augment)
     dataset = DetectionDataset(records, class_names, transform, image_size=image_size,
                                keep_difficult=(not train) if keep_difficult is None else keep_difficult,
-                               cache_images=cache_images)
+                               cache_images=cache_images, mosaic=Mosaic(image_size, mean) if train else None)
     sampler = SeededSampler(len(dataset), shuffle=train if shuffle is None else shuffle, seed=seed, rank=rank,
                             world_size=world_size)
+    sampler.set_mosaic(mosaic)
     return _Loader(_Guarded(dataset), batch_size=batch_size, sampler=sampler, num_workers=workers,
                    collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, worker_init_fn=seed_worker,
                    generator=torch.Generator().manual_seed(seed), persistent_workers=workers > 0)

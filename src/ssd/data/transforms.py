@@ -30,6 +30,9 @@ __all__ = ["AUGMENT_LEVELS", "build_transform"]
 
 AUGMENT_LEVELS = ("ssd", "light", "none")
 
+# Boxes narrower or shorter than this many pixels after a step are dropped (SanitizeBoundingBoxes' min_size).
+MIN_BOX_SIZE = 1.0
+
 
 def boxes_labels_difficult(inputs):
     """``labels_getter`` for ``SanitizeBoundingBoxes``: labels and difficult flags follow the kept boxes."""
@@ -98,7 +101,7 @@ def build_transform(image_size: int | tuple[int, int], mean: Sequence[float], st
                                                              fill=fill)]
     steps += [v2.Resize(as_hw(image_size), antialias=True),
               v2.ClampBoundingBoxes(),
-              v2.SanitizeBoundingBoxes(min_size=1.0, labels_getter=boxes_labels_difficult),
+              v2.SanitizeBoundingBoxes(min_size=MIN_BOX_SIZE, labels_getter=boxes_labels_difficult),
               v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True),
               v2.Normalize(mean=list(mean), std=list(std))]
     return v2.Compose(steps)

@@ -23,10 +23,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ssd.data.mosaic import close_mosaic_epochs, mosaic_probability
+
 if TYPE_CHECKING:
     from ssd.training.trainer import Trainer
 
-__all__ = ["Callback", "EarlyStopping", "HOOKS", "check_callbacks"]
+__all__ = ["Callback", "EarlyStopping", "MosaicSchedule", "HOOKS", "check_callbacks"]
 
 HOOKS = ("on_train_start", "on_epoch_start", "on_train_batch_end", "on_val_end", "on_epoch_end", "on_fit_end",
          "on_teardown")
@@ -70,6 +72,26 @@ class EarlyStopping(Callback):
             trainer.stop(f"early stopping after epoch {trainer.epoch + 1}: no {trainer.config.metric} mAP "
                          f"improvement in the {waited} epochs since epoch {trainer.best_epoch} (best "
                          f"{trainer.best_map:.4f}, saved in weights/best.pt); --patience {self.patience}")
+
+
+class MosaicSchedule(Callback):
+    """``--mosaic`` until the last ``--close-mosaic`` epochs: sets the train loader's sampler at every epoch start
+    from the epoch and the current ``config.epochs`` (so it holds after ``--resume`` and when ``epochs`` changes
+    during the run); the sampler, in the main process, hands the probability to the workers in each item's key."""
+
+    def __init__(self) -> None:
+        self.probability: float | None = None
+
+    def on_epoch_start(self, trainer: Trainer) -> None:
+        config = trainer.config
+        probability = mosaic_probability(config.mosaic, trainer.epoch, config.epochs, config.close_mosaic)
+        trainer.train_loader.sampler.set_mosaic(probability)
+        if probability != self.probability:
+            closed = close_mosaic_epochs(config.close_mosaic, config.epochs)
+            trainer.log(f"mosaic {probability:g} for epochs {trainer.epoch + 1}-{config.epochs - closed}, off for the "
+                        f"last {closed} (--close-mosaic)" if probability else
+                        f"mosaic off from epoch {trainer.epoch + 1} of {config.epochs} (--close-mosaic {closed})")
+        self.probability = probability
 
 
 def check_callbacks(callbacks: Sequence[Callback]) -> None:

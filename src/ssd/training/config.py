@@ -78,6 +78,10 @@ class TrainConfig:
                                "or auto to fit them to the training split (default: the model's)", default=None)
     augment: Literal["ssd", "light", "none"] = _help("training augmentation: ssd (photometric, zoom out, IoU crop, "
                                                      "flip), light (flip, mild jitter) or none", default="ssd")
+    mosaic: float = _help("probability that a training image becomes a mosaic of it and three others (0: off)",
+                          default=0.0)
+    close_mosaic: int | None = _help("switch --mosaic off for the last N epochs (default: a tenth of --epochs, "
+                                     "rounded)", default=None)
     cache_images: bool = _help("decode every image once and keep it in RAM", default=False)
     skip_invalid: bool = _help("drop invalid objects/images (reported) instead of refusing the data", default=False)
     skip_nonfinite: bool = _help("skip and count steps with a non-finite loss instead of stopping", default=False)
@@ -189,7 +193,8 @@ class TrainConfig:
             _require(self, "lr", 0 < self.lr < math.inf, "must be a finite number > 0")
         if self.weight_decay is not None:
             _require(self, "weight_decay", 0 <= self.weight_decay < math.inf, "must be a finite number >= 0")
-        for name in ("freeze_epochs", "warmup_iters"):
+        _require(self, "mosaic", 0 <= self.mosaic <= 1, "must be a probability in [0, 1]")
+        for name in ("freeze_epochs", "warmup_iters", "close_mosaic"):
             if getattr(self, name) is not None:
                 _require(self, name, getattr(self, name) >= 0, "must be >= 0")
         _require(self, "seed", 0 <= self.seed < 2**63, "must be in [0, 2**63)")

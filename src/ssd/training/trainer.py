@@ -31,7 +31,7 @@ from ssd.evaluation.evaluator import evaluate_split, split_loader
 from ssd.files import make_run_dir
 from ssd.loss import MultiBoxLoss
 from ssd.settings import ConfigError
-from ssd.training.callbacks import Callback, EarlyStopping, check_callbacks
+from ssd.training.callbacks import Callback, EarlyStopping, MosaicSchedule, check_callbacks
 from ssd.training.config import TrainConfig
 from ssd.training.ema import build_ema
 from ssd.training.guards import check_finite, nonfinite_loss_error
@@ -94,7 +94,8 @@ class Trainer:
         self.run_dir = self.plan.run_dir
         check_callbacks(callbacks)  # the built-in output callbacks write on rank 0 only
         self.callbacks = [*(output_callbacks() if info.is_main else []),
-                          *([EarlyStopping(config.patience)] if config.patience else []), *callbacks]
+                          *([EarlyStopping(config.patience)] if config.patience else []),
+                          *([MosaicSchedule()] if config.mosaic else []), *callbacks]
         seed_everything(config.seed)
         spec = load_training_data(config.data, skip_invalid=config.skip_invalid, log=self.log)
         self.class_names = list(spec.class_names)
@@ -136,7 +137,8 @@ class Trainer:
         self.train_loader = build_dataloader(
             self.train_records, self.class_names, mc.image_size, mc.mean, mc.std, train=True,
             batch_size=config.batch_size, workers=config.workers, seed=config.seed, augment=config.augment,
-            cache_images=config.cache_images, drop_last=True, rank=info.rank, world_size=info.world_size)
+            cache_images=config.cache_images, drop_last=True, rank=info.rank, world_size=info.world_size,
+            mosaic=config.mosaic)
         self.val_loader = split_loader(self.val_records, self.class_names, mc, batch_size=config.batch_size,
                                        workers=config.workers, cache_images=config.cache_images, info=info)
         self.steps = ddp.steps_per_epoch(len(self.train_records), config.batch_size, info.world_size)
