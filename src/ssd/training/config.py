@@ -22,6 +22,7 @@ from typing import Literal
 import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
+from ssd.data.crops import parse_crop_scale
 from ssd.files import write_text
 from ssd.limits import MAX_INPUT_SIDE, value_text
 from ssd.settings import EVALUATE, THRESHOLD_OPTIONS, ConfigError
@@ -78,6 +79,11 @@ class TrainConfig:
                                "or auto to fit them to the training split (default: the model's)", default=None)
     augment: Literal["ssd", "light", "none"] = _help("training augmentation: ssd (photometric, zoom out, IoU crop, "
                                                      "flip), light (flip, mild jitter) or none", default="ssd")
+    crop_scale: str | None = _help("native-resolution training crops: native (crops from the whole image down to "
+                                   "the network input's size in original pixels), MIN or MIN,MAX (crop side as a "
+                                   "fraction of the image side, in (0, 1], MAX 1 by default); replaces the zoom out "
+                                   "and IoU crop of --augment ssd; predict / val with --tile to match (default: off)",
+                                   default=None)
     cache_images: bool = _help("decode every image once and keep it in RAM", default=False)
     skip_invalid: bool = _help("drop invalid objects/images (reported) instead of refusing the data", default=False)
     skip_nonfinite: bool = _help("skip and count steps with a non-finite loss instead of stopping", default=False)
@@ -112,6 +118,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.image_size is not None:  # stored as an int when square, else "HxW" (YAML and command line alike)
             object.__setattr__(self, "image_size", parse_image_size(self.image_size))
+        if self.crop_scale is not None:  # stored as its canonical text: native, MIN or MIN,MAX
+            object.__setattr__(self, "crop_scale", parse_crop_scale(self.crop_scale).text)
         self._check()
 
     # ----------------------------------------------------------------------------------------------- building
@@ -231,7 +239,7 @@ def _check_types(config: TrainConfig) -> None:
     """Refuse a value of the wrong type (``epochs: ten``, ``batch_size: [4]``) or a non-finite number, by field."""
     for name, hint in typing.get_type_hints(TrainConfig).items():
         value, rule = getattr(config, name), _type_rule(hint)
-        if value is None or rule is None or name == "image_size":  # image_size: parse_image_size's rules
+        if value is None or rule is None or name in ("image_size", "crop_scale"):  # their parsers' rules
             continue
         types_, words = rule
         ok = isinstance(value, types_) and (bool in types_ or not isinstance(value, bool))
