@@ -10,8 +10,8 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-__all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_BOXES_PER_IMAGE", "MAX_YAML_ALIASES",
-           "MAX_YAML_NODES", "MAX_VALUE_CHARS", "value_text"]
+__all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_BOXES_PER_IMAGE", "MAX_CROP_CACHE_BYTES",
+           "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "value_text"]
 
 MAX_INPUT_SIDE = 4096
 """Largest side of the network input in pixels (``--image-size``, a checkpoint's ``image_size``)."""
@@ -24,6 +24,10 @@ MAX_TILES_PER_IMAGE = 1024
 
 MAX_BOXES_PER_IMAGE = 10_000
 """Most annotated objects in one image."""
+
+MAX_CROP_CACHE_BYTES = 4 * 2**30
+"""Most RAM the training image cache may take with ``--crop-scale`` (images kept near native resolution): larger
+caches are downscaled by one common factor, reported (:func:`ssd.data.crops.decode_sizes`)."""
 
 MAX_YAML_ALIASES = 100
 """Most alias references a YAML file may use (an alias bomb expands a dozen lines to billions of items)."""

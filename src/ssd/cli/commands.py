@@ -125,7 +125,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
         data = load_dataset(args.data)  # once, for the check and the fit
         check_output(args.priors_out, inputs=[args.data, *data.input_files()], what="--priors-out")
-    report = check_dataset(data, model=args.model, image_size=args.image_size)
+    if args.crop_scale and not args.model:
+        raise UsageError("ssd check: --crop-scale needs --model NAME (coverage is of its default boxes)")
+    report = check_dataset(data, model=args.model, image_size=args.image_size, crop_scale=args.crop_scale)
     output = report.to_dict() if args.as_json else report.format_table()
     if args.fit_priors:
         from ssd.data.priors import fit_for_model

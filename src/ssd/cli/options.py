@@ -88,6 +88,18 @@ def image_size_option(text: str) -> int | str:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def crop_scale_option(text: str):
+    """``ssd check --crop-scale``: the rules of ``TrainConfig.crop_scale`` (a :class:`ssd.data.crops.CropScale`), as
+    an argparse error."""
+    from ssd.data.crops import parse_crop_scale
+    from ssd.settings import ConfigError
+
+    try:
+        return parse_crop_scale(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def tile_option(text: str) -> str | tuple[int, int]:
     """``--tile``: ``auto``, ``N`` or ``HxW`` (the rules of :func:`ssd.inference.tiling.check_tile`), as an argparse
     error."""

@@ -13,6 +13,7 @@ from ssd.cli.options import (
     add_config_options,
     add_threshold_options,
     add_tile_options,
+    crop_scale_option,
     image_size_option,
     int_list,
     suggest,
@@ -135,6 +136,9 @@ def _add_check_parser(sub) -> None:
     p.add_argument("--model", help="also report default-box coverage for this model (see `ssd train --help`)")
     p.add_argument("--image-size", type=image_size_option,
                    help="input size of --model: N (square) or HxW, height x width, e.g. 512x288 (default: the model's)")
+    p.add_argument("--crop-scale", type=crop_scale_option,
+                   help="coverage of the boxes as `ssd train --crop-scale` crops show them (native, MIN or MIN,MAX; "
+                        "at the median crop scale)")
     p.add_argument("--fit-priors", nargs="?", const="keep", choices=["keep", "free"],
                    help="fit the default boxes of --model to the training split and write them to --priors-out "
                         "(for `ssd train --priors FILE`); --fit-priors=free may also change the number of aspect "

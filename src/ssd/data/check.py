@@ -20,6 +20,7 @@ import math
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -33,6 +34,9 @@ from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relativ
 from ssd.data.rules import DATASET_RULES, dataset_issues
 from ssd.limits import MAX_BOXES_PER_IMAGE
 from ssd.priors import PriorConfig
+
+if TYPE_CHECKING:
+    from ssd.data.crops import CropScale
 
 __all__ = ["check_dataset", "find_issues", "screen"]
 
@@ -220,14 +224,17 @@ def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
 
 def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = None, *, split: str | None = None,
                   class_names: list[str] | None = None, iou_threshold: float = 0.5, decode_images: bool = True,
-                  model: str | None = None, image_size: int | tuple[int, int] | str | None = None) -> CheckReport:
+                  model: str | None = None, image_size: int | tuple[int, int] | str | None = None,
+                  crop_scale: CropScale | None = None) -> CheckReport:
     """Check a dataset (a data description or a loaded :class:`DatasetSpec`); never raises for bad data.
 
     ``model`` (a model name) adds the default-box coverage of its default boxes at ``image_size`` (default: its
     own; see :func:`ssd.data.priors.prior_coverage`) and the non-square input suggestion
     (:func:`ssd.data.priors.suggest_image_size`) as a ``non_square_images`` warning. ``priors`` replaces the
     model's default boxes for the coverage (in pixels of ``image_size``, which it then needs when no ``model`` is
-    given). ``decode_images`` decodes every image (cheaply, JPEGs at 1/8 scale) to find truncated or corrupt files.
+    given). ``crop_scale``: the coverage of the boxes as training crops show them (at the median crop scale, see
+    :func:`ssd.data.priors.spec_boxes`). ``decode_images`` decodes every image (cheaply, JPEGs at 1/8 scale) to
+    find truncated or corrupt files.
     """
     if priors is not None and model is None and image_size is None:
         raise ValueError("check_dataset: priors need the image_size their sizes are pixels of (or a model)")
@@ -251,7 +258,7 @@ def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = N
     from ssd.data.priors import coverage_issue, prior_coverage, suggest_image_size
 
     invalid = _invalid(issues)[1]
-    report.coverage = prior_coverage(spec, priors, image_size, iou_threshold, exclude=invalid)
+    report.coverage = prior_coverage(spec, priors, image_size, iou_threshold, exclude=invalid, crop_scale=crop_scale)
     low = coverage_issue(report.coverage, str(spec.root))
     suggestion = suggest_image_size(spec, model, image_size, iou_threshold, invalid) if model else None
     if low:

@@ -28,10 +28,12 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
 from ssd._utils import as_hw
-from ssd.data.images import read_image
+from ssd.data.crops import CachePlan, CropScale, decode_sizes
+from ssd.data.images import read_image, read_image_size
 from ssd.data.mosaic import Mosaic
 from ssd.data.records import DataError, ImageRecord
 from ssd.data.transforms import build_transform
+from ssd.limits import MAX_CROP_CACHE_BYTES
 
 __all__ = ["DetectionDataset", "SeededSampler", "collate", "build_dataloader", "seed_worker", "plain_data_errors"]
 
@@ -52,15 +54,21 @@ class DetectionDataset(Dataset):
         cache_images: decode every image once, up front, and keep the uint8 tensors in RAM.
         mosaic: the :class:`~ssd.data.mosaic.Mosaic` step applied to keys ``(i, seed, p)`` with ``p > 0`` (before
             ``transform``; the partners are read like the item, from the cache when there is one).
+        crop_scale: training crops (:mod:`ssd.data.crops`, with a ``transform`` built with the same ``crop``): with
+            ``image_size``, images are decoded at the size :func:`~ssd.data.crops.decode_sizes` gives (up to
+            native, so the smallest crop still holds the input's pixels; within
+            :data:`ssd.limits.MAX_CROP_CACHE_BYTES` when cached) instead of ``image_size``; :attr:`decode_plan`
+            says what was decided (sizes, cache megabytes, downscale).
 
     Item ``i`` (or ``(i, seed)``, or ``(i, seed, mosaic probability)`` from :class:`SeededSampler`): ``(image
     [3, H, W] float normalized, target)`` with ``target = dict(boxes=BoundingBoxes [N, 4] pixel xyxy of the
-    transformed image, labels int64 [N], difficult bool [N], image_id, path str, orig_size int64 [2] (h, w))``.
+    transformed image, labels int64 [N], difficult bool [N], image_id, path str, orig_size int64 [2] (h, w))``, with
+    ``crop_scale`` also ``crop_dropped`` (int: boxes the crop dropped).
     """
 
     def __init__(self, records: Sequence[ImageRecord], class_names: Sequence[str], transform=None, *,
                  image_size: int | tuple[int, int] | None = None, keep_difficult: bool = True,
-                 cache_images: bool = False, mosaic: Mosaic | None = None):
+                 cache_images: bool = False, mosaic: Mosaic | None = None, crop_scale: CropScale | None = None):
         self.records = list(records)
         self.class_names = list(class_names)
         self.transform = transform
@@ -69,6 +77,11 @@ class DetectionDataset(Dataset):
         self.keep_difficult = keep_difficult
         self.mosaic = mosaic
         self._cache: list[Tensor] | None = None
+        self.decode_plan: CachePlan | None = None
+        if crop_scale is not None and self._hw is not None:
+            sizes = [(r.height, r.width) if r.height and r.width else read_image_size(r.path)[::-1]
+                     for r in self.records]
+            self.decode_plan = decode_sizes(sizes, crop_scale, self._hw, MAX_CROP_CACHE_BYTES if cache_images else None)
         if cache_images:
             with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
                 self._cache = list(pool.map(self._decode, range(len(self.records))))
@@ -77,9 +90,10 @@ class DetectionDataset(Dataset):
         return len(self.records)
 
     def _decode(self, index: int) -> Tensor:
-        image = read_image(self.records[index].path, min_size=self._hw)
-        if self._hw is not None:
-            image = F.resize(image, list(self._hw), antialias=True)
+        size = self._hw if self.decode_plan is None else tuple(self.decode_plan.sizes[index].tolist())
+        image = read_image(self.records[index].path, min_size=size)
+        if size is not None and tuple(image.shape[-2:]) != size:
+            image = F.resize(image, list(size), antialias=True)
         return image
 
     def _sample(self, index: int) -> tuple[Tensor, dict]:
@@ -96,6 +110,7 @@ class DetectionDataset(Dataset):
                                                                      canvas_size=tuple(image.shape[-2:]))),
             "labels": torch.tensor([o.label for o in objects], dtype=torch.int64),
             "difficult": torch.tensor([o.ignore for o in objects], dtype=torch.bool),
+            "orig_size": torch.tensor([h, w]),
         }
         return image, target
 
@@ -117,7 +132,7 @@ class DetectionDataset(Dataset):
                 if seed is not None:
                     torch.manual_seed(seed)
                 image, target = self.transform(image, target)
-        target.update(image_id=rec.image_id, path=str(rec.path), orig_size=torch.tensor([h, w]))
+        target.update(image_id=rec.image_id, path=str(rec.path))
         return image, target
 
 
@@ -197,8 +212,8 @@ def collate(batch: list[tuple[Tensor, dict]]) -> dict:
 
     Returns ``dict(images [B, 3, H, W], boxes [B, G, 4] xyxy normalized per axis to the network input (zeros in
     padding), labels [B, G] int64 (-1 in padding), difficult [B, G] bool, paths list[str], orig_sizes [B, 2] int64
-    (h, w), image_ids list)`` with ``G = max(1, most objects in an image)`` (a batch without objects has one padding
-    row).
+    (h, w), image_ids list, crop_dropped int)`` with ``G = max(1, most objects in an image)`` (a batch without
+    objects has one padding row); ``crop_dropped`` sums the items' boxes dropped by training crops (0 without).
     A batch holding a :class:`_Failed` item is that item (the loader raises it).
     """
     failed = next((item for item in batch if isinstance(item, _Failed)), None)
@@ -214,29 +229,35 @@ def collate(batch: list[tuple[Tensor, dict]]) -> dict:
             difficult.new_zeros(len(batch), 1)
     return {"images": images, "boxes": boxes, "labels": labels, "difficult": difficult,
             "paths": [t["path"] for _, t in batch], "orig_sizes": torch.stack([t["orig_size"] for _, t in batch]),
-            "image_ids": [t["image_id"] for _, t in batch]}
+            "image_ids": [t["image_id"] for _, t in batch],
+            "crop_dropped": sum(t.get("crop_dropped", 0) for _, t in batch)}
 
 
 def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str], image_size: int | tuple[int, int],
                      mean: Sequence[float], std: Sequence[float], train: bool, batch_size: int, workers: int = 0,
                      seed: int = 0, *, augment: str = "ssd", keep_difficult: bool | None = None,
-                     cache_images: bool = False, shuffle: bool | None = None, drop_last: bool = False,
-                     rank: int = 0, world_size: int = 1, pin_memory: bool = False, mosaic: float = 0.0) -> DataLoader:
+                     cache_images: bool = False, crop_scale: CropScale | None = None, shuffle: bool | None = None,
+                     drop_last: bool = False, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
+                     mosaic: float = 0.0) -> DataLoader:
     """A ``DataLoader`` of :func:`collate` batches for ``records`` (a :class:`DataError` of an item is raised with
     its own message, with or without workers).
 
     ``image_size``: an int (square) or ``(height, width)``. ``train`` turns on augmentation (``augment`` level)
     and shuffling, and by default leaves difficult/crowd objects out (``keep_difficult`` overrides). The same
     ``seed`` gives the same batches, with any ``workers``.
+    ``crop_scale`` (training): native-resolution crops (:mod:`ssd.data.crops`); the dataset's ``decode_plan``
+    is ``loader.dataset.dataset.decode_plan``.
     ``loader.sampler.set_epoch(e)`` jumps to epoch ``e`` (resume). ``mosaic``: the probability of the mosaic step
     (:mod:`ssd.data.mosaic`; a train loader can change it with ``loader.sampler.set_mosaic(p)`` between epochs).
     """
     if mosaic and not train:
         raise ValueError(f"mosaic={mosaic}: the mosaic step is a training augmentation (train=True)")
-    transform = build_transform(image_size, mean, std, train=train, augment=augment)
+    crop_scale = crop_scale if train else None
+    transform = build_transform(image_size, mean, std, train=train, augment=augment, crop=crop_scale)
     dataset = DetectionDataset(records, class_names, transform, image_size=image_size,
                                keep_difficult=(not train) if keep_difficult is None else keep_difficult,
-                               cache_images=cache_images, mosaic=Mosaic(image_size, mean) if train else None)
+                               cache_images=cache_images, mosaic=Mosaic(image_size, mean) if train else None,
+                               crop_scale=crop_scale)
     sampler = SeededSampler(len(dataset), shuffle=train if shuffle is None else shuffle, seed=seed, rank=rank,
                             world_size=world_size)
     sampler.set_mosaic(mosaic)

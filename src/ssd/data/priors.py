@@ -9,6 +9,7 @@ are built).
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -21,26 +22,43 @@ from ssd.priors import PriorConfig
 from ssd.priors.coverage import coverage
 from ssd.priors.fit import FitResult, fit_priors
 
+if TYPE_CHECKING:
+    from ssd.data.crops import CropScale
+
 __all__ = ["coverage_issue", "fit_for_model", "prior_coverage", "spec_boxes", "suggest_image_size",
            "training_boxes"]
 
 TRAIN_SPLIT = "train"
 
 
-def spec_boxes(spec: DatasetSpec, splits: list[str] | None = None, exclude: set | None = None) -> Tensor:
+def spec_boxes(spec: DatasetSpec, splits: list[str] | None = None, exclude: set | None = None, *,
+               crop_scale: CropScale | None = None, image_size: int | tuple[int, int] | str | None = None) -> Tensor:
     """The boxes of ``splits`` (default: all; an image in two splits counts once) as ``[N, 4]`` xyxy normalized by
     their image's size, as the model's plain resize to its input does; ``exclude``: ``(image path, object
-    index)`` pairs to leave out (the invalid objects)."""
+    index)`` pairs to leave out (the invalid objects).
+
+    ``crop_scale`` (with ``image_size``, the input): the boxes as training crops show them, at each image's median
+    crop scale ``s`` (the middle of :meth:`~ssd.data.crops.CropScale.bounds`): sizes divided by ``s`` about their
+    centres, clipped to ``[0, 1]``.
+    """
     exclude = exclude or set()
-    seen, rows = set(), []
+    seen, rows, sizes = set(), [], []
     for split in spec.splits if splits is None else splits:
         for rec in spec.records(split):
             if rec.path in seen or not rec.width or not rec.height:
                 continue
             seen.add(rec.path)
-            rows += [[o.box[0] / rec.width, o.box[1] / rec.height, o.box[2] / rec.width, o.box[3] / rec.height]
-                     for i, o in enumerate(rec.objects) if (rec.path, i) not in exclude]
-    return torch.tensor(rows, dtype=torch.float32).reshape(-1, 4)
+            objects = [[o.box[0] / rec.width, o.box[1] / rec.height, o.box[2] / rec.width, o.box[3] / rec.height]
+                       for i, o in enumerate(rec.objects) if (rec.path, i) not in exclude]
+            rows += objects
+            sizes += [[rec.height, rec.width]] * len(objects)
+    boxes = torch.tensor(rows, dtype=torch.float32).reshape(-1, 4)
+    if crop_scale is None or not rows:
+        return boxes
+    lo, hi = crop_scale.bounds(torch.tensor(sizes), as_hw(image_size))
+    half = (boxes[:, 2:] - boxes[:, :2]) / (lo + hi).float()[:, None]  # half the size over the median scale
+    centre = (boxes[:, :2] + boxes[:, 2:]) / 2
+    return torch.cat([centre - half, centre + half], dim=1).clamp(0, 1)
 
 
 def training_boxes(spec: DatasetSpec) -> Tensor:
@@ -49,10 +67,13 @@ def training_boxes(spec: DatasetSpec) -> Tensor:
 
 
 def prior_coverage(spec: DatasetSpec, priors: PriorConfig, image_size: int | tuple[int, int] | str,
-                   iou_threshold: float = 0.5, exclude: set | None = None) -> dict:
+                   iou_threshold: float = 0.5, exclude: set | None = None, crop_scale: CropScale | None = None) -> dict:
     """:func:`ssd.priors.coverage.coverage` of every box of ``spec`` (:func:`spec_boxes`) with the default boxes of
-    ``priors`` at ``image_size``; ``exclude``: ``(image path, object index)`` pairs to leave out."""
-    return coverage(spec_boxes(spec, exclude=exclude), priors.boxes(image_size), iou_threshold)
+    ``priors`` at ``image_size``; ``exclude``: ``(image path, object index)`` pairs to leave out; ``crop_scale``:
+    the boxes at the median crop scale of training crops (the report's ``crop_scale`` is then its text)."""
+    boxes = spec_boxes(spec, exclude=exclude, crop_scale=crop_scale, image_size=image_size)
+    report = coverage(boxes, priors.boxes(image_size), iou_threshold)
+    return report if crop_scale is None else {**report, "crop_scale": crop_scale.text}
 
 
 def coverage_issue(report: dict, root: str) -> Issue | None:

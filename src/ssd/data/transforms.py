@@ -11,6 +11,9 @@ Augmentation levels (``augment``):
   horizontal flip (the original SSD recipe);
 - ``"light"``: horizontal flip and a mild scale/translation jitter;
 - ``"none"``: nothing (the evaluation transform).
+
+With native-resolution crops (``crop``, :mod:`ssd.data.crops`) the crop comes first, then the level without its
+zoom-out and IoU crop (see :func:`build_transform`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2 import get_bounding_boxes, query_size
 
 from ssd._utils import as_hw
+from ssd.data.crops import CropScale, NativeCrop
 
 __all__ = ["AUGMENT_LEVELS", "build_transform"]
 
@@ -82,25 +86,33 @@ class IoUCropWithBoxes(v2.RandomIoUCrop):
 
 
 def build_transform(image_size: int | tuple[int, int], mean: Sequence[float], std: Sequence[float],
-                    train: bool = False, augment: str = "ssd") -> v2.Compose:
+                    train: bool = False, augment: str = "ssd", crop: CropScale | None = None) -> v2.Compose:
     """The SSD pipeline to an ``image_size`` input (an int: square; or ``(height, width)``); ``mean``/``std`` are per
     channel for images in ``[0, 1]``.
 
-    ``train=False`` (or ``augment="none"``) is resize + normalize.
+    ``train=False`` (or ``augment="none"`` without ``crop``) is resize + normalize. With ``crop``
+    (:mod:`ssd.data.crops`, training only) the native-resolution crop comes first and is resized to the input at
+    once, so the level's photometric and flip steps work on input-sized images; it replaces the level's zoom-out
+    (which shrinks the small objects that crops are for) and IoU crop (a second crop, at scales tiled prediction
+    never shows).
     """
     if augment not in AUGMENT_LEVELS:
         raise ValueError(f"augment must be one of {AUGMENT_LEVELS}, got {augment!r}")
-    steps: list = []
+    hw = as_hw(image_size)
+    fill = {tv_tensors.Image: [round(255 * m) for m in mean], "others": 0}
+    crops = train and crop is not None
+    steps: list = [NativeCrop(crop, hw), v2.Resize(hw, antialias=True)] if crops else []
     if train and augment == "ssd":
-        fill = {tv_tensors.Image: [round(255 * m) for m in mean], "others": 0}
-        steps += [v2.RandomPhotometricDistort(p=0.5), v2.RandomZoomOut(fill=fill, side_range=(1.0, 4.0), p=0.5),
-                  IoUCropWithBoxes(), v2.RandomHorizontalFlip()]
+        steps += [v2.RandomPhotometricDistort(p=0.5)]
+        if not crops:
+            steps += [v2.RandomZoomOut(fill=fill, side_range=(1.0, 4.0), p=0.5), IoUCropWithBoxes()]
+        steps += [v2.RandomHorizontalFlip()]
     elif train and augment == "light":
-        fill = {tv_tensors.Image: [round(255 * m) for m in mean], "others": 0}
         steps += [v2.RandomHorizontalFlip(), v2.RandomAffine(degrees=0, translate=(0.05, 0.05), scale=(0.85, 1.15),
                                                              fill=fill)]
-    steps += [v2.Resize(as_hw(image_size), antialias=True),
-              v2.ClampBoundingBoxes(),
+    if not crops:
+        steps += [v2.Resize(hw, antialias=True)]
+    steps += [v2.ClampBoundingBoxes(),
               v2.SanitizeBoundingBoxes(min_size=MIN_BOX_SIZE, labels_getter=boxes_labels_difficult),
               v2.ToDtype({tv_tensors.Image: torch.float32, "others": None}, scale=True),
               v2.Normalize(mean=list(mean), std=list(std))]

@@ -67,6 +67,8 @@ def coverage_lines(report: dict) -> list[str]:
     """A :func:`coverage` report as text lines: the share covered, a table per bucket, the worst combinations."""
     lines = [f"default-box coverage (share of boxes whose best default box has IoU >= {report['iou_threshold']}): "
              f"{report['covered']:.1%} of {report['boxes']} boxes"]
+    if report.get("crop_scale"):
+        lines[0] += f", boxes at the median crop scale of --crop-scale {report['crop_scale']}"
     rows = [[b["name"], b["boxes"], f"{b['covered']:.1%}" if b["boxes"] else "-",
              f"{b['median_iou']:.2f}" if b["boxes"] else "-"] for b in report["by_size"] + report["by_aspect"]]
     lines += ["  " + r for r in render_table(["bucket", "boxes", "covered", "median IoU"], rows)]

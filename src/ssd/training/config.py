@@ -22,6 +22,7 @@ from typing import Literal
 import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
+from ssd.data.crops import parse_crop_scale
 from ssd.files import write_text
 from ssd.limits import MAX_INPUT_SIDE, value_text
 from ssd.settings import EVALUATE, THRESHOLD_OPTIONS, ConfigError
@@ -82,6 +83,11 @@ class TrainConfig:
                           default=0.0)
     close_mosaic: int | None = _help("switch --mosaic off for the last N epochs (default: a tenth of --epochs, "
                                      "rounded)", default=None)
+    crop_scale: str | None = _help("native-resolution training crops: native (crops from the whole image down to "
+                                   "the network input's size in original pixels), MIN or MIN,MAX (crop side as a "
+                                   "fraction of the image side, in (0, 1], MAX 1 by default); replaces the zoom out "
+                                   "and IoU crop of --augment ssd; predict / val with --tile to match (default: off)",
+                                   default=None)
     cache_images: bool = _help("decode every image once and keep it in RAM", default=False)
     skip_invalid: bool = _help("drop invalid objects/images (reported) instead of refusing the data", default=False)
     skip_nonfinite: bool = _help("skip and count steps with a non-finite loss instead of stopping", default=False)
@@ -116,6 +122,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.image_size is not None:  # stored as an int when square, else "HxW" (YAML and command line alike)
             object.__setattr__(self, "image_size", parse_image_size(self.image_size))
+        if self.crop_scale is not None:  # stored as its canonical text: native, MIN or MIN,MAX
+            object.__setattr__(self, "crop_scale", parse_crop_scale(self.crop_scale).text)
         self._check()
 
     # ----------------------------------------------------------------------------------------------- building
@@ -194,6 +202,9 @@ class TrainConfig:
         if self.weight_decay is not None:
             _require(self, "weight_decay", 0 <= self.weight_decay < math.inf, "must be a finite number >= 0")
         _require(self, "mosaic", 0 <= self.mosaic <= 1, "must be a probability in [0, 1]")
+        # a mosaic canvas has no original resolution for a native-resolution crop to be drawn at
+        _require(self, "mosaic", not (self.mosaic and self.crop_scale), "is a different recipe from --crop-scale "
+                 "(native-resolution crops of one image); use one of them")
         for name in ("freeze_epochs", "warmup_iters", "close_mosaic"):
             if getattr(self, name) is not None:
                 _require(self, name, getattr(self, name) >= 0, "must be >= 0")
@@ -236,7 +247,7 @@ def _check_types(config: TrainConfig) -> None:
     """Refuse a value of the wrong type (``epochs: ten``, ``batch_size: [4]``) or a non-finite number, by field."""
     for name, hint in typing.get_type_hints(TrainConfig).items():
         value, rule = getattr(config, name), _type_rule(hint)
-        if value is None or rule is None or name == "image_size":  # image_size: parse_image_size's rules
+        if value is None or rule is None or name in ("image_size", "crop_scale"):  # their parsers' rules
             continue
         types_, words = rule
         ok = isinstance(value, types_) and (bool in types_ or not isinstance(value, bool))

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 import ssd.distributed as ddp
 from ssd.data import build_dataloader
+from ssd.data.crops import MIN_VISIBLE, describe_plan, parse_crop_scale
 from ssd.data.gate import load_training_data
 from ssd.data.load import validation_split
 from ssd.data.loader import plain_data_errors
@@ -137,8 +138,11 @@ class Trainer:
         self.train_loader = build_dataloader(
             self.train_records, self.class_names, mc.image_size, mc.mean, mc.std, train=True,
             batch_size=config.batch_size, workers=config.workers, seed=config.seed, augment=config.augment,
-            cache_images=config.cache_images, drop_last=True, rank=info.rank, world_size=info.world_size,
-            mosaic=config.mosaic)
+            cache_images=config.cache_images, crop_scale=parse_crop_scale(config.crop_scale), drop_last=True,
+            rank=info.rank, world_size=info.world_size, mosaic=config.mosaic)
+        plan = self.train_loader.dataset.dataset.decode_plan
+        if plan is not None:
+            self.log(describe_plan(plan, parse_crop_scale(config.crop_scale), mc.image_size, config.cache_images))
         self.val_loader = split_loader(self.val_records, self.class_names, mc, batch_size=config.batch_size,
                                        workers=config.workers, cache_images=config.cache_images, info=info)
         self.steps = ddp.steps_per_epoch(len(self.train_records), config.batch_size, info.world_size)
@@ -237,11 +241,12 @@ class Trainer:
         if config.freeze == "backbone":  # frozen for freeze_epochs epochs (None: the whole run)
             set_backbone_trainable(self.model, config.freeze_epochs is not None and epoch >= config.freeze_epochs)
         totals = torch.zeros(3, dtype=torch.float64)
-        steps = 0
+        steps = crop_dropped = 0
         tic = time.perf_counter()
         with tqdm(itertools.islice(self.train_loader, self.steps), total=self.steps, leave=True, dynamic_ncols=True,
                   desc=f"epoch {epoch + 1}/{config.epochs}", disable=config.quiet or not self.info.is_main) as bar:
             for step, batch in enumerate(bar):
+                crop_dropped += batch["crop_dropped"]
                 values = self.train_step(batch, epoch, step)
                 self._hook("on_train_batch_end", step, values)
                 if values is None:
@@ -254,8 +259,11 @@ class Trainer:
                     bar.set_postfix(loss=f"{totals[0].item() / steps:.3f}", img_s=f"{rate:.0f}",
                                     lr=f"{self.optimizer.param_groups[0]['lr']:.2e}")
         mean = (totals / max(steps, 1)).tolist()
+        if config.crop_scale is not None:
+            self.log(f"epoch {epoch + 1}: the crops cut and dropped {crop_dropped} object(s) with less than "
+                     f"{MIN_VISIBLE:.0%} of their box (or of the crop) inside")
         return {"train/loss": mean[0], "train/loc_loss": mean[1], "train/cls_loss": mean[2],
-                "nonfinite_skipped": self.nonfinite}
+                "nonfinite_skipped": self.nonfinite, "crop_dropped": crop_dropped}
 
     def train_step(self, batch: dict[str, Any], epoch: int = 0, step: int = 0) -> list[float] | None:
         """One optimization step on a :func:`ssd.data.collate` batch: forward, loss, backward, clipping, optimizer,
