@@ -44,7 +44,7 @@ def test_four_images_around_a_fixed_centre_give_the_hand_computed_canvas_and_box
                _sample(30, 10, 10, [[0, 0, 10, 10]], [2], [False]),
                _sample(40, 10, 10, [[6, 0, 10, 2]], [3], [True])]
     samples[0][0][:, 2, 0] = 99  # row 2 of the top-left image is the canvas' row 0 (two rows cut off above)
-    image, target = Mosaic(10, MEAN)(samples, (8, 12))
+    image, target = Mosaic(10, MEAN).canvas(samples, (8, 12))
     assert isinstance(image, tv_tensors.Image) and image.shape == (3, 20, 20) and image.dtype == torch.uint8
     assert target["boxes"].canvas_size == (20, 20)
     assert target["boxes"].tolist() == [[3, 0, 7, 3], [14, 2, 20, 7], [2, 8, 12, 18], [18, 8, 20, 10]]
@@ -57,12 +57,28 @@ def test_four_images_around_a_fixed_centre_give_the_hand_computed_canvas_and_box
     assert (image == 10).all(0).sum() == 10 * 8 - 1 and (image == 40).all(0).sum() == 8 * 10
 
 
+def test_the_mosaic_is_the_central_window_of_the_canvas_at_the_images_scale():
+    # the canvas of the test above, window rows and columns 5..15: boxes shifted by -5, clipped to 0..10, the
+    # top-left box (x 3..7, y 0..3) left out (it ends at y 3 < 5)
+    samples = [_sample(10, 10, 10, [[1, 1, 5, 5]], [0], [False]),
+               _sample(20, 10, 10, [[2, 4, 8, 9]], [1], [True]),
+               _sample(30, 10, 10, [[0, 0, 10, 10]], [2], [False]),
+               _sample(40, 10, 10, [[6, 0, 10, 2]], [3], [True])]
+    mosaic = Mosaic(10, MEAN)
+    image, target = mosaic(samples, (8, 12))
+    canvas, _ = mosaic.canvas(samples, (8, 12))
+    assert image.shape == (3, 10, 10) and target["boxes"].canvas_size == (10, 10)
+    assert torch.equal(image, canvas[:, 5:15, 5:15])
+    assert target["boxes"].tolist() == [[9, 0, 10, 2], [0, 3, 7, 10]]
+    assert target["labels"].tolist() == [1, 2] and target["difficult"].tolist() == [True, False]
+
+
 def test_boxes_cut_below_one_pixel_are_dropped_with_their_labels_and_flags():
     samples = [_sample(1, 10, 10, [[0, 0, 10, 1.5], [4, 4, 6, 6]], [5, 6], [True, False]),  # y -2..-0.5: gone
                _sample(2, 10, 10, [], [], []),
                _sample(3, 10, 10, [[9, 0, 10, 10]], [7], [True]),  # x 11..12: fully inside
                _sample(4, 10, 10, [[7.5, 0, 10, 2], [7, 0, 10, 2]], [8, 9], [False, True])]  # x 19.5..20 | 19..20
-    _, target = Mosaic(10, MEAN)(samples, (8, 12))
+    _, target = Mosaic(10, MEAN).canvas(samples, (8, 12))
     assert target["boxes"].tolist() == [[6, 2, 8, 4], [11, 8, 12, 18], [19, 8, 20, 10]]
     assert target["labels"].tolist() == [6, 7, 9] and target["difficult"].tolist() == [False, True, True]
 
@@ -70,14 +86,14 @@ def test_boxes_cut_below_one_pixel_are_dropped_with_their_labels_and_flags():
 def test_images_are_resized_to_fit_the_input_with_their_boxes():
     # a 20 x 40 (h x w) top-left image fits S = 10 at a quarter: 5 x 10, placed at (left, top) = (0, 5) by (10, 10)
     samples = [_sample(7, 20, 40, [[4, 2, 20, 10]], [0], [False])] + [_sample(0, 10, 10, [], [], [])] * 3
-    image, target = Mosaic(10, MEAN)(samples, (10, 10))
+    image, target = Mosaic(10, MEAN).canvas(samples, (10, 10))
     assert target["boxes"].tolist() == [[1, 5.5, 5, 7.5]]
     assert (image[:, 5:10, 0:10] == 7).all() and image[:, 4, 0].tolist() == FILL
 
 
 def test_non_square_input_gives_a_2h_by_2w_canvas():
     samples = [_sample(k, 8, 16, [[0, 0, 16, 8]], [k], [False]) for k in range(4)]
-    image, target = Mosaic((8, 16), MEAN)(samples, (8, 16))  # centre in the middle: four whole tiles
+    image, target = Mosaic((8, 16), MEAN).canvas(samples, (8, 16))  # centre in the middle: four whole tiles
     assert image.shape == (3, 16, 32)
     assert target["boxes"].tolist() == [[0, 0, 16, 8], [16, 0, 32, 8], [0, 8, 16, 16], [16, 8, 32, 16]]
 
@@ -205,6 +221,8 @@ def test_the_schedule_reads_the_epochs_at_each_epoch_start():
     ({"mosaic": "half"}, r"mosaic='half' is invalid: must be a finite number \(--mosaic\)"),
     ({"close_mosaic": -1}, r"close_mosaic=-1 is invalid: must be >= 0 \(--close-mosaic\)"),
     ({"close_mosaic": 2.5}, r"close_mosaic=2.5 is invalid: must be a whole number \(--close-mosaic\)"),
+    ({"mosaic": 0.5, "crop_scale": "native"}, r"mosaic=0.5 is invalid: is a different recipe from --crop-scale "
+                                              r"\(native-resolution crops of one image\); use one of them"),
 ])
 def test_mosaic_options_are_checked_by_name(options, message):
     with pytest.raises(ConfigError, match=message):

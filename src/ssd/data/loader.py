@@ -126,6 +126,7 @@ class DetectionDataset(Dataset):
             plan = self.mosaic.plan(index, len(self), seed, mosaic)
             if plan is not None:
                 image, target = self.mosaic([(image, target), *map(self._sample, plan.partners)], plan.centre)
+                target["orig_size"] = torch.tensor([h, w])  # the item's own image, as without the mosaic
         image = tv_tensors.Image(image)
         if self.transform is not None:
             with torch.random.fork_rng(devices=[], enabled=seed is not None):

@@ -4,8 +4,10 @@ With probability ``p`` an item is combined with three other random items of the 
 images, each resized to fit the network input ``S`` (aspect kept), are placed top-left, top-right, bottom-left and
 bottom-right of a random centre in ``[0.5 S, 1.5 S]`` per axis, on a canvas filled with the dataset mean (as the
 zoom-out fills its canvas); their boxes are shifted with them, clamped to the canvas and sanitized by the rule of
-every transform (:data:`ssd.data.transforms.MIN_BOX_SIZE`, labels and difficult flags follow the boxes). The result
-goes through the normal training transform, which crops and resizes it to ``S``.
+every transform (:data:`ssd.data.transforms.MIN_BOX_SIZE`, labels and difficult flags follow the boxes). The
+mosaic is the canvas' central ``S x S`` window, as Ultralytics' affine step takes it: it holds part of each of the four
+images, at the scale each had alone. Handing the whole canvas to the final resize would halve every object, and the
+zoom-out of ``--augment ssd`` shrinks it further. The result goes through the normal training transform.
 
 Where the mode lives: :class:`~ssd.data.loader.SeededSampler` yields ``(index, seed, p)``, ``p`` the probability in
 effect for the epoch (0 once ``--close-mosaic`` switched it off). The sampler runs in the main process, whereas
@@ -83,6 +85,14 @@ class Mosaic:
         return MosaicPlan(others.tolist(), (cy, cx))
 
     def __call__(self, samples: Sequence[Sample], centre: tuple[int, int]) -> tuple[tv_tensors.Image, dict]:
+        """The mosaic of four samples (see :meth:`canvas`): the central ``(Image uint8 [3, Sh, Sw], target)`` window of
+        the canvas, boxes in its pixels (clamped, those left smaller than ``MIN_BOX_SIZE`` dropped)."""
+        image, target = self.canvas(samples, centre)
+        (sh, sw) = self.hw
+        window = F.crop(image, sh // 2, sw // 2, sh, sw), F.crop(target["boxes"], sh // 2, sw // 2, sh, sw)
+        return self._sanitize(window[0], {**target, "boxes": F.clamp_bounding_boxes(window[1])})
+
+    def canvas(self, samples: Sequence[Sample], centre: tuple[int, int]) -> tuple[tv_tensors.Image, dict]:
         """Four ``(image uint8 [3, h, w], target)`` (target: ``boxes`` pixel xyxy ``[N, 4]``, ``labels`` ``[N]``,
         ``difficult`` ``[N]``) around ``centre = (cy, cx)`` on the canvas -> ``(Image uint8 [3, 2Sh, 2Sw], target)``
         with the boxes in canvas pixels (clamped, those left smaller than ``MIN_BOX_SIZE`` dropped)."""
