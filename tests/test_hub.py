@@ -17,6 +17,7 @@ from torchvision.models.detection import (
 
 from conftest import biased_model
 from ssd.cli import main
+from ssd.inference.registry import open_backend
 from ssd.models import MODEL_CONFIGS, BackboneWeightsError, build_model
 from ssd.training.config import TrainConfig
 from ssd.training.plan import plan_run
@@ -172,6 +173,8 @@ def test_a_detector_name_is_imported_and_trained_from(monkeypatch, tmp_path, cac
     key = "head.classification_head.module_list.0.1.weight"
     assert torch.equal(imported["model"]["heads.0.loc.1.weight"],
                        detector[key.replace("classification", "regression")])
+    backend = open_backend("ssdlite320_mobilenet_v3_large_coco")  # ssd predict / val --weights NAME
+    assert str(backend.source) == str(entry.path) and len(backend.class_names) == 80
     logged = []
     plan = plan_run(TrainConfig(data=str(synthetic_voc), weights="ssdlite320_mobilenet_v3_large_coco"), {"weights"},
                     logged.append)
