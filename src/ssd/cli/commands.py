@@ -168,6 +168,20 @@ def _cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_weights(args: argparse.Namespace) -> int:
+    from ssd._utils import did_you_mean
+    from ssd.weights.hub import catalog, fetch, format_catalog
+
+    known = catalog()
+    for name in args.download:  # every name checked before the first download
+        if name not in known:
+            raise UsageError(f"ssd weights --download {name}: not a known name{did_you_mean(name, known)}")
+    for name in args.download:
+        print(f"{name}: {fetch(known[name])}")
+    print(format_catalog())
+    return 0
+
 
 COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "export": _cmd_export,
-            "benchmark": _cmd_benchmark, "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import}
+            "benchmark": _cmd_benchmark, "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import,
+            "weights": _cmd_weights}

@@ -24,10 +24,10 @@ from ssd.settings import EVALUATE, PREDICT
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="ssd", description="SSD object detection that just works on your own data.", epilog=EPILOG)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{train,val,predict,export,benchmark,check,demo,import}",
-                                parser_class=Parser)
+    sub = parser.add_subparsers(dest="command", parser_class=Parser,
+                                metavar="{train,val,predict,export,benchmark,check,demo,import,weights}")
     for add in (_add_train_parser, _add_val_parser, _add_predict_parser, _add_export_parser, _add_benchmark_parser,
-                _add_check_parser, _add_demo_parser, _add_import_parser):
+                _add_check_parser, _add_demo_parser, _add_import_parser, _add_weights_parser):
         add(sub)
     return parser
 
@@ -168,6 +168,16 @@ def _add_import_parser(sub) -> None:
                    help="the file's format (default: auto, recognised by its keys)")
     p.add_argument("--classes", help="names of the file's classes: voc, coco or a text file with one name per line "
                                      "(default: VOC names for 21 outputs, COCO names for 81 and torchvision's 91)")
+
+
+def _add_weights_parser(sub) -> None:
+    p = sub.add_parser("weights", help="list the pretrained weights known by name, and download them",
+                       description="Known names work wherever a weights file does: --weights NAME (detectors: train, "
+                                   "predict, val, export, import) and --backbone-weights NAME (backbones; imagenet is "
+                                   "the model's ImageNet one). Files are downloaded once into the torch hub cache, "
+                                   "checksum verified.", epilog=EPILOG)
+    p.add_argument("--download", nargs="+", default=[], metavar="NAME",
+                   help="download these now (e.g. before going offline); already cached ones are kept")
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

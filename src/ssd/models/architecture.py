@@ -31,7 +31,8 @@ class Architecture:
         description: one line for ``list_models``.
         options: the architecture options ``build_model`` accepts, with their defaults.
         channels_last: recommended memory format (the trainer and ``predict`` apply it).
-        imagenet_file: torchvision's file name of the backbone's ImageNet weights (``None``: no such weights).
+        imagenet_weights: the :func:`ssd.weights.hub.catalog` name of torchvision's ImageNet weights of the backbone,
+            what ``backbone_weights="imagenet"`` reads (``None``: no such weights).
         mean, std: input normalization of images in ``[0, 1]``.
         weights_normalization: ``state -> (mean, std) | None``: the input normalization a backbone weights file
             was trained with when it is not ``mean`` / ``std`` (e.g. VGG16 files that take 0..255 pixels).
@@ -46,7 +47,7 @@ class Architecture:
     description: str
     options: dict[str, Any] = field(default_factory=dict)
     channels_last: bool = True
-    imagenet_file: str | None = None
+    imagenet_weights: str | None = None
     mean: tuple[float, ...] = IMAGENET_MEAN
     std: tuple[float, ...] = IMAGENET_STD
     weights_normalization: Callable[[dict[str, Tensor]], tuple[tuple[float, ...], tuple[float, ...]] | None] | None \

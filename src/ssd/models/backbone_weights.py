@@ -1,4 +1,5 @@
-"""ImageNet backbone weights from local torchvision state dict files (never downloaded)."""
+"""Backbone weights for a new model: a local state dict file, or torchvision's by name (fetched once into the torch
+hub cache by :mod:`ssd.weights.hub`)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-import torch
 from torch import Tensor, nn
 
+import ssd.weights.hub as hub
 from ssd._utils import state_dict_mismatch
 from ssd.weights.checkpoint import CheckpointError, read_file
 from ssd.weights.identify import identify
@@ -20,43 +21,68 @@ class BackboneWeightsError(ValueError):
     """A backbone weights file that is missing, unreadable or made for another architecture."""
 
 
-def read_backbone_weights(spec: str | os.PathLike, filename: str, what: str) -> tuple[dict[str, Tensor], str]:
+def read_backbone_weights(spec: str | os.PathLike, model: str, imagenet: str) -> tuple[dict[str, Tensor], str]:
     """Read a torchvision state dict for a backbone.
 
     Args:
-        spec: a file path, or ``"imagenet"`` for ``torch.hub.get_dir()/checkpoints/<filename>`` (the file torchvision
-            would have downloaded there; it is only looked up, never downloaded).
-        filename: torchvision's file name for the ImageNet weights of this backbone (e.g. ``vgg16-397923af.pth``).
-        what: the backbone, for messages (e.g. ``"vgg16 (ssd300_vgg16)"``).
+        spec: a file path (an existing path always wins); ``"imagenet"`` for torchvision's ImageNet weights of the
+            backbone, or the name of other known backbone weights for ``model`` (:func:`ssd.weights.hub.catalog`,
+            e.g. ``vgg16_features``): the file in ``torch.hub.get_dir()/checkpoints/``, downloaded there when
+            missing (progress bar, checksum verified).
+        model: the model whose backbone it is (e.g. ``"ssd300_vgg16"``), for messages and the names that fit.
+        imagenet: the catalog name of torchvision's ImageNet weights for this backbone (e.g. ``"vgg16"``).
 
     Returns:
         ``(state_dict, source)``, ``source`` being the file path used (for later messages).
+
+    Raises:
+        BackboneWeightsError: a missing file, an unknown name (the closest names for ``model``), a name for another
+            model, a failed download (which file to put where), or a file that is no backbone state dict.
     """
-    if str(spec) == "imagenet":
-        path = Path(torch.hub.get_dir()) / "checkpoints" / filename
-        if not path.is_file():
-            raise BackboneWeightsError(
-                f"backbone_weights='imagenet': {path} not found (nothing is downloaded). Copy torchvision's "
-                f"ImageNet weights for {what} ({filename}) there, or pass backbone_weights=PATH to the file")
+    entry = _known(spec, model, imagenet)
+    example = hub.catalog()[imagenet].filename
+    if entry is not None:
+        try:
+            path = hub.fetch(entry)
+        except CheckpointError as exc:
+            raise BackboneWeightsError(str(exc)) from None
     else:
         path = Path(spec)
         if not path.is_file():
             raise BackboneWeightsError(f"backbone weights file {path} does not exist (expected a torchvision state "
-                                       f"dict for {what}, such as {filename})")
+                                       f"dict for {model}, such as {example})")
     try:
         state = read_file(path)
     except CheckpointError as exc:
         raise BackboneWeightsError(f"cannot read backbone weights: {exc} (expected a torchvision state dict for "
-                                   f"{what}, such as {filename})") from None
+                                   f"{model}, such as {example})") from None
     found = identify(state)
     if found.kind in ("ours", "detector"):
         raise BackboneWeightsError(f"backbone weights {path} is not a backbone: it holds {found.description}; "
                                    f"{found.use}")
     if found.state is None:
         raise BackboneWeightsError(f"backbone weights {path} is not a state dict of tensors: it holds "
-                                   f"{found.description}; expected a torchvision state dict for {what}, such as "
-                                   f"{filename}")
+                                   f"{found.description}; expected a torchvision state dict for {model}, such as "
+                                   f"{example}")
     return found.state, str(path)
+
+
+def _known(spec: str | os.PathLike, model: str, imagenet: str) -> hub.HubWeights | None:
+    """The catalog entry ``spec`` names for ``model``'s backbone, ``None`` for a path (existing or not)."""
+    if Path(spec).exists():
+        return None
+    name = imagenet if str(spec) == "imagenet" else str(spec)
+    fitting = ["imagenet", *(n for n, e in hub.catalog().items() if e.kind == "backbone" and model in e.models)]
+    try:
+        entry = hub.lookup(name, "backbone")
+    except CheckpointError as exc:
+        raise BackboneWeightsError(str(exc)) from None
+    if entry is not None and model not in entry.models:
+        raise BackboneWeightsError(f"--backbone-weights {spec}: {entry.description} is a backbone of "
+                                   f"{', '.join(entry.models)}, not of {model}; for {model}: {', '.join(fitting)}")
+    if entry is None and hub.looks_like_name(spec):
+        raise BackboneWeightsError(hub.unknown_name(spec, "backbone", fitting))
+    return entry
 
 
 def load_backbone_state(module: nn.Module, state: Mapping[str, Tensor], *, source: str, what: str, prefix: str = "",

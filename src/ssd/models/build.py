@@ -44,9 +44,10 @@ def build_model(name: str, num_classes: int | None = None, class_names: Sequence
             ``"ssd_tiny"``.
         num_classes: K, the number of object classes (background excluded).
         class_names: the K class names (wins over ``num_classes``; without it names are ``class0 .. classK-1``).
-        backbone_weights: path to a torchvision ImageNet state dict for the backbone, or ``"imagenet"`` to use the
-            file in the torch hub cache (``torch.hub.get_dir()/checkpoints``); nothing is ever downloaded.
-            ``None``: random initialisation.
+        backbone_weights: path to a torchvision state dict for the backbone; ``"imagenet"`` for torchvision's
+            ImageNet weights of the backbone, or another known backbone name (``ssd weights``, e.g.
+            ``vgg16_features``): the file in the torch hub cache (``torch.hub.get_dir()/checkpoints``), downloaded
+            there once when missing (see :mod:`ssd.weights.hub`). ``None``: random initialisation.
         image_size: the input size (default: the configuration's square size): an int (square), a
             ``(height, width)`` pair or a ``"HxW"`` string such as ``"512x288"`` (height x width). The default boxes
             are scaled to it (see :meth:`ssd.priors.PriorConfig.scaled_to`); the heads keep their shapes, so
@@ -130,10 +131,10 @@ def _assemble(config: ModelConfig, class_names: list[str], backbone_weights: str
     arch = MODEL_CONFIGS[config.name]
     weights, source = None, None
     if backbone_weights is not None:
-        if arch.imagenet_file is None:
+        if arch.imagenet_weights is None:
             raise BackboneWeightsError(f"{config.name} has no ImageNet backbone (it trains from scratch); "
                                        f"got backbone_weights={str(backbone_weights)!r}")
-        weights, source = read_backbone_weights(backbone_weights, arch.imagenet_file, config.name)
+        weights, source = read_backbone_weights(backbone_weights, config.name, arch.imagenet_weights)
         normalization = arch.weights_normalization(weights) if arch.weights_normalization else None
         if normalization is not None:  # these weights were trained on other inputs than the architecture's default
             config = config.replace(mean=normalization[0], std=normalization[1])

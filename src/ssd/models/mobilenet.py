@@ -11,7 +11,7 @@ from functools import partial
 from typing import Any
 
 from torch import Tensor, nn
-from torchvision.models import MobileNet_V3_Large_Weights, mobilenet_v3_large
+from torchvision.models import mobilenet_v3_large
 from torchvision.ops.misc import Conv2dNormActivation
 
 from ssd.models.architecture import Architecture, MultiScaleBackbone
@@ -107,6 +107,6 @@ ARCHITECTURES = {
         ),
         description="SSDLite on MobileNetV3-Large as torchvision's (3234 default boxes at 320 px)",
         options={"reduced_tail": None},  # None: True without ImageNet weights (as torchvision), False with them
-        imagenet_file=MobileNet_V3_Large_Weights.IMAGENET1K_V1.url.rsplit("/", 1)[-1],
+        imagenet_weights="mobilenet_v3_large",
     )
 }

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchvision.models import VGG16_Weights
 from torchvision.models.vgg import cfgs, make_layers
 
 from ssd.models.architecture import Architecture
@@ -171,7 +170,6 @@ def _backbone(size: int):
     return build
 
 
-_VGG16_FILE = VGG16_Weights.IMAGENET1K_V1.url.rsplit("/", 1)[-1]
 ARCHITECTURES = {
     f"ssd{size}_vgg16": Architecture(
         backbone=_backbone(size),
@@ -179,7 +177,7 @@ ARCHITECTURES = {
         image_size=size,
         priors=PRIOR_CONFIGS[f"ssd{size}"],
         description=f"SSD{size} on VGG16 as in the paper ({boxes} default boxes at {size} px)",
-        imagenet_file=_VGG16_FILE,
+        imagenet_weights="vgg16",
         weights_normalization=weights_normalization,
     )
     for size, boxes in ((300, 8732), (512, 24564))

@@ -25,6 +25,7 @@ from ssd.models.ssd import SSD
 from ssd.weights.checkpoint import read_file
 from ssd.weights.finetune import remap_class_rows
 from ssd.weights.foreign import PLANS, Plan, WeightsImportError
+from ssd.weights.hub import weights_file
 from ssd.weights.identify import (
     DETECTOR_FORMATS,
     VOC_NAMES,
@@ -47,7 +48,9 @@ def import_model(path: str | os.PathLike, format: str = "auto", class_names: Seq
     """A model of this library from a detector trained with ssd.pytorch, torchvision or lufficc/SSD.
 
     Args:
-        path: the weights file (read with ``torch.load(weights_only=True)``; nothing is downloaded).
+        path: the weights file (read with ``torch.load(weights_only=True)``), or a known detector name
+            (``ssd300_vgg16_coco``, ``ssdlite320_mobilenet_v3_large_coco``: see :mod:`ssd.weights.hub`): its file in
+            the torch hub cache, downloaded once; an existing path always wins.
         format: ``"auto"`` (recognised by keys and shapes) or one of ``"ssd.pytorch"``, ``"torchvision"``,
             ``"lufficc"`` (then a file of another format is refused).
         class_names: the names of the file's classes (``"voc"``, ``"coco"`` or a list); default: the 20 VOC names
@@ -59,8 +62,10 @@ def import_model(path: str | os.PathLike, format: str = "auto", class_names: Seq
     Raises:
         WeightsImportError: not a detector of these formats (the message names the formats tried and shows keys),
             a backbone-only file, or an architecture that differs (which layer, which shapes).
-        CheckpointError: a missing, truncated or corrupt file.
+        CheckpointError: a missing, truncated or corrupt file; an unknown name, or known weights that cannot be
+            downloaded.
     """
+    path = weights_file(path)
     return import_weights(read_file(path), str(path), format=format, class_names=class_names)
 
 

@@ -24,6 +24,7 @@ from ssd.models.ssd import SSD
 from ssd.priors import PriorConfig
 from ssd.weights.checkpoint import CheckpointError, checked_checkpoint, checkpoint_dict, read_file
 from ssd.weights.finetune import match_classes, remap_class_rows
+from ssd.weights.hub import weights_file
 from ssd.weights.identify import identify
 from ssd.weights.importers import import_weights
 
@@ -37,12 +38,15 @@ def read_weights(path: str | os.PathLike) -> dict[str, Any]:
     :func:`ssd.weights.checkpoint.load_checkpoint` reads it, or a foreign detector imported (its format logged, see
     :func:`ssd.weights.importers.import_model`) as the dict :func:`ssd.weights.checkpoint.save_checkpoint` would write.
     For code that needs more of a checkpoint than the model (its config, extras); :func:`model_from_checkpoint`
-    takes the dict.
+    takes the dict. ``path`` may also be a known detector name (``ssd300_vgg16_coco``, see :mod:`ssd.weights.hub`):
+    its cached file, downloaded once; an existing path always wins.
 
     Raises:
         CheckpointError: the file cannot be read, is a checkpoint of another format version, a backbone, or no
-            weights at all (``WeightsImportError`` for a detector that does not convert).
+            weights at all (``WeightsImportError`` for a detector that does not convert); an unknown name, or known
+            weights that cannot be downloaded.
     """
+    path = weights_file(path)
     return _checkpoint_of(read_file(path), str(path))
 
 
