@@ -22,6 +22,7 @@ CONFIGS = {
     "ssd512_vgg16": (512, [64, 32, 16, 8, 4, 2, 1], [4, 6, 6, 6, 6, 4, 4], 24564),
     "ssdlite320_mobilenet_v3_large": (320, [20, 10, 5, 3, 2, 1], [6] * 6, 3234),
     "ssd_tiny": (256, [32, 16, 8, 4, 2], [4] * 5, 5456),
+    "ssd_tiny_fpn": (256, [32, 16, 8, 4, 2], [4] * 5, 5456),
 }
 
 
@@ -133,7 +134,7 @@ def test_forward_levels_follow_prior_order():
     assert start == model.priors.shape[0]
 
 
-@pytest.mark.parametrize("name", ["ssd_tiny", "ssdlite320_mobilenet_v3_large"])
+@pytest.mark.parametrize("name", ["ssd_tiny", "ssd_tiny_fpn", "ssdlite320_mobilenet_v3_large"])
 def test_real_forward(name):
     model = build_model(name, 3).eval()
     size = model.image_size
@@ -269,8 +270,9 @@ def test_preprocess_rejects_bad_images():
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
-def test_torchscript_gives_the_same_outputs():
-    model = build_model("ssd_tiny", 2).eval()
+@pytest.mark.parametrize("name", ["ssd_tiny", "ssd_tiny_fpn"])
+def test_torchscript_gives_the_same_outputs(name):
+    model = build_model(name, 2).eval()
     x = torch.randn(1, 3, 128, 128)
     scripted = torch.jit.script(model)
     with torch.no_grad():

@@ -96,7 +96,8 @@ def set_backbone_trainable(model: nn.Module, trainable: bool) -> int:
     """Freeze (``False``) or unfreeze (``True``) the base network of the backbone.
 
     The base network is the backbone without its extra layers and the conv4_3 scale: VGG16 up to conv7
-    (``backbone.features`` and ``backbone.fc``, ssd.pytorch's ``vgg``), the MobileNetV3 / ``ssd_tiny`` stages. Frozen
+    (``backbone.features`` and ``backbone.fc``, ssd.pytorch's ``vgg``), the MobileNetV3 / ``ssd_tiny`` stages, the
+    ``ssd_tiny_fpn`` body (its fusion neck, like the extra layers, keeps training). Frozen
     parameters get ``requires_grad=False`` and the BatchNorm layers among them stop updating their running
     statistics (eval mode); unfreezing gives them back the model's mode. Call it after ``model.train()`` (which
     would put those BatchNorm layers back in training mode).
@@ -107,7 +108,7 @@ def set_backbone_trainable(model: nn.Module, trainable: bool) -> int:
     model = unwrap_model(model)
     count = 0
     for name, part in model.backbone.named_children():
-        if name in ("extras", "l2norm"):
+        if name in ("extras", "l2norm", "neck"):
             continue
         for parameter in part.parameters():
             parameter.requires_grad_(trainable)
