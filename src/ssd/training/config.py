@@ -22,7 +22,6 @@ from typing import Literal
 import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
-from ssd.data.crops import parse_crop_scale
 from ssd.files import write_text
 from ssd.limits import MAX_INPUT_SIDE, value_text
 from ssd.settings import EVALUATE, THRESHOLD_OPTIONS, ConfigError
@@ -125,6 +124,8 @@ class TrainConfig:
         if self.image_size is not None:  # stored as an int when square, else "HxW" (YAML and command line alike)
             object.__setattr__(self, "image_size", parse_image_size(self.image_size))
         if self.crop_scale is not None:  # stored as its canonical text: native, MIN or MIN,MAX
+            from ssd.data.crops import parse_crop_scale  # torch only when crops are asked for: `ssd --help` stays light
+
             object.__setattr__(self, "crop_scale", parse_crop_scale(self.crop_scale).text)
         self._check()
 
