@@ -12,8 +12,8 @@ mAP50 and mAP50-95 for both.
 - ``yolov8n``: Ultralytics in its own virtualenv (``benchmarks/.venv-ultralytics``, made on first use:
   ``python -m venv``, then ``pip install -c constraints torch==2.14.1 torchvision==0.29.1 ultralytics``; never a
   project dependency), ``YOLO("yolov8n.yaml")`` (no pretrained weights), imgsz 320, ``time=`` the same budget,
-  device cpu, ``amp=False``, ``plots=False``, ``YOLO_OFFLINE=1``; it reads a copy of the dataset made of links in
-  the output folder (its label caches go there, never into the shared data).
+  device cpu, ``amp=False``, ``plots=False``, ``YOLO_OFFLINE=1``; it reads a copy of the dataset made of links to
+  the files in the output folder (its label caches go there; the script stops if the shared folder gained a file).
 
 Each row: system, recipe, seed, budget, epochs done, train img/s (train images x epochs / the run's wall time,
 validation included, the same rule for both), mAP50, mAP50-95, tiled. Printed as a markdown table and written to
@@ -161,18 +161,25 @@ def peer_python() -> Path:
 
 
 def peer_data(out: Path) -> Path:
-    """A data.yaml over links to the shared images and labels, so that Ultralytics' caches are written in ``out``."""
+    """A data.yaml over a copy of the dataset made of links to each shared image and label file: Ultralytics
+    resolves the split folders (a linked folder would lead it back to the shared data) and writes its label caches
+    next to them, here in ``out``."""
     root = out / "yolo-data"
     for split in ("train", "valid"):
         for part in ("images", "labels"):
-            link = root / split / part
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if not link.is_symlink():
-                link.symlink_to(SHARED / "aquarium" / split / part, target_is_directory=True)
+            folder = root / split / part
+            folder.mkdir(parents=True, exist_ok=True)
+            for source in (SHARED / "aquarium" / split / part).iterdir():
+                if not (folder / source.name).is_symlink():
+                    (folder / source.name).symlink_to(source)
     names = json.dumps(["fish", "jellyfish", "penguin", "puffin", "shark", "starfish", "stingray"])
     yaml = root / "data.yaml"
     yaml.write_text(f"path: {root}\ntrain: train/images\nval: valid/images\nnc: 7\nnames: {names}\n")
     return yaml
+
+
+def shared_files() -> set[Path]:
+    return set((SHARED / "aquarium").rglob("*"))
 
 
 def yolo_row(name: str, row: dict, seed: int, args, gt: tuple, trained: dict) -> dict:
@@ -183,8 +190,12 @@ def yolo_row(name: str, row: dict, seed: int, args, gt: tuple, trained: dict) ->
     run_name = f"{name}-s{seed}"
     env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(out / "yolo-config"), "OMP_NUM_THREADS":
            os.environ.get("OMP_NUM_THREADS", str(os.cpu_count()))}
+    before = shared_files()
     run([str(peer_python()), str(script), str(peer_data(out)), str(out / "yolo-runs"), run_name, str(args.minutes),
-         str(seed), str(args.workers), str(SHARED / "aquarium" / "valid" / "images"), str(results)], env=env)
+         str(seed), str(args.workers), str(out / "yolo-data" / "valid" / "images"), str(results)], env=env)
+    added = shared_files() - before
+    if added:
+        sys.exit(f"Ultralytics wrote into the shared dataset: {', '.join(map(str, sorted(added)))}; remove them")
     epochs, rate = epochs_and_rate(out / "yolo-runs" / run_name / "results.csv", gt[2], "time")
     return {"epochs": epochs, "train_img_s": rate, "results": results, "tiled": False}
 
