@@ -89,8 +89,8 @@ class Watch(Callback):
 # the lr of each row (after the epoch's last step) as a share of the peak: warmup ends after epoch 1's 2 steps; from
 # epoch 2 the cosine is 8 steps long: 0.01 + 0.99 * (1 + cos(pi * (step - 2) / 6)) / 2 at steps 4, 6, 8
 LR_4 = [1.0, 0.7525, 0.2575, 0.01]
-STOP_4 = ("time budget: stopped after epoch 4, 5.00 of 5 minutes trained; the next epoch (about 1.25 min with "
-          "validation) would not fit (--time 5)")
+STOP_4 = ("time budget: stopped after epoch 4, 5.00 of 5 minutes trained; the next epoch (about 1.25 min) would "
+          "not fit (--time 5)")
 
 
 def test_epochs_that_fit_by_hand():

@@ -86,8 +86,8 @@ class TimeBudget(Callback):
             self.validation = now - self.train_end
         if trainer.epoch + 1 >= trainer.epochs and not trainer.stop_reason:
             trainer.stop(f"time budget: stopped after epoch {trainer.epoch + 1}, {row['time'] / 60:.2f} of "
-                         f"{self.minutes:g} minutes trained; the next epoch (about {self.cost / 60:.2f} min with "
-                         f"validation) would not fit (--time {self.minutes:g})")
+                         f"{self.minutes:g} minutes trained; the next epoch (about {self.cost / 60:.2f} min) would "
+                         f"not fit (--time {self.minutes:g})")
 
     def _resize(self, trainer: Trainer, epochs: int) -> None:
         if epochs != trainer.epochs:
