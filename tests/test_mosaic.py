@@ -201,12 +201,12 @@ def test_close_mosaic_switches_at_its_epoch_also_after_resume(shapes, tmp_path, 
 def test_the_schedule_reads_the_epochs_at_each_epoch_start():
     sampler = SimpleNamespace(mosaic=None, set_mosaic=lambda p: setattr(sampler, "mosaic", p))
     lines: list[str] = []
-    run = SimpleNamespace(config=TrainConfig(epochs=4, mosaic=0.5, close_mosaic=1), epoch=0, log=lines.append,
-                          train_loader=SimpleNamespace(sampler=sampler))
+    run = SimpleNamespace(config=TrainConfig(epochs=4, mosaic=0.5, close_mosaic=1), epochs=4, epoch=0,
+                          log=lines.append, train_loader=SimpleNamespace(sampler=sampler))
     schedule, seen = MosaicSchedule(), []
     for epoch in range(5):
         if epoch == 2:  # e.g. a time budget extends the run
-            run.config = run.config.update(epochs=5)
+            run.epochs = 5
         run.epoch = epoch
         schedule.on_epoch_start(run)
         seen.append(sampler.mosaic)

@@ -158,8 +158,8 @@ def test_weights_decide_model_and_config_yaml_records_it(one_epoch, yolo, tmp_pa
 # ---------------------------------------------------------------------------------------------- what resume accepts
 def test_resume_refuses_options_it_would_ignore(one_epoch, tmp_path):
     run = _copy_run(one_epoch.run_dir, tmp_path)
-    with pytest.raises(ConfigError, match=r"but --lr 0.1 \(the run has 0.003\): only --data, --epochs, --device, "
-                                          r"--workers and --quiet may change on resume.*--weights "):
+    with pytest.raises(ConfigError, match=r"but --lr 0.1 \(the run has 0.003\): only --data, --epochs, --time, "
+                                          r"--device, --workers and --quiet may change on resume.*--weights "):
         train(resume=str(run), lr=0.1)
 
 

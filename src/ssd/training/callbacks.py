@@ -76,7 +76,7 @@ class EarlyStopping(Callback):
 
 class MosaicSchedule(Callback):
     """``--mosaic`` until the last ``--close-mosaic`` epochs: sets the train loader's sampler at every epoch start
-    from the epoch and the current ``config.epochs`` (so it holds after ``--resume`` and when ``epochs`` changes
+    from the epoch and the current ``trainer.epochs`` (so it holds after ``--resume`` and when ``epochs`` changes
     during the run); the sampler, in the main process, hands the probability to the workers in each item's key."""
 
     def __init__(self) -> None:
@@ -84,13 +84,13 @@ class MosaicSchedule(Callback):
 
     def on_epoch_start(self, trainer: Trainer) -> None:
         config = trainer.config
-        probability = mosaic_probability(config.mosaic, trainer.epoch, config.epochs, config.close_mosaic)
+        probability = mosaic_probability(config.mosaic, trainer.epoch, trainer.epochs, config.close_mosaic)
         trainer.train_loader.sampler.set_mosaic(probability)
         if probability != self.probability:
-            closed = close_mosaic_epochs(config.close_mosaic, config.epochs)
-            trainer.log(f"mosaic {probability:g} for epochs {trainer.epoch + 1}-{config.epochs - closed}, off for the "
+            closed = close_mosaic_epochs(config.close_mosaic, trainer.epochs)
+            trainer.log(f"mosaic {probability:g} for epochs {trainer.epoch + 1}-{trainer.epochs - closed}, off for the "
                         f"last {closed} (--close-mosaic)" if probability else
-                        f"mosaic off from epoch {trainer.epoch + 1} of {config.epochs} (--close-mosaic {closed})")
+                        f"mosaic off from epoch {trainer.epoch + 1} of {trainer.epochs} (--close-mosaic {closed})")
         self.probability = probability
 
 

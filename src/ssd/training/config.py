@@ -27,7 +27,7 @@ from ssd.limits import MAX_INPUT_SIDE, value_text
 from ssd.settings import EVALUATE, THRESHOLD_OPTIONS, ConfigError
 from ssd.yamlfile import safe_load
 
-__all__ = ["TrainConfig", "parse_image_size", "option_name"]
+__all__ = ["TrainConfig", "parse_image_size", "option_name", "default_milestones"]
 
 
 # The paper's SGD recipe unless the architecture says otherwise (Architecture.train_defaults).
@@ -119,6 +119,10 @@ class TrainConfig:
                       "weights too, for --resume)", default=False)
     ema_decay: float = _help("EMA decay, reached after a warm-up of a few thousand steps", default=0.9999)
     patience: int = _help("stop after N epochs without a better validation mAP (0: never)", default=0)
+    time: float | None = _help("training budget in minutes, validation included: after every epoch the epochs "
+                               "that fit are estimated (overriding --epochs) and the lr schedule is sized to them; "
+                               "the run stops when the next epoch would not fit. With --resume the time already "
+                               "trained counts (a new --time sets the run's whole budget)", default=None)
 
     def __post_init__(self) -> None:
         if self.image_size is not None:  # stored as an int when square, else "HxW" (YAML and command line alike)
@@ -175,9 +179,8 @@ class TrainConfig:
         from_model = model_defaults if model_defaults.get("optimizer", optimizer) == optimizer else {}
         defaults = {**OPTIMIZER_DEFAULTS[optimizer], **{k: v for k, v in from_model.items() if k != "optimizer"}}
         milestones = self.milestones
-        if self.scheduler == "multistep" and not milestones:
-            length = self.schedule_epochs or self.epochs
-            milestones = sorted({max(1, round(length * 2 / 3)), max(1, round(length * 8 / 9))})
+        if self.scheduler == "multistep" and not milestones and self.time is None:  # --time: at the estimated length
+            milestones = default_milestones(self.schedule_epochs or self.epochs)
         return dataclasses.replace(
             self,
             optimizer=optimizer,
@@ -212,6 +215,8 @@ class TrainConfig:
             if getattr(self, name) is not None:
                 _require(self, name, getattr(self, name) >= 0, "must be >= 0")
         _require(self, "seed", 0 <= self.seed < 2**63, "must be in [0, 2**63)")
+        if self.time is not None:
+            _require(self, "time", self.time > 0, "must be a number of minutes > 0")
         if self.val_fraction is not None:
             _require(self, "val_fraction", 0 < self.val_fraction < 1, "must be in (0, 1), e.g. 0.1")
         _require(self, "name", self.name not in ("", ".", "..") and Path(self.name).name == self.name,
@@ -259,6 +264,11 @@ def _check_types(config: TrainConfig) -> None:
         if ok and name == "milestones":
             ok = all(isinstance(m, int) and not isinstance(m, bool) for m in value)
         _require(config, name, ok, f"must be {words}")
+
+
+def default_milestones(length: int) -> list[int]:
+    """The multistep milestones of a ``length``-epoch schedule when none are given: 2/3 and 8/9 of it."""
+    return sorted({max(1, round(length * 2 / 3)), max(1, round(length * 8 / 9))})
 
 
 def option_name(field_name: str) -> str:

@@ -3,6 +3,7 @@ mixed precision."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,9 +13,9 @@ import torch
 from torch import nn
 
 from ssd.device import amp_dtype
-from ssd.training.config import TrainConfig
+from ssd.training.config import TrainConfig, default_milestones
 
-__all__ = ["param_groups", "build_optimizer", "LRSchedule", "build_optimization"]
+__all__ = ["param_groups", "build_optimizer", "LRSchedule", "build_optimization", "resize_schedule"]
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -61,13 +62,16 @@ class LRSchedule:
 
     @classmethod
     def from_config(cls, config: TrainConfig, iters_per_epoch: int) -> LRSchedule:
-        """The schedule of a resolved config: ``schedule_epochs`` (default ``epochs``) long."""
-        total = (config.schedule_epochs or config.epochs) * iters_per_epoch
+        """The schedule of a resolved config: ``schedule_epochs`` (default ``epochs``) long; multistep without
+        ``milestones`` (a ``time`` budget's run) at :func:`~ssd.training.config.default_milestones` of that length."""
+        length = config.schedule_epochs or config.epochs
+        total = length * iters_per_epoch
         warmup = config.warmup_iters
         if warmup is None:
             warmup = round(config.warmup_epochs * iters_per_epoch)
         return cls(total=total, warmup=min(warmup, total), kind=config.scheduler, final_ratio=config.final_lr_ratio,
-                   milestones=tuple(m * iters_per_epoch for m in config.milestones), gamma=config.gamma)
+                   milestones=tuple(m * iters_per_epoch for m in config.milestones or default_milestones(length)),
+                   gamma=config.gamma)
 
 
 def build_optimization(model: nn.Module, config: TrainConfig, iters_per_epoch: int, device: torch.device,
@@ -83,3 +87,16 @@ def build_optimization(model: nn.Module, config: TrainConfig, iters_per_epoch: i
     if config.amp and dtype is None:
         log(f"amp: {device} has no fast bfloat16/float16 path; training in float32")
     return optimizer, scheduler, torch.amp.GradScaler("cuda", enabled=dtype == torch.float16), dtype
+
+
+def resize_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, config: TrainConfig, epochs: int,
+                    iters_per_epoch: int) -> LRSchedule:
+    """Size the run's schedule to ``epochs`` (``--time``'s estimate; ``schedule_epochs`` does not apply): the cosine
+    ends, and default multistep milestones fall, within them. The step count is kept and the optimizer's lr set to
+    the new schedule's value at it. The schedule is saved in the scheduler's state, so a resumed run continues it."""
+    schedule = LRSchedule.from_config(dataclasses.replace(config, epochs=epochs, schedule_epochs=None),
+                                      iters_per_epoch)
+    scheduler.lr_lambdas = [schedule] * len(scheduler.lr_lambdas)
+    for group, base_lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
+        group["lr"] = base_lr * schedule(scheduler.last_epoch)
+    return schedule

@@ -42,9 +42,9 @@ class ResultsCSV(Callback):
         config = trainer.config
         if config.quiet:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and isinstance(v, float))
-            print(f"epoch {row['epoch']}/{config.epochs}: {shown}")
+            print(f"epoch {row['epoch']}/{trainer.epochs}: {shown}")
         elif "val/mAP" in row:
-            print(f"epoch {row['epoch']}/{config.epochs}: {config.metric} mAP {row['val/mAP']:.4f}")
+            print(f"epoch {row['epoch']}/{trainer.epochs}: {config.metric} mAP {row['val/mAP']:.4f}")
 
     def on_fit_end(self, trainer: Trainer) -> None:
         if trainer.stop_reason:

@@ -33,7 +33,7 @@ TRAINING_STATE = ("train_config", "epoch", "optimizer", "scheduler", "scaler", "
 ``ema`` in ``last.pt`` with ``--ema``: :mod:`ssd.training.state`)."""
 
 # Options a resumed run may change when given; device, workers and quiet always come from the resuming call.
-_RESUMABLE = ("data", "epochs")
+_RESUMABLE = ("data", "epochs", "time")
 _CURRENT = ("device", "workers", "quiet")
 
 
@@ -61,8 +61,9 @@ def given_fields(config: TrainConfig, overrides: Iterable[str] = ()) -> set[str]
 def plan_run(config: TrainConfig, given: set[str], log: Callable[[str], object] = print) -> RunPlan:
     """Reconcile ``config`` with the checkpoints it names, refusing contradictions.
 
-    ``resume``: the run continues as it was configured; ``data`` (a moved dataset) and ``epochs`` (longer or
-    shorter, the lr schedule keeping its length) may change, anything else given that differs is refused.
+    ``resume``: the run continues as it was configured; ``data`` (a moved dataset), ``epochs`` (longer or
+    shorter, the lr schedule keeping its length) and ``time`` (the run's whole budget, the time already trained
+    counting) may change, anything else given that differs is refused.
     ``weights``: the checkpoint decides the architecture and input size; a different ``model`` or
     ``image_size`` given explicitly (or ``backbone_weights``) is refused, else adopted with a message.
     """
@@ -89,7 +90,7 @@ def _plan_resume(config: TrainConfig, given: set[str], log: Callable[[str], obje
     if refused:
         shown = "; ".join(f"{option_name(k)} {getattr(config, k)} (the run has {getattr(saved, k)})" for k in refused)
         raise ConfigError(f"--resume continues {run_dir} as it was configured, but {shown}: only --data, --epochs, "
-                          "--device, --workers and --quiet may change on resume. To train with other settings, "
+                          "--time, --device, --workers and --quiet may change on resume. To train with other settings, "
                           f"start a new run from its weights: --weights {path}")
     updates: dict[str, Any] = {"resume": str(path), **{k: getattr(config, k) for k in _CURRENT}}
     if "data" in changed:
@@ -103,6 +104,10 @@ def _plan_resume(config: TrainConfig, given: set[str], log: Callable[[str], obje
             log(f"resume: training to {config.epochs} epochs; the lr schedule keeps its {length}-epoch length, "
                 f"epochs {length + 1}-{config.epochs} use its final lr")
         updates.update(epochs=config.epochs, schedule_epochs=length)
+    if "time" in changed:
+        log(f"resume: a time budget of {config.time:g} minutes for the whole run (it was {saved.time}); the time "
+            "already trained counts")
+        updates["time"] = config.time
     log(f"resuming {run_dir} from {path} ({int(state['epoch']) + 1} epoch(s) done)")
     return RunPlan(saved.update(**updates).resolved(), state, path, run_dir)
 

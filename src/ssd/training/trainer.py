@@ -32,6 +32,7 @@ from ssd.evaluation.evaluator import evaluate_split, split_loader
 from ssd.files import make_run_dir
 from ssd.loss import MultiBoxLoss
 from ssd.settings import ConfigError
+from ssd.training.budget import TimeBudget
 from ssd.training.callbacks import Callback, EarlyStopping, MosaicSchedule, check_callbacks
 from ssd.training.config import TrainConfig
 from ssd.training.ema import build_ema
@@ -84,7 +85,13 @@ def train(config: TrainConfig | None = None, *, callbacks: Sequence[Callback] = 
 class Trainer:
     """One training run (what :func:`train` drives): data, model, optimizer and schedule are set up on construction
     (``given``: the fields the caller set, see :func:`ssd.training.plan.plan_run`); :meth:`run` trains all remaining
-    epochs into the run directory, :meth:`train_step` does one step. ``callbacks`` run after the built-in ones."""
+    epochs into the run directory, :meth:`train_step` does one step. ``callbacks`` run after the built-in ones.
+
+    ``epochs`` is the run's epoch count: ``config.epochs``, or under ``--time`` the estimate of
+    :class:`~ssd.training.budget.TimeBudget`, updated after every epoch's training steps; epoch-based features read
+    it at each epoch start. ``clock`` (seconds, monotonic) times the run: :meth:`elapsed`, results.csv's ``time``."""
+
+    clock = staticmethod(time.monotonic)
 
     def __init__(self, config: TrainConfig, info: ddp.DistInfo, device: torch.device, *,
                  given: set[str] | None = None, callbacks: Sequence[Callback] = ()) -> None:
@@ -96,7 +103,8 @@ class Trainer:
         check_callbacks(callbacks)  # the built-in output callbacks write on rank 0 only
         self.callbacks = [*(output_callbacks() if info.is_main else []),
                           *([EarlyStopping(config.patience)] if config.patience else []),
-                          *([MosaicSchedule()] if config.mosaic else []), *callbacks]
+                          *([MosaicSchedule()] if config.mosaic else []),
+                          *([TimeBudget(config.time)] if config.time else []), *callbacks]
         seed_everything(config.seed)
         spec = load_training_data(config.data, skip_invalid=config.skip_invalid, log=self.log)
         self.class_names = list(spec.class_names)
@@ -109,6 +117,7 @@ class Trainer:
             self.model, config, self.steps, self.device, self.log)
         self.ema = build_ema(self.model, config.ema_decay) if config.ema else None
         self.start_epoch, self.epoch, self.best_map, self.best_epoch = 0, 0, -1.0, 0
+        self.epochs = config.epochs
         self.history: list[dict[str, Any]] = []
         self.metrics: dict[str, Any] = {}
         self.operating_point: dict[str, Any] | None = None  # of the last validation, saved with its weights
@@ -155,6 +164,10 @@ class Trainer:
         """The weights that are evaluated and saved as ``model``: the EMA with ``ema``, else the trained model."""
         return self.model if self.ema is None else self.ema.module
 
+    def elapsed(self) -> float:
+        """Seconds this run has trained (during :meth:`run`), the time before a ``--resume`` included."""
+        return self.clock() - self.start_time
+
     def stop(self, reason: str) -> None:
         """End the run after the current epoch (its checkpoints and row are still written) for ``reason``."""
         self.stop_reason = reason
@@ -172,18 +185,19 @@ class Trainer:
             self.run_dir = ddp.broadcast_object(make_run_dir(config.project, config.name, config.exist_ok)
                                                 if self.info.is_main else None)
         lock = prepare_run_dir(self.run_dir, config) if self.info.is_main else None
-        if self.stop_reason:
-            self.log(f"{self.run_dir} already stopped: {self.stop_reason}")
-        elif self.start_epoch >= config.epochs:
-            self.log(f"{self.run_dir}: all {config.epochs} epochs are already done")
-        self.start_time = time.perf_counter() - (self.history[-1]["time"] if self.history else 0.0)
+        stopped = self.stop_reason
+        self.start_time = self.clock() - (self.history[-1]["time"] if self.history else 0.0)
         try:
-            self._hook("on_train_start")
-            for epoch in range(self.start_epoch, config.epochs):
-                if self.stop_reason:
-                    break
+            self._hook("on_train_start")  # may set the epoch count (--time)
+            if stopped:
+                self.log(f"{self.run_dir} already stopped: {stopped}")
+            elif self.start_epoch >= self.epochs and not self.stop_reason:
+                self.log(f"{self.run_dir}: all {self.epochs} epochs are already done")
+            epoch = self.start_epoch
+            while epoch < self.epochs and not self.stop_reason:
                 self.epoch = epoch
                 self._epoch(epoch)
+                epoch += 1
             self._hook("on_fit_end")
             self.log(f"results saved to {self.run_dir} (best {config.metric} mAP {self.best_map:.4f})")
         finally:
@@ -205,13 +219,13 @@ class Trainer:
         check_finite(self.model, epoch, self.steps, self.nonfinite - skipped, self.nonfinite)
         row = {"epoch": epoch + 1, **losses, "lr": self.optimizer.param_groups[0]["lr"]}
         improved = False
-        if epoch == config.epochs - 1 or (epoch + 1) % config.val_interval == 0:
+        if epoch == self.epochs - 1 or (epoch + 1) % config.val_interval == 0:
             row.update(self._validate())
             improved = self.metrics["map"] > self.best_map
             if improved:
                 self.best_map, self.best_epoch = self.metrics["map"], epoch + 1
             self._hook("on_val_end", self.metrics)
-        row["time"] = time.perf_counter() - self.start_time
+        row["time"] = self.elapsed()
         self.history.append(row)
         if self.info.is_main:
             save_training_state(self, self.run_dir / "weights" / "last.pt", resume=True)
@@ -244,7 +258,7 @@ class Trainer:
         steps = crop_dropped = 0
         tic = time.perf_counter()
         with tqdm(itertools.islice(self.train_loader, self.steps), total=self.steps, leave=True, dynamic_ncols=True,
-                  desc=f"epoch {epoch + 1}/{config.epochs}", disable=config.quiet or not self.info.is_main) as bar:
+                  desc=f"epoch {epoch + 1}/{self.epochs}", disable=config.quiet or not self.info.is_main) as bar:
             for step, batch in enumerate(bar):
                 crop_dropped += batch["crop_dropped"]
                 values = self.train_step(batch, epoch, step)
