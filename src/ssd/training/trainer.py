@@ -273,11 +273,13 @@ class Trainer:
                     bar.set_postfix(loss=f"{totals[0].item() / steps:.3f}", img_s=f"{rate:.0f}",
                                     lr=f"{self.optimizer.param_groups[0]['lr']:.2e}")
         mean = (totals / max(steps, 1)).tolist()
+        crops = {}
         if config.crop_scale is not None:
             self.log(f"epoch {epoch + 1}: the crops cut and dropped {crop_dropped} object(s) with less than "
                      f"{MIN_VISIBLE:.0%} of their box (or of the crop) inside")
+            crops = {"crop_dropped": crop_dropped}
         return {"train/loss": mean[0], "train/loc_loss": mean[1], "train/cls_loss": mean[2],
-                "nonfinite_skipped": self.nonfinite, "crop_dropped": crop_dropped}
+                "nonfinite_skipped": self.nonfinite, **crops}
 
     def train_step(self, batch: dict[str, Any], epoch: int = 0, step: int = 0) -> list[float] | None:
         """One optimization step on a :func:`ssd.data.collate` batch: forward, loss, backward, clipping, optimizer,
