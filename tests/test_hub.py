@@ -81,7 +81,8 @@ def test_the_catalog_holds_torchvisions_files_for_this_librarys_models():
         assert set(entry.models) <= set(MODEL_CONFIGS), entry.name
     imagenet = {name: arch.imagenet_weights for name, arch in MODEL_CONFIGS.items()}
     assert imagenet == {"ssd300_vgg16": "vgg16", "ssd512_vgg16": "vgg16",
-                        "ssdlite320_mobilenet_v3_large": "mobilenet_v3_large", "ssd_tiny": None}
+                        "ssdlite320_mobilenet_v3_large": "mobilenet_v3_large", "ssd_tiny": None,
+                        "ssd_tiny_fpn": None}
     for model, name in imagenet.items():
         if name is not None:
             assert hub.catalog()[name].kind == "backbone" and model in hub.catalog()[name].models
