@@ -40,12 +40,20 @@ PEER_VENV = REPO / "benchmarks" / ".venv-ultralytics"
 PEER_PACKAGES = ["torch==2.14.1", "torchvision==0.29.1", "ultralytics"]
 CONF, IOU, MAX_DET = 0.001, 0.6, 100
 
-# name -> system, the flags of training (ssd train) and of scoring (ssd val). The lead adds rows here after merging
-# the features of other branches (e.g. "--mosaic", "0.5", "--close-mosaic", "10"; "--model", "ssd_tiny_fpn").
+# name -> system, the flags of training (ssd train) and of scoring (ssd val). Rows with the same training flags and
+# seed share one training; each ablation is a row.
+_TINY = ["--model", "ssd_tiny", "--amp", "--cache-images"]
+_CROPS = [*_TINY, "--crop-scale", "native", "--augment", "light"]
 ROWS: dict[str, dict[str, object]] = {
-    "ssd_tiny": {"system": "ssd", "train": ["--model", "ssd_tiny"], "val": []},
-    "ssd_tiny-ema": {"system": "ssd", "train": ["--model", "ssd_tiny", "--ema"], "val": []},
-    "ssd_tiny-tiled": {"system": "ssd", "train": ["--model", "ssd_tiny"], "val": ["--tile", "auto"]},
+    "ssd_tiny": {"system": "ssd", "train": _TINY, "val": []},
+    "ssd_tiny-tiled": {"system": "ssd", "train": _TINY, "val": ["--tile", "auto"]},
+    "ssd_tiny-ema": {"system": "ssd", "train": [*_TINY, "--ema"], "val": []},
+    "ssd_tiny-light": {"system": "ssd", "train": [*_TINY, "--augment", "light"], "val": []},
+    "ssd_tiny-mosaic": {"system": "ssd", "train": [*_TINY, "--mosaic", "0.5"], "val": []},
+    "ssd_tiny_fpn": {"system": "ssd", "train": ["--model", "ssd_tiny_fpn", *_TINY[2:]], "val": []},
+    "crops": {"system": "ssd", "train": _CROPS, "val": []},
+    "crops-tiled": {"system": "ssd", "train": _CROPS, "val": ["--tile", "auto"]},
+    "crops-ema-tiled": {"system": "ssd", "train": [*_CROPS, "--ema"], "val": ["--tile", "auto"]},
     "yolov8n": {"system": "yolov8n", "train": [], "val": []},
 }
 COLUMNS = ["row", "system", "recipe", "seed", "minutes", "epochs", "train_img_s", "mAP50", "mAP50-95", "tiled"]
