@@ -53,6 +53,7 @@ ROWS: dict[str, dict[str, object]] = {
     "ssd_tiny_fpn": {"system": "ssd", "train": ["--model", "ssd_tiny_fpn", *_TINY[2:]], "val": []},
     "crops": {"system": "ssd", "train": _CROPS, "val": []},
     "crops-tiled": {"system": "ssd", "train": _CROPS, "val": ["--tile", "auto"]},
+    "crops-ema": {"system": "ssd", "train": [*_CROPS, "--ema"], "val": []},
     "crops-ema-tiled": {"system": "ssd", "train": [*_CROPS, "--ema"], "val": ["--tile", "auto"]},
     "yolov8n": {"system": "yolov8n", "train": [], "val": []},
 }
