@@ -115,6 +115,33 @@ def test_check_fails_loudly_when_outputs_differ(tiny_onnx):
         check_onnx(changed, tiny_onnx)
 
 
+def test_parity_accepts_a_swap_at_the_max_detections_cut_and_nothing_else():
+    """Two detections kept of many near-tied ones: the second differs between the runtimes, its score equal within the
+    tolerance to the other side's lowest. Accepted while the other side is full (a tie at the cut), refused when the
+    other side kept fewer than ``max_detections`` (then it is a missing detection)."""
+    from types import SimpleNamespace
+
+    from ssd.export.parity import _unmatched
+    from ssd.settings import Thresholds
+
+    def result(boxes, scores):
+        return SimpleNamespace(boxes=torch.tensor(boxes, dtype=torch.float32), scores=torch.tensor(scores),
+                               labels=torch.zeros(len(scores), dtype=torch.int64))
+
+    onnx = result([[0, 0, 10, 10], [50, 50, 60, 60]], [0.9, 0.26195])
+    torch_side = result([[0, 0, 10, 10], [80, 80, 90, 90]], [0.9, 0.26194])
+    scale = torch.tensor([100.0, 100, 100, 100])
+    full = Thresholds(0.01, 0.45, 2)
+    assert _unmatched(onnx, torch_side, scale, full, 1e-3, 1e-4) is None
+    assert _unmatched(torch_side, onnx, scale, full, 1e-3, 1e-4) is None
+    room = Thresholds(0.01, 0.45, 3)
+    assert _unmatched(onnx, torch_side, scale, room, 1e-3, 1e-4) == (
+        "detection 1 (label 0, score 0.261950, box [50.0, 50.0, 60.0, 60.0])")
+    stronger = result([[0, 0, 10, 10], [50, 50, 60, 60]], [0.9, 0.5])  # well above the cut: a real difference
+    assert _unmatched(stronger, torch_side, scale, full, 1e-3, 1e-4) == (
+        "detection 1 (label 0, score 0.500000, box [50.0, 50.0, 60.0, 60.0])")
+
+
 def test_pytorch_program_exports_refuse_graph_options(tiny, tmp_path):
     weights = save_checkpoint(tmp_path / "best.pt", tiny)
     with pytest.raises(ValueError, match=r"^--nms and --int8 apply to ONNX and OpenVINO exports: a torch\.export "

@@ -37,7 +37,7 @@ def check_onnx(
     detections, labels equal, boxes within ``box_tol`` of the image size, scores within ``score_tol``;
     a detection present on one side only is accepted only when a tolerance explains it (its score is within
     ``score_tol`` of the threshold, or an overlapping same-class detection has a score within ``score_tol``: an NMS
-    tie).
+    tie, or the other side holds ``max_detections`` and its lowest score is within ``score_tol``: a tie at the cut).
 
     Raises:
         ExportCheckError: naming the image, the detection and the difference.
@@ -53,12 +53,11 @@ def check_onnx(
         _check_raw(reference, ours, images, box_tol, score_tol)
     thresholds = Thresholds(onnx.score_threshold, onnx.iou_threshold, onnx.max_det) if onnx.nms else PREDICT
     options = thresholds.as_kwargs()
-    conf, iou = thresholds.score_threshold, thresholds.iou_threshold
     expected, got = reference.predict(images, **options), ours.predict(images, **options)
     for index, (a, b) in enumerate(zip(expected, got)):
         scale = torch.tensor([a.width, a.height, a.width, a.height], dtype=torch.float32)
         for name, side, other in (("ONNX Runtime", a, b), ("PyTorch", b, a)):
-            problem = _unmatched(side, other, scale, conf, iou, box_tol, score_tol)
+            problem = _unmatched(side, other, scale, thresholds, box_tol, score_tol)
             if problem:
                 raise ExportCheckError(f"{onnx_path}: image {index}: {problem} has no counterpart in {name}'s output "
                                        f"(tolerances: boxes {box_tol} of the image size, scores {score_tol})")
@@ -78,7 +77,8 @@ def _check_raw(reference, ours, images, box_tol: float, score_tol: float) -> Non
         )
 
 
-def _unmatched(result, other, scale: Tensor, conf: float, iou: float, box_tol: float, score_tol: float) -> str | None:
+def _unmatched(result, other, scale: Tensor, thresholds: Thresholds, box_tol: float, score_tol: float
+               ) -> str | None:
     """The first detection of ``result`` without a counterpart in ``other`` (same label, box and score within the
     tolerances) that no tolerance explains; ``None`` when all match."""
     if len(result.scores) == 0:
@@ -87,9 +87,13 @@ def _unmatched(result, other, scale: Tensor, conf: float, iou: float, box_tol: f
     box_close = ((result.boxes[:, None] - other.boxes[None, :]).abs() <= box_tol * scale).all(-1)
     score_diff = (result.scores[:, None] - other.scores[None, :]).abs()
     matched = (same_label & box_close & (score_diff <= score_tol)).any(1)
-    near_threshold = result.scores <= conf + score_tol
-    tie = (same_label & (score_diff <= score_tol) & (box_iou(result.boxes, other.boxes) > iou)).any(1)
-    bad = ~(matched | near_threshold | tie)
+    near_threshold = result.scores <= thresholds.score_threshold + score_tol
+    tie = (same_label & (score_diff <= score_tol) & (box_iou(result.boxes, other.boxes) > thresholds.iou_threshold)
+           ).any(1)
+    # the other side kept max_detections and cut this one at a score equal within the tolerance
+    at_cut = (result.scores <= other.scores.min() + score_tol if len(other.scores) >= thresholds.max_detections
+              else torch.zeros_like(matched))
+    bad = ~(matched | near_threshold | tie | at_cut)
     if not bad.any():
         return None
     i = int(bad.nonzero()[0])
