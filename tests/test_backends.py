@@ -96,6 +96,25 @@ def test_predict_on_an_openvino_folder(artifacts, synthetic_voc, tmp_path, capsy
     assert "1 image" in capsys.readouterr().out
 
 
+def test_an_opencv_failure_inside_the_graph_is_a_runtime_error_naming_opencv(artifacts, synthetic_voc):
+    """cv2.error is not a RuntimeError: unwrapped, it escaped ``ssd benchmark``'s failed-row handling (seen on an
+    SSDLite graph, "reshape2_layer ... outTotal == inpTotal")."""
+    import cv2
+
+    class Failing:
+        def setInput(self, *args):
+            pass
+
+        def forward(self, names):
+            raise cv2.error("reshape2_layer.cpp:179: error: (-215:Assertion failed) outTotal == inpTotal")
+
+    backend = OpenCvBackend(artifacts["onnx"])
+    backend.session.net = Failing()
+    with pytest.raises(RuntimeError, match=r"^OpenCV DNN cannot run this graph: reshape2_layer\.cpp:179: error: "
+                                           r"\(-215:Assertion failed\) outTotal == inpTotal$"):
+        backend(batch_of(synthetic_voc, backend, count=1))
+
+
 def test_opencv_refuses_an_nms_export_and_says_what_to_export(artifacts):
     with pytest.raises(ValueError, match=r"OpenCV DNN cannot run the in-graph NMS of .*nms\.onnx \(exported with "
                                          r"--nms\): export the plain graph for OpenCV \(`ssd export --weights CKPT "

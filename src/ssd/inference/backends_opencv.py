@@ -38,8 +38,13 @@ class _OpenCvSession:
         return self._describe(self.proto.graph.output)
 
     def run(self, _names, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        import cv2
+
         self.net.setInput(feeds["images"], "images")
-        return [np.asarray(v) for v in self.net.forward(self.names)]
+        try:
+            return [np.asarray(v) for v in self.net.forward(self.names)]
+        except cv2.error as e:  # not a RuntimeError: callers that report a failed runtime would not catch it
+            raise RuntimeError(f"OpenCV DNN cannot run this graph: {str(e).strip()}") from e
 
 
 class OpenCvBackend(OnnxBackend):
