@@ -9,14 +9,13 @@ The metadata is the ONNX export's (``precision`` ``fp32``), stored as the archiv
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import torch
 
 from ssd._utils import as_hw
-from ssd.export.onnx import as_model, onnx_metadata
-from ssd.export.torchscript import RawOutputs
+from ssd.export.onnx import as_model
+from ssd.export.torchscript import RawOutputs, network_metadata
 from ssd.files import write_bytes
 from ssd.inference.backends_pt2 import program_digest
 from ssd.inference.backends_torchscript import METADATA_FILE
@@ -32,9 +31,7 @@ def export_pt2(weights_or_model, out_path: str | Path) -> Path:
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
         program = torch.export.export(RawOutputs(model), (example,), dynamic_shapes={"images": {0: batch}})
-    metadata = onnx_metadata(model, category_ids, digest="", thresholds=None, operating_point=point)
-    del metadata["graph_sha256"]
-    metadata["program_sha256"] = program_digest(program)
     buffer = io.BytesIO()
-    torch.export.save(program, buffer, extra_files={METADATA_FILE: json.dumps(metadata)})
+    metadata = network_metadata(model, category_ids, point, "program_sha256", program_digest(program))
+    torch.export.save(program, buffer, extra_files={METADATA_FILE: metadata})
     return write_bytes(out_path, buffer.getvalue())

@@ -21,7 +21,7 @@ from ssd.export.onnx import as_model, onnx_metadata
 from ssd.files import write_bytes
 from ssd.inference.backends_torchscript import METADATA_FILE, module_digest
 
-__all__ = ["export_torchscript", "RawOutputs"]
+__all__ = ["export_torchscript", "RawOutputs", "network_metadata"]
 
 
 class RawOutputs(nn.Module):
@@ -42,9 +42,17 @@ def export_torchscript(weights_or_model, out_path: str | Path) -> Path:
     model, category_ids, point = as_model(weights_or_model, out_path)
     with torch.no_grad():
         traced = torch.jit.trace(RawOutputs(model), torch.zeros(1, 3, *as_hw(model.config.image_size)))
-    metadata = onnx_metadata(model, category_ids, digest="", thresholds=None, operating_point=point)
-    del metadata["graph_sha256"]
-    metadata["module_sha256"] = module_digest(traced)
     buffer = io.BytesIO()
-    torch.jit.save(traced, buffer, _extra_files={METADATA_FILE: json.dumps(metadata)})
+    metadata = network_metadata(model, category_ids, point, "module_sha256", module_digest(traced))
+    torch.jit.save(traced, buffer, _extra_files={METADATA_FILE: metadata})
     return write_bytes(out_path, buffer.getvalue())
+
+
+def network_metadata(model: nn.Module, category_ids: list[int] | None, operating_point: dict | None,
+                     digest_key: str, digest: str) -> str:
+    """The JSON text of ``ssd.json`` for a serialized PyTorch network: the ONNX export's metadata with the network's
+    own checksum under ``digest_key`` in place of ``graph_sha256``."""
+    metadata = onnx_metadata(model, category_ids, digest="", thresholds=None, operating_point=operating_point)
+    del metadata["graph_sha256"]
+    metadata[digest_key] = digest
+    return json.dumps(metadata)

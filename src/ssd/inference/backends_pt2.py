@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,20 +13,16 @@ import torch
 from torch import Tensor
 
 from ssd.inference.backends import OnnxModelError
-from ssd.inference.backends_torchscript import METADATA_FILE, TorchScriptBackend
+from ssd.inference.backends_torchscript import METADATA_FILE, TorchScriptBackend, network_digest
 
 __all__ = ["ExportedProgramBackend", "program_digest", "open_pt2"]
 
 
 def program_digest(program: torch.export.ExportedProgram) -> str:
-    """SHA-256 of an exported program's graph code and of every parameter, buffer and constant (name, dtype, shape,
-    bytes), as hex."""
-    digest = hashlib.sha256(program.graph_module.code.encode())
-    tensors = {**program.state_dict, **{k: v for k, v in program.constants.items() if isinstance(v, Tensor)}}
-    for name, tensor in sorted(tensors.items()):
-        digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)}".encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    """:func:`~ssd.inference.backends_torchscript.network_digest` of an exported program's graph code and of every
+    parameter, buffer and tensor constant."""
+    constants = {k: v for k, v in program.constants.items() if isinstance(v, Tensor)}
+    return network_digest(program.graph_module.code, {**program.state_dict, **constants})
 
 
 class ExportedProgramBackend(TorchScriptBackend):

@@ -13,18 +13,23 @@ from torch import Tensor
 from ssd._utils import as_hw, compact_size
 from ssd.inference.backends import OnnxModelError, read_metadata
 
-__all__ = ["METADATA_FILE", "TorchScriptBackend", "module_digest", "open_torchscript"]
+__all__ = ["METADATA_FILE", "TorchScriptBackend", "module_digest", "network_digest", "open_torchscript"]
 
 METADATA_FILE = "ssd.json"
 
 
-def module_digest(module: torch.jit.ScriptModule) -> str:
-    """SHA-256 of a scripted module's code and of every parameter and buffer (name, dtype, shape, bytes), as hex."""
-    digest = hashlib.sha256(module.code.encode())
-    for name, tensor in sorted({**dict(module.named_parameters()), **dict(module.named_buffers())}.items()):
+def network_digest(code: str, tensors: dict[str, Tensor]) -> str:
+    """SHA-256 of a serialized network's ``code`` and of its named ``tensors`` (name, dtype, shape, bytes), as hex."""
+    digest = hashlib.sha256(code.encode())
+    for name, tensor in sorted(tensors.items()):
         digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)}".encode())
         digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def module_digest(module: torch.jit.ScriptModule) -> str:
+    """:func:`network_digest` of a scripted module's code, parameters and buffers."""
+    return network_digest(module.code, {**dict(module.named_parameters()), **dict(module.named_buffers())})
 
 
 class TorchScriptBackend:
