@@ -118,15 +118,15 @@ class DetectionDataset(Dataset):
         index, seed, mosaic = (*key, 0.0)[:3] if isinstance(key, tuple) else (key, None, 0.0)
         rec = self.records[index]
         image, target = self._sample(index)
-        h, w = rec.height or image.shape[-2], rec.width or image.shape[-1]
         if mosaic > 0:
             if self.mosaic is None:
                 raise ValueError(f"item {key}: a mosaic probability {mosaic} was given to a dataset built without "
                                  "the mosaic step (DetectionDataset(mosaic=Mosaic(...)))")
             plan = self.mosaic.plan(index, len(self), seed, mosaic)
             if plan is not None:
+                orig_size = target["orig_size"]  # the item's own image, as without the mosaic
                 image, target = self.mosaic([(image, target), *map(self._sample, plan.partners)], plan.centre)
-                target["orig_size"] = torch.tensor([h, w])  # the item's own image, as without the mosaic
+                target["orig_size"] = orig_size
         image = tv_tensors.Image(image)
         if self.transform is not None:
             with torch.random.fork_rng(devices=[], enabled=seed is not None):

@@ -144,14 +144,15 @@ class Trainer:
         self.priors = self.model.priors
         self.loss_fn = MultiBoxLoss(variances=self.model.config.variances)
         mc = self.model.config
+        crop_scale = parse_crop_scale(config.crop_scale)
         self.train_loader = build_dataloader(
             self.train_records, self.class_names, mc.image_size, mc.mean, mc.std, train=True,
             batch_size=config.batch_size, workers=config.workers, seed=config.seed, augment=config.augment,
-            cache_images=config.cache_images, crop_scale=parse_crop_scale(config.crop_scale), drop_last=True,
+            cache_images=config.cache_images, crop_scale=crop_scale, drop_last=True,
             rank=info.rank, world_size=info.world_size, mosaic=config.mosaic)
         plan = self.train_loader.dataset.dataset.decode_plan
         if plan is not None:
-            self.log(describe_plan(plan, parse_crop_scale(config.crop_scale), mc.image_size, config.cache_images))
+            self.log(describe_plan(plan, crop_scale, mc.image_size, config.cache_images))
         self.val_loader = split_loader(self.val_records, self.class_names, mc, batch_size=config.batch_size,
                                        workers=config.workers, cache_images=config.cache_images, info=info)
         self.steps = ddp.steps_per_epoch(len(self.train_records), config.batch_size, info.world_size)
