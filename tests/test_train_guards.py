@@ -18,7 +18,7 @@ from ssd.cli import main
 from ssd.data.records import DataError
 from ssd.device import resolve_device
 from ssd.settings import ConfigError
-from ssd.training import trainer
+from ssd.training import plan, trainer
 from ssd.training.config import TrainConfig
 from ssd.training.guards import NonFiniteLossError
 from ssd.training.optim import LRSchedule
@@ -153,6 +153,27 @@ def test_weights_decide_model_and_config_yaml_records_it(one_epoch, yolo, tmp_pa
     assert (recorded.model, recorded.image_size) == ("ssd_tiny", 64)
     assert (recorded.optimizer, recorded.lr) == ("adamw", 3e-3)  # ssd_tiny's defaults, not the default model's
     assert result.model.config.name == "ssd_tiny" and result.model.image_size == 64
+
+
+def test_weights_given_as_a_run_directory_start_from_its_best_checkpoint(one_epoch, yolo, tmp_path, monkeypatch,
+                                                                         capsys):
+    reads, started = [], []
+    read, build = plan.read_weights, trainer.build_run_model
+    monkeypatch.setattr(plan, "read_weights", lambda path: reads.append(path) or read(path))
+
+    def build_and_keep(*args, **kwargs):
+        model = build(*args, **kwargs)
+        started.append({name: value.clone() for name, value in model.state_dict().items()})
+        return model
+
+    monkeypatch.setattr(trainer, "build_run_model", build_and_keep)
+    options = {k: v for k, v in TINY.items() if k not in ("model", "image_size")}
+    train(data=str(yolo), weights=str(one_epoch.run_dir), epochs=1, project=str(tmp_path), **options)
+    best = one_epoch.run_dir / "weights" / "best.pt"
+    assert reads == [best]  # resolved once, read once
+    assert f"weights: started from {one_epoch.run_dir}" in capsys.readouterr().out
+    saved = ssd.load_checkpoint(best)["model"]
+    assert all(torch.equal(started[0][k], v) for k, v in saved.items() if k.startswith("backbone."))
 
 
 # ---------------------------------------------------------------------------------------------- what resume accepts

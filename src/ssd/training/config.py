@@ -101,9 +101,10 @@ class TrainConfig:
     name: str = _help("run directory name (auto-incremented: exp, exp2, ...)", default="exp")
     exist_ok: bool = _help("reuse runs/<name> instead of incrementing", default=False)
     resume: str | None = _help("run directory or last.pt to continue", default=None)
-    weights: str | None = _help("checkpoint to start from: an ssd checkpoint, an ssd.pytorch / torchvision / "
-                                "lufficc detector, or a known name (`ssd weights`, e.g. ssd300_vgg16_coco, downloaded "
-                                "once); classes named as the data's carry over, the others start afresh", default=None)
+    weights: str | None = _help("checkpoint to start from: an ssd checkpoint or run directory (its best.pt), an "
+                                "ssd.pytorch / torchvision / lufficc detector, or a known name (`ssd weights`, e.g. "
+                                "ssd300_vgg16_coco, downloaded once); classes named as the data's carry over, "
+                                "the others start afresh", default=None)
     backbone_weights: str | None = _help("backbone weights: imagenet (torchvision's, downloaded once), a known name "
                                          "(`ssd weights`) or a torchvision backbone state dict file (.pth)",
                                          default=None)

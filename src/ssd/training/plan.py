@@ -39,13 +39,15 @@ _CURRENT = ("device", "workers", "quiet")
 
 @dataclass(frozen=True)
 class RunPlan:
-    """What a run does: ``config`` (resolved; what ``config.yaml`` records), and on resume the checkpoint ``state``,
-    its ``checkpoint`` path and the ``run_dir`` it continues."""
+    """What a run does: ``config`` (resolved; what ``config.yaml`` records); on resume the checkpoint ``state``,
+    its ``checkpoint`` path and the ``run_dir`` it continues; with ``weights``, the checkpoint dict they hold
+    (``pretrained``, read once)."""
 
     config: TrainConfig
     state: dict[str, Any] | None = None
     checkpoint: Path | None = None
     run_dir: Path | None = None
+    pretrained: dict[str, Any] | None = None
 
 
 def given_fields(config: TrainConfig, overrides: Iterable[str] = ()) -> set[str]:
@@ -70,7 +72,7 @@ def plan_run(config: TrainConfig, given: set[str], log: Callable[[str], object] 
     if config.resume:
         return _plan_resume(config, given, log)
     if config.weights:
-        config = _adopt_weights(config, given, log)
+        return _adopt_weights(config, given, log)
     return RunPlan(config.resolved())
 
 
@@ -112,8 +114,9 @@ def _plan_resume(config: TrainConfig, given: set[str], log: Callable[[str], obje
     return RunPlan(saved.update(**updates).resolved(), state, path, run_dir)
 
 
-def _adopt_weights(config: TrainConfig, given: set[str], log: Callable[[str], object]) -> TrainConfig:
-    model = ModelConfig.from_dict(read_weights(config.weights)["config"], source=str(config.weights))
+def _adopt_weights(config: TrainConfig, given: set[str], log: Callable[[str], object]) -> RunPlan:
+    pretrained = read_weights(resolve_weights(config.weights))  # a file, a run directory or a known name
+    model = ModelConfig.from_dict(pretrained["config"], source=str(config.weights))
     conflicts = []
     if "model" in given and config.model != model.name:
         conflicts.append(f"--model {config.model}")
@@ -127,7 +130,7 @@ def _adopt_weights(config: TrainConfig, given: set[str], log: Callable[[str], ob
                           "and input size. Leave those options out, or leave out --weights to train from scratch")
     if (config.model, config.image_size) != (model.name, model.image_size):
         log(f"weights: {config.weights} holds a {model.name} model for {model.image_size} px inputs: training that")
-    return config.update(model=model.name, image_size=model.image_size)
+    return RunPlan(config.update(model=model.name, image_size=model.image_size).resolved(), pretrained=pretrained)
 
 
 def check_resumed_data(plan: RunPlan, class_names: list[str], num_train: int) -> None:
@@ -153,11 +156,10 @@ def build_run_model(plan: RunPlan, spec: DatasetSpec, log: Callable[[str], objec
     config, class_names = plan.config, list(spec.class_names)
     if plan.state is not None:
         return model_from_checkpoint(plan.state)
-    if config.weights:
+    if plan.pretrained is not None:
         log(f"weights: started from {config.weights}")
-        saved = ModelConfig.from_dict(read_weights(config.weights)["config"], source=config.weights)
-        priors = resolve_priors(spec, saved.name, saved.image_size, config.priors, seed=config.seed, log=log)
-        return model_from_checkpoint(config.weights, class_names=class_names, reinit_heads=True, priors=priors)
+        priors = resolve_priors(spec, config.model, config.image_size, config.priors, seed=config.seed, log=log)
+        return model_from_checkpoint(plan.pretrained, class_names=class_names, reinit_heads=True, priors=priors)
     priors = resolve_priors(spec, config.model, config.image_size, config.priors, seed=config.seed, log=log)
     return build_model(config.model, class_names=class_names, backbone_weights=config.backbone_weights,
                        image_size=config.image_size, priors=priors)
