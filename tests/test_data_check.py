@@ -109,6 +109,15 @@ def test_screen_skip_invalid_drops_and_reports(tmp_path):
     assert screen(clean, ["train"])[1].ok
 
 
+def test_skip_invalid_counts_an_object_once_when_its_image_is_in_two_splits(tmp_path):
+    # BCCD's ImageSets list each image in train or val and again in trainval: one bad box, one drop reported
+    spec = _spec([[((0, 0, 10, 10), 0), ((5, 5, 5, 5), 1)], [((0, 0, 50, 50), 1)]], root=tmp_path)
+    spec.splits["trainval"] = list(spec.splits["train"])
+    clean, report = screen(spec, ["train"], skip_invalid=True)
+    assert report.dropped["objects"] == 1 and report.dropped["object_locations"] == ["0.txt:2"]
+    assert [len(r.objects) for r in clean.splits["trainval"]] == [1, 1]  # dropped from every split that lists it
+
+
 def test_report_dict_is_json_and_counts():
     spec = _spec([[((0, 0, 10, 10), 0), ((20, 20, 40, 40), 0)], [], [((0, 0, 50, 50), 1)]])
     report = check_dataset(spec, decode_images=False)

@@ -314,6 +314,7 @@ def screen(spec: DatasetSpec, splits: Sequence[str], skip_invalid: bool = False,
             kept.append(copy.copy(rec) if len(objects) == len(rec.objects) else
                         ImageRecord(rec.path, rec.annotation, objects, rec.width, rec.height, rec.image_id))
         clean.splits[split] = kept
+    dropped_objects = list(dict.fromkeys(dropped_objects))  # an image listed in two splits (train, trainval) is one
     dropped_images = sorted(str(p) for p in bad_images)
     report.dropped = {"objects": len(dropped_objects), "images": len(dropped_images),
                       "object_locations": dropped_objects, "image_paths": dropped_images}
