@@ -60,6 +60,7 @@ def test_each_runtime_matches_eager_pytorch_within_its_tolerance(artifacts, synt
     eager, backend = open_torch(artifacts["pt"], torch.device("cpu"), False), opener(artifacts)
     assert (backend.class_names, backend.image_size, backend.variances) == (eager.class_names, 128,
                                                                            eager.variances)
+    assert backend.model_name == eager.model_name == "ssd_tiny"  # the artifact says what it is
     batch = batch_of(synthetic_voc, eager)
     (loc, logits), (got_loc, got_logits) = eager(batch), backend(batch)
     assert torch.equal(backend.priors, eager.priors)

@@ -36,3 +36,13 @@ def test_without_priors_only_sizes_are_reported():
     assert result["localization"]["count"] == 1 and result["localization"]["uncovered"] is None
     assert result["localization"]["by_size"][2] == {"name": "large", "count": 1, "share": 1.0}
     assert result["localization"]["advice"] is None and result["missed"]["count"] == 0
+
+
+def test_the_next_step_names_the_dataset_and_the_model_where_known():
+    truths = [{"boxes": torch.tensor([[0.0, 0, 10, 10]]), "labels": torch.tensor([0]),
+               "difficult": torch.tensor([False]), "image_size": (200, 200)}]
+    detections = [{"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64), "scores": torch.zeros(0)}]
+    result = error_sources(truths, error_breakdown(detections, truths, 1), data="my data/data.yaml", model="ssd_tiny")
+    assert result["missed"]["advice"] == ("100% of missed objects are small (under 10% of the image side): try "
+                                          "`ssd check 'my data/data.yaml' --model ssd_tiny --fit-priors`, a larger "
+                                          "`--image-size` or `--tile`")

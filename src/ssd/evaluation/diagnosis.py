@@ -9,6 +9,7 @@ comes with a next step.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,11 +19,10 @@ from torch import Tensor
 from ssd.evaluation.errors import OBJECT_STATES
 from ssd.priors.coverage import SIZE_BUCKETS, best_iou
 
-__all__ = ["LARGE_SHARE", "error_sources"]
+__all__ = ["LARGE_SHARE", "error_sources", "next_step"]
 
 LARGE_SHARE = 0.3
 """Share of small or uncovered objects among the missed / mislocalized ones above which a next step is printed."""
-_NEXT_STEP = "try `ssd check DATA --model MODEL --fit-priors`, a larger `--image-size` or `--tile`"
 
 
 def _normalized(ground_truths: Sequence[Mapping[str, Any]]) -> Tensor:
@@ -36,7 +36,14 @@ def _normalized(ground_truths: Sequence[Mapping[str, Any]]) -> Tensor:
     return torch.cat(parts) if parts else torch.zeros(0, 4, dtype=torch.float64)
 
 
-def _group(name: str, mask: Tensor, size: Tensor, covered: Tensor | None) -> dict[str, Any]:
+def next_step(data: str | None = None, model: str | None = None) -> str:
+    """The advice for small or uncovered objects: the ``ssd check`` command that fits default boxes to ``data``
+    for ``model`` (placeholders where unknown), or a larger input, or tiling."""
+    command = f"ssd check {shlex.quote(data) if data else 'DATA'} --model {model or 'MODEL'} --fit-priors"
+    return f"try `{command}`, a larger `--image-size` or `--tile`"
+
+
+def _group(name: str, mask: Tensor, size: Tensor, covered: Tensor | None, step: str) -> dict[str, Any]:
     n = int(mask.sum())
     by_size = []
     for bucket, lo, hi in SIZE_BUCKETS:
@@ -48,18 +55,20 @@ def _group(name: str, mask: Tensor, size: Tensor, covered: Tensor | None) -> dic
     if n and (small >= LARGE_SHARE or (uncovered or 0.0) >= LARGE_SHARE):
         reach = "" if uncovered is None else f" and {uncovered:.0%} have no default box at IoU 0.5"
         advice = (f"{small:.0%} of {name} objects are small (under {SIZE_BUCKETS[0][2]:.0%} of the image side)"
-                  f"{reach}: {_NEXT_STEP}")
+                  f"{reach}: {step}")
     return {"count": n, "by_size": by_size, "uncovered": uncovered, "advice": advice}
 
 
 def error_sources(ground_truths: Sequence[Mapping[str, Any]], breakdown: Mapping[str, Any],
-                  priors: Tensor | None = None, coverage_iou: float = 0.5) -> dict[str, Any]:
+                  priors: Tensor | None = None, coverage_iou: float = 0.5, data: str | None = None,
+                  model: str | None = None) -> dict[str, Any]:
     """Missed and localization-error objects by size and coverage.
 
     Args:
         ground_truths: the per-image dicts given to ``error_breakdown``, each with ``image_size`` ``(h, w)``.
         breakdown: its result (``object_state``, ``localization_targets``).
         priors: the model's default boxes ``[P, 4]`` cxcywh normalized; without them coverage is not reported.
+        data, model: the dataset and model name the advice's ``ssd check`` command names (see :func:`next_step`).
 
     Returns:
         ``dict(missed, localization)``, each ``dict(count, by_size, uncovered, advice)``: ``by_size`` one
@@ -72,5 +81,6 @@ def error_sources(ground_truths: Sequence[Mapping[str, Any]], breakdown: Mapping
     state = torch.cat(list(breakdown["object_state"])) if len(boxes) else torch.zeros(0, dtype=torch.int64)
     localized = (torch.cat(list(breakdown["localization_targets"])) if len(boxes)
                  else torch.zeros(0, dtype=torch.bool))
-    return {"missed": _group("missed", state == OBJECT_STATES.index("missed"), size, covered),
-            "localization": _group("poorly localized", localized, size, covered)}
+    step = next_step(data, model)
+    return {"missed": _group("missed", state == OBJECT_STATES.index("missed"), size, covered, step),
+            "localization": _group("poorly localized", localized, size, covered, step)}

@@ -98,7 +98,8 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     if report or project is not None:
         from ssd.evaluation.report import attach_report  # matplotlib: only when a report is asked for
 
-        attach_report(result, backend.priors, data, split, category_ids, project, name)
+        attach_report(result, backend.priors, data, split, category_ids, project, name,
+                      getattr(backend, "model_name", None))  # a backend of the caller's may not say
     return result
 
 

@@ -45,14 +45,15 @@ def _curve_free(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_report(detections: Sequence[Mapping[str, Any]], ground_truths: Sequence[Mapping[str, Any]],
-                 class_names: Sequence[str], *, priors: Tensor | None = None, data: str = "", split: str = ""
-                 ) -> dict[str, Any]:
+                 class_names: Sequence[str], *, priors: Tensor | None = None, data: str = "", split: str = "",
+                 model: str | None = None) -> dict[str, Any]:
     """Every number of the report of one split (plain Python and NumPy values; see the module docstring).
 
     Inputs are the per-image dicts of :mod:`ssd.evaluation.metrics` (ground truths with ``image_size`` for the size
     buckets). ``priors [P, 4]`` (the model's default boxes, cxcywh normalized) add default-box coverage to the
-    error sources. The confusion matrix is taken at the best-F1 confidence (the settings' predict default when
-    there is none). Raises ValueError for an empty split.
+    error sources; ``model`` (its name) completes the advice's ``ssd check`` command. The confusion matrix is taken
+    at the best-F1 confidence (the settings' predict default when there is none). Raises ValueError for an empty
+    split.
     """
     if not ground_truths:
         raise ValueError(f"split {split or '?'} of {data or 'the dataset'} has no images: nothing to evaluate")
@@ -65,7 +66,8 @@ def build_report(detections: Sequence[Mapping[str, Any]], ground_truths: Sequenc
     confidence = best["confidence"] if best is not None else PREDICT.score_threshold
     confusion = confusion_matrix(detections, ground_truths, k, class_names, confidence=confidence)
     errors = error_breakdown(detections, ground_truths, k, class_names)
-    sources = error_sources(ground_truths, errors, priors) if all("image_size" in g for g in ground_truths) else None
+    sized = all("image_size" in g for g in ground_truths)
+    sources = error_sources(ground_truths, errors, priors, data=data or None, model=model) if sized else None
     absent = [name for name in class_names if coco["per_class"][name]["num_gt"] == 0]
     advice = [group["advice"] for group in (sources or {}).values() if group["advice"]]
     if absent:
@@ -173,10 +175,12 @@ def _fmt(value: float | None) -> str:
 
 
 def attach_report(result: dict[str, Any], priors: Tensor | None, data: str | Path, split: str,
-                category_ids: Sequence[int] | None, project: str | Path | None, name: str) -> None:
-    """Add ``report`` to an evaluation result and, with ``project``, write it to a new run directory (``run_dir``)."""
+                category_ids: Sequence[int] | None, project: str | Path | None, name: str,
+                model: str | None = None) -> None:
+    """Add ``report`` to an evaluation result and, with ``project``, write it to a new run directory (``run_dir``);
+    ``model``: the evaluated model's name, or ``None``."""
     result["report"] = build_report(result["detections"], result["ground_truths"], result["class_names"],
-                                    priors=priors, data=str(data), split=split)
+                                    priors=priors, data=str(data), split=split, model=model)
     if project is not None:
         result["run_dir"] = make_run_dir(project, name)
         write_report(result["report"], result["run_dir"], result["detections"], result["ground_truths"],

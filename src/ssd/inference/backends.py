@@ -74,6 +74,7 @@ class TorchBackend:
         self.model.eval()
         self.half = half
         config = model.config
+        self.model_name = config.name
         self.class_names = list(model.class_names)
         self.image_size, self.variances = config.image_size, config.variances
         self.mean, self.std = config.mean, config.std
@@ -209,6 +210,7 @@ class OnnxBackend:
         raw = self.session.get_modelmeta().custom_metadata_map
         meta = read_metadata(self.path, raw)
         self._verify_checksum(raw)
+        self.model_name = raw.get("model_name")
         self.class_names, self.category_ids = meta["class_names"], meta["category_ids"]
         self.operating_point = meta["operating_point"]
         self.image_size = compact_size(meta["image_size"])

@@ -25,6 +25,7 @@ class Backend(Protocol):
 
     Attributes:
         name: the runtime (the :data:`BACKENDS` key: ``"torch"``, ``"onnx"``, ...).
+        model_name: the architecture (``ssd_tiny``, ...), ``None`` where the artifact does not say.
         source: the file it was opened from (``None`` for an in-memory model).
         nms: ``True`` when the network returns detections itself, not head outputs: such a backend also has
             ``nms_detections(batch, *, score_threshold, iou_threshold, max_detections)`` -> per image
@@ -41,6 +42,7 @@ class Backend(Protocol):
     """
 
     name: str
+    model_name: str | None
     source: Path | None
     nms: bool
     variances: tuple[float, float]

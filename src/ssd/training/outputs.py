@@ -122,7 +122,7 @@ class ValidationReport(Callback):
 
         report = build_report(metrics["detections"], metrics["ground_truths"], trainer.class_names,
                               priors=trainer.eval_model.priors.detach().cpu(), data=str(trainer.config.data),
-                              split="val")
+                              split="val", model=trainer.config.model)
         out_dir = trainer.run_dir / "val_report"
         out_dir.mkdir(exist_ok=True)
         page = write_report(report, out_dir, metrics["detections"], metrics["ground_truths"],
