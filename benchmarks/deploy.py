@@ -4,8 +4,9 @@ Trains ``--model`` (default ``ssd_tiny`` at 256 px; ``ssdlite320_mobilenet_v3_la
 convolutions) on a shared real dataset (default: BCCD, 205 training / 87 val images) for
 ``--epochs``, then runs :func:`ssd.export.benchmark.run_benchmark` on its ``best.pt`` (every format: size, COCO
 mAP50 / mAP50-95 on val, p50 / p90 ms per image at batch 1, images/s at batch 8), then the standard INT8 remedies
-for ONNX Runtime, each scored and timed the same way: the first convolution and the heads kept in float, and fewer
-calibration images. Prints Markdown tables for ``benchmarks/README.md``. Run:
+for ONNX Runtime, each scored and timed the same way: the first convolution and the heads kept in float, fewer
+calibration images, every operator ONNX Runtime can quantize, the QOperator format, and (where the network has them)
+the depthwise convolutions kept in float. Prints Markdown tables for ``benchmarks/README.md``. Run:
 ``.venv/bin/python benchmarks/deploy.py [--model NAME] [--epochs 30] [--data PATH] [--out DIR] [--threads N]``.
 """
 
@@ -49,17 +50,23 @@ def remedies(fp32: Path, data: Path, out: Path, calib: int) -> list[str]:
     only side-by-side timings compare): file size, mAP50 (points), p50 ms per image at batch 1."""
     convs = [n for n in onnx.load(str(fp32)).graph.node if n.op_type == "Conv"]
     heads = [n.name for n in convs if ".heads." in n.input[1]]  # named by their weights, model.heads.L.loc/cls
-    variants = {"all convolutions": ([], calib), "first conv in float": ([convs[0].name], calib),
-                "first conv + heads in float": ([convs[0].name, *heads], calib),
-                f"{min(32, calib)} calibration images": ([], min(32, calib))}
+    depthwise = [n.name for n in convs if any(a.name == "group" and a.i > 1 for a in n.attribute)]
+    variants = {"all convolutions": dict(), "first conv in float": dict(exclude=[convs[0].name]),
+                "first conv + heads in float": dict(exclude=[convs[0].name, *heads]),
+                f"{min(32, calib)} calibration images": dict(count=min(32, calib)),
+                "every operator ONNX Runtime quantizes": dict(op_types=None),
+                "QOperator format (QLinearConv)": dict(operator_format=True)}
+    if depthwise:
+        variants[f"{len(depthwise)} depthwise convs in float"] = dict(exclude=depthwise)
     backend = OnnxBackend(fp32)
     decoded = [read_image(r.path) for r in load_dataset(data).records("val")[:16]]
     lines = ["| ONNX Runtime variant | size MB | mAP50 | ms/img p50 | network ms |", "|---|---|---|---|---|"]
     rows = [("FP32 (reference)", fp32)]
-    for index, (name, (exclude, count)) in enumerate(variants.items()):
+    for index, (name, options) in enumerate(variants.items()):
         path = out / f"remedy_{index}.int8.onnx"
+        count = options.pop("count", calib)
         inputs = calibration_inputs(calibration_paths(data, count), backend.image_size, backend.mean, backend.std)
-        rows.append((name, quantize_onnx(fp32, path, inputs, exclude=exclude)))
+        rows.append((name, quantize_onnx(fp32, path, inputs, **options)))
     variants = {name: OnnxBackend(path) for name, path in rows}
     timings = time_backends(variants, decoded, 1, 60, 5)  # side by side, call by call
     for name, path in rows:

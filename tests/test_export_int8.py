@@ -3,6 +3,7 @@ post-processing left in float, the metadata carried over with its own checksum, 
 
 import json
 import shutil
+from collections import Counter
 from pathlib import Path
 
 import onnx
@@ -14,6 +15,7 @@ from ssd.cli import main
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.export.formats import export
+from ssd.export.quantize import calibration_inputs, calibration_paths, quantize_onnx
 from ssd.inference.backends import OnnxBackend, graph_digest
 from ssd.preprocess import preprocess
 
@@ -72,6 +74,31 @@ def test_int8_nms_export_quantizes_the_network_and_keeps_nms_in_float(weights, s
     assert any(n.op_type == "Conv" and set(n.input) & dequantized for n in graph.node)
     backend = OnnxBackend(path)
     assert backend.nms and backend.score_threshold == 0.25
+
+
+def test_int8_remedies_change_what_is_quantized_and_stay_loadable(int8_pair, synthetic_voc, tmp_path):
+    """The remedies benchmarks/deploy.py measures: nodes kept in float, every operator type, the QOperator format."""
+    fp32_path, _ = int8_pair
+    fp32 = OnnxBackend(fp32_path)
+    first = next(n.name for n in onnx.load(str(fp32_path)).graph.node if n.op_type == "Conv")
+
+    def quantized(name, **options):
+        inputs = calibration_inputs(calibration_paths(synthetic_voc, 4), fp32.image_size, fp32.mean, fp32.std)
+        path = quantize_onnx(fp32_path, tmp_path / name, inputs, **options)
+        OnnxBackend(path)  # metadata and checksum hold
+        return Counter(n.op_type for n in onnx.load(str(path)).graph.node), onnx.load(str(path)).graph
+
+    convs, graph = quantized("convs.onnx")
+    quantized_inputs = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    first_inputs = next(set(n.input) for n in graph.node if n.name == first)
+    _, kept = quantized("first_in_float.onnx", exclude=[first])
+    kept_inputs = next(set(n.input) for n in kept.node if n.name == first)
+    kept_quantized = {o for n in kept.node if n.op_type == "DequantizeLinear" for o in n.output}
+    assert first_inputs & quantized_inputs and not kept_inputs & kept_quantized  # the first conv stays float
+    every, _ = quantized("every.onnx", op_types=None)
+    assert every["QuantizeLinear"] > convs["QuantizeLinear"]  # the reshapes and concats of the heads too
+    operators, _ = quantized("qoperator.onnx", operator_format=True)
+    assert operators["QLinearConv"] == convs["Conv"] and operators["Conv"] == 0
 
 
 def test_int8_without_data_says_calibration_needs_images(weights, tmp_path, capsys):

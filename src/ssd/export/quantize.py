@@ -70,12 +70,15 @@ class _Reader:
 
 
 def quantize_onnx(fp32_path: str | Path, out_path: str | Path, inputs: Iterator[np.ndarray],
-                  exclude: Sequence[str] = ()) -> Path:
-    """Write the static INT8 (QDQ) version of an ``ssd export`` FP32 graph to ``out_path`` (atomically).
+                  exclude: Sequence[str] = (), op_types: Sequence[str] | None = ("Conv",),
+                  operator_format: bool = False) -> Path:
+    """Write the static INT8 version of an ``ssd export`` FP32 graph to ``out_path`` (atomically).
 
-    ``inputs``: calibration batches ``[1, 3, S, S]`` (:func:`calibration_inputs`); ``exclude``: names of nodes to
-    keep in float (a remedy when a layer quantizes poorly). The metadata is the FP32 file's with ``precision``
-    ``int8`` and the new graph's ``graph_sha256``."""
+    ``inputs``: calibration batches ``[1, 3, S, S]`` (:func:`calibration_inputs`). The rest are the standard
+    remedies when a network quantizes poorly or slowly (``benchmarks/deploy.py`` measures them): ``exclude``, names
+    of nodes to keep in float; ``op_types``, the operator types to quantize (``None``: every type ONNX Runtime can);
+    ``operator_format``, fused ``QLinear*`` operators instead of QDQ pairs. The metadata is the FP32 file's with
+    ``precision`` ``int8`` and the new graph's ``graph_sha256``."""
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -85,10 +88,11 @@ def quantize_onnx(fp32_path: str | Path, out_path: str | Path, inputs: Iterator[
     with tempfile.TemporaryDirectory(prefix="ssd-int8-") as work:
         prepared, quantized = Path(work) / "prepared.onnx", Path(work) / "int8.onnx"
         quant_pre_process(str(fp32_path), str(prepared))
-        quantize_static(str(prepared), str(quantized), _Reader(inputs), quant_format=QuantFormat.QDQ,
-                        op_types_to_quantize=["Conv"], per_channel=True, activation_type=QuantType.QUInt8,
-                        weight_type=QuantType.QInt8, nodes_to_exclude=list(exclude),
-                        calibrate_method=CalibrationMethod.MinMax)
+        quantize_static(str(prepared), str(quantized), _Reader(inputs),
+                        quant_format=QuantFormat.QOperator if operator_format else QuantFormat.QDQ,
+                        op_types_to_quantize=None if op_types is None else list(op_types), per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        nodes_to_exclude=list(exclude), calibrate_method=CalibrationMethod.MinMax)
         proto = onnx.load(str(quantized))
     metadata.update(precision=json.dumps("int8"), graph_sha256=graph_digest(proto))
     onnx.helper.set_model_props(proto, metadata)
