@@ -69,6 +69,12 @@ def test_each_runtime_matches_eager_pytorch_within_its_tolerance(artifacts, synt
     assert (decode(got_loc, eager.priors, eager.variances) - boxes).abs().max() <= box_tol
 
 
+def test_onnx_runtime_threads_do_not_spin_between_runs(artifacts):
+    # PyTorch pre- and post-processes on the same cores between runs; busy-waiting threads would take them
+    options = OnnxBackend(artifacts["onnx"]).session.get_session_options()
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
 def test_open_backend_picks_the_runtime_from_what_the_user_names(artifacts):
     kinds = {"pt": "torch", "onnx": "onnx", "openvino": "openvino", "torchscript": "torchscript", "pt2": "pt2"}
     for kind, name in kinds.items():

@@ -229,8 +229,12 @@ class OnnxBackend:
         providers = ["CPUExecutionProvider"]
         if torch.device(device).type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": torch.device(device).index or 0}))
+        options = ort.SessionOptions()
+        # Its threads would busy-wait after each run on the cores where PyTorch then post-processes and
+        # pre-processes the next batch (measured: 4x the time per image on 2 cores, benchmarks/README.md).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
-            return ort.InferenceSession(str(self.path), providers=providers)
+            return ort.InferenceSession(str(self.path), options, providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types for unreadable files
             raise OnnxModelError(f"cannot load ONNX model {self.path}: {e}") from e
 
