@@ -4,9 +4,9 @@ Trains ``--model`` (default ``ssd_tiny`` at 256 px; ``ssdlite320_mobilenet_v3_la
 convolutions) on a shared real dataset (default: BCCD, 205 training / 87 val images) for
 ``--epochs``, then runs :func:`ssd.export.benchmark.run_benchmark` on its ``best.pt`` (every format: size, COCO
 mAP50 / mAP50-95 on val, p50 / p90 ms per image at batch 1, images/s at batch 8), then the standard INT8 remedies
-for ONNX Runtime, each scored and timed the same way: the first convolution and the heads kept in float, fewer
-calibration images, every operator ONNX Runtime can quantize, the QOperator format, and (where the network has them)
-the depthwise convolutions kept in float. Prints Markdown tables for ``benchmarks/README.md``. Run:
+for ONNX Runtime, each scored and timed the same way: the convolutions alone quantized, the first convolution and
+the heads kept in float, fewer calibration images, the QOperator format, and (where the network has them) the
+depthwise convolutions kept in float. Prints Markdown tables for ``benchmarks/README.md``. Run:
 ``.venv/bin/python benchmarks/deploy.py [--model NAME] [--epochs 30] [--data PATH] [--out DIR] [--threads N]``.
 """
 
@@ -51,10 +51,10 @@ def remedies(fp32: Path, data: Path, out: Path, calib: int) -> list[str]:
     convs = [n for n in onnx.load(str(fp32)).graph.node if n.op_type == "Conv"]
     heads = [n.name for n in convs if ".heads." in n.input[1]]  # named by their weights, model.heads.L.loc/cls
     depthwise = [n.name for n in convs if any(a.name == "group" and a.i > 1 for a in n.attribute)]
-    variants = {"all convolutions": dict(), "first conv in float": dict(exclude=[convs[0].name]),
+    variants = {"the network (what `--int8` writes)": dict(), "convolutions only": dict(op_types=["Conv"]),
+                "first conv in float": dict(exclude=[convs[0].name]),
                 "first conv + heads in float": dict(exclude=[convs[0].name, *heads]),
                 f"{min(32, calib)} calibration images": dict(count=min(32, calib)),
-                "every operator ONNX Runtime quantizes": dict(op_types=None),
                 "QOperator format (QLinearConv)": dict(operator_format=True)}
     if depthwise:
         variants[f"{len(depthwise)} depthwise convs in float"] = dict(exclude=depthwise)

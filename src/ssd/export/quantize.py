@@ -1,9 +1,12 @@
 """INT8 post-training quantization of an exported ONNX graph with ONNX Runtime, calibrated on the user's images.
 
-The network (every ``Conv``) is quantized to static QDQ INT8: weights per output channel (int8, symmetric),
-activations per tensor (uint8, MinMax range over the calibration images). Everything else stays float, the
-in-graph decoding and NMS of an ``--nms`` export included. Calibration images are the first ``N`` of the dataset's
-training split, decoded by :func:`ssd.data.images.read_image` and made into network inputs by
+The network (the convolutions and every node they depend on, each operator type ONNX Runtime can quantize) is
+quantized to static QDQ INT8: weights per output channel (int8, symmetric), activations per tensor (uint8, MinMax
+range over the calibration images). What follows the last convolutions stays float: the heads' reshapes and
+concatenations, and the in-graph decoding and NMS of an ``--nms`` export. Quantizing the operators between the
+convolutions too (MobileNet's hard-swish products, residual additions) spares a dequantize / quantize pair around
+each, measured faster than convolutions alone (``benchmarks/README.md``). Calibration images are the first ``N`` of
+the dataset's training split, decoded by :func:`ssd.data.images.read_image` and made into network inputs by
 :func:`ssd.preprocess.preprocess` exactly as at inference. The INT8 file carries the FP32 file's metadata with
 ``precision`` ``int8`` and the checksum of its own graph, so :class:`ssd.inference.backends.OnnxBackend` loads it.
 """
@@ -23,7 +26,8 @@ from ssd.files import write_bytes
 from ssd.inference.backends import graph_digest
 from ssd.preprocess import preprocess
 
-__all__ = ["CALIBRATION_IMAGES", "calibration_paths", "calibration_input", "calibration_inputs", "quantize_onnx"]
+__all__ = ["CALIBRATION_IMAGES", "calibration_paths", "calibration_input", "calibration_inputs", "network_nodes",
+           "quantize_onnx"]
 
 CALIBRATION_IMAGES = 300
 
@@ -69,14 +73,29 @@ class _Reader:
         return None if array is None else {"images": array}
 
 
+def network_nodes(graph) -> set[str]:
+    """Names of the ``Conv`` nodes of an ONNX ``graph`` and of every node they depend on: the network, without the
+    reshapes, decoding and NMS that follow its last convolutions."""
+    producer = {output: node for node in graph.node for output in node.output}
+    names: set[str] = set()
+    pending = [node for node in graph.node if node.op_type == "Conv"]
+    while pending:
+        node = pending.pop()
+        if node.name not in names:
+            names.add(node.name)
+            pending += [producer[name] for name in node.input if name in producer]
+    return names
+
+
 def quantize_onnx(fp32_path: str | Path, out_path: str | Path, inputs: Iterator[np.ndarray],
-                  exclude: Sequence[str] = (), op_types: Sequence[str] | None = ("Conv",),
+                  exclude: Sequence[str] = (), op_types: Sequence[str] | None = None,
                   operator_format: bool = False) -> Path:
     """Write the static INT8 version of an ``ssd export`` FP32 graph to ``out_path`` (atomically).
 
     ``inputs``: calibration batches ``[1, 3, S, S]`` (:func:`calibration_inputs`). The rest are the standard
     remedies when a network quantizes poorly or slowly (``benchmarks/deploy.py`` measures them): ``exclude``, names
-    of nodes to keep in float; ``op_types``, the operator types to quantize (``None``: every type ONNX Runtime can);
+    of nodes to keep in float besides those after the network (:func:`network_nodes`); ``op_types``, the operator
+    types to quantize (``None``: every type ONNX Runtime can; ``["Conv"]``: the convolutions only);
     ``operator_format``, fused ``QLinear*`` operators instead of QDQ pairs. The metadata is the FP32 file's with
     ``precision`` ``int8`` and the new graph's ``graph_sha256``."""
     import onnx
@@ -88,11 +107,13 @@ def quantize_onnx(fp32_path: str | Path, out_path: str | Path, inputs: Iterator[
     with tempfile.TemporaryDirectory(prefix="ssd-int8-") as work:
         prepared, quantized = Path(work) / "prepared.onnx", Path(work) / "int8.onnx"
         quant_pre_process(str(fp32_path), str(prepared))
+        graph = onnx.load(str(prepared)).graph
+        after = [node.name for node in graph.node if node.name not in network_nodes(graph)]
         quantize_static(str(prepared), str(quantized), _Reader(inputs),
                         quant_format=QuantFormat.QOperator if operator_format else QuantFormat.QDQ,
                         op_types_to_quantize=None if op_types is None else list(op_types), per_channel=True,
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                        nodes_to_exclude=list(exclude), calibrate_method=CalibrationMethod.MinMax)
+                        nodes_to_exclude=[*after, *exclude], calibrate_method=CalibrationMethod.MinMax)
         proto = onnx.load(str(quantized))
     metadata.update(precision=json.dumps("int8"), graph_sha256=graph_digest(proto))
     onnx.helper.set_model_props(proto, metadata)
