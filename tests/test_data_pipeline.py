@@ -15,6 +15,7 @@ from ssd.data.loader import DetectionDataset
 from ssd.data.records import ImageRecord, ObjectRecord
 from ssd.data.synthetic import generate_synthetic
 from ssd.data.transforms import build_transform
+from ssd.preprocess import preprocess
 from ssd.priors import PRIOR_CONFIGS
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
@@ -62,6 +63,20 @@ def test_eval_transform_is_resize_and_normalize():
     assert torch.allclose(out_image[:, 0, 0], (1 - torch.tensor(MEAN)) / torch.tensor(STD))
     with pytest.raises(ValueError, match="augment must be one of"):
         build_transform(10, MEAN, STD, train=True, augment="heavy")
+
+
+def test_prediction_sees_the_pixels_evaluation_sees():
+    # preprocess (predict, export checks, benchmarks) and the evaluation transform (ssd val) resize each photo to the
+    # same bits, channels-last fast path or not; the batch comes out contiguous for every runtime
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator) for h, w in
+              ((480, 640), (37, 91), (480, 640), (300, 200))]
+    batch, sizes = preprocess(images, (96, 128), MEAN, STD)
+    assert batch.is_contiguous() and sizes.tolist() == [[480, 640], [37, 91], [480, 640], [300, 200]]
+    for image, row in zip(images, batch):
+        target = _target([], [], tuple(image.shape[-2:]))
+        expected, _ = build_transform((96, 128), MEAN, STD)(tv_tensors.Image(image), target)
+        assert torch.equal(row, expected)
 
 
 def test_collate_pads_for_match():
