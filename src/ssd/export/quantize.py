@@ -108,7 +108,8 @@ def quantize_onnx(fp32_path: str | Path, out_path: str | Path, inputs: Iterator[
         prepared, quantized = Path(work) / "prepared.onnx", Path(work) / "int8.onnx"
         quant_pre_process(str(fp32_path), str(prepared))
         graph = onnx.load(str(prepared)).graph
-        after = [node.name for node in graph.node if node.name not in network_nodes(graph)]
+        network = network_nodes(graph)
+        after = [node.name for node in graph.node if node.name not in network]
         quantize_static(str(prepared), str(quantized), _Reader(inputs),
                         quant_format=QuantFormat.QOperator if operator_format else QuantFormat.QDQ,
                         op_types_to_quantize=None if op_types is None else list(op_types), per_channel=True,
