@@ -178,6 +178,7 @@ def read_metadata(path: Path, raw: dict[str, str]) -> dict[str, Any]:
     meta["category_ids"] = check_category_ids(meta.get("category_ids"), len(meta["class_names"]), str(path),
                                               OnnxModelError)
     meta["operating_point"] = check_operating_point(meta.get("operating_point"), f"{path}: metadata", OnnxModelError)
+    meta["model_name"] = raw.get("model_name")  # plain text, not JSON; None where absent
     return meta
 
 
@@ -210,8 +211,8 @@ class OnnxBackend:
         raw = self.session.get_modelmeta().custom_metadata_map
         meta = read_metadata(self.path, raw)
         self._verify_checksum(raw)
-        self.model_name = raw.get("model_name")
-        self.class_names, self.category_ids = meta["class_names"], meta["category_ids"]
+        self.model_name, self.class_names = meta["model_name"], meta["class_names"]
+        self.category_ids = meta["category_ids"]
         self.operating_point = meta["operating_point"]
         self.image_size = compact_size(meta["image_size"])
         self.mean, self.std, self.variances = tuple(meta["mean"]), tuple(meta["std"]), tuple(meta["variances"])

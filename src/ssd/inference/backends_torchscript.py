@@ -56,8 +56,8 @@ class TorchScriptBackend:
             raise OnnxModelError(f"{self.path}: the code or weights do not match the checksum stored at export "
                                  f"({self.digest_key}, missing or different): the file was modified after `ssd "
                                  "export`; export it again")
-        self.model_name = raw.get("model_name")
-        self.class_names, self.category_ids = meta["class_names"], meta["category_ids"]
+        self.model_name, self.class_names = meta["model_name"], meta["class_names"]
+        self.category_ids = meta["category_ids"]
         self.operating_point = meta["operating_point"]
         self.image_size = compact_size(meta["image_size"])
         self.mean, self.std, self.variances = tuple(meta["mean"]), tuple(meta["std"]), tuple(meta["variances"])
