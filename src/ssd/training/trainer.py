@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -136,6 +136,7 @@ class Trainer:
     def _setup_model(self, spec: DatasetSpec) -> None:
         config, info = self.config, self.info
         model = build_run_model(self.plan, spec, self.log)
+        self.plan = replace(self.plan, pretrained=None)  # the weights' checkpoint is in the model now
         if info.enabled and config.sync_bn:
             if self.device.type != "cuda":
                 raise ConfigError("sync_bn needs CUDA devices (SyncBatchNorm has no CPU implementation)")
