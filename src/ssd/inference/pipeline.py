@@ -41,6 +41,8 @@ class Result:
         names: ``N`` class names (``class_names[label]``).
         width, height: the original image size in pixels.
         path: the image file, or ``None`` for in-memory images.
+        track_ids: ``[N]`` int64 track ids when tracking (:meth:`Detector.track`; ``-1``: a detection the tracker
+            has not confirmed as a track yet), else ``None``.
     """
 
     boxes: Tensor
@@ -50,21 +52,20 @@ class Result:
     width: int
     height: int
     path: str | None = None
+    track_ids: Tensor | None = None
 
     def to_dict(self) -> dict:
         """JSON-able: ``file``, ``width``, ``height``, ``detections`` (``box`` xyxy pixels, ``score``, ``label``,
-        ``name``)."""
-        return {
-            "file": self.path,
-            "width": self.width,
-            "height": self.height,
-            "detections": [
-                {"box": box, "score": score, "label": label, "name": name}
-                for box, score, label, name in zip(
-                    self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(), self.names
-                )
-            ],
-        }
+        ``name``, and ``track_id`` when tracking)."""
+        detections = [
+            {"box": box, "score": score, "label": label, "name": name}
+            for box, score, label, name in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(),
+                                               self.names)
+        ]
+        if self.track_ids is not None:
+            for detection, track_id in zip(detections, self.track_ids.tolist()):
+                detection["track_id"] = track_id
+        return {"file": self.path, "width": self.width, "height": self.height, "detections": detections}
 
 
 def to_image(item, index: int = 0) -> Tensor:
