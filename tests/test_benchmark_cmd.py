@@ -65,6 +65,14 @@ def test_benchmark_floor_passes_when_every_format_scores_above_it(tiny_checkpoin
     assert "torchscript" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("floor", ["nan", "inf", "-1", "1e308"])
+def test_benchmark_floor_of_nan_or_out_of_range_exits_2_before_any_folder_is_made(tmp_path, capsys, floor):
+    assert main(["benchmark", "--weights", "w.pt", "--data", "d", "--project", str(tmp_path / "runs"), "--floor",
+                 floor]) == 2
+    assert f"--floor: must be mAP50 points in [0, 100], got {floor!r}" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_benchmark_unknown_format_names_the_closest_before_any_folder_is_made(tiny_checkpoint, synthetic_voc,
                                                                                tmp_path, capsys):
     assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--formats",

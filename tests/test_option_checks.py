@@ -26,6 +26,12 @@ from ssd.training.config import TrainConfig
     ({"name": ".."}, "name='..' is invalid: must be one folder name inside --project"),
     ({"image_size": 100000}, "image_size=100000 is invalid: must be at least 32 and at most 4096 on each side"),
     ({"image_size": "32x100000"}, "image_size='32x100000' is invalid: must be at least 32 and at most 4096"),
+    ({"lr": 1e308}, "lr=1e+308 is invalid: must be in (0, 10] (--lr)"),
+    ({"weight_decay": 5.0}, "weight_decay=5.0 is invalid: must be in [0, 1] (--weight-decay)"),
+    ({"gamma": 1e300}, "gamma=1e+300 is invalid: must be in [0, 1] (the lr is multiplied by it at each milestone)"),
+    ({"warmup_epochs": 1e308}, "warmup_epochs=1e+308 is invalid: must be at most 100000 epochs "
+                               "(ssd.limits.MAX_EPOCHS) (--warmup-epochs)"),
+    ({"epochs": 10**9}, "epochs=1000000000 is invalid: must be at most 100000 epochs"),
 ])
 def test_config_file_value_of_wrong_type_or_range_names_the_option(tmp_path, options, message):
     with pytest.raises(ConfigError) as info:

@@ -4,6 +4,7 @@ validation (no sleeps, no real timing), so the estimated epochs, the schedule le
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -102,10 +103,27 @@ def test_epochs_that_fit_by_hand():
         epochs_that_fit(300, 0, 0, 0)
 
 
-@pytest.mark.parametrize("value", [0, -1.5])
-def test_time_must_be_positive_minutes(value):
-    with pytest.raises(ConfigError, match=rf"time={value} is invalid: must be a number of minutes > 0 \(--time\)"):
+@pytest.mark.parametrize("value", [0, -1.5, 1e308, 527041])
+def test_time_must_be_positive_minutes_within_a_year(value):
+    rule = "must be a number of minutes in (0, 527040] (a year; ssd.limits.MAX_TRAIN_MINUTES) (--time)"
+    with pytest.raises(ConfigError, match=re.escape(f"time={value!r} is invalid: {rule}")):
         TrainConfig(time=value)
+    assert TrainConfig(time=527040).time == 527040
+
+
+def test_time_1e308_on_the_command_line_exits_2_before_a_run_directory(tmp_path, capsys):
+    from ssd.cli import main
+
+    project = tmp_path / "runs"
+    assert main(["train", "--data", "d.yaml", "--project", str(project), "--time", "1e308"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: ssd train: time=1e+308 is invalid: must be a number of minutes in (0, 527040] (a year; "
+                   "ssd.limits.MAX_TRAIN_MINUTES) (--time)"]
+    assert not project.exists()
+
+
+def test_a_year_of_budget_for_microsecond_epochs_is_at_most_max_epochs():
+    assert epochs_that_fit(527040 * 60.0, 0, 1e-6, 0) == 100_000
 
 
 def test_time_from_the_command_line_is_a_train_config_field():

@@ -10,8 +10,10 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-__all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_BOXES_PER_IMAGE", "MAX_CROP_CACHE_BYTES",
-           "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "value_text"]
+__all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_STREAMS", "MAX_BOXES_PER_IMAGE",
+           "MAX_CROP_CACHE_BYTES",
+           "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
+           "MAX_UPLOAD_BYTES", "value_text"]
 
 MAX_INPUT_SIDE = 4096
 """Largest side of the network input in pixels (``--image-size``, a checkpoint's ``image_size``)."""
@@ -22,12 +24,19 @@ MAX_PRIORS = 1_000_000
 MAX_TILES_PER_IMAGE = 1024
 """Most tiles one image may be cut into by ``--tile`` / ``--tile-overlap``."""
 
+MAX_STREAMS = 64
+"""Most live sources one ``ssd predict`` reads at once (the lines of a ``.streams`` file), each with its thread."""
+
 MAX_BOXES_PER_IMAGE = 10_000
 """Most annotated objects in one image."""
 
 MAX_CROP_CACHE_BYTES = 4 * 2**30
 """Most RAM the training image cache may take with ``--crop-scale`` (images kept near native resolution): larger
 caches are downscaled by one common factor, reported (:func:`ssd.data.crops.decode_sizes`)."""
+
+MAX_UPLOAD_BYTES = 16 * 2**20
+"""Largest request body ``ssd serve`` accepts (an image upload): refused with 413 from its ``Content-Length``, or once
+that many bytes have arrived, before the body is read whole."""
 
 MAX_YAML_ALIASES = 100
 """Most alias references a YAML file may use (an alias bomb expands a dozen lines to billions of items)."""
@@ -37,6 +46,12 @@ MAX_YAML_NODES = 100_000
 
 MAX_VALUE_CHARS = 80
 """Longest rendering of a user value inside an error message (longer values are cut before formatting)."""
+
+MAX_EPOCHS = 100_000
+"""Most epochs a training option may count (``--epochs``, ``--warmup-epochs``, ``--schedule-epochs``, ...)."""
+
+MAX_TRAIN_MINUTES = 366 * 24 * 60
+"""Longest training budget ``--time`` may give, in minutes (a year; ``1e308`` would overflow the clock's sums)."""
 
 
 _SHORT = reprlib.Repr()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import types
 import typing
 
@@ -98,6 +99,17 @@ def crop_scale_option(text: str):
         return parse_crop_scale(text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def points_option(text: str) -> float:
+    """``ssd benchmark --floor``: mAP50 points, a finite number in [0, 100] (``nan`` would never be missed)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be mAP50 points in [0, 100], got {text!r}")
+    return value
 
 
 def tile_option(text: str) -> str | tuple[int, int]:

@@ -16,6 +16,7 @@ from ssd.cli.options import (
     crop_scale_option,
     image_size_option,
     int_list,
+    points_option,
     suggest,
 )
 from ssd.settings import EVALUATE, PREDICT
@@ -47,7 +48,7 @@ def _add_val_parser(sub) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--weights", type=Path,
                         help="what to evaluate: checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml "
-                             "or its folder, .torchscript, .pt2 (torch.export)")
+                             "or its folder, .pt2 (torch.export)")
     source.add_argument("--detections", type=Path,
                         help="score this COCO results JSON (the dataset's image and category ids) instead of a model")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON")
@@ -71,7 +72,7 @@ def _add_predict_parser(sub) -> None:
     p = sub.add_parser("predict", help="detect objects in images, folders, globs or videos", epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path,
                    help="checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml or its folder, "
-                        ".torchscript, .pt2")
+                        ".pt2")
     p.add_argument("--source", required=True, help="image, folder (subfolders included), glob or video file")
     add_threshold_options(p, PREDICT, "", model_conf=True)
     p.add_argument("--batch-size", type=int, default=8)
@@ -85,12 +86,11 @@ def _add_predict_parser(sub) -> None:
 
 
 def _add_export_parser(sub) -> None:
-    p = sub.add_parser("export", help="export a checkpoint to ONNX (FP32/INT8), OpenVINO, TorchScript or torch.export",
+    p = sub.add_parser("export", help="export a checkpoint to ONNX (FP32/INT8), OpenVINO or torch.export",
                        epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
-    p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "openvino", "torchscript", "pt2"],
-                   help="onnx (ONNX Runtime, OpenCV DNN), openvino, torchscript (deprecated by PyTorch) or pt2 "
-                        "(torch.export, its successor)")
+    p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "openvino", "pt2"],
+                   help="onnx (ONNX Runtime, OpenCV DNN), openvino or pt2 (torch.export, TorchScript's successor)")
     p.add_argument("--output", type=Path, help="output file (OpenVINO: folder), not the weights file "
                                                "(default: next to the weights)")
     p.add_argument("--opset", type=int, default=18,
@@ -112,15 +112,16 @@ def _add_benchmark_parser(sub) -> None:
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON (val split scored, train "
                                                  "split calibrates INT8)")
-    p.add_argument("--formats", help="comma-separated: pytorch, pytorch-bf16, torchscript, pt2, onnx, onnx-int8, "
+    p.add_argument("--formats", help="comma-separated: pytorch, pytorch-bf16, pt2, onnx, onnx-int8, "
                                      "openvino, openvino-bf16, openvino-int8, opencv (default: all; with --artifacts: "
                                      "pytorch)")
     p.add_argument("--artifacts", nargs="+", type=Path, default=[], metavar="PATH",
                    help="also benchmark these exported models as they are (.onnx, OpenVINO .xml or folder, "
-                        ".torchscript, .pt2): a row each, named kind:file")
+                        ".pt2): a row each, named kind:file")
     p.add_argument("--batch-sizes", type=int_list, default=[1, 8],
                    help="latency at batch 1, images/s at the largest (default: 1,8)")
-    p.add_argument("--floor", type=float, help="exit 1 when a format scores mAP50 (points) below this, or fails")
+    p.add_argument("--floor", type=points_option,
+                   help="exit 1 when a format scores mAP50 (points) below this, or fails")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
     p.add_argument("--calib-images", type=int, help="calibration images of the INT8 rows (default: 300 or all)")
     p.add_argument("--runs", type=int, default=30, help="timed images at batch 1 (default: 30)")

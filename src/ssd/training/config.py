@@ -23,7 +23,7 @@ import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
 from ssd.files import write_text
-from ssd.limits import MAX_INPUT_SIDE, value_text
+from ssd.limits import MAX_EPOCHS, MAX_INPUT_SIDE, MAX_TRAIN_MINUTES, value_text
 from ssd.settings import EVALUATE, THRESHOLD_OPTIONS, ConfigError
 from ssd.yamlfile import safe_load
 
@@ -35,6 +35,10 @@ OPTIMIZER_DEFAULTS: dict[str, dict[str, float]] = {
     "sgd": {"lr": 1e-3, "weight_decay": 5e-4},
     "adamw": {"lr": 1e-3, "weight_decay": 0.01},
 }
+
+
+MAX_LR = 10.0
+"""Largest peak learning rate accepted (SGD's usual ones are 1e-3 to 1e-1; beyond this every step diverges)."""
 
 
 def _help(text: str, **kwargs) -> typing.Any:
@@ -199,15 +203,21 @@ class TrainConfig:
             _require(self, "schedule_epochs", self.schedule_epochs >= 1, "must be at least 1")
         for name in ("warmup_epochs", "grad_clip", "gamma", "workers", "num_plot_images", "patience"):
             _require(self, name, getattr(self, name) >= 0, "must be >= 0")
+        for name in ("epochs", "schedule_epochs", "warmup_epochs", "freeze_epochs", "close_mosaic", "patience",
+                     "val_interval"):  # counted in epochs: bounded so that schedules and clocks stay finite sums
+            value = getattr(self, name)
+            _require(self, name, value is None or value <= MAX_EPOCHS,
+                     f"must be at most {MAX_EPOCHS} epochs (ssd.limits.MAX_EPOCHS)")
+        _require(self, "gamma", self.gamma <= 1, "must be in [0, 1] (the lr is multiplied by it at each milestone)")
         _require(self, "momentum", 0 <= self.momentum < 1, "must be in [0, 1) (SGD momentum / AdamW beta1)")
         _require(self, "ema_decay", 0 < self.ema_decay < 1, "must be in (0, 1), e.g. 0.9999")
         _require(self, "final_lr_ratio", 0 <= self.final_lr_ratio <= 1, "must be in [0, 1] (a fraction of the peak lr)")
         for name in ("score_threshold", "iou_threshold"):
             _require(self, name, 0 <= getattr(self, name) <= 1, "must be a number in [0, 1]")
         if self.lr is not None:
-            _require(self, "lr", 0 < self.lr < math.inf, "must be a finite number > 0")
+            _require(self, "lr", 0 < self.lr <= MAX_LR, f"must be in (0, {MAX_LR:g}]")
         if self.weight_decay is not None:
-            _require(self, "weight_decay", 0 <= self.weight_decay < math.inf, "must be a finite number >= 0")
+            _require(self, "weight_decay", 0 <= self.weight_decay <= 1, "must be in [0, 1]")
         _require(self, "mosaic", 0 <= self.mosaic <= 1, "must be a probability in [0, 1]")
         # a mosaic canvas has no original resolution for a native-resolution crop to be drawn at
         _require(self, "mosaic", not (self.mosaic and self.crop_scale), "is a different recipe from --crop-scale "
@@ -217,7 +227,8 @@ class TrainConfig:
                 _require(self, name, getattr(self, name) >= 0, "must be >= 0")
         _require(self, "seed", 0 <= self.seed < 2**63, "must be in [0, 2**63)")
         if self.time is not None:
-            _require(self, "time", self.time > 0, "must be a number of minutes > 0")
+            _require(self, "time", 0 < self.time <= MAX_TRAIN_MINUTES, "must be a number of minutes in (0, "
+                     f"{MAX_TRAIN_MINUTES}] (a year; ssd.limits.MAX_TRAIN_MINUTES)")
         if self.val_fraction is not None:
             _require(self, "val_fraction", 0 < self.val_fraction < 1, "must be in (0, 1), e.g. 0.1")
         _require(self, "name", self.name not in ("", ".", "..") and Path(self.name).name == self.name,
