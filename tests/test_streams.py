@@ -1,0 +1,170 @@
+"""Live sources (ssd.inference.streams): real local streams made by the tests, an MJPEG feed over HTTP from a
+server on 127.0.0.1 (bounded in requests and time) and video files read as streams; frame counts are exact, since
+every frame read is either taken or counted as dropped."""
+
+import http.server
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from ssd.inference.streams import (
+    StreamError,
+    StreamGroup,
+    is_live,
+    live_sources,
+    source_frames,
+    stream_name,
+    video_frames,
+)
+
+cv2 = pytest.importorskip("cv2")
+
+GREYS = 20  # frame i of a test stream is uniform grey 10 * i: a frame's content tells its number
+
+
+def grey(index: int, size=(48, 64)) -> np.ndarray:
+    return np.full((*size, 3), 10 * index, np.uint8)
+
+
+def frame_number(image) -> int:
+    """The number of a frame of :func:`grey` (JPEG and MJPG keep a uniform grey within a few levels)."""
+    return round(float(image.float().mean()) / 10)
+
+
+class MjpegServer:
+    """Serves ``count`` JPEG frames as one multipart/x-mixed-replace response to each of ``requests`` requests on
+    127.0.0.1, then stops listening; each wait for a request gives up after 10 s."""
+
+    def __init__(self, count: int, requests: int = 1):
+        frames = [cv2.imencode(".jpg", grey(i))[1].tobytes() for i in range(count)]
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
+                self.end_headers()
+                for jpeg in frames:
+                    self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n"
+                                     % (len(jpeg), jpeg))
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.server.timeout = 10
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/feed"
+        self.thread = threading.Thread(target=self._serve, args=(requests,), daemon=True)
+
+    def _serve(self, requests: int) -> None:
+        for _ in range(requests):
+            self.server.handle_request()
+        self.server.server_close()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.thread.join(timeout=30)
+
+
+def write_video(path, count: int, size=(48, 64)):
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 30, size[::-1])
+    for i in range(count):
+        writer.write(grey(i, size))
+    writer.release()
+    return path
+
+
+def read_all(group: StreamGroup) -> list:
+    return [frame for batch in group for frame in batch]
+
+
+def test_is_live_and_names():
+    assert [is_live(s) for s in ("0", "12", "rtsp://cam/live", "HTTP://x/y.mjpg", "a.streams", "clip.mp4", "d")] \
+        == [True, True, True, True, True, False, False]
+    assert [stream_name(s) for s in ("0", "rtsp://user:pw@10.0.0.2:8554/live/cam?x=1", "clips/a.mp4")] \
+        == ["camera0", "10.0.0.2_8554_live_cam", "a"]
+
+
+def test_mjpeg_stream_over_http_ends_with_a_clear_error():
+    with MjpegServer(12) as server, StreamGroup([server.url], reconnect_attempts=1, reconnect_delay=0) as group:
+        frames = []
+        with pytest.raises(StreamError, match=r"/feed' stopped after 12 frames and did not come back "
+                                              r"\(1 reconnection attempt over 0 s\)"):
+            for batch in group:
+                frames += batch
+        stream = group.streams[0]
+        # each frame read is taken or counted dropped; each taken one is the frame its index says
+        assert len(frames) + stream.dropped == stream.frames == 12
+        assert [frame_number(f.image) for f in frames] == [f.index for f in frames]
+        assert [f.index for f in frames] == sorted({f.index for f in frames})
+        assert {(f.source, f.stream, tuple(f.image.shape)) for f in frames} == {(server.url, 0, (3, 48, 64))}
+
+
+def test_stream_reconnects_after_a_drop():
+    with MjpegServer(5, requests=2) as server, StreamGroup([server.url], reconnect_attempts=2,
+                                                          reconnect_delay=0) as group:
+        with pytest.raises(StreamError, match="stopped after 10 frames"):
+            read_all(group)
+        assert group.frames == 10
+
+
+def test_streams_file_reads_sources_concurrently(tmp_path):
+    write_video(tmp_path / "a.avi", 8)
+    write_video(tmp_path / "b.avi", 6, size=(32, 40))
+    listing = tmp_path / "cams.streams"
+    listing.write_text(f"# two cameras\n{tmp_path / 'a.avi'}\n\n  {tmp_path / 'b.avi'}  \n")
+    assert live_sources(listing) == [str(tmp_path / "a.avi"), str(tmp_path / "b.avi")]
+    with StreamGroup(live_sources(listing)) as group:
+        batches = list(group)  # files end after their frame count: no error
+        # a batch holds the newest frame of each stream that has one, in stream order
+        assert all([f.stream for f in batch] in ([0], [1], [0, 1]) for batch in batches)
+        frames = [f for batch in batches for f in batch]
+        for stream, count in ((0, 8), (1, 6)):
+            mine = [f for f in frames if f.stream == stream]
+            assert len(mine) + group.streams[stream].dropped == count
+            assert [frame_number(f.image) for f in mine] == [f.index for f in mine]
+        assert {tuple(f.image.shape) for f in frames if f.stream == 1} == {(3, 32, 40)}
+
+
+def test_video_frames_keep_every_frame_in_order(tmp_path):
+    path = write_video(tmp_path / "clip.avi", 7)
+    batches = list(video_frames(path, 3))
+    assert [len(b) for b in batches] == [3, 3, 1]
+    assert [frame_number(f.image) for b in batches for f in b] == list(range(7))
+    assert [f.index for b in batches for f in b] == list(range(7))
+    (tmp_path / "broken.avi").write_bytes(b"not a video")
+    with pytest.raises(StreamError, match="broken.avi: cannot read any frame"):
+        list(video_frames(tmp_path / "broken.avi", 3))
+
+
+def test_closing_stops_every_reader():
+    with MjpegServer(GREYS) as server:
+        batches = source_frames(server.url, 1)
+        first = next(batches)
+        batches.close()  # what an interrupted run does: the group's readers stop and release their captures
+        assert first[0].index >= 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("ssd-stream-")]
+
+
+def test_bad_sources_say_what_is_wrong(tmp_path):
+    empty = tmp_path / "none.streams"
+    empty.write_text("# nothing yet\n\n")
+    with pytest.raises(StreamError, match=r"none.streams: no sources in the streams file"):
+        live_sources(empty)
+    bad = tmp_path / "bad.streams"
+    bad.write_text("0\nnot-here.mp4\n")
+    with pytest.raises(StreamError, match=r"bad.streams, line 2: 'not-here.mp4' is not a camera index, a URL"):
+        live_sources(bad)
+    with pytest.raises(StreamError, match=r"missing.streams: cannot read the streams file"):
+        live_sources(tmp_path / "missing.streams")
+    with pytest.raises(StreamError, match=r"camera 7 cannot be opened: no such camera"):
+        StreamGroup(["7"])
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(StreamError, match=rf"cannot open 'http://127.0.0.1:{port}/x': unreachable"):
+        StreamGroup([f"http://127.0.0.1:{port}/x"])
