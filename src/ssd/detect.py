@@ -36,7 +36,9 @@ def detect_batch(network: Any, batch: Tensor, sizes: Tensor, *, score_threshold:
         batch: ``[B, 3, S, S]`` from :func:`ssd.preprocess.preprocess` (or the evaluation transform: plain resize,
             normalized).
         sizes: ``[B, 2]`` int ``(h, w)`` of the original images.
-        score_threshold, iou_threshold, max_detections: see :mod:`ssd.settings` (checked here).
+        score_threshold: keep scores strictly above it (see :mod:`ssd.settings`; checked here).
+        iou_threshold: per-class NMS overlap (checked here).
+        max_detections: detections kept per image (checked here).
 
     Returns:
         One dict per image: ``boxes [N, 4]`` float32 pixel xyxy, ``scores [N]``, ``labels [N]`` int64 ``0..K-1``,

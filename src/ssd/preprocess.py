@@ -30,7 +30,8 @@ def preprocess(images: Sequence[Tensor] | Tensor, image_size: int | tuple[int, i
         images: a list of ``[3, H, W]`` tensors (sizes may differ), uint8 ``0..255`` or floating point in
             ``[0, 1]``, or one ``[B, 3, H, W]`` tensor.
         image_size: the network input, ``S`` (square) or ``(H, W)``.
-        mean, std: per-channel normalization of images scaled to ``[0, 1]``.
+        mean: per-channel mean of images scaled to ``[0, 1]``.
+        std: per-channel standard deviation of images scaled to ``[0, 1]``.
         device: where the batch is made (default: where the images are).
 
     Returns:

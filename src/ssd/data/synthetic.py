@@ -133,7 +133,8 @@ def generate_synthetic(root: str | Path, *, num_train: int = 400, num_val: int =
 
     Args:
         root: output folder (created); existing files with the same names are overwritten.
-        num_train / num_val: images in the ``train`` / ``val`` splits (ids ``synth_000000``... in that order).
+        num_train: images in the ``train`` split (ids ``synth_000000``... first).
+        num_val: images in the ``val`` split (ids following those of ``train``).
         image_size: square image side in pixels.
         num_classes: K, using the first K of :data:`SHAPE_NAMES` (at most ``len(SHAPE_NAMES)``).
         seed: the same seed (and arguments) gives identical files.

@@ -68,7 +68,8 @@ def error_sources(ground_truths: Sequence[Mapping[str, Any]], breakdown: Mapping
         ground_truths: the per-image dicts given to ``error_breakdown``, each with ``image_size`` ``(h, w)``.
         breakdown: its result (``object_state``, ``localization_targets``).
         priors: the model's default boxes ``[P, 4]`` cxcywh normalized; without them coverage is not reported.
-        data, model: the dataset and model name the advice's ``ssd check`` command names (see :func:`next_step`).
+        data: the dataset the advice's ``ssd check`` command names (see :func:`next_step`).
+        model: the model name that command names.
 
     Returns:
         ``dict(missed, localization)``, each ``dict(count, by_size, uncovered, advice)``: ``by_size`` one

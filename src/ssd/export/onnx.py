@@ -174,7 +174,9 @@ def export_onnx(
         nms: put softmax, decoding, score filtering and NMS in the graph (see the module docstring for outputs).
         check: run ONNX Runtime on ``sample_images`` and compare with PyTorch (:func:`check_onnx`).
         sample_images: images for the check (paths or ``[3, H, W]`` tensors); default: two seeded random images.
-        score_threshold, iou_threshold, max_detections: baked into the graph with ``nms=True``, used by the check.
+        score_threshold: baked into the graph with ``nms=True``, used by the check.
+        iou_threshold: the same.
+        max_detections: the same.
 
     Raises:
         ExportCheckError: ONNX Runtime and PyTorch disagree beyond the tolerances.

@@ -148,7 +148,9 @@ def detect_tiled(detect: DetectFn, images: Sequence[Tensor], *, tile: int | str 
     Args:
         detect: crops -> detections in pixels of each crop (see :data:`DetectFn`).
         images: ``[3, H, W]`` images in their original pixels (uint8, or float in ``[0, 1]``).
-        tile, overlap: see :func:`check_tile`; input_size: the network input, ``S`` or ``(h, w)``.
+        tile: see :func:`check_tile`.
+        input_size: the network input, ``S`` or ``(h, w)``.
+        overlap: see :func:`check_tile`.
         batch_size: crops per ``detect`` call.
         whole: the whole-image detections when the caller has them already (``ssd val``: the plain pass of its
             loader), one per image; else the whole images are crops like the tiles.
