@@ -18,10 +18,10 @@ from ssd.evaluation.evaluator import evaluate
 from ssd.export.formats import export
 from ssd.inference.backends import OnnxBackend, OnnxModelError, open_torch
 from ssd.inference.backends_opencv import OpenCvBackend
-from ssd.inference.backends_pt2 import ExportedProgramBackend
-from ssd.inference.backends_torchscript import METADATA_FILE, TorchScriptBackend
+from ssd.inference.backends_pt2 import METADATA_FILE, ExportedProgramBackend
 from ssd.inference.registry import open_backend
 from ssd.preprocess import preprocess
+from ssd.weights.checkpoint import CheckpointError
 
 openvino = pytest.importorskip("openvino")
 
@@ -35,7 +35,7 @@ def artifacts(tiny_checkpoint, tmp_path_factory):
     return {"pt": weights, "onnx": export(weights, "onnx"), "openvino": export(weights, "openvino"),
             "nms": export(weights, "onnx", nms=True, out_path=weights.with_name("nms.onnx")),
             "openvino-nms": export(weights, "openvino", nms=True, out_path=weights.with_name("nms_openvino")),
-            "torchscript": export(weights, "torchscript"), "pt2": export(weights, "pt2")}
+            "pt2": export(weights, "pt2")}
 
 
 def batch_of(data, backend, count: int = 6) -> torch.Tensor:
@@ -49,7 +49,6 @@ RUNTIMES = {
     "opencv": (lambda a: OpenCvBackend(a["onnx"]), 1e-4, 1e-3),
     "openvino f32": (lambda a: OpenVinoBackend(a["openvino"]), 1e-4, 1e-3),
     "openvino bf16": (lambda a: OpenVinoBackend(a["openvino"], precision="bf16"), 5e-2, 2e-2),
-    "torchscript": (lambda a: TorchScriptBackend(a["torchscript"]), 1e-5, 1e-5),
     "torch.export": (lambda a: ExportedProgramBackend(a["pt2"]), 1e-5, 1e-5),
 }
 
@@ -76,14 +75,14 @@ def test_onnx_runtime_threads_do_not_spin_between_runs(artifacts):
 
 
 def test_open_backend_picks_the_runtime_from_what_the_user_names(artifacts):
-    kinds = {"pt": "torch", "onnx": "onnx", "openvino": "openvino", "torchscript": "torchscript", "pt2": "pt2"}
+    kinds = {"pt": "torch", "onnx": "onnx", "openvino": "openvino", "pt2": "pt2"}
     for kind, name in kinds.items():
         assert open_backend(artifacts[kind]).name == name
     assert open_backend(artifacts["openvino"] / "model.xml").name == "openvino"
     assert open_backend(artifacts["nms"]).nms and open_backend(artifacts["openvino-nms"]).nms
 
 
-@pytest.mark.parametrize("kind", ["onnx", "nms", "openvino", "openvino-nms", "torchscript", "pt2"])
+@pytest.mark.parametrize("kind", ["onnx", "nms", "openvino", "openvino-nms", "pt2"])
 def test_val_on_each_artifact_gives_the_checkpoints_metrics(artifacts, synthetic_voc, kind):
     options = dict(metric="voc", batch_size=4, device="cpu", score_threshold=0.25, iou_threshold=0.45,
                    max_detections=100)  # the NMS export's thresholds, so every artifact can use them
@@ -147,16 +146,16 @@ def test_openvino_files_changed_after_export_are_refused(artifacts, tmp_path):
         open_backend(edited / "model.xml")
 
 
-def test_torchscript_weights_changed_after_export_are_refused(artifacts, tmp_path):
-    extra = {METADATA_FILE: ""}
-    module = torch.jit.load(str(artifacts["torchscript"]), _extra_files=extra)
-    with torch.no_grad():
-        next(module.parameters()).add_(0.01)
-    edited = tmp_path / "edited.torchscript"
-    torch.jit.save(module, str(edited), _extra_files=extra)
-    with pytest.raises(OnnxModelError, match=r"edited\.torchscript: the code or weights do not match the checksum "
-                                             r"stored at export \(module_sha256"):
-        TorchScriptBackend(edited)
+def test_a_torchscript_file_is_refused_naming_the_format_to_export_instead(tmp_path, capsys):
+    # the file is never read: loading TorchScript runs code from it
+    script = tmp_path / "best.torchscript"
+    script.write_bytes(b"PK\x03\x04 not read")
+    with pytest.raises(CheckpointError, match=r"best\.torchscript is a TorchScript export, which this version of ssd "
+                                              r"no longer reads .* `ssd export --weights CKPT --format pt2`"):
+        open_backend(script)
+    assert main(["predict", "--weights", str(script), "--source", str(tmp_path), "--save-dir",
+                 str(tmp_path / "out")]) == 1
+    assert "--format pt2" in capsys.readouterr().err
 
 
 def test_torch_export_program_changed_after_export_is_refused(artifacts, tmp_path):

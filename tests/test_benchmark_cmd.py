@@ -60,9 +60,9 @@ def test_benchmark_writes_a_row_per_format_with_its_status(tiny_checkpoint, synt
 
 def test_benchmark_floor_passes_when_every_format_scores_above_it(tiny_checkpoint, synthetic_voc, tmp_path, capsys):
     assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--formats",
-                 "torchscript", "--runs", "2", "--batch-sizes", "1", "--project", str(tmp_path), "--floor",
+                 "pt2", "--runs", "2", "--batch-sizes", "1", "--project", str(tmp_path), "--floor",
                  "0"]) == 0
-    assert "torchscript" in capsys.readouterr().out
+    assert "pt2" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("floor", ["nan", "inf", "-1", "1e308"])
@@ -125,14 +125,14 @@ def test_benchmark_takes_ready_made_artifacts_as_they_are_without_exporting_agai
     from ssd.export.formats import export
 
     onnx_file = export(tiny_checkpoint, "onnx", tmp_path / "given" / "detector.onnx")
-    script = export(tiny_checkpoint, "torchscript", tmp_path / "given" / "detector.torchscript")
+    program = export(tiny_checkpoint, "pt2", tmp_path / "given" / "detector.pt2")
     assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--artifacts",
-                 str(onnx_file), str(script), "--runs", "2", "--batch-sizes", "1", "--project",
+                 str(onnx_file), str(program), "--runs", "2", "--batch-sizes", "1", "--project",
                  str(tmp_path / "runs")]) == 0
     rows = json.loads((tmp_path / "runs" / "exp" / "benchmark.json").read_text())
     assert [(r["format"], r["status"], r["artifact"]) for r in rows] == [
         ("pytorch", "ok", str(tiny_checkpoint)), ("onnx:detector.onnx", "ok", str(onnx_file)),
-        ("torchscript:detector.torchscript", "ok", str(script))]
+        ("pt2:detector.pt2", "ok", str(program))]
     assert all(r["change_vs_eager"] == pytest.approx(0.0, abs=0.01) and r["p50_ms"] > 0 for r in rows)
     assert sorted(p.name for p in (tmp_path / "runs" / "exp").iterdir()) == [
         "benchmark.csv", "benchmark.json", "benchmark.txt"]  # nothing exported again

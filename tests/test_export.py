@@ -1,5 +1,5 @@
 """ONNX export: parity with PyTorch (ssd_tiny and SSD300, batch 1 and dynamic batch), in-graph NMS against
-``postprocess_detections``, metadata, the parity check failing loudly, TorchScript."""
+``postprocess_detections``, metadata, the parity check failing loudly, torch.export."""
 
 import json
 
@@ -15,10 +15,8 @@ from ssd.export.formats import export
 from ssd.export.onnx import export_onnx
 from ssd.export.parity import ExportCheckError, check_onnx
 from ssd.export.pt2 import export_pt2
-from ssd.export.torchscript import export_torchscript
 from ssd.inference.backends import OnnxBackend, OnnxModelError
 from ssd.inference.backends_pt2 import ExportedProgramBackend
-from ssd.inference.backends_torchscript import TorchScriptBackend
 from ssd.inference.pipeline import Detector, load
 from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess_detections
 from ssd.weights.checkpoint import save_checkpoint
@@ -147,9 +145,9 @@ def test_pytorch_program_exports_refuse_graph_options(tiny, tmp_path):
     with pytest.raises(ValueError, match=r"^--nms and --int8 apply to ONNX and OpenVINO exports: a torch\.export "
                                          r"program is the network alone \(any batch size"):
         export(weights, fmt="pt2", nms=True, int8=True)
-    with pytest.raises(ValueError, match=r"^--dynamic-batch applies to ONNX and OpenVINO exports: a TorchScript "
-                                         r"export is the network alone"):
-        export(weights, fmt="torchscript", dynamic_batch=True)
+    with pytest.raises(ValueError, match=r"^TorchScript export is retired \(torch\.jit is deprecated by PyTorch\): "
+                                         r"use --format pt2"):
+        export(weights, fmt="torchscript")
     assert not list(tmp_path.glob("best.*[!t]"))
 
 
@@ -158,11 +156,8 @@ def test_export_rejects_unknown_format(tmp_path):
         export(tmp_path / "best.pt", fmt="tflite")
 
 
-@pytest.mark.parametrize("fmt", ["torchscript", "pt2"])
-def test_pytorch_program_exports_match_pytorch_at_any_batch_size(tiny, tmp_path, fmt):
-    exporter, backend_type = {"torchscript": (export_torchscript, TorchScriptBackend),
-                              "pt2": (export_pt2, ExportedProgramBackend)}[fmt]
-    backend = backend_type(exporter(tiny, tmp_path / f"tiny.{fmt}"))
+def test_pt2_export_matches_pytorch_at_any_batch_size(tiny, tmp_path):
+    backend = ExportedProgramBackend(export_pt2(tiny, tmp_path / "tiny.pt2"))
     for count in (1, 3):
         batch, _ = tiny.preprocess(random_images(count))
         with torch.no_grad():
@@ -233,9 +228,8 @@ def test_export_refuses_to_overwrite_the_weights(tiny, tmp_path, capsys):
         with pytest.raises(ValueError, match=r"--output .* is the input .*best\.pt \(the same file\); choose "
                                              r"another --output so the input is kept"):
             export(weights, out_path=out)
-    for fmt in ("torchscript", "pt2"):
-        with pytest.raises(ValueError, match=r"is the input .*best\.pt \(the same file\)"):
-            export(weights, fmt=fmt, out_path=weights)
+    with pytest.raises(ValueError, match=r"is the input .*best\.pt \(the same file\)"):
+        export(weights, fmt="pt2", out_path=weights)
     with pytest.raises(ValueError, match=r"--output .*best\.pt is the input .*best\.pt \(the same file\)"):
         export_onnx(weights, weights)
     assert main(["export", "--weights", str(weights), "--output", str(weights)]) == 1

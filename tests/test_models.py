@@ -269,17 +269,6 @@ def test_preprocess_rejects_bad_images():
     assert sizes.tolist() == [[10, 20], [30, 5]]
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")
-@pytest.mark.parametrize("name", ["ssd_tiny", "ssd_tiny_fpn"])
-def test_torchscript_gives_the_same_outputs(name):
-    model = build_model(name, 2).eval()
-    x = torch.randn(1, 3, 128, 128)
-    scripted = torch.jit.script(model)
-    with torch.no_grad():
-        for ours, theirs in zip(model(x), scripted(x)):
-            torch.testing.assert_close(ours, theirs)
-
-
 # ------------------------------------------------------------------------------------------- backbone weights
 @pytest.fixture(scope="module")
 def mobilenet_file(tmp_path_factory):

@@ -9,7 +9,7 @@ import torch
 from conftest import biased_model, random_images
 from ssd.cli import main
 from ssd.export.onnx import export_onnx
-from ssd.export.torchscript import export_torchscript
+from ssd.export.pt2 import export_pt2
 from ssd.inference.backends import OnnxBackend
 from ssd.inference.pipeline import Detector, load
 from ssd.settings import PREDICT
@@ -80,12 +80,12 @@ def test_checkpoint_operating_point_is_the_detector_default(tiny, weights):
     assert plain.confidence() == (PREDICT.score_threshold, "default")
 
 
-def test_onnx_and_torchscript_exports_carry_the_operating_point(weights, tmp_path):
+def test_onnx_and_pt2_exports_carry_the_operating_point(weights, tmp_path):
     onnx_path = export_onnx(weights, tmp_path / "best.onnx", check=False)
     backend = OnnxBackend(onnx_path)
     assert backend.operating_point == POINT
     assert load(onnx_path).confidence() == (0.31, FROM_MODEL)
-    assert load(export_torchscript(weights, tmp_path / "best.torchscript")).backend.operating_point == POINT
+    assert load(export_pt2(weights, tmp_path / "best.pt2")).backend.operating_point == POINT
 
     unpointed = export_onnx(biased_model("ssd_tiny"), tmp_path / "plain.onnx", check=False)
     assert OnnxBackend(unpointed).operating_point is None

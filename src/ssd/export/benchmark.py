@@ -43,7 +43,6 @@ OK, VALIDATION_FAILED, EXPORT_FAILED, SKIPPED = "ok", "exported but validation f
 # artifact -> how to write it into the benchmark folder: (weights, folder, data, calibration images) -> path
 _ARTIFACTS: dict[str, Callable[[Path, Path, str, int], Path]] = {
     "pt": lambda weights, folder, data, calib: weights,
-    "torchscript": lambda weights, folder, data, calib: export(weights, "torchscript", folder / "model.torchscript"),
     "pt2": lambda weights, folder, data, calib: export(weights, "pt2", folder / "model.pt2"),
     "onnx": lambda weights, folder, data, calib: export(weights, "onnx", folder / "model.onnx"),
     "onnx-int8": lambda weights, folder, data, calib: export(weights, "onnx", folder / "model.int8.onnx", int8=True,
@@ -100,7 +99,6 @@ def _open_opencv(path: Path, device: str) -> Backend:
 RUNTIMES: dict[str, tuple[str, Callable[[Path, str], Backend]]] = {
     "pytorch": ("pt", open_backend),
     "pytorch-bf16": ("pt", _open_bfloat16),
-    "torchscript": ("torchscript", open_backend),
     "pt2": ("pt2", open_backend),
     "onnx": ("onnx", open_backend),
     "onnx-int8": ("onnx-int8", open_backend),
@@ -225,14 +223,14 @@ def _scored_row(name: str, artifact: Path | Exception, opener: Callable[[Path, s
 
 
 def artifact_rows(paths: Sequence[str | Path]) -> dict[str, Path]:
-    """Row name -> path of each exported model in ``paths`` (an .onnx, OpenVINO .xml or its folder, .torchscript, .pt2,
-    ...): ``"kind:file name"``, the kind being the :data:`ssd.inference.registry.BACKENDS` runtime that opens it
+    """Row name -> path of each exported model in ``paths`` (an .onnx, OpenVINO .xml or its folder, .pt2, ...):
+    ``"kind:file name"``, the kind being the :data:`ssd.inference.registry.BACKENDS` runtime that opens it
     (``"kind:path"`` when two file names are alike). A missing path raises ``ValueError``."""
     kinds = {}
     for path in map(Path, paths):
         if not path.exists():
             raise ValueError(f"artifact {path} does not exist (--artifacts: exported models: .onnx, OpenVINO .xml or "
-                             "its folder, .torchscript, .pt2)")
+                             "its folder, .pt2)")
         kinds[path] = folder_kind(path) or backend_kind(path)
     short = {f"{kind}:{path.name}" for path, kind in kinds.items()}
     return {f"{kind}:{path.name}" if len(short) == len(kinds) else f"{kind}:{path}": path

@@ -5,7 +5,6 @@ format                    artifact                                        loaded
 ========================  ==============================================  ===========================
 ``onnx``                  ``.onnx`` (FP32, or INT8 with ``int8=True``)    ONNX Runtime, OpenCV DNN
 ``openvino``              a folder: ``model.xml`` + ``.bin`` + metadata   OpenVINO
-``torchscript``           ``.torchscript`` (traced network + metadata)    PyTorch (TorchScript, deprecated by PyTorch)
 ``pt2``                   ``.pt2`` (``torch.export`` program + metadata)  PyTorch
 ========================  ==============================================  ===========================
 """
@@ -23,11 +22,7 @@ from ssd.weights.resolve import resolve_weights
 __all__ = ["FORMATS", "default_output", "export"]
 
 # format -> (the artifact's suffix, whether it is a folder)
-FORMATS = {"onnx": (".onnx", False), "openvino": ("_openvino", True), "torchscript": (".torchscript", False),
-           "pt2": (".pt2", False)}
-
-
-_TITLES = {"torchscript": "TorchScript export", "pt2": "torch.export program"}
+FORMATS = {"onnx": (".onnx", False), "openvino": ("_openvino", True), "pt2": (".pt2", False)}
 
 
 def default_output(weights: Path, fmt: str, int8: bool = False) -> Path:
@@ -39,10 +34,10 @@ def default_output(weights: Path, fmt: str, int8: bool = False) -> Path:
 
 
 def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_batch: bool) -> None:
-    if fmt in ("torchscript", "pt2") and (nms or dynamic_batch or int8):
+    if fmt == "pt2" and (nms or dynamic_batch or int8):
         given = [name for name, on in (("--nms", nms), ("--dynamic-batch", dynamic_batch), ("--int8", int8)) if on]
         verb = "applies" if len(given) == 1 else "apply"
-        raise ValueError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a {_TITLES[fmt]} is the "
+        raise ValueError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a torch.export program is the "
                          "network alone (any batch size, post-processing in the library); drop them or use --format "
                          "onnx")
     if fmt == "openvino":
@@ -69,6 +64,9 @@ def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None =
     """
     from ssd.export.quantize import CALIBRATION_IMAGES, calibration_paths
 
+    if fmt == "torchscript":
+        raise ValueError("TorchScript export is retired (torch.jit is deprecated by PyTorch): use --format pt2 "
+                         "(torch.export), the same network any batch size, loaded by PyTorch")
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(FORMATS)})")
     weights = resolve_weights(weights)
@@ -81,10 +79,6 @@ def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None =
     if calib_images is not None and not int8:
         raise ValueError("--calib-images applies to INT8 exports: add --int8 --data DATA")
     calibration = calibration_paths(data, calib_images or CALIBRATION_IMAGES) if int8 else None
-    if fmt == "torchscript":
-        from ssd.export.torchscript import export_torchscript
-
-        return export_torchscript(weights, out_path)
     if fmt == "pt2":
         from ssd.export.pt2 import export_pt2
 

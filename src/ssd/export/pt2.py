@@ -1,5 +1,6 @@
-"""Export an SSD's network with ``torch.export``: ``images [B, 3, S, S]`` -> ``(loc, logits, priors)`` as the
-TorchScript export (see :mod:`ssd.export.torchscript`), any batch size, post-processing in the library.
+"""Export an SSD's network with ``torch.export``: ``images [B, 3, S, S]`` -> ``(loc [B, P, 4], logits [B, P, K+1],
+priors [P, 4])`` as the ONNX graph without NMS (see :mod:`ssd.export.onnx`), any batch size, post-processing in the
+library.
 
 The metadata is the ONNX export's (``precision`` ``fp32``), stored as the archive's extra file ``ssd.json`` with
 ``program_sha256`` (:func:`ssd.inference.backends_pt2.program_digest`), verified by
@@ -9,18 +10,30 @@ The metadata is the ONNX export's (``precision`` ``fp32``), stored as the archiv
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import torch
+from torch import Tensor, nn
 
 from ssd._utils import as_hw
-from ssd.export.onnx import as_model
-from ssd.export.torchscript import RawOutputs, network_metadata
+from ssd.export.onnx import as_model, onnx_metadata
 from ssd.files import write_bytes
-from ssd.inference.backends_pt2 import program_digest
-from ssd.inference.backends_torchscript import METADATA_FILE
+from ssd.inference.backends_pt2 import METADATA_FILE, program_digest
 
-__all__ = ["export_pt2"]
+__all__ = ["export_pt2", "RawOutputs"]
+
+
+class RawOutputs(nn.Module):
+    """``images [B, 3, S, S]`` -> ``(loc [B, P, 4], logits [B, P, K+1], priors [P, 4])``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: Tensor):
+        loc, logits = self.model(images)
+        return loc, logits, self.model.priors.clone()
 
 
 def export_pt2(weights_or_model, out_path: str | Path) -> Path:
@@ -31,7 +44,9 @@ def export_pt2(weights_or_model, out_path: str | Path) -> Path:
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
         program = torch.export.export(RawOutputs(model), (example,), dynamic_shapes={"images": {0: batch}})
+    metadata = onnx_metadata(model, category_ids, digest="", thresholds=None, operating_point=point)
+    del metadata["graph_sha256"]
+    metadata["program_sha256"] = program_digest(program)
     buffer = io.BytesIO()
-    metadata = network_metadata(model, category_ids, point, "program_sha256", program_digest(program))
-    torch.export.save(program, buffer, extra_files={METADATA_FILE: metadata})
+    torch.export.save(program, buffer, extra_files={METADATA_FILE: json.dumps(metadata)})
     return write_bytes(out_path, buffer.getvalue())

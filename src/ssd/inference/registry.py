@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["Backend", "BackendKind", "BACKENDS", "DEFAULT_BACKEND", "register_backend", "backend_kind", "folder_kind",
-           "open_backend"]
+           "open_backend", "refuse_torchscript"]
 
 
 class Backend(Protocol):
@@ -89,7 +89,7 @@ BACKENDS: dict[str, BackendKind] = {
     "torch": BackendKind((".pt", ".pth"), "ssd.inference.backends:open_torch"),
     "onnx": BackendKind((".onnx",), "ssd.inference.backends:open_onnx"),
     "openvino": BackendKind((".xml",), "ssd.inference.backends_openvino:open_openvino", folder_file="model.xml"),
-    "torchscript": BackendKind((".torchscript",), "ssd.inference.backends_torchscript:open_torchscript"),
+    "torchscript": BackendKind((".torchscript",), "ssd.inference.registry:refuse_torchscript"),
     "pt2": BackendKind((".pt2",), "ssd.inference.backends_pt2:open_pt2"),
 }
 """Runtime name -> :class:`BackendKind`; a run directory opens its checkpoint (``ssd.weights.resolve``)."""
@@ -97,6 +97,16 @@ BACKENDS: dict[str, BackendKind] = {
 DEFAULT_BACKEND = "torch"
 """Opens a file whose suffix no runtime claims: checkpoints and foreign detectors come with many suffixes, and
 :func:`ssd.weights.load.read_weights` tells them apart by content."""
+
+
+def refuse_torchscript(path: Path, device: torch.device, half: bool) -> Backend:
+    """TorchScript is retired (``torch.jit`` is deprecated by PyTorch, and loading a TorchScript file runs its code):
+    a ``.torchscript`` file is refused with what to export instead."""
+    from ssd.weights.checkpoint import CheckpointError
+
+    raise CheckpointError(f"{path} is a TorchScript export, which this version of ssd no longer reads (torch.jit is "
+                          "deprecated by PyTorch, and loading TorchScript runs code from the file): export the "
+                          "checkpoint again with `ssd export --weights CKPT --format pt2` (torch.export)")
 
 
 def register_backend(name: str, suffixes: Sequence[str], opener: Opener | str, folder_file: str | None = None

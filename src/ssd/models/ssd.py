@@ -49,8 +49,6 @@ class SSD(nn.Module):
         class_names: the K object class names; label ``k`` of every output is ``class_names[k]``.
     """
 
-    __jit_unused_properties__ = ["num_classes", "image_size"]  # noqa: RUF012 - TorchScript reads this list
-
     def __init__(self, backbone: nn.Module, heads: nn.ModuleList, priors: Tensor, config: ModelConfig,
                  class_names: Sequence[str]):
         super().__init__()

@@ -56,8 +56,6 @@ class VGG16Backbone(nn.Module):
     At ``S = 300`` the maps are 38, 19, 10, 5, 3, 1; with the SSD512 extras at ``S = 512``: 64, 32, 16, 8, 4, 2, 1.
     """
 
-    __constants__ = ["conv4_3"]  # noqa: RUF012 - TorchScript reads this list
-
     def __init__(self, extras: list[tuple[int, int, int, int, int, int]]):
         super().__init__()
         self.conv4_3 = 22  # index in ``features`` of conv4_3's ReLU, the first source
