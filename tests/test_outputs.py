@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from ssd.cli import main
-from ssd.files import OutputError, atomic_write, check_output, check_outputs, write_text
+from ssd.files import NAME_MAX, OutputError, atomic_write, check_output, check_outputs, fitted_name, write_text
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +85,23 @@ def test_output_guard_refuses_the_wrong_kind(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ the atomic writer
+def test_names_derived_from_long_user_names_fit_name_max_and_stay_distinct(tmp_path):
+    assert fitted_name("img", ".jpg") == "img.jpg"  # a name that fits is kept as it is
+    stems = ["x" * 300 + "a", "x" * 300 + "b", "é" * 200, "\udcff" * 300]  # ASCII, 2-byte UTF-8, undecodable bytes
+    names = [fitted_name(f"001_{stem}", ".jpg") for stem in stems]
+    assert len(set(names)) == 4 and all(n.endswith(".jpg") and len(os.fsencode(n)) <= NAME_MAX for n in names)
+    assert len(names[0].encode()) == NAME_MAX and names[2][:-21].strip("é") == "001_"  # cut between characters
+    for name in names:
+        write_text(tmp_path / name, "ok")  # its temporary fits too
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names)
+
+
+def test_atomic_write_of_a_250_byte_name_fits_its_temporary(tmp_path):
+    name = "y" * 246 + ".txt"
+    write_text(tmp_path / name, "ok")
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+
+
 def test_atomic_write_replaces_whole_and_keeps_permissions(tmp_path):
     target = tmp_path / "deep" / "out.json"
     write_text(target, "first")

@@ -125,3 +125,21 @@ def test_ssd_val_scores_a_results_file_and_names_foreign_image_ids(synthetic_voc
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {path}: 1 image id(s) are not images of the split: not_an_image") and \
         "\n" not in err
+
+
+def test_ssd_val_on_an_image_with_a_249_character_name_writes_the_report(synthetic_voc, tmp_path, capsys):
+    data = tmp_path / "data"
+    shutil.copytree(synthetic_voc, data)
+    val = (data / "ImageSets" / "Main" / "val.txt").read_text().split()
+    for stem in val:  # 249-character stems: legal names, too long for "worst/NNN_<stem>.jpg" as they are
+        (data / "JPEGImages" / f"{stem}.jpg").rename(data / "JPEGImages" / f"{'x' * 237}{stem}.jpg")
+        (data / "Annotations" / f"{stem}.xml").rename(data / "Annotations" / f"{'x' * 237}{stem}.xml")
+    (data / "ImageSets" / "Main" / "val.txt").write_text("".join(f"{'x' * 237}{stem}\n" for stem in val))
+    names = load_dataset(data).class_names
+    weights = save_checkpoint(tmp_path / "tiny.pt", build_model("ssd_tiny", class_names=names, image_size=128))
+    assert main(["val", "--weights", str(weights), "--data", str(data), "--device", "cpu", "--project",
+                 str(tmp_path / "val")]) == 0
+    run = tmp_path / "val" / "exp"
+    cut = [p.name for p in (run / "worst").iterdir()]
+    assert cut and all(len(n) == 255 and re.fullmatch(r"\d{3}_x+~[0-9a-f]{12}\.jpg", n) for n in cut)
+    assert all(f"worst/{name}" in (run / "report.html").read_text() for name in cut)

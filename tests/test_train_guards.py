@@ -4,6 +4,7 @@ contradicting options, resume with a moved dataset or more epochs, data errors m
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -278,3 +279,17 @@ def test_val_json_and_checkpoint_use_the_datasets_category_ids(tmp_path, capsys)
     entries = json.loads(out.read_text())
     assert entries and {e["category_id"] for e in entries} == {1, 5, 90}
     assert {e["image_id"] for e in entries} == {100, 101, 102, 103}
+
+
+# ------------------------------------------------------------------------------------------ names of derived files
+def test_train_on_a_val_image_with_a_249_character_name_finishes_with_its_figures(tmp_path):
+    data = write_yolo_dataset(tmp_path / "data")
+    for i in range(4):  # legal 249-character stems: "NNN_<stem>.jpg" would pass NAME_MAX as they are
+        for folder, suffix in (("images", ".jpg"), ("labels", ".txt")):
+            (data.parent / folder / "val" / f"img{i}{suffix}").rename(
+                data.parent / folder / "val" / f"{'x' * 245}img{i}{suffix}")
+    result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **{**TINY, "num_plot_images": 4})
+    drawn = sorted(p.name for p in (result.run_dir / "val_predictions").iterdir())
+    assert drawn == [f"{'x' * 245}img{i}.jpg" for i in range(4)]  # 253 bytes: they fit as they are
+    worst = [p.name for p in (result.run_dir / "val_report" / "worst").iterdir()]
+    assert worst and all(re.fullmatch(r"\d{3}_x+~[0-9a-f]{12}\.jpg", n) and len(n) == 255 for n in worst)

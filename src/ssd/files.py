@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import re
 import secrets
@@ -23,14 +24,19 @@ from pathlib import Path
 from typing import IO, ClassVar, Literal
 
 __all__ = ["OutputError", "check_output", "check_outputs", "atomic_write", "write_text", "write_bytes", "is_temporary",
-           "remove_stale_temporaries", "describe_os_error", "make_run_dir", "DirectoryLock", "LOCK_FILE"]
+           "remove_stale_temporaries", "describe_os_error", "make_run_dir", "DirectoryLock", "LOCK_FILE", "NAME_MAX",
+           "fitted_name"]
 
 # Temporaries are ".<name>.<8 characters>.ssdtmp" next to the target: a suffix of the library's own, so that cleaning
 # up never touches a user's ".notes.txt.mynotes1.tmp".
 LOCK_FILE = ".ssd.lock"
 """The file a :class:`DirectoryLock` holds a lock on, inside the folder it protects."""
 
+NAME_MAX = 255
+"""Most bytes in one file name (Linux, macOS and Windows file systems alike)."""
+
 _TEMP_ALPHABET = "abcdefghijklmnopqrstuvwxyz0123456789"
+_TEMP_EXTRA = len("..12345678.ssdtmp")  # what a temporary adds to its target's name
 _TEMP_PATTERN = re.compile(r"\.(.+)\.[a-z0-9]{8}\.ssdtmp")
 _CAUSES = {
     errno.ENOSPC: "disk full",
@@ -110,10 +116,32 @@ def check_output(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike 
     return check_outputs([path], inputs=inputs, kind=kind, what=what)[0]
 
 
+def _name_bytes(text: str) -> int:
+    # surrogatepass: a name read from disk may hold undecodable bytes (surrogate escapes); 3 bytes each is an upper
+    # bound on what they take there
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def fitted_name(stem: str, suffix: str = "", *, limit: int = NAME_MAX) -> str:
+    """``stem + suffix`` as a file name that fits ``limit`` bytes (UTF-8): when it is longer, ``stem`` is cut and
+    tagged with a hash of all of it (``<cut stem>~<12 hex>``), so distinct long names stay distinct. Every file
+    name the library derives from a user's name (an image's stem, a class name) is made here."""
+    if _name_bytes(stem + suffix) <= limit:
+        return stem + suffix
+    tag = "~" + hashlib.sha256(stem.encode("utf-8", "surrogatepass")).hexdigest()[:12] + suffix
+    room = limit - _name_bytes(tag)
+    if room < 0:
+        raise ValueError(f"file name suffix {suffix[:40]!r} is longer than {limit} bytes")
+    cut = stem[:room]  # a character takes at least one byte
+    while _name_bytes(cut) > room:
+        cut = cut[:-1]
+    return cut + tag
+
+
 def _temporary_for(path: Path) -> tuple[int, Path]:
     for _ in range(100):
         token = "".join(secrets.choice(_TEMP_ALPHABET) for _ in range(8))
-        tmp = path.with_name(f".{path.name}.{token}.ssdtmp")
+        tmp = path.with_name(f".{fitted_name(path.name, limit=NAME_MAX - _TEMP_EXTRA)}.{token}.ssdtmp")
         try:
             return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
         except FileExistsError:

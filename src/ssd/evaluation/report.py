@@ -32,7 +32,7 @@ from ssd.evaluation.errors import DETECTION_TYPES, ERROR_TYPES, OBJECT_STATES, e
 from ssd.evaluation.figures import BOX_KINDS, draw_errors, gallery_tags, plot_confidence_curves, plot_confusion
 from ssd.evaluation.html import render_report_html
 from ssd.evaluation.metrics import evaluate_voc
-from ssd.files import make_run_dir, write_text
+from ssd.files import fitted_name, make_run_dir, write_text
 from ssd.inference.coco_results import to_coco_detections
 from ssd.plots import plot_pr_curves, save_image
 from ssd.settings import PREDICT
@@ -123,7 +123,7 @@ def _draw_worst(report: Mapping[str, Any], run_dir: Path, detections: Sequence[M
         det, truth = detections[index], ground_truths[index]
         kinds, states = per_image["detection_type"][index], per_image["object_state"][index]
         drawn = draw_errors(read_image(det["path"]), det, kinds, truth, states)
-        file = f"worst/{rank + 1:03d}_{Path(det['path']).stem}.jpg"
+        file = "worst/" + fitted_name(f"{rank + 1:03d}_{Path(det['path']).stem}", ".jpg")
         save_image(drawn, run_dir / file)
         tags = gallery_tags(kinds, states, det["labels"].tolist(), truth["labels"].tolist(), names)
         caption = f"{Path(det['path']).name}: {', '.join(tags['errors']) or 'no errors'}"

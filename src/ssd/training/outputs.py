@@ -12,7 +12,8 @@ import torch
 
 from ssd._utils import MissingDependencyError, require
 from ssd.data.images import read_image
-from ssd.files import atomic_write, write_text
+from ssd.files import atomic_write, fitted_name, write_text
+from ssd.log import LOGGER
 from ssd.plots import RESULTS_COLUMNS, draw_detections, plot_label_stats, plot_pr_curves, plot_results, save_image
 from ssd.settings import PREDICT
 from ssd.training.callbacks import Callback
@@ -34,7 +35,7 @@ def write_results_csv(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 class ResultsCSV(Callback):
-    """``results.csv`` and one printed line (all numbers with ``quiet``, else the mAP when validated) after every
+    """``results.csv`` and one logged line (all numbers with ``quiet``, else the mAP when validated) after every
     epoch; ``stop.txt`` with the reason when the run stopped early."""
 
     def on_epoch_end(self, trainer: Trainer, row: dict[str, Any]) -> None:
@@ -42,9 +43,9 @@ class ResultsCSV(Callback):
         config = trainer.config
         if config.quiet:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and isinstance(v, float))
-            print(f"epoch {row['epoch']}/{trainer.epochs}: {shown}")
+            LOGGER.info(f"epoch {row['epoch']}/{trainer.epochs}: {shown}")
         elif "val/mAP" in row:
-            print(f"epoch {row['epoch']}/{trainer.epochs}: {config.metric} mAP {row['val/mAP']:.4f}")
+            LOGGER.info(f"epoch {row['epoch']}/{trainer.epochs}: {config.metric} mAP {row['val/mAP']:.4f}")
 
     def on_fit_end(self, trainer: Trainer) -> None:
         if trainer.stop_reason:
@@ -62,7 +63,7 @@ class TensorBoardLogger(Callback):
         try:  # heavy, and an optional extra
             tensorboard = require("torch.utils.tensorboard", "tensorboard", "TensorBoard logging")
         except MissingDependencyError as missing:
-            trainer.log(f"{missing} (this run goes on without TensorBoard scalars)")
+            LOGGER.info(f"{missing} (this run goes on without TensorBoard scalars)")
             return
         self.writer = tensorboard.SummaryWriter(str(trainer.run_dir))
 
@@ -106,7 +107,7 @@ class RunFigures(Callback):
             image = read_image(record.path)
             found = model.predict([image.to(device)], **PREDICT.as_kwargs())[0]
             drawn = draw_detections(image, found["boxes"], found["labels"], found["scores"], class_names)
-            save_image(drawn, out_dir / f"{record.path.stem}.jpg")
+            save_image(drawn, out_dir / fitted_name(record.path.stem, ".jpg"))
 
 
 class ValidationReport(Callback):
@@ -127,7 +128,7 @@ class ValidationReport(Callback):
         out_dir.mkdir(exist_ok=True)
         page = write_report(report, out_dir, metrics["detections"], metrics["ground_truths"],
                             category_ids=trainer.category_ids)
-        trainer.log(f"validation report: {page}")
+        LOGGER.info(f"validation report: {page}")
 
 
 def output_callbacks() -> list[Callback]:
