@@ -25,7 +25,7 @@ from matplotlib.figure import Figure
 from matplotlib.font_manager import fontManager
 from matplotlib.ft2font import FT2Font
 from matplotlib.patches import Patch
-from PIL import Image, ImageFont
+from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 from torchvision.utils import draw_bounding_boxes
 
@@ -211,8 +211,10 @@ def class_color(label: int) -> tuple[int, int, int]:
 
 def draw_detections(image: Tensor, boxes: Tensor, labels: Tensor, scores: Tensor | None,
                     class_names: Sequence[str], *, line_width: int | None = None,
-                    font_size: int | None = None) -> Tensor:
-    """Draw boxes with ``"name score"`` labels in per-class colours (:func:`class_color`).
+                    font_size: int | None = None, track_ids: Tensor | None = None,
+                    trails: Mapping[int, Sequence[tuple[float, float]]] | None = None) -> Tensor:
+    """Draw boxes with ``"name score"`` labels in per-class colours (:func:`class_color`); with ``track_ids``,
+    tracked boxes are labelled ``"#id name score"`` in per-track colours, and their ``trails`` drawn as lines.
 
     Each label sits on a filled tag just above its box (inside it when there is no room above), shifted so it stays
     inside the image. Line width and font size default to about 0.4% and 2.5% of the image size. When no installed
@@ -225,6 +227,9 @@ def draw_detections(image: Tensor, boxes: Tensor, labels: Tensor, scores: Tensor
         labels: ``[N]`` labels ``0..K-1``.
         scores: ``[N]`` or None (labels without scores).
         class_names: ``K`` names.
+        track_ids: ``[N]`` track ids (``-1``: untracked) or None.
+        trails: track id -> its recent box centres ``(x, y)`` in pixels, oldest first (drawn for the tracks of
+            ``track_ids``).
 
     Returns:
         A new ``[3, H, W]`` uint8 image.
@@ -250,6 +255,11 @@ def draw_detections(image: Tensor, boxes: Tensor, labels: Tensor, scores: Tensor
     names = [names[k] if 0 <= k < len(names) else str(k) for k in labels]
     texts = names if scores is None else [f"{n} {float(s):.2f}" for n, s in zip(names, scores)]
     colors = [class_color(k) for k in labels]
+    if track_ids is not None:
+        tracks = track_ids.tolist()
+        texts = [f"#{t} {text}" if t >= 0 else text for t, text in zip(tracks, texts)]
+        colors = [class_color(t) if t >= 0 else color for t, color in zip(tracks, colors)]
+        image = _draw_trails(image, [(trails or {}).get(t, ()) for t in tracks], colors, line_width)
     drawn = draw_bounding_boxes(image, boxes, colors=colors, width=line_width)
 
     font = ImageFont.truetype(font_path, font_size)
@@ -262,6 +272,17 @@ def draw_detections(image: Tensor, boxes: Tensor, labels: Tensor, scores: Tensor
     text_colors = [(0, 0, 0) if 0.299 * r + 0.587 * g + 0.114 * b > 140 else (255, 255, 255) for r, g, b in colors]
     return draw_bounding_boxes(drawn, torch.tensor(anchors), labels=texts, colors=colors, width=0, font=font_path,
                                font_size=font_size, label_colors=text_colors, fill_labels=True)
+
+
+def _draw_trails(image: Tensor, trails: Sequence[Sequence[tuple[float, float]]], colors: Sequence[tuple[int, int, int]],
+                 line_width: int) -> Tensor:
+    """``image`` with each trail (points ``(x, y)``) drawn as a line in its colour."""
+    canvas = Image.fromarray(image.permute(1, 2, 0).numpy())
+    pen = ImageDraw.Draw(canvas)
+    for points, color in zip(trails, colors):
+        if len(points) > 1:
+            pen.line([tuple(p) for p in points], fill=color, width=line_width, joint="curve")
+    return torch.from_numpy(np.asarray(canvas).copy()).permute(2, 0, 1)
 
 
 def _tag_anchors(font: ImageFont.FreeTypeFont, texts: Sequence[str], corners: Sequence[Sequence[float]],

@@ -11,7 +11,7 @@ output box is pixel ``xyxy`` of the original image; labels are ``0..K-1``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -189,6 +189,40 @@ class Detector:
                                    max_detections=max_detections, tile=tile, tile_overlap=tile_overlap,
                                    batch_size=batch_size)
         return results
+
+    def track(self, source, *, tracker: str | Path | dict | None = None, stream: bool = False, batch_size: int = 1,
+              score_threshold: float | None = None, iou_threshold: float = PREDICT.iou_threshold,
+              max_detections: int = PREDICT.max_detections) -> list[Result] | Iterator[Result]:
+        """Detect and track objects across the frames of ``source``: a video file, a live source (a camera index, an
+        ``rtsp://`` / ``http(s)://`` URL or a ``.streams`` file, see :mod:`ssd.inference.streams`: frames arriving
+        while the model is busy are dropped) or a list of images in frame order (what :meth:`predict` takes).
+        Each frame's :class:`Result` has ``track_ids`` (ByteTrack, :mod:`ssd.inference.tracking`; ``-1`` for a
+        detection not yet confirmed as a track; one tracker per stream).
+
+        ``tracker``: ByteTrack's settings, a dict or a YAML file (:func:`~ssd.inference.tracking.tracker_settings`).
+        ``stream``: return a generator instead of a list (a live source never ends: iterate it and stop when
+        done). One image has nothing to track across: a single path that is not a video raises ``ValueError``."""
+        from ssd.data.images import is_image
+        from ssd.inference.streams import Frame, is_live, source_frames
+        from ssd.inference.tracking import track_frames, tracker_settings
+
+        options = dict(score_threshold=self.confidence(score_threshold)[0], iou_threshold=iou_threshold,
+                       max_detections=max_detections)
+        check_thresholds(*options.values(), batch_size)
+        settings = tracker if isinstance(tracker, dict) else tracker_settings(tracker)
+        if isinstance(source, (list, tuple)):
+            batches = ([Frame(to_image(item, start + i), 0, start + i, 0.0,
+                              str(item) if isinstance(item, (str, Path)) else None)
+                        for i, item in enumerate(source[start:start + batch_size])]
+                       for start in range(0, len(source), batch_size))
+        elif is_live(source) or not is_image(Path(source)):
+            batches = source_frames(source, batch_size)
+        else:
+            raise ValueError(f"track: {source} is one image, and tracking follows objects across frames: give a "
+                             f"video file, a live source or a list of images in frame order (predict detects in "
+                             f"single images)")
+        results = (result for result, _, _ in track_frames(self, batches, settings, **options))
+        return results if stream else list(results)
 
 
 def load(path: str | Path, device: str | torch.device = "cpu", half: bool = False) -> Detector:

@@ -1,0 +1,140 @@
+"""Track ids across the frames of a video or a live stream: ByteTrack from the ``trackers`` package (the optional
+``track`` extra), fed the :class:`~ssd.inference.pipeline.Result` of each frame in order.
+
+:class:`Tracker` gives each result its ``track_ids`` (``-1`` for a detection not yet confirmed as a track, every
+detection kept, in the result's order) and keeps each track's recent box centres for drawing its trail. Its
+settings are ByteTrack's own arguments, from a small YAML file (``--tracker``, as in Ultralytics) read by
+:func:`tracker_settings`::
+
+    tracker_type: bytetrack          # the one tracker offered
+    track_activation_threshold: 0.5  # score a detection needs to start a track
+    high_conf_det_threshold: 0.5     # scores above: first association; below: second (ByteTrack's low-score pass)
+    minimum_iou_threshold: 0.1       # IoU a detection needs with a track's prediction to continue it
+    minimum_consecutive_frames: 2    # frames a track needs before it gets an id
+    lost_track_buffer: 30            # frames (at 30 fps) a lost track is kept for
+    frame_rate: 30                   # the video's frame rate
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from ssd._utils import did_you_mean, require
+from ssd.limits import value_text
+from ssd.settings import ConfigError
+
+if TYPE_CHECKING:
+    from ssd.inference.pipeline import Detector, Result
+    from ssd.inference.streams import Frame
+
+__all__ = ["TRACKERS", "TRACKER_SETTINGS", "TRAIL_LENGTH", "Tracker", "track_frames", "tracker_settings"]
+
+TRACKERS = ("bytetrack",)
+TRAIL_LENGTH = 30
+"""Box centres kept per track for its drawn trail (about a second of video)."""
+
+_UNIT = ("in [0, 1]", lambda v: 0 <= v <= 1)
+TRACKER_SETTINGS = {  # ByteTrack's argument -> (type, rule, check)
+    "track_activation_threshold": (float, *_UNIT),
+    "high_conf_det_threshold": (float, *_UNIT),
+    "minimum_iou_threshold": (float, *_UNIT),
+    "minimum_consecutive_frames": (int, "at least 1", lambda v: v >= 1),
+    "lost_track_buffer": (int, "at least 0", lambda v: v >= 0),
+    "frame_rate": (float, "above 0", lambda v: v > 0),
+}
+
+
+def tracker_settings(path: str | Path | None) -> dict:
+    """ByteTrack's arguments from the YAML file at ``path`` (``None``: the defaults of ``trackers``). Raises
+    :class:`~ssd.settings.ConfigError` naming the file, the key, the value and the rule: an unknown key (with the
+    closest ones), a value of the wrong type or out of range, a ``tracker_type`` other than ``bytetrack``."""
+    if path is None:
+        return {}
+    from ssd.yamlfile import safe_load
+
+    path = Path(path)
+    try:
+        values = safe_load(path.read_bytes())
+    except OSError as e:
+        raise ConfigError(f"--tracker {path}: cannot read it ({e.strerror or e})") from None
+    except Exception as e:  # yaml.YAMLError and its bounded-size subclass
+        raise ConfigError(f"--tracker {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"--tracker {path}: expected a mapping of settings, got {type(values).__name__}")
+    settings = {}
+    for key, value in values.items():
+        where = f"--tracker {path}: {value_text(key)}"
+        if key == "tracker_type":
+            if value not in TRACKERS:
+                raise ConfigError(f"{where}: {value_text(value)} is not a tracker{did_you_mean(str(value), TRACKERS)}")
+            continue
+        if key not in TRACKER_SETTINGS:
+            raise ConfigError(f"{where} is not a setting{did_you_mean(str(key), ['tracker_type', *TRACKER_SETTINGS])}")
+        kind, rule, check = TRACKER_SETTINGS[key]
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or (kind is int and value != int(value)) or not math.isfinite(value) or not check(value):
+            raise ConfigError(f"{where} = {value_text(value)}: must be {'an integer' if kind is int else 'a number'} "
+                              f"{rule}")
+        settings[key] = kind(value)
+    return settings
+
+
+class Tracker:
+    """ByteTrack over the results of one video or stream, frame after frame (see the module docstring).
+
+    ``settings``: ByteTrack's arguments (:func:`tracker_settings`). ``trails`` maps each track id seen in the last
+    :data:`TRAIL_LENGTH` frames to its recent box centres ``(x, y)`` in pixels, oldest first."""
+
+    def __init__(self, **settings):
+        self._bytetrack = require("trackers", "track", "tracking").ByteTrackTracker(**settings)
+        self._sv = require("supervision", "track", "tracking")
+        self.frame_rate = settings.get("frame_rate", 30.0)
+        self.trails: dict[int, deque[tuple[float, float]]] = {}
+        self._seen: dict[int, int] = {}  # track id -> the last frame it was seen in
+        self._frame = -1
+
+    def update(self, result: Result, frame_index: int) -> Result:
+        """``result`` with ``track_ids`` ``[N]`` int64 (``-1``: not a confirmed track yet). ``frame_index``: the
+        frame's number in its source, increasing; motion is predicted over the frames between two calls (those a
+        live stream dropped)."""
+        count = len(result.scores)
+        detections = self._sv.Detections(xyxy=result.boxes.numpy().astype(np.float32).reshape(count, 4),
+                                         confidence=result.scores.numpy(), class_id=result.labels.numpy(),
+                                         data={"index": np.arange(count)})
+        tracked = self._bytetrack.update(detections, timestamp=frame_index / self.frame_rate)
+        ids = np.full(count, -1, dtype=np.int64)
+        ids[tracked.data.get("index", [])] = tracked.tracker_id  # no detections: an empty result without data
+        self._frame = frame_index
+        centres = ((result.boxes[:, :2] + result.boxes[:, 2:]) / 2).tolist()
+        for track_id, centre in zip(ids.tolist(), centres):
+            if track_id >= 0:
+                self.trails.setdefault(track_id, deque(maxlen=TRAIL_LENGTH)).append(tuple(centre))
+                self._seen[track_id] = self._frame
+        for track_id in [t for t, last in self._seen.items() if self._frame - last >= TRAIL_LENGTH]:
+            del self.trails[track_id], self._seen[track_id]
+        return replace(result, track_ids=torch.from_numpy(ids))
+
+
+def track_frames(detector: Detector, batches: Iterable[list[Frame]], settings: dict,
+                 **options) -> Iterator[tuple[Result, Frame, Tracker]]:
+    """Detect (``detector.detect(..., **options)``) and track each batch of frames, one :class:`Tracker` per stream:
+    yields each frame's result (``path`` the frame's source, ``track_ids`` set), the frame and its stream's tracker
+    (whose ``trails`` draw it)."""
+    trackers: dict[int, Tracker] = {}
+    for batch in batches:
+        results = detector.detect([frame.image for frame in batch], [frame.source for frame in batch], **options)
+        for result, frame in zip(results, batch):
+            if frame.stream not in trackers:
+                trackers[frame.stream] = Tracker(**settings)
+            tracker = trackers[frame.stream]
+            yield tracker.update(result, frame.index), frame, tracker

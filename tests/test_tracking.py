@@ -1,0 +1,125 @@
+"""Tracking (ssd.inference.tracking, Detector.track): ByteTrack ids on results whose boxes move by known amounts,
+the --tracker YAML, and ids and trails drawn on frames."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import biased_model
+from ssd.inference.pipeline import Detector, Result
+from ssd.inference.tracking import TRAIL_LENGTH, Tracker, tracker_settings
+from ssd.plots import class_color, draw_detections
+from ssd.settings import ConfigError
+
+pytest.importorskip("trackers")
+cv2 = pytest.importorskip("cv2")
+
+CONFIRMED = dict(minimum_consecutive_frames=1, track_activation_threshold=0.3, high_conf_det_threshold=0.3)
+"""Settings under which a track gets its id on its second frame (ByteTrack gives none on a track's first)."""
+
+
+def result(boxes, scores=None) -> Result:
+    boxes = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
+    scores = torch.full((len(boxes),), 0.9) if scores is None else torch.tensor(scores)
+    labels = torch.arange(len(boxes)) % 2
+    return Result(boxes, scores, labels, [f"c{k}" for k in labels.tolist()], 200, 100)
+
+
+def moving(frame: int) -> Result:
+    """Two objects: one moving right 4 px a frame, one moving down 3 px a frame; listed in alternating order."""
+    a = [10 + 4 * frame, 10, 40 + 4 * frame, 40]
+    b = [120, 5 + 3 * frame, 150, 35 + 3 * frame]
+    return result([a, b] if frame % 2 == 0 else [b, a])
+
+
+def test_ids_follow_objects_in_the_order_of_the_detections():
+    tracker = Tracker(minimum_consecutive_frames=2)
+    ids = [tracker.update(moving(i), i).track_ids.tolist() for i in range(6)]
+    # frame 0: not confirmed yet; then each object keeps its id whichever order the detections come in
+    assert ids == [[-1, -1], [1, 0], [0, 1], [1, 0], [0, 1], [1, 0]]
+    out = tracker.update(moving(6), 6)
+    assert out.track_ids.dtype == torch.int64 and out.boxes.equal(moving(6).boxes)  # nothing reordered or dropped
+    assert out.to_dict()["detections"][0]["track_id"] == 0
+
+
+def test_ids_survive_dropped_frames_and_trails_hold_centres():
+    tracker = Tracker(**CONFIRMED)
+    for index in (0, 1, 2, 6, 7):  # frames 3 to 5 dropped (a busy model on a live stream): motion predicted over them
+        ids = tracker.update(moving(index), index).track_ids.tolist()
+    assert ids == [1, 0]  # frame 7 lists the object moving down first
+    # a track's trail: its box centres from the frame it got its id (a new track's first frame has none)
+    assert list(tracker.trails[0]) == [(25.0 + 4 * i, 25.0) for i in (1, 2, 6, 7)]
+    assert list(tracker.trails[1]) == [(135.0, 20.0 + 3 * i) for i in (1, 2, 6, 7)]
+
+
+def test_trails_are_short_and_forget_lost_tracks():
+    tracker = Tracker(**CONFIRMED)
+    for index in range(TRAIL_LENGTH + 5):
+        tracker.update(moving(index), index)
+    assert sorted(len(t) for t in tracker.trails.values()) == [TRAIL_LENGTH, TRAIL_LENGTH]
+    for index in range(TRAIL_LENGTH + 5, 2 * TRAIL_LENGTH + 5):  # nothing seen for TRAIL_LENGTH frames
+        tracker.update(result([]), index)
+    assert tracker.trails == {}
+
+
+def test_tracker_settings_from_yaml(tmp_path):
+    path = tmp_path / "bytetrack.yaml"
+    path.write_text("tracker_type: bytetrack\ntrack_activation_threshold: 0.4\nlost_track_buffer: 60\n"
+                    "frame_rate: 25\n")
+    assert tracker_settings(path) == {"track_activation_threshold": 0.4, "lost_track_buffer": 60, "frame_rate": 25.0}
+    assert tracker_settings(None) == {}
+    for text, message in (
+            ("track_activation_treshold: 0.4\n", r"'track_activation_treshold' is not a setting; did you mean "
+                                                 r"'track_activation_threshold'"),
+            ("high_conf_det_threshold: 1.5\n", r"high_conf_det_threshold' = 1.5: must be a number in \[0, 1\]"),
+            ("lost_track_buffer: 2.5\n", r"lost_track_buffer' = 2.5: must be an integer at least 0"),
+            ("minimum_consecutive_frames: true\n", r"must be an integer at least 1"),
+            ("tracker_type: botsort\n", r"'botsort' is not a tracker; valid: bytetrack"),
+            ("- 1\n", r"expected a mapping of settings, got list"),
+            ("a: [\n", r"not valid YAML")):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=rf"--tracker {path}: .*{message}"):
+            tracker_settings(path)
+
+
+def still_video(path, count=6):
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 30, (96, 64))
+    image = np.full((64, 96, 3), 90, np.uint8)
+    cv2.rectangle(image, (20, 10), (60, 50), (0, 0, 255), -1)
+    for _ in range(count):
+        writer.write(image)
+    writer.release()
+    return path
+
+
+def test_detector_tracks_a_video_and_a_list_of_frames(tmp_path):
+    detector = Detector(biased_model("ssd_tiny", image_size=96))
+    settings = dict(CONFIRMED, track_activation_threshold=0.0, high_conf_det_threshold=0.0)
+    video = still_video(tmp_path / "still.avi")
+    results = detector.track(video, tracker=settings, batch_size=4, max_detections=5)
+    assert len(results) == 6 and {r.path for r in results} == {str(video)}
+    # the same frame six times: the same detections, each with its own id from the second frame on
+    assert [r.track_ids.tolist() for r in results] == [[-1] * 5] + [list(range(5))] * 5
+    assert all(r.boxes.equal(results[0].boxes) for r in results)
+    image = torch.full((3, 64, 96), 90, dtype=torch.uint8)
+    streamed = detector.track([image, image.clone(), image], tracker=settings, stream=True, max_detections=5)
+    assert not isinstance(streamed, list)
+    assert [r.track_ids.tolist() for r in streamed] == [[-1] * 5] + [list(range(5))] * 2
+    frame = tmp_path / "frame.png"
+    cv2.imwrite(str(frame), np.zeros((32, 32, 3), np.uint8))
+    with pytest.raises(ValueError, match=r"frame.png is one image, and tracking follows objects across frames"):
+        detector.track(frame)
+
+
+def test_drawn_ids_and_trails():
+    image = torch.full((3, 100, 200), 255, dtype=torch.uint8)
+    boxes, labels = torch.tensor([[120.0, 60, 150, 90]]), torch.tensor([0])
+    trail = [(20.0, 20.0), (60.0, 20.0), (100.0, 20.0)]
+    drawn = draw_detections(image, boxes, labels, None, ["a"], track_ids=torch.tensor([7]), trails={7: trail},
+                            line_width=3)
+    assert tuple(drawn[:, 20, 80].tolist()) == class_color(7)  # on the trail, in the track's colour
+    assert tuple(drawn[:, 75, 120].tolist()) == class_color(7)  # the box's left side, the same colour
+    untracked = draw_detections(image, boxes, labels, None, ["a"], track_ids=torch.tensor([-1]), trails={7: trail},
+                                line_width=3)
+    assert tuple(untracked[:, 20, 80].tolist()) == (255, 255, 255)  # no trail for an untracked box
+    assert tuple(untracked[:, 75, 120].tolist()) == class_color(0)
