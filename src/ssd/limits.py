@@ -11,7 +11,7 @@ import reprlib
 from typing import Any
 
 __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_STREAMS", "MAX_BOXES_PER_IMAGE",
-           "MAX_CROP_CACHE_BYTES",
+           "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS",
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
            "MAX_UPLOAD_BYTES", "value_text"]
 
@@ -33,6 +33,9 @@ MAX_BOXES_PER_IMAGE = 10_000
 MAX_CROP_CACHE_BYTES = 4 * 2**30
 """Most RAM the training image cache may take with ``--crop-scale`` (images kept near native resolution): larger
 caches are downscaled by one common factor, reported (:func:`ssd.data.crops.decode_sizes`)."""
+
+MAX_SAVED_CROPS = 100_000
+"""Most detection crops one ``ssd predict --save-crop`` run saves; the others are counted and reported."""
 
 MAX_UPLOAD_BYTES = 16 * 2**20
 """Largest request body ``ssd serve`` accepts (an image upload): refused with 413 from its ``Content-Length``, or once

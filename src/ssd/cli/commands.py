@@ -68,7 +68,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     print(f"conf {options['score_threshold']:g} ({origin})")
     summary = predict_source(detector, args.source, args.save_dir, **options, batch_size=args.batch_size,
                              save_images=args.save_images,
-                             fmt=args.fmt, exist_ok=args.exist_ok, tile=args.tile, tile_overlap=overlap)
+                             fmt=args.fmt, exist_ok=args.exist_ok, tile=args.tile, tile_overlap=overlap,
+                             save_txt=args.save_txt, save_conf=args.save_conf, save_crop=args.save_crop,
+                             classes=args.classes, workers=args.workers)
     print(summary)
     if summary.skipped and not (summary.images or summary.videos):
         print(f"error: none of the {len(summary.skipped)} inputs could be read", file=sys.stderr)

@@ -80,8 +80,15 @@ def _add_predict_parser(sub) -> None:
     p.add_argument("--half", action="store_true", help="half precision (CUDA only)")
     p.add_argument("--save-dir", type=Path, default=Path("runs/predict"), help="output folder (default: runs/predict)")
     p.add_argument("--exist-ok", action="store_true", help="write into --save-dir if it exists (else: predict2, ...)")
-    p.add_argument("--format", dest="fmt", default="json", choices=["json", "coco"], help="detections file format")
+    p.add_argument("--format", dest="fmt", default="json", choices=["json", "coco", "csv", "labelstudio"],
+                   help="detections file assembled at the end from predictions.jsonl (written as results come)")
     p.add_argument("--no-save-images", dest="save_images", action="store_false", help="only write the JSON")
+    p.add_argument("--save-txt", action="store_true",
+                   help="YOLO labels per image in SAVE_DIR/yolo, with data.yaml: a dataset ssd train reads")
+    p.add_argument("--save-conf", action="store_true", help="add each detection's confidence to --save-txt labels")
+    p.add_argument("--save-crop", action="store_true", help="one image per detection in SAVE_DIR/crops/CLASS")
+    p.add_argument("--classes", nargs="+", metavar="CLASS", help="keep only these classes (names or labels 0..K-1)")
+    p.add_argument("--workers", type=int, default=2, help="threads decoding images ahead (0: in the main thread)")
     add_tile_options(p)
 
 

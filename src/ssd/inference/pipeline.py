@@ -21,11 +21,12 @@ from PIL import Image
 from torch import Tensor, nn
 from torchvision.transforms.v2.functional import pil_to_tensor
 
+from ssd._utils import did_you_mean, require
 from ssd.detect import detect_batch
 from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.preprocess import preprocess
-from ssd.settings import PREDICT, check_thresholds
+from ssd.settings import PREDICT, ConfigError, check_thresholds
 
 __all__ = ["Detector", "Result", "load", "to_image"]
 
@@ -66,6 +67,14 @@ class Result:
             for detection, track_id in zip(detections, self.track_ids.tolist()):
                 detection["track_id"] = track_id
         return {"file": self.path, "width": self.width, "height": self.height, "detections": detections}
+
+    def to_supervision(self):
+        """This result as ``supervision.Detections`` (the optional ``supervision`` extra): ``xyxy [N, 4]`` pixels,
+        ``confidence [N]``, ``class_id [N]``, ``tracker_id [N]`` when tracking, ``data["class_name"]`` the names."""
+        sv = require("supervision", "supervision", "Result.to_supervision")
+        return sv.Detections(xyxy=self.boxes.numpy(), confidence=self.scores.numpy(), class_id=self.labels.numpy(),
+                             tracker_id=None if self.track_ids is None else self.track_ids.numpy(),
+                             data={"class_name": np.array(self.names, dtype=str)})
 
 
 def to_image(item, index: int = 0) -> Tensor:
@@ -130,6 +139,25 @@ class Detector:
             return fixed, f"the NMS graph's threshold, above {below} {value:g}"
         return value, origin
 
+    def class_indices(self, classes: Sequence[int | str] | None) -> list[int] | None:
+        """The labels of ``classes``, given as class names or labels ``0..K-1`` (ints or digit strings; a name that
+        is digits means the name); ``None`` stays ``None`` (every class). An unknown name or a label out of range
+        raises :class:`~ssd.settings.ConfigError` with the closest names."""
+        if classes is None:
+            return None
+        names, labels = self.class_names, []
+        for item in classes:
+            if str(item) in names:
+                labels.append(names.index(str(item)))
+            elif str(item).isdigit():
+                if int(item) >= len(names):
+                    raise ConfigError(f"classes: label {item} is out of range for the model's {len(names)} classes "
+                                      f"(labels 0..{len(names) - 1}: {', '.join(names)})")
+                labels.append(int(item))
+            else:
+                raise ConfigError(f"classes: the model has no class {item!r}{did_you_mean(str(item), names)}")
+        return labels
+
     def preprocess(self, images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         """``[3, H, W]`` tensors -> ``(batch [B, 3, S, S], sizes [B, 2] (h, w))`` for this backend."""
         backend = self.backend
@@ -138,9 +166,11 @@ class Detector:
     def detect(self, images: Sequence[Tensor], paths: Sequence[str | None] | None = None, *,
                score_threshold: float | None = None, iou_threshold: float = PREDICT.iou_threshold,
                max_detections: int = PREDICT.max_detections, tile: int | str | Sequence[int] | None = None,
-               tile_overlap: float = TILE_OVERLAP, batch_size: int | None = None) -> list[Result]:
+               tile_overlap: float = TILE_OVERLAP, batch_size: int | None = None,
+               classes: Sequence[int] | None = None) -> list[Result]:
         """One batch of ``[3, H, W]`` tensors (uint8 or float in ``0..1``) -> one :class:`Result` per image
-        (``score_threshold`` ``None``: :meth:`confidence`).
+        (``score_threshold`` ``None``: :meth:`confidence`); ``classes``: keep only these labels
+        (:meth:`class_indices` reads names), after ``max_detections``.
 
         ``tile``: ``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels: also detect on overlapping tiles of each image
         and merge (:func:`ssd.inference.tiling.detect_tiled`), ``batch_size`` crops at a time (default: as many as
@@ -157,6 +187,10 @@ class Detector:
             detections = detect_tiled(run, images, tile=tile, input_size=self.image_size, overlap=tile_overlap,
                                       iou_threshold=iou_threshold, max_detections=max_detections,
                                       batch_size=batch_size or len(images))
+        if classes is not None:
+            wanted = torch.as_tensor(list(classes), dtype=torch.int64)
+            detections = [{key: value[torch.isin(d["labels"], wanted.to(d["labels"].device))]
+                           for key, value in d.items()} for d in detections]
         paths = paths if paths is not None else [None] * len(images)
         return [
             Result(d["boxes"].float().cpu(), d["scores"].float().cpu(), d["labels"].cpu(),

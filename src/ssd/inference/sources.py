@@ -1,17 +1,20 @@
 """``ssd predict``'s front end: :func:`predict_source` over an image, a folder, a glob or a video, writing drawn
-copies and one detections file per run (the detections themselves come from :class:`ssd.inference.pipeline.Detector`).
+copies and the results as they come (:class:`ssd.inference.writers.PredictionWriter`; the detections themselves come
+from :class:`ssd.inference.pipeline.Detector`, image files decoded ahead in threads by
+:func:`ssd.inference.prefetch.decode_files`).
 
 Outputs never overwrite inputs: the save directory is a fresh one (``predict``, ``predict2``, ... like training runs)
 unless ``exist_ok``, drawn copies keep the inputs' paths relative to their common folder (equal file names from
-different folders stay apart), and a plan that would write over an input is refused before anything is written.
+different folders stay apart), a plan that would write over an input is refused before anything is written, and the
+files of an earlier save folder are never read as inputs.
 """
 
 from __future__ import annotations
 
 import glob
-import json
 import os
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -20,17 +23,18 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ssd._utils import require
-from ssd.data.images import IMAGE_SUFFIXES, is_image, read_image
-from ssd.files import check_output, check_outputs, make_run_dir, write_text
-from ssd.inference.coco_results import to_coco_detections
+from ssd.data.images import IMAGE_SUFFIXES, is_image
+from ssd.files import check_output, check_outputs, make_run_dir
 from ssd.inference.pipeline import Detector, Result
+from ssd.inference.prefetch import DECODE_WORKERS, decode_files
+from ssd.inference.result_files import check_format
 from ssd.inference.tiling import TILE_OVERLAP, check_tile
-from ssd.settings import PREDICT, check_thresholds
+from ssd.inference.writers import PredictionWriter, exclude_save_dirs
+from ssd.settings import PREDICT, ConfigError, check_thresholds
 
 __all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
 
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".webm", ".wmv", ".mpg", ".mpeg")
-RESULTS_FILES = {"json": "predictions.json", "coco": "predictions_coco.json"}
 
 
 @dataclass
@@ -44,12 +48,13 @@ class PredictSummary:
     frames: int = 0
     detections: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         done = f"{self.images} image{'s' * (self.images != 1)}"
         if self.videos:
             done += f", {self.videos} video{'s' * (self.videos != 1)} ({self.frames} frames)"
-        lines = [f"{done}, {self.detections} detections -> {self.results_file}"]
+        lines = [f"{done}, {self.detections} detections -> {self.results_file}", *self.notes]
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)} unreadable file{'s' * (len(self.skipped) != 1)}:")
             lines += [f"  {name}: {reason}" for name, reason in self.skipped]
@@ -103,17 +108,22 @@ def output_paths(files: list[Path], save_dir: Path) -> dict[Path, Path]:
     return plan
 
 
-def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, fmt: str) -> tuple[Path, dict[Path, Path]]:
-    """The save directory (a fresh ``name``, ``name2``, ... unless ``exist_ok``) and the output of every input;
-    refuses, before creating anything, a plan in which an output is one of the inputs (the same file: hard links and
-    symlinks included) or ``save_dir`` is a file."""
+def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, detector: Detector, outputs: dict
+             ) -> tuple[dict[Path, Path], PredictionWriter]:
+    """The output of every input and the run's writer in the save directory (a fresh ``name``, ``name2``, ...
+    unless ``exist_ok``); refuses, before creating anything, a plan in which an output is one of the inputs (the same
+    file: hard links and symlinks included) or ``save_dir`` is a file."""
     check_output(save_dir, kind="dir", what="--save-dir")
     if not exist_ok:
         save_dir = make_run_dir(save_dir.parent, save_dir.name)
     plan = output_paths(files, save_dir)
-    check_outputs([*plan.values(), save_dir / RESULTS_FILES[fmt]], inputs=files, what="--save-dir output")
+    writer = PredictionWriter(save_dir, {file: out.relative_to(save_dir) for file, out in plan.items()},
+                              detector.class_names, category_ids=detector.category_ids,
+                              model_version=detector.backend.model_name or "ssd", **outputs)
+    check_outputs(plan.values(), inputs=files, what="--save-dir output")
+    writer.check(files)
     save_dir.mkdir(parents=True, exist_ok=True)
-    return save_dir, plan
+    return plan, writer
 
 
 def predict_source(
@@ -131,61 +141,79 @@ def predict_source(
     exist_ok: bool = False,
     tile: int | str | tuple[int, int] | None = None,
     tile_overlap: float = TILE_OVERLAP,
+    save_txt: bool = False,
+    save_conf: bool = False,
+    save_crop: bool = False,
+    classes: list[int | str] | None = None,
+    workers: int = DECODE_WORKERS,
 ) -> PredictSummary:
     """Predict on an image, a folder, a glob or a video file and write the results to ``save_dir``.
 
     ``save_dir`` is used as it is with ``exist_ok``, else as a fresh run directory (``save_dir``, or ``save_dir2``,
-    ``save_dir3``, ... when taken). Images are decoded with :func:`ssd.data.images.read_image` and run
-    ``batch_size`` at a time; videos are read frame by frame with OpenCV. With ``save_images``, each image is saved
-    with its boxes drawn (see :func:`output_paths`) and each video as ``.mp4``. ``fmt="json"`` writes
-    ``predictions.json``: ``{"class_names", "images": [per image or frame: file, frame (videos only), width, height,
-    detections: [box xyxy pixels, score, label, name]]}``; ``fmt="coco"`` writes ``predictions_coco.json``, COCO
-    detection results (``image_id`` = the running index of the image or frame, ``category_id`` = the dataset's
-    category id of the label when the checkpoint stores them (:attr:`Detector.category_ids`), else the label
-    ``0..K-1``, ``bbox`` xywh pixels, ``score``). An unreadable image or video is reported by name, skipped and
+    ``save_dir3``, ... when taken). Images are decoded with :func:`ssd.data.images.read_image` by ``workers`` threads
+    (0: one at a time between batches) and run ``batch_size`` at a time; videos are read frame by frame with OpenCV.
+    Files inside an earlier save folder are not read (reported). With ``save_images``, each image is saved with its
+    boxes drawn (see :func:`output_paths`) and each video as ``.mp4``. Every result is written at once to
+    ``predictions.jsonl``, one line per image or frame (``file``, ``frame`` (videos only), ``width``, ``height``,
+    ``detections``: ``box`` xyxy pixels, ``score``, ``label``, ``name``); the ``fmt`` file is assembled from it at the
+    end, also after Ctrl-C: ``"json"`` ``predictions.json`` (``{"class_names", "images": [record, ...]}``),
+    ``"coco"`` ``predictions_coco.json`` (``image_id`` = the running index of the image or frame, ``category_id`` =
+    the dataset's category id of the label when the checkpoint stores them (:attr:`Detector.category_ids`), else the
+    label ``0..K-1``, ``bbox`` xywh pixels, ``score``), ``"csv"`` or ``"labelstudio"`` (see
+    :mod:`ssd.inference.result_files`). ``save_txt`` / ``save_conf``: YOLO label files that ``ssd train`` reads
+    (:mod:`ssd.inference.yolo_labels`); ``save_crop``: a crop per detection in a folder per class
+    (:mod:`ssd.inference.crop_files`). ``classes``: keep only these classes (names or labels, see
+    :meth:`Detector.class_indices`). An unreadable image or video is reported by name, skipped and
     listed in the summary. ``tile`` / ``tile_overlap``: tiled prediction of large images and video frames (see
     :meth:`Detector.predict`). ``score_threshold``: ``None`` is the model's best-F1 confidence, else
     ``settings.PREDICT``'s (:meth:`Detector.confidence`).
     """
     check_tile(tile, tile_overlap)
-    if fmt not in RESULTS_FILES:
-        raise ValueError(f"unknown results format {fmt!r} (choose json or coco)")
-    files = resolve_source(source)
+    check_format(fmt)
+    if save_conf and not save_txt:
+        raise ConfigError("save_conf adds confidences to the labels of save_txt: give both (--save-txt --save-conf)")
+    if workers < 0:
+        raise ConfigError(f"workers must be 0 (decode in this thread) or more, got {workers}")
+    files, save_dirs = exclude_save_dirs(resolve_source(source))
+    for folder in save_dirs:
+        print(f"not read: {folder}, a save folder of ssd predict (its files are outputs, never inputs)")
+    if not files:
+        raise FileNotFoundError(f"no inputs in {source} outside save folders of ssd predict")
     score_threshold = detector.confidence(score_threshold)[0]
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
-    save_dir, plan = _prepare(files, Path(save_dir), exist_ok, fmt)
-    summary = PredictSummary(save_dir, save_dir / RESULTS_FILES[fmt])
     options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections,
-                   tile=tile, tile_overlap=tile_overlap)
+                   tile=tile, tile_overlap=tile_overlap, classes=detector.class_indices(classes))
+    plan, writer = _prepare(files, Path(save_dir), exist_ok, detector,
+                            dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop))
+    summary = PredictSummary(writer.save_dir, writer.results_file)
     outputs = plan if save_images else None
-    entries: list[dict] = []
     images = [f for f in files if not is_video(f)]
     bar = tqdm(total=len(images), desc="images", unit="img", disable=not progress or not images)
-    for start in range(0, len(images), batch_size):
-        chunk = images[start:start + batch_size]
-        _predict_images(detector, chunk, outputs, options, entries, summary, bar)
-        bar.update(len(chunk))
-    bar.close()
-    for video in (f for f in files if is_video(f)):
-        _predict_video(detector, video, outputs, batch_size, options, entries, summary, progress)
-    _write_results(summary.results_file, entries, detector, fmt)
+    with writer:  # also on Ctrl-C: the results so far are in the JSONL and the fmt file
+        decoded = decode_files(images, workers, ahead=2 * batch_size)
+        while chunk := list(islice(decoded, batch_size)):
+            _predict_images(detector, chunk, outputs, options, writer, summary, bar)
+            bar.update(len(chunk))
+        bar.close()
+        for video in (f for f in files if is_video(f)):
+            _predict_video(detector, video, outputs, batch_size, options, writer, summary, progress)
+    summary.notes += writer.report()
     return summary
 
 
-def _predict_images(detector: Detector, paths: list[Path], outputs: dict[Path, Path] | None, options: dict,
-                    entries: list[dict], summary: PredictSummary, bar: tqdm) -> None:
-    """One batch of image files; an unreadable one (``DataError`` / ``ValueError`` / ``OSError``) is skipped."""
-    decoded, kept = [], []
-    for path in paths:
-        try:
-            decoded.append(read_image(path))
-            kept.append(path)
-        except (ValueError, OSError) as e:
-            summary.skip(path, e, bar)
-    if not decoded:
+def _predict_images(detector: Detector, chunk: list[tuple[Path, Tensor | Exception]],
+                    outputs: dict[Path, Path] | None, options: dict, results: PredictionWriter,
+                    summary: PredictSummary, bar: tqdm) -> None:
+    """One batch of decoded image files; an unreadable one (its ``ValueError`` / ``OSError``) is skipped."""
+    for path, error in chunk:
+        if isinstance(error, Exception):
+            summary.skip(path, error, bar)
+    kept = [(path, image) for path, image in chunk if not isinstance(image, Exception)]
+    if not kept:
         return
-    for result, image, path in zip(detector.detect(decoded, [str(p) for p in kept], **options), decoded, kept):
-        entries.append(result.to_dict())
+    paths, decoded = [str(path) for path, _ in kept], [image for _, image in kept]
+    for result, (path, image) in zip(detector.detect(decoded, paths, **options), kept):
+        results.write(result, image)
         summary.images += 1
         summary.detections += len(result.scores)
         if outputs is not None:
@@ -213,7 +241,7 @@ def _read_frames(capture, count: int) -> list[Tensor]:
 
 
 def _predict_video(detector: Detector, path: Path, outputs: dict[Path, Path] | None, batch_size: int, options: dict,
-                   entries: list[dict], summary: PredictSummary, progress: bool) -> None:
+                   results: PredictionWriter, summary: PredictSummary, progress: bool) -> None:
     """Frames read with OpenCV, run ``batch_size`` at a time, written to ``outputs[path]`` (mp4) with boxes."""
     cv2 = require("cv2", "video", "reading video")
 
@@ -225,7 +253,7 @@ def _predict_video(detector: Detector, path: Path, outputs: dict[Path, Path] | N
     try:
         while capture.isOpened() and (chunk := _read_frames(capture, batch_size)):
             for result, image in zip(detector.detect(chunk, [str(path)] * len(chunk), **options), chunk):
-                entries.append({**result.to_dict(), "frame": frames})
+                results.write(result, image, frames)
                 summary.detections += len(result.scores)
                 frames += 1
                 if outputs is not None:
@@ -247,14 +275,3 @@ def _predict_video(detector: Detector, path: Path, outputs: dict[Path, Path] | N
     summary.videos += 1
     summary.frames += frames
 
-
-def _write_results(path: Path, entries: list[dict], detector: Detector, fmt: str) -> None:
-    if fmt == "json":
-        content = {"class_names": detector.class_names, "images": entries}
-    else:
-        content = to_coco_detections([
-            {key: [d[field] for d in entry["detections"]] for key, field in
-             (("boxes", "box"), ("scores", "score"), ("labels", "label"))}
-            for entry in entries
-        ], category_ids=detector.category_ids)
-    write_text(path, json.dumps(content, indent=1))

@@ -1,0 +1,112 @@
+"""The detections file of ``ssd predict --format``, assembled from the run's JSONL records one at a time.
+
+Each format is written through :func:`ssd.files.atomic_write` (never half a file) from an iterator of records (what
+:func:`ssd.inference.writers.read_jsonl` yields: ``file``, ``width``, ``height``, ``frame`` for video frames,
+``detections`` of ``box`` xyxy pixels, ``score``, ``label``, ``name`` and ``track_id`` when tracking), so memory
+stays flat in the number of images:
+
+- ``json``: ``predictions.json``, ``{"class_names": [...], "images": [record, ...]}``.
+- ``coco``: ``predictions_coco.json``, COCO detection results (:func:`~ssd.inference.coco_results.to_coco_detections`;
+  ``image_id`` the record's index, ``category_id`` the dataset's id when the model stores them, else the label).
+- ``csv``: ``predictions.csv``, one row per detection (an image without any: one row with empty detection cells).
+- ``labelstudio``: ``predictions_labelstudio.json``, Label Studio tasks to import with their pre-annotations:
+  ``data.image`` the file, ``predictions[0].result`` rectangle labels in percent of the image.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import IO
+
+from ssd.files import atomic_write
+from ssd.inference.coco_results import to_coco_detections
+
+__all__ = ["FORMATS", "CSV_COLUMNS", "check_format", "write_results"]
+
+FORMATS = {"json": "predictions.json", "coco": "predictions_coco.json", "csv": "predictions.csv",
+           "labelstudio": "predictions_labelstudio.json"}
+CSV_COLUMNS = ("file", "frame", "width", "height", "label", "name", "score", "x1", "y1", "x2", "y2")
+
+
+def check_format(fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown results format {fmt!r} (choose {', '.join(FORMATS)})")
+
+
+def _json_list(f: IO[str], items: Iterable) -> None:
+    """``items`` as a JSON list, one item a line, written as they come."""
+    f.write("[")
+    for index, item in enumerate(items):
+        f.write(("," if index else "") + "\n" + json.dumps(item))
+    f.write("\n]\n")
+
+
+def _write_json(f: IO[str], records: Iterable[dict], class_names: list[str], **_) -> None:
+    f.write('{"class_names": ' + json.dumps(class_names) + ', "images": ')
+    _json_list(f, records)
+    f.write("}\n")
+
+
+def _coco(records: Iterable[dict], category_ids: list[int] | None) -> Iterable[dict]:
+    for index, record in enumerate(records):
+        detections = record["detections"]
+        yield from to_coco_detections([{"boxes": [d["box"] for d in detections],
+                                        "scores": [d["score"] for d in detections],
+                                        "labels": [d["label"] for d in detections]}],
+                                      image_ids=[index], category_ids=category_ids)
+
+
+def _write_coco(f: IO[str], records: Iterable[dict], category_ids: list[int] | None, **_) -> None:
+    _json_list(f, _coco(records, category_ids))
+
+
+def _write_csv(f: IO[str], records: Iterable[dict], tracked: bool, **_) -> None:
+    writer = csv.writer(f)
+    writer.writerow(CSV_COLUMNS + ("track_id",) * tracked)
+    for record in records:
+        image = [record["file"], record.get("frame", ""), record["width"], record["height"]]
+        if not record["detections"]:
+            writer.writerow(image + [""] * (len(CSV_COLUMNS) - len(image) + tracked))
+        for d in record["detections"]:
+            track = [d.get("track_id", "")] if tracked else []
+            writer.writerow(image + [d["label"], d["name"], d["score"], *d["box"], *track])
+
+
+def _labelstudio_task(record: dict, model_version: str) -> dict:
+    width, height = record["width"], record["height"]
+    results = []
+    for index, d in enumerate(record["detections"]):
+        x1, y1, x2, y2 = d["box"]
+        result = {"id": f"r{index}", "type": "rectanglelabels", "from_name": "label", "to_name": "image",
+                  "original_width": width, "original_height": height, "image_rotation": 0, "score": d["score"],
+                  "value": {"x": 100 * x1 / width, "y": 100 * y1 / height, "width": 100 * (x2 - x1) / width,
+                            "height": 100 * (y2 - y1) / height, "rotation": 0, "rectanglelabels": [d["name"]]}}
+        if "track_id" in d:
+            result["meta"] = {"track_id": d["track_id"]}
+        results.append(result)
+    data = {"image": record["file"]}
+    if "frame" in record:
+        data["frame"] = record["frame"]
+    score = min((d["score"] for d in record["detections"]), default=0.0)  # the task is as sure as its least box
+    return {"data": data, "predictions": [{"model_version": model_version, "score": score, "result": results}]}
+
+
+def _write_labelstudio(f: IO[str], records: Iterable[dict], model_version: str, **_) -> None:
+    _json_list(f, (_labelstudio_task(record, model_version) for record in records))
+
+
+_WRITERS: dict[str, Callable[..., None]] = {"json": _write_json, "coco": _write_coco, "csv": _write_csv,
+                                            "labelstudio": _write_labelstudio}
+
+
+def write_results(fmt: str, records: Iterable[dict], path: Path, *, class_names: list[str],
+                  category_ids: list[int] | None = None, model_version: str = "ssd", tracked: bool = False) -> Path:
+    """Write ``records`` to ``path`` in ``fmt`` (a key of :data:`FORMATS`), atomically. ``tracked``: the CSV gets a
+    ``track_id`` column."""
+    with atomic_write(path, "w", newline="") as f:  # csv writes its own line ends
+        _WRITERS[fmt](f, records, class_names=class_names, category_ids=category_ids, model_version=model_version,
+                      tracked=tracked)
+    return path

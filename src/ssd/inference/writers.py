@@ -1,0 +1,143 @@
+"""``ssd predict``'s outputs, written as the results come: :class:`PredictionWriter`.
+
+Every image or video frame becomes one line of ``predictions.jsonl`` (:meth:`Result.to_dict
+<ssd.inference.pipeline.Result.to_dict>`, plus ``frame`` for video frames), flushed at once, so a run killed at any
+moment leaves a valid prefix: whole lines, and at most one torn last line, which :func:`read_jsonl` ignores. The
+file of ``--format`` (``predictions.json``, the COCO results, CSV, Label Studio tasks) is assembled from the JSONL
+when the run ends, Ctrl-C included, reading it line by line: no step holds every result in memory. ``--save-txt``
+(:mod:`ssd.inference.yolo_labels`) and ``--save-crop`` (:mod:`ssd.inference.crop_files`) are written per image too.
+
+A save folder holds :data:`SAVE_DIR_MARKER`; :func:`exclude_save_dirs` keeps every file under such a folder out of
+the inputs of a later run, so predicting a folder twice never reads the first run's outputs back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from torch import Tensor
+
+from ssd.files import check_outputs, write_text
+from ssd.inference.crop_files import CropWriter
+from ssd.inference.pipeline import Result
+from ssd.inference.result_files import FORMATS, check_format, write_results
+from ssd.inference.yolo_labels import YoloLabelWriter
+
+__all__ = ["JSONL_FILE", "SAVE_DIR_MARKER", "PredictionWriter", "exclude_save_dirs", "read_jsonl"]
+
+JSONL_FILE = "predictions.jsonl"
+SAVE_DIR_MARKER = ".ssd-predict"
+"""The file that marks a folder as an ``ssd predict`` save folder (never read back as input)."""
+
+
+def read_jsonl(path: str | Path) -> Iterator[dict]:
+    """The records of a ``predictions.jsonl``, one at a time; a last line without its newline (a run killed while
+    writing it) is ignored."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.endswith("\n"):
+                yield json.loads(line)
+
+
+def exclude_save_dirs(files: Iterable[Path]) -> tuple[list[Path], list[Path]]:
+    """``(kept, save_dirs)``: the files not inside an ``ssd predict`` save folder (one holding
+    :data:`SAVE_DIR_MARKER`, at any depth above them), and the save folders that held the others, sorted."""
+    marked: dict[Path, Path | None] = {}  # folder -> the save folder it is inside, or None
+
+    def save_dir_of(folder: Path) -> Path | None:
+        if folder not in marked:
+            own = folder if (folder / SAVE_DIR_MARKER).is_file() else None
+            marked[folder] = own or (save_dir_of(folder.parent) if folder.parent != folder else None)
+        return marked[folder]
+
+    kept, found = [], set()
+    for file in files:
+        owner = save_dir_of(Path(os.path.abspath(file.parent)))
+        if owner is None:
+            kept.append(file)
+        else:
+            found.add(owner)
+    return kept, sorted(found)
+
+
+class PredictionWriter:
+    """The outputs of one ``ssd predict`` run in ``save_dir``; a context manager: entering it writes the marker and
+    opens the JSONL, leaving it (an error or Ctrl-C included) closes the JSONL and assembles the ``fmt`` file.
+
+    Args:
+        save_dir: the run's folder (already made).
+        names: the input file -> its name relative to ``save_dir`` (that of its drawn copy; videos ``.mp4``).
+        class_names: label ``k`` -> name; ``category_ids``: label -> the dataset's id (COCO), or ``None``.
+        fmt: a key of :data:`ssd.inference.result_files.FORMATS`. ``model_version``: Label Studio's field.
+        save_txt, save_conf: YOLO label files (and their confidences), see :class:`YoloLabelWriter`.
+        save_crop: a crop per detection, see :class:`CropWriter` (``max_crops`` the cap).
+    """
+
+    def __init__(self, save_dir: Path, names: dict[Path, Path], class_names: list[str], *, fmt: str = "json",
+                 category_ids: list[int] | None = None, model_version: str = "ssd", save_txt: bool = False,
+                 save_conf: bool = False, save_crop: bool = False, max_crops: int | None = None):
+        check_format(fmt)
+        self.save_dir, self.names, self.class_names = save_dir, names, class_names
+        self.fmt, self.category_ids, self.model_version = fmt, category_ids, model_version
+        self.jsonl_file = save_dir / JSONL_FILE
+        self.results_file = save_dir / FORMATS[fmt]
+        self.labels = YoloLabelWriter(save_dir, class_names, save_conf) if save_txt else None
+        self.crops = CropWriter(save_dir, class_names, max_crops) if save_crop else None
+        self.count = 0
+        self.tracked = False
+        self._jsonl: IO[str] | None = None
+
+    def check(self, inputs: list[Path]) -> None:
+        """Refuse, before anything is written, a plan in which one of the fixed outputs is one of ``inputs``."""
+        fixed = [self.save_dir / SAVE_DIR_MARKER, self.jsonl_file, self.results_file]
+        if self.labels is not None:
+            fixed += [self.labels.data_file, *(self.labels.image_link(name) for name in self.names.values())]
+        check_outputs(fixed, inputs=inputs, what="--save-dir output")
+
+    def __enter__(self) -> PredictionWriter:
+        write_text(self.save_dir / SAVE_DIR_MARKER, "written by ssd predict: never read as input\n")
+        if self.labels is not None:
+            self.labels.start()
+        self._jsonl = open(self.jsonl_file, "w", encoding="utf-8")
+        return self
+
+    def write(self, result: Result, image: Tensor, frame: int | None = None) -> None:
+        """One image's (or video frame's, ``frame`` its index) result; ``image`` ``[3, H, W]`` uint8 its pixels."""
+        record = result.to_dict()
+        if frame is not None:
+            record["frame"] = frame
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()  # a kill from now on keeps this line
+        self.tracked |= result.track_ids is not None
+        name = self._name(result.path)
+        if self.labels is not None:
+            self.labels.write(result, name, image, frame)
+        if self.crops is not None:
+            self.crops.write(result, name, image, self.count)
+        self.count += 1
+
+    def _name(self, path: str | None) -> Path:
+        """The input's name relative to ``save_dir``; an in-memory or live input is named after its index."""
+        name = self.names.get(Path(path)) if path is not None else None
+        return name if name is not None else Path(f"input{self.count}.jpg")
+
+    def __exit__(self, *exc) -> None:
+        if self._jsonl is None:
+            return
+        self._jsonl.close()
+        self._jsonl = None
+        write_results(self.fmt, read_jsonl(self.jsonl_file), self.results_file, class_names=self.class_names,
+                      category_ids=self.category_ids, model_version=self.model_version, tracked=self.tracked)
+
+    def report(self) -> list[str]:
+        """Lines for the run's summary: what the per-detection outputs wrote and what they could not."""
+        lines = [f"{self.count} results streamed to {self.jsonl_file}"]
+        if self.labels is not None:
+            lines += self.labels.report()
+        if self.crops is not None:
+            lines += self.crops.report()
+        return lines

@@ -1,0 +1,79 @@
+"""``ssd predict --save-txt``: the detections as a YOLO dataset that ``ssd train`` and ``ssd check`` read.
+
+In ``<save_dir>/yolo``: ``images/<name>`` links to each input image (a video frame is saved there as
+``<name>_<frame>.jpg``), ``labels/...`` one ``.txt`` per image (paired as :func:`ssd.data.yolo.label_path` pairs
+them: ``class cx cy w h`` normalized to the image, one detection a line, an empty file for an image without
+detections) and ``data.yaml`` (``train: images`` and the class names). ``save_conf`` adds each detection's score as
+a sixth value, as Ultralytics does: pseudo-labels to review, which no YOLO reader takes as a dataset, so no
+``data.yaml`` is written then.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+from torch import Tensor
+
+from ssd.data.yolo import label_path
+from ssd.files import write_text
+from ssd.inference.pipeline import Result
+from ssd.plots import save_image
+
+__all__ = ["YoloLabelWriter", "yolo_lines"]
+
+
+def yolo_lines(result: Result, save_conf: bool = False) -> str:
+    """``class cx cy w h [score]`` lines of ``result`` (coordinates normalized to its image), newline-terminated."""
+    scale = result.boxes.new_tensor([result.width, result.height] * 2)
+    xyxy = result.boxes / scale
+    cxcywh = ((xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2])
+    lines = []
+    for label, (cx, cy), (w, h), score in zip(result.labels.tolist(), cxcywh[0].tolist(), cxcywh[1].tolist(),
+                                              result.scores.tolist()):
+        lines.append(f"{label} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}" + (f" {score:.5f}" if save_conf else ""))
+    return "".join(line + "\n" for line in lines)
+
+
+class YoloLabelWriter:
+    """The ``yolo/`` folder of a save folder: :meth:`start` writes ``data.yaml``, :meth:`write` one image's files."""
+
+    def __init__(self, save_dir: Path, class_names: list[str], save_conf: bool = False):
+        self.root = save_dir / "yolo"
+        self.data_file = self.root / "data.yaml"
+        self.class_names, self.save_conf = class_names, save_conf
+        self.files = 0
+
+    def image_link(self, name: Path) -> Path:
+        """Where the input image named ``name`` (relative to the save folder) is linked."""
+        return self.root / "images" / name
+
+    def start(self) -> None:
+        if not self.save_conf:
+            write_text(self.data_file, yaml.safe_dump({"train": "images", "names": list(self.class_names)},
+                                                      allow_unicode=True, sort_keys=False))
+
+    def write(self, result: Result, name: Path, image: Tensor, frame: int | None) -> None:
+        """``result``'s label file, and its image: the input linked (copied where links are refused) or, for a
+        video frame, ``image`` ``[3, H, W]`` uint8 saved."""
+        link = self.image_link(name)
+        if frame is None:
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.unlink(missing_ok=True)  # this folder's own link of an earlier run (--exist-ok)
+            try:
+                os.symlink(os.path.abspath(result.path), link)
+            except OSError:  # a file system without symbolic links
+                shutil.copyfile(result.path, link)
+        else:
+            link = save_image(image, link.with_name(f"{link.stem}_{frame:06d}.jpg"))
+        write_text(label_path(link), yolo_lines(result, self.save_conf))
+        self.files += 1
+
+    def report(self) -> list[str]:
+        where = f"YOLO labels: {self.files} files in {self.root / 'labels'}"
+        if self.save_conf:
+            return [f"{where} (with confidences, a sixth value per line: no data.yaml; to train on them, predict "
+                    "without --save-conf)"]
+        return [f"{where}; read them as a dataset: ssd check {self.data_file}"]
