@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The optional dependencies (pyproject extras) each goal installs; append new extras here.
 DEMO_EXTRAS := tensorboard
-TEST_EXTRAS := dev,export,video,tensorboard,eval,openvino,track,supervision
+TEST_EXTRAS := dev,export,video,tensorboard,eval,openvino,serve,track,supervision
 
 .PHONY: demo test lint install clean
 

@@ -78,6 +78,14 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from ssd.serve.server import serve
+
+    serve(args.weights, host=args.host, port=args.port, device=args.device, half=args.half, **thresholds(args),
+          max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, samples=args.samples)
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     from ssd.export.formats import export
 
@@ -184,6 +192,6 @@ def _cmd_weights(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "export": _cmd_export,
+COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "serve": _cmd_serve, "export": _cmd_export,
             "benchmark": _cmd_benchmark, "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import,
             "weights": _cmd_weights}

@@ -26,9 +26,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="ssd", description="SSD object detection that just works on your own data.", epilog=EPILOG)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", parser_class=Parser,
-                                metavar="{train,val,predict,export,benchmark,check,demo,import,weights}")
-    for add in (_add_train_parser, _add_val_parser, _add_predict_parser, _add_export_parser, _add_benchmark_parser,
-                _add_check_parser, _add_demo_parser, _add_import_parser, _add_weights_parser):
+                                metavar="{train,val,predict,serve,export,benchmark,check,demo,import,weights}")
+    for add in (_add_train_parser, _add_val_parser, _add_predict_parser, _add_serve_parser, _add_export_parser,
+                _add_benchmark_parser, _add_check_parser, _add_demo_parser, _add_import_parser, _add_weights_parser):
         add(sub)
     return parser
 
@@ -90,6 +90,22 @@ def _add_predict_parser(sub) -> None:
     p.add_argument("--classes", nargs="+", metavar="CLASS", help="keep only these classes (names or labels 0..K-1)")
     p.add_argument("--workers", type=int, default=2, help="threads decoding images ahead (0: in the main thread)")
     add_tile_options(p)
+
+
+def _add_serve_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over HTTP: POST /predict, /model, /metrics and a page at /",
+                       epilog=EPILOG)
+    p.add_argument("--weights", required=True, type=Path, help="anything ssd predict takes")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--half", action="store_true", help="half precision (CUDA only)")
+    add_threshold_options(p, PREDICT, "requests' default ", model_conf=True)
+    p.add_argument("--max-batch", type=int, default=8,
+                   help="most concurrent requests run as one batch (default: 8; 1: no batching)")
+    p.add_argument("--max-wait-ms", type=float, default=5.0,
+                   help="how long the first request of a batch waits for others, in ms (default: 5)")
+    p.add_argument("--samples", type=Path, help="folder of example images the page at / offers")
 
 
 def _add_export_parser(sub) -> None:

@@ -39,8 +39,8 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 from ssd._utils import as_hw
 from ssd.data.records import DataError
 
-__all__ = ["IMAGE_SUFFIXES", "ImageError", "ImageWarning", "read_image", "read_image_size", "is_image", "verify_image",
-           "pil_to_rgb", "exif_transposed"]
+__all__ = ["IMAGE_SUFFIXES", "ImageError", "ImageWarning", "read_image", "decode_image", "read_image_size", "is_image",
+           "verify_image", "pil_to_rgb", "exif_transposed"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 _EXIF_ORIENTATION = 0x0112
@@ -186,6 +186,13 @@ def read_image(path: str | Path, min_size: int | tuple[int, int] | None = None) 
         raise _error(path, "image file does not exist", "missing_image") from e
     except OSError as e:
         raise _error(path, f"cannot read image file ({e.strerror or e})") from e
+    return decode_image(data, path, min_size)
+
+
+def decode_image(data: bytes, name: str | Path = "<image>", min_size: int | tuple[int, int] | None = None) -> Tensor:
+    """Decode the bytes of an image file (an upload, say) as :func:`read_image` decodes a file, by the same rules;
+    :class:`ImageError` messages name it ``name``."""
+    path = Path(name)
     with _open(path, data) as im:
         try:
             orientation = _orientation(im, path)

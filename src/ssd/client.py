@@ -1,0 +1,89 @@
+"""A client of ``ssd serve``: :class:`Client` sends images and returns the same
+:class:`~ssd.inference.pipeline.Result` objects as ``ssd.load(...).predict`` (httpx, the ``[serve]`` extra)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ssd._utils import require
+from ssd.inference.pipeline import Result
+
+__all__ = ["Client", "ServerError"]
+
+
+class ServerError(ValueError):
+    """The server refused a request: ``status`` and its message (the JSON ``error``)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+class Client:
+    """``Client("http://127.0.0.1:8000").predict("image.jpg")`` -> ``[Result]``; ``timeout`` in seconds per
+    request. Use it as a context manager, or :meth:`close` it, to close its connections."""
+
+    def __init__(self, url: str, timeout: float = 60.0):
+        httpx = require("httpx", "serve", "ssd.client.Client")
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(base_url=self.url, timeout=timeout)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def predict(self, source: str | Path | Sequence[str | Path], *, score_threshold: float | None = None,
+                iou_threshold: float | None = None, max_detections: int | None = None,
+                classes: Sequence[str | int] | None = None) -> list[Result]:
+        """Detections of one image file or a list of them, one :class:`Result` per image in order (``path``: the
+        file as given); thresholds not given are the server's defaults; ``classes``: names or labels to keep.
+
+        Raises :class:`ServerError` with the server's reason for a refused request."""
+        paths = list(source) if isinstance(source, (list, tuple)) else [source]
+        query: dict[str, Any] = {key: value for key, value in (("conf", score_threshold), ("iou", iou_threshold),
+                                                               ("max_det", max_detections)) if value is not None}
+        if classes is not None:
+            query["classes"] = ",".join(map(str, classes))
+        results = []
+        for path in paths:
+            response = self._http.post("/predict", params=query, content=Path(path).read_bytes(),
+                                       headers={"Content-Type": "application/octet-stream"})
+            results.append(_result(self._json(response), str(path)))
+        return results
+
+    def model(self) -> dict[str, Any]:
+        """The server's model card (``GET /model``)."""
+        return self._json(self._http.get("/model"))
+
+    def health(self) -> dict[str, Any]:
+        return self._json(self._http.get("/health"))
+
+    @staticmethod
+    def _json(response) -> Any:
+        if response.is_success:
+            return response.json()
+        try:
+            message = response.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:200]
+        raise ServerError(f"{response.request.method} {response.request.url}: {response.status_code} {message}",
+                          response.status_code)
+
+
+def _result(answer: dict[str, Any], path: str) -> Result:
+    """A ``/predict`` answer (:meth:`Result.to_dict`) back to a :class:`Result`: JSON numbers are the float32 values
+    written exactly, so the tensors are equal to the server's."""
+    detections = answer["detections"]
+    return Result(boxes=torch.tensor([d["box"] for d in detections], dtype=torch.float32).reshape(-1, 4),
+                  scores=torch.tensor([d["score"] for d in detections], dtype=torch.float32),
+                  labels=torch.tensor([d["label"] for d in detections], dtype=torch.int64),
+                  names=[d["name"] for d in detections], width=answer["width"], height=answer["height"], path=path)

@@ -1,0 +1,170 @@
+"""The FastAPI app of ``ssd serve`` (:func:`create_app`).
+
+Routes: ``POST /predict`` (an image as the body or a one-file multipart form; query options :data:`QUERY_OPTIONS`)
+answers :meth:`ssd.inference.pipeline.Result.to_dict` as JSON, or with ``draw=1`` the drawn image (PNG);
+``GET /model`` the model card, ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /`` a page to try images
+on, ``GET /samples`` and ``GET /samples/{name}`` the example images of ``samples`` (a folder).
+
+Every error is JSON, ``{"error": message}``, with its status (400 bad option or image, 404, 405, 413 upload too
+large, 415 wrong content type, 500 a server bug, never a traceback); the server keeps serving after each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from contextlib import asynccontextmanager
+from importlib.resources import files
+from pathlib import Path
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from PIL import Image
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from ssd.data.images import ImageError, decode_image, is_image
+from ssd.inference.pipeline import Detector, Result
+from ssd.limits import MAX_UPLOAD_BYTES
+from ssd.serve.batching import Batcher
+from ssd.serve.card import model_card
+from ssd.serve.metrics import MetricsMiddleware, ServerMetrics
+from ssd.serve.request import QUERY_OPTIONS, RequestError, parse_options, read_upload
+from ssd.settings import PREDICT, Thresholds, check_thresholds
+
+__all__ = ["create_app", "QUERY_OPTIONS"]
+
+
+def create_app(detector: Detector, *, score_threshold: float | None = None,
+               iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
+               max_batch: int = 8, max_wait_ms: float = 5.0, max_upload_bytes: int = MAX_UPLOAD_BYTES,
+               samples: str | Path | None = None) -> FastAPI:
+    """The app serving ``detector``.
+
+    The thresholds are the defaults of requests that do not give ``conf``, ``iou``, ``max_det``
+    (``score_threshold=None``: the model's best-F1 confidence, :meth:`Detector.confidence`). Requests are gathered
+    into batches of up to ``max_batch`` images for at most ``max_wait_ms`` (:class:`~ssd.serve.batching.Batcher`;
+    ``max_batch=1``: no batching). Bodies over ``max_upload_bytes`` are refused with 413. ``samples``: a folder whose
+    images the page offers as examples."""
+    conf, origin = detector.confidence(score_threshold)
+    check_thresholds(conf, iou_threshold, max_detections)
+    defaults = Thresholds(conf, iou_threshold, max_detections)
+    sample_files = _samples(samples)
+    card = {**model_card(detector.backend),
+            "thresholds": {"conf": conf, "conf_origin": origin, "iou": iou_threshold, "max_det": max_detections},
+            "batching": {"max_batch": max_batch, "max_wait_ms": max_wait_ms}}
+    metrics = ServerMetrics()
+    batcher = Batcher(detector, max_batch, max_wait_ms, metrics.batch_size.observe)
+    page = files("ssd.serve").joinpath("page.html").read_text(encoding="utf-8")
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="ssd serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.card = card
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    _add_error_handlers(app)
+
+    @app.post("/predict")
+    async def predict(request: Request) -> Response:
+        options = parse_options(request.query_params.multi_items(), detector.class_names, defaults)
+        data, name = await read_upload(request, max_upload_bytes)
+        image = await run_in_threadpool(decode_image, data, name)
+        result = await batcher.detect(image, options.thresholds)
+        if options.classes is not None:
+            result = _keep(result, options.classes)
+        if options.draw:
+            png = await run_in_threadpool(_drawn, image, result, detector.class_names)
+            return Response(png, media_type="image/png")
+        return JSONResponse({**result.to_dict(), "file": None if name == "upload" else name})
+
+    @app.get("/model")
+    async def model() -> dict:
+        return card
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        body, content_type = metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    @app.get("/", response_class=HTMLResponse)
+    async def index() -> str:
+        return page
+
+    @app.get("/samples")
+    async def sample_names() -> list[str]:
+        return sorted(sample_files)
+
+    @app.get("/samples/{name}")
+    async def sample(name: str) -> FileResponse:
+        if name not in sample_files:
+            raise HTTPException(404, f"no sample image {name!r} (samples: {', '.join(sorted(sample_files)) or 'none'})")
+        return FileResponse(sample_files[name])
+
+    return app
+
+
+def _samples(folder: str | Path | None) -> dict[str, Path]:
+    """The images directly inside ``folder`` by file name (only these are served: no path reaches elsewhere)."""
+    if folder is None:
+        return {}
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"samples folder {folder} does not exist")
+    return {p.name: p for p in folder.iterdir() if p.is_file() and is_image(p)}
+
+
+def _keep(result: Result, labels: frozenset[int]) -> Result:
+    """``result`` with only the detections of ``labels`` (the query's ``classes``)."""
+    keep = torch.isin(result.labels, torch.tensor(sorted(labels), dtype=result.labels.dtype))
+    return dataclasses.replace(result, boxes=result.boxes[keep], scores=result.scores[keep],
+                               labels=result.labels[keep],
+                               names=[n for n, k in zip(result.names, keep.tolist()) if k])
+
+
+def _drawn(image: torch.Tensor, result: Result, class_names: list[str]) -> bytes:
+    """The image with its detections drawn (:func:`ssd.plots.draw_detections`), as PNG bytes."""
+    from ssd.plots import draw_detections
+
+    drawn = draw_detections(image, result.boxes, result.labels, result.scores, class_names)
+    buffer = io.BytesIO()
+    Image.fromarray(drawn.permute(1, 2, 0).numpy()).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as ``{"error": message}``: the request's fault with its reason, a server fault without a
+    traceback (the server's log has it)."""
+
+    @app.exception_handler(RequestError)
+    async def refused(_request: Request, e: RequestError) -> JSONResponse:
+        return _error(e.status, str(e))
+
+    @app.exception_handler(ImageError)
+    async def bad_image(_request: Request, e: ImageError) -> JSONResponse:
+        return _error(400, str(e))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_request: Request, e: HTTPException) -> JSONResponse:
+        return _error(e.status_code, str(e.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, e: RequestValidationError) -> JSONResponse:
+        return _error(400, "; ".join(str(error.get("msg")) for error in e.errors()))
+
+    @app.exception_handler(Exception)
+    async def server_fault(_request: Request, e: Exception) -> JSONResponse:
+        return _error(500, f"internal server error ({type(e).__name__}); the request can be retried")

@@ -1,0 +1,108 @@
+"""Dynamic batching: the images of concurrent requests gathered into one batch for the network.
+
+A request's image waits in a queue; the gatherer takes the first one, then whatever arrives within ``max_wait_ms``
+(or is already waiting) up to ``max_batch`` images, and runs each group of requests with the same thresholds as one
+:meth:`ssd.inference.pipeline.Detector.detect` call (one :func:`ssd.detect.detect_batch`) on a single inference
+thread, so the event loop keeps accepting requests while the network runs. ``max_batch=1`` turns batching off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from torch import Tensor
+
+from ssd.inference.pipeline import Detector, Result
+from ssd.settings import ConfigError
+
+__all__ = ["Batcher"]
+
+
+@dataclass
+class _Request:
+    image: Tensor
+    thresholds: tuple[tuple[str, float | int], ...]
+    future: asyncio.Future
+
+
+class Batcher:
+    """Runs requests' images through ``detector`` in batches of up to ``max_batch``, gathered for at most
+    ``max_wait_ms`` after the first; ``on_batch(size)`` is called for each batch run (the metrics).
+
+    Use inside a running event loop: :meth:`start`, then :meth:`detect` from any number of tasks, then :meth:`stop`.
+    """
+
+    def __init__(self, detector: Detector, max_batch: int = 8, max_wait_ms: float = 5.0,
+                 on_batch: Callable[[int], None] | None = None):
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ConfigError(f"max_batch must be a positive integer, got {max_batch}")
+        if not 0 <= max_wait_ms <= 10_000:
+            raise ConfigError(f"max_wait_ms must be in [0, 10000] milliseconds, got {max_wait_ms}")
+        self.detector, self.max_batch, self.max_wait = detector, max_batch, max_wait_ms / 1000
+        self.on_batch = on_batch
+        self._queue: asyncio.Queue[_Request] = asyncio.Queue()
+        self._executor: ThreadPoolExecutor | None = None
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ssd-inference")  # one batch at a time
+        self._task = asyncio.get_running_loop().create_task(self._gather())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+
+    async def detect(self, image: Tensor, thresholds: dict[str, float | int]) -> Result:
+        """Detections of one ``[3, H, W]`` uint8 image with ``Detector.detect``'s ``thresholds``, run in a batch with
+        the requests that arrive meanwhile."""
+        future = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Request(image, tuple(sorted(thresholds.items())), future))
+        return await future
+
+    async def _gather(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await self._queue.get()]
+            deadline = loop.time() + self.max_wait
+            while len(batch) < self.max_batch:
+                if self._queue.empty():
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        batch.append(await asyncio.wait_for(self._queue.get(), remaining))
+                    except TimeoutError:
+                        break
+                else:
+                    batch.append(self._queue.get_nowait())
+            groups: dict[tuple, list[_Request]] = {}
+            for request in batch:
+                groups.setdefault(request.thresholds, []).append(request)
+            for thresholds, group in groups.items():
+                await self._run(group, dict(thresholds))
+
+    async def _run(self, group: list[_Request], thresholds: dict[str, float | int]) -> None:
+        images = [request.image for request in group]
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(
+                self._executor, lambda: self.detector.detect(images, **thresholds))
+        except Exception as e:  # the requests of this batch fail with it; the server goes on with the next batch
+            results = [e] * len(group)
+        else:
+            if self.on_batch is not None:
+                self.on_batch(len(group))
+        for request, result in zip(group, results):
+            if request.future.done():  # the client went away
+                continue
+            if isinstance(result, Exception):
+                request.future.set_exception(result)
+            else:
+                request.future.set_result(result)

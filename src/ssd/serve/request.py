@@ -1,0 +1,157 @@
+"""What a ``POST /predict`` request asks for: its query options, checked (:func:`parse_options`), and its image bytes,
+read under the upload bound (:func:`read_upload`). Every refusal is a :class:`RequestError` carrying its HTTP status,
+which the app sends as JSON."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.requests import Request
+
+from ssd._utils import did_you_mean
+from ssd.limits import value_text
+from ssd.settings import ConfigError, Thresholds, check_thresholds
+
+__all__ = ["QUERY_OPTIONS", "ACCEPTED_TYPES", "RequestError", "PredictOptions", "parse_options", "read_upload"]
+
+QUERY_OPTIONS = ("conf", "iou", "max_det", "classes", "draw")
+"""The query options of ``POST /predict``: the ``ssd predict`` thresholds (``--conf``, ``--iou``, ``--max-det``), the
+classes to keep (names or labels, comma-separated) and ``draw=1`` (answer with the drawn image)."""
+
+_THRESHOLD_NAMES = {"score_threshold": "conf", "iou_threshold": "iou", "max_detections": "max_det"}
+
+ACCEPTED_TYPES = ("multipart/form-data", "image/*", "application/octet-stream")
+"""Content types of an upload: a form with one file part, or the image file's bytes as the body."""
+
+
+class RequestError(ValueError):
+    """A request the server refuses, with its HTTP ``status`` (400 bad value or image, 413 too large, 415 wrong
+    content type)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """One request's options: thresholds as :meth:`ssd.inference.pipeline.Detector.detect` takes them, the labels to
+    keep (``None``: all) and whether to answer with the drawn image."""
+
+    score_threshold: float
+    iou_threshold: float
+    max_detections: int
+    classes: frozenset[int] | None = None
+    draw: bool = False
+
+    @property
+    def thresholds(self) -> dict[str, float | int]:
+        """The keyword arguments of ``Detector.detect``; requests with equal ones can share a batch."""
+        return dict(score_threshold=self.score_threshold, iou_threshold=self.iou_threshold,
+                    max_detections=self.max_detections)
+
+
+def parse_options(items: Sequence[tuple[str, str]], class_names: Sequence[str], defaults: Thresholds
+                  ) -> PredictOptions:
+    """The query ``items`` (name, value pairs) of a request, checked: unknown names are answered with the closest
+    valid ones, a repeated name or a value out of range names the option, the value and the rule."""
+    given: dict[str, str] = {}
+    for name, value in items:
+        if name not in QUERY_OPTIONS:
+            raise RequestError(f"unknown query option {value_text(name)}{did_you_mean(name, QUERY_OPTIONS)} "
+                               f"(options: {', '.join(QUERY_OPTIONS)})")
+        if name in given:
+            raise RequestError(f"query option {name} given twice ({value_text(given[name])}, {value_text(value)}): "
+                               "give it once")
+        given[name] = value
+    conf = _number(given, "conf", float, defaults.score_threshold)
+    iou = _number(given, "iou", float, defaults.iou_threshold)
+    max_det = _number(given, "max_det", int, defaults.max_detections)
+    try:
+        check_thresholds(conf, iou, max_det, names=_THRESHOLD_NAMES)
+    except ConfigError as e:
+        raise RequestError(str(e)) from None
+    classes = _classes(given["classes"], class_names) if "classes" in given else None
+    draw = given.get("draw", "0").lower()
+    if draw not in ("0", "1", "true", "false"):
+        raise RequestError(f"draw must be 1 or 0 (true or false), got {value_text(given['draw'])}")
+    return PredictOptions(conf, iou, max_det, classes, draw in ("1", "true"))
+
+
+def _number(given: dict[str, str], name: str, kind: type, default: float | int) -> float | int:
+    if name not in given:
+        return default
+    try:
+        return kind(given[name])
+    except ValueError:
+        what = "an integer" if kind is int else "a number"
+        raise RequestError(f"{name} must be {what}, got {value_text(given[name])}") from None
+
+
+def _classes(text: str, class_names: Sequence[str]) -> frozenset[int]:
+    """``"cat,2"`` -> labels: each item a class name or a label ``0..K-1``."""
+    labels = set()
+    for item in (part.strip() for part in text.split(",")):
+        if item.isdigit() and int(item) < len(class_names):
+            labels.add(int(item))
+        elif item in class_names:
+            labels.add(list(class_names).index(item))
+        else:
+            raise RequestError(f"classes: {value_text(item)} is neither a class name nor a label "
+                               f"0..{len(class_names) - 1}{did_you_mean(item, class_names)}")
+    return frozenset(labels)
+
+
+async def _limited(request: Request, limit: int) -> AsyncIterator[bytes]:
+    """The request body's chunks, refused with 413 once more than ``limit`` bytes have arrived (a body without a
+    ``Content-Length``, or one longer than it said)."""
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit:
+            raise RequestError(_too_large(limit), 413)
+        yield chunk
+
+
+def _too_large(limit: int) -> str:
+    return f"upload over the limit of {limit:,} bytes (ssd.limits.MAX_UPLOAD_BYTES)"
+
+
+async def read_upload(request: Request, limit: int) -> tuple[bytes, str]:
+    """The image file a request carries, and its name for messages (the form's file name, else ``upload``).
+
+    A ``Content-Length`` over ``limit`` is refused before any of the body is read; a form needs exactly one file
+    part; a body of another content type than :data:`ACCEPTED_TYPES` is refused with 415."""
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > limit:
+        raise RequestError(_too_large(limit), 413)
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media == "multipart/form-data":
+        return await _form_file(request, limit)
+    if media and not (media.startswith("image/") or media == "application/octet-stream"):
+        raise RequestError(f"content type {value_text(media)} is not an upload: send {', '.join(ACCEPTED_TYPES)}", 415)
+    body = b"".join([chunk async for chunk in _limited(request, limit)])
+    if not body:
+        raise RequestError("empty body: send an image file's bytes, or a multipart form with one file part")
+    return body, "upload"
+
+
+async def _form_file(request: Request, limit: int) -> tuple[bytes, str]:
+    parser = MultiPartParser(request.headers, _limited(request, limit), max_files=1, max_fields=0,
+                             max_part_size=limit)
+    try:
+        form = await parser.parse()
+    except MultiPartException as e:
+        raise RequestError(f"multipart form: {e.message} (send one file part and no other field)") from None
+    files = [value for _, value in form.multi_items() if not isinstance(value, str)]
+    if not files:
+        raise RequestError("multipart form without a file part: send the image as a file")
+    try:
+        data = await files[0].read()
+    finally:
+        await form.close()
+    if not data:
+        raise RequestError(f"empty file part {value_text(files[0].filename)}: send an image")
+    return data, files[0].filename or "upload"

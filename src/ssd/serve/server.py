@@ -1,0 +1,64 @@
+"""``ssd serve``: open a model, build its app (:func:`ssd.serve.app.create_app`) and run it with uvicorn."""
+
+from __future__ import annotations
+
+import ipaddress
+import warnings
+from pathlib import Path
+
+from ssd._utils import require
+from ssd.settings import PREDICT
+
+__all__ = ["ServeWarning", "serve", "exposure_warning", "DEFAULT_HOST", "DEFAULT_PORT"]
+
+DEFAULT_HOST = "127.0.0.1"
+"""Only this machine can reach the server unless told otherwise."""
+
+DEFAULT_PORT = 8000
+
+
+class ServeWarning(UserWarning):
+    """The server is reachable from other machines."""
+
+
+def exposure_warning(host: str) -> str | None:
+    """What binding ``host`` exposes, or ``None`` for a loopback address (this machine only)."""
+    if host == "localhost":
+        return None
+    try:
+        if ipaddress.ip_address(host).is_loopback:
+            return None
+    except ValueError:  # a host name: it may resolve to any interface
+        pass
+    return (f"serving on {host}: other machines that reach it can send images and read the model card; the server "
+            f"has no authentication or TLS, so put it behind a proxy that adds them, or bind {DEFAULT_HOST}")
+
+
+def serve(weights: str | Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, device: str = "cpu",
+          half: bool = False, score_threshold: float | None = None, iou_threshold: float = PREDICT.iou_threshold,
+          max_detections: int = PREDICT.max_detections, max_batch: int = 8, max_wait_ms: float = 5.0,
+          samples: str | Path | None = None) -> None:
+    """Serve ``weights`` (anything :func:`ssd.inference.pipeline.load` opens) on ``host:port`` until interrupted.
+
+    See :func:`ssd.serve.app.create_app` for the routes and the other options. A host other than a loopback address
+    is served with a :class:`ServeWarning`."""
+    uvicorn = require("uvicorn", "serve", "ssd serve")
+    require("fastapi", "serve", "ssd serve")
+    from ssd.inference.pipeline import load
+    from ssd.serve.app import create_app
+
+    detector = load(weights, device=device, half=half)
+    app = create_app(detector, score_threshold=score_threshold, iou_threshold=iou_threshold,
+                     max_detections=max_detections, max_batch=max_batch, max_wait_ms=max_wait_ms, samples=samples)
+    warning = exposure_warning(host)
+    if warning is not None:
+        warnings.warn(ServeWarning(warning), stacklevel=2)
+    conf = app.state.card["thresholds"]
+    batching = f"batches of up to {max_batch} within {max_wait_ms:g} ms" if max_batch > 1 else "no batching"
+    print(f"serving {detector.backend.model_name} ({detector.backend.name}) on http://{_url_host(host)}:{port} "
+          f"(conf {conf['conf']:g}: {conf['conf_origin']}; {batching})", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,264 @@
+"""``ssd serve``: a real uvicorn server on a free 127.0.0.1 port (in a thread), driven by real HTTP clients."""
+
+import asyncio
+import contextlib
+import io
+import json
+import shutil
+import socket
+import struct
+import subprocess
+import threading
+import zlib
+
+import pytest
+import torch
+from PIL import Image
+
+pytest.importorskip("fastapi", reason="ssd serve needs the [serve] extra: pip install 'ssd-detect[serve]'")
+pytest.importorskip("uvicorn", reason="ssd serve needs the [serve] extra: pip install 'ssd-detect[serve]'")
+httpx = pytest.importorskip("httpx", reason="ssd.client needs the [serve] extra: pip install 'ssd-detect[serve]'")
+
+import uvicorn  # noqa: E402
+
+from ssd.cli import main  # noqa: E402
+from ssd.client import Client, ServerError  # noqa: E402
+from ssd.inference.pipeline import load  # noqa: E402
+from ssd.limits import MAX_UPLOAD_BYTES  # noqa: E402
+from ssd.serve.app import create_app  # noqa: E402
+from ssd.serve.server import exposure_warning  # noqa: E402
+
+CONCURRENT = 32
+TOP = 3  # detections compared per image in the concurrency test (max_det)
+
+
+@contextlib.contextmanager
+def running(app):
+    """``app`` served by uvicorn in a thread on a free 127.0.0.1 port; yields the base URL. The socket listens before
+    the server starts, so the first request waits in its backlog instead of racing the start."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        sock.close()
+    assert not thread.is_alive()
+
+
+def _jpeg(image: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image.permute(1, 2, 0).numpy()).save(buffer, format="JPEG", quality=95)
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def detector(tiny_checkpoint):
+    return load(tiny_checkpoint)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory, detector):
+    """``CONCURRENT`` JPEG files of distinct sizes whose top ``TOP + 1`` scores are at least 1e-4 apart, so that the
+    float rounding of another batch composition (about 1e-6) cannot reorder them."""
+    folder = tmp_path_factory.mktemp("serve_images")
+    candidates = []
+    for i in range(CONCURRENT + 16):
+        generator = torch.Generator().manual_seed(i)
+        candidates.append(folder / f"image{i}.jpg")
+        image = torch.randint(0, 256, (3, 48 + 3 * i, 64 + 2 * i), dtype=torch.uint8, generator=generator)
+        candidates[-1].write_bytes(_jpeg(image))
+    found = detector.predict(candidates, max_detections=TOP + 1, batch_size=len(candidates))
+    paths = [path for path, result in zip(candidates, found)
+             if len(result.scores) == TOP + 1 and bool((result.scores[:-1] - result.scores[1:] > 1e-4).all())]
+    assert len(paths) >= CONCURRENT
+    return paths[:CONCURRENT]
+
+
+@pytest.fixture(scope="module")
+def server(detector, images):
+    app = create_app(detector, max_batch=8, max_wait_ms=20, samples=images[0].parent)
+    with running(app) as url:
+        yield url
+
+
+def _assert_close(answer: dict, expected) -> None:
+    """A ``/predict`` answer against a ``Result``: the same image and detections, up to the float rounding of
+    another batch composition."""
+    assert (answer["width"], answer["height"]) == (expected.width, expected.height)
+    detections = answer["detections"]
+    assert [d["label"] for d in detections] == expected.labels.tolist()
+    assert [d["name"] for d in detections] == expected.names
+    torch.testing.assert_close(torch.tensor([d["box"] for d in detections]), expected.boxes, rtol=0, atol=1e-3)
+    torch.testing.assert_close(torch.tensor([d["score"] for d in detections]), expected.scores, rtol=0, atol=1e-5)
+
+
+def test_predict_equals_detector_predict_exactly(server, detector, images):
+    path = images[0]
+    expected = detector.predict(path)[0]
+    with Client(server) as client:
+        (result,) = client.predict(path)
+        card = client.model()
+        assert client.health() == {"status": "ok"}
+    for name in ("boxes", "scores", "labels"):
+        assert torch.equal(getattr(result, name), getattr(expected, name)), name
+    assert (result.names, result.width, result.height, result.path) == (
+        expected.names, expected.width, expected.height, expected.path)
+    assert len(result.boxes) > 0
+    # a multipart form gives the same answer, named by its file name
+    answer = httpx.post(f"{server}/predict", files={"image": (path.name, path.read_bytes(), "image/jpeg")}).json()
+    assert answer == {**expected.to_dict(), "file": path.name}
+    assert card["name"] == "ssd_tiny" and card["format"] == "torch"
+    assert card["classes"] == ["circle", "square", "triangle"] and card["input_size"] == {"height": 128, "width": 128}
+    assert card["thresholds"] == {"conf": 0.25, "conf_origin": "default", "iou": 0.45, "max_det": 100}
+    assert len(card["sha256"]) == 64 and card["operating_point"] is None
+
+
+def test_concurrent_requests_are_each_answered_with_their_own_image(server, detector, images):
+    expected = detector.predict(images, max_detections=TOP, batch_size=len(images))
+    before = _metric(server, "ssd_batch_size_sum")
+
+    async def send_all():
+        async with httpx.AsyncClient(base_url=server, timeout=60,
+                                     limits=httpx.Limits(max_connections=CONCURRENT)) as client:
+            return await asyncio.gather(*[
+                client.post("/predict", params={"max_det": TOP}, content=path.read_bytes(),
+                            headers={"Content-Type": "image/jpeg"}) for path in images])
+
+    answers = asyncio.run(send_all())
+    for answer, want in zip(answers, expected):
+        assert answer.status_code == 200, answer.text
+        _assert_close(answer.json(), want)
+    # every image went through exactly one batch; the batch-size histogram counts them all
+    assert _metric(server, "ssd_batch_size_sum") - before == CONCURRENT
+
+
+def _metric(url: str, name: str, labels: str = "") -> float:
+    text = httpx.get(f"{url}/metrics").text
+    line = next((line for line in text.splitlines() if line.startswith(name + labels + " ")), None)
+    return 0.0 if line is None else float(line.rsplit(" ", 1)[1])
+
+
+def _bomb_png(width: int, height: int) -> bytes:
+    """A PNG whose header claims ``width x height`` gray pixels, with one row of data: refused from the header."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * (width + 1)))
+            + chunk(b"IEND", b""))
+
+
+def _raw_request(url: str, head: str, body: bytes) -> tuple[int, dict]:
+    """Send ``head`` and ``body`` on a plain socket, read the answer: for uploads a client would not finish."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(head.encode() + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    status = int(answer.split(b" ", 2)[1])
+    return status, json.loads(answer.split(b"\r\n\r\n", 1)[1])
+
+
+def _length(answer: bytes) -> int:
+    for line in answer.split(b"\r\n\r\n", 1)[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":")[1])
+    return 0
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow's, before the refusal
+def test_bad_requests_get_a_json_reason_and_the_server_keeps_serving(server, images):
+    jpeg = images[1].read_bytes()
+    raw = {"Content-Type": "image/jpeg"}
+    cases = [  # (what, request, status, words of the reason)
+        ("empty body", dict(content=b"", headers=raw), 400, "empty body"),
+        ("truncated JPEG", dict(content=jpeg[: len(jpeg) // 2], headers=raw), 400, "upload: image does not decode"),
+        ("not an image", dict(content=b"hello, world", headers=raw), 400, "not an image"),
+        ("decompression bomb", dict(content=_bomb_png(10_000, 10_000), headers=raw), 400,
+         "10000x10000 = 100,000,000 pixels exceed the limit of 89,478,485"),
+        ("wrong content type", dict(content=b'{"image": 1}', headers={"Content-Type": "application/json"}), 415,
+         "content type 'application/json' is not an upload"),
+        ("unknown option", dict(params={"cnf": "0.5"}, content=jpeg, headers=raw), 400,
+         "unknown query option 'cnf'; did you mean 'conf'?"),
+        ("bad value", dict(params={"conf": "2"}, content=jpeg, headers=raw), 400, "conf must be a number in [0, 1]"),
+        ("unknown class", dict(params={"classes": "squar"}, content=jpeg, headers=raw), 400,
+         "did you mean 'square'?"),
+        ("form with a field", dict(data={"note": "x"}, files={"image": ("a.jpg", jpeg)}), 400,
+         "multipart form: Too many fields"),
+        ("form of text", dict(data={"image": "x"}), 415, "content type 'application/x-www-form-urlencoded'"),
+    ]
+    for what, request, status, words in cases:
+        answer = httpx.post(f"{server}/predict", **request)
+        assert answer.status_code == status, what
+        assert words in answer.json()["error"], (what, answer.json())
+        assert httpx.post(f"{server}/predict", content=jpeg, headers=raw).status_code == 200, what
+    # 20 MB announced: refused from its Content-Length after 64 KiB were sent, not after 20 MB
+    head = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: {20_000_000}\r\n\r\n"
+    status, error = _raw_request(server, head, b"\0" * 65536)
+    assert status == 413 and "upload over the limit of 16,777,216 bytes" in error["error"]
+    # a chunked upload with no length is counted as it arrives and refused past the limit
+    chunk = b"\0" * 2**20
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(MAX_UPLOAD_BYTES // len(chunk) + 1))
+    head = "POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nTransfer-Encoding: chunked\r\n\r\n"
+    status, error = _raw_request(server, head, chunks)
+    assert status == 413 and "MAX_UPLOAD_BYTES" in error["error"]
+    missing = httpx.get(f"{server}/nowhere")
+    assert missing.status_code == 404 and missing.json() == {"error": "Not Found"}
+    with Client(server) as client, pytest.raises(ServerError, match="415"):
+        client._json(httpx.post(f"{server}/predict", content=b"x", headers={"Content-Type": "text/plain"}))
+    assert httpx.post(f"{server}/predict", content=jpeg, headers=raw).status_code == 200
+    assert _metric(server, "ssd_request_errors_total", '{route="/predict",status="413"}') == 2
+
+
+def test_draw_classes_and_metrics(server, detector, images):
+    path = images[2]
+    expected = detector.predict(path)[0]
+    drawn = httpx.post(f"{server}/predict", params={"draw": "1"}, content=path.read_bytes())
+    assert drawn.headers["content-type"] == "image/png"
+    with Image.open(io.BytesIO(drawn.content)) as image:
+        assert image.size == (expected.width, expected.height)
+    with Client(server) as client:
+        (squares,) = client.predict(path, classes=["square", 0])
+    keep = [name in ("square", "circle") for name in expected.names]
+    assert squares.names == [n for n, k in zip(expected.names, keep) if k]
+    assert torch.equal(squares.boxes, expected.boxes[torch.tensor(keep)])
+    text = httpx.get(f"{server}/metrics").text
+    assert "# TYPE ssd_request_latency_seconds histogram" in text and "# TYPE ssd_batch_size histogram" in text
+    assert _metric(server, "ssd_requests_total", '{route="/predict",status="200"}') >= 3
+    assert _metric(server, "ssd_request_latency_seconds_count", '{route="/predict"}') >= 3
+
+
+def test_page_renders_the_boxes_of_a_sample_in_headless_chromium(server, detector, images, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium not installed (apt-get install -y chromium)")
+    expected = detector.predict(images[3])[0]
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path}",
+                          "--virtual-time-budget=20000", "--dump-dom", f"{server}/?sample={images[3].name}"],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert 'data-ready="1"' in dom  # the page's start ran to its end
+    assert f'data-count="{len(expected.names)}"' in dom and 'id="error"></p>' in dom
+    assert dom.count('class="box"') == len(expected.names)
+    first = f'data-name="{expected.names[0]}"'
+    assert first in dom and f"{expected.names[0]} {expected.scores[0]:.2f}</span>" in dom
+
+
+def test_serving_beyond_this_machine_is_said():
+    assert exposure_warning("127.0.0.1") is None and exposure_warning("::1") is None
+    assert exposure_warning("localhost") is None
+    assert "no authentication" in exposure_warning("0.0.0.0")
+
+
+def test_ssd_serve_refuses_a_bad_option_in_one_line(tiny_checkpoint, capsys):
+    assert main(["serve", "--weights", str(tiny_checkpoint), "--max-batch", "0"]) == 1
+    assert capsys.readouterr().err == "error: max_batch must be a positive integer, got 0\n"
