@@ -2,8 +2,9 @@
 
 ``<save_dir>/crops/<class>/<image stem>_<index>_<k>.jpg``: ``index`` is the image's line in ``predictions.jsonl``
 and ``k`` the detection's place in it, so every crop leads back to its record. Class folder names are the class
-names made safe as file names (characters other than letters, digits, ``. - _`` and spaces replaced, at most
-:data:`NAME_CHARS` long, a label appended where two names would meet). A run saves at most
+names made safe as file names (characters other than letters, digits, ``. - _`` and spaces replaced, a label
+appended where two names would meet; long names cut and hashed by :func:`ssd.files.fitted_name`, as the crops' own
+names are). A run saves at most
 :data:`ssd.limits.MAX_SAVED_CROPS` crops; the others are counted and reported, their detections kept in the JSONL.
 """
 
@@ -15,22 +16,22 @@ from pathlib import Path
 
 from torch import Tensor
 
+from ssd.files import fitted_name
 from ssd.inference.pipeline import Result
 from ssd.limits import MAX_SAVED_CROPS
 from ssd.plots import save_image
 
-__all__ = ["CropWriter", "class_folders", "NAME_CHARS"]
-
-NAME_CHARS = 100
-"""Longest class folder name and image stem in a crop's path (file names must fit the file system's limit)."""
+__all__ = ["CropWriter", "class_folders"]
 
 
 def class_folders(class_names: list[str]) -> list[str]:
     """A distinct, file-system-safe folder name for each class (label ``k`` -> ``folders[k]``)."""
     folders: list[str] = []
+    seen: set[str] = set()  # before fitting: two long names cut alike still differ by their label
     for label, name in enumerate(class_names):
-        folder = re.sub(r"[^\w.\- ]", "_", str(name)).strip(" .")[:NAME_CHARS] or f"class{label}"
-        folders.append(f"{folder}_{label}" if folder.lower() in {f.lower() for f in folders} else folder)
+        folder = re.sub(r"[^\w.\- ]", "_", str(name)).strip(" .") or f"class{label}"
+        folders.append(fitted_name(folder, f"_{label}" if folder.lower() in seen else ""))
+        seen.add(folder.lower())
     return folders
 
 
@@ -46,14 +47,14 @@ class CropWriter:
     def write(self, result: Result, name: Path, image: Tensor, index: int) -> None:
         """Save the crops of ``result``'s detections from ``image`` ``[3, H, W]`` uint8 (each at least a pixel)."""
         height, width = image.shape[-2:]
-        stem = name.stem[:NAME_CHARS]
         for k, (box, label) in enumerate(zip(result.boxes.tolist(), result.labels.tolist())):
             if self.saved >= self.max_crops:
                 self.over += 1
                 continue
             x1, y1 = min(max(math.floor(box[0]), 0), width - 1), min(max(math.floor(box[1]), 0), height - 1)
             x2, y2 = max(min(math.ceil(box[2]), width), x1 + 1), max(min(math.ceil(box[3]), height), y1 + 1)
-            save_image(image[:, y1:y2, x1:x2].contiguous(), self.root / self.folders[label] / f"{stem}_{index}_{k}.jpg")
+            crop = image[:, y1:y2, x1:x2].contiguous()
+            save_image(crop, self.root / self.folders[label] / fitted_name(name.stem, f"_{index}_{k}.jpg"))
             self.saved += 1
 
     def report(self) -> list[str]:

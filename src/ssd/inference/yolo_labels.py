@@ -18,7 +18,7 @@ import yaml
 from torch import Tensor
 
 from ssd.data.yolo import label_path
-from ssd.files import write_text
+from ssd.files import fitted_name, write_text
 from ssd.inference.pipeline import Result
 from ssd.plots import save_image
 
@@ -67,7 +67,7 @@ class YoloLabelWriter:
             except OSError:  # a file system without symbolic links
                 shutil.copyfile(result.path, link)
         else:
-            link = save_image(image, link.with_name(f"{link.stem}_{frame:06d}.jpg"))
+            link = save_image(image, link.with_name(fitted_name(link.stem, f"_{frame:06d}.jpg")))
         write_text(label_path(link), yolo_lines(result, self.save_conf))
         self.files += 1
 
