@@ -4,9 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The optional dependencies (pyproject extras) each goal installs; append new extras here.
 DEMO_EXTRAS := tensorboard
-TEST_EXTRAS := dev,export,video,tensorboard,eval,openvino,serve,track,supervision
+TEST_EXTRAS := dev,export,video,tensorboard,eval,openvino,serve,track,supervision,docs
 
-.PHONY: demo test lint install clean
+.PHONY: demo test lint docs install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,12 @@ lint: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/lint-imports
 
-test: lint
+# The site (docs/ and the API reference from the docstrings) into site/; --strict: a dangling reference fails.
+docs: $(VENV)/.installed-$(TEST_EXTRAS)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+test: lint docs
 	$(PY) -m pytest -q
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info src/*.egg-info
+	rm -rf $(VENV) runs build site *.egg-info src/*.egg-info
