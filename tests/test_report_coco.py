@@ -9,8 +9,9 @@ import torch
 from conftest import jittered_detections
 from ssd.data import load_dataset
 from ssd.data.records import ImageRecord, ObjectRecord
+from ssd.evaluation import results as results_module
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
-from ssd.evaluation.results import detections_from_coco_results, ground_truths_from_records
+from ssd.evaluation.results import DetectionsError, detections_from_coco_results, ground_truths_from_records
 from ssd.inference.coco_results import to_coco_detections
 
 
@@ -107,6 +108,70 @@ def test_results_with_foreign_image_or_category_ids_name_the_first_mismatches(tm
         detections_from_coco_results(results, records, 2, category_ids=[3, 5])
     with pytest.raises(ValueError, match=r"category id\(s\) 3, 4, 90 are not the dataset's \(0..1\)"):
         detections_from_coco_results(results, records, 2)
-    with pytest.raises(ValueError, match=r"detections: detection 1 is not a COCO result dict\(image_id, category_id, "
-                                         r"bbox=\[x, y, w, h\], score\): \{'image_id': 7\}"):
+    with pytest.raises(ValueError, match=r"detections: detection 1: \{'image_id': 7\} is not a COCO result "
+                                         r"dict\(image_id, category_id, bbox=\[x, y, width, height\], score\)"):
         detections_from_coco_results([results[0], {"image_id": 7}], records, 2, category_ids=[3, 5])
+
+
+# ------------------------------------------------------------------------------- a detections file a user hands over
+DETECTION = '{"image_id": 7, "category_id": 3, "bbox": [1, 2, 3, 4], "score": 0.5}'
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[" * 100_000 + "]" * 100_000, "a COCO results file is nested too deeply"),
+    (f'[{DETECTION}, {{"image_id": 7, "category_id": 3, "bbox": [[1, 2], [3, 4]], "score": 0.5}}]',
+     "detection 1: bbox [[1, 2], [3, 4]] must be a list of exactly 4 numbers [x, y, width, height]"),
+    (f'[{DETECTION}, {{"image_id": 7, "category_id": 3, "bbox": [1, 2, 3], "score": 0.5}}]',
+     "detection 1: bbox [1, 2, 3] must be a list of exactly 4 numbers"),
+    (f'[{DETECTION}, {DETECTION}, {{"image_id": 7, "category_id": 3, "bbox": [1, 2, NaN, 4], "score": 0.5}}]',
+     "NaN is not a JSON number"),
+    (f'[{DETECTION}, {{"image_id": 7, "category_id": 3, "bbox": [1, 2, 1e999, 4], "score": 0.5}}]',
+     "detection 1: bbox [1, 2, inf, 4] must be a list of exactly 4 numbers"),
+    (f'[{DETECTION}, {{"image_id": 7, "category_id": 3, "bbox": [1, 2, -3, 4], "score": 0.5}}]',
+     "detection 1: bbox [1.0, 2.0, -3.0, 4.0], score 0.5: bbox width and height must be >= 0"),
+    (f'[{DETECTION}, {{"image_id": 7, "category_id": 3, "bbox": [1, 2, 3, 4], "score": 1.5}}]',
+     "detection 1: bbox [1.0, 2.0, 3.0, 4.0], score 1.5: score must be in [0, 1]"),
+    (f'[{DETECTION}, {{"image_id": 7, "category_id": true, "bbox": [1, 2, 3, 4], "score": 0.5}}]',
+     "detection 1: category_id True must be an integer"),
+    (f'[{DETECTION}, {{"image_id": [7], "category_id": 3, "bbox": [1, 2, 3, 4], "score": 0.5}}]',
+     "detection 1: image_id [7] must be an integer or a string"),
+    (f'[{DETECTION}, {{"image_id": 7, "category_id": 4, "bbox": [1, 2, 3, 4], "score": 0.5}}]',
+     "detection 1: category id(s) 4 are not the dataset's (3, 5)"),
+    ('{"annotations": []}', "a COCO results file must be a JSON list [...]"),
+    (f'[{DETECTION},', "not valid JSON at line 1, column 72: Expecting value"),
+])
+def test_bad_detections_file_is_one_error_naming_the_file_and_the_detection(tmp_path, text, message):
+    path = tmp_path / "detections.json"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        detections_from_coco_results(path, _records(tmp_path, [7, 9]), 2, category_ids=[3, 5])
+    assert str(info.value).startswith(f"{path}: ") and message in str(info.value), str(info.value)
+
+
+def test_detections_file_over_the_size_bound_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(results_module, "MAX_DETECTIONS_FILE_BYTES", 100)
+    path = tmp_path / "detections.json"
+    path.write_text(f"[{DETECTION}, {DETECTION}]")
+    with pytest.raises(ValueError, match=r"a COCO results file of 142 bytes is over the bound of 100 bytes "
+                                         r"\(ssd.limits.MAX_DETECTIONS_FILE_BYTES\)"):
+        detections_from_coco_results(path, _records(tmp_path, [7]), 2, category_ids=[3, 5])
+
+
+def test_more_detections_for_one_image_than_the_bound_are_refused_naming_the_image(tmp_path, monkeypatch):
+    monkeypatch.setattr(results_module, "MAX_DETECTIONS_PER_IMAGE", 2)
+    found = [{"image_id": i, "category_id": 3, "bbox": [1, 2, 3, 4], "score": 0.5} for i in (7, 9, 9, 9)]
+    with pytest.raises(DetectionsError, match=r"detections: image 9 has 3 detections, more than 2 "
+                                              r"\(ssd.limits.MAX_DETECTIONS_PER_IMAGE\)"):
+        detections_from_coco_results(found, _records(tmp_path, [7, 9]), 2, category_ids=[3, 5])
+    back = detections_from_coco_results(found[:3], _records(tmp_path, [7, 9]), 2, category_ids=[5, 3])
+    assert [len(d["scores"]) for d in back] == [1, 2] and back[1]["labels"].tolist() == [1, 1]
+
+
+def test_ssd_val_detections_nested_100000_deep_exits_1_with_one_line(synthetic_voc, tmp_path, capsys):
+    from ssd.cli import main
+
+    path = tmp_path / "deep.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    assert main(["val", "--detections", str(path), "--data", str(synthetic_voc), "--no-save"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {path}: a COCO results file is nested too deeply to be what it should be"

@@ -13,6 +13,7 @@ from typing import Any
 __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_STREAMS", "MAX_BOXES_PER_IMAGE",
            "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS",
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
+           "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE",
            "MAX_UPLOAD_BYTES", "value_text"]
 
 MAX_INPUT_SIDE = 4096
@@ -55,6 +56,13 @@ MAX_EPOCHS = 100_000
 
 MAX_TRAIN_MINUTES = 366 * 24 * 60
 """Longest training budget ``--time`` may give, in minutes (a year; ``1e308`` would overflow the clock's sums)."""
+
+MAX_DETECTIONS_FILE_BYTES = 256 * 2**20
+"""Largest detections file ``ssd val --detections`` reads (a COCO results list; 2.5 million detections of ~100 bytes).
+Checked before the file is read."""
+
+MAX_DETECTIONS_PER_IMAGE = 10_000
+"""Most detections one image may have in a detections file (COCO scores at most 100)."""
 
 
 _SHORT = reprlib.Repr()
