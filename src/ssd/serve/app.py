@@ -11,7 +11,6 @@ large, 415 wrong content type, 500 a server bug, never a traceback); the server 
 
 from __future__ import annotations
 
-import dataclasses
 import io
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -72,12 +71,10 @@ def create_app(detector: Detector, *, score_threshold: float | None = None,
 
     @app.post("/predict")
     async def predict(request: Request) -> Response:
-        options = parse_options(request.query_params.multi_items(), detector.class_names, defaults)
+        options = parse_options(request.query_params.multi_items(), detector, defaults)
         data, name = await read_upload(request, max_upload_bytes)
         image = await run_in_threadpool(decode_image, data, name)
-        result = await batcher.detect(image, options.thresholds)
-        if options.classes is not None:
-            result = _keep(result, options.classes)
+        result = await batcher.detect(image, options.detect_options)
         if options.draw:
             png = await run_in_threadpool(_drawn, image, result, detector.class_names)
             return Response(png, media_type="image/png")
@@ -121,14 +118,6 @@ def _samples(folder: str | Path | None) -> dict[str, Path]:
     if not folder.is_dir():
         raise FileNotFoundError(f"samples folder {folder} does not exist")
     return {p.name: p for p in folder.iterdir() if p.is_file() and is_image(p)}
-
-
-def _keep(result: Result, labels: frozenset[int]) -> Result:
-    """``result`` with only the detections of ``labels`` (the query's ``classes``)."""
-    keep = torch.isin(result.labels, torch.tensor(sorted(labels), dtype=result.labels.dtype))
-    return dataclasses.replace(result, boxes=result.boxes[keep], scores=result.scores[keep],
-                               labels=result.labels[keep],
-                               names=[n for n, k in zip(result.names, keep.tolist()) if k])
 
 
 def _drawn(image: torch.Tensor, result: Result, class_names: list[str]) -> bytes:

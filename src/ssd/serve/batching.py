@@ -1,7 +1,7 @@
 """Dynamic batching: the images of concurrent requests gathered into one batch for the network.
 
 A request's image waits in a queue; the gatherer takes the first one, then whatever arrives within ``max_wait_ms``
-(or is already waiting) up to ``max_batch`` images, and runs each group of requests with the same thresholds as one
+(or is already waiting) up to ``max_batch`` images, and runs each group of requests with the same options as one
 :meth:`ssd.inference.pipeline.Detector.detect` call (one :func:`ssd.detect.detect_batch`) on a single inference
 thread, so the event loop keeps accepting requests while the network runs. ``max_batch=1`` turns batching off.
 """
@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor
 
@@ -25,7 +26,7 @@ __all__ = ["Batcher"]
 @dataclass
 class _Request:
     image: Tensor
-    thresholds: tuple[tuple[str, float | int], ...]
+    options: tuple[tuple[str, Any], ...]
     future: asyncio.Future
 
 
@@ -60,11 +61,11 @@ class Batcher:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
 
-    async def detect(self, image: Tensor, thresholds: dict[str, float | int]) -> Result:
-        """Detections of one ``[3, H, W]`` uint8 image with ``Detector.detect``'s ``thresholds``, run in a batch with
-        the requests that arrive meanwhile."""
+    async def detect(self, image: Tensor, options: dict[str, Any]) -> Result:
+        """Detections of one ``[3, H, W]`` uint8 image with ``Detector.detect``'s keyword ``options`` (thresholds,
+        classes), run in a batch with the requests of equal options that arrive meanwhile."""
         future = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Request(image, tuple(sorted(thresholds.items())), future))
+        self._queue.put_nowait(_Request(image, tuple(sorted(options.items())), future))
         return await future
 
     async def _gather(self) -> None:
@@ -85,15 +86,15 @@ class Batcher:
                     batch.append(self._queue.get_nowait())
             groups: dict[tuple, list[_Request]] = {}
             for request in batch:
-                groups.setdefault(request.thresholds, []).append(request)
-            for thresholds, group in groups.items():
-                await self._run(group, dict(thresholds))
+                groups.setdefault(request.options, []).append(request)
+            for options, group in groups.items():
+                await self._run(group, dict(options))
 
-    async def _run(self, group: list[_Request], thresholds: dict[str, float | int]) -> None:
+    async def _run(self, group: list[_Request], options: dict[str, Any]) -> None:
         images = [request.image for request in group]
         try:
             results = await asyncio.get_running_loop().run_in_executor(
-                self._executor, lambda: self.detector.detect(images, **thresholds))
+                self._executor, lambda: self.detector.detect(images, **options))
         except Exception as e:  # the requests of this batch fail with it; the server goes on with the next batch
             results = [e] * len(group)
         else:

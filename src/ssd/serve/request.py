@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 from ssd._utils import did_you_mean
+from ssd.inference.pipeline import Detector
 from ssd.limits import value_text
 from ssd.settings import ConfigError, Thresholds, check_thresholds
 
@@ -37,26 +39,26 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class PredictOptions:
-    """One request's options: thresholds as :meth:`ssd.inference.pipeline.Detector.detect` takes them, the labels to
-    keep (``None``: all) and whether to answer with the drawn image."""
+    """One request's options: thresholds and the labels to keep (``None``: all) as
+    :meth:`ssd.inference.pipeline.Detector.detect` takes them, and whether to answer with the drawn image."""
 
     score_threshold: float
     iou_threshold: float
     max_detections: int
-    classes: frozenset[int] | None = None
+    classes: tuple[int, ...] | None = None
     draw: bool = False
 
     @property
-    def thresholds(self) -> dict[str, float | int]:
+    def detect_options(self) -> dict[str, Any]:
         """The keyword arguments of ``Detector.detect``; requests with equal ones can share a batch."""
         return dict(score_threshold=self.score_threshold, iou_threshold=self.iou_threshold,
-                    max_detections=self.max_detections)
+                    max_detections=self.max_detections, classes=self.classes)
 
 
-def parse_options(items: Sequence[tuple[str, str]], class_names: Sequence[str], defaults: Thresholds
-                  ) -> PredictOptions:
+def parse_options(items: Sequence[tuple[str, str]], detector: Detector, defaults: Thresholds) -> PredictOptions:
     """The query ``items`` (name, value pairs) of a request, checked: unknown names are answered with the closest
-    valid ones, a repeated name or a value out of range names the option, the value and the rule."""
+    valid ones, a repeated name or a value out of range names the option, the value and the rule; ``classes`` are
+    read by ``detector`` (:meth:`~ssd.inference.pipeline.Detector.class_indices`)."""
     given: dict[str, str] = {}
     for name, value in items:
         if name not in QUERY_OPTIONS:
@@ -71,13 +73,15 @@ def parse_options(items: Sequence[tuple[str, str]], class_names: Sequence[str], 
     max_det = _number(given, "max_det", int, defaults.max_detections)
     try:
         check_thresholds(conf, iou, max_det, names=_THRESHOLD_NAMES)
+        classes = detector.class_indices([c.strip() for c in given["classes"].split(",")]) if "classes" in given \
+            else None
     except ConfigError as e:
         raise RequestError(str(e)) from None
-    classes = _classes(given["classes"], class_names) if "classes" in given else None
     draw = given.get("draw", "0").lower()
     if draw not in ("0", "1", "true", "false"):
         raise RequestError(f"draw must be 1 or 0 (true or false), got {value_text(given['draw'])}")
-    return PredictOptions(conf, iou, max_det, classes, draw in ("1", "true"))
+    return PredictOptions(conf, iou, max_det, None if classes is None else tuple(sorted(set(classes))),
+                          draw in ("1", "true"))
 
 
 def _number(given: dict[str, str], name: str, kind: type, default: float | int) -> float | int:
@@ -88,20 +92,6 @@ def _number(given: dict[str, str], name: str, kind: type, default: float | int) 
     except ValueError:
         what = "an integer" if kind is int else "a number"
         raise RequestError(f"{name} must be {what}, got {value_text(given[name])}") from None
-
-
-def _classes(text: str, class_names: Sequence[str]) -> frozenset[int]:
-    """``"cat,2"`` -> labels: each item a class name or a label ``0..K-1``."""
-    labels = set()
-    for item in (part.strip() for part in text.split(",")):
-        if item.isdigit() and int(item) < len(class_names):
-            labels.add(int(item))
-        elif item in class_names:
-            labels.add(list(class_names).index(item))
-        else:
-            raise RequestError(f"classes: {value_text(item)} is neither a class name nor a label "
-                               f"0..{len(class_names) - 1}{did_you_mean(item, class_names)}")
-    return frozenset(labels)
 
 
 async def _limited(request: Request, limit: int) -> AsyncIterator[bytes]:
