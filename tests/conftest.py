@@ -15,6 +15,18 @@ SHARED_DATA = Path(os.environ.get("SSD_SHARED_DATA", REPO.parent / "shared" / "d
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def dataset_cache(tmp_path_factory) -> Path:
+    """The dataset indexes of the session (``SSD_CACHE_DIR``, inherited by subprocesses): never the user's cache."""
+    folder = tmp_path_factory.mktemp("ssd-cache")
+    previous, os.environ["SSD_CACHE_DIR"] = os.environ.get("SSD_CACHE_DIR"), str(folder)
+    yield folder
+    if previous is None:
+        del os.environ["SSD_CACHE_DIR"]
+    else:
+        os.environ["SSD_CACHE_DIR"] = previous
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

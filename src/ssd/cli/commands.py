@@ -38,7 +38,7 @@ def _cmd_val(args: argparse.Namespace) -> int:
     else:
         result = evaluate(args.weights, args.data, metric=args.metric, split=args.split, batch_size=args.batch_size,
                           workers=args.workers, device=args.device, **thresholds(args), save_json=args.save_json,
-                          tile=args.tile, tile_overlap=_overlap(args), **saving)
+                          tile=args.tile, tile_overlap=_overlap(args), recheck=args.recheck, **saving)
     print(format_table(result, result["class_names"]))
     print(format_report(result["report"]))
     if args.save:

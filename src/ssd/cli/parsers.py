@@ -57,6 +57,8 @@ def _add_val_parser(sub) -> None:
                    help="voc07: VOC2007 11-point AP@0.5; voc: VOC2010+ area AP@0.5; coco: AP@[.5:.95] (default: voc07)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--recheck", action="store_true",
+                   help="read and decode the whole dataset again instead of trusting its index (rebuilt)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
     add_threshold_options(p, EVALUATE, "")
     p.add_argument("--save-json", type=Path, help="also write the detections as COCO-format JSON here")

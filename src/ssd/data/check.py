@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from torch import Tensor
 from torchvision.ops import box_iou
@@ -32,6 +33,7 @@ from ssd.data.images import ImageError, exif_transposed, verify_image
 from ssd.data.load import load_dataset
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
+from ssd.data.table import RecordTable
 from ssd.limits import MAX_BOXES_PER_IMAGE
 from ssd.priors import PriorConfig
 
@@ -284,8 +286,19 @@ def _refusal(spec: DatasetSpec, errors: list[Issue], skip_invalid: bool, max_lis
     return DataError(f"{len(shown)} problems in dataset {spec.root} ({advice}):\n  {listed}{more}")
 
 
-def screen(spec: DatasetSpec, splits: Sequence[str], skip_invalid: bool = False,
-           max_listed: int = 10) -> tuple[DatasetSpec, CheckReport]:
+def _drop_rows(table: RecordTable, bad_images: set, bad_objects: set) -> tuple[RecordTable, list[str]]:
+    """``table`` without the images and objects named by :func:`_invalid`, and the dropped objects' locations."""
+    row = {table.paths[i]: i for i in range(len(table))}
+    keep_images, keep_objects = np.ones(len(table), bool), np.ones(table.num_objects, bool)
+    keep_images[[row[str(p)] for p in bad_images if str(p) in row]] = False
+    dropped = sorted(table.first[row[str(p)]] + i for p, i in bad_objects
+                     if str(p) in row and keep_images[row[str(p)]])
+    keep_objects[dropped] = False
+    return table.take(np.flatnonzero(keep_images), keep_objects), [table.where[j] for j in dropped]
+
+
+def screen(spec: DatasetSpec, splits: Sequence[str], skip_invalid: bool = False, max_listed: int = 10, *,
+           issues: list[Issue] | None = None) -> tuple[DatasetSpec, CheckReport]:
     """Apply the check rules to the images of ``splits`` (decoded) and the dataset-wide rules, before training or
     evaluation.
 
@@ -293,9 +306,12 @@ def screen(spec: DatasetSpec, splits: Sequence[str], skip_invalid: bool = False,
     problems (the same messages as ``ssd check``). With it, the offending objects and images are dropped from a copy
     of ``spec`` (``report.dropped`` says how many and which); errors about a whole split or class
     (:data:`ssd.data.rules.DATASET_RULES`) are refused all the same. Returns ``(clean spec, report)``.
+    ``issues``: those :func:`find_issues` found for these splits, as the dataset index stores them (the report then
+    has no statistics).
     """
-    issues = find_issues(spec, splits, decode_images=True)
-    report = CheckReport(str(spec.root), spec.format, list(spec.class_names), _stats(spec), issues)
+    stats = _stats(spec) if issues is None else {}
+    issues = find_issues(spec, splits, decode_images=True) if issues is None else issues
+    report = CheckReport(str(spec.root), spec.format, list(spec.class_names), stats, issues)
     errors = report.errors
     if not errors:
         return spec, report
@@ -305,6 +321,10 @@ def screen(spec: DatasetSpec, splits: Sequence[str], skip_invalid: bool = False,
     clean = copy.copy(spec)
     clean.splits, dropped_objects = {}, []
     for split, records in spec.splits.items():
+        if isinstance(records, RecordTable):
+            clean.splits[split], where = _drop_rows(records, bad_images, bad_objects)
+            dropped_objects += where
+            continue
         kept = []
         for rec in records:
             if rec.path in bad_images:

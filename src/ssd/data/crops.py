@@ -42,7 +42,7 @@ from ssd.limits import MAX_CROP_CACHE_BYTES, value_text
 from ssd.settings import ConfigError
 
 __all__ = ["MIN_VISIBLE", "NATIVE", "CachePlan", "CropScale", "NativeCrop", "crop_rule", "decode_sizes",
-           "describe_plan", "parse_crop_scale"]
+           "describe_plan", "fit_in_bytes", "parse_crop_scale"]
 
 MIN_VISIBLE = 0.5
 """A box cut by a crop is kept (clipped) when at least this share of its area lies inside the crop, else dropped."""
@@ -168,6 +168,18 @@ class CachePlan:
         return self.nbytes / 2**20
 
 
+def fit_in_bytes(sizes: Tensor, max_bytes: int | None) -> tuple[Tensor, int, float]:
+    """``(sizes, nbytes, downscale)``: image sizes ``[N, 2]`` multiplied by one factor ``downscale`` (1.0: none) so
+    that they take at most ``max_bytes`` as uint8 RGB (``nbytes``); None: no bound."""
+    downscale = 1.0
+    nbytes = int((3 * sizes.double().prod(dim=1)).sum())
+    if max_bytes is not None and nbytes > max_bytes:
+        downscale = math.sqrt(max_bytes / nbytes)
+        sizes = (sizes * downscale).floor().clamp(min=1)
+        nbytes = int((3 * sizes.double().prod(dim=1)).sum())
+    return sizes, nbytes, downscale
+
+
 def decode_sizes(orig_hw: Sequence[Sequence[int]] | Tensor, scale: CropScale, input_size: int | tuple[int, int],
                  max_bytes: int | None = MAX_CROP_CACHE_BYTES) -> CachePlan:
     """Decoding sizes for images of original sizes ``orig_hw [N, 2]`` (h, w) trained with crops ``scale``.
@@ -183,12 +195,7 @@ def decode_sizes(orig_hw: Sequence[Sequence[int]] | Tensor, scale: CropScale, in
     lo, _ = scale.bounds(hw, input_hw)
     factor = (torch.tensor(input_hw, dtype=torch.float64) / (lo[:, None] * hw)).amax(dim=1).clamp(max=1.0)
     sizes = (hw * factor[:, None]).ceil().clamp(max=hw)
-    downscale = 1.0
-    nbytes = int((3 * sizes.prod(dim=1)).sum())
-    if max_bytes is not None and nbytes > max_bytes:
-        downscale = math.sqrt(max_bytes / nbytes)
-        sizes = (sizes * downscale).floor().clamp(min=1)
-        nbytes = int((3 * sizes.prod(dim=1)).sum())
+    sizes, nbytes, downscale = fit_in_bytes(sizes, max_bytes)
     too_small = 0 if scale.min_scale is None else int((lo > scale.min_scale).sum())
     return CachePlan(sizes.long(), nbytes, downscale, too_small)
 

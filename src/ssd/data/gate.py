@@ -7,19 +7,21 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ssd.data.check import screen
-from ssd.data.load import load_dataset
+from ssd.data.index import index_dataset
 from ssd.data.records import DataError, DatasetSpec
 
 __all__ = ["load_training_data"]
 
 
 def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, class_names: list[str] | None = None,
-                       splits: Sequence[str] = ("train", "val"), log: Callable[[str], object] = print
-                       ) -> DatasetSpec:
+                       splits: Sequence[str] = ("train", "val"), log: Callable[[str], object] = print,
+                       recheck: bool = False) -> DatasetSpec:
     """The dataset gate of training and evaluation: :func:`load_dataset`, then the ``ssd check`` rules.
 
     It refuses exactly what :func:`ssd.data.check.check_dataset` (same data and class names) reports as errors in
-    the splits it reads, with the same messages; images are decoded to find truncated or corrupt files.
+    the splits it reads, with the same messages; images are decoded to find truncated or corrupt files. The
+    reading and the check are kept in the dataset index (:mod:`ssd.data.index`): on an unchanged dataset nothing
+    is read or decoded again, and after a change only the changed files are.
 
     Args:
         data: a data.yaml, dataset folder or COCO JSON.
@@ -29,14 +31,17 @@ def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, c
         class_names: the model's class names (evaluation), see :func:`load_dataset`.
         splits: the splits the caller reads; the first must exist, the others are read where present.
         log: where the dropped objects/images and a summary of the warnings go.
+        recheck: read and decode every file again instead of trusting the index (which is then rebuilt).
 
-    Returns the spec with the invalid objects/images removed from the splits read (the input files are untouched).
+    Returns the spec with the invalid objects/images removed from the splits read (the input files are untouched),
+    its splits as :class:`~ssd.data.table.RecordTable` arrays.
     """
     if data is None:
         raise DataError("no dataset given: set data (--data DATA: a data.yaml, dataset folder or COCO JSON)")
-    spec = load_dataset(data, class_names=class_names)
-    spec.records(splits[0])
-    clean, report = screen(spec, [s for s in splits if s in spec.splits], skip_invalid=skip_invalid)
+    indexed = index_dataset(data, class_names=class_names, splits=splits, recheck=recheck)
+    spec = indexed.spec
+    clean, report = screen(spec, [s for s in splits if s in spec.splits], skip_invalid=skip_invalid,
+                           issues=indexed.issues)
     dropped = report.dropped
     if dropped:
         log(f"skip_invalid: dropped {dropped['objects']} object(s) and {dropped['images']} image(s): "

@@ -37,6 +37,7 @@ from torch import Tensor
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ssd._utils import as_hw
+from ssd.data.memo import remembered
 from ssd.data.records import DataError
 
 __all__ = ["IMAGE_SUFFIXES", "ImageError", "ImageWarning", "read_image", "decode_image", "read_image_size", "is_image",
@@ -208,12 +209,14 @@ def decode_image(data: bytes, name: str | Path = "<image>", min_size: int | tupl
             raise _error(path, f"image does not decode ({type(e).__name__}: {e})") from e
 
 
+@remembered("decode", error=ImageError)
 def verify_image(path: str | Path) -> None:
     """Raise :class:`ImageError` for what :func:`read_image` refuses, including truncated or corrupt files that a
     header read (:func:`read_image_size`) accepts: :func:`read_image` itself, cheaply (JPEGs at 1/8 scale)."""
     read_image(path, min_size=1)
 
 
+@remembered("size", tuple, tuple, error=ImageError)
 def read_image_size(path: str | Path) -> tuple[int, int]:
     """``(width, height)`` of the image as displayed (EXIF rotation applied), from the header only (no decode, except
     for PNGs, whose EXIF Pillow reads after the pixels).

@@ -11,12 +11,13 @@ XML files beside them (a "Pascal VOC" export described by a ``data.yaml``) is re
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from ssd._utils import closest_names, few
 from ssd.data.coco import read_coco, split_name
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, relative_path
+from ssd.data.table import select
 from ssd.data.voc import assign_labels, find_voc_root, parse_voc_xml, read_voc
 from ssd.data.yolo import read_yolo_folder, read_yolo_yaml
 
@@ -182,7 +183,7 @@ def load_dataset(data: str | Path, split: str | None = None, class_names: list[s
 
 
 def validation_split(spec: DatasetSpec, val_fraction: float | None = None, seed: int = 0,
-                     log: Callable[[str], object] = print) -> tuple[list[ImageRecord], list[ImageRecord]]:
+                     log: Callable[[str], object] = print) -> tuple[Sequence[ImageRecord], Sequence[ImageRecord]]:
     """``(training, validation)`` records: the ``val`` split (else ``test``), or with ``val_fraction`` a seeded share
     of ``train`` held out (reported through ``log``). A run never scores on its own training images.
 
@@ -208,4 +209,4 @@ def validation_split(spec: DatasetSpec, val_fraction: float | None = None, seed:
     chosen = set(random.Random(seed).sample(range(len(train)), held))
     log(f"validation: {held} of {len(train)} training images held out (--val-fraction {val_fraction}, seed {seed}); "
         f"training on the other {len(train) - held}")
-    return ([r for i, r in enumerate(train) if i not in chosen], [r for i, r in enumerate(train) if i in chosen])
+    return select(train, [i for i in range(len(train)) if i not in chosen]), select(train, sorted(chosen))

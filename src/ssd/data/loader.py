@@ -11,6 +11,7 @@ with its own message, also from worker processes (where torch would wrap it in t
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -27,22 +28,31 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
-from ssd._utils import as_hw
-from ssd.data.crops import CachePlan, CropScale, decode_sizes
+from ssd._utils import as_hw, size_text
+from ssd.data.crops import CachePlan, CropScale, decode_sizes, fit_in_bytes
 from ssd.data.images import read_image, read_image_size
 from ssd.data.mosaic import Mosaic
 from ssd.data.records import DataError, ImageRecord
+from ssd.data.table import RecordTable
 from ssd.data.transforms import build_transform
 from ssd.limits import MAX_CROP_CACHE_BYTES
+from ssd.settings import ConfigError
+
+LOGGER = logging.getLogger("ssd")
 
 __all__ = ["DetectionDataset", "SeededSampler", "collate", "build_dataloader", "seed_worker", "plain_data_errors"]
+
+
+MIN_CACHE_DOWNSCALE = 0.25
+"""The smallest factor ``cache_images`` may shrink the images by to stay within its memory bound (refused below)."""
 
 
 class DetectionDataset(Dataset):
     """Images and targets of ``records`` through ``transform``.
 
     Args:
-        records: the split's :class:`ImageRecord` list (validated: labels in ``0..K-1``).
+        records: the split's records (validated: labels in ``0..K-1``): a :class:`~ssd.data.table.RecordTable`
+            (the gate's), which workers share as it is, or a list of :class:`ImageRecord`, packed into one.
         class_names: the K names (kept for users of the dataset; labels are already indices).
         transform: ``transform(image, target)`` as built by :func:`ssd.data.transforms.build_transform`; None keeps
             the uint8 image.
@@ -51,7 +61,9 @@ class DetectionDataset(Dataset):
             does anyway.
         keep_difficult: keep difficult / crowd objects (True for evaluation, where they are flagged and ignored;
             False for training, which leaves them out).
-        cache_images: decode every image once, up front, and keep the uint8 tensors in RAM.
+        cache_images: decode every image once, up front, and keep the uint8 tensors in RAM, within
+            :data:`ssd.limits.MAX_CROP_CACHE_BYTES`: beyond it they are held downscaled by one factor (logged; each
+            is resized back by the transform), and refused below :data:`MIN_CACHE_DOWNSCALE`.
         mosaic: the :class:`~ssd.data.mosaic.Mosaic` step applied to keys ``(i, seed, p)`` with ``p > 0`` (before
             ``transform``; the partners are read like the item, from the cache when there is one).
         crop_scale: training crops (:mod:`ssd.data.crops`, with a ``transform`` built with the same ``crop``): with
@@ -69,7 +81,7 @@ class DetectionDataset(Dataset):
     def __init__(self, records: Sequence[ImageRecord], class_names: Sequence[str], transform=None, *,
                  image_size: int | tuple[int, int] | None = None, keep_difficult: bool = True,
                  cache_images: bool = False, mosaic: Mosaic | None = None, crop_scale: CropScale | None = None):
-        self.records = list(records)
+        self.records = records if isinstance(records, RecordTable) else RecordTable.from_records(records)
         self.class_names = list(class_names)
         self.transform = transform
         self.image_size = image_size
@@ -78,10 +90,13 @@ class DetectionDataset(Dataset):
         self.mosaic = mosaic
         self._cache: list[Tensor] | None = None
         self.decode_plan: CachePlan | None = None
+        self._sizes: Tensor | None = None  # [N, 2] (h, w) to decode each image at, when not image_size
         if crop_scale is not None and self._hw is not None:
-            sizes = [(r.height, r.width) if r.height and r.width else read_image_size(r.path)[::-1]
-                     for r in self.records]
-            self.decode_plan = decode_sizes(sizes, crop_scale, self._hw, MAX_CROP_CACHE_BYTES if cache_images else None)
+            self.decode_plan = decode_sizes(self._native_sizes(), crop_scale, self._hw,
+                                            MAX_CROP_CACHE_BYTES if cache_images else None)
+            self._sizes = self.decode_plan.sizes
+        elif cache_images:
+            self._sizes = self._bounded_cache()
         if cache_images:
             with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
                 self._cache = list(pool.map(self._decode, range(len(self.records))))
@@ -89,9 +104,33 @@ class DetectionDataset(Dataset):
     def __len__(self) -> int:
         return len(self.records)
 
+    def _native_sizes(self) -> Tensor:
+        """``[N, 2]`` (h, w) of the decoded images (a header read where the records do not say)."""
+        table = self.records
+        return torch.tensor([(int(h), int(w)) if h > 0 and w > 0 else read_image_size(table.path(i))[::-1]
+                             for i, (w, h) in enumerate(table.sizes)], dtype=torch.int64).reshape(-1, 2)
+
+    def _bounded_cache(self) -> Tensor | None:
+        """The sizes that keep the image cache within :data:`ssd.limits.MAX_CROP_CACHE_BYTES`: None when
+        ``image_size`` (else the native sizes) fits, else all downscaled by one factor (logged), refused below
+        :data:`MIN_CACHE_DOWNSCALE`."""
+        wanted = self._native_sizes() if self._hw is None else torch.tensor([self._hw] * len(self)).reshape(-1, 2)
+        sizes, nbytes, downscale = fit_in_bytes(wanted, MAX_CROP_CACHE_BYTES)
+        if downscale == 1.0:
+            return None
+        at = f" at {size_text(self._hw)}" if self._hw else ""
+        text = (f"cache_images: {len(self)} images{at} would take {3 * int(wanted.prod(dim=1).sum()) / 2**20:,.0f} "
+                f"MB, more than ssd.limits.MAX_CROP_CACHE_BYTES ({MAX_CROP_CACHE_BYTES / 2**20:,.0f} MB)")
+        if downscale < MIN_CACHE_DOWNSCALE:
+            raise ConfigError(f"{text}: it would hold them downscaled by {downscale:.3f}, below "
+                              f"{MIN_CACHE_DOWNSCALE}; train without cache_images (--cache-images) or on fewer images")
+        LOGGER.warning(f"{text}: cached downscaled by {downscale:.3f} ({nbytes / 2**20:,.0f} MB), each image "
+                       "resized back when used")
+        return sizes.long()
+
     def _decode(self, index: int) -> Tensor:
-        size = self._hw if self.decode_plan is None else tuple(self.decode_plan.sizes[index].tolist())
-        image = read_image(self.records[index].path, min_size=size)
+        size = self._hw if self._sizes is None else tuple(self._sizes[index].tolist())
+        image = read_image(self.records.path(index), min_size=size)
         if size is not None and tuple(image.shape[-2:]) != size:
             image = F.resize(image, list(size), antialias=True)
         return image
@@ -99,24 +138,26 @@ class DetectionDataset(Dataset):
     def _sample(self, index: int) -> tuple[Tensor, dict]:
         """Item ``index`` before the transform: ``(image uint8 [3, H, W], target)`` with its kept objects' boxes
         (pixel xyxy of that image, clamped), labels and difficult flags."""
-        rec = self.records[index]
+        table = self.records
         image = self._cache[index] if self._cache is not None else self._decode(index)
-        h, w = rec.height or image.shape[-2], rec.width or image.shape[-1]
-        objects = [o for o in rec.objects if self.keep_difficult or not o.ignore]
-        boxes = torch.tensor([o.box for o in objects], dtype=torch.float32).reshape(-1, 4)
+        width, height = (int(v) for v in table.sizes[index])
+        h, w = height if height > 0 else image.shape[-2], width if width > 0 else image.shape[-1]
+        rows = table.objects(index)
+        ignore = table.flags[rows] != 0  # difficult or crowd
+        kept = slice(None) if self.keep_difficult else ~ignore
+        boxes = torch.tensor(table.boxes[rows][kept]).reshape(-1, 4)
         boxes *= torch.tensor([image.shape[-1] / w, image.shape[-2] / h] * 2)
         target = {
             "boxes": F.clamp_bounding_boxes(tv_tensors.BoundingBoxes(boxes, format="XYXY",
                                                                      canvas_size=tuple(image.shape[-2:]))),
-            "labels": torch.tensor([o.label for o in objects], dtype=torch.int64),
-            "difficult": torch.tensor([o.ignore for o in objects], dtype=torch.bool),
+            "labels": torch.tensor(table.labels[rows][kept], dtype=torch.int64),
+            "difficult": torch.tensor(ignore[kept], dtype=torch.bool),
             "orig_size": torch.tensor([h, w]),
         }
         return image, target
 
     def __getitem__(self, key: int | tuple[int, int] | tuple[int, int, float]):
         index, seed, mosaic = (*key, 0.0)[:3] if isinstance(key, tuple) else (key, None, 0.0)
-        rec = self.records[index]
         image, target = self._sample(index)
         if mosaic > 0:
             if self.mosaic is None:
@@ -133,7 +174,7 @@ class DetectionDataset(Dataset):
                 if seed is not None:
                     torch.manual_seed(seed)
                 image, target = self.transform(image, target)
-        target.update(image_id=rec.image_id, path=str(rec.path))
+        target.update(image_id=self.records.image_id(index), path=self.records.paths[index])
         return image, target
 
 

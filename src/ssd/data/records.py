@@ -130,6 +130,9 @@ class DatasetSpec:
         """Every file the dataset was read from (descriptions, images, annotations): what no output may replace."""
         files = list(self.sources.values())
         for records in self.splits.values():
+            if hasattr(records, "input_files"):  # a RecordTable: its path columns, no records built
+                files += records.input_files()
+                continue
             files += [p for r in records for p in (r.path, r.annotation) if p is not None]
         return files
 

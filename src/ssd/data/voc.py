@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ssd._utils import few
 from ssd.data.images import ImageError, is_image, read_image_size
+from ssd.data.memo import decode_parsed, encode_parsed, remembered
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
 
 __all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "read_class_file", "xml_files", "CLASS_FILE"]
@@ -71,6 +72,7 @@ def _size_issue(root: ET.Element, rel: str, width: int | None, height: int | Non
                   "of the picture they are misplaced)", rel)]
 
 
+@remembered("voc", encode_parsed, decode_parsed)
 def parse_voc_xml(xml_path: Path, rel: str, width: int | None = None,
                   height: int | None = None) -> tuple[list[ObjectRecord], list[Issue]]:
     """Objects of one VOC XML file (labels left at -1, see :func:`assign_labels`) and the parse problems found.

@@ -21,6 +21,7 @@ import yaml
 
 from ssd._utils import few
 from ssd.data.images import ImageError, is_image, read_image_size
+from ssd.data.memo import decode_parsed, encode_parsed, remembered
 from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
 from ssd.data.voc import read_class_file, read_lines
 from ssd.limits import value_text
@@ -116,6 +117,7 @@ def _glued(tokens: list[str], num_classes: int) -> bool:
     return extra > 0 and (not num_classes or int(tokens[4][-extra:]) < num_classes)
 
 
+@remembered("yolo", encode_parsed, decode_parsed)
 def parse_label_file(path: Path, rel: str, width: int, height: int, class_names: list[str]):
     """Objects of one label file (pixel xyxy) and the parse problems found (file:line, the bad text, the rule)."""
     objects, issues = [], []

@@ -65,8 +65,9 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
              max_detections: int = EVALUATE.max_detections, skip_invalid: bool = False,
              save_json: str | Path | None = None, tile: int | str | Sequence[int] | None = None,
              tile_overlap: float = TILE_OVERLAP, report: bool = False, project: str | Path | None = None,
-             name: str = "exp") -> dict[str, Any]:
-    """Evaluate a network on a dataset split (checked first, like training's data).
+             name: str = "exp", recheck: bool = False) -> dict[str, Any]:
+    """Evaluate a network on a dataset split (checked first, like training's data; ``recheck``: every file read and
+    decoded again instead of trusting the dataset index).
 
     ``weights``: anything :func:`ssd.inference.registry.open_backend` opens (a checkpoint, a run directory, an
     exported ``.onnx``, a module, a backend), run on ``device``. Thresholds default to :data:`ssd.settings.EVALUATE`.
@@ -84,7 +85,8 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
         check_output(save_json, inputs=[*_weights_files(weights), data], what="--save-json")
     backend = open_backend(weights, device)
     class_names = list(backend.class_names)
-    spec = load_training_data(data, skip_invalid=skip_invalid, class_names=class_names, splits=(split,))
+    spec = load_training_data(data, skip_invalid=skip_invalid, class_names=class_names, splits=(split,),
+                              recheck=recheck)
     if save_json is not None:
         check_output(save_json, inputs=spec.input_files(), what="--save-json")
     loader = split_loader(spec.records(split), class_names, backend, batch_size=batch_size, workers=workers)

@@ -93,6 +93,8 @@ class TrainConfig:
                                    default=None)
     cache_images: bool = _help("decode every image once and keep it in RAM", default=False)
     skip_invalid: bool = _help("drop invalid objects/images (reported) instead of refusing the data", default=False)
+    recheck: bool = _help("read and decode the whole dataset again instead of trusting its index (rebuilt)",
+                          default=False)
     skip_nonfinite: bool = _help("skip and count steps with a non-finite loss instead of stopping", default=False)
     val_fraction: float | None = _help("for data without a val split: hold out this share of the training images "
                                        "(seeded by --seed, reported) to validate on", default=None)

@@ -106,7 +106,7 @@ class Trainer:
                           *([MosaicSchedule()] if config.mosaic else []),
                           *([TimeBudget(config.time)] if config.time else []), *callbacks]
         seed_everything(config.seed)
-        spec = load_training_data(config.data, skip_invalid=config.skip_invalid, log=self.log)
+        spec = load_training_data(config.data, skip_invalid=config.skip_invalid, log=self.log, recheck=config.recheck)
         self.class_names = list(spec.class_names)
         self.category_ids = getattr(spec, "category_ids", None)  # the dataset's own ids (COCO), for predictions
         self.train_records, self.val_records = validation_split(spec, config.val_fraction, config.seed, self.log)

@@ -1,0 +1,141 @@
+"""Per-file results remembered across runs, so that the dataset index (:mod:`ssd.data.index`) re-reads only the
+files that changed since it was built.
+
+The readers' per-file steps (an image header, an image's full decode, one annotation file) are wrapped by
+:func:`remembered`. Inside ``with memo.active():`` each call looks its file up by path, arguments and state (size,
+modification time in nanoseconds, inode): a match returns the stored result (an error is raised again), anything
+else runs the step, counted in :attr:`FileMemo.reads`. Outside, the steps just run. A file modified less than
+:data:`RACY_NS` before the run is never remembered: an edit within the file system's timestamp granularity could
+leave its size and time unchanged (git's "racy" rule). Results are stored as JSON, never pickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ssd.data.records import Issue, ObjectRecord
+
+__all__ = ["FileMemo", "remembered", "file_state", "RACY_NS", "encode_parsed", "decode_parsed"]
+
+RACY_NS = 2_000_000_000
+"""A file younger than this (nanoseconds) at the start of a run is read every time (see the module docstring)."""
+
+_active: FileMemo | None = None  # a global, not a ContextVar: the check decodes on a thread pool
+
+
+def file_state(path: str | os.PathLike) -> tuple[int, int, int] | None:
+    """``(size, mtime_ns, inode)`` of ``path`` (links followed), None when it cannot be stat'ed."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+class FileMemo:
+    """Remembered results by ``kind``, path and arguments; ``entries`` as stored (:attr:`used` after a run).
+
+    Attributes:
+        used: the entries met or made in this run (what an index saves: files no longer read are forgotten).
+        reads: ``(kind, path)`` of every step that ran (a miss).
+    """
+
+    def __init__(self, entries: dict[str, list] | None = None) -> None:
+        self.entries = entries or {}
+        self.used: dict[str, list] = {}
+        self.reads: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        self._stable_before = time.time_ns() - RACY_NS
+
+    @contextmanager
+    def active(self) -> Iterator[FileMemo]:
+        """Make this memo the one the :func:`remembered` steps consult (restores the previous one on exit)."""
+        global _active
+        previous, _active = _active, self
+        try:
+            yield self
+        finally:
+            _active = previous
+
+    def lookup(self, kind: str, path: str | os.PathLike, args: tuple, compute: Callable[[], Any],
+               encode: Callable[[Any], Any], decode: Callable[[Any], Any], error: type[Exception] | None) -> Any:
+        key = "\0".join((kind, os.fspath(path), json.dumps(args)))
+        state = file_state(path)
+        entry = self.entries.get(key)
+        if state is not None and entry is not None and tuple(entry[:3]) == state:
+            with self._lock:
+                self.used[key] = entry
+            stored = entry[3]
+            if isinstance(stored, dict) and "raise" in stored:
+                raise error(*stored["raise"])
+            return decode(stored)
+        with self._lock:
+            self.reads.append((kind, os.fspath(path)))
+        try:
+            value = compute()
+            stored = encode(value)
+        except Exception as e:
+            if error is None or not isinstance(e, error):
+                raise
+            value, stored = e, {"raise": [str(e), getattr(e, "code", None), getattr(e, "reason", None)]}
+        if state is not None and state[1] < self._stable_before:
+            with self._lock:
+                self.used[key] = [*state, stored]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+
+def remembered(kind: str, encode: Callable[[Any], Any] = lambda v: v, decode: Callable[[Any], Any] = lambda v: v,
+               error: type[Exception] | None = None) -> Callable:
+    """Decorate ``step(path, *args)`` (JSON-able ``args``) so the active :class:`FileMemo` answers for unchanged
+    files. ``encode``/``decode``: the result to JSON-able data and back; ``error``: an exception type (built from
+    ``(message, code, reason)``) that is remembered and raised again."""
+    def wrap(step: Callable) -> Callable:
+        @functools.wraps(step)
+        def call(path, *args, **kwargs):
+            memo = _active
+            if memo is None:
+                return step(path, *args, **kwargs)
+            return memo.lookup(kind, path, (args, sorted(kwargs.items())), lambda: step(path, *args, **kwargs),
+                               encode, decode, error)
+        return call
+    return wrap
+
+
+_OBJECT_FIELDS = [f.name for f in dataclasses.fields(ObjectRecord)]
+_ISSUE_FIELDS = [f.name for f in dataclasses.fields(Issue)]
+
+
+def encode_parsed(parsed: tuple[list[ObjectRecord], list[Issue]]) -> list:
+    """An annotation file's ``(objects, issues)`` as JSON-able lists (paths as text)."""
+    objects, issues = parsed
+
+    def row(record: Any, names: list[str]) -> list:
+        values = [getattr(record, n) for n in names]
+        return [str(v) if isinstance(v, Path) else v for v in values]
+    return [[row(o, _OBJECT_FIELDS) for o in objects], [row(i, _ISSUE_FIELDS) for i in issues]]
+
+
+def decode_parsed(stored: list) -> tuple[list[ObjectRecord], list[Issue]]:
+    """The inverse of :func:`encode_parsed`."""
+    objects, issues = [], []
+    for row in stored[0]:
+        fields = dict(zip(_OBJECT_FIELDS, row))
+        fields["box"] = tuple(fields["box"])
+        fields["source"] = None if fields["source"] is None else Path(fields["source"])
+        objects.append(ObjectRecord(**fields))
+    for row in stored[1]:
+        fields = dict(zip(_ISSUE_FIELDS, row))
+        fields["image"] = None if fields["image"] is None else Path(fields["image"])
+        issues.append(Issue(**fields))
+    return objects, issues

@@ -1,0 +1,201 @@
+"""``RecordTable``: a split's records as a few numpy arrays (the dataset index's form of a split).
+
+A list of :class:`~ssd.data.records.ImageRecord` costs kilobytes of Python objects per image, and every DataLoader
+worker that touches them copies them (copy-on-write pages, pytorch#13246). A table holds the same fields in packed
+arrays, which forked workers share as they are: text as one UTF-8 blob with offsets (paths after their common
+prefix), boxes ``[M, 4]`` float32, labels, flags and source lines ``[M]``, and the image -> objects offsets
+``first [N + 1]``. It is a ``Sequence[ImageRecord]``: ``table[i]`` builds image ``i``'s rich record (for messages
+and reports); training reads the arrays (:meth:`objects`). Boxes are stored as the float32 values training uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ssd.data.records import ImageRecord, ObjectRecord
+
+__all__ = ["RecordTable", "Strings", "select"]
+
+DIFFICULT, CROWD = 1, 2
+"""Bits of :attr:`RecordTable.flags`."""
+_ENCODING = ("utf-8", "surrogatepass")  # any str round-trips, lone surrogates included
+
+
+class Strings:
+    """Texts packed as one ``uint8`` blob and ``offsets [N + 1]``, after a common ``prefix`` (stored once)."""
+
+    def __init__(self, blob: np.ndarray, offsets: np.ndarray, prefix: str = "") -> None:
+        self.blob, self.offsets, self.prefix = blob, offsets, prefix
+
+    @classmethod
+    def pack(cls, texts: Sequence[str], share_prefix: bool = False) -> Strings:
+        prefix = _shared_start(min(texts), max(texts)) if share_prefix and texts else ""
+        encoded = [t[len(prefix):].encode(*_ENCODING) for t in texts]
+        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+        offsets = np.zeros(len(encoded) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        return cls(np.frombuffer(b"".join(encoded), np.uint8), offsets, prefix)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> str:
+        return self.prefix + self.blob[self.offsets[i]:self.offsets[i + 1]].tobytes().decode(*_ENCODING)
+
+    def take(self, index: np.ndarray) -> Strings:
+        """The texts at ``index`` (int array), in that order."""
+        lo, hi = self.offsets[index], self.offsets[index + 1]
+        offsets = np.zeros(len(index) + 1, np.int64)
+        np.cumsum(hi - lo, out=offsets[1:])
+        return Strings(self.blob[_ranges(lo, hi)], offsets, self.prefix)
+
+    def arrays(self, name: str) -> dict[str, np.ndarray]:
+        prefix = np.frombuffer(self.prefix.encode(*_ENCODING), np.uint8)
+        return {f"{name}.blob": self.blob, f"{name}.offsets": self.offsets, f"{name}.prefix": prefix}
+
+    @classmethod
+    def from_arrays(cls, arrays, name: str) -> Strings:
+        prefix = arrays[f"{name}.prefix"].tobytes().decode(*_ENCODING)
+        return cls(arrays[f"{name}.blob"], arrays[f"{name}.offsets"], prefix)
+
+
+def _shared_start(first: str, last: str) -> str:
+    """The text every string between ``first`` and ``last`` (in sort order) starts with."""
+    n = next((i for i, (a, b) in enumerate(zip(first, last)) if a != b), min(len(first), len(last)))
+    return first[:n]
+
+
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """The concatenated ``arange(lo[i], hi[i])`` for every i, without a Python loop."""
+    lengths = hi - lo
+    total = int(lengths.sum())
+    starts = np.repeat(lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+    return starts + np.arange(total)
+
+
+_IMAGE_TEXT = ("paths", "annotations", "image_ids")
+_OBJECT_TEXT = ("names", "sources", "where", "raw")
+_ARRAYS = ("sizes", "id_is_int", "first", "boxes", "labels", "flags", "lines")
+
+
+class RecordTable(Sequence[ImageRecord]):
+    """The records of one split in arrays (see the module docstring).
+
+    Attributes (N images, M objects):
+        paths, annotations, image_ids: :class:`Strings` ``[N]`` (no annotation: ``""``; ``id_is_int [N]`` bool says
+            which ids were integers).
+        sizes: int64 ``[N, 2]`` ``(width, height)`` of the decoded image, ``-1`` when unknown.
+        first: int64 ``[N + 1]``: image ``i``'s objects are rows ``first[i]:first[i + 1]``.
+        boxes: float32 ``[M, 4]`` pixel xyxy; labels: int64 ``[M]``; flags: uint8 ``[M]`` (bit 1 difficult, 2 crowd);
+        lines: int64 ``[M]``; names, sources, where, raw: :class:`Strings` ``[M]`` (no source: ``""``).
+    """
+
+    def __init__(self, **columns) -> None:
+        for name in (*_IMAGE_TEXT, *_OBJECT_TEXT, *_ARRAYS):
+            setattr(self, name, columns[name])
+
+    @classmethod
+    def from_records(cls, records: Iterable[ImageRecord]) -> RecordTable:
+        records = list(records)
+        objects = [o for r in records for o in r.objects]
+        first = np.zeros(len(records) + 1, np.int64)
+        np.cumsum([len(r.objects) for r in records], out=first[1:])
+        sizes = np.array([[-1 if r.width is None else r.width, -1 if r.height is None else r.height]
+                          for r in records], np.int64).reshape(-1, 2)
+        bound = 2**63 - 1  # a COCO annotation id may be any JSON integer
+        lines = np.array([min(max(o.line or 0, -bound), bound) for o in objects], np.int64)
+        return cls(
+            paths=Strings.pack([str(r.path) for r in records], share_prefix=True),
+            annotations=Strings.pack(["" if r.annotation is None else str(r.annotation) for r in records], True),
+            image_ids=Strings.pack([str(r.image_id) for r in records]),
+            id_is_int=np.array([isinstance(r.image_id, int) for r in records], bool),
+            sizes=sizes, first=first,
+            boxes=np.array([o.box for o in objects], np.float32).reshape(-1, 4),
+            labels=np.array([o.label for o in objects], np.int64),
+            flags=np.array([DIFFICULT * o.difficult + CROWD * o.iscrowd for o in objects], np.uint8),
+            lines=lines,
+            names=Strings.pack([o.name for o in objects]),
+            sources=Strings.pack(["" if o.source is None else str(o.source) for o in objects], True),
+            where=Strings.pack([o.where for o in objects], True),
+            raw=Strings.pack([o.raw for o in objects]))
+
+    def __len__(self) -> int:
+        return len(self.first) - 1
+
+    @property
+    def num_objects(self) -> int:
+        return int(self.first[-1])
+
+    def path(self, i: int) -> Path:
+        return Path(self.paths[i])
+
+    def image_id(self, i: int) -> str | int:
+        text = self.image_ids[i]
+        return int(text) if self.id_is_int[i] else text
+
+    def input_files(self) -> list[Path]:
+        """The images and annotation files of the split (as :meth:`DatasetSpec.input_files` lists them)."""
+        files = []
+        for i in range(len(self)):
+            files.append(self.path(i))
+            if annotation := self.annotations[i]:
+                files.append(Path(annotation))
+        return files
+
+    def objects(self, i: int) -> slice:
+        """The rows of image ``i``'s objects in the object arrays."""
+        return slice(int(self.first[i]), int(self.first[i + 1]))
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.take(np.arange(len(self))[i])
+        i = range(len(self))[i]  # negative indices, and IndexError past the end
+        rows = range(*self.objects(i).indices(self.num_objects))
+        objects = [ObjectRecord(tuple(float(v) for v in self.boxes[j]), int(self.labels[j]), self.names[j],
+                                bool(self.flags[j] & DIFFICULT), bool(self.flags[j] & CROWD), int(self.lines[j]),
+                                Path(self.sources[j]) if self.sources[j] else None, self.where[j], self.raw[j])
+                   for j in rows]
+        width, height = (int(v) if v >= 0 else None for v in self.sizes[i])
+        annotation = self.annotations[i]
+        return ImageRecord(self.path(i), Path(annotation) if annotation else None, objects, width, height,
+                           self.image_id(i))
+
+    def take(self, index: Sequence[int] | np.ndarray, keep_objects: np.ndarray | None = None) -> RecordTable:
+        """The images at ``index`` (in that order) with their objects; ``keep_objects``: a bool mask ``[M]`` of the
+        objects to keep (default: all)."""
+        index = np.asarray(index, np.int64).reshape(-1)
+        lengths = self.first[index + 1] - self.first[index]
+        rows = _ranges(self.first[index], self.first[index + 1])
+        counts = lengths
+        if keep_objects is not None:
+            kept = keep_objects[rows]
+            counts = np.bincount(np.repeat(np.arange(len(index)), lengths)[kept], minlength=len(index))
+            rows = rows[kept]
+        first = np.zeros(len(index) + 1, np.int64)
+        np.cumsum(counts, out=first[1:])
+        columns = {name: getattr(self, name).take(index) for name in _IMAGE_TEXT}
+        columns |= {name: getattr(self, name).take(rows) for name in _OBJECT_TEXT}
+        return RecordTable(**columns, sizes=self.sizes[index], id_is_int=self.id_is_int[index], first=first,
+                           boxes=self.boxes[rows], labels=self.labels[rows], flags=self.flags[rows],
+                           lines=self.lines[rows])
+
+    def arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        """Every column as named arrays (for ``np.savez``), names starting with ``prefix``."""
+        out = {}
+        for name in (*_IMAGE_TEXT, *_OBJECT_TEXT):
+            out |= getattr(self, name).arrays(prefix + name)
+        return out | {prefix + name: getattr(self, name) for name in _ARRAYS}
+
+    @classmethod
+    def from_arrays(cls, arrays, prefix: str) -> RecordTable:
+        """The inverse of :meth:`arrays` (``arrays``: a mapping, e.g. an opened ``.npz``)."""
+        columns = {name: Strings.from_arrays(arrays, prefix + name) for name in (*_IMAGE_TEXT, *_OBJECT_TEXT)}
+        return cls(**columns, **{name: arrays[prefix + name] for name in _ARRAYS})
+
+
+def select(records: Sequence[ImageRecord], index: Sequence[int]) -> Sequence[ImageRecord]:
+    """The records at ``index``, in that order: a table of them for a :class:`RecordTable`, else a list."""
+    return records.take(index) if isinstance(records, RecordTable) else [records[i] for i in index]

@@ -1,0 +1,278 @@
+"""The dataset index: built once, equal to the readers' records, reused while the files are unchanged, re-reading
+exactly the files that changed, rebuilt (with a notice) when its file is damaged, and never a pickle."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import write_yolo_dataset
+from ssd.data import DetectionDataset, build_dataloader
+from ssd.data.gate import load_training_data
+from ssd.data.index import INDEX_FILE, cache_root, index_dataset
+from ssd.data.load import load_dataset
+from ssd.data.records import DataError
+from ssd.data.synthetic import generate_synthetic
+from ssd.data.table import RecordTable
+from ssd.settings import ConfigError
+
+
+def messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "ssd"]
+
+
+def settle(root: Path) -> Path:
+    """Date the files of ``root`` changed in the last half minute a minute back (a time of their own): files changed
+    within the last seconds are never trusted, so a test would read them every time."""
+    now = time.time_ns()
+    for folder, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(folder, name)
+            if os.stat(path).st_mtime_ns > now - 30 * 10**9:
+                os.utime(path, ns=(now - 60 * 10**9, now - 60 * 10**9))
+    return root
+
+
+def voc(tmp_path: Path, train: int = 6) -> Path:
+    return settle(generate_synthetic(tmp_path / "voc", num_train=train, num_val=2, image_size=64, seed=1))
+
+
+def reads(data, **options) -> list[tuple[str, str]]:
+    """The files one indexed read of ``data`` read, as ``(kind, file name)`` sorted."""
+    return sorted((kind, Path(path).name) for kind, path in index_dataset(data, **options).reads)
+
+
+def index_file(data, class_names=None) -> Path:
+    (found,) = [p for p in (cache_root() / "datasets").glob(f"*/{INDEX_FILE}")
+                if json.loads(np.load(p)["meta"].tobytes())["key"]["data"] == os.path.abspath(data)
+                and json.loads(np.load(p)["meta"].tobytes())["key"]["class_names"] == class_names]
+    return found
+
+
+def assert_same_records(expected, table: RecordTable) -> None:
+    assert len(table) == len(expected)
+    for want, got in zip(expected, table):
+        assert (got.path, got.annotation, got.width, got.height, got.image_id) == \
+               (want.path, want.annotation, want.width, want.height, want.image_id)
+        assert len(got.objects) == len(want.objects)
+        for a, b in zip(want.objects, got.objects):
+            assert b.box == tuple(float(v) for v in np.float32(a.box))  # stored as training reads them
+            assert (b.label, b.name, b.difficult, b.iscrowd, b.line, b.source, b.where, b.raw) == \
+                   (a.label, a.name, a.difficult, a.iscrowd, a.line, a.source, a.where, a.raw)
+
+
+def write_coco(root: Path) -> Path:
+    (root / "images").mkdir(parents=True)
+    images, annotations = [], []
+    for i in range(3):
+        Image.new("RGB", (40 + 8 * i, 30), (20 * i, 90, 90)).save(root / "images" / f"{i}.jpg")
+        images.append({"id": 10 + i, "file_name": f"{i}.jpg", "width": 40 + 8 * i, "height": 30})
+        annotations += [{"id": 100 + 2 * i + j, "image_id": 10 + i, "category_id": 1 + j, "bbox": [2, 3, 10.5, 7],
+                         "iscrowd": j} for j in range(2)]
+    categories = [{"id": 1, "name": "cat"}, {"id": 2, "name": "dog"}]
+    path = root / "annotations" / "instances_train.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"images": images, "annotations": annotations, "categories": categories}))
+    return settle(root) / "annotations" / "instances_train.json"
+
+
+@pytest.mark.parametrize("kind", ["voc", "yolo", "coco"])
+def test_index_equals_the_readers_records_and_is_reused_reading_nothing(kind, tmp_path):
+    data = {"voc": lambda: voc(tmp_path), "yolo": lambda: settle(write_yolo_dataset(tmp_path).parent) / "data.yaml",
+            "coco": lambda: write_coco(tmp_path)}[kind]()
+    first = index_dataset(data, splits=("train", "val"))
+    assert first.stored and first.reads
+    again = index_dataset(data, splits=("train", "val"))
+    assert again.reads == [] and again.stored  # nothing parsed, nothing decoded
+    expected = load_dataset(data)
+    assert list(again.spec.splits) == list(expected.splits)
+    for split, records in expected.splits.items():
+        assert_same_records(records, again.spec.splits[split])
+    assert (again.spec.root, again.spec.format, again.spec.class_names, again.spec.category_ids,
+            again.spec.sources) == (expected.root, expected.format, expected.class_names, expected.category_ids,
+                                    expected.sources)
+    assert again.issues == first.issues
+
+
+def test_index_equals_the_records_of_the_real_datasets(shared_data):
+    for name in ("bccd", "aquarium"):
+        data = shared_data / name
+        expected = load_dataset(data)
+        indexed = index_dataset(data, splits=tuple(expected.splits))
+        for split, records in expected.splits.items():
+            assert_same_records(records, indexed.spec.splits[split])
+
+
+def test_changed_files_are_the_only_files_read_again(tmp_path):
+    data = voc(tmp_path)
+    index_dataset(data)
+    assert reads(data) == []
+    xml = data / "Annotations" / "synth_000001.xml"  # an edited annotation: the file alone
+    xml.write_text(xml.read_text().replace("<difficult>0</difficult>", "<difficult>1</difficult>", 1) + " ")
+    settle(data)
+    assert reads(data) == [("voc", "synth_000001.xml")]
+    image = data / "JPEGImages" / "synth_000002.jpg"  # an edited image: its header and its decode
+    Image.new("RGB", (64, 64), (1, 2, 3)).save(image)
+    settle(data)
+    assert reads(data) == [("decode", "synth_000002.jpg"), ("size", "synth_000002.jpg")]
+    for suffix in ("jpg", "xml"):  # a renamed pair: read under the new name
+        folder = data / ("JPEGImages" if suffix == "jpg" else "Annotations")
+        (folder / f"synth_000003.{suffix}").rename(folder / f"renamed.{suffix}")
+    train = data / "ImageSets" / "Main" / "train.txt"
+    train.write_text(train.read_text().replace("synth_000003", "renamed"))
+    settle(data)
+    assert reads(data) == [("decode", "renamed.jpg"), ("size", "renamed.jpg"), ("voc", "renamed.xml")]
+    train.write_text(train.read_text().replace("renamed\n", ""))  # deleted from the split: nothing to read
+    settle(data)
+    assert reads(data) == []
+    assert "renamed" not in {r.path.stem for r in index_dataset(data).spec.records("train")}
+    shutil.copy(data / "JPEGImages" / "synth_000000.jpg", data / "JPEGImages" / "added.jpg")  # an added pair
+    shutil.copy(data / "Annotations" / "synth_000000.xml", data / "Annotations" / "added.xml")
+    train.write_text(train.read_text() + "added\n")
+    settle(data)
+    assert reads(data) == [("decode", "added.jpg"), ("size", "added.jpg"), ("voc", "added.xml")]
+    assert reads(data) == []
+
+
+def test_a_changed_class_list_reads_what_depends_on_it(tmp_path):
+    data = voc(tmp_path)
+    index_dataset(data)
+    (data / "classes.txt").write_text("square\ncircle\ntriangle\nextra\n")  # VOC names: labels only, no file read
+    settle(data)
+    assert reads(data) == []
+    assert index_dataset(data).spec.class_names[-1] == "extra"
+    given = ["square", "circle", "triangle", "extra"]  # another reader option: an index of its own
+    assert reads(data, class_names=given)  # built anew
+    assert reads(data, class_names=given) == [] and reads(data) == []
+
+
+def test_a_changed_class_list_rereads_the_yolo_label_files(tmp_path):
+    yaml = settle(write_yolo_dataset(tmp_path).parent) / "data.yaml"
+    index_dataset(yaml, splits=("train", "val"))
+    yaml.write_text(yaml.read_text().replace("names: [a, b", "names: [A, b"))
+    settle(tmp_path)
+    again = index_dataset(yaml, splits=("train", "val"))
+    assert sorted({kind for kind, _ in again.reads}) == ["yolo"] and len(again.reads) == 16
+    assert again.spec.class_names[0] == "A" and again.spec.splits["train"][0].objects[0].name in ("A", "b", "d")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "edited", "foreign", "not a zip"])
+def test_a_damaged_index_is_rebuilt_with_a_notice(damage, tmp_path, caplog):
+    data = voc(tmp_path)
+    index_dataset(data)
+    path = index_file(data)
+    content = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(content[:len(content) // 2])
+    elif damage == "edited":  # one box value changed inside the file, the zip still valid
+        z = dict(np.load(path))
+        z["split0.boxes"] = z["split0.boxes"] + 1
+        np.savez(path, **z)
+    elif damage == "foreign":
+        other = voc(tmp_path / "other")
+        index_dataset(other)
+        shutil.copy(index_file(other), path)
+    else:
+        path.write_bytes(b"\x80\x04pickled")
+    rebuilt = index_dataset(data)
+    notices = [m for m in messages(caplog) if "dataset cache" in m]
+    assert len(notices) == 1 and "is not a valid index" in notices[0] and "rebuilding" in notices[0]
+    assert rebuilt.stored and rebuilt.reads  # read again: nothing of the damaged file is trusted
+    assert_same_records(load_dataset(data).records("train"), rebuilt.spec.records("train"))
+    assert reads(data) == []
+
+
+def test_an_unwritable_cache_folder_is_said_once(tmp_path, monkeypatch, caplog):
+    data = voc(tmp_path)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    first, second = index_dataset(data), index_dataset(data)
+    assert not first.stored and not second.stored and second.reads  # works, without a cache
+    notices = [m for m in messages(caplog) if "dataset cache" in m]
+    assert len(notices) == 1 and "working without a cache" in notices[0] and "SSD_CACHE_DIR" in notices[0]
+
+
+def test_recheck_reads_and_decodes_everything_again(tmp_path):
+    data = voc(tmp_path)
+    everything = reads(data)
+    assert reads(data) == [] and reads(data, recheck=True) == everything and reads(data) == []
+    assert {kind for kind, _ in everything} == {"decode", "size", "voc"}
+
+
+def test_the_gate_refuses_and_skips_the_same_from_the_index(tmp_path):
+    data = voc(tmp_path)
+    xml = data / "Annotations" / "synth_000001.xml"
+    xml.write_text(xml.read_text().replace("<xmax>", "<xmax>-", 1))  # an inverted box
+    settle(data)
+    messages = []
+    for _ in range(2):  # built, then from the index
+        with pytest.raises(DataError) as refused:
+            load_training_data(data)
+        messages.append(str(refused.value))
+    assert messages[0] == messages[1] and "synth_000001.xml object 1" in messages[0]
+    expected = load_dataset(data)
+    cold, warm = (load_training_data(data, skip_invalid=True, recheck=recheck) for recheck in (True, False))
+    kept = expected.records("train")
+    kept[1].objects = kept[1].objects[1:]
+    for spec in (cold, warm):
+        assert_same_records(kept, spec.records("train"))
+
+
+def test_training_batches_are_identical_with_and_without_the_index(synthetic_voc):
+    records = load_dataset(synthetic_voc).records("train")
+    table = load_training_data(synthetic_voc).records("train")
+    assert isinstance(table, RecordTable)
+    batches = []
+    for source in (records, table):
+        loader = build_dataloader(source, ["a", "b", "c"], 64, (0.5,) * 3, (0.25,) * 3, train=True, batch_size=4,
+                                  seed=3, mosaic=0.5, keep_difficult=False)
+        batches.append(list(itertools.islice(loader, 2)))
+    for a, b in zip(*batches):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert torch.equal(a[key], b[key]) if isinstance(a[key], torch.Tensor) else a[key] == b[key]
+
+
+def _build(data: str, barrier, results) -> None:
+    barrier.wait()
+    results.put(index_dataset(data).stored)
+
+
+def test_two_processes_building_at_once_leave_one_valid_index(tmp_path):
+    data = voc(tmp_path, train=40)
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(2), context.Queue()
+    procs = [context.Process(target=_build, args=(str(data), barrier, results)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    stored = [results.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0] and True in stored
+    assert reads(data) == []  # the index left is whole and valid
+
+
+def test_cache_images_beyond_the_memory_bound_is_downscaled_and_said(synthetic_voc, monkeypatch, caplog):
+    records = load_dataset(synthetic_voc).records("val")  # 16 images: 16 * 3 * 64 * 64 bytes at 64 px
+    monkeypatch.setattr("ssd.data.loader.MAX_CROP_CACHE_BYTES", 16 * 3 * 64 * 64 // 4)
+    plain = DetectionDataset(records, ["a", "b", "c"], image_size=64)
+    cached = DetectionDataset(records, ["a", "b", "c"], image_size=64, cache_images=True)
+    (notice,) = [m for m in messages(caplog) if m.startswith("cache_images")]
+    assert notice.startswith("cache_images: 16 images at 64 would take 0 MB, more than ssd.limits."
+                             "MAX_CROP_CACHE_BYTES (0 MB): cached downscaled by 0.500")
+    image, target = cached[3]
+    assert image.shape == (3, 32, 32) and plain[3][0].shape == (3, 64, 64)
+    assert torch.equal(target["boxes"] * 2, plain[3][1]["boxes"])  # the boxes follow the smaller image
+    monkeypatch.setattr("ssd.data.loader.MAX_CROP_CACHE_BYTES", 16 * 3 * 64 * 64 // 100)
+    with pytest.raises(ConfigError, match=r"downscaled by 0\.100, below 0\.25; train without cache_images"):
+        DetectionDataset(records, ["a", "b", "c"], image_size=64, cache_images=True)
