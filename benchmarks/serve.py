@@ -1,0 +1,203 @@
+"""Throughput and latency of ``ssd serve`` with dynamic batching on and off (issue 26).
+
+Two real server processes on 127.0.0.1 serve the same ``ssd_tiny`` (seeded random weights, 256 px, the background
+logit raised by ``BACKGROUND_BIAS`` so that an image has tens of detections, as a trained model's, instead of the
+hundred a random head gives) exported to ONNX Runtime with a dynamic batch: one with batching off (``--max-batch
+1``), one with batching on (``--max-batch 16 --max-wait-ms 5``). For N = 1, 4 and 16 concurrent clients (httpx, N
+connections, each sending the next image as soon as its answer arrives, for ``--seconds`` after a warm-up of 2N
+requests, at most ``--max-requests``), the two servers are driven in turn, so that load from other processes on this
+shared machine hits both alike; requests/s and latency p50 / p99 are printed side by side. The images are BCCD's
+first 32 (640x480 JPEGs) where the shared data is present, else synthetic 320 px ones.
+
+Every answer is compared with ``ssd predict`` (the CLI, batch 1) on the same image: the same labels in the same
+order, boxes and scores within the float rounding of another batch composition (the largest differences printed).
+
+Usage: ``.venv/bin/python benchmarks/serve.py [--seconds 8] [--clients 1,4,16]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import torch
+from torch import nn
+
+from ssd.export.onnx import export_onnx
+from ssd.models import build_model
+
+SHARED = Path(os.environ.get("SSD_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+IMAGES = 32
+MODES = {"off": ["--max-batch", "1"], "on": ["--max-batch", "16", "--max-wait-ms", "5"]}
+SSD = [sys.executable, "-m", "ssd"]
+BACKGROUND_BIAS = 0.7
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    model = build_model("ssd_tiny", class_names=["RBC", "WBC", "Platelets"]).eval()
+    with torch.no_grad():
+        for head in model.heads:
+            conv = [m for m in head.cls.modules() if isinstance(m, nn.Conv2d)][-1]
+            conv.bias.view(-1, 4)[:, 0] += BACKGROUND_BIAS  # [A, K+1], index 0 background
+    return model
+
+
+def _images(folder: Path) -> list[Path]:
+    bccd = SHARED / "bccd" / "BCCD" / "JPEGImages"
+    folder.mkdir()
+    if bccd.is_dir():
+        sources = sorted(bccd.glob("*.jpg"))[:IMAGES]
+        for source in sources:
+            (folder / source.name).write_bytes(source.read_bytes())
+    else:
+        from ssd.data.synthetic import generate_synthetic
+
+        root = generate_synthetic(folder.parent / "synthetic", num_train=IMAGES, num_val=1, image_size=320)
+        for source in sorted((root / "JPEGImages").glob("*.jpg"))[:IMAGES]:
+            (folder / source.name).write_bytes(source.read_bytes())
+    return sorted(folder.iterdir())
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _server(weights: Path, options: list[str]):
+    port = _free_port()
+    process = subprocess.Popen([*SSD, "serve", "--weights", str(weights), "--port", str(port), *options],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"ssd serve exited: {process.stdout.read()}")
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError("ssd serve did not answer /health within 120 s")
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def _ssd_predict(weights: Path, images: Path, out: Path) -> dict[str, dict]:
+    """``ssd predict`` (batch 1) on the images: file name -> its record (width, height, detections)."""
+    subprocess.run([*SSD, "predict", "--weights", str(weights), "--source", str(images), "--save-dir", str(out),
+                    "--batch-size", "1", "--no-save-images"], check=True, capture_output=True)
+    records = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    return {Path(record["file"]).name: record for record in records}
+
+
+async def _drive(url: str, blobs: list[tuple[str, bytes]], clients: int, seconds: float, max_requests: int
+                 ) -> tuple[float, list[float], list[tuple[str, dict]]]:
+    """Requests/s and latencies (s) of the requests sent in ``seconds`` (after a warm-up) by ``clients`` concurrent
+    senders, and every answer with its image's name."""
+    latencies, answers, sent = [], [], 0
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=clients)) as client:
+
+        async def send(index: int) -> tuple[float, str, dict]:
+            name, blob = blobs[index % len(blobs)]
+            start = time.perf_counter()
+            response = await client.post("/predict", content=blob, headers={"Content-Type": "image/jpeg"})
+            response.raise_for_status()
+            return time.perf_counter() - start, name, response.json()
+
+        await asyncio.gather(*[send(i) for i in range(2 * clients)])  # warm-up
+        end = time.perf_counter() + seconds
+
+        async def sender() -> None:
+            nonlocal sent
+            while time.perf_counter() < end and sent < max_requests:
+                sent += 1
+                latency, name, answer = await send(sent)
+                latencies.append(latency)
+                answers.append((name, answer))
+
+        start = time.perf_counter()
+        await asyncio.gather(*[sender() for _ in range(clients)])
+        elapsed = time.perf_counter() - start
+    return len(latencies) / elapsed, latencies, answers
+
+
+def _compare(answers: list[tuple[str, dict]], expected: dict[str, dict]) -> tuple[int, float, float, int]:
+    """(answers whose labels differ from ssd predict's, largest box and score differences, exact answers)."""
+    wrong, box_diff, score_diff, exact = 0, 0.0, 0.0, 0
+    for name, answer in answers:
+        want = expected[name]
+        got_d, want_d = answer["detections"], want["detections"]
+        if [d["label"] for d in got_d] != [d["label"] for d in want_d] or (
+                answer["width"], answer["height"]) != (want["width"], want["height"]):
+            wrong += 1
+            continue
+        if got_d:
+            box_diff = max(box_diff, (torch.tensor([d["box"] for d in got_d])
+                                      - torch.tensor([d["box"] for d in want_d])).abs().max().item())
+            score_diff = max(score_diff, (torch.tensor([d["score"] for d in got_d])
+                                          - torch.tensor([d["score"] for d in want_d])).abs().max().item())
+        exact += got_d == want_d
+    return wrong, box_diff, score_diff, exact
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per server and client count")
+    parser.add_argument("--clients", default="1,4,16", help="concurrent client counts")
+    parser.add_argument("--max-requests", type=int, default=3000, help="most measured requests per run")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        images = _images(tmp / "images")
+        blobs = [(path.name, path.read_bytes()) for path in images]
+        weights = export_onnx(_model(), tmp / "ssd_tiny.onnx", dynamic_batch=True)
+        expected = _ssd_predict(weights, tmp / "images", tmp / "predict")
+        found = statistics.mean(len(record["detections"]) for record in expected.values())
+        print(f"{len(images)} images ({images[0].parent.name}), ssd_tiny ONNX Runtime, {found:.1f} detections per "
+              f"image, {os.cpu_count()} CPUs, {args.seconds:g} s per run")
+        rows, checks = [], {mode: [0, 0.0, 0.0, 0, 0] for mode in MODES}
+        with _server(weights, MODES["off"]) as off, _server(weights, MODES["on"]) as on:
+            for clients in (int(c) for c in args.clients.split(",")):
+                row = [clients]
+                for mode, url in (("off", off), ("on", on)):
+                    rate, latencies, answers = asyncio.run(_drive(url, blobs, clients, args.seconds,
+                                                                  args.max_requests))
+                    row += [rate, 1000 * _percentile(latencies, 50), 1000 * _percentile(latencies, 99)]
+                    wrong, box, score, exact = _compare(answers, expected)
+                    check = checks[mode]
+                    checks[mode] = [check[0] + wrong, max(check[1], box), max(check[2], score), check[3] + exact,
+                                    check[4] + len(answers)]
+                rows.append(row)
+    print(f"{'clients':>7} | {'req/s off':>9} {'on':>7} {'on/off':>6} | {'p50 ms off':>10} {'on':>6} | "
+          f"{'p99 ms off':>10} {'on':>6}")
+    for clients, off_rate, off_p50, off_p99, on_rate, on_p50, on_p99 in rows:
+        print(f"{clients:>7} | {off_rate:>9.1f} {on_rate:>7.1f} {on_rate / off_rate:>6.2f} | {off_p50:>10.1f} "
+              f"{on_p50:>6.1f} | {off_p99:>10.1f} {on_p99:>6.1f}")
+    for mode, (wrong, box, score, exact, total) in checks.items():
+        print(f"batching {mode}: {total} answers against ssd predict: {wrong} with other labels, {exact} identical, "
+              f"largest difference {box:.2g} px (box), {score:.2g} (score)")
+
+
+if __name__ == "__main__":
+    main()
