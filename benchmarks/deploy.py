@@ -58,14 +58,14 @@ def remedies(fp32: Path, data: Path, out: Path, calib: int) -> list[str]:
                 "QOperator format (QLinearConv)": dict(operator_format=True)}
     if depthwise:
         variants[f"{len(depthwise)} depthwise convs in float"] = dict(exclude=depthwise)
-    backend = OnnxBackend(fp32)
+    card = OnnxBackend(fp32).card
     decoded = [read_image(r.path) for r in load_dataset(data).records("val")[:16]]
     lines = ["| ONNX Runtime variant | size MB | mAP50 | ms/img p50 | network ms |", "|---|---|---|---|---|"]
     rows = [("FP32 (reference)", fp32)]
     for index, (name, options) in enumerate(variants.items()):
         path = out / f"remedy_{index}.int8.onnx"
         count = options.pop("count", calib)
-        inputs = calibration_inputs(calibration_paths(data, count), backend.image_size, backend.mean, backend.std)
+        inputs = calibration_inputs(calibration_paths(data, count), card.image_size, card.mean, card.std)
         rows.append((name, quantize_onnx(fp32, path, inputs, **options)))
     variants = {name: OnnxBackend(path) for name, path in rows}
     timings = time_backends(variants, decoded, 1, 60, 5)  # side by side, call by call

@@ -40,7 +40,8 @@ def artifacts(tiny_checkpoint, tmp_path_factory):
 
 def batch_of(data, backend, count: int = 6) -> torch.Tensor:
     images = [read_image(r.path) for r in load_dataset(data).records("val")[:count]]
-    return preprocess(images, backend.image_size, backend.mean, backend.std)[0]
+    card = backend.card
+    return preprocess(images, card.image_size, card.mean, card.std)[0]
 
 
 # runtime -> (how to open the artifact, largest score difference, largest box difference of the image size)
@@ -57,15 +58,15 @@ RUNTIMES = {
 def test_each_runtime_matches_eager_pytorch_within_its_tolerance(artifacts, synthetic_voc, runtime):
     opener, score_tol, box_tol = RUNTIMES[runtime]
     eager, backend = open_torch(artifacts["pt"], torch.device("cpu"), False), opener(artifacts)
-    assert (backend.class_names, backend.image_size, backend.variances) == (eager.class_names, 128,
-                                                                           eager.variances)
-    assert backend.model_name == eager.model_name == "ssd_tiny"  # the artifact says what it is
+    # the artifact says what it is: the checkpoint's card, sealed with its own network
+    assert backend.card.replace() == eager.card.replace() and backend.card.model_name == "ssd_tiny"
+    assert backend.card.image_size == (128, 128) and backend.card.checksum is not None
     batch = batch_of(synthetic_voc, eager)
     (loc, logits), (got_loc, got_logits) = eager(batch), backend(batch)
     assert torch.equal(backend.priors, eager.priors)
     assert (got_logits.softmax(-1) - logits.softmax(-1)).abs().max() <= score_tol
-    boxes = decode(loc, eager.priors, eager.variances)
-    assert (decode(got_loc, eager.priors, eager.variances) - boxes).abs().max() <= box_tol
+    boxes = decode(loc, eager.priors, eager.card.variances)
+    assert (decode(got_loc, eager.priors, eager.card.variances) - boxes).abs().max() <= box_tol
 
 
 def test_onnx_runtime_threads_do_not_spin_between_runs(artifacts):
@@ -79,7 +80,7 @@ def test_open_backend_picks_the_runtime_from_what_the_user_names(artifacts):
     for kind, name in kinds.items():
         assert open_backend(artifacts[kind]).name == name
     assert open_backend(artifacts["openvino"] / "model.xml").name == "openvino"
-    assert open_backend(artifacts["nms"]).nms and open_backend(artifacts["openvino-nms"]).nms
+    assert open_backend(artifacts["nms"]).card.nms and open_backend(artifacts["openvino-nms"]).card.nms
 
 
 @pytest.mark.parametrize("kind", ["onnx", "nms", "openvino", "openvino-nms", "pt2"])
@@ -133,12 +134,12 @@ def test_openvino_files_changed_after_export_are_refused(artifacts, tmp_path):
     data = bytearray((edited / "model.bin").read_bytes())
     data[len(data) // 2] ^= 0x10
     (edited / "model.bin").write_bytes(bytes(data))
-    with pytest.raises(OnnxModelError, match=r"edited: model\.bin does not match the checksum stored at export"):
+    with pytest.raises(OnnxModelError, match=r"edited: the network \(weights or graph\) does not match the checksum"):
         OpenVinoBackend(edited)
     meta = json.loads((edited / "metadata.json").read_text())
-    del meta["bin_sha256"]
+    del meta["checksum"]
     (edited / "metadata.json").write_text(json.dumps(meta))
-    with pytest.raises(OnnxModelError, match=r"bin_sha256, missing or different"):
+    with pytest.raises(OnnxModelError, match=r"edited: the model card has no checksum"):
         OpenVinoBackend(edited)
     (edited / "metadata.json").unlink()
     with pytest.raises(OnnxModelError, match=r"edited is not an `ssd export --format openvino` folder \(no "
@@ -165,13 +166,13 @@ def test_torch_export_program_changed_after_export_is_refused(artifacts, tmp_pat
         next(iter(program.state_dict.values())).add_(0.01)
     edited = tmp_path / "edited.pt2"
     torch.export.save(program, edited, extra_files=extra)
-    with pytest.raises(OnnxModelError, match=r"edited\.pt2: the code or weights do not match the checksum stored at "
-                                             r"export \(program_sha256"):
+    with pytest.raises(OnnxModelError, match=r"edited\.pt2: the network \(weights or graph\) does not match the "
+                                             r"checksum"):
         ExportedProgramBackend(edited)
     meta = json.loads(extra[METADATA_FILE])
-    del meta["program_sha256"]
+    del meta["checksum"]
     torch.export.save(torch.export.load(artifacts["pt2"]), edited, extra_files={METADATA_FILE: json.dumps(meta)})
-    with pytest.raises(OnnxModelError, match=r"program_sha256, missing or different"):
+    with pytest.raises(OnnxModelError, match=r"edited\.pt2: the model card has no checksum"):
         ExportedProgramBackend(edited)
     edited.write_bytes(b"not a zip archive")
     with pytest.raises(OnnxModelError, match=r"cannot load torch\.export model .*edited\.pt2"):

@@ -309,7 +309,8 @@ def test_a_checkpoint_of_another_format_version_is_refused_with_what_to_do(saved
     ckpt = load_checkpoint(saved)
     torch.save({**ckpt, "format": "ssd-checkpoint-v9", "version": "9.0"}, tmp_path / "future.pt")
     message = (rf"future\.pt has format 'ssd-checkpoint-v9' \(saved by ssd 9\.0\), but this version of ssd "
-               rf"\({re.escape(ssd.__version__)}\) reads only '{FORMAT}': load it with the version that saved it, or "
+               rf"\({re.escape(ssd.__version__)}\) reads only '{FORMAT}' \(and the older 'ssd-checkpoint-v1'\): load "
+               r"it with the version that saved it, or "
                r"import / train the model again with this one")
     with pytest.raises(CheckpointError, match=message):
         load_checkpoint(tmp_path / "future.pt")

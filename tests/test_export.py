@@ -164,7 +164,7 @@ def test_pt2_export_matches_pytorch_at_any_batch_size(tiny, tmp_path):
             for got, want in zip(backend(batch), tiny(batch)):
                 torch.testing.assert_close(got, want)
     assert torch.equal(backend.priors, tiny.priors)
-    assert backend.class_names == tiny.class_names and backend.image_size == tiny.image_size
+    assert backend.card == tiny.card.sealed(backend.card.checksum["network"])
 
 
 def test_onnx_nms_strict_score_threshold():
@@ -248,24 +248,23 @@ def with_metadata(source, target, **changes):
 
 
 @pytest.mark.parametrize("changes, message", [
-    (dict(image_size=None), r"the metadata lacks image_size \(has "),
-    (dict(mean=None, std=None), r"the metadata lacks mean, std \(has "),
-    (dict(nms=None), r"the metadata lacks nms \(has "),
+    (dict(image_size=None), r"the model card lacks image_size \(has "),
+    (dict(mean=None, std=None), r"the model card lacks mean, std \(has "),
+    (dict(nms=None), r"the model card lacks nms \(has "),
     (dict(class_names=None, image_size=None), r"was not written by `ssd export` \(no class_names or image_size"),
-    (dict(class_names='["a", "b"]'), r"the graph scores 3 classes \(\+ background\) but the metadata names 2: "
-                                     r"\['a', 'b'\]"),
-    (dict(image_size="300"), r"the metadata says image_size=300 but the graph's input is \[1, 3, 256, 256\]"),
-    (dict(mean="[0.5]"), r"metadata mean='\[0.5\]' is not a JSON list of 3 finite numbers"),
-    (dict(class_names="cat, dog"), r"metadata class_names='cat, dog' is not a non-empty JSON list of strings"),
-    (dict(nms="true"), r"the metadata lacks score_threshold, iou_threshold, max_det"),
+    (dict(class_names='["a", "b"]'), r"class_names \(\['a', 'b'\]\) is not what was written with the model"),
+    (dict(image_size="300"), r"image_size \(300\) is not what was written with the model"),
+    (dict(mean="[0.5]"), r"mean=\[0.5\] is not a list of 3 finite numbers"),
+    (dict(class_names="cat, dog"), r"metadata class_names='cat, dog' is not JSON"),
+    (dict(nms="true"), r"the model card lacks score_threshold, iou_threshold, max_det"),
     (dict(nms="true", score_threshold="0.3", iou_threshold="0.45", max_det="100"),
-     r"the metadata says nms=true but the graph's outputs are \['loc', 'logits', 'priors'\]"),
+     r"nms \(True\) is not what was written with the model"),
     (dict(category_ids="[1, 2]"), r"category_ids must be 3 integers \(one per class\), got \[1, 2\]"),
-    (dict(graph_sha256=None), r"the metadata has no graph_sha256 \(the checksum `ssd export` stores\)"),
-    (dict(precision='"int4"'), r"metadata precision='\"int4\"' is not \"fp32\" or \"int8\""),
-    (dict(operating_point="0.3"), r"metadata operating_point='0.3' is not a JSON object"),
+    (dict(checksum=None), r"the model card has no checksum \(the one `ssd export` stores\)"),
+    (dict(precision='"int4"'), r"precision='int4' is not \"fp32\" or \"int8\""),
+    (dict(operating_point="0.3"), r"operating_point must be a dict of score_threshold .*, got 0\.3"),
     (dict(operating_point='{"score_threshold": 1.0, "precision": 1, "recall": 1, "f1": 1, "split": "val"}'),
-     r"edited\.onnx: metadata: operating_point must be a dict of score_threshold in \[0, 1\)"),
+     r"edited\.onnx: operating_point must be a dict of score_threshold in \[0, 1\)"),
 ])
 def test_onnx_metadata_problems_are_named(tiny_onnx, tmp_path, changes, message):
     path = with_metadata(tiny_onnx, tmp_path / "edited.onnx", **changes)
@@ -277,14 +276,13 @@ def test_onnx_metadata_problems_are_named(tiny_onnx, tmp_path, changes, message)
 def test_onnx_backend_knows_its_priors_and_settings(tiny, tiny_onnx):
     backend = OnnxBackend(tiny_onnx)
     assert torch.equal(backend.priors, tiny.priors)  # before any batch ran
-    assert (backend.class_names, backend.image_size, backend.category_ids) == (tiny.class_names, 256, None)
-    assert backend.operating_point is None
-    assert (backend.mean, backend.std, backend.variances) == (tiny.config.mean, tiny.config.std, tiny.config.variances)
+    assert backend.card == tiny.card.sealed(backend.card.checksum["network"])  # every field, checksum included
+    assert backend.card.image_size == (256, 256) and backend.card.category_ids is None
 
 
 def test_flipped_weight_bytes_fail_the_checksum(tiny_onnx, tmp_path):
     proto = onnx.load(str(tiny_onnx))
-    assert proto.graph.initializer and all(p.key != "graph_sha256" or len(p.value) == 64 for p in proto.metadata_props)
+    assert proto.graph.initializer
     weight = max(proto.graph.initializer, key=lambda t: len(t.raw_data)).raw_data
     data = bytearray(tiny_onnx.read_bytes())
     at = data.find(weight[:64])
@@ -293,5 +291,6 @@ def test_flipped_weight_bytes_fail_the_checksum(tiny_onnx, tmp_path):
     damaged = tmp_path / "damaged.onnx"
     damaged.write_bytes(bytes(data))
     ort.InferenceSession(str(damaged))  # ONNX Runtime alone runs it silently
-    with pytest.raises(OnnxModelError, match=r"damaged\.onnx: the graph does not match the checksum stored at export"):
+    with pytest.raises(OnnxModelError, match=r"damaged\.onnx: the network \(weights or graph\) does not match the "
+                                             r"checksum stored with it"):
         load(damaged)

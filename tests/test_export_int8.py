@@ -1,7 +1,6 @@
 """INT8 export with ONNX Runtime: calibrated on the dataset's training images, the network quantized and the
 post-processing left in float, the metadata carried over with its own checksum, bad calibration input refused."""
 
-import json
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -37,7 +36,8 @@ def int8_pair(weights, synthetic_voc):
 
 def val_batch(data, backend) -> torch.Tensor:
     images = [read_image(r.path) for r in load_dataset(data).records("val")[:8]]
-    return preprocess(images, backend.image_size, backend.mean, backend.std)[0]
+    card = backend.card
+    return preprocess(images, card.image_size, card.mean, card.std)[0]
 
 
 def test_int8_export_is_a_quarter_of_the_size_and_close_to_fp32(int8_pair, synthetic_voc):
@@ -48,18 +48,17 @@ def test_int8_export_is_a_quarter_of_the_size_and_close_to_fp32(int8_pair, synth
     (loc, logits), (loc8, logits8) = fp32(batch), int8(batch)
     # the stated tolerance of INT8 on this model: class scores within 0.03, decoded boxes within 1% of the image
     assert (logits8.softmax(-1) - logits.softmax(-1)).abs().max() <= 0.03
-    assert (decode(loc8, fp32.priors, fp32.variances) - decode(loc, fp32.priors, fp32.variances)).abs().max() <= 0.01
+    variances = fp32.card.variances
+    assert (decode(loc8, fp32.priors, variances) - decode(loc, fp32.priors, variances)).abs().max() <= 0.01
     assert torch.equal(int8.priors, fp32.priors)
 
 
-def test_int8_file_carries_the_fp32_metadata_with_its_own_checksum(int8_pair):
+def test_int8_file_carries_the_fp32_card_with_its_own_checksum(int8_pair):
     fp32, int8 = (onnx.load(str(p)) for p in int8_pair)
-    meta = {p.key: p.value for p in fp32.metadata_props}
-    meta8 = {p.key: p.value for p in int8.metadata_props}
-    assert json.loads(meta["precision"]) == "fp32" and json.loads(meta8["precision"]) == "int8"
-    assert meta8["graph_sha256"] == graph_digest(int8) != meta["graph_sha256"]
-    assert {k: v for k, v in meta8.items() if k not in ("precision", "graph_sha256")} == {
-        k: v for k, v in meta.items() if k not in ("precision", "graph_sha256")}
+    card, card8 = (OnnxBackend(p).card for p in int8_pair)
+    assert (card.precision, card8.precision) == ("fp32", "int8")
+    assert card8.checksum["network"] == graph_digest(int8) != card.checksum["network"] == graph_digest(fp32)
+    assert card8.replace(precision="fp32") == card.replace()
     assert sum(n.op_type == "QuantizeLinear" for n in int8.graph.node) > 0
 
 
@@ -73,7 +72,7 @@ def test_int8_nms_export_quantizes_the_network_and_keeps_nms_in_float(weights, s
                                if n.op_type in ("Softmax", "TopK", "NonMaxSuppression") and set(n.input) & dequantized]
     assert any(n.op_type == "Conv" and set(n.input) & dequantized for n in graph.node)
     backend = OnnxBackend(path)
-    assert backend.nms and backend.score_threshold == 0.25
+    assert backend.card.nms is not None and backend.card.nms.score_threshold == 0.25
 
 
 def test_int8_quantizes_the_network_up_to_its_last_convolutions(int8_pair, synthetic_voc, tmp_path):
@@ -84,7 +83,8 @@ def test_int8_quantizes_the_network_up_to_its_last_convolutions(int8_pair, synth
     first = next(n.name for n in onnx.load(str(fp32_path)).graph.node if n.op_type == "Conv")
 
     def quantized(name, **options):
-        inputs = calibration_inputs(calibration_paths(synthetic_voc, 4), fp32.image_size, fp32.mean, fp32.std)
+        card = fp32.card
+        inputs = calibration_inputs(calibration_paths(synthetic_voc, 4), card.image_size, card.mean, card.std)
         path = quantize_onnx(fp32_path, tmp_path / name, inputs, **options)
         OnnxBackend(path)  # metadata and checksum hold
         graph = onnx.load(str(path)).graph

@@ -175,7 +175,7 @@ def test_a_detector_name_is_imported_and_trained_from(monkeypatch, tmp_path, cac
     assert torch.equal(imported["model"]["heads.0.loc.1.weight"],
                        detector[key.replace("classification", "regression")])
     backend = open_backend("ssdlite320_mobilenet_v3_large_coco")  # ssd predict / val --weights NAME
-    assert str(backend.source) == str(entry.path) and len(backend.class_names) == 80
+    assert str(backend.source) == str(entry.path) and len(backend.card.class_names) == 80
     logged = []
     plan = plan_run(TrainConfig(data=str(synthetic_voc), weights="ssdlite320_mobilenet_v3_large_coco"), {"weights"},
                     logged.append)

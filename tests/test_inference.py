@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from conftest import biased_model, random_images
+from ssd.card import ModelCard
 from ssd.detect import detect_batch
 from ssd.inference import registry
 from ssd.inference.backends import TorchBackend
 from ssd.inference.pipeline import Detector, load
 from ssd.inference.registry import BACKENDS, backend_kind, open_backend, register_backend
 from ssd.preprocess import preprocess, to_pixels
-from ssd.settings import PREDICT, ConfigError
+from ssd.settings import PREDICT, ConfigError, Thresholds
 from ssd.weights.checkpoint import CheckpointError, save_checkpoint
 
 OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)
@@ -72,8 +73,8 @@ def test_open_backend_picks_the_runtime_by_artifact_kind(tiny, tmp_path):
     run = tmp_path / "run"
     save_checkpoint(run / "weights" / "best.pt", tiny)
     backend = open_backend(run)
-    assert (backend.name, backend.source, backend.nms) == ("torch", run / "weights" / "best.pt", False)
-    assert backend.device == torch.device("cpu") and backend.class_names == tiny.class_names
+    assert (backend.name, backend.source, backend.card.nms) == ("torch", run / "weights" / "best.pt", None)
+    assert backend.device == torch.device("cpu") and backend.card.class_names == tuple(tiny.class_names)
     module_backend = open_backend(tiny)
     assert (module_backend.name, module_backend.source) == ("torch", None)
     assert open_backend(module_backend) is module_backend
@@ -84,9 +85,9 @@ def test_open_backend_picks_the_runtime_by_artifact_kind(tiny, tmp_path):
 class FakeBackend:
     """A registered runtime: one fixed detection per image, from a graph with NMS inside."""
 
-    name, nms, variances, mean, std = "fake", True, (0.1, 0.2), (0.5,) * 3, (0.25,) * 3
-    image_size, class_names, category_ids, device = 32, ["cat", "dog"], None, torch.device("cpu")
-    score_threshold, operating_point = 0.0, None  # the threshold fixed in its graph; no stored best-F1 point
+    name, device = "fake", torch.device("cpu")
+    card = ModelCard("fake", ("cat", "dog"), (32, 32), (0.5,) * 3, (0.25,) * 3, (0.1, 0.2),
+                     nms=Thresholds(0.0, 0.45, 100))  # the thresholds fixed in its graph; no stored best-F1 point
 
     def __init__(self, path, device, half):
         self.source, self.half = path, half

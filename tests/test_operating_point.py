@@ -15,6 +15,7 @@ from ssd.inference.pipeline import Detector, load
 from ssd.settings import PREDICT
 from ssd.training.validation import validation_operating_point
 from ssd.weights.checkpoint import CheckpointError, check_operating_point, load_checkpoint, save_checkpoint
+from ssd.weights.load import model_from_checkpoint
 
 POINT = {"score_threshold": 0.31, "precision": 0.8, "recall": 0.6, "f1": 0.685, "split": "val"}
 FROM_MODEL = "the model's best-F1 confidence on its val split"
@@ -63,7 +64,7 @@ def test_a_bad_operating_point_is_refused_naming_the_rule(value, shown):
 def test_checkpoint_operating_point_is_the_detector_default(tiny, weights):
     assert load_checkpoint(weights)["operating_point"] == POINT
     detector = load(weights)
-    assert detector.backend.operating_point == POINT
+    assert detector.backend.card.operating_point == POINT
     assert detector.confidence() == (0.31, FROM_MODEL)
     assert detector.confidence(0.5, "--conf") == (0.5, "--conf")
     images = random_images(2)
@@ -76,19 +77,33 @@ def test_checkpoint_operating_point_is_the_detector_default(tiny, weights):
     assert min(s for r in higher for s in r.scores.tolist()) > 0.513
 
     plain = Detector(tiny)  # no stored point: the settings default
-    assert plain.backend.operating_point is None
+    assert plain.backend.card.operating_point is None
     assert plain.confidence() == (PREDICT.score_threshold, "default")
+
+
+def test_ssd_predict_and_detector_predict_give_the_same_detections_on_one_checkpoint(weights):
+    """Both read the default confidence from the model card: the checkpoint's operating point."""
+    model = model_from_checkpoint(weights)
+    assert model.card.operating_point == POINT and model.card.confidence() == (0.31, FROM_MODEL)
+    images = random_images(3)
+    ours, theirs = model.predict(images), load(weights).predict(images)
+    assert sum(len(d["scores"]) for d in ours) > 0
+    for a, b in zip(ours, theirs):
+        assert torch.equal(a["labels"], b.labels) and a["names"] == b.names
+        torch.testing.assert_close(a["scores"], b.scores)
+        torch.testing.assert_close(a["boxes"], b.boxes)
+    assert min(s for d in ours for s in d["scores"].tolist()) > 0.31
 
 
 def test_onnx_and_pt2_exports_carry_the_operating_point(weights, tmp_path):
     onnx_path = export_onnx(weights, tmp_path / "best.onnx", check=False)
     backend = OnnxBackend(onnx_path)
-    assert backend.operating_point == POINT
+    assert backend.card.operating_point == POINT
     assert load(onnx_path).confidence() == (0.31, FROM_MODEL)
-    assert load(export_pt2(weights, tmp_path / "best.pt2")).backend.operating_point == POINT
+    assert load(export_pt2(weights, tmp_path / "best.pt2")).backend.card.operating_point == POINT
 
     unpointed = export_onnx(biased_model("ssd_tiny"), tmp_path / "plain.onnx", check=False)
-    assert OnnxBackend(unpointed).operating_point is None
+    assert OnnxBackend(unpointed).card.operating_point is None
 
 
 def test_predict_prints_the_threshold_and_where_it_came_from(tiny, weights, tmp_path, capsys):
@@ -118,16 +133,16 @@ def test_opencv_and_openvino_backends_read_the_operating_point(weights, tmp_path
     from ssd.inference.backends_openvino import OpenVinoBackend
 
     onnx_path = export(weights, "onnx", out_path=tmp_path / "best.onnx")
-    assert OpenCvBackend(onnx_path).operating_point == POINT
+    assert OpenCvBackend(onnx_path).card.operating_point == POINT
     folder = export(weights, "openvino", out_path=tmp_path / "best_openvino")
-    assert OpenVinoBackend(folder).operating_point == POINT
+    assert OpenVinoBackend(folder).card.operating_point == POINT
     assert load(folder).confidence() == (0.31, FROM_MODEL)
 
 
 def test_an_nms_export_defaults_to_the_higher_of_its_graph_threshold_and_the_models(tiny, tmp_path):
     low = save_checkpoint(tmp_path / "low.pt", tiny, operating_point={**POINT, "score_threshold": 0.1})
     graph = load(export_onnx(low, tmp_path / "low_nms.onnx", nms=True, check=False, score_threshold=0.2))
-    assert graph.backend.operating_point["score_threshold"] == 0.1
+    assert graph.backend.card.operating_point["score_threshold"] == 0.1
     assert graph.confidence() == (0.2, "the NMS graph's threshold, above the model's 0.1")
     assert len(graph.predict(random_images(1))[0].scores) > 0
 

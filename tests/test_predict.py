@@ -131,7 +131,7 @@ def test_coco_format_glob(tiny, weights, folder, tmp_path):
 def test_onnx_detector_equals_checkpoint(weights, folder, tmp_path):
     onnx_path = export_onnx(weights, tmp_path / "best.onnx", dynamic_batch=True)
     detector = load(onnx_path)
-    assert isinstance(detector.backend, OnnxBackend) and not detector.backend.nms
+    assert isinstance(detector.backend, OnnxBackend) and detector.card.nms is None
     images = [folder / f"img{i}.png" for i in range(3)] + random_images(2)
     got = detector.predict(images, **OPTS, batch_size=4)
     want = load(weights).predict(images, **OPTS, batch_size=4)

@@ -9,6 +9,8 @@ import torch
 from PIL import Image
 
 from conftest import biased_model
+from ssd._utils import as_hw
+from ssd.card import ModelCard
 from ssd.cli import main
 from ssd.data.synthetic import SHAPE_NAMES
 from ssd.evaluation.evaluator import evaluate
@@ -25,14 +27,11 @@ class FixedBox:
     """A backend (see :mod:`ssd.inference.backends`) with one prior, ``FIXED``, scored as class 1 with zero offsets:
     every crop yields exactly that box in its own normalized coordinates. Records the batch sizes it ran."""
 
-    nms = False
-
     def __init__(self, image_size):
         x0, y0, x1, y1 = FIXED
         self.priors = torch.tensor([[(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0]])
-        self.variances, self.image_size = (0.1, 0.2), image_size
-        self.mean, self.std, self.device = (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), torch.device("cpu")
-        self.class_names, self.category_ids = ["a", "b"], None
+        self.card = ModelCard(None, ("a", "b"), as_hw(image_size), (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), (0.1, 0.2))
+        self.device = torch.device("cpu")
         self.batches: list[int] = []
 
     def __call__(self, batch):

@@ -3,7 +3,7 @@
 :func:`detect_batch` is what :meth:`ssd.models.SSD.predict`, :class:`ssd.inference.pipeline.Detector`, evaluation,
 the export check and tiling all run; it sits in the core so that the model itself can use it. The network is an
 SSD module (called as it is) or any :class:`ssd.inference.registry.Backend` (PyTorch, ONNX Runtime, ...), read by
-its attributes only.
+its attributes only (``card``, ``priors``, the call, ``nms_detections`` where ``card.nms`` is set).
 """
 
 from __future__ import annotations
@@ -46,15 +46,15 @@ def detect_batch(network: Any, batch: Tensor, sizes: Tensor, *, score_threshold:
     """
     check_thresholds(score_threshold, iou_threshold, max_detections)
     options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections)
-    if getattr(network, "nms", False):  # the graph ran its own NMS (see ssd.export.onnx)
-        return to_pixels(network.nms_detections(batch, **options), sizes)
     if isinstance(network, nn.Module):
         model = unwrap_model(network)
         with torch.no_grad():
             loc, logits = network(batch)
         priors, variances = model.priors, model.config.variances
+    elif network.card.nms is not None:  # the graph ran its own NMS (see ssd.export.onnx)
+        return to_pixels(network.nms_detections(batch, **options), sizes)
     else:
         loc, logits = network(batch)
-        priors, variances = network.priors, network.variances
+        priors, variances = network.priors, network.card.variances
     detections = postprocess_detections(loc, logits, priors.to(loc.device), variances=variances, **options)
     return to_pixels(detections, sizes)

@@ -11,7 +11,7 @@ import reprlib
 from typing import Any
 
 __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_STREAMS", "MAX_BOXES_PER_IMAGE",
-           "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS",
+           "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS", "MAX_DETECTIONS",
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
            "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE",
            "MAX_UPLOAD_BYTES", "value_text"]
@@ -30,6 +30,10 @@ MAX_STREAMS = 64
 
 MAX_BOXES_PER_IMAGE = 10_000
 """Most annotated objects in one image."""
+
+MAX_DETECTIONS = 10_000
+"""Most detections per image an exported NMS graph may return (``--max-det`` of ``ssd export --nms``, the ``max_det``
+of a model card): its output is ``[B, max_det, 6]``, allocated whatever the image holds."""
 
 MAX_CROP_CACHE_BYTES = 4 * 2**30
 """Most RAM the training image cache may take with ``--crop-scale`` (images kept near native resolution): larger

@@ -28,6 +28,7 @@ from tqdm import tqdm
 import ssd.distributed as ddp
 from ssd._utils import render_table, unwrap_model
 from ssd.boxes import pixel_scale
+from ssd.card import ModelCard
 from ssd.data import build_dataloader
 from ssd.data.gate import load_training_data
 from ssd.data.images import read_image
@@ -84,12 +85,12 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     if save_json is not None:  # before any work, and again once the dataset's own files are known
         check_output(save_json, inputs=[*_weights_files(weights), data], what="--save-json")
     backend = open_backend(weights, device)
-    class_names = list(backend.class_names)
+    class_names = list(backend.card.class_names)
     spec = load_training_data(data, skip_invalid=skip_invalid, class_names=class_names, splits=(split,),
                               recheck=recheck)
     if save_json is not None:
         check_output(save_json, inputs=spec.input_files(), what="--save-json")
-    loader = split_loader(spec.records(split), class_names, backend, batch_size=batch_size, workers=workers)
+    loader = split_loader(spec.records(split), class_names, backend.card, batch_size=batch_size, workers=workers)
     result = evaluate_split(backend, loader, class_names=class_names, metric=metric, score_threshold=score_threshold,
                             iou_threshold=iou_threshold, max_detections=max_detections, tile=tile,
                             tile_overlap=tile_overlap)
@@ -100,16 +101,15 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     if report or project is not None:
         from ssd.evaluation.report import attach_report  # matplotlib: only when a report is asked for
 
-        attach_report(result, backend.priors, data, split, category_ids, project, name,
-                      getattr(backend, "model_name", None))  # a backend of the caller's may not say
+        attach_report(result, backend.priors, data, split, category_ids, project, name, backend.card.model_name)
     return result
 
 
-def split_loader(records: Sequence[ImageRecord], class_names: Sequence[str], inputs: ModelConfig | Backend, *,
+def split_loader(records: Sequence[ImageRecord], class_names: Sequence[str], inputs: ModelConfig | ModelCard, *,
                  batch_size: int, workers: int = 0, cache_images: bool = False,
                  info: ddp.DistInfo | None = None) -> DataLoader:
     """The evaluation loader of a split for a network whose input is described by ``inputs`` (``image_size``,
-    ``mean``, ``std``: a model configuration or a backend): no augmentation, every image once in order, difficult
+    ``mean``, ``std``: a model configuration or a model card): no augmentation, every image once in order, difficult
     objects kept (and flagged); under torchrun each rank takes every ``world_size``-th image."""
     info = info or ddp.DistInfo()
     return build_dataloader(records, class_names, inputs.image_size, inputs.mean, inputs.std, train=False,
@@ -137,7 +137,8 @@ def evaluate_split(network: nn.Module | Backend, loader: Iterable[dict[str, Any]
     """
     check_metric(metric)
     network = unwrap_model(network) if isinstance(network, nn.Module) else network
-    names = list(class_names if class_names is not None else network.class_names)
+    names = list(class_names if class_names is not None else (
+        network.class_names if isinstance(network, nn.Module) else network.card.class_names))
     detections, ground_truths = predict_dataset(network, loader, device=device, score_threshold=score_threshold,
                                                 iou_threshold=iou_threshold, max_detections=max_detections,
                                                 channels_last=channels_last, amp_dtype=amp_dtype, progress=progress,
@@ -211,7 +212,7 @@ class _BatchRunner:
         self.network, self.device, self.channels_last, self.amp_dtype = network, device, channels_last, amp_dtype
         self.options = options
         self.is_module = isinstance(network, nn.Module)
-        self.inputs = network.config if self.is_module else network  # image_size, mean, std
+        self.inputs = network.config if self.is_module else network.card  # image_size, mean, std
 
     def __call__(self, images: Tensor, sizes: Tensor) -> list[dict[str, Tensor]]:
         """``images [B, 3, S, S]`` normalized, ``sizes [B, 2]`` ``(h, w)`` -> detections in pixels."""

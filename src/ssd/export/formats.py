@@ -96,6 +96,6 @@ def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None =
         from ssd.export.quantize import calibration_inputs, quantize_onnx
         from ssd.inference.backends import OnnxBackend
 
-        backend = OnnxBackend(fp32)
-        inputs = calibration_inputs(calibration, backend.image_size, backend.mean, backend.std)
+        card = OnnxBackend(fp32).card
+        inputs = calibration_inputs(calibration, card.image_size, card.mean, card.std)
         return quantize_onnx(fp32, out_path, inputs)

@@ -20,13 +20,13 @@ NMS batch entry per image and class) and the ``max_det`` best per image, so a de
   ``label = -1``;
 - ``num_detections [B]`` int64: the number of real rows per image.
 
-Metadata (``metadata_props``, strings, JSON values): ``ssd_version``, ``model_name``, ``class_names`` (list),
-``image_size``, ``mean``, ``std``, ``variances`` (lists), ``nms`` (``true``/``false``), ``precision`` (``fp32``, or
-``int8`` for :mod:`ssd.export.quantize`'s files), ``graph_sha256`` (the
-checksum of the graph: :func:`ssd.inference.backends.graph_digest`, verified at load), ``category_ids`` (list, when the
-checkpoint has the dataset's ids), ``operating_point`` (object, when the checkpoint has the best-F1 confidence
-training stored: the default confidence of predict) and, with NMS, ``score_threshold``, ``iou_threshold``, ``max_det``,
-``candidates_per_class``. :class:`ssd.inference.backends.OnnxBackend` validates all of them against the graph.
+Metadata (``metadata_props``): the model's :class:`ssd.card.ModelCard` as strings (:meth:`~ssd.card.ModelCard.
+to_strings`: ``model_name``, ``class_names``, ``category_ids`` when the checkpoint has the dataset's ids,
+``image_size``, ``mean``, ``std``, ``variances``, ``operating_point`` when training stored the best-F1 confidence,
+``nms`` and with NMS ``score_threshold``, ``iou_threshold``, ``max_det``, ``precision`` (``fp32``, or ``int8`` for
+:mod:`ssd.export.quantize`'s files) and ``checksum``: the graph (:func:`ssd.inference.backends.graph_digest`) and
+every field), ``ssd_version`` and, with NMS, ``candidates_per_class``.
+:class:`ssd.inference.backends.OnnxBackend` validates all of them against the graph and the checksum.
 
 The in-graph post-processing (:class:`_ExportGraph`) is written with ONNX-exportable ops, apart from
 :func:`ssd.postprocess.postprocess_detections`, with the same rule and the same ``CANDIDATES_PER_CLASS``; tests
@@ -36,25 +36,22 @@ prove its output equal to ``postprocess_detections`` on the same head outputs.
 from __future__ import annotations
 
 import copy
-import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torchvision.ops import batched_nms
 
 from ssd._utils import as_hw, require, unwrap_model
-from ssd._version import __version__
 from ssd.boxes import decode
+from ssd.card import ModelCard
 from ssd.export.parity import ExportCheckError, check_onnx
 from ssd.files import check_output, write_bytes
-from ssd.inference.backends import check_category_ids, graph_digest
+from ssd.inference.backends import graph_digest
 from ssd.postprocess import CANDIDATES_PER_CLASS
-from ssd.settings import PREDICT, check_thresholds
-from ssd.weights.checkpoint import check_operating_point
-from ssd.weights.load import model_from_checkpoint, read_weights
+from ssd.settings import PREDICT, Thresholds, check_thresholds
+from ssd.weights.load import model_from_checkpoint
 
 __all__ = ["ExportCheckError", "export_onnx", "check_opset", "check_onnx", "as_model", "onnx_metadata"]
 
@@ -137,18 +134,14 @@ def check_opset(opset: int) -> None:
                          f"{ONNX_MAX_OPSET} (18 and newer natively, lower ones by down-conversion); default 18")
 
 
-def as_model(weights_or_model, out_path: Path) -> tuple[nn.Module, list[int] | None, dict[str, Any] | None]:
-    """A CPU copy in eval mode of the model (unwrapped from DDP), or the model of a checkpoint path with its
-    ``category_ids`` and ``operating_point`` (``None`` when it has none). Refuses an ``out_path`` that is the
-    checkpoint itself."""
+def as_model(weights_or_model, out_path: Path) -> nn.Module:
+    """A CPU copy in eval mode of the model (unwrapped from DDP), or the model of a checkpoint path (a foreign
+    detector imported), its card the checkpoint's. Refuses an ``out_path`` that is the checkpoint itself."""
     if isinstance(weights_or_model, nn.Module):
-        return copy.deepcopy(unwrap_model(weights_or_model)).cpu().eval(), None, None
+        return copy.deepcopy(unwrap_model(weights_or_model)).cpu().eval()
     weights = Path(weights_or_model)
     check_output(out_path, inputs=[weights], what="--output")
-    ckpt = read_weights(weights)  # a checkpoint, or a foreign detector imported
-    model = model_from_checkpoint(ckpt).eval()
-    return (model, check_category_ids(ckpt.get("category_ids"), model.num_classes, str(weights)),
-            check_operating_point(ckpt.get("operating_point"), str(weights)))
+    return model_from_checkpoint(weights).eval()
 
 
 def export_onnx(
@@ -187,7 +180,7 @@ def export_onnx(
     check_thresholds(score_threshold, iou_threshold, max_detections)
     check_opset(opset)
     out_path = Path(out_path)
-    model, category_ids, point = as_model(weights_or_model, out_path)
+    model = as_model(weights_or_model, out_path)
     size = model.config.image_size
     graph = _ExportGraph(model, nms, score_threshold, iou_threshold, max_detections).eval()
     example = torch.zeros(2 if dynamic_batch else 1, 3, *as_hw(size))
@@ -204,38 +197,18 @@ def export_onnx(
     if written != opset:
         raise ValueError(f"cannot export {model.config.name} at opset {opset}: the conversion "
                          f"from opset {written} failed (use opset {written} or newer)")
-    thresholds = (score_threshold, iou_threshold, max_detections) if nms else None
-    onnx.helper.set_model_props(proto, onnx_metadata(model, category_ids, graph_digest(proto), thresholds, point))
+    thresholds = Thresholds(float(score_threshold), float(iou_threshold), max_detections) if nms else None
+    onnx.helper.set_model_props(proto, onnx_metadata(model.card.replace(nms=thresholds).sealed(graph_digest(proto))))
     write_bytes(out_path, proto.SerializeToString())
     if check:
         check_onnx(model, out_path, sample_images)
     return out_path
 
 
-def onnx_metadata(model: nn.Module, category_ids: list[int] | None, digest: str,
-                  thresholds: tuple[float, float, int] | None,
-                  operating_point: dict[str, Any] | None = None) -> dict[str, str]:
-    """The metadata of an export (see the module docstring); ``thresholds``: those of in-graph NMS, or ``None``;
-    ``operating_point``: the checkpoint's (the default confidence of the artifact's backend), or ``None``."""
-    config = model.config
-    metadata = {
-        "ssd_version": __version__,
-        "model_name": config.name,
-        "class_names": json.dumps(list(model.class_names)),
-        "image_size": json.dumps(config.image_size),  # S, or [H, W]
-        "mean": json.dumps(list(config.mean)),
-        "std": json.dumps(list(config.std)),
-        "variances": json.dumps(list(config.variances)),
-        "nms": json.dumps(thresholds is not None),
-        "precision": json.dumps("fp32"),
-        "graph_sha256": digest,
-    }
-    if category_ids is not None:
-        metadata["category_ids"] = json.dumps(category_ids)
-    if operating_point is not None:
-        metadata["operating_point"] = json.dumps(operating_point)
-    if thresholds is not None:
-        score_threshold, iou_threshold, max_detections = thresholds
-        metadata.update(score_threshold=repr(float(score_threshold)), iou_threshold=repr(float(iou_threshold)),
-                        max_det=str(max_detections), candidates_per_class=str(CANDIDATES_PER_CLASS))
+def onnx_metadata(card: ModelCard) -> dict[str, str]:
+    """The metadata of an export (see the module docstring): the sealed ``card`` as strings, and with NMS the
+    candidate count its graph keeps per class."""
+    metadata = card.to_strings()
+    if card.nms is not None:
+        metadata["candidates_per_class"] = str(CANDIDATES_PER_CLASS)
     return metadata

@@ -1,8 +1,8 @@
 """Export to OpenVINO IR: ``model.xml`` + ``model.bin`` converted from the ``ssd export`` ONNX graph (FP32 weights),
 or quantized to INT8 by NNCF post-training quantization on the calibration images of :mod:`ssd.export.quantize`.
 
-The artifact is a folder: ``model.xml``, ``model.bin`` and ``metadata.json``, the ONNX file's metadata (same keys and
-values; ``precision`` ``int8`` after NNCF) plus ``xml_sha256`` and ``bin_sha256``, the checksums of the two IR files,
+The artifact is a folder: ``model.xml``, ``model.bin`` and ``metadata.json``, the ONNX file's model card as strings
+(``precision`` ``int8`` after NNCF) sealed with the two IR files (:func:`ssd.inference.backends_openvino.ir_digest`),
 verified by :class:`ssd.inference.backends_openvino.OpenVinoBackend` at load. Inputs and outputs keep the ONNX
 graph's names and shapes (raw outputs, or detections with ``--nms``).
 """
@@ -15,10 +15,11 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from ssd.export.onnx import onnx_metadata
 from ssd.export.quantize import calibration_input
 from ssd.files import write_text
 from ssd.inference.backends import OnnxBackend
-from ssd.inference.backends_openvino import IR_FILES, METADATA_FILE, file_digest, require_openvino
+from ssd.inference.backends_openvino import IR_FILES, METADATA_FILE, ir_digest, require_openvino
 
 __all__ = ["export_openvino"]
 
@@ -30,16 +31,15 @@ def export_openvino(onnx_path: str | Path, out_dir: str | Path, calibration: Seq
     The IR files are written next to ``out_dir`` first and moved in, ``metadata.json`` last, so a folder with a
     ``metadata.json`` always holds a complete export."""
     ov = require_openvino()
-    source = OnnxBackend(onnx_path)  # validates the metadata carried over
-    metadata = dict(source.session.get_modelmeta().custom_metadata_map)
+    card = OnnxBackend(onnx_path).card  # checked, carried over
     model = ov.convert_model(str(onnx_path))
     if calibration is not None:
         import nncf
 
-        dataset = nncf.Dataset(list(calibration),
-                               lambda path: calibration_input(path, source.image_size, source.mean, source.std))
+        dataset = nncf.Dataset(list(calibration), lambda path: calibration_input(path, card.image_size, card.mean,
+                                                                                  card.std))
         model = nncf.quantize(model, dataset, subset_size=len(calibration))
-        metadata["precision"] = json.dumps("int8")
+        card = card.replace(precision="int8")
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / METADATA_FILE).unlink(missing_ok=True)  # the folder is incomplete until the new metadata is in
@@ -47,6 +47,5 @@ def export_openvino(onnx_path: str | Path, out_dir: str | Path, calibration: Seq
         ov.save_model(model, str(Path(work) / IR_FILES[0]), compress_to_fp16=False)
         for name in IR_FILES:
             os.replace(Path(work) / name, out_dir / name)
-    metadata.update(xml_sha256=file_digest(out_dir / IR_FILES[0]), bin_sha256=file_digest(out_dir / IR_FILES[1]))
-    write_text(out_dir / METADATA_FILE, json.dumps(metadata, indent=1))
+    write_text(out_dir / METADATA_FILE, json.dumps(onnx_metadata(card.sealed(ir_digest(out_dir))), indent=1))
     return out_dir

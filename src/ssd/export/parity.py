@@ -48,10 +48,10 @@ def check_onnx(
                          for h, w in ((240, 320), (300, 200))]
     ours, reference = Detector(OnnxBackend(onnx_path)), Detector(TorchBackend(model))
     images = [to_image(item, index) for index, item in enumerate(sample_images)]
-    onnx = ours.backend
-    if not onnx.nms:
+    fixed = ours.card.nms
+    if fixed is None:
         _check_raw(reference, ours, images, box_tol, score_tol)
-    thresholds = Thresholds(onnx.score_threshold, onnx.iou_threshold, onnx.max_det) if onnx.nms else PREDICT
+    thresholds = fixed or PREDICT
     options = thresholds.as_kwargs()
     expected, got = reference.predict(images, **options), ours.predict(images, **options)
     for index, (a, b) in enumerate(zip(expected, got)):
@@ -67,7 +67,7 @@ def _check_raw(reference, ours, images, box_tol: float, score_tol: float) -> Non
     batch, _ = ours.preprocess(images)
     loc, logits = (t.float().cpu() for t in reference.backend(batch))
     got_loc, got_logits = ours.backend(batch)
-    priors, variances = ours.backend.priors, ours.backend.variances
+    priors, variances = ours.backend.priors, ours.card.variances
     box_diff = (decode(got_loc, priors, variances) - decode(loc, priors, variances)).abs().max().item()
     score_diff = (got_logits.softmax(-1) - logits.softmax(-1)).abs().max().item()
     if not box_diff <= box_tol or not score_diff <= score_tol:  # `not <=` also catches NaN

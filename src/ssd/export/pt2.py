@@ -2,8 +2,8 @@
 priors [P, 4])`` as the ONNX graph without NMS (see :mod:`ssd.export.onnx`), any batch size, post-processing in the
 library.
 
-The metadata is the ONNX export's (``precision`` ``fp32``), stored as the archive's extra file ``ssd.json`` with
-``program_sha256`` (:func:`ssd.inference.backends_pt2.program_digest`), verified by
+The model card, as strings (the ONNX export's metadata), is the archive's extra file ``ssd.json``, sealed with the
+program (:func:`ssd.inference.backends_pt2.program_digest`) and verified by
 :class:`~ssd.inference.backends_pt2.ExportedProgramBackend` at load.
 """
 
@@ -39,14 +39,12 @@ class RawOutputs(nn.Module):
 def export_pt2(weights_or_model, out_path: str | Path) -> Path:
     """Export a checkpoint path or an ``SSD`` (see the module docstring) to ``out_path`` (written atomically)."""
     out_path = Path(out_path)
-    model, category_ids, point = as_model(weights_or_model, out_path)
+    model = as_model(weights_or_model, out_path)
     example = torch.zeros(2, 3, *as_hw(model.config.image_size))  # 2, not 1: torch.export specializes size 1
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
         program = torch.export.export(RawOutputs(model), (example,), dynamic_shapes={"images": {0: batch}})
-    metadata = onnx_metadata(model, category_ids, digest="", thresholds=None, operating_point=point)
-    del metadata["graph_sha256"]
-    metadata["program_sha256"] = program_digest(program)
+    metadata = onnx_metadata(model.card.sealed(program_digest(program)))
     buffer = io.BytesIO()
     torch.export.save(program, buffer, extra_files={METADATA_FILE: json.dumps(metadata)})
     return write_bytes(out_path, buffer.getvalue())

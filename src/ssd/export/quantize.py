@@ -7,13 +7,12 @@ concatenations, and the in-graph decoding and NMS of an ``--nms`` export. Quanti
 convolutions too (MobileNet's hard-swish products, residual additions) spares a dequantize / quantize pair around
 each, measured faster than convolutions alone (``benchmarks/README.md``). Calibration images are the first ``N`` of
 the dataset's training split, decoded by :func:`ssd.data.images.read_image` and made into network inputs by
-:func:`ssd.preprocess.preprocess` exactly as at inference. The INT8 file carries the FP32 file's metadata with
-``precision`` ``int8`` and the checksum of its own graph, so :class:`ssd.inference.backends.OnnxBackend` loads it.
+:func:`ssd.preprocess.preprocess` exactly as at inference. The INT8 file carries the FP32 file's model card with
+``precision`` ``int8``, sealed with its own graph, so :class:`ssd.inference.backends.OnnxBackend` loads it.
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,8 +21,9 @@ import numpy as np
 
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
+from ssd.export.onnx import onnx_metadata
 from ssd.files import write_bytes
-from ssd.inference.backends import graph_digest
+from ssd.inference.backends import OnnxBackend, graph_digest
 from ssd.preprocess import preprocess
 
 __all__ = ["CALIBRATION_IMAGES", "calibration_paths", "calibration_input", "calibration_inputs", "network_nodes",
@@ -96,14 +96,13 @@ def quantize_onnx(fp32_path: str | Path, out_path: str | Path, inputs: Iterator[
     remedies when a network quantizes poorly or slowly (``benchmarks/deploy.py`` measures them): ``exclude``, names
     of nodes to keep in float besides those after the network (:func:`network_nodes`); ``op_types``, the operator
     types to quantize (``None``: every type ONNX Runtime can; ``["Conv"]``: the convolutions only);
-    ``operator_format``, fused ``QLinear*`` operators instead of QDQ pairs. The metadata is the FP32 file's with
-    ``precision`` ``int8`` and the new graph's ``graph_sha256``."""
+    ``operator_format``, fused ``QLinear*`` operators instead of QDQ pairs. The model card is the FP32 file's with
+    ``precision`` ``int8``, sealed with the new graph."""
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    source = onnx.load(str(fp32_path))
-    metadata = {p.key: p.value for p in source.metadata_props}
+    card = OnnxBackend(fp32_path).card.replace(precision="int8")  # checked, then changed
     with tempfile.TemporaryDirectory(prefix="ssd-int8-") as work:
         prepared, quantized = Path(work) / "prepared.onnx", Path(work) / "int8.onnx"
         quant_pre_process(str(fp32_path), str(prepared))
@@ -116,6 +115,5 @@ def quantize_onnx(fp32_path: str | Path, out_path: str | Path, inputs: Iterator[
                         activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
                         nodes_to_exclude=[*after, *exclude], calibrate_method=CalibrationMethod.MinMax)
         proto = onnx.load(str(quantized))
-    metadata.update(precision=json.dumps("int8"), graph_sha256=graph_digest(proto))
-    onnx.helper.set_model_props(proto, metadata)
+    onnx.helper.set_model_props(proto, onnx_metadata(card.sealed(graph_digest(proto))))
     return write_bytes(out_path, proto.SerializeToString())

@@ -18,8 +18,8 @@ import torch
 from ssd._utils import require
 from ssd.inference.backends import OnnxBackend, OnnxModelError
 
-__all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "require_openvino",
-           "open_openvino"]
+__all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "ir_digest",
+           "require_openvino", "open_openvino"]
 
 IR_FILES = ("model.xml", "model.bin")
 METADATA_FILE = "metadata.json"
@@ -46,6 +46,12 @@ def file_digest(path: Path) -> str:
     """SHA-256 of a file's bytes, as hex."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def ir_digest(folder: Path) -> str:
+    """SHA-256 of an IR folder's ``model.xml`` and ``model.bin`` (their :func:`file_digest` in turn): the network
+    digest of an OpenVINO artifact's card."""
+    return hashlib.sha256(":".join(file_digest(folder / name) for name in IR_FILES).encode()).hexdigest()
 
 
 def _ports(ports) -> list[SimpleNamespace]:
@@ -76,8 +82,8 @@ class _OpenVinoSession:
 
 class OpenVinoBackend(OnnxBackend):
     """An ``ssd export --format openvino`` folder (or its ``model.xml``) on OpenVINO's CPU plugin, with the metadata
-    rules, graph checks and outputs of :class:`OnnxBackend`; the IR files must match the checksums in
-    ``metadata.json``."""
+    card rules, graph checks and outputs of :class:`OnnxBackend`; the IR files and the card (``metadata.json``) must
+    match the card's checksum."""
 
     name = "openvino"
 
@@ -113,13 +119,19 @@ class OpenVinoBackend(OnnxBackend):
             raise OnnxModelError(f"{sidecar} is not a JSON object of strings; export the model again")
         return raw
 
-    def _verify_checksum(self, metadata: dict[str, str]) -> None:
-        for name, key in zip(IR_FILES, ("xml_sha256", "bin_sha256")):
+    legacy_checksums = ("xml_sha256", "bin_sha256")
+
+    def _legacy_digests(self) -> list[str]:
+        """:func:`file_digest` of each IR file (a missing one is refused by name)."""
+        for name in IR_FILES:
             if not (self.path / name).is_file():
                 raise OnnxModelError(f"{self.path}: {name} is missing; export the model again")
-            if metadata.get(key) != file_digest(self.path / name):
-                raise OnnxModelError(f"{self.path}: {name} does not match the checksum stored at export ({key}, "
-                                     "missing or different): the file was modified after `ssd export`; export it again")
+        return [file_digest(self.path / name) for name in IR_FILES]
+
+    def network_digest(self) -> str:
+        """:func:`ir_digest` of the folder."""
+        self._legacy_digests()  # both files present
+        return ir_digest(self.path)
 
 
 def open_openvino(path: Path, device: torch.device, half: bool) -> OpenVinoBackend:

@@ -7,45 +7,35 @@ itself, any batch size.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from ssd._utils import as_hw, compact_size
-from ssd.inference.backends import OnnxModelError, read_metadata
+from ssd.card import ModelCard, network_digest
+from ssd.inference.backends import OnnxModelError
 
-__all__ = ["METADATA_FILE", "ExportedProgramBackend", "network_digest", "program_digest", "open_pt2"]
+__all__ = ["METADATA_FILE", "ExportedProgramBackend", "program_digest", "open_pt2"]
 
 METADATA_FILE = "ssd.json"
 
 
-def network_digest(code: str, tensors: dict[str, Tensor]) -> str:
-    """SHA-256 of a serialized network's ``code`` and of its named ``tensors`` (name, dtype, shape, bytes), as hex."""
-    digest = hashlib.sha256(code.encode())
-    for name, tensor in sorted(tensors.items()):
-        digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)}".encode())
-        digest.update(tensor.detach().cpu().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
 def program_digest(program: torch.export.ExportedProgram) -> str:
-    """:func:`network_digest` of an exported program's graph code and of every parameter, buffer and tensor
-    constant."""
+    """:func:`ssd.card.network_digest` of an exported program's graph code and of every parameter, buffer and tensor
+    constant: the network digest of a ``.pt2`` artifact's card."""
     constants = {k: v for k, v in program.constants.items() if isinstance(v, Tensor)}
     return network_digest(program.graph_module.code, {**program.state_dict, **constants})
 
 
 class ExportedProgramBackend:
-    """An exported SSD network (``torch.export``) on ``device``; its metadata (the ONNX export's keys) is validated
-    and its checksum (``program_sha256``) verified at load. ``batch [B, 3, S, S]`` -> ``(loc, logits)`` as the eager
-    model."""
+    """An exported SSD network (``torch.export``) on ``device``; its model card (``ssd.json``) is validated and
+    checked against its checksum (the program's code and tensors, and every field) at load. ``batch [B, 3, S, S]``
+    -> ``(loc, logits)`` as the eager model."""
 
     name = "pt2"
-    nms = False
-    digest_key = "program_sha256"
+    legacy_checksum = "program_sha256"
+    """The network checksum of files written before the model card."""
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
         self.path = self.source = Path(path)
@@ -59,24 +49,25 @@ class ExportedProgramBackend:
             raw = json.loads(extra[METADATA_FILE] or "{}")
         except json.JSONDecodeError as e:
             raise OnnxModelError(f"{self.path}: its {METADATA_FILE} is not JSON ({e}); export it again") from e
-        meta = read_metadata(self.path, raw if isinstance(raw, dict) else {})
-        if raw.get(self.digest_key) != program_digest(program):
-            raise OnnxModelError(f"{self.path}: the code or weights do not match the checksum stored at export "
-                                 f"({self.digest_key}, missing or different): the file was modified after `ssd "
-                                 "export`; export it again")
+        if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+            raise OnnxModelError(f"{self.path}: its {METADATA_FILE} is not a JSON object of strings; export it again")
+        self.card = ModelCard.from_strings(raw, str(self.path), OnnxModelError)
+        digest = program_digest(program)
+        if self.card.checksum is None and self.legacy_checksum in raw:  # written before the card
+            if raw[self.legacy_checksum] != digest:
+                raise OnnxModelError(f"{self.path}: the code or weights do not match the checksum stored at export "
+                                     f"({self.legacy_checksum}): the file was modified after `ssd export`; export "
+                                     "it again")
+        else:
+            self.card.verify(digest, str(self.path), OnnxModelError)
         self.module = program.module().to(self.device)
-        self.model_name, self.class_names = meta["model_name"], meta["class_names"]
-        self.category_ids = meta["category_ids"]
-        self.operating_point = meta["operating_point"]
-        self.image_size = compact_size(meta["image_size"])
-        self.mean, self.std, self.variances = tuple(meta["mean"]), tuple(meta["std"]), tuple(meta["variances"])
         self._priors: Tensor | None = None
 
     @property
     def priors(self) -> Tensor:
         """``[P, 4]``, the program's ``priors`` output (computed once on a blank batch if no batch ran yet)."""
         if self._priors is None:
-            self(torch.zeros(1, 3, *as_hw(self.image_size)))
+            self(torch.zeros(1, 3, *self.card.image_size))
         return self._priors
 
     def __call__(self, batch: Tensor) -> tuple[Tensor, Tensor]:

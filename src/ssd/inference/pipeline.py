@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ssd._utils import did_you_mean, require
+from ssd.card import ModelCard
 from ssd.detect import detect_batch
 from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
@@ -106,38 +107,23 @@ class Detector:
         self.backend = open_backend(backend)
 
     @property
-    def class_names(self) -> list[str]:
-        return self.backend.class_names
+    def card(self) -> ModelCard:
+        """What the model is (:class:`ssd.card.ModelCard`), the backend's."""
+        return self.backend.card
 
     @property
-    def image_size(self) -> int | tuple[int, int]:
-        return self.backend.image_size
+    def class_names(self) -> list[str]:
+        return list(self.card.class_names)
 
     @property
     def category_ids(self) -> list[int] | None:
         """The dataset's category id of each label (from the checkpoint), or ``None`` (the labels themselves)."""
-        return self.backend.category_ids
-
-    @property
-    def operating_point(self) -> dict | None:
-        """The model's stored best-F1 point (``score_threshold``, ``precision``, ``recall``, ``f1``, ``split``), or
-        ``None``."""
-        return getattr(self.backend, "operating_point", None)
+        ids = self.card.category_ids
+        return None if ids is None else list(ids)
 
     def confidence(self, score_threshold: float | None = None, given: str = "score_threshold") -> tuple[float, str]:
-        """The score threshold a prediction uses and where it comes from, in words: ``score_threshold`` when given
-        (``given`` names the option), else the model's best-F1 confidence, else ``settings.PREDICT``'s; a graph with
-        NMS inside cannot go below the threshold fixed at its export, which is then the default."""
-        if score_threshold is not None:
-            return score_threshold, given
-        point = self.operating_point
-        value, origin = ((point["score_threshold"], f"the model's best-F1 confidence on its {point['split']} split")
-                         if point is not None else (PREDICT.score_threshold, "default"))
-        fixed = self.backend.score_threshold if getattr(self.backend, "nms", False) else 0.0
-        if value < fixed:
-            below = "the model's" if point is not None else "the default"
-            return fixed, f"the NMS graph's threshold, above {below} {value:g}"
-        return value, origin
+        """The score threshold a prediction uses and where it comes from: :meth:`ssd.card.ModelCard.confidence`."""
+        return self.card.confidence(score_threshold, given)
 
     def class_indices(self, classes: Sequence[int | str] | None) -> list[int] | None:
         """The labels of ``classes``, given as class names or labels ``0..K-1`` (ints or digit strings; a name that
@@ -160,8 +146,8 @@ class Detector:
 
     def preprocess(self, images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         """``[3, H, W]`` tensors -> ``(batch [B, 3, S, S], sizes [B, 2] (h, w))`` for this backend."""
-        backend = self.backend
-        return preprocess(images, backend.image_size, backend.mean, backend.std, device=backend.device)
+        card = self.card
+        return preprocess(images, card.image_size, card.mean, card.std, device=self.backend.device)
 
     def detect(self, images: Sequence[Tensor], paths: Sequence[str | None] | None = None, *,
                score_threshold: float | None = None, iou_threshold: float = PREDICT.iou_threshold,
@@ -184,7 +170,7 @@ class Detector:
         if tile is None:
             detections = run(list(images))
         else:
-            detections = detect_tiled(run, images, tile=tile, input_size=self.image_size, overlap=tile_overlap,
+            detections = detect_tiled(run, images, tile=tile, input_size=self.card.image_size, overlap=tile_overlap,
                                       iou_threshold=iou_threshold, max_detections=max_detections,
                                       batch_size=batch_size or len(images))
         if classes is not None:

@@ -11,10 +11,12 @@ import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor, nn
+
+from ssd.card import ModelCard
 
 __all__ = ["Backend", "BackendKind", "BACKENDS", "DEFAULT_BACKEND", "register_backend", "backend_kind", "folder_kind",
            "open_backend", "refuse_torchscript"]
@@ -24,34 +26,19 @@ class Backend(Protocol):
     """A network ready to run between :func:`ssd.preprocess.preprocess` and post-processing.
 
     Attributes:
-        name: the runtime (the :data:`BACKENDS` key: ``"torch"``, ``"onnx"``, ...).
-        model_name: the architecture (``ssd_tiny``, ...), ``None`` where the artifact does not say.
-        source: the file it was opened from (``None`` for an in-memory model).
-        nms: ``True`` when the network returns detections itself, not head outputs: such a backend also has
-            ``nms_detections(batch, *, score_threshold, iou_threshold, max_detections)`` -> per image
-            ``boxes [N, 4]`` xyxy normalized, ``scores [N]``, ``labels [N]`` (and ``__call__`` may refuse), and
-            ``score_threshold``, the lowest threshold its graph can apply (fixed at export).
-        priors: ``[P, 4]`` cxcywh normalized default boxes; ``variances``: the box encoding's two variances.
-        mean, std: per-channel normalization of the input; ``image_size``: the input ``S`` or ``(H, W)``.
-        class_names: the K class names (label ``k`` is ``class_names[k]``); ``category_ids``: the dataset's
-            category id of each label, or ``None``.
-        operating_point: the model's stored best-F1 point (``dict(score_threshold, precision, recall, f1,
-            split)``, :func:`ssd.weights.checkpoint.check_operating_point`), or ``None``: the default confidence of
-            :class:`ssd.inference.pipeline.Detector`.
+        card: what the network is (:class:`ssd.card.ModelCard`): class names, category ids, input size ``(h, w)``,
+            normalization, variances, operating point (the default confidence), precision, and ``nms``: the
+            thresholds fixed in a graph that returns detections itself, not head outputs; such a backend also has
+            ``nms_detections(batch, *, score_threshold, iou_threshold, max_detections)`` -> per image ``boxes [N, 4]``
+            xyxy normalized, ``scores [N]``, ``labels [N]`` (and ``__call__`` may refuse).
+        priors: ``[P, 4]`` cxcywh normalized default boxes.
         device: where its input batch is made.
+
+    The built-in backends also say their runtime (``name``, the :data:`BACKENDS` key) and the file they were opened
+    from (``source``, ``None`` for an in-memory model).
     """
 
-    name: str
-    model_name: str | None
-    source: Path | None
-    nms: bool
-    variances: tuple[float, float]
-    mean: Sequence[float]
-    std: Sequence[float]
-    image_size: int | tuple[int, int]
-    class_names: list[str]
-    category_ids: list[int] | None
-    operating_point: dict[str, Any] | None
+    card: ModelCard
     device: torch.device
 
     @property

@@ -119,7 +119,7 @@ def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, detector: Detect
     plan = output_paths(files, save_dir)
     writer = PredictionWriter(save_dir, {file: out.relative_to(save_dir) for file, out in plan.items()},
                               detector.class_names, category_ids=detector.category_ids,
-                              model_version=detector.backend.model_name or "ssd", **outputs)
+                              model_version=detector.card.model_name or "ssd", **outputs)
     check_outputs(plan.values(), inputs=files, what="--save-dir output")
     writer.check(files)
     save_dir.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
+from ssd._utils import as_hw
+from ssd.card import ModelCard, check_category_ids, check_operating_point
 from ssd.detect import detect_batch, model_input
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
@@ -47,6 +49,10 @@ class SSD(nn.Module):
         priors: default boxes ``[P, 4]`` ``(cx, cy, w, h)`` normalized (a persistent buffer, saved with the weights).
         config: the :class:`ModelConfig` that rebuilds the model (see :func:`ssd.models.build_model`).
         class_names: the K object class names; label ``k`` of every output is ``class_names[k]``.
+
+    ``category_ids`` (the dataset's id of each label) and ``operating_point`` (the stored best-F1 point: the default
+    confidence of :meth:`predict`) are ``None`` unless the model was read from a checkpoint that stores them; they
+    are part of its :attr:`card`.
     """
 
     def __init__(self, backbone: nn.Module, heads: nn.ModuleList, priors: Tensor, config: ModelConfig,
@@ -60,6 +66,8 @@ class SSD(nn.Module):
         self.register_load_state_dict_pre_hook(_check_loaded_priors)
         self.config = config
         self.class_names = list(class_names)
+        self.category_ids: list[int] | None = None
+        self.operating_point: dict | None = None
 
     @property
     def num_classes(self) -> int:
@@ -70,6 +78,19 @@ class SSD(nn.Module):
     def image_size(self) -> int | tuple[int, int]:
         """The network input size: an int (square side) or ``(height, width)`` (``ssd.priors.as_hw`` reads both)."""
         return self.config.image_size
+
+    @property
+    def card(self) -> ModelCard:
+        """The :class:`ssd.card.ModelCard` of this model (unsealed): its name, classes, input, normalization,
+        variances, category ids and operating point."""
+        config = self.config
+        return ModelCard(
+            model_name=config.name, class_names=tuple(self.class_names),
+            category_ids=None if self.category_ids is None else tuple(
+                check_category_ids(self.category_ids, self.num_classes, "category_ids")),
+            image_size=as_hw(config.image_size), mean=tuple(config.mean), std=tuple(config.std),
+            variances=tuple(config.variances),
+            operating_point=check_operating_point(self.operating_point, "operating_point"))
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
         """``images [B, 3, H, W]`` normalized (``(H, W)`` the input size) -> ``(loc [B, P, 4], logits [B, P, K+1])``
@@ -89,11 +110,13 @@ class SSD(nn.Module):
         return preprocess(images, self.image_size, self.config.mean, self.config.std, device=self.priors.device)
 
     @torch.no_grad()
-    def predict(self, images: Sequence[Tensor] | Tensor, score_threshold: float = PREDICT.score_threshold,
+    def predict(self, images: Sequence[Tensor] | Tensor, score_threshold: float | None = None,
                 iou_threshold: float = PREDICT.iou_threshold,
                 max_detections: int = PREDICT.max_detections) -> list[dict]:
         """Detections in original-image pixels: :meth:`preprocess`, then :func:`ssd.detect.detect_batch` (the
-        pipeline of every inference backend). Thresholds default to :data:`ssd.settings.PREDICT`.
+        pipeline of every inference backend). Thresholds default to :data:`ssd.settings.PREDICT`, but
+        ``score_threshold=None`` is the card's default confidence (:meth:`ssd.card.ModelCard.confidence`: the stored
+        operating point when there is one), as :class:`ssd.inference.pipeline.Detector`.
 
         Runs in eval mode (the previous mode is restored). ``images`` as for :meth:`preprocess`.
 
@@ -106,8 +129,8 @@ class SSD(nn.Module):
         self.eval()
         try:
             detections = detect_batch(self, model_input(batch, self.config.channels_last), sizes,
-                                      score_threshold=score_threshold, iou_threshold=iou_threshold,
-                                      max_detections=max_detections)
+                                      score_threshold=self.card.confidence(score_threshold)[0],
+                                      iou_threshold=iou_threshold, max_detections=max_detections)
         finally:
             self.train(was_training)
         for detection in detections:

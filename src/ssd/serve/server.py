@@ -55,7 +55,7 @@ def serve(weights: str | Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_
         warnings.warn(ServeWarning(warning), stacklevel=2)
     conf = app.state.card["thresholds"]
     batching = f"batches of up to {max_batch} within {max_wait_ms:g} ms" if max_batch > 1 else "no batching"
-    print(f"serving {detector.backend.model_name} ({detector.backend.name}) on http://{_url_host(host)}:{port} "
+    print(f"serving {detector.card.model_name} ({detector.backend.name}) on http://{_url_host(host)}:{port} "
           f"(conf {conf['conf']:g}: {conf['conf_origin']}; {batching})", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
 

@@ -1,14 +1,18 @@
 """Self-describing checkpoints: saved atomically, loaded with ``torch.load(weights_only=True)``.
 
 A checkpoint is a dict: ``format`` (:data:`FORMAT`), ``version`` (``__version__``), ``config`` (the model's
-``config.to_dict()``), ``class_names``, ``model`` (state dict), plus whatever extras the caller adds (optimizer,
-scheduler, scaler, epoch, rng, metrics, train_config ...). Everything in it must be plain data (dicts, lists, tuples,
+``config.to_dict()``), ``class_names``, ``model`` (state dict), ``card`` (the model's :class:`ssd.card.ModelCard`,
+sealed with the state dict's digest: :func:`checkpoint_card` checks both), plus whatever extras the caller adds
+(optimizer, scheduler, scaler, epoch, rng, metrics, train_config, ``category_ids`` and ``operating_point``, which
+are part of the card ...). Everything in it must be plain data (dicts, lists, tuples,
 strings, numbers, booleans, ``None``, tensors) so that loading never runs pickled code; :func:`save_checkpoint` checks
 this before writing (RNG states, for instance, must be stored as tensors).
 
 Format-version policy: :data:`FORMAT` names the one layout this version reads and writes. A change that older
 readers would misread gets a new suffix (``-v2``) and no compatibility reader: a file of another format version is
 refused by name, saying which version wrote it and what to do (load it with that version, or re-import / retrain).
+The one exception is :data:`LEGACY_FORMATS`, the layout before the model card (the same without ``card``): read, its
+card made from its configuration and extras.
 """
 
 from __future__ import annotations
@@ -27,23 +31,24 @@ from torch import nn
 
 from ssd._utils import unwrap_model
 from ssd._version import __version__
+from ssd.card import OPERATING_POINT_KEYS, ModelCard, network_digest
+from ssd.card import check_operating_point as _check_point
 from ssd.files import atomic_write
+from ssd.limits import value_text
 from ssd.weights.identify import file_kind, identify
 
 __all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "read_file", "checked_checkpoint",
-           "checkpoint_dict", "check_operating_point", "OPERATING_POINT_KEYS"]
+           "checkpoint_dict", "checkpoint_card", "check_operating_point", "OPERATING_POINT_KEYS", "LEGACY_FORMATS"]
 
-FORMAT = "ssd-checkpoint-v1"
+FORMAT = "ssd-checkpoint-v2"
 """Value of the ``format`` key: the checkpoint layout this version reads and writes (see the policy above)."""
 
-_RESERVED = ("format", "version", "config", "class_names", "model")
+LEGACY_FORMATS = ("ssd-checkpoint-v1",)
+"""Layouts this version still reads: ``v1`` is ``v2`` without the ``card`` (written before model cards)."""
+
+_RESERVED = ("format", "version", "config", "class_names", "model", "card")
 _LEAVES = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, torch.dtype, torch.device, torch.Size)
 _HEAD_BYTES = 4096  # enough of a file to tell text, pickles and archives apart
-
-
-OPERATING_POINT_KEYS = ("score_threshold", "precision", "recall", "f1", "split")
-"""The optional ``operating_point`` extra of a checkpoint (and key of an export's metadata): the best-F1 confidence
-on a split and its precision, recall and F1 there; what predict uses as its default confidence."""
 
 
 class CheckpointError(ValueError):
@@ -52,18 +57,8 @@ class CheckpointError(ValueError):
 
 def check_operating_point(value: Any, source: str, error: type[Exception] = CheckpointError
                           ) -> dict[str, Any] | None:
-    """``value`` (``None`` or a dict of :data:`OPERATING_POINT_KEYS`: ``score_threshold`` in ``[0, 1)``,
-    precision / recall / F1 in ``[0, 1]``, ``split`` a string) as a plain dict; raises ``error`` naming ``source``."""
-    if value is None:
-        return None
-    rule = ("a dict of score_threshold in [0, 1), precision, recall, f1 in [0, 1] and split (a name)")
-    if not isinstance(value, Mapping) or set(value) != set(OPERATING_POINT_KEYS):
-        raise error(f"{source}: operating_point must be {rule}, got {value!r}")
-    numbers = [value[k] for k in OPERATING_POINT_KEYS[:4]]
-    if (not all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in numbers)
-            or not value["score_threshold"] < 1 or not isinstance(value["split"], str)):
-        raise error(f"{source}: operating_point must be {rule}, got {dict(value)!r}")
-    return {**{k: float(value[k]) for k in OPERATING_POINT_KEYS[:4]}, "split": value["split"]}
+    """:func:`ssd.card.check_operating_point` raising :class:`CheckpointError` by default."""
+    return _check_point(value, source, error)
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> Path:
@@ -76,7 +71,8 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> 
 
     Raises:
         TypeError: an extra value (at any depth) is not plain data; the message names where it is.
-        ValueError: an extra uses a reserved key (``format``, ``version``, ``config``, ``class_names``, ``model``).
+        ValueError: an extra uses a reserved key (``format``, ``version``, ``config``, ``class_names``, ``model``,
+            ``card``), or its ``category_ids`` / ``operating_point`` break their rules.
         ssd.files.OutputError: the write failed (disk full, permissions ...): one line naming the file and cause.
     """
     payload = checkpoint_dict(model, **extra)
@@ -94,7 +90,7 @@ def checkpoint_dict(model: nn.Module, **extra: Any) -> dict[str, Any]:
         raise ValueError(f"save_checkpoint: extra key(s) {clash} are reserved ({', '.join(_RESERVED)})")
     for key, value in extra.items():
         _check_plain(value, key)
-    return {
+    ckpt = {
         "format": FORMAT,
         "version": __version__,
         "config": model.config.to_dict(),
@@ -102,6 +98,42 @@ def checkpoint_dict(model: nn.Module, **extra: Any) -> dict[str, Any]:
         "model": {k: v.contiguous() for k, v in model.state_dict().items()},
         **extra,
     }
+    card = _card_of(ckpt, "save_checkpoint", ValueError).sealed(network_digest("", ckpt["model"]))
+    return {**ckpt, "card": card.to_dict()}
+
+
+def _card_of(ckpt: Mapping[str, Any], source: str, error: type[Exception] = CheckpointError) -> ModelCard:
+    """The card a checkpoint's contents describe: its configuration, class names and extras."""
+    config = ckpt["config"]
+    return ModelCard.from_dict({
+        "model_name": config.get("name"), "class_names": ckpt["class_names"], "image_size": config.get("image_size"),
+        "mean": config.get("mean"), "std": config.get("std"), "variances": config.get("variances"), "nms": False,
+        "category_ids": ckpt.get("category_ids"), "operating_point": ckpt.get("operating_point")}, source, error)
+
+
+def checkpoint_card(ckpt: Mapping[str, Any], source: str) -> ModelCard:
+    """The card of a checked checkpoint, after checking it against the one stored (naming a field that differs)
+    and against its checksum (the state dict and every field). A :data:`LEGACY_FORMATS` file has no card: it is
+    made from the contents.
+
+    Raises:
+        CheckpointError: naming ``source`` and the field, or saying that the weights changed."""
+    card = _card_of(ckpt, source)
+    if ckpt.get("format") in LEGACY_FORMATS:
+        return card
+    if "card" not in ckpt:
+        raise CheckpointError(f"{source} has no model card (format {FORMAT} stores one): it was removed; save the "
+                              "model again")
+    stored = ModelCard.from_dict(ckpt["card"], f"{source}: card", CheckpointError)
+    ours, theirs = card.to_dict(), stored.to_dict()
+    changed = [k for k in [*ours, *theirs] if k != "checksum" and ours.get(k) != theirs.get(k)]
+    if changed:
+        field = changed[0]
+        raise CheckpointError(f"{source}: its {field} ({value_text(ours.get(field))}) is not the one of its model "
+                              f"card ({value_text(theirs.get(field))}): the checkpoint was edited; save the model "
+                              "again")
+    stored.verify(network_digest("", ckpt["model"]), source, CheckpointError)
+    return card
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -144,11 +176,12 @@ def checked_checkpoint(ckpt: Any, path: str | os.PathLike) -> dict[str, Any]:
     if found.kind != "ours":
         raise CheckpointError(f"{path} is not an ssd checkpoint: it holds {found.description}; {found.use}")
     tag = ckpt.get("format")
-    if tag != FORMAT:
+    if tag != FORMAT and tag not in LEGACY_FORMATS:
         raise CheckpointError(f"{path} has format {tag!r} (saved by ssd {ckpt.get('version', '?')}), but this "
-                              f"version of ssd ({__version__}) reads only {FORMAT!r}: load it with the version "
+                              f"version of ssd ({__version__}) reads only {FORMAT!r} (and the older "
+                              f"{', '.join(map(repr, LEGACY_FORMATS))}): load it with the version "
                               "that saved it, or import / train the model again with this one")
-    missing = [k for k in _RESERVED if k not in ckpt]
+    missing = [k for k in _RESERVED if k not in ckpt and k != "card"]  # checkpoint_card checks the card
     if missing:
         raise CheckpointError(f"{path} is an incomplete ssd checkpoint: missing {missing}")
     return dict(ckpt)

@@ -22,7 +22,7 @@ from ssd.models.build import MODEL_CONFIGS, build_from_config, checked_class_nam
 from ssd.models.config import ModelConfig, ModelConfigError
 from ssd.models.ssd import SSD
 from ssd.priors import PriorConfig
-from ssd.weights.checkpoint import CheckpointError, checked_checkpoint, checkpoint_dict, read_file
+from ssd.weights.checkpoint import CheckpointError, checked_checkpoint, checkpoint_card, checkpoint_dict, read_file
 from ssd.weights.finetune import match_classes, remap_class_rows
 from ssd.weights.hub import weights_file
 from ssd.weights.identify import identify
@@ -76,10 +76,14 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
         priors: default boxes replacing the checkpoint's (fine-tuning with fitted default boxes): its feature maps
             and, so that every head loads, its boxes per location.
 
+    A model rebuilt as saved carries the checkpoint's ``category_ids`` and ``operating_point`` (its
+    :attr:`ssd.models.SSD.card` is the checkpoint's).
+
     Raises:
         CheckpointError: what :func:`read_weights` refuses; a saved configuration that is malformed or does not build
             (edited?); weights that do not fit it, are stored as integers or are not finite; other class names
-            without ``reinit_heads``.
+            without ``reinit_heads``; a model card that is not the contents' or fails its checksum (the field named,
+            :func:`ssd.weights.checkpoint.checkpoint_card`).
     """
     is_path = isinstance(ckpt_or_path, (str, os.PathLike))
     source = str(ckpt_or_path) if is_path else "the checkpoint"
@@ -90,13 +94,20 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
         config, state = _with_priors(config, state, priors)
     wanted = saved if class_names is None else checked_class_names(None, class_names)
     if wanted == saved:
-        return _rebuilt(config, saved, state, source)
+        model = _rebuilt(config, saved, state, source)
+        card = checkpoint_card(ckpt, source)
+        if priors is None:  # the stored point was measured with the saved default boxes
+            model.category_ids = None if card.category_ids is None else list(card.category_ids)
+            model.operating_point = card.operating_point
+        return model
     if not reinit_heads:
         order = " (the same names in another order)" if sorted(wanted) == sorted(saved) else ""
         raise CheckpointError(f"{source} was trained for {len(saved)} classes {_listed(saved)} but the class "
                               f"names given are {len(wanted)} classes {_listed(wanted)}{order}; pass "
                               "reinit_heads=True to fine-tune it with new class heads")
-    return _fine_tuned(config, saved, state, wanted, source)
+    model = _fine_tuned(config, saved, state, wanted, source)
+    checkpoint_card(ckpt, source)
+    return model
 
 
 def _saved_config(ckpt: Mapping[str, Any], source: str) -> tuple[ModelConfig, list[str]]:
