@@ -8,6 +8,8 @@ import json
 import multiprocessing
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +19,9 @@ import torch
 from PIL import Image
 
 from conftest import write_yolo_dataset
+from ssd.cli import main
 from ssd.data import DetectionDataset, build_dataloader
+from ssd.data.check import check_dataset
 from ssd.data.gate import load_training_data
 from ssd.data.index import INDEX_FILE, cache_root, index_dataset
 from ssd.data.load import load_dataset
@@ -276,3 +280,42 @@ def test_cache_images_beyond_the_memory_bound_is_downscaled_and_said(synthetic_v
     monkeypatch.setattr("ssd.data.loader.MAX_CROP_CACHE_BYTES", 16 * 3 * 64 * 64 // 100)
     with pytest.raises(ConfigError, match=r"downscaled by 0\.100, below 0\.25; train without cache_images"):
         DetectionDataset(records, ["a", "b", "c"], image_size=64, cache_images=True)
+
+
+def test_ssd_check_reports_from_the_index_what_it_finds_reading_everything(tmp_path, capsys):
+    data = voc(tmp_path)
+    xml = data / "Annotations" / "synth_000001.xml"
+    xml.write_text(xml.read_text().replace("<xmax>", "<xmax>-", 1))
+    settle(data)
+    for _ in range(2):  # built, then read from the index
+        assert main(["check", str(data), "--json"]) == 1
+        assert json.loads(capsys.readouterr().out) == check_dataset(data).to_dict()
+    assert index_dataset(data, splits=None).reads == []
+    assert main(["check", str(data), "--recheck"]) == 1
+    assert reads(data, splits=None) == []
+
+
+DDP_SCRIPT = """
+import os, sys
+import torch.distributed as dist
+from ssd.data.index import index_dataset
+dist.init_process_group("gloo")
+reads = len(index_dataset(sys.argv[1]).reads)
+with open(os.path.join(sys.argv[2], os.environ["RANK"]), "w") as f:
+    f.write(str(reads))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_build_the_index_once(tmp_path):
+    data, out = voc(tmp_path), tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "index.py"
+    script.write_text(DDP_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(data), str(out)]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # rank 0: 8 headers and annotations, the 6 train images decoded; rank 1 found its index
+    assert int((out / "0").read_text()) == 2 * 8 + 6 and int((out / "1").read_text()) == 0

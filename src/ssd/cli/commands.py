@@ -125,19 +125,27 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from ssd.data.check import check_dataset
+    from ssd.data.index import index_dataset
     from ssd.data.load import load_dataset
+    from ssd.data.records import DataError
 
     data = args.data
     if args.fit_priors and not args.model:
         raise UsageError("ssd check: --fit-priors needs --model NAME (the model whose default boxes to fit)")
+    if args.crop_scale and not args.model:
+        raise UsageError("ssd check: --crop-scale needs --model NAME (coverage is of its default boxes)")
+    try:  # read and decoded through the dataset index: once, then only the files that changed
+        indexed = index_dataset(args.data, splits=None, recheck=args.recheck)
+        data = indexed.spec
+    except DataError:
+        indexed = None  # check_dataset reports why the dataset cannot be read
     if args.fit_priors:
         from ssd.files import check_output
 
-        data = load_dataset(args.data)  # once, for the check and the fit
+        data = data if indexed else load_dataset(args.data)  # once, for the check and the fit
         check_output(args.priors_out, inputs=[args.data, *data.input_files()], what="--priors-out")
-    if args.crop_scale and not args.model:
-        raise UsageError("ssd check: --crop-scale needs --model NAME (coverage is of its default boxes)")
-    report = check_dataset(data, model=args.model, image_size=args.image_size, crop_scale=args.crop_scale)
+    report = check_dataset(data, model=args.model, image_size=args.image_size, crop_scale=args.crop_scale,
+                           issues=indexed.issues if indexed else None)
     output = report.to_dict() if args.as_json else report.format_table()
     if args.fit_priors:
         from ssd.data.priors import fit_for_model

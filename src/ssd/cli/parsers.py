@@ -172,6 +172,8 @@ def _add_check_parser(sub) -> None:
     p.add_argument("--priors-out", type=Path, default=Path("priors.yaml"),
                    help="where --fit-priors writes (default: priors.yaml)")
     p.add_argument("--json", dest="as_json", action="store_true", help="machine-readable output")
+    p.add_argument("--recheck", action="store_true",
+                   help="read and decode the whole dataset again instead of trusting its index (rebuilt)")
 
 
 def _add_demo_parser(sub) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 from torchvision.ops import box_iou
+from tqdm import tqdm
 
 from ssd._utils import closest_names
 from ssd.data.check_report import CheckReport
@@ -35,6 +37,7 @@ from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relativ
 from ssd.data.rules import DATASET_RULES, dataset_issues
 from ssd.data.table import RecordTable
 from ssd.limits import MAX_BOXES_PER_IMAGE
+from ssd.names import name_problem, printable
 from ssd.priors import PriorConfig
 
 if TYPE_CHECKING:
@@ -161,6 +164,10 @@ def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
             if rec.path in seen:  # the same image in two splits (e.g. VOC trainval) is reported once
                 continue
             seen.add(rec.path)
+            if (problem := name_problem(str(rec.path), max_chars=None)) is not None:
+                where = printable(relative_path(rec.path, spec.root))
+                issues.append(Issue("error", "invalid_file_name", f"{where}: the file name {problem}", where,
+                                    split=split, image=rec.path))
             issues += _object_issues(rec, split, spec.class_names, spec.root)
             if not rec.objects and rec.path not in failed:
                 where = relative_path(rec.annotation or rec.path, spec.root)
@@ -185,6 +192,13 @@ def find_issues(spec: DatasetSpec, splits: Sequence[str] | None = None, *, decod
 def _stats(spec: DatasetSpec) -> dict[str, dict]:
     stats = {}
     for split, records in spec.splits.items():
+        if isinstance(records, RecordTable):  # from its arrays: no records built
+            per_class, images_per_class = records.name_counts()
+            stats[split] = {"images": len(records), "objects": records.num_objects,
+                            "images_without_objects": int((np.diff(records.first) == 0).sum()),
+                            "difficult_or_crowd": int(np.count_nonzero(records.flags)),
+                            "objects_per_class": per_class, "images_per_class": images_per_class}
+            continue
         per_class: dict[str, int] = {}
         images_per_class: dict[str, int] = {}
         for rec in records:
@@ -208,7 +222,8 @@ def _invalid(issues: list[Issue]) -> tuple[set, set]:
 
 def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     """Corrupt/truncated images of ``splits``: a full but cheap decode of each image once (JPEG DCT scaling; a
-    truncated file fails it), on a thread pool."""
+    truncated file fails it), on a thread pool of one thread per core (the decoder releases the GIL), with a progress
+    bar on a terminal."""
     records = {r.path: (split, r) for split in splits for r in spec.splits[split]}
 
     def probe(path: Path) -> Issue | None:
@@ -220,14 +235,16 @@ def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
             return Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=path)
         return None
 
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        return [i for i in pool.map(probe, records) if i is not None]
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        found = tqdm(pool.map(probe, records), total=len(records), desc="checking images", unit="image",
+                     disable=None, leave=False)  # None: shown on a terminal only
+        return [i for i in found if i is not None]
 
 
 def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = None, *, split: str | None = None,
                   class_names: list[str] | None = None, iou_threshold: float = 0.5, decode_images: bool = True,
                   model: str | None = None, image_size: int | tuple[int, int] | str | None = None,
-                  crop_scale: CropScale | None = None) -> CheckReport:
+                  crop_scale: CropScale | None = None, issues: list[Issue] | None = None) -> CheckReport:
     """Check a dataset (a data description or a loaded :class:`DatasetSpec`); never raises for bad data.
 
     ``model`` (a model name) adds the default-box coverage of its default boxes at ``image_size`` (default: its
@@ -236,7 +253,8 @@ def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = N
     model's default boxes for the coverage (in pixels of ``image_size``, which it then needs when no ``model`` is
     given). ``crop_scale``: the coverage of the boxes as training crops show them (at the median crop scale, see
     :func:`ssd.data.priors.spec_boxes`). ``decode_images`` decodes every image (cheaply, JPEGs at 1/8 scale) to
-    find truncated or corrupt files.
+    find truncated or corrupt files. ``issues``: those :func:`find_issues` found for the whole spec (the dataset
+    index's, :func:`ssd.data.index.index_dataset`), not looked for again.
     """
     if priors is not None and model is None and image_size is None:
         raise ValueError("check_dataset: priors need the image_size their sizes are pixels of (or a model)")
@@ -253,7 +271,7 @@ def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = N
         except DataError as e:
             return CheckReport(str(data), "unknown", list(class_names or []), issues=[
                 Issue("error", "unreadable_dataset", str(e), str(data))])
-    issues = find_issues(spec, decode_images=decode_images)
+    issues = find_issues(spec, decode_images=decode_images) if issues is None else issues
     report = CheckReport(str(spec.root), spec.format, list(spec.class_names), _stats(spec), issues)
     if priors is None:
         return report
@@ -286,17 +304,6 @@ def _refusal(spec: DatasetSpec, errors: list[Issue], skip_invalid: bool, max_lis
     return DataError(f"{len(shown)} problems in dataset {spec.root} ({advice}):\n  {listed}{more}")
 
 
-def _drop_rows(table: RecordTable, bad_images: set, bad_objects: set) -> tuple[RecordTable, list[str]]:
-    """``table`` without the images and objects named by :func:`_invalid`, and the dropped objects' locations."""
-    row = {table.paths[i]: i for i in range(len(table))}
-    keep_images, keep_objects = np.ones(len(table), bool), np.ones(table.num_objects, bool)
-    keep_images[[row[str(p)] for p in bad_images if str(p) in row]] = False
-    dropped = sorted(table.first[row[str(p)]] + i for p, i in bad_objects
-                     if str(p) in row and keep_images[row[str(p)]])
-    keep_objects[dropped] = False
-    return table.take(np.flatnonzero(keep_images), keep_objects), [table.where[j] for j in dropped]
-
-
 def screen(spec: DatasetSpec, splits: Sequence[str], skip_invalid: bool = False, max_listed: int = 10, *,
            issues: list[Issue] | None = None) -> tuple[DatasetSpec, CheckReport]:
     """Apply the check rules to the images of ``splits`` (decoded) and the dataset-wide rules, before training or
@@ -322,7 +329,7 @@ def screen(spec: DatasetSpec, splits: Sequence[str], skip_invalid: bool = False,
     clean.splits, dropped_objects = {}, []
     for split, records in spec.splits.items():
         if isinstance(records, RecordTable):
-            clean.splits[split], where = _drop_rows(records, bad_images, bad_objects)
+            clean.splits[split], where = records.without(bad_images, bad_objects)
             dropped_objects += where
             continue
         kept = []

@@ -200,10 +200,11 @@ def _lock(folder: Path) -> DirectoryLock | None:
     return None
 
 
-def index_dataset(data: str | Path, *, class_names: list[str] | None = None, splits: Sequence[str] = ("train",),
+def index_dataset(data: str | Path, *, class_names: list[str] | None = None, splits: Sequence[str] | None = ("train",),
                   recheck: bool = False) -> Indexed:
     """The dataset ``data`` read (:func:`~ssd.data.load.load_dataset`) and checked (:func:`~ssd.data.check
-    .find_issues` of those of ``splits`` it has, images decoded), from its index when unchanged.
+    .find_issues` of those of ``splits`` it has, or of every split for None; images decoded), from its index when
+    unchanged.
 
     ``recheck``: read and decode everything again (the index is then replaced). Notices (a rebuilt index, an
     unwritable cache folder) are one line each on the ``ssd`` logger. Raises what :func:`load_dataset` raises, and a
@@ -214,13 +215,14 @@ def index_dataset(data: str | Path, *, class_names: list[str] | None = None, spl
     with _main_first():
         lock = _lock(folder)
         try:
-            return _indexed(data, key, class_names, list(splits), recheck, folder / INDEX_FILE, lock)
+            return _indexed(data, key, class_names, None if splits is None else list(splits), recheck,
+                            folder / INDEX_FILE, lock)
         finally:
             if lock is not None:
                 lock.release()
 
 
-def _indexed(data, key: dict, class_names, splits: list[str], recheck: bool, path: Path,
+def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bool, path: Path,
              lock: DirectoryLock | None) -> Indexed:
     stored = None
     if path.is_file() and not recheck:
@@ -238,12 +240,12 @@ def _indexed(data, key: dict, class_names, splits: list[str], recheck: bool, pat
             unchanged = False
         checked = stored.meta["checks"].get(",".join(_used(spec, splits)))
         if unchanged and checked is not None:
-            spec.records(splits[0])
+            _first_split(spec, splits)
             return Indexed(spec, _issues(checked), [], True)
     memo = FileMemo(None if stored is None else stored.memo)
     with memo.active():
         spec = load_dataset(data, class_names=class_names)
-        spec.records(splits[0])
+        _first_split(spec, splits)
         issues = find_issues(spec, splits, decode_images=True)
     spec.splits = {name: RecordTable.from_records(records) for name, records in spec.splits.items()}
     if lock is None:
@@ -264,5 +266,11 @@ def _indexed(data, key: dict, class_names, splits: list[str], recheck: bool, pat
     return Indexed(spec, issues, memo.reads, True)
 
 
-def _used(spec: DatasetSpec, splits: list[str]) -> list[str]:
-    return [s for s in splits if s in spec.splits]
+def _used(spec: DatasetSpec, splits: list[str] | None) -> list[str]:
+    return list(spec.splits) if splits is None else [s for s in splits if s in spec.splits]
+
+
+def _first_split(spec: DatasetSpec, splits: list[str] | None) -> None:
+    """The caller's first split must exist (a clear error lists those there are)."""
+    if splits:
+        spec.records(splits[0])

@@ -182,6 +182,26 @@ class RecordTable(Sequence[ImageRecord]):
                            boxes=self.boxes[rows], labels=self.labels[rows], flags=self.flags[rows],
                            lines=self.lines[rows])
 
+    def without(self, images: set[Path], objects: set[tuple[Path, int]]) -> tuple[RecordTable, list[str]]:
+        """The table without ``images`` and ``objects`` (``(image path, index among its objects)``), and the
+        dropped objects' locations (``where``; those of dropped images are not listed)."""
+        row = {self.paths[i]: i for i in range(len(self))}
+        keep_images, keep_objects = np.ones(len(self), bool), np.ones(self.num_objects, bool)
+        keep_images[[row[str(p)] for p in images if str(p) in row]] = False
+        dropped = sorted(self.first[row[str(p)]] + i for p, i in objects if str(p) in row and keep_images[row[str(p)]])
+        keep_objects[dropped] = False
+        return self.take(np.flatnonzero(keep_images), keep_objects), [self.where[j] for j in dropped]
+
+    def name_counts(self) -> tuple[dict[str, int], dict[str, int]]:
+        """``(objects per name, images per name)``, names in the order first met."""
+        names = [self.names[j] for j in range(self.num_objects)]
+        code_of = {n: c for c, n in enumerate(dict.fromkeys(names))}
+        codes = np.array([code_of[n] for n in names], np.int64)
+        owner = np.repeat(np.arange(len(self)), np.diff(self.first))
+        per_image = np.unique(owner * max(1, len(code_of)) + codes) % max(1, len(code_of))
+        objects, images = np.bincount(codes, minlength=len(code_of)), np.bincount(per_image, minlength=len(code_of))
+        return ({n: int(objects[c]) for n, c in code_of.items()}, {n: int(images[c]) for n, c in code_of.items()})
+
     def arrays(self, prefix: str) -> dict[str, np.ndarray]:
         """Every column as named arrays (for ``np.savez``), names starting with ``prefix``."""
         out = {}
