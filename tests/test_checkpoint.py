@@ -288,6 +288,21 @@ def test_edited_checkpoints_are_refused(saved):
         model_from_checkpoint(damaged)
 
 
+@pytest.mark.parametrize("name, rule", [("cat\x1b[2J", "holds U+001B (a control character)"),
+                                        ("\udc80", "holds a lone surrogate U+DC80")])
+def test_checkpoint_whose_class_names_hold_a_terminal_escape_or_a_lone_surrogate_is_refused(saved, tmp_path, name,
+                                                                                           rule):
+    ckpt = load_checkpoint(saved)
+    path = tmp_path / "edited.pt"
+    torch.save({**ckpt, "class_names": [name, *ckpt["class_names"][1:]]}, path)
+    with pytest.raises(CheckpointError) as info:
+        model_from_checkpoint(path)
+    assert str(info.value).startswith(f"{path}: the saved class names") and f"class_names[0] = {name!r} {rule}" in \
+        str(info.value) and str(info.value).isprintable()
+    with pytest.raises(ValueError, match=re.escape(f"class_names[0] = {name!r} {rule}")):
+        build_model("ssd_tiny", class_names=[name])
+
+
 @pytest.mark.parametrize("removed", [("priors",), ("mean", "std"), ("options", "priors", "mean")])
 def test_a_config_lacking_settings_says_what_is_missing(saved, tmp_path, removed):
     """A checkpoint whose model configuration lacks settings (edited, or written by another program) is refused by

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from ssd import limits
 from ssd.data import DataError, check_dataset, load_training_data
 from ssd.data.check import screen
 from ssd.data.priors import prior_coverage
@@ -187,3 +188,57 @@ def test_check_with_a_model_measures_its_default_boxes_without_building_it(synth
     assert report.coverage["boxes"] == sum(len(r.objects) for s in spec.splits for r in spec.records(s))
     with pytest.raises(ValueError, match="priors need the image_size their sizes are pixels of"):
         check_dataset(spec, priors=build.default_priors("ssd_tiny"))
+
+
+# --------------------------------------------------------------------------------------------------- names are data
+@pytest.mark.parametrize("name, rule", [
+    ("cell\x1b[2J", "holds U+001B (a control character), which would act on the terminal"),
+    ("ding\x07", "holds U+0007 (a control character)"),
+    ("over\rwrite", "holds U+000D (a control character)"),
+    ("evil\u202egnp", "holds U+202E (RIGHT-TO-LEFT OVERRIDE)"),
+    ("\ud800", "holds a lone surrogate U+D800, which is not text"),
+    ("x" * 201, "is 201 characters long: at most 200 (ssd.limits.MAX_NAME_CHARS)"),
+])
+def test_class_name_with_esc_bel_cr_or_a_lone_surrogate_is_an_error_of_ssd_check_shown_escaped(tmp_path, capsys,
+                                                                                              name, rule):
+    from ssd.cli import main
+
+    data = _yolo_dataset(tmp_path / "d", {"a": "0 0.5 0.5 0.2 0.2\n", "b": "1 0.5 0.5 0.2 0.2\n"}, ["ok", "x"])
+    data.write_text(data.read_text().replace("names: ['ok', 'x']", f"names: {json.dumps(['ok', name])}"))
+    report = check_dataset(data)
+    assert [i.code for i in report.errors] == ["invalid_class_name"]
+    assert report.errors[0].message.startswith(f"{data}: class name 1 {limits.value_text(name)} {rule}")
+    assert main(["check", str(data)]) == 1
+    out = capsys.readouterr().out
+    assert out.isascii() and out.isprintable() is False and all(line.isprintable() for line in out.splitlines())
+    with pytest.raises(DataError, match="invalid_class_name|class name 1"):
+        load_training_data(data, splits=("train",))
+
+
+def test_coco_and_voc_class_names_are_checked_like_yolo_ones(tmp_path):
+    voc = tmp_path / "voc"  # XML cannot hold a BEL: classes.txt can
+    for folder in ("JPEGImages", "Annotations"):
+        (voc / folder).mkdir(parents=True)
+    Image.new("RGB", (64, 48)).save(voc / "JPEGImages" / "a.jpg")
+    (voc / "Annotations" / "a.xml").write_text(
+        "<annotation><filename>a.jpg</filename><size><width>64</width><height>48</height></size><object><name>ok"
+        "</name><bndbox><xmin>5</xmin><ymin>5</ymin><xmax>30</xmax><ymax>30</ymax></bndbox></object></annotation>")
+    (voc / "classes.txt").write_text("ok\nbell\x07\n")
+    coco = tmp_path / "coco"
+    (coco / "images").mkdir(parents=True)
+    Image.new("RGB", (64, 48)).save(coco / "images" / "a.jpg")
+    (coco / "train.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "images/a.jpg", "width": 64, "height": 48}],
+        "categories": [{"id": 1, "name": "esc\x1b"}],
+        "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [5, 5, 20, 20], "iscrowd": 0}]}))
+    for data in (voc, coco / "train.json"):
+        codes = [i.code for i in check_dataset(data).errors]
+        assert "invalid_class_name" in codes, (data, codes)
+
+
+def test_image_file_name_with_a_control_character_is_an_error_naming_it_escaped(tmp_path):
+    data = _yolo_dataset(tmp_path / "d", {"a": "0 0.5 0.5 0.2 0.2\n", "b\x1b[2Jc": "0 0.5 0.5 0.2 0.2\n"}, ["x"])
+    errors = check_dataset(data).errors
+    assert [(i.code, i.message) for i in errors] == [
+        ("invalid_file_name", "images/b\\x1b[2Jc.jpg: the file name holds U+001B (a control character), which would "
+         "act on the terminal or the text around it instead of being shown: rename it")]

@@ -7,6 +7,7 @@ import logging
 import string
 import warnings
 
+import matplotlib
 import numpy as np
 import pytest
 import torch
@@ -74,6 +75,22 @@ def test_plot_pr_curves_and_label_stats(tmp_path):
     _is_png(plot_label_stats(boxes, labels, ["a", "b", "c"], tmp_path / "sub" / "labels.png"))
     with pytest.raises(ValueError, match="3 boxes but 2 labels"):
         plot_label_stats(boxes, labels[:2], ["a", "b", "c"], tmp_path / "x.png")
+
+
+def test_class_named_as_broken_mathtext_is_drawn_as_plain_text(tmp_path):
+    from ssd.evaluation.figures import plot_confusion
+
+    names = ["$\\frac{a}{$", "$x$"]  # mathtext that fails to parse, and one that would render as math
+    boxes = torch.tensor([[0, 0, 10, 10], [20, 20, 50, 40.0]])
+    labels = torch.tensor([0, 1])
+    result = evaluate_voc([{"boxes": boxes, "scores": torch.tensor([0.9, 0.8]), "labels": labels}],
+                          [{"boxes": boxes, "labels": labels}], 2, names)
+    _is_png(plot_pr_curves(result, names, tmp_path / "pr.png"))
+    _is_png(plot_label_stats(boxes, labels, names, tmp_path / "labels.png"))
+    matrix = {"counts": np.eye(3).tolist(), "normalized": np.eye(3).tolist(), "names": [*names, "background"],
+              "confidence": 0.5, "match_iou_threshold": 0.5}
+    _is_png(plot_confusion(matrix, tmp_path / "confusion.png"))
+    assert matplotlib.rcParams["text.parse_math"]  # the caller's own settings are left as they were
 
 
 def test_draw_detections_changes_pixels_inside_boxes():

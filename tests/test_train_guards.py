@@ -293,3 +293,11 @@ def test_train_on_a_val_image_with_a_249_character_name_finishes_with_its_figure
     assert drawn == [f"{'x' * 245}img{i}.jpg" for i in range(4)]  # 253 bytes: they fit as they are
     worst = [p.name for p in (result.run_dir / "val_report" / "worst").iterdir()]
     assert worst and all(re.fullmatch(r"\d{3}_x+~[0-9a-f]{12}\.jpg", n) and len(n) == 255 for n in worst)
+
+
+def test_train_with_a_class_named_as_broken_mathtext_draws_its_figures_as_plain_text(tmp_path):
+    data = write_yolo_dataset(tmp_path / "data")
+    data.write_text(data.read_text().replace("names: [a, b,", 'names: ["$\\\\frac{a}{$", b,'))
+    result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **TINY)
+    assert result.model.class_names[0] == "$\\frac{a}{$"
+    assert (result.run_dir / "labels.png").is_file() and (result.run_dir / "pr_curves.png").is_file()

@@ -13,7 +13,7 @@ from typing import Any
 __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_STREAMS", "MAX_BOXES_PER_IMAGE",
            "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS", "MAX_DETECTIONS",
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
-           "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE",
+           "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE", "MAX_NAME_CHARS",
            "MAX_UPLOAD_BYTES", "value_text"]
 
 MAX_INPUT_SIDE = 4096
@@ -67,6 +67,9 @@ Checked before the file is read."""
 
 MAX_DETECTIONS_PER_IMAGE = 10_000
 """Most detections one image may have in a detections file (COCO scores at most 100)."""
+
+MAX_NAME_CHARS = 200
+"""Longest class name, in characters (a dataset's, a checkpoint's, ``--classes``)."""
 
 
 _SHORT = reprlib.Repr()

@@ -31,8 +31,12 @@ from torchvision.utils import draw_bounding_boxes
 
 from ssd.files import atomic_write
 
-__all__ = ["RESULTS_COLUMNS", "class_color", "draw_detections", "font_for", "plot_label_stats", "plot_pr_curves",
-           "plot_results", "save_image"]
+__all__ = ["RESULTS_COLUMNS", "PLAIN_TEXT", "class_color", "draw_detections", "font_for", "plot_label_stats",
+           "plot_pr_curves", "plot_results", "save_image"]
+
+PLAIN_TEXT = {"text.parse_math": False}
+"""matplotlib settings under which every figure is made and saved: names are data, drawn as they are (a class
+named ``$\\frac{a}{$`` is text, not mathtext that fails to parse)."""
 
 # results.csv, one row per epoch:
 #   epoch           1-based epoch number
@@ -101,10 +105,11 @@ def _class_labels(class_names: Sequence[str]) -> tuple[list[str], str | None, li
     return [str(k) for k in range(len(class_names))], None, [f"{k} = {_escaped(n)}" for k, n in enumerate(class_names)]
 
 
-def _font_family(font: str | None) -> dict[str, list[str]]:
-    """matplotlib settings drawing text in ``font`` (None: DejaVu Sans), DejaVu Sans for anything it lacks."""
+def _font_family(font: str | None) -> dict[str, Any]:
+    """matplotlib settings drawing plain text (:data:`PLAIN_TEXT`) in ``font`` (None: DejaVu Sans), DejaVu Sans for
+    anything it lacks."""
     family = FT2Font(font).family_name if font else "DejaVu Sans"
-    return {"font.family": list(dict.fromkeys([family, "DejaVu Sans"]))}
+    return {"font.family": list(dict.fromkeys([family, "DejaVu Sans"])), **PLAIN_TEXT}
 
 
 def _save(fig: Figure, out_png: str | Path) -> Path:

@@ -20,6 +20,7 @@ from ssd._utils import MissingDependencyError
 from ssd.cli.commands import COMMANDS
 from ssd.cli.options import UsageError
 from ssd.cli.parsers import build_parser, parse
+from ssd.names import printable
 
 __all__ = ["main"]
 
@@ -57,8 +58,8 @@ def _one_line(error: Exception) -> str:
     """The message of a library error, or ``strerror: path`` for an OSError raised on a user's path."""
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
         target = f" -> {error.filename2}" if error.filename2 is not None else ""
-        return f"{error.strerror}: {error.filename}{target}"
-    return str(error)
+        return printable(f"{error.strerror}: {error.filename}{target}")
+    return "\n".join(map(printable, str(error).split("\n")))  # a name in a message never acts on the terminal
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from ssd._utils import render_table
 from ssd.data.records import Issue
+from ssd.names import printable
 from ssd.priors.coverage import coverage_lines
 
 __all__ = ["CheckReport"]
@@ -48,9 +49,9 @@ class CheckReport:
 
     def format_table(self) -> str:
         """Readable plain-text report: counts per split and class, problems grouped by kind, coverage, verdict."""
-        lines = [f"dataset: {self.dataset} ({self.format}, {len(self.class_names)} classes: "
-                 f"{', '.join(self.class_names)})", ""]
-        header = ["split", "images", "objects", "no objects", *self.class_names]
+        names = [printable(n) for n in self.class_names]  # names are data: never written raw to a terminal
+        lines = [f"dataset: {printable(self.dataset)} ({self.format}, {len(names)} classes: {', '.join(names)})", ""]
+        header = ["split", "images", "objects", "no objects", *names]
         rows = [[s, st["images"], st["objects"], st["images_without_objects"],
                  *(st["objects_per_class"].get(n, 0) for n in self.class_names)] for s, st in self.stats.items()]
         lines += render_table(header, rows) + [""]
@@ -63,7 +64,7 @@ class CheckReport:
                 by_code.setdefault(issue.code, []).append(issue)
             for code, group in by_code.items():
                 lines.append(f"  {code} ({len(group)}):")
-                lines += [f"    {i.message}" for i in group[:_SHOWN_PER_CODE]]
+                lines += [f"    {printable(i.message)}" for i in group[:_SHOWN_PER_CODE]]
                 if len(group) > _SHOWN_PER_CODE:
                     lines.append(f"    ... and {len(group) - _SHOWN_PER_CODE} more (see --json)")
             lines.append("")

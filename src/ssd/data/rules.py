@@ -1,7 +1,8 @@
 """The dataset-wide rules of ``ssd check`` (and so of the training gate): class names, whole splits, classes, and
 images shared by train and val.
 
-- Class names: duplicates and empty names are errors (a model needs distinct, non-empty names).
+- Class names: duplicates, empty names and names that are not plain text (:func:`ssd.names.name_problem`: control
+  characters, lone surrogates, over :data:`ssd.limits.MAX_NAME_CHARS`) are errors.
 - A split that yields no images, no label file for any image, no object, or no trainable object (all difficult or
   crowd) is an error naming what was looked for and where.
 - A class with no trainable object in ``train`` is an error when no split has it, a warning when only another split
@@ -22,11 +23,14 @@ from pathlib import Path
 from ssd.data.images import IMAGE_SUFFIXES
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
 from ssd.data.yolo import label_path
+from ssd.limits import value_text
+from ssd.names import name_problem
 
 __all__ = ["dataset_issues", "DATASET_RULES"]
 
-DATASET_RULES = frozenset({"duplicate_class_names", "empty_class_name", "empty_split", "no_valid_images",
-                           "no_labels", "no_objects_in_split", "no_trainable_objects", "class_without_objects"})
+DATASET_RULES = frozenset({"duplicate_class_names", "empty_class_name", "invalid_class_name", "empty_split",
+                           "no_valid_images", "no_labels", "no_objects_in_split", "no_trainable_objects",
+                           "class_without_objects"})
 """Error codes about the dataset as a whole (a split, a class): ``skip_invalid`` cannot drop them."""
 
 _LOOKED_FOR = {
@@ -126,6 +130,9 @@ def _name_issues(spec: DatasetSpec) -> list[Issue]:
         if not name.strip():
             issues.append(Issue("error", "empty_class_name", f"{source}: class name {index} is empty "
                                 f"({name!r}): every class needs a name", source))
+        elif (problem := name_problem(name)) is not None:
+            issues.append(Issue("error", "invalid_class_name", f"{source}: class name {index} "
+                                f"{value_text(name)} {problem}", source))
     return issues
 
 

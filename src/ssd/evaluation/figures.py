@@ -8,11 +8,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from matplotlib import rc_context
 from matplotlib.figure import Figure
 from torch import Tensor
 
 from ssd.evaluation.errors import DETECTION_TYPES, OBJECT_STATES
-from ssd.plots import class_color, draw_detections
+from ssd.plots import PLAIN_TEXT, class_color, draw_detections
 
 __all__ = ["BOX_KINDS", "plot_confidence_curves", "plot_confusion", "draw_errors"]
 
@@ -29,6 +30,7 @@ def _save(fig: Figure, out: Path) -> Path:
     return out
 
 
+@rc_context(PLAIN_TEXT)  # made and saved with names as plain text
 def plot_confidence_curves(point: Mapping[str, Any], out_png: str | Path) -> Path:
     """Precision, recall and F1 against confidence (:func:`ssd.evaluation.curves.operating_point`): one thin line
     per class with objects, the overall mean thick, its best-F1 confidence marked."""
@@ -52,6 +54,7 @@ def plot_confidence_curves(point: Mapping[str, Any], out_png: str | Path) -> Pat
     return _save(fig, Path(out_png))
 
 
+@rc_context(PLAIN_TEXT)  # made and saved with names as plain text
 def plot_confusion(matrix: Mapping[str, Any], out_png: str | Path, normalized: bool = False) -> Path:
     """Heat map of :func:`ssd.evaluation.confusion.confusion_matrix` (rows: true class, columns: prediction), counts
     or row-normalized shares written in the cells (up to 30 classes)."""

@@ -1,0 +1,48 @@
+"""Names are data: the one check of a class name or a file name a user's files hold, and the one way to show one.
+
+A dataset, a data YAML or a checkpoint can hold any text as a name. Printed as it is, an ESC, BEL or CR would clear
+the screen or rewrite the lines before it, a bidirectional override would reorder what is read, and a lone surrogate
+cannot be written as UTF-8 at all (a traceback far from the file that held it). Every reader checks its names with
+:func:`name_problem` where it reads them (:mod:`ssd.data.rules` for a dataset's class names, :mod:`ssd.data.check`
+for its image files, :func:`ssd.models.build.checked_class_names` for a checkpoint's or the caller's), and every
+message shows a name through :func:`printable` (or ``repr``).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from ssd.limits import MAX_NAME_CHARS
+
+__all__ = ["name_problem", "printable"]
+
+_REFUSED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})  # control, format, surrogate, line and paragraph separators
+_JOINERS = frozenset({"\u200c", "\u200d"})  # zero-width (non-)joiners: part of writing some languages, and of emoji
+
+
+def name_problem(name: str, max_chars: int | None = MAX_NAME_CHARS) -> str | None:
+    """Why ``name`` cannot be used as it is, as a rule to append to the name in a message, or ``None`` when it can:
+    a control or format character (Unicode categories Cc, Cf, Zl, Zp: ESC, BEL, CR, a bidirectional override; the
+    zero-width joiners are allowed), a lone surrogate, or more than ``max_chars`` characters (``None``: no bound,
+    for file names, which the file system bounds)."""
+    if max_chars is not None and len(name) > max_chars:
+        return f"is {len(name)} characters long: at most {max_chars} (ssd.limits.MAX_NAME_CHARS)"
+    if name.isprintable():  # the common case, in C: no character of the refused categories
+        return None
+    for char in name:
+        category = unicodedata.category(char)
+        if category == "Cs":
+            return f"holds a lone surrogate U+{ord(char):04X}, which is not text (it cannot be written as UTF-8)"
+        if category in _REFUSED and char not in _JOINERS:
+            what = unicodedata.name(char, "a control character")
+            return (f"holds U+{ord(char):04X} ({what}), which would act on the terminal or the text around it instead "
+                    "of being shown: rename it")
+    return None
+
+
+def printable(text: str) -> str:
+    """``text`` as it may be shown on a terminal or in a file: every character that is not printable (a control or
+    format character, a lone surrogate, a line break) written as its escape (``\\x1b``, ``\\u202e``)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
