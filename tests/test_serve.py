@@ -4,10 +4,13 @@ import asyncio
 import contextlib
 import io
 import json
+import re
+import select
 import shutil
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import zlib
 
@@ -116,7 +119,8 @@ def test_predict_equals_detector_predict_exactly(server, detector, images):
     assert card["name"] == "ssd_tiny" and card["format"] == "torch"
     assert card["classes"] == ["circle", "square", "triangle"] and card["input_size"] == {"height": 128, "width": 128}
     assert card["thresholds"] == {"conf": 0.25, "conf_origin": "default", "iou": 0.45, "max_det": 100}
-    assert len(card["sha256"]) == 64 and card["operating_point"] is None
+    assert card["operating_point"] is None and card["file"] == "best.pt" and card["nms"] is None
+    assert card["checksum"] == (detector.card.checksum or {}).get("sha256")
 
 
 def test_concurrent_requests_are_each_answered_with_their_own_image(server, detector, images):
@@ -253,6 +257,25 @@ def test_page_renders_the_boxes_of_a_sample_in_headless_chromium(server, detecto
     assert first in dom and f"{expected.names[0]} {expected.scores[0]:.2f}</span>" in dom
 
 
+@pytest.mark.slow
+def test_ssd_serve_process_on_a_free_port_answers_as_detector_predict(tiny_checkpoint, detector, images):
+    process = subprocess.Popen([sys.executable, "-m", "ssd", "serve", "--weights", str(tiny_checkpoint), "--port", "0",
+                                "--max-batch", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert select.select([process.stdout], [], [], 120)[0], "no line from ssd serve within 120 s"
+        line = process.stdout.readline()  # printed once the socket listens: requests wait in its backlog
+        url = re.search(r"http://127\.0\.0\.1:\d+", line)
+        assert url is not None and "serving ssd_tiny (torch)" in line and "no batching" in line, line
+        with Client(url.group()) as client:
+            (result,) = client.predict(images[5])
+    finally:
+        process.terminate()  # uvicorn shuts down, then ends by the signal
+        process.wait(timeout=60)
+    expected = detector.predict(images[5])[0]
+    assert all(torch.equal(getattr(result, k), getattr(expected, k)) for k in ("boxes", "scores", "labels"))
+    assert process.stderr.read() == ""  # no warning on 127.0.0.1, no traceback
+
+
 def test_serving_beyond_this_machine_is_said():
     assert exposure_warning("127.0.0.1") is None and exposure_warning("::1") is None
     assert exposure_warning("localhost") is None
@@ -260,5 +283,12 @@ def test_serving_beyond_this_machine_is_said():
 
 
 def test_ssd_serve_refuses_a_bad_option_in_one_line(tiny_checkpoint, capsys):
-    assert main(["serve", "--weights", str(tiny_checkpoint), "--max-batch", "0"]) == 1
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "--weights", str(tiny_checkpoint), "--port", str(port)]) == 1
+        assert capsys.readouterr().err == (f"error: --host 127.0.0.1 --port {port}: cannot listen there "
+                                           "(Address already in use)\n")
+    assert main(["serve", "--weights", str(tiny_checkpoint), "--port", "0", "--max-batch", "0"]) == 1
     assert capsys.readouterr().err == "error: max_batch must be a positive integer, got 0\n"

@@ -71,17 +71,17 @@ def parse_options(items: Sequence[tuple[str, str]], detector: Detector, defaults
     conf = _number(given, "conf", float, defaults.score_threshold)
     iou = _number(given, "iou", float, defaults.iou_threshold)
     max_det = _number(given, "max_det", int, defaults.max_detections)
+    classes = None
     try:
         check_thresholds(conf, iou, max_det, names=_THRESHOLD_NAMES)
-        classes = detector.class_indices([c.strip() for c in given["classes"].split(",")]) if "classes" in given \
-            else None
+        if "classes" in given:
+            classes = tuple(sorted(set(detector.class_indices([c.strip() for c in given["classes"].split(",")]))))
     except ConfigError as e:
         raise RequestError(str(e)) from None
     draw = given.get("draw", "0").lower()
     if draw not in ("0", "1", "true", "false"):
         raise RequestError(f"draw must be 1 or 0 (true or false), got {value_text(given['draw'])}")
-    return PredictOptions(conf, iou, max_det, None if classes is None else tuple(sorted(set(classes))),
-                          draw in ("1", "true"))
+    return PredictOptions(conf, iou, max_det, classes, draw in ("1", "true"))
 
 
 def _number(given: dict[str, str], name: str, kind: type, default: float | int) -> float | int:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import socket
 import warnings
 from pathlib import Path
 
 from ssd._utils import require
-from ssd.settings import PREDICT
+from ssd.settings import PREDICT, ConfigError
 
 __all__ = ["ServeWarning", "serve", "exposure_warning", "DEFAULT_HOST", "DEFAULT_PORT"]
 
@@ -40,25 +42,39 @@ def serve(weights: str | Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_
           samples: str | Path | None = None) -> None:
     """Serve ``weights`` (anything :func:`ssd.inference.pipeline.load` opens) on ``host:port`` until interrupted.
 
-    See :func:`ssd.serve.app.create_app` for the routes and the other options. A host other than a loopback address
-    is served with a :class:`ServeWarning`."""
+    The port is taken before the model is opened (a port in use fails at once; port 0 takes a free one), and the
+    line ``serving ... on http://HOST:PORT ...`` is printed once it accepts connections. See
+    :func:`ssd.serve.app.create_app` for the routes and the other options. A host other than a loopback address is
+    served with a :class:`ServeWarning`."""
     uvicorn = require("uvicorn", "serve", "ssd serve")
     require("fastapi", "serve", "ssd serve")
     from ssd.inference.pipeline import load
     from ssd.serve.app import create_app
 
-    detector = load(weights, device=device, half=half)
-    app = create_app(detector, score_threshold=score_threshold, iou_threshold=iou_threshold,
-                     max_detections=max_detections, max_batch=max_batch, max_wait_ms=max_wait_ms, samples=samples)
-    warning = exposure_warning(host)
-    if warning is not None:
-        warnings.warn(ServeWarning(warning), stacklevel=2)
-    conf = app.state.card["thresholds"]
-    batching = f"batches of up to {max_batch} within {max_wait_ms:g} ms" if max_batch > 1 else "no batching"
-    print(f"serving {detector.card.model_name} ({detector.backend.name}) on http://{_url_host(host)}:{port} "
-          f"(conf {conf['conf']:g}: {conf['conf_origin']}; {batching})", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False)
+    with _listen(host, port) as sock:
+        detector = load(weights, device=device, half=half)
+        app = create_app(detector, score_threshold=score_threshold, iou_threshold=iou_threshold,
+                         max_detections=max_detections, max_batch=max_batch, max_wait_ms=max_wait_ms,
+                         samples=samples)
+        warning = exposure_warning(host)
+        if warning is not None:
+            warnings.warn(ServeWarning(warning), stacklevel=2)
+        conf = app.state.card["thresholds"]
+        batching = f"batches of up to {max_batch} within {max_wait_ms:g} ms" if max_batch > 1 else "no batching"
+        url_host = f"[{host}]" if ":" in host else host
+        print(f"serving {detector.card.model_name} ({detector.backend.name}) on "
+              f"http://{url_host}:{sock.getsockname()[1]} (conf {conf['conf']:g}: {conf['conf_origin']}; {batching})",
+              flush=True)
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
 
 
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (connections wait in its backlog until the server accepts them)."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--port must be in 0..65535 (0: a free port), got {port}")
+    try:
+        return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+                                    backlog=2048)
+    except OSError as e:
+        raise ConfigError(f"--host {host} --port {port}: cannot listen there "
+                          f"({os.strerror(e.errno) if e.errno else e})") from None
