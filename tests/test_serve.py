@@ -13,6 +13,8 @@ import subprocess
 import sys
 import threading
 import zlib
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,12 +26,15 @@ httpx = pytest.importorskip("httpx", reason="ssd.client needs the [serve] extra:
 
 import uvicorn  # noqa: E402
 
+from ssd.card import ModelCard  # noqa: E402
 from ssd.cli import main  # noqa: E402
 from ssd.client import Client, ServerError  # noqa: E402
 from ssd.inference.pipeline import load  # noqa: E402
 from ssd.limits import MAX_UPLOAD_BYTES  # noqa: E402
 from ssd.serve.app import create_app  # noqa: E402
+from ssd.serve.card import model_card  # noqa: E402
 from ssd.serve.server import exposure_warning  # noqa: E402
+from ssd.settings import Thresholds  # noqa: E402
 
 CONCURRENT = 32
 TOP = 3  # detections compared per image in the concurrency test (max_det)
@@ -274,6 +279,20 @@ def test_ssd_serve_process_on_a_free_port_answers_as_detector_predict(tiny_check
     expected = detector.predict(images[5])[0]
     assert all(torch.equal(getattr(result, k), getattr(expected, k)) for k in ("boxes", "scores", "labels"))
     assert process.stderr.read() == ""  # no warning on 127.0.0.1, no traceback
+
+
+def test_the_model_card_of_an_export_has_its_checksum_and_nms_thresholds():
+    card = ModelCard("ssd_tiny", ("cat", "dog"), (64, 80), (0.5, 0.4, 0.3), (0.2, 0.2, 0.25), (0.1, 0.2), (3, 7),
+                     {"score_threshold": 0.3, "precision": 0.5, "recall": 0.25, "f1": 0.33, "split": "val"},
+                     Thresholds(0.25, 0.45, 50), "int8").sealed("abc")
+    backend = SimpleNamespace(card=card, name="onnx", source=Path("runs/best.int8.onnx"))
+    assert model_card(backend) == {
+        "name": "ssd_tiny", "format": "onnx", "classes": ["cat", "dog"], "category_ids": [3, 7],
+        "input_size": {"height": 64, "width": 80},
+        "operating_point": {"score_threshold": 0.3, "precision": 0.5, "recall": 0.25, "f1": 0.33, "split": "val"},
+        "nms": {"conf": 0.25, "iou": 0.45, "max_det": 50}, "precision": "int8", "file": "best.int8.onnx",
+        "checksum": card.checksum["sha256"]}
+    assert len(card.checksum["sha256"]) == 64
 
 
 def test_serving_beyond_this_machine_is_said():
