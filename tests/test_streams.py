@@ -3,12 +3,16 @@ server on 127.0.0.1 (bounded in requests and time) and video files read as strea
 every frame read is either taken or counted as dropped."""
 
 import http.server
+import json
 import socket
 import threading
 
 import numpy as np
 import pytest
 
+from ssd.cli import main
+from ssd.inference.pipeline import load
+from ssd.inference.sources import predict_source
 from ssd.inference.streams import (
     StreamError,
     StreamGroup,
@@ -18,6 +22,8 @@ from ssd.inference.streams import (
     stream_name,
     video_frames,
 )
+from ssd.inference.writers import read_jsonl
+from ssd.settings import ConfigError
 
 cv2 = pytest.importorskip("cv2")
 
@@ -34,20 +40,25 @@ def frame_number(image) -> int:
 
 
 class MjpegServer:
-    """Serves ``count`` JPEG frames as one multipart/x-mixed-replace response to each of ``requests`` requests on
-    127.0.0.1, then stops listening; each wait for a request gives up after 10 s."""
+    """Serves ``count`` JPEG frames (:func:`grey` of ``i % GREYS``) as one multipart/x-mixed-replace response to
+    each of ``requests`` requests on 127.0.0.1, then stops listening; each wait for a request gives up after 10 s,
+    and a response ends early when the client leaves."""
 
     def __init__(self, count: int, requests: int = 1):
-        frames = [cv2.imencode(".jpg", grey(i))[1].tobytes() for i in range(count)]
+        jpegs = [cv2.imencode(".jpg", grey(i))[1].tobytes() for i in range(min(count, GREYS))]
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 self.send_response(200)
                 self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
                 self.end_headers()
-                for jpeg in frames:
-                    self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n"
-                                     % (len(jpeg), jpeg))
+                for i in range(count):
+                    jpeg = jpegs[i % GREYS]
+                    try:
+                        self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n"
+                                         % (len(jpeg), jpeg))
+                    except (BrokenPipeError, ConnectionResetError):
+                        return
 
             def log_message(self, *args):
                 pass
@@ -168,3 +179,67 @@ def test_bad_sources_say_what_is_wrong(tmp_path):
         port = s.getsockname()[1]
     with pytest.raises(StreamError, match=rf"cannot open 'http://127.0.0.1:{port}/x': unreachable"):
         StreamGroup([f"http://127.0.0.1:{port}/x"])
+
+
+def test_predict_on_a_streams_file_writes_each_stream(tiny_checkpoint, tmp_path):
+    write_video(tmp_path / "a.avi", 8)
+    write_video(tmp_path / "b.avi", 5)
+    listing = tmp_path / "two.streams"
+    listing.write_text(f"{tmp_path / 'a.avi'}\n{tmp_path / 'b.avi'}\n")
+    summary = predict_source(load(tiny_checkpoint), listing, tmp_path / "out", progress=False)
+    assert summary.stopped is None and summary.streams == 2
+    assert summary.live_frames + summary.dropped == 13
+    records = list(read_jsonl(summary.save_dir / "predictions.jsonl"))
+    assert len(records) == summary.live_frames
+    assert {r["file"] for r in records} <= {str(tmp_path / "a.avi"), str(tmp_path / "b.avi")}
+    assert [r["frame"] for r in records if r["file"].endswith("b.avi")][-1] == 4  # a stream's last frame is kept
+    drawn = cv2.VideoCapture(str(summary.save_dir / "b.mp4"))
+    assert drawn.get(cv2.CAP_PROP_FRAME_COUNT) == len([r for r in records if r["file"].endswith("b.avi")])
+    drawn.release()
+    assert f"{summary.live_frames} frames of 2 live streams ({summary.dropped} more dropped" in str(summary)
+
+
+def test_predict_cli_on_a_stream_that_stops(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("ssd.inference.streams.RECONNECT_DELAY", 0.0)
+    with MjpegServer(GREYS) as server:
+        code = main(["predict", "--weights", str(tiny_checkpoint), "--source", server.url, "--save-dir",
+                     str(tmp_path / "out"), "--track"])
+    err = capsys.readouterr().err
+    assert code == 1 and "/feed' stopped after 20 frames and did not come back (3 reconnection attempts" in err
+    records = json.loads((tmp_path / "out" / "predictions.json").read_text())["images"]  # written all the same
+    assert 1 <= len(records) <= GREYS and all(r["file"] == server.url for r in records)
+    assert all("track_id" in d for r in records for d in r["detections"])
+    assert (tmp_path / "out" / "127.0.0.1_{}_feed.mp4".format(server.url.split(":")[2].split("/")[0])).is_file()
+
+
+def test_ctrl_c_stops_a_live_run_with_valid_outputs(tiny_checkpoint, tmp_path):
+    detector = load(tiny_checkpoint)
+    detect, calls = detector.detect, []
+
+    def interrupted(*args, **kwargs):  # the user presses Ctrl-C while the third frame is being detected
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return detect(*args, **kwargs)
+
+    detector.detect = interrupted
+    with MjpegServer(10_000) as server:  # a stream that goes on until the run stops reading it
+        summary = predict_source(detector, server.url, tmp_path / "out", progress=False)
+    assert summary.stopped == "Ctrl-C" and summary.live_frames == 2
+    assert len(json.loads(summary.results_file.read_text())["images"]) == 2
+    assert not [t for t in threading.enumerate() if t.name.startswith("ssd-stream-")]
+
+
+def test_live_source_errors_come_before_any_output(tiny_checkpoint, tmp_path, monkeypatch):
+    detector = load(tiny_checkpoint)
+    with pytest.raises(StreamError, match="camera 9 cannot be opened"):
+        predict_source(detector, "9", tmp_path / "out", progress=False)
+    empty = tmp_path / "empty.streams"
+    empty.write_text("")
+    with pytest.raises(StreamError, match="no sources in the streams file"):
+        predict_source(detector, empty, tmp_path / "out", progress=False)
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    with pytest.raises(ConfigError, match="--show needs a display, and there is none here"):
+        predict_source(detector, write_video(tmp_path / "a.avi", 2), tmp_path / "out", show=True)
+    assert not (tmp_path / "out").exists()

@@ -1,11 +1,14 @@
 """Tracking (ssd.inference.tracking, Detector.track): ByteTrack ids on results whose boxes move by known amounts,
 the --tracker YAML, and ids and trails drawn on frames."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from conftest import biased_model
+from ssd.cli import main
 from ssd.inference.pipeline import Detector, Result
 from ssd.inference.tracking import TRAIL_LENGTH, Tracker, tracker_settings
 from ssd.plots import class_color, draw_detections
@@ -123,3 +126,32 @@ def test_drawn_ids_and_trails():
                                 line_width=3)
     assert tuple(untracked[:, 20, 80].tolist()) == (255, 255, 255)  # no trail for an untracked box
     assert tuple(untracked[:, 75, 120].tolist()) == class_color(0)
+
+
+def test_predict_track_on_a_video_a_folder_and_one_image(tiny_checkpoint, tmp_path, capsys):
+    video = still_video(tmp_path / "still.avi")
+    settings = tmp_path / "bytetrack.yaml"
+    settings.write_text("track_activation_threshold: 0.0\nhigh_conf_det_threshold: 0.0\n"
+                        "minimum_consecutive_frames: 1\n")
+    assert main(["predict", "--weights", str(tiny_checkpoint), "--source", str(video), "--save-dir",
+                 str(tmp_path / "v"), "--track", "--tracker", str(settings), "--max-det", "4"]) == 0
+    frames = json.loads((tmp_path / "v" / "predictions.json").read_text())["images"]
+    assert [[d["track_id"] for d in f["detections"]] for f in frames] == [[-1] * 4] + [[0, 1, 2, 3]] * 5
+    assert (tmp_path / "v" / "still.mp4").is_file()
+
+    folder = tmp_path / "frames"
+    folder.mkdir()
+    for i in range(3):
+        cv2.imwrite(str(folder / f"{i:03d}.png"), np.full((64, 96, 3), 90, np.uint8))
+    assert main(["predict", "--weights", str(tiny_checkpoint), "--source", str(folder), "--save-dir",
+                 str(tmp_path / "f"), "--track", "--tracker", str(settings), "--max-det", "4"]) == 0
+    assert "--track: the 3 images are tracked as one sequence of frames, in name order" in capsys.readouterr().out
+    images = json.loads((tmp_path / "f" / "predictions.json").read_text())["images"]
+    assert [[d["track_id"] for d in f["detections"]] for f in images] == [[-1] * 4] + [[0, 1, 2, 3]] * 2
+
+    one = folder / "000.png"
+    assert main(["predict", "--weights", str(tiny_checkpoint), "--source", str(one), "--track"]) == 1
+    assert "track follows objects across the frames of a video or a stream, and" in capsys.readouterr().err
+    assert main(["predict", "--weights", str(tiny_checkpoint), "--source", str(video), "--tracker",
+                 str(settings)]) == 1
+    assert "sets up tracking: give track too (--track --tracker" in capsys.readouterr().err

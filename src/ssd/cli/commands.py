@@ -70,8 +70,15 @@ def _cmd_predict(args: argparse.Namespace) -> int:
                              save_images=args.save_images,
                              fmt=args.fmt, exist_ok=args.exist_ok, tile=args.tile, tile_overlap=overlap,
                              save_txt=args.save_txt, save_conf=args.save_conf, save_crop=args.save_crop,
-                             classes=args.classes, workers=args.workers)
+                             classes=args.classes, workers=args.workers, track=args.track, tracker=args.tracker,
+                             show=args.show)
     print(summary)
+    if summary.stopped == "Ctrl-C":
+        print("stopped by Ctrl-C; the results so far are written", file=sys.stderr)
+        return 130
+    if summary.stopped is not None:
+        print(f"error: {summary.stopped}", file=sys.stderr)
+        return 1
     if summary.skipped and not (summary.images or summary.videos):
         print(f"error: none of the {len(summary.skipped)} inputs could be read", file=sys.stderr)
         return 1

@@ -75,7 +75,9 @@ def _add_predict_parser(sub) -> None:
     p.add_argument("--weights", required=True, type=Path,
                    help="checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml or its folder, "
                         ".pt2")
-    p.add_argument("--source", required=True, help="image, folder (subfolders included), glob or video file")
+    p.add_argument("--source", required=True,
+                   help="image, folder (subfolders included), glob, video file, camera index (0), rtsp:// or "
+                        "http(s):// stream, or a .streams file (one camera or URL a line)")
     add_threshold_options(p, PREDICT, "", model_conf=True)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto")
@@ -91,6 +93,12 @@ def _add_predict_parser(sub) -> None:
     p.add_argument("--save-crop", action="store_true", help="one image per detection in SAVE_DIR/crops/CLASS")
     p.add_argument("--classes", nargs="+", metavar="CLASS", help="keep only these classes (names or labels 0..K-1)")
     p.add_argument("--workers", type=int, default=2, help="threads decoding images ahead (0: in the main thread)")
+    p.add_argument("--track", action="store_true",
+                   help="track objects across video and stream frames (ByteTrack): ids in every output and drawn "
+                        "with a trail; a folder of images is tracked as one sequence in name order")
+    p.add_argument("--tracker", type=Path, metavar="YAML",
+                   help="ByteTrack settings for --track (keys: see ssd.inference.tracking)")
+    p.add_argument("--show", action="store_true", help="show the drawn frames in a window (needs a display)")
     add_tile_options(p)
 
 

@@ -1,4 +1,5 @@
-"""``ssd predict``'s front end: :func:`predict_source` over an image, a folder, a glob or a video, writing drawn
+"""``ssd predict``'s front end: :func:`predict_source` over an image, a folder, a glob, a video or live streams
+(:mod:`ssd.inference.streams`), optionally tracking objects (:mod:`ssd.inference.tracking`), writing drawn
 copies and the results as they come (:class:`ssd.inference.writers.PredictionWriter`; the detections themselves come
 from :class:`ssd.inference.pipeline.Detector`, image files decoded ahead in threads by
 :func:`ssd.inference.prefetch.decode_files`).
@@ -13,22 +14,24 @@ from __future__ import annotations
 
 import glob
 import os
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
-import numpy as np
-import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from ssd._utils import require
 from ssd.data.images import IMAGE_SUFFIXES, is_image
 from ssd.files import check_output, check_outputs, make_run_dir
-from ssd.inference.pipeline import Detector, Result
+from ssd.inference.display import open_window
+from ssd.inference.frames import draw_result, predict_live, predict_video
+from ssd.inference.pipeline import Detector
 from ssd.inference.prefetch import DECODE_WORKERS, decode_files
 from ssd.inference.result_files import check_format
+from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
 from ssd.inference.tiling import TILE_OVERLAP, check_tile
+from ssd.inference.tracking import Tracker, tracker_settings
 from ssd.inference.writers import PredictionWriter, exclude_save_dirs
 from ssd.settings import PREDICT, ConfigError, check_thresholds
 
@@ -49,11 +52,19 @@ class PredictSummary:
     detections: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    streams: int = 0
+    live_frames: int = 0
+    dropped: int = 0
+    stopped: str | None = None
+    """Why live streams ended before their end: ``"Ctrl-C"`` or the :class:`StreamError` of the one that failed."""
 
     def __str__(self) -> str:
         done = f"{self.images} image{'s' * (self.images != 1)}"
         if self.videos:
             done += f", {self.videos} video{'s' * (self.videos != 1)} ({self.frames} frames)"
+        if self.streams:
+            done += (f", {self.live_frames} frames of {self.streams} live stream{'s' * (self.streams != 1)} "
+                     f"({self.dropped} more dropped while the model was busy)")
         lines = [f"{done}, {self.detections} detections -> {self.results_file}", *self.notes]
         if self.skipped:
             lines.append(f"skipped {len(self.skipped)} unreadable file{'s' * (len(self.skipped) != 1)}:")
@@ -90,15 +101,20 @@ def resolve_source(source: str | Path) -> list[Path]:
     return files
 
 
-def output_paths(files: list[Path], save_dir: Path) -> dict[Path, Path]:
+def output_paths(files: list[Path | str], save_dir: Path) -> dict[Path | str, Path]:
     """Where the drawn copy of each input goes: ``save_dir`` / its path relative to the inputs' common folder
-    (videos as ``.mp4``); a name taken twice gets ``_2``, ``_3``, ... before its suffix."""
-    root = os.path.commonpath([os.path.abspath(f.parent) for f in files])
+    (videos as ``.mp4``), a live source (a string, :func:`~ssd.inference.streams.is_live`) as
+    ``save_dir / <stream_name>.mp4``; a name taken twice gets ``_2``, ``_3``, ... before its suffix."""
+    local = [Path(f) for f in files if not (isinstance(f, str) and is_live(f))]
+    root = os.path.commonpath([os.path.abspath(f.parent) for f in local]) if local else ""
     taken: set[Path] = set()
     plan = {}
     for file in files:
-        relative = Path(os.path.relpath(os.path.abspath(file), root))
-        first = out = save_dir / (relative.with_suffix(".mp4") if is_video(file) else relative)
+        if isinstance(file, str) and is_live(file):
+            relative = Path(f"{stream_name(file)}.mp4")
+        else:
+            relative = Path(os.path.relpath(os.path.abspath(file), root))
+        first = out = save_dir / (relative.with_suffix(".mp4") if is_video(Path(file)) else relative)
         index = 1
         while out in taken:  # e.g. clip.avi and clip.mkv, both drawn as clip.mp4
             index += 1
@@ -108,8 +124,8 @@ def output_paths(files: list[Path], save_dir: Path) -> dict[Path, Path]:
     return plan
 
 
-def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, detector: Detector, outputs: dict
-             ) -> tuple[dict[Path, Path], PredictionWriter]:
+def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: Detector, outputs: dict
+             ) -> tuple[dict[Path | str, Path], PredictionWriter]:
     """The output of every input and the run's writer in the save directory (a fresh ``name``, ``name2``, ...
     unless ``exist_ok``); refuses, before creating anything, a plan in which an output is one of the inputs (the same
     file: hard links and symlinks included) or ``save_dir`` is a file."""
@@ -117,7 +133,7 @@ def _prepare(files: list[Path], save_dir: Path, exist_ok: bool, detector: Detect
     if not exist_ok:
         save_dir = make_run_dir(save_dir.parent, save_dir.name)
     plan = output_paths(files, save_dir)
-    writer = PredictionWriter(save_dir, {file: out.relative_to(save_dir) for file, out in plan.items()},
+    writer = PredictionWriter(save_dir, {Path(file): out.relative_to(save_dir) for file, out in plan.items()},
                               detector.class_names, category_ids=detector.category_ids,
                               model_version=detector.card.model_name or "ssd", **outputs)
     check_outputs(plan.values(), inputs=files, what="--save-dir output")
@@ -146,8 +162,11 @@ def predict_source(
     save_crop: bool = False,
     classes: list[int | str] | None = None,
     workers: int = DECODE_WORKERS,
+    track: bool = False,
+    tracker: str | Path | None = None,
+    show: bool = False,
 ) -> PredictSummary:
-    """Predict on an image, a folder, a glob or a video file and write the results to ``save_dir``.
+    """Predict on an image, a folder, a glob, a video file or live streams and write the results to ``save_dir``.
 
     ``save_dir`` is used as it is with ``exist_ok``, else as a fresh run directory (``save_dir``, or ``save_dir2``,
     ``save_dir3``, ... when taken). Images are decoded with :func:`ssd.data.images.read_image` by ``workers`` threads
@@ -167,14 +186,27 @@ def predict_source(
     listed in the summary. ``tile`` / ``tile_overlap``: tiled prediction of large images and video frames (see
     :meth:`Detector.predict`). ``score_threshold``: ``None`` is the model's best-F1 confidence, else
     ``settings.PREDICT``'s (:meth:`Detector.confidence`).
+
+    Live sources (a camera index, an ``rtsp://`` / ``http(s)://`` URL, a ``.streams`` file: see
+    :mod:`ssd.inference.streams`) run until they end, fail (:attr:`PredictSummary.stopped`, after reconnecting) or
+    Ctrl-C (the outputs stay valid): the newest frame of each, frames arriving while the model is busy dropped and
+    counted; each stream drawn as ``<stream_name>.mp4``. ``track``: ByteTrack ids (``tracker``: its YAML settings,
+    :func:`~ssd.inference.tracking.tracker_settings`), one tracker per video or stream, and the images of a folder
+    tracked as one sequence in name order (a single image has nothing to track: ``ConfigError``); ids go in every
+    output (``track_id``) and in the drawn frames, with a trail. ``show``: each drawn frame in a window
+    (:mod:`ssd.inference.display`; ``ConfigError`` when no window can open).
     """
     check_tile(tile, tile_overlap)
     check_format(fmt)
+    if tracker is not None and not track:
+        raise ConfigError(f"tracker {tracker} sets up tracking: give track too (--track --tracker {tracker})")
+    settings = tracker_settings(tracker) if track else None
     if save_conf and not save_txt:
         raise ConfigError("save_conf adds confidences to the labels of save_txt: give both (--save-txt --save-conf)")
     if workers < 0:
         raise ConfigError(f"workers must be 0 (decode in this thread) or more, got {workers}")
-    files, save_dirs = exclude_save_dirs(resolve_source(source))
+    live = live_sources(source) if is_live(source) else None
+    files, save_dirs = (live, []) if live is not None else exclude_save_dirs(resolve_source(source))
     for folder in save_dirs:
         print(f"not read: {folder}, a save folder of ssd predict (its files are outputs, never inputs)")
     if not files:
@@ -183,28 +215,43 @@ def predict_source(
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections,
                    tile=tile, tile_overlap=tile_overlap, classes=detector.class_indices(classes))
-    plan, writer = _prepare(files, Path(save_dir), exist_ok, detector,
-                            dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop))
-    summary = PredictSummary(writer.save_dir, writer.results_file)
-    outputs = plan if save_images else None
-    images = [f for f in files if not is_video(f)]
-    bar = tqdm(total=len(images), desc="images", unit="img", disable=not progress or not images)
-    with writer:  # also on Ctrl-C: the results so far are in the JSONL and the fmt file
-        decoded = decode_files(images, workers, ahead=2 * batch_size)
-        while chunk := list(islice(decoded, batch_size)):
-            _predict_images(detector, chunk, outputs, options, writer, summary, bar)
-            bar.update(len(chunk))
-        bar.close()
-        for video in (f for f in files if is_video(f)):
-            _predict_video(detector, video, outputs, batch_size, options, writer, summary, progress)
+    images = [f for f in files if live is None and not is_video(f)]
+    if track and images == files and len(images) == 1:
+        raise ConfigError(f"track follows objects across the frames of a video or a stream, and {images[0]} is one "
+                          f"image (a folder of images is tracked as one sequence, in name order)")
+    window = open_window() if show else None
+    # live sources open first: one that cannot be opened stops the run before anything is written
+    with StreamGroup(live) if live is not None else nullcontext() as group:
+        plan, writer = _prepare(files, Path(save_dir), exist_ok, detector,
+                                dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop))
+        summary = PredictSummary(writer.save_dir, writer.results_file)
+        outputs = plan if save_images else None
+        run = dict(outputs=outputs, options=options, results=writer, summary=summary, window=window)
+        if track and len(images) > 1:
+            print(f"--track: the {len(images)} images are tracked as one sequence of frames, in name order")
+        bar = tqdm(total=len(images), desc="images", unit="img", disable=not progress or not images)
+        with writer:  # also on Ctrl-C: the results so far are in the JSONL and the fmt file
+            if group is not None:
+                predict_live(detector, group, settings, progress, run)
+            decoded = decode_files(images, workers, ahead=2 * batch_size)
+            image_tracker = Tracker(**settings) if track else None
+            while chunk := list(islice(decoded, batch_size)):
+                _predict_images(detector, chunk, outputs, options, writer, summary, bar, image_tracker)
+                bar.update(len(chunk))
+            bar.close()
+            for video in (f for f in files if live is None and is_video(f)):
+                predict_video(detector, video, batch_size, settings, progress, run)
+    if window is not None:
+        window.close()
     summary.notes += writer.report()
     return summary
 
 
 def _predict_images(detector: Detector, chunk: list[tuple[Path, Tensor | Exception]],
                     outputs: dict[Path, Path] | None, options: dict, results: PredictionWriter,
-                    summary: PredictSummary, bar: tqdm) -> None:
-    """One batch of decoded image files; an unreadable one (its ``ValueError`` / ``OSError``) is skipped."""
+                    summary: PredictSummary, bar: tqdm, tracker: Tracker | None) -> None:
+    """One batch of decoded image files; an unreadable one (its ``ValueError`` / ``OSError``) is skipped. With a
+    ``tracker``, the images are the next frames of its sequence."""
     for path, error in chunk:
         if isinstance(error, Exception):
             summary.skip(path, error, bar)
@@ -213,65 +260,12 @@ def _predict_images(detector: Detector, chunk: list[tuple[Path, Tensor | Excepti
         return
     paths, decoded = [str(path) for path, _ in kept], [image for _, image in kept]
     for result, (path, image) in zip(detector.detect(decoded, paths, **options), kept):
+        if tracker is not None:
+            result = tracker.update(result, summary.images)
         results.write(result, image)
         summary.images += 1
         summary.detections += len(result.scores)
         if outputs is not None:
             from ssd.plots import save_image
 
-            save_image(_draw(image, result, detector.class_names), outputs[path])
-
-
-def _draw(image: Tensor, result: Result, class_names: list[str]) -> Tensor:
-    from ssd.plots import draw_detections
-
-    return draw_detections(image, result.boxes, result.labels, result.scores, class_names)
-
-
-def _read_frames(capture, count: int) -> list[Tensor]:
-    cv2 = require("cv2", "video", "reading video")
-
-    frames = []
-    while len(frames) < count:
-        ok, frame = capture.read()
-        if not ok:
-            break
-        frames.append(torch.from_numpy(cv2.cvtColor(frame, cv2.COLOR_BGR2RGB)).permute(2, 0, 1))
-    return frames
-
-
-def _predict_video(detector: Detector, path: Path, outputs: dict[Path, Path] | None, batch_size: int, options: dict,
-                   results: PredictionWriter, summary: PredictSummary, progress: bool) -> None:
-    """Frames read with OpenCV, run ``batch_size`` at a time, written to ``outputs[path]`` (mp4) with boxes."""
-    cv2 = require("cv2", "video", "reading video")
-
-    capture = cv2.VideoCapture(str(path))
-    writer = None
-    frames = 0
-    total = int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) if capture.isOpened() else 0
-    bar = tqdm(total=total or None, desc=path.name, unit="frame", disable=not progress)
-    try:
-        while capture.isOpened() and (chunk := _read_frames(capture, batch_size)):
-            for result, image in zip(detector.detect(chunk, [str(path)] * len(chunk), **options), chunk):
-                results.write(result, image, frames)
-                summary.detections += len(result.scores)
-                frames += 1
-                if outputs is not None:
-                    if writer is None:
-                        outputs[path].parent.mkdir(parents=True, exist_ok=True)
-                        fps, size = capture.get(cv2.CAP_PROP_FPS) or 25.0, (image.shape[-1], image.shape[-2])
-                        writer = cv2.VideoWriter(str(outputs[path]), cv2.VideoWriter_fourcc(*"mp4v"), fps, size)
-                    drawn = _draw(image, result, detector.class_names).permute(1, 2, 0).numpy()
-                    writer.write(cv2.cvtColor(np.ascontiguousarray(drawn), cv2.COLOR_RGB2BGR))
-            bar.update(len(chunk))
-    finally:
-        bar.close()
-        capture.release()
-        if writer is not None:
-            writer.release()
-    if frames == 0:
-        summary.skip(path, ValueError("cannot read any frame (not a video OpenCV can decode)"))
-        return
-    summary.videos += 1
-    summary.frames += frames
-
+            save_image(draw_result(image, result, detector.class_names, tracker), outputs[path])

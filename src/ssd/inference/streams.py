@@ -25,7 +25,7 @@ from ssd.limits import MAX_STREAMS, value_text
 
 __all__ = ["LIVE_SCHEMES", "RECONNECT_ATTEMPTS", "RECONNECT_DELAY", "STREAMS_SUFFIX", "Frame", "LiveStream",
            "StreamError", "StreamGroup", "is_live", "live_sources", "source_frames", "stream_name",
-           "video_frames"]
+           "video_fps", "video_frames"]
 
 LIVE_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "tcp://", "udp://", "srt://")
 STREAMS_SUFFIX = ".streams"
@@ -129,10 +129,11 @@ class LiveStream:
     at the end. A source with a known frame count (a video file) ends after it; any other ends only by failing."""
 
     def __init__(self, source: str, stream: int = 0, condition: threading.Condition | None = None, *,
-                 reconnect_attempts: int = RECONNECT_ATTEMPTS, reconnect_delay: float = RECONNECT_DELAY):
+                 reconnect_attempts: int | None = None, reconnect_delay: float | None = None):
         cv2 = require("cv2", "video", "reading cameras and streams")
         self.source, self.stream = source, stream
-        self.reconnect_attempts, self.reconnect_delay = reconnect_attempts, reconnect_delay
+        self.reconnect_attempts = RECONNECT_ATTEMPTS if reconnect_attempts is None else reconnect_attempts
+        self.reconnect_delay = RECONNECT_DELAY if reconnect_delay is None else reconnect_delay
         self.condition = condition or threading.Condition()
         self.frames = self.dropped = 0
         self.error: StreamError | None = None
@@ -231,6 +232,16 @@ def video_frames(path: str | Path, batch_size: int, stream: int = 0) -> Iterator
         capture.release()
     if index == 0:
         raise StreamError(f"{path}: cannot read any frame (not a video OpenCV can decode)")
+
+
+def video_fps(path: str | Path) -> float:
+    """The frame rate a video file announces, or 0."""
+    cv2 = require("cv2", "video", "reading video")
+    capture = cv2.VideoCapture(str(path))
+    try:
+        return capture.get(cv2.CAP_PROP_FPS) or 0.0
+    finally:
+        capture.release()
 
 
 def source_frames(source: str | Path, batch_size: int) -> Iterator[list[Frame]]:

@@ -56,6 +56,7 @@ def tracker_settings(path: str | Path | None) -> dict:
     """ByteTrack's arguments from the YAML file at ``path`` (``None``: the defaults of ``trackers``). Raises
     :class:`~ssd.settings.ConfigError` naming the file, the key, the value and the rule: an unknown key (with the
     closest ones), a value of the wrong type or out of range, a ``tracker_type`` other than ``bytetrack``."""
+    require("trackers", "track", "tracking")  # before any work, not at the first frame
     if path is None:
         return {}
     from ssd.yamlfile import safe_load
@@ -125,15 +126,18 @@ class Tracker:
         return replace(result, track_ids=torch.from_numpy(ids))
 
 
-def track_frames(detector: Detector, batches: Iterable[list[Frame]], settings: dict,
-                 **options) -> Iterator[tuple[Result, Frame, Tracker]]:
-    """Detect (``detector.detect(..., **options)``) and track each batch of frames, one :class:`Tracker` per stream:
-    yields each frame's result (``path`` the frame's source, ``track_ids`` set), the frame and its stream's tracker
-    (whose ``trails`` draw it)."""
+def track_frames(detector: Detector, batches: Iterable[list[Frame]], settings: dict | None,
+                 **options) -> Iterator[tuple[Result, Frame, Tracker | None]]:
+    """Detect (``detector.detect(..., **options)``) and track each batch of frames, one :class:`Tracker` per stream
+    with ByteTrack's ``settings`` (``None``: detect only): yields each frame's result (``path`` the frame's source,
+    ``track_ids`` set when tracking), the frame and its stream's tracker (whose ``trails`` draw it) or ``None``."""
     trackers: dict[int, Tracker] = {}
     for batch in batches:
         results = detector.detect([frame.image for frame in batch], [frame.source for frame in batch], **options)
         for result, frame in zip(results, batch):
+            if settings is None:
+                yield result, frame, None
+                continue
             if frame.stream not in trackers:
                 trackers[frame.stream] = Tracker(**settings)
             tracker = trackers[frame.stream]
