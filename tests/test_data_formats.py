@@ -108,6 +108,22 @@ def test_yolo_yaml(tmp_path, names):
     assert load_dataset(tmp_path).class_names == ["ant", "bee"]  # folder with a data.yaml
 
 
+@pytest.mark.parametrize("names, message", [
+    ("names:\n  0: ant\n  1: bee\n  1: wasp", r"data.yaml:7: YAML does not parse \(key '1' at line 7 is given twice "
+                                             r"\(first at line 6\): only one value can be meant\)"),
+    ("names:\n  0: ant\n  1.0: bee\n  1: wasp", r"key '1' at line 7 is given twice \(first at line 6 as '1.0'\)"),
+    ("names:\n  0: ant\n  1: bee\n  '1': wasp", r"'names' key 1 is given twice \('bee' and 'wasp'\): each class id "
+                                               "names one class"),
+    ("names:\n  0: ant\n  1.5: bee", r"'names' key 1.5 is not a class id \(keys must be whole numbers 0, 1, ...\)"),
+    ("names:\n  0: ant\n  true: bee", r"'names' key True is not a class id"),
+    ("names:\n  0: ant\n  2: bee", r"'names' keys must be 0..1 without gaps, got \[0, 2\]"),
+])
+def test_yolo_names_dict_with_colliding_float_or_missing_keys_is_refused_naming_the_key(tmp_path, names, message):
+    with pytest.raises(DataError, match=message) as info:
+        load_dataset(_yolo(tmp_path, names))
+    assert str(info.value).startswith(str(tmp_path / "data.yaml"))
+
+
 def test_yolo_class_list_mismatch_lists_both(tmp_path):
     with pytest.raises(DataError, match=r"\['ant'\].*disagree.*\['ant', 'bee'\]"):
         load_dataset(_yolo(tmp_path, "names: [ant, bee]"), class_names=["ant"])
@@ -364,7 +380,7 @@ def test_yolo_bom_and_crlf_in_labels_class_list_and_image_list(tmp_path):
 @pytest.mark.parametrize("yaml_text, message", [
     ("train: images/train\nnames: []", r"'names' is empty"),
     ("train: images/train\nnames: [a, b]\nnc: three", r"nc: 'three' disagrees with the 2 names"),
-    ("train: images/train\nnames: {a: x}", r"'names' keys must be class ids"),
+    ("train: images/train\nnames: {a: x}", r"'names' key 'a' is not a class id"),
     ("train: images/train\nnames: [[a], b]", r"'names' must be plain names \(text\), got \['a'\]"),
     ("train: images/train\nnames: [a]\npath: [1]", r"'path' must be a folder \(text\)"),
     ("- a\n- b", r"a YOLO data.yaml needs 'names'"),

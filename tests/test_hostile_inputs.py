@@ -68,6 +68,16 @@ def test_alias_bomb_in_config_file_is_a_config_error(tmp_path):
         TrainConfig.from_yaml(tmp_path / "config.yaml")
 
 
+def test_config_file_with_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    from ssd.settings import ConfigError
+    from ssd.training.config import TrainConfig
+
+    (tmp_path / "config.yaml").write_text("epochs: 3\nlr: 0.01\nepochs: 300\n")
+    with pytest.raises(ConfigError, match=r"config\.yaml: not valid YAML \(key 'epochs' at line 3 is given twice "
+                                          r"\(first at line 1\): only one value can be meant\)"):
+        TrainConfig.from_yaml(tmp_path / "config.yaml")
+
+
 def test_alias_bomb_in_priors_file_is_refused(tmp_path):
     from ssd.priors.io import load_priors
 

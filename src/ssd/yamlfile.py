@@ -15,12 +15,21 @@ from yaml.events import AliasEvent
 
 from ssd.limits import MAX_YAML_ALIASES, MAX_YAML_NODES
 
-__all__ = ["YAMLLimitError", "safe_load"]
+__all__ = ["YAMLLimitError", "YAMLDuplicateKeyError", "safe_load"]
 
 
 class YAMLLimitError(yaml.YAMLError):
     """A YAML document over :data:`ssd.limits.MAX_YAML_ALIASES` aliases or :data:`ssd.limits.MAX_YAML_NODES` nodes;
     ``problem_mark`` is where, as on PyYAML's own errors."""
+
+    def __init__(self, message: str, mark: Any) -> None:
+        super().__init__(message)
+        self.problem_mark = mark
+
+
+class YAMLDuplicateKeyError(yaml.YAMLError):
+    """A mapping that holds one key twice (``{1: a, 1: b}``, or ``1`` and ``1.0``): PyYAML would keep the last value
+    silently; ``problem_mark`` is the second key's place."""
 
     def __init__(self, message: str, mark: Any) -> None:
         super().__init__(message)
@@ -54,6 +63,23 @@ class _BoundedLoader(yaml.SafeLoader):
         self._sizes[id(node)] = self._nodes - start
         return node
 
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` overrides on purpose
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key: PyYAML's own error follows
+                continue
+            if first is not key_node:
+                mark, spelled = key_node.start_mark, "" if first.value == key_node.value else f" as {first.value!r}"
+                raise YAMLDuplicateKeyError(f"key {key_node.value!r} at line {mark.line + 1} is given twice (first at "
+                                            f"line {first.start_mark.line + 1}{spelled}): only one value can be meant",
+                                            mark)
+        return super().construct_mapping(node, deep)
+
     def _count(self, nodes: int, mark: Any) -> None:
         self._nodes += nodes
         if self._nodes > MAX_YAML_NODES:
@@ -67,6 +93,7 @@ def safe_load(stream: str | bytes | Any) -> Any:
 
     Raises:
         YAMLLimitError: (a ``yaml.YAMLError``) for too many aliases, too many expanded nodes or a recursive alias.
+        YAMLDuplicateKeyError: (a ``yaml.YAMLError``) for a mapping that holds one key twice.
         yaml.YAMLError: for text that does not parse.
     """
     loader = _BoundedLoader(stream)

@@ -43,11 +43,17 @@ def label_path(image: Path) -> Path:
 
 def _names(raw, source: Path) -> list[str]:
     if isinstance(raw, dict):
-        try:
-            by_id = {int(k): v for k, v in raw.items()}
-        except (TypeError, ValueError):
-            raise DataError(f"{source}: 'names' keys must be class ids 0, 1, ..., got {value_text(list(raw))}"
-                            ) from None
+        by_id: dict[int, object] = {}
+        for key, value in raw.items():  # whole numbers only: 1.5 or True would be cut to a class id silently
+            if isinstance(key, str) and key.isdigit() and key.isascii():
+                key = int(key)
+            if not isinstance(key, int) or isinstance(key, bool):
+                raise DataError(f"{source}: 'names' key {value_text(key)} is not a class id (keys must be whole "
+                                "numbers 0, 1, ...)")
+            if key in by_id:
+                raise DataError(f"{source}: 'names' key {key} is given twice ({value_text(by_id[key])} and "
+                                f"{value_text(value)}): each class id names one class")
+            by_id[key] = value
         keys = sorted(by_id)
         if keys != list(range(len(keys))):
             raise DataError(f"{source}: 'names' keys must be 0..{len(keys) - 1} without gaps, got {keys}")
