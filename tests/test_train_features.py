@@ -22,7 +22,7 @@ from ssd.evaluation.evaluator import evaluate, split_loader
 from ssd.loss import MultiBoxLoss
 from ssd.settings import ConfigError
 from ssd.training import trainer
-from ssd.training.callbacks import Callback
+from ssd.training.callbacks import Callback, CallbackError, EarlyStopping, check_callbacks
 from ssd.training.config import TrainConfig
 from ssd.training.ema import build_ema, ema_decay
 from ssd.training.trainer import train
@@ -110,6 +110,26 @@ def test_an_object_without_the_hooks_is_refused_before_anything_runs(shapes, tmp
                                         r"subclass ssd.training.callbacks.Callback"):
         train(data=str(shapes), epochs=1, project=str(tmp_path / "runs"), callbacks=[3], **TINY)
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_callback_class_given_instead_of_an_instance_is_refused_before_anything_runs(shapes, tmp_path):
+    with pytest.raises(CallbackError, match=r"callback EarlyStopping is a class: pass an instance of it, "
+                                            r"EarlyStopping\(\.\.\.\)"):
+        train(data=str(shapes), epochs=1, project=str(tmp_path / "runs"), callbacks=[EarlyStopping], **TINY)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_misspelled_hook_is_refused_naming_the_nearest_hook():
+    class Late(Callback):
+        def on_epoch_ends(self, trainer, row):
+            raise AssertionError("never called")
+
+    with pytest.raises(CallbackError, match=r"callback Late has a method on_epoch_ends, which is not a hook and would "
+                                            r"never be called; did you mean 'on_epoch_end', 'on_epoch_start', "
+                                            r"'on_val_end'\? \(a helper of its own needs a name that does not start "
+                                            r"with on_\)"):
+        check_callbacks([Late()])
+    check_callbacks([Callback(), EarlyStopping(3)])  # the library's own pass
 
 
 def test_without_tensorboard_the_run_goes_on_and_says_how_to_install_it(shapes, tmp_path, monkeypatch, capsys):

@@ -23,12 +23,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ssd._utils import did_you_mean
 from ssd.data.mosaic import close_mosaic_epochs, mosaic_probability
+from ssd.limits import value_text
 
 if TYPE_CHECKING:
     from ssd.training.trainer import Trainer
 
-__all__ = ["Callback", "EarlyStopping", "MosaicSchedule", "HOOKS", "check_callbacks"]
+__all__ = ["Callback", "EarlyStopping", "MosaicSchedule", "HOOKS", "CallbackError", "check_callbacks"]
 
 HOOKS = ("on_train_start", "on_epoch_start", "on_train_batch_end", "on_val_end", "on_epoch_end", "on_fit_end",
          "on_teardown")
@@ -94,10 +96,28 @@ class MosaicSchedule(Callback):
         self.probability = probability
 
 
+class CallbackError(ValueError, TypeError):
+    """A callback that cannot run as given (a ``TypeError`` too, as it was before it had a type of its own)."""
+
+
 def check_callbacks(callbacks: Sequence[Callback]) -> None:
-    """Refuse, before anything runs, an object that lacks one of the :data:`HOOKS`."""
+    """Refuse, before anything runs: a class given instead of an instance, an object that lacks one of the
+    :data:`HOOKS`, and a method named like a hook that is none (``on_epoch_ends`` would never be called), naming the
+    closest hooks.
+
+    Raises:
+        CallbackError: naming the callback, what is wrong and what to do.
+    """
     for callback in callbacks:
+        if isinstance(callback, type):
+            raise CallbackError(f"callback {callback.__name__} is a class: pass an instance of it, "
+                                f"{callback.__name__}(...)")
         missing = [hook for hook in HOOKS if not callable(getattr(callback, hook, None))]
         if missing:
-            raise TypeError(f"callback {callback!r} lacks {', '.join(missing)}: subclass "
-                            "ssd.training.callbacks.Callback")
+            raise CallbackError(f"callback {value_text(callback)} lacks {', '.join(missing)}: subclass "
+                                "ssd.training.callbacks.Callback")
+        for name in dir(callback):  # on_* is the hooks' name space: another name there is a typo or never called
+            if name.startswith("on_") and name not in HOOKS:
+                raise CallbackError(f"callback {type(callback).__name__} has a method {name}, which is not a hook "
+                                    f"and would never be called{did_you_mean(name, HOOKS)} (a helper of its own "
+                                    "needs a name that does not start with on_)")
