@@ -2,13 +2,18 @@
 made with ssd 0772225, tests/data/legacy*) still load and give the detections they gave then."""
 
 import gzip
+import importlib.util
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from ssd.card import ModelCard
 from ssd.inference.pipeline import load
+from ssd.settings import Thresholds
+from ssd.weights.checkpoint import CheckpointError
 
 DATA = Path(__file__).parent / "data"
 LEGACY = ["legacy.pt", "legacy.onnx", "legacy_nms.onnx"]
@@ -34,3 +39,123 @@ def test_files_written_before_the_card_load_and_detect_as_they_did(name, tmp_pat
     assert result.labels.tolist() == expected["labels"]
     assert result.scores.tolist() == pytest.approx(expected["scores"], abs=1e-5)
     assert torch.allclose(result.boxes, torch.tensor(expected["boxes"]), atol=1e-3, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------------ the type itself
+CARD = ModelCard("ssd_tiny", ("cat", "dog"), (64, 80), (0.5, 0.4, 0.3), (0.2, 0.2, 0.25), (0.1, 0.2), (3, 7),
+                 {"score_threshold": 0.3, "precision": 0.5, "recall": 0.25, "f1": 0.33, "split": "val"},
+                 Thresholds(0.25, 0.45, 100))
+
+
+def test_a_card_reads_back_from_its_dict_and_its_strings_field_for_field():
+    sealed = CARD.sealed("abc")
+    assert ModelCard.from_dict(sealed.to_dict(), "x") == sealed
+    strings = sealed.to_strings()
+    assert all(isinstance(v, str) for v in strings.values()) and strings["image_size"] == "[64, 80]"
+    assert ModelCard.from_strings(strings, "x") == sealed
+    assert CARD.replace(nms=None, image_size=64).to_dict()["image_size"] == 64  # square: an int, as exports wrote
+    assert CARD.replace(precision="int8").precision == "int8" and CARD.replace().checksum is None
+
+
+@pytest.mark.parametrize(("field", "value", "rule"), [
+    ("class_names", [], "a non-empty list of strings"),
+    ("image_size", [64, 0], "a side S or \\[H, W\\], each from 1 to 4096"),
+    ("mean", [0.5, "x", 0.5], "a list of 3 finite numbers"),
+    ("std", [1.0, 0.0, 1.0], "a list of 3 positive numbers"),
+    ("variances", [0.1, float("inf")], "a list of 2 positive numbers"),
+    ("max_det", 10**9, "an integer from 1 to 10000"),
+    ("precision", "int4", '"fp32" or "int8"'),
+])
+def test_the_validator_names_the_field_the_value_and_the_rule(field, value, rule):
+    with pytest.raises(ValueError, match=rf"^card\.json: {field}=.* is not {rule}; export the model again$"):
+        ModelCard.from_dict({**CARD.to_dict(), field: value}, "card.json")
+
+
+@pytest.mark.parametrize("field", list(CARD.fingerprints()))
+def test_the_checksum_refuses_an_edit_of_any_field_by_name(field):
+    strings = CARD.sealed("abc").to_strings()
+    other = {"model_name": "ssd300_vgg16", "class_names": '["dog", "cat"]', "category_ids": "[7, 3]",
+             "image_size": "[80, 64]", "mean": "[0.5, 0.4, 0.31]", "std": "[0.2, 0.2, 0.2]", "variances": "[0.2, 0.1]",
+             "operating_point": '{"score_threshold": 0.05, "precision": 0.5, "recall": 0.25, "f1": 0.33, '
+                                '"split": "val"}',
+             "nms": "false", "precision": '"int8"', "score_threshold": "0.3", "iou_threshold": "0.5",
+             "max_det": "10"}
+    edited = ModelCard.from_strings({**strings, field: other[field]}, "best.onnx")
+    with pytest.raises(ValueError, match=rf"^best\.onnx: {field} \(.*\) is not what was written with the model"):
+        edited.verify("abc", "best.onnx")
+    with pytest.raises(ValueError, match=r"the network \(weights or graph\) does not match"):
+        CARD.sealed("abc").verify("abd", "best.onnx")
+
+
+# ------------------------------------------------------------------------------- edits refused in every format
+POINT = {"score_threshold": 0.3, "precision": 0.5, "recall": 0.25, "f1": 0.33, "split": "val"}
+EDITS = {"class_names": ["b", "a", "c"], "category_ids": [9, 7, 3], "mean": [0.5, 0.5, 0.4], "std": [0.2, 0.3, 0.2],
+         "variances": [0.2, 0.1], "operating_point": {**POINT, "score_threshold": 0.05}, "image_size": [64, 80],
+         "precision": "int8"}
+CHECKPOINT_FIELDS = ["class_names", "category_ids", "mean", "std", "variances", "operating_point"]
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    """A 64 px ssd_tiny checkpoint with category ids and an operating point, exported to every format."""
+    from conftest import biased_model
+    from ssd.export.formats import export
+    from ssd.weights.checkpoint import save_checkpoint
+
+    folder = tmp_path_factory.mktemp("cards")
+    weights = save_checkpoint(folder / "best.pt", biased_model("ssd_tiny", image_size=64), category_ids=[3, 7, 9],
+                              operating_point=POINT)
+    made = {"pt": weights, "pt2": export(weights, "pt2")}
+    if importlib.util.find_spec("onnxruntime"):
+        made["onnx"] = export(weights, "onnx", check=False)
+    if importlib.util.find_spec("openvino"):
+        made["openvino"] = export(weights, "openvino", check=False)
+    return made
+
+
+def edited_copy(kind: str, path: Path, folder: Path, field: str, value) -> Path:
+    """A copy of the artifact with one field of its stored card changed, nothing else, in ``folder``."""
+    folder.mkdir()
+    if kind == "pt":
+        ckpt = torch.load(path, weights_only=True)
+        ckpt["card"][field] = value
+        torch.save(ckpt, folder / "edited.pt")
+        return folder / "edited.pt"
+    if kind == "onnx":
+        import onnx
+
+        proto = onnx.load(str(path))
+        next(p for p in proto.metadata_props if p.key == field).value = json.dumps(value)
+        onnx.save(proto, str(folder / "edited.onnx"))
+        return folder / "edited.onnx"
+    if kind == "openvino":
+        edited = shutil.copytree(path, folder / "edited_openvino")
+        meta = json.loads((edited / "metadata.json").read_text())
+        (edited / "metadata.json").write_text(json.dumps({**meta, field: json.dumps(value)}))
+        return edited
+    extra = {"ssd.json": ""}
+    program = torch.export.load(path, extra_files=extra)
+    torch.export.save(program, folder / "edited.pt2",
+                      extra_files={"ssd.json": json.dumps({**json.loads(extra["ssd.json"]), field: json.dumps(value)})})
+    return folder / "edited.pt2"
+
+
+@pytest.mark.parametrize("kind", ["pt", "onnx", "openvino", "pt2"])
+def test_an_edited_card_is_refused_naming_the_field_in_every_format(artifacts, tmp_path, kind):
+    if kind not in artifacts:
+        pytest.skip(f"the {kind} runtime is not installed")
+    assert load(artifacts[kind]).card.operating_point == POINT  # the unedited file loads
+    for field in CHECKPOINT_FIELDS if kind == "pt" else EDITS:
+        with pytest.raises(CheckpointError, match=rf"edited.*: {field} \(.*\) is not what was written with the "
+                                                  r"model \(the checksum of the model card differs\)"):
+            load(edited_copy(kind, artifacts[kind], tmp_path / field, field, EDITS[field]))
+
+
+@pytest.mark.parametrize("field", CHECKPOINT_FIELDS)
+def test_a_checkpoint_whose_contents_no_longer_match_its_card_is_refused_naming_the_field(artifacts, tmp_path, field):
+    ckpt = torch.load(artifacts["pt"], weights_only=True)
+    target = ckpt["config"] if field in ("mean", "std", "variances") else ckpt
+    target[field] = EDITS[field]
+    torch.save(ckpt, tmp_path / "edited.pt")
+    with pytest.raises(CheckpointError, match=rf"edited\.pt: its {field} \(.*\) is not the one of its model card"):
+        load(tmp_path / "edited.pt")

@@ -72,13 +72,9 @@ class TorchBackend:
 def open_torch(path: Path, device: torch.device, half: bool) -> TorchBackend:
     """A checkpoint of this library, or a foreign detector :func:`ssd.weights.load.read_weights` imports; its card
     (category ids and operating point included) is checked against the checksum stored with it."""
-    from ssd.weights.load import model_from_checkpoint, read_weights
+    from ssd.weights.load import model_from_checkpoint
 
-    try:
-        model = model_from_checkpoint(read_weights(path))
-    except CheckpointError as e:  # it names "the checkpoint": say which file
-        raise CheckpointError(f"{path}: {e}") from None
-    return TorchBackend(model, device, half, source=path)
+    return TorchBackend(model_from_checkpoint(path), device, half, source=path)  # its errors name the file
 
 
 def open_onnx(path: Path, device: torch.device, half: bool) -> OnnxBackend:

@@ -112,8 +112,8 @@ def _card_of(ckpt: Mapping[str, Any], source: str, error: type[Exception] = Chec
 
 
 def checkpoint_card(ckpt: Mapping[str, Any], source: str) -> ModelCard:
-    """The card of a checked checkpoint, after checking it against the one stored (naming a field that differs)
-    and against its checksum (the state dict and every field). A :data:`LEGACY_FORMATS` file has no card: it is
+    """The card of a checked checkpoint, after checking the one stored against its checksum (the state dict and
+    every field) and the contents against it (naming a field that differs). A :data:`LEGACY_FORMATS` file has no card: it is
     made from the contents.
 
     Raises:
@@ -125,6 +125,7 @@ def checkpoint_card(ckpt: Mapping[str, Any], source: str) -> ModelCard:
         raise CheckpointError(f"{source} has no model card (format {FORMAT} stores one): it was removed; save the "
                               "model again")
     stored = ModelCard.from_dict(ckpt["card"], f"{source}: card", CheckpointError)
+    stored.verify(network_digest("", ckpt["model"]), source, CheckpointError)
     ours, theirs = card.to_dict(), stored.to_dict()
     changed = [k for k in [*ours, *theirs] if k != "checksum" and ours.get(k) != theirs.get(k)]
     if changed:
@@ -132,7 +133,6 @@ def checkpoint_card(ckpt: Mapping[str, Any], source: str) -> ModelCard:
         raise CheckpointError(f"{source}: its {field} ({value_text(ours.get(field))}) is not the one of its model "
                               f"card ({value_text(theirs.get(field))}): the checkpoint was edited; save the model "
                               "again")
-    stored.verify(network_digest("", ckpt["model"]), source, CheckpointError)
     return card
 
 
