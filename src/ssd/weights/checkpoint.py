@@ -113,8 +113,8 @@ def _card_of(ckpt: Mapping[str, Any], source: str, error: type[Exception] = Chec
 
 def checkpoint_card(ckpt: Mapping[str, Any], source: str) -> ModelCard:
     """The card of a checked checkpoint, after checking the one stored against its checksum (the state dict and
-    every field) and the contents against it (naming a field that differs). A :data:`LEGACY_FORMATS` file has no card: it is
-    made from the contents.
+    every field) and the contents against it (naming a field that differs). A :data:`LEGACY_FORMATS` file has no
+    card: it is made from the contents.
 
     Raises:
         CheckpointError: naming ``source`` and the field, or saying that the weights changed."""
