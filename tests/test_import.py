@@ -6,6 +6,7 @@ import json
 import logging
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -553,3 +554,29 @@ def test_freeze_options():
         TrainConfig().update(freeze="all")
     with pytest.raises(ConfigError, match="freeze_epochs=-1 is invalid"):
         TrainConfig().update(freeze_epochs=-1)
+
+
+@pytest.mark.parametrize("name", ["model.onnx", "model.bin"])  # by its suffix, and by its first bytes
+def test_ssd_import_of_an_onnx_export_says_what_it_is_and_what_to_do(tmp_path, capsys, name):
+    import gzip
+
+    source = tmp_path / name
+    source.write_bytes(gzip.decompress((Path(__file__).parent / "data" / "legacy.onnx.gz").read_bytes()))
+    assert main(["import", str(source), "--output", str(tmp_path / "out.pt")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: {source} is not PyTorch weights: it is an ONNX model: ONNX exports of this library run "
+                   "as they are (ssd predict / ssd val / ssd benchmark --weights FILE.onnx) and are not converted "
+                   "back: give the PyTorch checkpoint (.pt) the export was made from")
+    assert not (tmp_path / "out.pt").exists()
+
+
+@pytest.mark.parametrize("head, what", [
+    (len(b'{"w": {}}').to_bytes(8, "little") + b'{"w": {}}', "a safetensors file: read it with safetensors.torch"),
+    (b"\x89HDF\r\n\x1a\n" + bytes(64), "an HDF5 file (Keras / TensorFlow weights)"),
+    (b"\x93NUMPY\x01\x00" + bytes(64), "a NumPy array file"),
+])
+def test_weights_of_another_framework_are_named_not_called_corrupt(tmp_path, head, what):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(head)
+    with pytest.raises(CheckpointError, match=rf"^{path} is not PyTorch weights: it is {re.escape(what)}"):
+        read_weights(path)

@@ -35,7 +35,7 @@ from ssd.card import OPERATING_POINT_KEYS, ModelCard, network_digest
 from ssd.card import check_operating_point as _check_point
 from ssd.files import atomic_write
 from ssd.limits import value_text
-from ssd.weights.identify import file_kind, identify
+from ssd.weights.identify import file_kind, foreign_format, identify
 
 __all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "read_file", "checked_checkpoint",
            "checkpoint_dict", "checkpoint_card", "check_operating_point", "OPERATING_POINT_KEYS", "LEGACY_FORMATS"]
@@ -194,6 +194,9 @@ def _refusal(path: Path, exc: BaseException) -> str:
     with path.open("rb") as f:
         head = f.read(_HEAD_BYTES)
     kind = file_kind(head)
+    foreign = foreign_format(head, path.suffix)
+    if foreign is not None:
+        return f"{path} is not PyTorch weights: it is {foreign}"
     if kind == "archive" and not zipfile.is_zipfile(path):
         return (f"{path} is truncated ({size} bytes, the end of the archive is missing): the save was interrupted "
                 "or the copy is incomplete")

@@ -29,7 +29,7 @@ from typing import Any, Literal
 from torch import Tensor
 
 __all__ = ["DETECTOR_FORMATS", "VOC_NAMES", "Identified", "coco_names", "coco_categories", "identify",
-           "state_dict_of", "few_keys", "file_kind"]
+           "state_dict_of", "few_keys", "file_kind", "foreign_format"]
 
 DETECTOR_FORMATS: dict[str, str] = {
     "ssd.pytorch": "the original PyTorch port (vgg.N.*, L2Norm.weight, extras.N.*, loc.N.*, conf.N.*)",
@@ -196,6 +196,42 @@ def file_kind(head: bytes) -> Literal["empty", "archive", "pickle", "text", "bin
     if "\ufffd" not in text and all(c.isprintable() or c in "\n\r\t\f" for c in text):
         return "text"
     return "binary"
+
+
+def _onnx(head: bytes) -> bool:
+    """A protobuf ``ModelProto``: ``ir_version`` (field 1, a small varint) first, then another of its fields."""
+    return len(head) > 2 and head[0] == 0x08 and 3 <= head[1] <= 20 and head[2] in b"\x12\x1a\x22\x2a\x32\x3a\x42"
+
+
+def _safetensors(head: bytes) -> bool:
+    """An 8-byte little-endian header length, then the JSON header."""
+    return len(head) > 10 and head[8:10] == b'{"' and 0 < int.from_bytes(head[:8], "little") < 100 * 2**20
+
+
+# Formats a user may hand over where PyTorch weights are due: what the file is, and what to do with it.
+_FOREIGN_FORMATS = (
+    (".onnx", _onnx, "an ONNX model", "ONNX exports of this library run as they are (ssd predict / ssd val / ssd "
+     "benchmark --weights FILE.onnx) and are not converted back: give the PyTorch checkpoint (.pt) the export was "
+     "made from"),
+    (".safetensors", _safetensors, "a safetensors file", "read it with safetensors.torch.load_file, save the state "
+     "dict with torch.save and give that .pth"),
+    (".h5", lambda head: head.startswith(b"\x89HDF\r\n\x1a\n"), "an HDF5 file (Keras / TensorFlow weights)",
+     "only PyTorch weights (.pt / .pth) can be read"),
+    (".npy", lambda head: head.startswith(b"\x93NUMPY"), "a NumPy array file", "only PyTorch weights (.pt / .pth) "
+     "can be read"),
+    (".gguf", lambda head: head.startswith(b"GGUF"), "a GGUF file (llama.cpp)", "only PyTorch weights (.pt / .pth) "
+     "can be read"),
+)
+
+
+def foreign_format(head: bytes, suffix: str = "") -> str | None:
+    """What a file that is not PyTorch's is, and what to do with it, when its first bytes ``head`` (or its
+    ``suffix``) show a known format (ONNX, safetensors, HDF5, NumPy, GGUF): ``"an ONNX model: ONNX exports of this
+    library run as they are ..."``; ``None`` otherwise."""
+    for known_suffix, matches, what, use in _FOREIGN_FORMATS:
+        if suffix.lower() == known_suffix or matches(head):
+            return f"{what}: {use}"
+    return None
 
 
 def _whole_pickle(head: bytes) -> bool:
