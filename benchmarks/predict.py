@@ -14,13 +14,23 @@ Random weights on both sides (no downloads; 91 classes as COCO in torchvision). 
 round by round (batch 1: 4 images per round, batch 8: one batch) so that load from other processes on this shared
 machine hits all alike; medians are printed.
 
-Usage: ``.venv/bin/python benchmarks/predict.py [--rounds N]``
+``--folder``: ``ssd predict`` over a folder of BCCD-sized JPEGs (BCCD's 640x480 images from ``$SSD_SHARED_DATA``
+linked in turn, else generated ones), an ``ssd_tiny`` of seeded random weights (conf 0.05, at most 20 detections per
+image: about as many as BCCD has cells), no drawn copies: images/s with files decoded ahead by 2 threads
+(``--workers 2``, the default) against one at a time in the main thread (``--workers 0``, the decoding before
+streamed outputs), runs alternating; then the peak RSS of the whole ``ssd predict`` process on 1,000 and on 10,000
+images (``os.wait4``).
+
+Usage: ``.venv/bin/python benchmarks/predict.py [--rounds N]`` or ``... predict.py --folder [--images 2000]``
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,15 +38,18 @@ from pathlib import Path
 import torch
 import torchvision
 
-from ssd.export.onnx import export_onnx
 from ssd.inference.pipeline import Detector, load
+from ssd.inference.sources import predict_source
 from ssd.models import build_model
+from ssd.weights.checkpoint import save_checkpoint
 
 CONF, IOU, MAX_DET, CANDIDATES = 0.25, 0.45, 100, 400
 NUM_CLASSES = 90  # torchvision's COCO head has 91 outputs including background
 
 
 def _variants(tmp: Path) -> dict:
+    from ssd.export.onnx import export_onnx  # the [export] extra, which --folder does not need
+
     torch.manual_seed(0)
     model = build_model("ssdlite320_mobilenet_v3_large", num_classes=NUM_CLASSES).eval()
     raw = export_onnx(model, tmp / "raw.onnx", dynamic_batch=True, opset=18)
@@ -60,10 +73,81 @@ def _variants(tmp: Path) -> dict:
     return variants
 
 
+def _sources(folder: Path) -> list[Path]:
+    """BCCD's JPEGs, else 64 generated 640x480 ones in ``folder``."""
+    shared = Path(os.environ.get("SSD_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    sources = sorted((shared / "bccd").rglob("*.jpg"))
+    if not sources:
+        from PIL import Image
+
+        generator = torch.Generator().manual_seed(0)
+        (folder / "generated").mkdir()
+        for i in range(64):
+            smooth = torch.nn.functional.interpolate(torch.rand(1, 3, 30, 40, generator=generator), size=(480, 640),
+                                                     mode="bilinear")
+            image = (smooth[0] * 255).byte().permute(1, 2, 0).numpy()
+            sources.append(folder / "generated" / f"{i}.jpg")
+            Image.fromarray(image).save(sources[-1], quality=90)
+    return sources
+
+
+def _jpegs(folder: Path, sources: list[Path], count: int) -> Path:
+    """A folder of ``count`` links to ``sources`` in turn."""
+    images = folder / f"images{count}"
+    images.mkdir()
+    for i in range(count):
+        (images / f"{i:05d}.jpg").symlink_to(sources[i % len(sources)].resolve())
+    return images
+
+
+def _peak_rss_mib(weights: Path, images: Path, save_dir: Path) -> float:
+    """Peak RSS of one ``ssd predict`` process over ``images``, in MiB."""
+    process = subprocess.Popen([sys.executable, "-m", "ssd", "predict", "--weights", str(weights), "--source",
+                                str(images), "--save-dir", str(save_dir), "--conf", "0.05", "--max-det", "20",
+                                "--no-save-images"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(process.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"ssd predict failed on {images}"
+    return usage.ru_maxrss / 1024
+
+
+def folder_benchmark(count: int, rounds: int) -> None:
+    torch.manual_seed(0)
+    model = build_model("ssd_tiny", class_names=["Platelets", "RBC", "WBC"]).eval()
+    detector = Detector(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        weights = save_checkpoint(tmp / "best.pt", model)
+        sources = _sources(tmp)
+        images = _jpegs(tmp, sources, count)
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {count} JPEGs ({sources[0].parent}), "
+              f"ssd_tiny, batch 8, conf 0.05, max-det 20, no drawn copies")
+        speeds: dict[int, list[float]] = {0: [], 2: []}
+        for _ in range(rounds):
+            for workers in speeds:
+                start = time.perf_counter()
+                summary = predict_source(detector, images, tmp / "out", score_threshold=0.05, max_detections=20,
+                                         save_images=False, progress=False, workers=workers)
+                speeds[workers].append(count / (time.perf_counter() - start))
+        print(f"{summary.detections / count:.1f} detections per image")
+        serial = statistics.median(speeds[0])
+        for workers, values in speeds.items():
+            speed = statistics.median(values)
+            print(f"--workers {workers}: {speed:7.1f} images/s ({speed / serial:.2f}x)  runs: "
+                  + ", ".join(f"{v:.1f}" for v in values))
+        for n in (1000, 10000):
+            print(f"peak RSS of ssd predict on {n:,} images: "
+                  f"{_peak_rss_mib(weights, _jpegs(tmp, sources, n), tmp / 'rss'):.0f} MiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per variant and batch size")
+    parser.add_argument("--folder", action="store_true", help="ssd predict over a folder of JPEGs instead")
+    parser.add_argument("--images", type=int, default=2000, help="--folder: the number of JPEGs timed")
     args = parser.parse_args()
+    if args.folder:
+        return folder_benchmark(args.images, args.rounds)
     generator = torch.Generator().manual_seed(0)
     images = [torch.randint(0, 256, (3, 480, 640), dtype=torch.uint8, generator=generator) for _ in range(8)]
     with tempfile.TemporaryDirectory() as tmp:
