@@ -4,6 +4,8 @@ a temporary folder."""
 
 import dataclasses
 import hashlib
+import os
+import time
 
 import pytest
 import torch
@@ -97,6 +99,34 @@ def test_a_download_is_verified_kept_in_the_cache_and_not_repeated(monkeypatch, 
     assert sorted(p.name for p in cache.iterdir()) == [entry.filename]  # no temporary left
     (tmp_path / "server" / entry.filename).unlink()  # a second download would now fail
     assert hub.fetch(entry) == path
+
+
+def test_partial_downloads_left_by_a_killed_run_are_removed_by_the_next_run(monkeypatch, tmp_path, cache,
+                                                                             mobilenet_state):
+    entry = publish(monkeypatch, tmp_path, "mobilenet_v3_large", mobilenet_state)
+    cache.mkdir(parents=True)
+    killed = [cache / f"{entry.filename}.{i:032x}.partial" for i in (1, 2)]  # torch.hub's temporaries, as left
+    live = cache / f"{entry.filename}.{3:032x}.partial"  # another process's download, being written now
+    mine = [cache / f"{entry.filename}.notes.partial", cache / "other.pth.00000000000000000000000000000004.partial"]
+    for file in [*killed, live, *mine]:
+        file.write_bytes(b"\0" * 1000)
+    stale = time.time() - hub.STALE_PARTIAL_SECONDS - 1
+    for file in [*killed, *mine]:
+        os.utime(file, (stale, stale))
+    path = hub.fetch(entry, progress=False)
+    assert sorted(p.name for p in cache.iterdir()) == sorted([entry.filename, live.name, *(p.name for p in mine)])
+    os.utime(live, (stale, stale))  # its writer was killed too: the next run removes it, even with the file cached
+    assert hub.fetch(entry) == path and not live.exists()
+
+
+def test_a_cache_entry_that_is_a_directory_is_an_error_not_a_success(monkeypatch, tmp_path, cache, mobilenet_state):
+    entry = publish(monkeypatch, tmp_path, "mobilenet_v3_large", mobilenet_state)
+    entry.path.mkdir(parents=True)
+    with pytest.raises(hub.WeightsDownloadError, match=rf"the cache entry of mobilenet_v3_large, {entry.path}, is a "
+                                                       r"directory: remove it and run again \(it is downloaded "
+                                                       r"again\), or pass the path of a copy: --backbone-weights PATH"):
+        hub.fetch(entry, progress=False)
+    assert list(entry.path.iterdir()) == []  # nothing was downloaded into it
 
 
 @pytest.mark.parametrize("damage", ["wrong prefix", "truncated"])

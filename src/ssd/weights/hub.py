@@ -17,10 +17,12 @@ over a name.
 from __future__ import annotations
 
 import functools
+import glob
 import http.client
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -32,7 +34,8 @@ from ssd._utils import did_you_mean, render_table
 from ssd.weights.checkpoint import CheckpointError
 
 __all__ = ["HubWeights", "WeightsDownloadError", "catalog", "cache_dir", "known_names", "lookup", "fetch",
-           "weights_file", "looks_like_name", "unknown_name", "format_catalog", "OPTIONS"]
+           "weights_file", "looks_like_name", "unknown_name", "format_catalog", "OPTIONS", "remove_stale_partials",
+           "STALE_PARTIAL_SECONDS"]
 
 logger = logging.getLogger("ssd")
 
@@ -42,6 +45,10 @@ OPTIONS: dict[str, str] = {"detector": "--weights", "backbone": "--backbone-weig
 """The ``ssd train`` option (``build_model`` / ``import_model`` argument) that takes each kind of weights."""
 
 _HASH = re.compile(r"-([0-9a-f]{8,64})\.[A-Za-z0-9]+$")  # torchvision's "<name>-<sha256 prefix>.pth"
+_PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial")  # what torch.hub.download_url_to_file appends to the target's name
+
+STALE_PARTIAL_SECONDS = 60.0
+"""A ``.partial`` download not written to for this long was left by a killed run (:func:`remove_stale_partials`)."""
 
 
 class WeightsDownloadError(CheckpointError):
@@ -173,14 +180,22 @@ def weights_file(spec: str | os.PathLike, kind: Kind = "detector") -> Path:
 def fetch(entry: HubWeights, *, progress: bool = True) -> Path:
     """The cached file of ``entry``, downloaded first when missing (progress bar on stderr, checksum verified).
 
+    Temporaries that killed downloads of it left are removed first (:func:`remove_stale_partials`).
+
     Raises:
         WeightsDownloadError: the download failed (offline, server error) or its SHA-256 does not start with the
             prefix in the file name; nothing is left at the cache path, and the message says which file to put
-            there by hand, from which URL, and that a path to a copy works as well.
+            there by hand, from which URL, and that a path to a copy works as well. The cache path is a directory
+            (or a dangling link).
     """
     path = entry.path
+    remove_stale_partials(path)
     if path.is_file():
         return path
+    if path.exists() or path.is_symlink():  # a folder, a dangling link: the file cannot be put there
+        kind = "a directory" if path.is_dir() else "not a file"
+        raise WeightsDownloadError(f"the cache entry of {entry.name}, {path}, is {kind}: remove it and run again "
+                                   f"(it is downloaded again), or pass the path of a copy: {OPTIONS[entry.kind]} PATH")
     logger.info("%s: downloading %s to %s", entry.name, entry.url, path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -195,6 +210,27 @@ def fetch(entry: HubWeights, *, progress: bool = True) -> Path:
                                    f"start with {entry.hash_prefix} as the file name says ({exc}); nothing was kept. "
                                    f"Try again, or {_by_hand(entry, lower=True)}") from None
     return path
+
+
+def remove_stale_partials(path: Path) -> list[Path]:
+    """Remove what killed downloads of ``path`` left next to it: ``torch.hub``'s ``<file>.<32 hex>.partial``
+    temporaries not written to for :data:`STALE_PARTIAL_SECONDS` (a live download writes every few milliseconds).
+    Returns the files removed."""
+    removed = []
+    now = time.time()
+    for partial in path.parent.glob(f"{glob.escape(path.name)}.*.partial"):
+        try:
+            stale = _PARTIAL.fullmatch(partial.name[len(path.name):]) and now - partial.stat().st_mtime > \
+                STALE_PARTIAL_SECONDS
+            if stale and partial.is_file():
+                partial.unlink()
+                removed.append(partial)
+        except FileNotFoundError:  # another process removed it first
+            continue
+    if removed:
+        logger.info("removed %d unfinished download(s) of %s left by an interrupted run: %s", len(removed),
+                    path.name, ", ".join(p.name for p in removed))
+    return removed
 
 
 def _by_hand(entry: HubWeights, lower: bool = False) -> str:
