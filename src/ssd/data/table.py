@@ -17,7 +17,7 @@ import numpy as np
 
 from ssd.data.records import ImageRecord, ObjectRecord
 
-__all__ = ["RecordTable", "Strings", "select"]
+__all__ = ["RecordTable", "Strings", "select", "object_arrays"]
 
 DIFFICULT, CROWD = 1, 2
 """Bits of :attr:`RecordTable.flags`."""
@@ -219,3 +219,11 @@ class RecordTable(Sequence[ImageRecord]):
 def select(records: Sequence[ImageRecord], index: Sequence[int]) -> Sequence[ImageRecord]:
     """The records at ``index``, in that order: a table of them for a :class:`RecordTable`, else a list."""
     return records.take(index) if isinstance(records, RecordTable) else [records[i] for i in index]
+
+
+def object_arrays(records: Sequence[ImageRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """``(boxes [M, 4] pixel xyxy, labels [M])`` of every object of ``records`` (a table's own arrays)."""
+    if isinstance(records, RecordTable):
+        return records.boxes, records.labels
+    objects = [o for r in records for o in r.objects]
+    return np.array([o.box for o in objects], np.float64).reshape(-1, 4), np.array([o.label for o in objects], np.int64)

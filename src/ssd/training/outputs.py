@@ -12,6 +12,7 @@ import torch
 
 from ssd._utils import MissingDependencyError, require
 from ssd.data.images import read_image
+from ssd.data.table import object_arrays
 from ssd.files import atomic_write, fitted_name, write_text
 from ssd.log import LOGGER
 from ssd.plots import RESULTS_COLUMNS, draw_detections, plot_label_stats, plot_pr_curves, plot_results, save_image
@@ -88,9 +89,8 @@ class RunFigures(Callback):
 
     def on_train_start(self, trainer: Trainer) -> None:
         if trainer.plan.state is None:
-            objects = [o for record in trainer.train_records for o in record.objects]
-            plot_label_stats([o.box for o in objects], [o.label for o in objects], trainer.class_names,
-                             trainer.run_dir / "labels.png")
+            boxes, labels = object_arrays(trainer.train_records)
+            plot_label_stats(boxes, labels, trainer.class_names, trainer.run_dir / "labels.png")
 
     @torch.no_grad()
     def on_fit_end(self, trainer: Trainer) -> None:

@@ -1,0 +1,242 @@
+"""Datasets of many images (issue 28): start-up, annotation memory and ``ssd check`` before and after the dataset index.
+
+Makes synthetic VOC, YOLO and COCO sets of ``--images`` small JPEGs (hard links of one 96 px picture, 8 boxes each)
+and a COCO JSON of ``--annotations`` boxes, under ``--root`` (default ``/tmp/ssd-scale``, never the repository), then
+runs each measurement in a fresh process, for today's code (this checkout) and for ``--before`` (a checkout of the
+code before the index, e.g. ``git worktree add /tmp/before <commit>``), side by side:
+
+- ``ssd.train`` start to the end of the first training step (ssd_tiny at 64 px, batch 16, 2 workers): before,
+  after with no index (cold) and with the index present (warm); the PSS of the trainer and its 2 workers at that
+  step, and from the same runs on a set of a tenth of the size, the PSS per image (8 boxes each);
+- the gate alone (``load_training_data``: read, check, decode) and ``ssd check`` on the VOC set: the call's time
+  (imports apart) and the process's peak RSS;
+- the COCO JSON: ``load_dataset`` (before / after) and the index warm, against ``pycocotools.COCO`` on the same file.
+
+Run: ``.venv/bin/python benchmarks/scale.py --before /tmp/before`` (about 10 minutes on 2 cores at 10k images;
+each process start costs a few seconds of imports, part of the train figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+from PIL import Image
+
+REPO = Path(__file__).resolve().parents[1]
+NAMES = ["a", "b", "c"]
+BOXES = 8
+
+CHILD = textwrap.dedent("""
+    import json, os, resource, sys, time
+    start = time.monotonic()
+    mode, data = sys.argv[1], sys.argv[2]
+
+    def pss():
+        import psutil
+        me = psutil.Process()
+        return sum(p.memory_full_info().pss for p in [me, *me.children(recursive=True)]) / 2**20
+
+    out = {}
+    if mode == "train":
+        import ssd
+        from ssd.training.callbacks import Callback
+
+        class Stop(Exception):
+            pass
+
+        class FirstStep(Callback):
+            def on_train_batch_end(self, trainer, step, losses):
+                out.update(first_step=time.monotonic() - start, pss_mb=pss())
+                raise Stop
+
+        try:
+            ssd.train(data=data, model="ssd_tiny", image_size=64, epochs=1, batch_size=16, workers=2, device="cpu",
+                      quiet=True, project=sys.argv[3], num_plot_images=0, callbacks=[FirstStep()])
+        except Stop:
+            pass
+    elif mode == "gate":
+        from ssd.data.gate import load_training_data
+        t = time.monotonic()
+        spec = load_training_data(data)
+        out["seconds"] = time.monotonic() - t
+    elif mode == "check":
+        from ssd.cli import main
+        import ssd.data.check, ssd.data.load
+        t = time.monotonic()
+        code = main(["check", data])
+        out["seconds"], out["code"] = time.monotonic() - t, code
+    elif mode == "load":
+        from ssd.data.load import load_dataset
+        t = time.monotonic()
+        spec = load_dataset(data)
+        out["seconds"] = time.monotonic() - t
+    elif mode == "index":
+        from ssd.data.index import index_dataset
+        t = time.monotonic()
+        index_dataset(data)
+        out["seconds"] = time.monotonic() - t
+    elif mode == "pycocotools":
+        import contextlib
+        from pycocotools.coco import COCO
+        t = time.monotonic()
+        with contextlib.redirect_stdout(sys.stderr):
+            COCO(data)
+        out["seconds"] = time.monotonic() - t
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(out))
+""")
+
+
+def jpeg(size: int = 96) -> bytes:
+    image = Image.effect_noise((size, size), 40).convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def boxes(i: int) -> list[tuple[int, int, int, int]]:
+    """8 boxes (x1, y1, x2, y2) in a 96 px image, varied by the image index."""
+    return [(2 + (i + 7 * j) % 40, 3 + (3 * i + 11 * j) % 40, 50 + (i + j) % 40, 52 + (5 * i + j) % 40)
+            for j in range(BOXES)]
+
+
+def make_images(folder: Path, n: int, picture: Path, stem: str = "img") -> list[str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [f"{stem}{i:07d}" for i in range(n)]
+    for name in names:
+        os.link(picture, folder / f"{name}.jpg")
+    return names
+
+
+def make_voc(root: Path, n: int, picture: Path) -> Path:
+    names = make_images(root / "JPEGImages", n, picture)
+    (root / "Annotations").mkdir()
+    for i, name in enumerate(names):
+        objects = "".join(f"<object><name>{NAMES[j % 3]}</name><difficult>0</difficult><bndbox><xmin>{x1}</xmin>"
+                          f"<ymin>{y1}</ymin><xmax>{x2}</xmax><ymax>{y2}</ymax></bndbox></object>"
+                          for j, (x1, y1, x2, y2) in enumerate(boxes(i)))
+        (root / "Annotations" / f"{name}.xml").write_text(f"<annotation><filename>{name}.jpg</filename>{objects}"
+                                                          "</annotation>")
+    (root / "ImageSets" / "Main").mkdir(parents=True)
+    val = max(1, n // 20)
+    (root / "ImageSets" / "Main" / "train.txt").write_text("\n".join(names[val:]) + "\n")
+    (root / "ImageSets" / "Main" / "val.txt").write_text("\n".join(names[:val]) + "\n")
+    (root / "classes.txt").write_text("\n".join(NAMES) + "\n")
+    return root
+
+
+def make_yolo(root: Path, n: int, picture: Path) -> Path:
+    val = max(1, n // 20)
+    for split, count in (("train", n - val), ("val", val)):
+        names = make_images(root / "images" / split, count, picture)
+        (root / "labels" / split).mkdir(parents=True)
+        for i, name in enumerate(names):
+            lines = [f"{j % 3} {(x1 + x2) / 192:.6f} {(y1 + y2) / 192:.6f} {(x2 - x1) / 96:.6f} {(y2 - y1) / 96:.6f}"
+                     for j, (x1, y1, x2, y2) in enumerate(boxes(i))]
+            (root / "labels" / split / f"{name}.txt").write_text("\n".join(lines) + "\n")
+    (root / "data.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: {NAMES}\n")
+    return root / "data.yaml"
+
+
+def coco_json(names: list[str], per_image: int) -> dict:
+    annotations = [{"id": len(names) * j + i, "image_id": i, "category_id": 1 + j % 3, "iscrowd": 0,
+                    "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1)}
+                   for i in range(len(names)) for j, (x1, y1, x2, y2) in enumerate(boxes(i) * (per_image // BOXES))]
+    return {"images": [{"id": i, "file_name": f"{n}.jpg", "width": 96, "height": 96} for i, n in enumerate(names)],
+            "annotations": annotations, "categories": [{"id": 1 + k, "name": n} for k, n in enumerate(NAMES)]}
+
+
+def make_coco(root: Path, n: int, picture: Path) -> Path:
+    names = make_images(root / "images", n, picture)
+    (root / "annotations").mkdir()
+    val = max(1, n // 20)
+    for split, part in (("train", names[val:]), ("val", names[:val])):
+        (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(coco_json(part, BOXES)))
+    return root
+
+
+def run(mode: str, data: Path, src: Path, cache: Path, *extra: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(src), "SSD_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", CHILD, mode, str(data), *extra], env=env, capture_output=True,
+                          text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{mode} {data} ({src}) failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def row(name: str, before: dict, cold: dict, warm: dict, key: str) -> str:
+    b, c, w = before[key], cold[key], warm[key]
+    return f"| {name} | {b:.2f} | {c:.2f} ({b / c:.2f}x) | {w:.2f} ({b / w:.1f}x) |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, required=True, help="a checkout of the code before the index")
+    parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "ssd-scale")
+    parser.add_argument("--images", type=int, default=10_000)
+    parser.add_argument("--annotations", type=int, default=1_000_000)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["train", "gate", "check", "coco"])
+    args = parser.parse_args()
+    shutil.rmtree(args.root, ignore_errors=True)
+    args.root.mkdir(parents=True)
+    picture = args.root / "picture.jpg"
+    picture.write_bytes(jpeg())
+    after, before = REPO / "src", args.before / "src"
+    sets = {"voc": make_voc(args.root / "voc", args.images, picture),
+            "yolo": make_yolo(args.root / "yolo", args.images, picture),
+            "coco": make_coco(args.root / "coco", args.images, picture),
+            "voc-tenth": make_voc(args.root / "voc-tenth", args.images // 10, picture)}
+    past = 10**9 * (int(os.stat(picture).st_mtime) - 3600)  # the index never trusts files changed seconds ago
+    for folder, _, files in os.walk(args.root):
+        for name in files:
+            os.utime(os.path.join(folder, name), ns=(past, past))
+    print(f"{args.images:,} images of 96 px, {BOXES} boxes each; seconds (after: ratio before / after)\n")
+    results: dict = {}
+    for mode in ("train", "gate", "check"):
+        if mode in args.skip:
+            continue
+        print(f"| {mode} | before | after, no index | after, index present |\n|---|---|---|---|")
+        for name, data in sets.items():
+            if mode != "train" and name != "voc":  # the gate and the check: VOC only, to bound the run
+                continue
+            cache = args.root / f"cache-{mode}-{name}"
+            project = [str(args.root / "runs")] if mode == "train" else []
+            b = run(mode, data, before, cache, *project)
+            cold, warm = (run(mode, data, after, cache, *project) for _ in range(2))
+            results[mode, name] = b, cold, warm
+            print(row(f"{name} {'to first step' if mode == 'train' else ''}", b, cold, warm,
+                      "first_step" if mode == "train" else "seconds"))
+            print(row(f"{name} peak RSS MB", b, cold, warm, "peak_rss_mb"))
+            if mode == "train":
+                print(row(f"{name} PSS MB, trainer + 2 workers", b, cold, warm, "pss_mb"))
+        print()
+    if "train" not in args.skip:
+        images = args.images - args.images // 10 - (args.images // 20 - args.images // 200)  # train images apart
+        for i, which in enumerate(("before", "after, no index", "after, index present")):
+            per_image = (results["train", "voc"][i]["pss_mb"] - results["train", "voc-tenth"][i]["pss_mb"]) * 2**20
+            print(f"PSS per training image ({BOXES} boxes), {which}: {per_image / images:,.0f} B")
+    if "coco" not in args.skip:
+        big = args.root / "coco" / "annotations" / "big_train.json"
+        names = [f"img{i:07d}" for i in range(args.images - max(1, args.images // 20))]
+        big.write_text(json.dumps(coco_json(names, args.annotations // len(names))))
+        os.utime(big, ns=(past, past))
+        cache = args.root / "cache-coco-big"
+        print(f"\nCOCO JSON of {args.annotations:,} boxes ({big.stat().st_size / 2**20:.0f} MB): seconds, peak RSS MB")
+        for label, mode, src in (("pycocotools.COCO", "pycocotools", after), ("load_dataset before", "load", before),
+                                 ("load_dataset after", "load", after), ("index, no index", "index", after),
+                                 ("index present", "index", after)):
+            result = run(mode, big, src, cache)
+            print(f"| {label} | {result['seconds']:.2f} | {result['peak_rss_mb']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()
