@@ -294,3 +294,19 @@ def test_flipped_weight_bytes_fail_the_checksum(tiny_onnx, tmp_path):
     with pytest.raises(OnnxModelError, match=r"damaged\.onnx: the network \(weights or graph\) does not match the "
                                              r"checksum stored with it"):
         load(damaged)
+
+
+def test_every_list_of_formats_derives_from_the_one_artifact_table():
+    from ssd.artifacts import ARTIFACTS, BENCHMARK_ROWS, EXPORT_FORMATS, resolve
+    from ssd.export import benchmark
+    from ssd.export.formats import FORMATS
+    from ssd.inference.registry import BACKENDS
+
+    assert list(BACKENDS) == [runtime for kind in ARTIFACTS.values() for runtime in kind.runtimes]
+    assert list(FORMATS) == list(EXPORT_FORMATS) == ["pt2", "onnx", "openvino"]
+    assert FORMATS["openvino"] == ("_openvino", True) and BACKENDS["openvino"].folder_file == "model.xml"
+    assert list(benchmark.RUNTIMES) == list(BENCHMARK_ROWS)
+    assert benchmark.RUNTIMES["opencv"][0] == "onnx" and benchmark.RUNTIMES["openvino-int8"][0] == "openvino-int8"
+    assert BACKENDS["opencv"].suffixes == () and BACKENDS["onnx"].suffixes == (".onnx",)
+    for kind in ARTIFACTS.values():  # every exporter and opener the table names exists
+        assert all(callable(resolve(target)) for target in [*kind.runtimes.values(), kind.exporter] if target)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ssd.artifacts import BENCHMARK_ROWS, EXPORT_FORMATS
 from ssd.cli.options import (
     EPILOG,
     Parser,
@@ -122,7 +123,7 @@ def _add_export_parser(sub) -> None:
     p = sub.add_parser("export", help="export a checkpoint to ONNX (FP32/INT8), OpenVINO or torch.export",
                        epilog=EPILOG)
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
-    p.add_argument("--format", dest="fmt", default="onnx", choices=["onnx", "openvino", "pt2"],
+    p.add_argument("--format", dest="fmt", default="onnx", choices=EXPORT_FORMATS,
                    help="onnx (ONNX Runtime, OpenCV DNN), openvino or pt2 (torch.export, TorchScript's successor)")
     p.add_argument("--output", type=Path, help="output file (OpenVINO: folder), not the weights file "
                                                "(default: next to the weights)")
@@ -145,8 +146,7 @@ def _add_benchmark_parser(sub) -> None:
     p.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) or run directory (its best.pt)")
     p.add_argument("--data", required=True, help="data.yaml, dataset folder or COCO JSON (val split scored, train "
                                                  "split calibrates INT8)")
-    p.add_argument("--formats", help="comma-separated: pytorch, pytorch-bf16, pt2, onnx, onnx-int8, "
-                                     "openvino, openvino-bf16, openvino-int8, opencv (default: all; with --artifacts: "
+    p.add_argument("--formats", help=f"comma-separated: {', '.join(BENCHMARK_ROWS)} (default: all; with --artifacts: "
                                      "pytorch)")
     p.add_argument("--artifacts", nargs="+", type=Path, default=[], metavar="PATH",
                    help="also benchmark these exported models as they are (.onnx, OpenVINO .xml or folder, "

@@ -24,6 +24,7 @@ import torch
 from tqdm import tqdm
 
 from ssd._utils import did_you_mean, render_table
+from ssd.artifacts import BENCHMARK_ROWS, ArtifactKind, BenchmarkVariant
 from ssd.data.gate import load_training_data
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
@@ -40,26 +41,29 @@ __all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format
 
 OK, VALIDATION_FAILED, EXPORT_FAILED, SKIPPED = "ok", "exported but validation failed", "export failed", "skipped"
 
-# artifact -> how to write it into the benchmark folder: (weights, folder, data, calibration images) -> path
+def _writer(kind: ArtifactKind, int8: bool) -> Callable[[Path, Path, str, int], Path]:
+    """How to write a kind's artifact (INT8 with ``int8``) into the benchmark folder: ``(weights, folder, data,
+    calibration images) -> path`` (the checkpoint itself for ``pt``)."""
+    if kind.exporter is None:
+        return lambda weights, folder, data, calib: weights
+    tag = ("_int8" if int8 else "") if kind.folder else (".int8" if int8 else "")
+    name = f"{kind.name}{tag}" if kind.folder else f"model{tag}{kind.output_suffix}"
+
+    def write(weights: Path, folder: Path, data: str, calib: int) -> Path:
+        quantized = dict(int8=True, data=data, calib_images=calib) if int8 else {}
+        return export(weights, kind.name, folder / name, **quantized)
+
+    return write
+
+
+def _artifact(kind: ArtifactKind, row: BenchmarkVariant) -> str:
+    return f"{kind.name}-int8" if row.int8 else kind.name
+
+
 _ARTIFACTS: dict[str, Callable[[Path, Path, str, int], Path]] = {
-    "pt": lambda weights, folder, data, calib: weights,
-    "pt2": lambda weights, folder, data, calib: export(weights, "pt2", folder / "model.pt2"),
-    "onnx": lambda weights, folder, data, calib: export(weights, "onnx", folder / "model.onnx"),
-    "onnx-int8": lambda weights, folder, data, calib: export(weights, "onnx", folder / "model.int8.onnx", int8=True,
-                                                             data=data, calib_images=calib),
-    "openvino": lambda weights, folder, data, calib: export(weights, "openvino", folder / "openvino"),
-    "openvino-int8": lambda weights, folder, data, calib: export(weights, "openvino", folder / "openvino_int8",
-                                                                 int8=True, data=data, calib_images=calib),
-}
-
-
-def _open_openvino(precision: str) -> Callable[[Path, str], Backend]:
-    def opener(path: Path, device: str) -> Backend:
-        from ssd.inference.backends_openvino import OpenVinoBackend
-
-        return OpenVinoBackend(path, device, precision=precision)
-
-    return opener
+    _artifact(kind, row): _writer(kind, row.int8) for kind, row in BENCHMARK_ROWS.values()}
+"""Artifact (a kind, ``-int8`` when quantized) -> its writer (:func:`_writer`), from
+:data:`ssd.artifacts.ARTIFACTS`."""
 
 
 class _Bfloat16Backend:
@@ -81,32 +85,24 @@ class _SkippedRow(Exception):
     """A runtime that does not apply on this machine; the message says why."""
 
 
-def _open_bfloat16(path: Path, device: str) -> Backend:
-    backend = open_backend(path, device)
-    if amp_dtype(backend.device) != torch.bfloat16:
-        raise _SkippedRow(f"{backend.device} has no native bfloat16 (AVX512-BF16 / AMX, or a CUDA GPU with bfloat16), "
-                         "where it is emulated and slower than float32")
-    return _Bfloat16Backend(backend)
+def _opener(row: BenchmarkVariant) -> Callable[[Path, str], Backend]:
+    """How a row opens its artifact on a device: through the registry with the row's runtime (under bfloat16
+    autocast for ``bfloat16`` rows, skipped where the device has no native bfloat16)."""
+    def opener(path: Path, device: str) -> Backend:
+        backend = open_backend(path, device, runtime=row.runtime)
+        if not row.bfloat16:
+            return backend
+        if amp_dtype(backend.device) != torch.bfloat16:
+            raise _SkippedRow(f"{backend.device} has no native bfloat16 (AVX512-BF16 / AMX, or a CUDA GPU with "
+                              "bfloat16), where it is emulated and slower than float32")
+        return _Bfloat16Backend(backend)
+
+    return opener
 
 
-def _open_opencv(path: Path, device: str) -> Backend:
-    from ssd.inference.backends_opencv import OpenCvBackend
-
-    return OpenCvBackend(path, device)
-
-
-# runtime (a row) -> (its artifact, how to open it on a device)
 RUNTIMES: dict[str, tuple[str, Callable[[Path, str], Backend]]] = {
-    "pytorch": ("pt", open_backend),
-    "pytorch-bf16": ("pt", _open_bfloat16),
-    "pt2": ("pt2", open_backend),
-    "onnx": ("onnx", open_backend),
-    "onnx-int8": ("onnx-int8", open_backend),
-    "openvino": ("openvino", _open_openvino("f32")),
-    "openvino-bf16": ("openvino", _open_openvino("bf16")),
-    "openvino-int8": ("openvino-int8", _open_openvino("f32")),
-    "opencv": ("onnx", _open_opencv),
-}
+    name: (_artifact(kind, row), _opener(row)) for name, (kind, row) in BENCHMARK_ROWS.items()}
+"""Row -> (its artifact, how to open it on a device), from :data:`ssd.artifacts.ARTIFACTS`."""
 
 
 @dataclass
@@ -165,7 +161,8 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(f"benchmark folder {out_dir} is not empty: the benchmark writes into a new folder")
     eager = open_backend(weights, device)
-    spec = load_training_data(data, class_names=eager.class_names, splits=("val",), skip_invalid=skip_invalid)
+    spec = load_training_data(data, class_names=list(eager.card.class_names), splits=("val",),
+                              skip_invalid=skip_invalid)
     images = [read_image(r.path) for r in spec.records("val")[:16]]  # timed in turn
     calib = calib_images or min(CALIBRATION_IMAGES, len(load_dataset(data).records("train")))
     out_dir.mkdir(parents=True, exist_ok=True)

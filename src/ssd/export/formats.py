@@ -1,4 +1,5 @@
-"""``ssd export``: one entry for every artifact format, its options checked before any work is done.
+"""``ssd export``: one entry for every artifact format (the kinds of :data:`ssd.artifacts.ARTIFACTS` with an
+exporter), its options checked before any work is done.
 
 ========================  ==============================================  ===========================
 format                    artifact                                        loaded by
@@ -14,6 +15,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from ssd.artifacts import ARTIFACTS, EXPORT_FORMATS, resolve
 from ssd.export.onnx import check_opset, export_onnx
 from ssd.files import check_output
 from ssd.settings import PREDICT, check_thresholds
@@ -21,8 +23,8 @@ from ssd.weights.resolve import resolve_weights
 
 __all__ = ["FORMATS", "default_output", "export"]
 
-# format -> (the artifact's suffix, whether it is a folder)
-FORMATS = {"onnx": (".onnx", False), "openvino": ("_openvino", True), "pt2": (".pt2", False)}
+FORMATS = {name: (ARTIFACTS[name].output_suffix, ARTIFACTS[name].folder) for name in EXPORT_FORMATS}
+"""Format -> (the end of the artifact's name, whether it is a folder)."""
 
 
 def default_output(weights: Path, fmt: str, int8: bool = False) -> Path:
@@ -34,8 +36,10 @@ def default_output(weights: Path, fmt: str, int8: bool = False) -> Path:
 
 
 def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_batch: bool) -> None:
-    if fmt == "pt2" and (nms or dynamic_batch or int8):
-        given = [name for name, on in (("--nms", nms), ("--dynamic-batch", dynamic_batch), ("--int8", int8)) if on]
+    kind = ARTIFACTS[fmt]
+    given = [name for name, on in (("--nms", nms and not kind.nms), ("--dynamic-batch", dynamic_batch and not kind.nms),
+                                   ("--int8", int8 and not kind.int8)) if on]
+    if given:
         verb = "applies" if len(given) == 1 else "apply"
         raise ValueError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a torch.export program is the "
                          "network alone (any batch size, post-processing in the library); drop them or use --format "
@@ -80,19 +84,15 @@ def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None =
         raise ValueError("--calib-images applies to INT8 exports: add --int8 --data DATA")
     calibration = calibration_paths(data, calib_images or CALIBRATION_IMAGES) if int8 else None
     if fmt == "pt2":
-        from ssd.export.pt2 import export_pt2
-
-        return export_pt2(weights, out_path)
+        return resolve(ARTIFACTS[fmt].exporter)(weights, out_path)
     onnx_args = dict(opset=opset, nms=nms, dynamic_batch=dynamic_batch, score_threshold=score_threshold,
                      iou_threshold=iou_threshold, max_detections=max_detections, **onnx_options)
     if fmt == "onnx" and not int8:
         return export_onnx(weights, out_path, **onnx_args)
     with tempfile.TemporaryDirectory(prefix="ssd-export-") as work:
         fp32 = export_onnx(weights, Path(work) / "model.onnx", **onnx_args)
-        if fmt == "openvino":
-            from ssd.export.openvino import export_openvino
-
-            return export_openvino(fp32, out_path, calibration)
+        if fmt == "openvino":  # converted from the FP32 graph
+            return resolve(ARTIFACTS[fmt].exporter)(fp32, out_path, calibration)
         from ssd.export.quantize import calibration_inputs, quantize_onnx
         from ssd.inference.backends import OnnxBackend
 

@@ -5,6 +5,7 @@ inputs, the graph feeds it integer indices): such a file is refused with what to
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -12,7 +13,7 @@ import torch
 
 from ssd.inference.backends import OnnxBackend, OnnxModelError
 
-__all__ = ["OpenCvBackend"]
+__all__ = ["OpenCvBackend", "open_opencv"]
 
 
 class _OpenCvSession:
@@ -72,3 +73,10 @@ class OpenCvBackend(OnnxBackend):
         except cv2.error as e:
             raise OnnxModelError(f"OpenCV DNN cannot read {self.path}: {e}") from e
         return _OpenCvSession(net, proto)
+
+
+def open_opencv(path: Path, device: torch.device, half: bool) -> OpenCvBackend:
+    """An ``ssd export`` ONNX file on OpenCV DNN (float32: ``half`` is refused)."""
+    if half:
+        raise ValueError(f"half precision applies to PyTorch checkpoints, not to OpenCV DNN ({path})")
+    return OpenCvBackend(path, device)

@@ -19,7 +19,7 @@ from ssd._utils import require
 from ssd.inference.backends import OnnxBackend, OnnxModelError
 
 __all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "ir_digest",
-           "require_openvino", "open_openvino"]
+           "require_openvino", "open_openvino", "open_openvino_bf16"]
 
 IR_FILES = ("model.xml", "model.bin")
 METADATA_FILE = "metadata.json"
@@ -134,8 +134,13 @@ class OpenVinoBackend(OnnxBackend):
         return ir_digest(self.path)
 
 
-def open_openvino(path: Path, device: torch.device, half: bool) -> OpenVinoBackend:
+def open_openvino(path: Path, device: torch.device, half: bool, precision: str = "f32") -> OpenVinoBackend:
     """An ``ssd export --format openvino`` folder or its ``model.xml`` (``f32`` precision: ``half`` is refused)."""
     if half:
         raise ValueError(f"half precision applies to PyTorch checkpoints, not to the OpenVINO model {path}")
-    return OpenVinoBackend(path, device)
+    return OpenVinoBackend(path, device, precision)
+
+
+def open_openvino_bf16(path: Path, device: torch.device, half: bool) -> OpenVinoBackend:
+    """:func:`open_openvino` with the ``bf16`` precision hint (the ``openvino-bf16`` runtime)."""
+    return open_openvino(path, device, half, "bf16")

@@ -7,7 +7,6 @@ module or an opened backend) and picks the runtime from :data:`BACKENDS`, keyed 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,8 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from ssd._utils import did_you_mean
+from ssd.artifacts import ARTIFACTS, resolve
 from ssd.card import ModelCard
 
 __all__ = ["Backend", "BackendKind", "BACKENDS", "DEFAULT_BACKEND", "register_backend", "backend_kind", "folder_kind",
@@ -65,21 +66,16 @@ class BackendKind:
     folder_file: str | None = None
 
     def open(self, path: Path, device: torch.device, half: bool) -> Backend:
-        opener = self.opener
-        if isinstance(opener, str):
-            module, _, function = opener.partition(":")
-            opener = getattr(importlib.import_module(module), function)
+        opener = resolve(self.opener) if isinstance(self.opener, str) else self.opener
         return opener(path, device, half)
 
 
 BACKENDS: dict[str, BackendKind] = {
-    "torch": BackendKind((".pt", ".pth"), "ssd.inference.backends:open_torch"),
-    "onnx": BackendKind((".onnx",), "ssd.inference.backends:open_onnx"),
-    "openvino": BackendKind((".xml",), "ssd.inference.backends_openvino:open_openvino", folder_file="model.xml"),
-    "torchscript": BackendKind((".torchscript",), "ssd.inference.registry:refuse_torchscript"),
-    "pt2": BackendKind((".pt2",), "ssd.inference.backends_pt2:open_pt2"),
-}
-"""Runtime name -> :class:`BackendKind`; a run directory opens its checkpoint (``ssd.weights.resolve``)."""
+    runtime: BackendKind(kind.suffixes, opener, kind.folder_file) if index == 0 else BackendKind((), opener)
+    for kind in ARTIFACTS.values() for index, (runtime, opener) in enumerate(kind.runtimes.items())}
+"""Runtime name -> :class:`BackendKind`, from :data:`ssd.artifacts.ARTIFACTS`: each kind's first runtime opens its
+suffixes (and folders), the others (``opencv``, ``openvino-bf16``) are asked for by name. A run directory opens
+its checkpoint (``ssd.weights.resolve``)."""
 
 DEFAULT_BACKEND = "torch"
 """Opens a file whose suffix no runtime claims: checkpoints and foreign detectors come with many suffixes, and
@@ -124,12 +120,13 @@ def folder_kind(path: str | Path) -> str | None:
 
 
 def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.device | None = None,
-                 half: bool = False) -> Backend:
+                 half: bool = False, runtime: str | None = None) -> Backend:
     """A :class:`Backend` for ``weights``: a checkpoint, a run directory (its best checkpoint), an exported model
     (any suffix of :data:`BACKENDS`), an SSD module (possibly wrapped) or a backend (returned as it is).
 
     ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available); default the CPU for a
-    file, the module's own device for a module. ``half``: float16 inference (PyTorch on CUDA only).
+    file, the module's own device for a module. ``half``: float16 inference (PyTorch on CUDA only). ``runtime``: a
+    :data:`BACKENDS` name to open a file with instead of its kind's own (``opencv`` for an ``.onnx`` file).
 
     Raises:
         CheckpointError: a missing path, or a file its runtime cannot read (``OnnxModelError`` for ONNX).
@@ -144,11 +141,15 @@ def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.
         return weights
     from ssd.weights.resolve import resolve_weights
 
+    if runtime is not None and runtime not in BACKENDS:
+        raise ValueError(f"unknown runtime {runtime!r}{did_you_mean(runtime, BACKENDS)} (known: "
+                         f"{', '.join(BACKENDS)})")
     torch_device = resolve_device("cpu" if device is None else device)
-    in_folder = folder_kind(weights)
-    if in_folder is not None:
-        kind = BACKENDS[in_folder]
-        return kind.open(Path(weights) / kind.folder_file, torch_device, half)
-    path = resolve_weights(weights)
-    return BACKENDS[backend_kind(path)].open(path, torch_device, half)
+    name = folder_kind(weights)
+    if name is not None:
+        path = Path(weights) / BACKENDS[name].folder_file
+    else:
+        path = resolve_weights(weights)
+        name = backend_kind(path)
+    return BACKENDS[runtime or name].open(path, torch_device, half)
 
