@@ -172,7 +172,8 @@ def test_predict_writes_whole_images_and_json(weights, photos, tmp_path, capsys)
     out = tmp_path / "out"
     assert main(["predict", "--weights", str(weights), "--source", str(photos), "--save-dir", str(out),
                  "--device", "cpu"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["a0.jpg", "a1.jpg", "predictions.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".ssd-predict", "a0.jpg", "a1.jpg", "predictions.json",
+                                                     "predictions.jsonl"]
     assert Image.open(out / "a1.jpg").size == (64, 48)
 
 

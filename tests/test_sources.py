@@ -68,7 +68,8 @@ def test_save_dir_is_incremented_like_training_runs(weights, tmp_path):
     runs = [predict_source(detector, source, tmp_path / "predict", progress=False, **OPTS) for _ in range(2)]
     again = predict_source(detector, source, tmp_path / "predict", progress=False, exist_ok=True, **OPTS)
     assert [r.save_dir for r in (*runs, again)] == [tmp_path / "predict", tmp_path / "predict2", tmp_path / "predict"]
-    assert sorted(p.name for p in (tmp_path / "predict2").iterdir()) == ["a.png", "predictions.json"]
+    assert sorted(p.name for p in (tmp_path / "predict2").iterdir()) == [".ssd-predict", "a.png", "predictions.json",
+                                                                          "predictions.jsonl"]
 
 
 def test_glob_over_folders_with_equal_names_keeps_sub_paths(weights, tmp_path):
