@@ -15,7 +15,7 @@ from conftest import biased_model, random_images
 from ssd.cli import main
 from ssd.export.onnx import export_onnx
 from ssd.inference.pipeline import load
-from ssd.inference.sources import output_paths, predict_source
+from ssd.inference.sources import output_paths, predict_source, resolve_source
 from ssd.weights.checkpoint import CheckpointError, save_checkpoint
 from ssd.weights.resolve import resolve_weights
 
@@ -82,6 +82,33 @@ def test_glob_over_folders_with_equal_names_keeps_sub_paths(weights, tmp_path):
     assert first.is_file() and second.is_file() and first.read_bytes() != second.read_bytes()
     files = [entry["file"] for entry in json.loads(summary.results_file.read_text())["images"]]
     assert files == [str(tmp_path / "src" / "a" / "x.png"), str(tmp_path / "src" / "b" / "x.png")]
+
+
+def test_recursive_glob_over_a_folder_with_two_self_links_follows_each_once(tmp_path):
+    make_images(tmp_path / "src", ["x.png"])
+    make_images(tmp_path / "src" / "sub", ["y.png"])
+    (tmp_path / "src" / "self1").symlink_to(".")  # glob.glob would list about 2**40 paths here
+    (tmp_path / "src" / "self2").symlink_to(".")
+    (tmp_path / "src" / "sub" / "up").symlink_to("..")
+    assert resolve_source(str(tmp_path / "src" / "**" / "*.png")) == [tmp_path / "src" / "sub" / "y.png",
+                                                                      tmp_path / "src" / "x.png"]
+
+
+def test_glob_matching_more_paths_than_the_bound_is_one_error(weights, tmp_path, monkeypatch, capsys):
+    from ssd.inference import globs
+
+    make_images(tmp_path / "src", ["a.png", "b.png", "c.png"])
+    assert sorted(globs.expand_glob(str(tmp_path / "src" / "*.png"), limit=3)) == sorted(
+        (tmp_path / "src").glob("*.png"))
+    with pytest.raises(globs.GlobLimitError, match=r"glob .*\*\.png matches more than 2 paths "
+                                                   r"\(ssd.limits.MAX_GLOB_PATHS\): give a narrower pattern, or a "
+                                                   r"folder"):
+        globs.expand_glob(str(tmp_path / "src" / "*.png"), limit=2)
+    monkeypatch.setattr(globs.expand_glob, "__defaults__", (2,))  # limit=MAX_GLOB_PATHS
+    assert main(["predict", "--weights", str(weights), "--source", str(tmp_path / "src" / "*.png"), "--save-dir",
+                 str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.startswith(f"error: glob {tmp_path / 'src' / '*.png'} matches more than 2 paths")
+    assert not (tmp_path / "out").exists()
 
 
 def test_output_paths_keep_every_input_apart():

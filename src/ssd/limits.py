@@ -13,7 +13,7 @@ from typing import Any
 __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_STREAMS", "MAX_BOXES_PER_IMAGE",
            "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS", "MAX_DETECTIONS",
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
-           "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE", "MAX_NAME_CHARS",
+           "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE", "MAX_NAME_CHARS", "MAX_GLOB_PATHS",
            "MAX_UPLOAD_BYTES", "value_text"]
 
 MAX_INPUT_SIDE = 4096
@@ -70,6 +70,9 @@ MAX_DETECTIONS_PER_IMAGE = 10_000
 
 MAX_NAME_CHARS = 200
 """Longest class name, in characters (a dataset's, a checkpoint's, ``--classes``)."""
+
+MAX_GLOB_PATHS = 1_000_000
+"""Most paths one glob pattern of ``ssd predict`` may expand to (a symlink loop would otherwise never end)."""
 
 
 _SHORT = reprlib.Repr()

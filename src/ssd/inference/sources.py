@@ -26,6 +26,7 @@ from ssd.data.images import IMAGE_SUFFIXES, is_image
 from ssd.files import check_output, check_outputs, make_run_dir
 from ssd.inference.display import open_window
 from ssd.inference.frames import draw_result, predict_live, predict_video
+from ssd.inference.globs import expand_glob
 from ssd.inference.pipeline import Detector
 from ssd.inference.prefetch import DECODE_WORKERS, decode_files
 from ssd.inference.result_files import check_format
@@ -91,7 +92,7 @@ def resolve_source(source: str | Path) -> list[Path]:
     elif path.is_file():
         return [path]
     elif glob.has_magic(str(source)):
-        files = sorted(Path(f) for f in glob.glob(str(source), recursive=True) if Path(f).is_file())
+        files = sorted(f for f in expand_glob(str(source)) if f.is_file())  # links to folders followed once
     else:
         raise FileNotFoundError(f"source {source} does not exist (give an image, a folder, a glob or a video file)")
     if not files:
