@@ -1,13 +1,11 @@
 """``ssd export``: one entry for every artifact format (the kinds of :data:`ssd.artifacts.ARTIFACTS` with an
 exporter), its options checked before any work is done.
 
-========================  ==============================================  ===========================
-format                    artifact                                        loaded by
-========================  ==============================================  ===========================
-``onnx``                  ``.onnx`` (FP32, or INT8 with ``int8=True``)    ONNX Runtime, OpenCV DNN
-``openvino``              a folder: ``model.xml`` + ``.bin`` + metadata   OpenVINO
-``pt2``                   ``.pt2`` (``torch.export`` program + metadata)  PyTorch
-========================  ==============================================  ===========================
+| format       | artifact                                        | loaded by                |
+|--------------|-------------------------------------------------|--------------------------|
+| ``onnx``     | ``.onnx`` (FP32, or INT8 with ``int8=True``)    | ONNX Runtime, OpenCV DNN |
+| ``openvino`` | a folder: ``model.xml`` + ``.bin`` + metadata   | OpenVINO                 |
+| ``pt2``      | ``.pt2`` (``torch.export`` program + metadata)  | PyTorch                  |
 """
 
 from __future__ import annotations
