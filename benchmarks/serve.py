@@ -1,18 +1,19 @@
 """Throughput and latency of ``ssd serve`` with dynamic batching on and off (issue 26).
 
-Two real server processes on 127.0.0.1 serve the same ``ssd_tiny`` (seeded random weights, 256 px, the background
-logit raised by ``BACKGROUND_BIAS`` so that an image has tens of detections, as a trained model's, instead of the
-hundred a random head gives) exported to ONNX Runtime with a dynamic batch: one with batching off (``--max-batch
-1``), one with batching on (``--max-batch 16 --max-wait-ms 5``). For N = 1, 4 and 16 concurrent clients (httpx, N
-connections, each sending the next image as soon as its answer arrives, for ``--seconds`` after a warm-up of 2N
-requests, at most ``--max-requests``), the two servers are driven in turn, so that load from other processes on this
-shared machine hits both alike; requests/s and latency p50 / p99 are printed side by side. The images are BCCD's
-first 32 (640x480 JPEGs) where the shared data is present, else synthetic 320 px ones.
+Real server processes on 127.0.0.1 serve the same ``ssd_tiny`` (seeded random weights, 256 px, the background logit
+raised by ``BACKGROUND_BIAS``, which leaves tens of detections per image instead of the hundred of a random head)
+exported to ONNX Runtime with a dynamic batch: batching off (``--max-batch 1``) and on (``--max-batch 8
+--max-wait-ms 5``), each with one PyTorch thread (``--threads 1``, the default) and with PyTorch's default of one
+per core (``--threads 0``). For N = 1, 4 and 16 concurrent clients (httpx, N connections, each sending the next
+image as soon as its answer arrives), every server is driven for ``--seconds`` in ``--rounds`` slices, the servers in
+turn, so that load from other processes on this shared machine hits all alike; requests/s and latency p50 / p99 are
+printed side by side. The images are BCCD's first 32 (640x480 JPEGs) where the shared data is present, else
+synthetic 320 px ones.
 
 Every answer is compared with ``ssd predict`` (the CLI, batch 1) on the same image: the same labels in the same
 order, boxes and scores within the float rounding of another batch composition (the largest differences printed).
 
-Usage: ``.venv/bin/python benchmarks/serve.py [--seconds 8] [--clients 1,4,16]``
+Usage: ``.venv/bin/python benchmarks/serve.py [--seconds 8] [--rounds 4] [--clients 1,4,16]``
 """
 
 from __future__ import annotations
@@ -39,9 +40,10 @@ from ssd.models import build_model
 
 SHARED = Path(os.environ.get("SSD_SHARED_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
 IMAGES = 32
-MODES = {"off": ["--max-batch", "1"], "on": ["--max-batch", "16", "--max-wait-ms", "5"]}
+MODES = {"off": ["--max-batch", "1"], "on": ["--max-batch", "8", "--max-wait-ms", "5"]}
+THREADS = {"one": ["--threads", "1"], "per core": ["--threads", "0"]}  # the default, and PyTorch's own
 SSD = [sys.executable, "-m", "ssd"]
-BACKGROUND_BIAS = 0.7
+BACKGROUND_BIAS = 0.63
 
 
 def _model() -> nn.Module:
@@ -107,10 +109,11 @@ def _ssd_predict(weights: Path, images: Path, out: Path) -> dict[str, dict]:
     return {Path(record["file"]).name: record for record in records}
 
 
-async def _drive(url: str, blobs: list[tuple[str, bytes]], clients: int, seconds: float, max_requests: int
-                 ) -> tuple[float, list[float], list[tuple[str, dict]]]:
-    """Requests/s and latencies (s) of the requests sent in ``seconds`` (after a warm-up) by ``clients`` concurrent
-    senders, and every answer with its image's name."""
+async def _drive(url: str, blobs: list[tuple[str, bytes]], clients: int, seconds: float, max_requests: int,
+                 warm_up: bool = False) -> tuple[float, list[float], list[tuple[str, dict]]]:
+    """Seconds taken and latencies (s) of the requests sent for ``seconds`` by ``clients`` concurrent senders, each
+    sending its next image when its answer arrives (at most ``max_requests`` in all), and every answer with its
+    image's name; ``warm_up``: first 2 requests per client, not counted."""
     latencies, answers, sent = [], [], 0
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=httpx.Limits(max_connections=clients)) as client:
 
@@ -121,7 +124,8 @@ async def _drive(url: str, blobs: list[tuple[str, bytes]], clients: int, seconds
             response.raise_for_status()
             return time.perf_counter() - start, name, response.json()
 
-        await asyncio.gather(*[send(i) for i in range(2 * clients)])  # warm-up
+        if warm_up:
+            await asyncio.gather(*[send(i) for i in range(2 * clients)])
         end = time.perf_counter() + seconds
 
         async def sender() -> None:
@@ -134,8 +138,7 @@ async def _drive(url: str, blobs: list[tuple[str, bytes]], clients: int, seconds
 
         start = time.perf_counter()
         await asyncio.gather(*[sender() for _ in range(clients)])
-        elapsed = time.perf_counter() - start
-    return len(latencies) / elapsed, latencies, answers
+    return time.perf_counter() - start, latencies, answers
 
 
 def _compare(answers: list[tuple[str, dict]], expected: dict[str, dict]) -> tuple[int, float, float, int]:
@@ -164,9 +167,12 @@ def _percentile(values: list[float], q: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=8.0, help="measured seconds per server and client count")
+    parser.add_argument("--rounds", type=int, default=4, help="slices the seconds are driven in, servers in turn")
     parser.add_argument("--clients", default="1,4,16", help="concurrent client counts")
-    parser.add_argument("--max-requests", type=int, default=3000, help="most measured requests per run")
+    parser.add_argument("--max-requests", type=int, default=2000, help="most requests per slice")
     args = parser.parse_args()
+    servers = {(threads, mode): [*options, *thread_options] for threads, thread_options in THREADS.items()
+               for mode, options in MODES.items()}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         images = _images(tmp / "images")
@@ -175,28 +181,41 @@ def main() -> None:
         expected = _ssd_predict(weights, tmp / "images", tmp / "predict")
         found = statistics.mean(len(record["detections"]) for record in expected.values())
         print(f"{len(images)} images ({images[0].parent.name}), ssd_tiny ONNX Runtime, {found:.1f} detections per "
-              f"image, {os.cpu_count()} CPUs, {args.seconds:g} s per run")
-        rows, checks = [], {mode: [0, 0.0, 0.0, 0, 0] for mode in MODES}
-        with _server(weights, MODES["off"]) as off, _server(weights, MODES["on"]) as on:
+              f"image, {os.cpu_count()} CPUs, {args.seconds:g} s per server and client count in {args.rounds} slices")
+        figures: dict[tuple, tuple[float, list[float]]] = {}
+        checks = {key: [0, 0.0, 0.0, 0, 0] for key in servers}
+        with contextlib.ExitStack() as stack:
+            urls = {key: stack.enter_context(_server(weights, options)) for key, options in servers.items()}
+            for url in urls.values():
+                asyncio.run(_drive(url, blobs, 4, 0, 0, warm_up=True))
             for clients in (int(c) for c in args.clients.split(",")):
-                row = [clients]
-                for mode, url in (("off", off), ("on", on)):
-                    rate, latencies, answers = asyncio.run(_drive(url, blobs, clients, args.seconds,
-                                                                  args.max_requests))
-                    row += [rate, 1000 * _percentile(latencies, 50), 1000 * _percentile(latencies, 99)]
-                    wrong, box, score, exact = _compare(answers, expected)
-                    check = checks[mode]
-                    checks[mode] = [check[0] + wrong, max(check[1], box), max(check[2], score), check[3] + exact,
-                                    check[4] + len(answers)]
-                rows.append(row)
-    print(f"{'clients':>7} | {'req/s off':>9} {'on':>7} {'on/off':>6} | {'p50 ms off':>10} {'on':>6} | "
-          f"{'p99 ms off':>10} {'on':>6}")
-    for clients, off_rate, off_p50, off_p99, on_rate, on_p50, on_p99 in rows:
-        print(f"{clients:>7} | {off_rate:>9.1f} {on_rate:>7.1f} {on_rate / off_rate:>6.2f} | {off_p50:>10.1f} "
-              f"{on_p50:>6.1f} | {off_p99:>10.1f} {on_p99:>6.1f}")
-    for mode, (wrong, box, score, exact, total) in checks.items():
-        print(f"batching {mode}: {total} answers against ssd predict: {wrong} with other labels, {exact} identical, "
-              f"largest difference {box:.2g} px (box), {score:.2g} (score)")
+                for _ in range(args.rounds):
+                    for key, url in urls.items():
+                        took, latencies, answers = asyncio.run(_drive(url, blobs, clients, args.seconds / args.rounds,
+                                                                      args.max_requests))
+                        total, all_latencies = figures.get((clients, *key), (0.0, []))
+                        figures[(clients, *key)] = (total + took, all_latencies + latencies)
+                        wrong, box, score, exact = _compare(answers, expected)
+                        check = checks[key]
+                        checks[key] = [check[0] + wrong, max(check[1], box), max(check[2], score), check[3] + exact,
+                                       check[4] + len(answers)]
+    for threads in THREADS:
+        print(f"\nssd serve --threads {THREADS[threads][-1]}: batching off ({' '.join(MODES['off'])}) and on "
+              f"({' '.join(MODES['on'])})")
+        print(f"{'clients':>7} | {'req/s off':>9} {'on':>7} {'on/off':>6} | {'p50 ms off':>10} {'on':>6} | "
+              f"{'p99 ms off':>10} {'on':>6}")
+        for clients in (int(c) for c in args.clients.split(",")):
+            rate, p50, p99 = {}, {}, {}
+            for mode in MODES:
+                took, latencies = figures[(clients, threads, mode)]
+                rate[mode] = len(latencies) / took
+                p50[mode], p99[mode] = (1000 * _percentile(latencies, q) for q in (50, 99))
+            print(f"{clients:>7} | {rate['off']:>9.1f} {rate['on']:>7.1f} {rate['on'] / rate['off']:>6.2f} | "
+                  f"{p50['off']:>10.1f} {p50['on']:>6.1f} | {p99['off']:>10.1f} {p99['on']:>6.1f}")
+    print()
+    for (threads, mode), (wrong, box, score, exact, total) in checks.items():
+        print(f"--threads {THREADS[threads][-1]}, batching {mode}: {total} answers against ssd predict: {wrong} with "
+              f"other labels, {exact} identical, largest difference {box:.2g} px (box), {score:.2g} (score)")
 
 
 if __name__ == "__main__":

@@ -264,8 +264,10 @@ def test_page_renders_the_boxes_of_a_sample_in_headless_chromium(server, detecto
 
 @pytest.mark.slow
 def test_ssd_serve_process_on_a_free_port_answers_as_detector_predict(tiny_checkpoint, detector, images):
+    # --threads 0: PyTorch's thread count of this process, which the float sums of a .pt network depend on
     process = subprocess.Popen([sys.executable, "-m", "ssd", "serve", "--weights", str(tiny_checkpoint), "--port", "0",
-                                "--max-batch", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                "--max-batch", "1", "--threads", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     try:
         assert select.select([process.stdout], [], [], 120)[0], "no line from ssd serve within 120 s"
         line = process.stdout.readline()  # printed once the socket listens: requests wait in its backlog
@@ -311,3 +313,5 @@ def test_ssd_serve_refuses_a_bad_option_in_one_line(tiny_checkpoint, capsys):
                                            "(Address already in use)\n")
     assert main(["serve", "--weights", str(tiny_checkpoint), "--port", "0", "--max-batch", "0"]) == 1
     assert capsys.readouterr().err == "error: max_batch must be a positive integer, got 0\n"
+    assert main(["serve", "--weights", str(tiny_checkpoint), "--threads", "-1"]) == 1
+    assert capsys.readouterr().err == "error: --threads must be a positive integer, got -1\n"

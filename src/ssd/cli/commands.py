@@ -89,7 +89,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from ssd.serve.server import serve
 
     serve(args.weights, host=args.host, port=args.port, device=args.device, half=args.half, **thresholds(args),
-          max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, samples=args.samples)
+          max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, samples=args.samples, threads=args.threads or None)
     return 0
 
 

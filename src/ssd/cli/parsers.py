@@ -117,6 +117,9 @@ def _add_serve_parser(sub) -> None:
     p.add_argument("--max-wait-ms", type=float, default=5.0,
                    help="how long the first request of a batch waits for others, in ms (default: 5)")
     p.add_argument("--samples", type=Path, help="folder of example images the page at / offers")
+    p.add_argument("--threads", type=int, default=1,
+                   help="PyTorch threads of the server: pre-/post-processing, a .pt network (default: 1; 0: one per "
+                        "core)")
 
 
 def _add_export_parser(sub) -> None:

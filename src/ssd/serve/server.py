@@ -39,19 +39,30 @@ def exposure_warning(host: str) -> str | None:
 def serve(weights: str | Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, device: str = "cpu",
           half: bool = False, score_threshold: float | None = None, iou_threshold: float = PREDICT.iou_threshold,
           max_detections: int = PREDICT.max_detections, max_batch: int = 8, max_wait_ms: float = 5.0,
-          samples: str | Path | None = None) -> None:
+          samples: str | Path | None = None, threads: int | None = 1) -> None:
     """Serve ``weights`` (anything :func:`ssd.inference.pipeline.load` opens) on ``host:port`` until interrupted.
 
     The port is taken before the model is opened (a port in use fails at once; port 0 takes a free one), and the
     line ``serving ... on http://HOST:PORT ...`` is printed once it accepts connections. See
     :func:`ssd.serve.app.create_app` for the routes and the other options. A host other than a loopback address is
-    served with a :class:`ServeWarning`."""
+    served with a :class:`ServeWarning`.
+
+    ``threads``: PyTorch's intra-op threads in this process (pre- and post-processing, and the layers of a ``.pt``
+    network; ``None`` leaves PyTorch's default, one per core). The default 1 is set because a server's concurrent
+    requests already keep the cores busy, and PyTorch's thread pool costs several times the work of one small image
+    in waits (``benchmarks/serve.py``); ONNX Runtime and OpenVINO keep their own threads."""
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ConfigError(f"--threads must be a positive integer, got {threads}")
     uvicorn = require("uvicorn", "serve", "ssd serve")
     require("fastapi", "serve", "ssd serve")
     from ssd.inference.pipeline import load
     from ssd.serve.app import create_app
 
     with _listen(host, port) as sock:
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
         detector = load(weights, device=device, half=half)
         app = create_app(detector, score_threshold=score_threshold, iou_threshold=iou_threshold,
                          max_detections=max_detections, max_batch=max_batch, max_wait_ms=max_wait_ms,
