@@ -4,6 +4,7 @@ made with ssd 0772225, tests/data/legacy*) still load and give the detections th
 import gzip
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -69,6 +70,14 @@ def test_a_card_reads_back_from_its_dict_and_its_strings_field_for_field():
 def test_the_validator_names_the_field_the_value_and_the_rule(field, value, rule):
     with pytest.raises(ValueError, match=rf"^card\.json: {field}=.* is not {rule}; export the model again$"):
         ModelCard.from_dict({**CARD.to_dict(), field: value}, "card.json")
+
+
+@pytest.mark.parametrize(("name", "rule"), [("cat\x1b[2J", "holds U+001B"), ("\ud800", "holds a lone surrogate"),
+                                            ("x" * 201, "is 201 characters long: at most 200")])
+def test_an_artifact_whose_class_names_hold_an_escape_code_is_refused_by_its_card(name, rule):
+    with pytest.raises(ValueError, match=rf"^card\.json: class_names\[1\] = .* {re.escape(rule)}"):
+        ModelCard.from_dict({**CARD.to_dict(), "class_names": [CARD.class_names[0], name, *CARD.class_names[2:]]},
+                            "card.json")
 
 
 @pytest.mark.parametrize("field", list(CARD.fingerprints()))
