@@ -7,6 +7,7 @@ import itertools
 import json
 import multiprocessing
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -319,3 +320,17 @@ def test_torchrun_two_ranks_build_the_index_once(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     # rank 0: 8 headers and annotations, the 6 train images decoded; rank 1 found its index
     assert int((out / "0").read_text()) == 2 * 8 + 6 and int((out / "1").read_text()) == 0
+
+
+def test_training_tables_leave_the_message_columns_in_the_index_file(tmp_path):
+    data = voc(tmp_path)
+    train = load_training_data(data).records("train")
+    assert train.detail._columns is None  # what a DataLoader worker shares: paths, sizes, boxes, labels, flags
+    loader = build_dataloader(train, ["a", "b", "c"], 64, (0.5,) * 3, (0.25,) * 3, train=True, batch_size=2)
+    next(iter(loader))
+    assert train.detail._columns is None
+    spawned = pickle.loads(pickle.dumps(train.take([1])))  # as a worker started by spawn receives it
+    assert spawned[0].objects[0].where == load_dataset(data).records("train")[1].objects[0].where
+    index_dataset(data, recheck=True)  # the file replaced under a table that has not read its details yet
+    with pytest.raises(DataError, match="changed while this run used it"):
+        train[0]

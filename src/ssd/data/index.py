@@ -24,7 +24,7 @@ import logging
 import os
 import time
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +35,7 @@ import ssd.distributed as ddp
 from ssd.data.check import find_issues
 from ssd.data.load import load_dataset
 from ssd.data.memo import RACY_NS, FileMemo, decode_parsed, encode_parsed, file_state
-from ssd.data.records import DatasetSpec, Issue
+from ssd.data.records import DataError, DatasetSpec, Issue
 from ssd.data.table import RecordTable, Strings
 from ssd.files import DirectoryLock, OutputError, atomic_write, describe_os_error
 
@@ -124,34 +124,59 @@ def _text(value) -> np.ndarray:
     return np.frombuffer(json.dumps(value).encode(), np.uint8)
 
 
-def _digest(arrays: dict[str, np.ndarray]) -> str:
+def _digest(arrays: Mapping, names: Iterable[str]) -> str:
+    """SHA-256 of the arrays ``names`` of ``arrays`` (an opened ``.npz`` too: read one array at a time)."""
     h = hashlib.sha256()
-    for name in sorted(arrays):
+    for name in sorted(names):
         a = np.ascontiguousarray(arrays[name])
         h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
         h.update(a.data)
     return h.hexdigest()
 
 
+class _IndexFile:
+    """Reads ``names`` from the index file again (the detail columns, on first use), provided it is still the one
+    of ``digest``."""
+
+    def __init__(self, path: Path, digest: str, names: list[str]) -> None:
+        self.path, self.digest, self.names = path, digest, names
+
+    def __call__(self) -> dict:
+        try:
+            with np.load(self.path, allow_pickle=False) as z:
+                if z["digest"].tobytes().decode() == self.digest:
+                    return {name: z[name] for name in self.names}
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            pass
+        raise DataError(f"the dataset index {self.path} changed while this run used it (rebuilt by another run?): "
+                        "run again")
+
+
 class _Stored:
-    """An index file's content, checked: the key it was built for and a digest of every array."""
+    """An index file's content, checked (the key it was built for and a digest of every array); the detail columns
+    of its tables and the per-file results are read from the file again when needed, never held."""
 
     def __init__(self, path: Path, key: dict) -> None:
         with np.load(path, allow_pickle=False) as z:
-            arrays = {name: z[name] for name in z.files}
-        digest = arrays.pop("digest").tobytes().decode()
-        if digest != _digest(arrays):
-            raise ValueError("its digest does not match its content (edited or damaged)")
-        self.meta = json.loads(arrays["meta"].tobytes())
-        if self.meta.get("key") != key:
-            raise ValueError("it was built for another dataset or version")
-        self.arrays = arrays
-        self.files = Strings.from_arrays(arrays, "files")
-        self.memo = json.loads(arrays["memo"].tobytes())
+            digest = z["digest"].tobytes().decode()
+            if digest != _digest(z, [name for name in z.files if name != "digest"]):
+                raise ValueError("its digest does not match its content (edited or damaged)")
+            self.meta = json.loads(z["meta"].tobytes())
+            if self.meta.get("key") != key:
+                raise ValueError("it was built for another dataset or version")
+            detail = [n for i in range(len(self.meta["splits"]))
+                      for n in RecordTable.detail_arrays(f"split{i}.", z.files)]
+            self.arrays = {name: z[name] for name in z.files if name not in detail and name not in ("memo", "digest")}
+        self.path, self.digest, self.detail = path, digest, detail
+        self.files = Strings.from_arrays(self.arrays, "files")
+
+    def memo(self) -> dict:
+        return json.loads(_IndexFile(self.path, self.digest, ["memo"])()["memo"].tobytes())
 
     def spec(self) -> DatasetSpec:
-        m = self.meta
-        splits = {name: RecordTable.from_arrays(self.arrays, f"split{i}.") for i, name in enumerate(m["splits"])}
+        m, detail = self.meta, _IndexFile(self.path, self.digest, self.detail)
+        splits = {name: RecordTable.from_arrays(self.arrays, f"split{i}.", detail)
+                  for i, name in enumerate(m["splits"])}
         return DatasetSpec(Path(m["root"]), m["format"], m["class_names"], splits, _issues(m["issues"]),
                            m["category_ids"], {k: Path(v) for k, v in m["sources"].items()})
 
@@ -164,7 +189,7 @@ def _save(path: Path, key: dict, spec: DatasetSpec, checks: dict, memo: FileMemo
               **Strings.pack(files.paths).arrays("files")}
     for i, table in enumerate(spec.splits.values()):
         arrays |= table.arrays(f"split{i}.")
-    arrays["digest"] = np.frombuffer(_digest(arrays).encode(), np.uint8)
+    arrays["digest"] = np.frombuffer(_digest(arrays, arrays).encode(), np.uint8)
     with atomic_write(path) as f:
         np.savez(f, **arrays)
 
@@ -242,7 +267,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
         if unchanged and checked is not None:
             _first_split(spec, splits)
             return Indexed(spec, _issues(checked), [], True)
-    memo = FileMemo(None if stored is None else stored.memo)
+    memo = FileMemo(None if stored is None else stored.memo())
     with memo.active():
         spec = load_dataset(data, class_names=class_names)
         _first_split(spec, splits)
@@ -263,7 +288,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
     except OutputError as e:
         LOGGER.warning(f"dataset cache: {e}; working without a cache")
         return Indexed(spec, issues, memo.reads)
-    return Indexed(spec, issues, memo.reads, True)
+    return Indexed(_Stored(path, key).spec(), issues, memo.reads, True)  # as a later run reads it: details on disk
 
 
 def _used(spec: DatasetSpec, splits: list[str] | None) -> list[str]:

@@ -10,7 +10,7 @@ and reports); training reads the arrays (:meth:`objects`). Boxes are stored as t
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -76,9 +76,53 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return starts + np.arange(total)
 
 
-_IMAGE_TEXT = ("paths", "annotations", "image_ids")
-_OBJECT_TEXT = ("names", "sources", "where", "raw")
-_ARRAYS = ("sizes", "id_is_int", "first", "boxes", "labels", "flags", "lines")
+_TEXT = ("paths", "image_ids")
+_ARRAYS = ("sizes", "id_is_int", "first", "boxes", "labels", "flags")
+_DETAIL_IMAGES = ("annotations",)
+_DETAIL = {"annotations": Strings, "names": Strings, "sources": Strings, "where": Strings, "raw": Strings,
+           "lines": np.ndarray}
+"""The columns only messages and reports read: kept on disk until one asks (see :class:`Detail`)."""
+
+
+def _rows(column, index: np.ndarray):
+    return column.take(index) if isinstance(column, Strings) else column[index]
+
+
+class _DetailReader:
+    """``load()``'s arrays as the detail columns of the table of ``prefix`` (a class, not a closure: a DataLoader
+    worker started by ``spawn`` receives the table pickled)."""
+
+    def __init__(self, load: Callable[[], Mapping], prefix: str) -> None:
+        self.load, self.prefix = load, prefix
+
+    def __call__(self) -> dict:
+        source = self.load()
+        return {name: Strings.from_arrays(source, self.prefix + name) if kind is Strings else source[self.prefix + name]
+                for name, kind in _DETAIL.items()}
+
+
+class Detail:
+    """The detail columns of a table (:data:`_DETAIL`): held, or read on first use by ``load()`` (a mapping of the
+    whole split's columns) at ``images`` / ``objects`` rows (None: all), so training processes never hold them."""
+
+    def __init__(self, columns: dict | None = None, load: Callable[[], dict] | None = None,
+                 images: np.ndarray | None = None, objects: np.ndarray | None = None) -> None:
+        self._columns, self._load, self._images, self._objects = columns, load, images, objects
+
+    def columns(self) -> dict:
+        if self._columns is None:
+            source = self._load()
+            self._columns = {name: source[name] if rows is None else _rows(source[name], rows)
+                             for name in _DETAIL
+                             for rows in [self._images if name in _DETAIL_IMAGES else self._objects]}
+        return self._columns
+
+    def take(self, images: np.ndarray, objects: np.ndarray) -> Detail:
+        if self._columns is not None:
+            return Detail({name: _rows(c, images if name in _DETAIL_IMAGES else objects)
+                           for name, c in self._columns.items()})
+        return Detail(load=self._load, images=images if self._images is None else self._images[images],
+                      objects=objects if self._objects is None else self._objects[objects])
 
 
 class RecordTable(Sequence[ImageRecord]):
@@ -91,11 +135,19 @@ class RecordTable(Sequence[ImageRecord]):
         first: int64 ``[N + 1]``: image ``i``'s objects are rows ``first[i]:first[i + 1]``.
         boxes: float32 ``[M, 4]`` pixel xyxy; labels: int64 ``[M]``; flags: uint8 ``[M]`` (bit 1 difficult, 2 crowd);
         lines: int64 ``[M]``; names, sources, where, raw: :class:`Strings` ``[M]`` (no source: ``""``).
+        The last five and ``annotations`` are the :class:`Detail`: a table read from an index reads them from its
+        file on first use.
     """
 
-    def __init__(self, **columns) -> None:
-        for name in (*_IMAGE_TEXT, *_OBJECT_TEXT, *_ARRAYS):
+    def __init__(self, detail: Detail, **columns) -> None:
+        self.detail = detail
+        for name in (*_TEXT, *_ARRAYS):
             setattr(self, name, columns[name])
+
+    def __getattr__(self, name: str):
+        if name in _DETAIL:
+            return self.detail.columns()[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @classmethod
     def from_records(cls, records: Iterable[ImageRecord]) -> RecordTable:
@@ -107,20 +159,19 @@ class RecordTable(Sequence[ImageRecord]):
                           for r in records], np.int64).reshape(-1, 2)
         bound = 2**63 - 1  # a COCO annotation id may be any JSON integer
         lines = np.array([min(max(o.line or 0, -bound), bound) for o in objects], np.int64)
+        detail = Detail({
+            "annotations": Strings.pack(["" if r.annotation is None else str(r.annotation) for r in records], True),
+            "lines": lines, "names": Strings.pack([o.name for o in objects]),
+            "sources": Strings.pack(["" if o.source is None else str(o.source) for o in objects], True),
+            "where": Strings.pack([o.where for o in objects], True), "raw": Strings.pack([o.raw for o in objects])})
         return cls(
-            paths=Strings.pack([str(r.path) for r in records], share_prefix=True),
-            annotations=Strings.pack(["" if r.annotation is None else str(r.annotation) for r in records], True),
+            detail, paths=Strings.pack([str(r.path) for r in records], share_prefix=True),
             image_ids=Strings.pack([str(r.image_id) for r in records]),
             id_is_int=np.array([isinstance(r.image_id, int) for r in records], bool),
             sizes=sizes, first=first,
             boxes=np.array([o.box for o in objects], np.float32).reshape(-1, 4),
             labels=np.array([o.label for o in objects], np.int64),
-            flags=np.array([DIFFICULT * o.difficult + CROWD * o.iscrowd for o in objects], np.uint8),
-            lines=lines,
-            names=Strings.pack([o.name for o in objects]),
-            sources=Strings.pack(["" if o.source is None else str(o.source) for o in objects], True),
-            where=Strings.pack([o.where for o in objects], True),
-            raw=Strings.pack([o.raw for o in objects]))
+            flags=np.array([DIFFICULT * o.difficult + CROWD * o.iscrowd for o in objects], np.uint8))
 
     def __len__(self) -> int:
         return len(self.first) - 1
@@ -176,11 +227,10 @@ class RecordTable(Sequence[ImageRecord]):
             rows = rows[kept]
         first = np.zeros(len(index) + 1, np.int64)
         np.cumsum(counts, out=first[1:])
-        columns = {name: getattr(self, name).take(index) for name in _IMAGE_TEXT}
-        columns |= {name: getattr(self, name).take(rows) for name in _OBJECT_TEXT}
-        return RecordTable(**columns, sizes=self.sizes[index], id_is_int=self.id_is_int[index], first=first,
-                           boxes=self.boxes[rows], labels=self.labels[rows], flags=self.flags[rows],
-                           lines=self.lines[rows])
+        return RecordTable(self.detail.take(index, rows), paths=self.paths.take(index),
+                           image_ids=self.image_ids.take(index), sizes=self.sizes[index],
+                           id_is_int=self.id_is_int[index], first=first, boxes=self.boxes[rows],
+                           labels=self.labels[rows], flags=self.flags[rows])
 
     def without(self, images: set[Path], objects: set[tuple[Path, int]]) -> tuple[RecordTable, list[str]]:
         """The table without ``images`` and ``objects`` (``(image path, index among its objects)``), and the
@@ -205,15 +255,23 @@ class RecordTable(Sequence[ImageRecord]):
     def arrays(self, prefix: str) -> dict[str, np.ndarray]:
         """Every column as named arrays (for ``np.savez``), names starting with ``prefix``."""
         out = {}
-        for name in (*_IMAGE_TEXT, *_OBJECT_TEXT):
-            out |= getattr(self, name).arrays(prefix + name)
-        return out | {prefix + name: getattr(self, name) for name in _ARRAYS}
+        for name, column in [(n, getattr(self, n)) for n in (*_TEXT, *_ARRAYS, *_DETAIL)]:
+            out |= column.arrays(prefix + name) if isinstance(column, Strings) else {prefix + name: column}
+        return out
 
     @classmethod
-    def from_arrays(cls, arrays, prefix: str) -> RecordTable:
-        """The inverse of :meth:`arrays` (``arrays``: a mapping, e.g. an opened ``.npz``)."""
-        columns = {name: Strings.from_arrays(arrays, prefix + name) for name in (*_IMAGE_TEXT, *_OBJECT_TEXT)}
-        return cls(**columns, **{name: arrays[prefix + name] for name in _ARRAYS})
+    def from_arrays(cls, arrays, prefix: str, detail: Callable[[], dict] | None = None) -> RecordTable:
+        """The inverse of :meth:`arrays` (``arrays``: a mapping, e.g. an opened ``.npz``); ``detail``: where to read
+        the detail columns from on first use (a mapping like ``arrays``) instead of ``arrays`` now."""
+        columns = {name: Strings.from_arrays(arrays, prefix + name) for name in _TEXT}
+        held = Detail(_DetailReader(lambda: arrays, prefix)()) if detail is None else None
+        return cls(held or Detail(load=_DetailReader(detail, prefix)), **columns,
+                   **{name: arrays[prefix + name] for name in _ARRAYS})
+
+    @staticmethod
+    def detail_arrays(prefix: str, names: Iterable[str]) -> list[str]:
+        """Which of the array ``names`` (of :meth:`arrays` with ``prefix``) hold detail columns."""
+        return [n for n in names if n.startswith(prefix) and n[len(prefix):].split(".")[0] in _DETAIL]
 
 
 def select(records: Sequence[ImageRecord], index: Sequence[int]) -> Sequence[ImageRecord]:
