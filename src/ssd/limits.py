@@ -36,8 +36,9 @@ MAX_DETECTIONS = 10_000
 of a model card): its output is ``[B, max_det, 6]``, allocated whatever the image holds."""
 
 MAX_CROP_CACHE_BYTES = 4 * 2**30
-"""Most RAM the training image cache may take with ``--crop-scale`` (images kept near native resolution): larger
-caches are downscaled by one common factor, reported (:func:`ssd.data.crops.decode_sizes`)."""
+"""Most RAM the image cache of ``--cache-images`` may take (at the input size, or with ``--crop-scale`` near native
+resolution): larger caches are downscaled by one common factor, reported (:func:`ssd.data.crops.fit_in_bytes`), and
+refused below :data:`ssd.data.loader.MIN_CACHE_DOWNSCALE`."""
 
 MAX_SAVED_CROPS = 100_000
 """Most detection crops one ``ssd predict --save-crop`` run saves; the others are counted and reported."""
