@@ -32,6 +32,8 @@ from ssd.training.config import TrainConfig
     ({"warmup_epochs": 1e308}, "warmup_epochs=1e+308 is invalid: must be at most 100000 epochs "
                                "(ssd.limits.MAX_EPOCHS) (--warmup-epochs)"),
     ({"epochs": 10**9}, "epochs=1000000000 is invalid: must be at most 100000 epochs"),
+    ({"workers": 100_000}, "workers=100000 is invalid: must be at most 64 processes (ssd.limits.MAX_WORKERS) "
+                           "(--workers)"),
 ])
 def test_config_file_value_of_wrong_type_or_range_names_the_option(tmp_path, options, message):
     with pytest.raises(ConfigError) as info:
@@ -79,3 +81,13 @@ def test_check_image_size_beyond_the_bound_is_a_usage_error_before_building(tmp_
     assert err == [f"error: ssd check: argument --image-size: image_size={size!r} is "
                    "invalid: must be at least 32 and at most 4096 on each side (--image-size; the bound is "
                    "ssd.limits.MAX_INPUT_SIDE)"]
+
+
+@pytest.mark.parametrize("command", [["val", "--weights", "w.pt", "--data", "d"], ["predict", "--weights", "w.pt",
+                                                                                  "--source", "s"]])
+@pytest.mark.parametrize("workers", ["100000", "-1", "two"])
+def test_val_and_predict_workers_beyond_the_bound_exit_2_before_anything_starts(capsys, command, workers):
+    assert main([*command, "--workers", workers]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"error: ssd {command[0]}: argument --workers: must be a whole number from 0 to 64 "
+                   f"(ssd.limits.MAX_WORKERS), got {workers!r}")

@@ -14,6 +14,7 @@ __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_STREAMS",
            "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS", "MAX_DETECTIONS",
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
            "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE", "MAX_NAME_CHARS", "MAX_GLOB_PATHS",
+           "MAX_WORKERS",
            "MAX_UPLOAD_BYTES", "value_text"]
 
 MAX_INPUT_SIDE = 4096
@@ -74,6 +75,9 @@ MAX_NAME_CHARS = 200
 
 MAX_GLOB_PATHS = 1_000_000
 """Most paths one glob pattern of ``ssd predict`` may expand to (a symlink loop would otherwise never end)."""
+
+MAX_WORKERS = 64
+"""Most data-loading processes or decoding threads one command may start (``--workers``)."""
 
 
 _SHORT = reprlib.Repr()

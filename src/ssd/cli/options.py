@@ -112,6 +112,16 @@ def points_option(text: str) -> float:
     return value
 
 
+def workers_option(text: str) -> int:
+    """``--workers`` of val and predict: a whole number from 0 to :data:`ssd.limits.MAX_WORKERS`."""
+    from ssd.limits import MAX_WORKERS
+
+    if not (text.strip().isdigit() and int(text) <= MAX_WORKERS):
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {MAX_WORKERS} (ssd.limits.MAX_WORKERS), "
+                                         f"got {text!r}")
+    return int(text)
+
+
 def tile_option(text: str) -> str | tuple[int, int]:
     """``--tile``: ``auto``, ``N`` or ``HxW`` (the rules of :func:`ssd.inference.tiling.check_tile`), as an argparse
     error."""

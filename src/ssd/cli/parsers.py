@@ -19,6 +19,7 @@ from ssd.cli.options import (
     int_list,
     points_option,
     suggest,
+    workers_option,
 )
 from ssd.settings import EVALUATE, PREDICT
 
@@ -57,7 +58,7 @@ def _add_val_parser(sub) -> None:
     p.add_argument("--metric", default="voc07", choices=["voc07", "voc", "coco"],
                    help="voc07: VOC2007 11-point AP@0.5; voc: VOC2010+ area AP@0.5; coco: AP@[.5:.95] (default: voc07)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--workers", type=workers_option, default=0)
     p.add_argument("--recheck", action="store_true",
                    help="read and decode the whole dataset again instead of trusting its index (rebuilt)")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N, mps or auto")
@@ -93,7 +94,8 @@ def _add_predict_parser(sub) -> None:
     p.add_argument("--save-conf", action="store_true", help="add each detection's confidence to --save-txt labels")
     p.add_argument("--save-crop", action="store_true", help="one image per detection in SAVE_DIR/crops/CLASS")
     p.add_argument("--classes", nargs="+", metavar="CLASS", help="keep only these classes (names or labels 0..K-1)")
-    p.add_argument("--workers", type=int, default=2, help="threads decoding images ahead (0: in the main thread)")
+    p.add_argument("--workers", type=workers_option, default=2,
+                   help="threads decoding images ahead (0: in the main thread)")
     p.add_argument("--track", action="store_true",
                    help="track objects across video and stream frames (ByteTrack): ids in every output and drawn "
                         "with a trail; a folder of images is tracked as one sequence in name order")

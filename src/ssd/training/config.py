@@ -23,7 +23,7 @@ import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
 from ssd.files import write_text
-from ssd.limits import MAX_EPOCHS, MAX_INPUT_SIDE, MAX_TRAIN_MINUTES, value_text
+from ssd.limits import MAX_EPOCHS, MAX_INPUT_SIDE, MAX_TRAIN_MINUTES, MAX_WORKERS, value_text
 from ssd.settings import EVALUATE, THRESHOLD_OPTIONS, ConfigError
 from ssd.yamlfile import safe_load
 
@@ -210,6 +210,8 @@ class TrainConfig:
             value = getattr(self, name)
             _require(self, name, value is None or value <= MAX_EPOCHS,
                      f"must be at most {MAX_EPOCHS} epochs (ssd.limits.MAX_EPOCHS)")
+        _require(self, "workers", self.workers <= MAX_WORKERS, f"must be at most {MAX_WORKERS} processes "
+                 "(ssd.limits.MAX_WORKERS)")
         _require(self, "gamma", self.gamma <= 1, "must be in [0, 1] (the lr is multiplied by it at each milestone)")
         _require(self, "momentum", 0 <= self.momentum < 1, "must be in [0, 1) (SGD momentum / AdamW beta1)")
         _require(self, "ema_decay", 0 < self.ema_decay < 1, "must be in (0, 1), e.g. 0.9999")
