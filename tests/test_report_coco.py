@@ -138,6 +138,8 @@ DETECTION = '{"image_id": 7, "category_id": 3, "bbox": [1, 2, 3, 4], "score": 0.
     (f'[{DETECTION}, {{"image_id": 7, "category_id": 4, "bbox": [1, 2, 3, 4], "score": 0.5}}]',
      "detection 1: category id(s) 4 are not the dataset's (3, 5)"),
     ('{"annotations": []}', "a COCO results file must be a JSON list [...]"),
+    (f'[{{"image_id": 1{"0" * 5000}, "category_id": 3, "bbox": [1, 2, 3, 4], "score": 0.5}}]',
+     "Exceeds the limit (4300 digits) for integer string conversion"),
     (f'[{DETECTION},', "not valid JSON at line 1, column 72: Expecting value"),
 ])
 def test_bad_detections_file_is_one_error_naming_the_file_and_the_detection(tmp_path, text, message):

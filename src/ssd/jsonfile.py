@@ -24,12 +24,8 @@ class JSONInputError(ValueError):
     """A JSON file a user gave that is too large, too deeply nested, not JSON, or not what it should hold."""
 
 
-class _NotANumber(ValueError):
-    pass
-
-
 def _no_constant(name: str) -> None:
-    raise _NotANumber(f"{name} is not a JSON number")
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def read_json(path: str | os.PathLike, *, max_bytes: int, bound: str, what: str = "JSON file",
@@ -40,7 +36,8 @@ def read_json(path: str | os.PathLike, *, max_bytes: int, bound: str, what: str 
 
     Raises:
         JSONInputError: naming ``path``: unreadable, over ``max_bytes``, not JSON (line and column), nested too
-            deeply, or not a list where ``array`` asks for one.
+            deeply, or not a list where ``array`` asks for one; ``object_hook`` raises this type (or a subclass) for
+            what it refuses.
     """
     path = Path(path)
     try:
@@ -58,6 +55,8 @@ def read_json(path: str | os.PathLike, *, max_bytes: int, bound: str, what: str 
         raise JSONInputError(f"{path}: {what} must be a JSON list [...]")
     try:
         return json.loads(data, object_hook=object_hook, parse_constant=_no_constant)
+    except JSONInputError:  # the object_hook's own, naming the file already
+        raise
     except RecursionError:
         raise JSONInputError(f"{path}: {what} is nested too deeply to be what it should be") from None
     except json.JSONDecodeError as error:
@@ -65,5 +64,5 @@ def read_json(path: str | os.PathLike, *, max_bytes: int, bound: str, what: str 
                              f"{error.msg}") from None
     except UnicodeDecodeError as error:
         raise JSONInputError(f"{path}: not UTF-8 text (byte {error.start}): {what} must be JSON") from None
-    except _NotANumber as error:
+    except ValueError as error:  # NaN / Infinity, an integer of more than 4300 digits
         raise JSONInputError(f"{path}: {error}") from None
