@@ -150,6 +150,12 @@ def test_bad_detections_file_is_one_error_naming_the_file_and_the_detection(tmp_
     assert str(info.value).startswith(f"{path}: ") and message in str(info.value), str(info.value)
 
 
+def test_missing_detections_file_or_a_folder_is_one_error_naming_it(tmp_path):
+    for path, cause in ((tmp_path / "missing.json", "No such file or directory"), (tmp_path, "Is a directory")):
+        with pytest.raises(ValueError, match=rf"^cannot read a COCO results file: {cause} while reading {path} "):
+            detections_from_coco_results(path, _records(tmp_path, [7]), 2)
+
+
 def test_detections_file_over_the_size_bound_is_refused_before_it_is_read(tmp_path, monkeypatch):
     monkeypatch.setattr(results_module, "MAX_DETECTIONS_FILE_BYTES", 100)
     path = tmp_path / "detections.json"

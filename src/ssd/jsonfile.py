@@ -48,7 +48,7 @@ def read_json(path: str | os.PathLike, *, max_bytes: int, bound: str, what: str 
                                      f"({bound})")
             data = f.read(max_bytes + 1)  # the file may grow while it is read
     except OSError as error:
-        raise JSONInputError(f"{what} {describe_os_error(error, path, action='reading')}") from None
+        raise JSONInputError(f"cannot read {what}: {describe_os_error(error, path, action='reading')}") from None
     if len(data) > max_bytes:
         raise JSONInputError(f"{path}: {what} is over the bound of {max_bytes:,} bytes ({bound})")
     if array and not data.lstrip(b" \t\r\n\xef\xbb\xbf").startswith(b"["):
