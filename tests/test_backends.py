@@ -16,6 +16,7 @@ from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.evaluation.evaluator import evaluate
 from ssd.export.formats import export
+from ssd.files import OutputError
 from ssd.inference.backends import OnnxBackend, OnnxModelError, open_torch
 from ssd.inference.backends_opencv import OpenCvBackend
 from ssd.inference.backends_pt2 import METADATA_FILE, ExportedProgramBackend
@@ -201,3 +202,20 @@ def test_openvino_backends_share_the_process_core(tiny_checkpoint, tmp_path):
     assert openvino_core() is openvino_core() and second.session is not None
     done = subprocess.run([sys.executable, "-c", "print('forked')"], capture_output=True, text=True, check=True)
     assert done.stdout == "forked\n"
+
+
+def test_openvino_export_into_an_existing_folder_is_refused_unless_it_is_ours_and_exist_ok(artifacts, tmp_path,
+                                                                                          capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "model.xml").write_text("<my own model/>")
+    with pytest.raises(OutputError, match=r"--output .*mine is an existing folder that is not an OpenVINO export of "
+                                          r"ssd \(it holds model\.xml\): choose a new folder"):
+        export(artifacts["pt"], "openvino", out_path=mine, exist_ok=True)
+    assert (mine / "model.xml").read_text() == "<my own model/>"
+    ours = shutil.copytree(artifacts["openvino"], tmp_path / "ours")
+    run = ["export", "--weights", str(artifacts["pt"]), "--format", "openvino", "--output", str(ours)]
+    assert main(run) == 1
+    assert "already holds an OpenVINO export: pass --exist-ok to replace it" in capsys.readouterr().err
+    assert main([*run, "--exist-ok"]) == 0
+    assert OpenVinoBackend(ours).card.replace() == OpenVinoBackend(artifacts["openvino"]).card.replace()

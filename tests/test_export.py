@@ -310,3 +310,36 @@ def test_every_list_of_formats_derives_from_the_one_artifact_table():
     assert BACKENDS["opencv"].suffixes == () and BACKENDS["onnx"].suffixes == (".onnx",)
     for kind in ARTIFACTS.values():  # every exporter and opener the table names exists
         assert all(callable(resolve(target)) for target in [*kind.runtimes.values(), kind.exporter] if target)
+
+
+def test_an_export_whose_parity_check_fails_or_is_killed_leaves_nothing_at_the_output(tiny, tmp_path, monkeypatch):
+    from ssd.export import onnx as onnx_export
+
+    weights = save_checkpoint(tmp_path / "best.pt", tiny)
+
+    def failing(model, path, sample_images=None):
+        assert path.name == "best.onnx" and path.is_file() and path.parent != tmp_path  # a temporary copy
+        raise ExportCheckError(f"{path}: image 0: detection 3 has no counterpart")
+
+    monkeypatch.setattr(onnx_export, "check_onnx", failing)
+    with pytest.raises(ExportCheckError, match=rf"^{tmp_path}/best\.onnx: image 0: detection 3 has no counterpart; "
+                                               "nothing was written$"):
+        export(weights)
+    monkeypatch.setattr(onnx_export, "check_onnx", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):  # a kill during the check
+        export(weights)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
+
+
+def test_max_det_of_an_nms_export_is_bounded_before_anything_is_written(tiny, tmp_path):
+    weights = save_checkpoint(tmp_path / "best.pt", tiny)
+    with pytest.raises(ValueError, match=r"^--max-det 1000000 is above 10000 \(limits\.MAX_DETECTIONS\), the most "
+                                         r"detections per image an exported NMS graph returns"):
+        export(weights, nms=True, max_detections=10**6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
+
+
+def test_a_valid_onnx_file_given_to_export_says_what_it_is(tiny_onnx, tmp_path, capsys):
+    assert main(["export", "--weights", str(tiny_onnx), "--output", str(tmp_path / "again.onnx")]) == 1
+    assert "is not PyTorch weights: it is an ONNX model: ONNX exports of this library run as they are" in (
+        capsys.readouterr().err)

@@ -127,3 +127,22 @@ def test_int8_with_fewer_images_than_asked_says_how_many_it_found(weights, synth
 def test_calib_images_without_int8_is_refused(weights, synthetic_voc, capsys):
     assert main(["export", "--weights", str(weights), "--data", str(synthetic_voc), "--calib-images", "5"]) == 1
     assert "--calib-images applies to INT8 exports: add --int8 --data DATA" in capsys.readouterr().err
+
+
+def test_int8_with_default_options_calibrates_on_every_image_of_a_small_training_split(weights, synthetic_voc,
+                                                                                       tmp_path, capsys):
+    """The default is 300 images, or the whole training split when it has fewer (48 here), said on stderr."""
+    out = tmp_path / "small.int8.onnx"
+    assert main(["export", "--weights", str(weights), "--int8", "--data", str(synthetic_voc), "--output",
+                 str(out)]) == 0
+    assert (f"INT8 calibration on 48 training images of {synthetic_voc} (all of them: fewer than 300)"
+            in capsys.readouterr().err)
+    assert OnnxBackend(out).card.precision == "int8"
+
+
+def test_calib_images_0_is_refused_not_taken_as_the_default(weights, synthetic_voc, tmp_path, capsys):
+    out = tmp_path / "x.int8.onnx"
+    assert main(["export", "--weights", str(weights), "--int8", "--data", str(synthetic_voc), "--output", str(out),
+                 "--calib-images", "0"]) == 1
+    assert "error: --calib-images must be a positive integer, got 0" in capsys.readouterr().err
+    assert not out.exists()

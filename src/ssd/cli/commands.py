@@ -98,7 +98,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     out = export(args.weights, fmt=args.fmt, out_path=args.output, opset=args.opset, dynamic_batch=args.dynamic_batch,
                  nms=args.nms, check=args.check, int8=args.int8, data=args.data, calib_images=args.calib_images,
-                 **thresholds(args))
+                 exist_ok=args.exist_ok, **thresholds(args))
     print(f"exported: {out}")
     return 0
 

@@ -139,8 +139,11 @@ def _add_export_parser(sub) -> None:
     add_threshold_options(p, PREDICT, "with --nms: ")
     p.add_argument("--int8", action="store_true", help="quantize to INT8, calibrated on --data's training images")
     p.add_argument("--data", help="dataset whose training images calibrate --int8 (data.yaml, folder or COCO JSON)")
-    p.add_argument("--calib-images", type=int, help="calibration images for --int8 (default: 300)")
+    p.add_argument("--calib-images", type=int,
+                   help="calibration images for --int8 (default: 300, or every training image when fewer)")
     p.add_argument("--no-check", dest="check", action="store_false", help="skip the ONNX Runtime parity check")
+    p.add_argument("--exist-ok", action="store_true",
+                   help="replace an OpenVINO export of ssd in an existing --output folder (other folders are refused)")
 
 
 def _add_benchmark_parser(sub) -> None:

@@ -10,16 +10,17 @@ exporter), its options checked before any work is done.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
 from ssd.artifacts import ARTIFACTS, EXPORT_FORMATS, resolve
 from ssd.export.onnx import check_opset, export_onnx
-from ssd.files import check_output
+from ssd.files import OutputError, check_output
 from ssd.settings import PREDICT, check_thresholds
 from ssd.weights.resolve import resolve_weights
 
-__all__ = ["FORMATS", "default_output", "export"]
+__all__ = ["FORMATS", "default_output", "check_export_folder", "export"]
 
 FORMATS = {name: (ARTIFACTS[name].output_suffix, ARTIFACTS[name].folder) for name in EXPORT_FORMATS}
 """Format -> (the end of the artifact's name, whether it is a folder)."""
@@ -51,20 +52,51 @@ def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_b
         raise ValueError(f"the output {out_path} of the {fmt} export must end in {suffix} (--output)")
 
 
+def check_export_folder(folder: Path, exist_ok: bool) -> None:
+    """Refuse (:class:`ssd.files.OutputError`) an existing folder as the output of a folder export, unless
+    ``exist_ok`` and it holds an OpenVINO export of this library and nothing else (the user's files are never
+    replaced)."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    from ssd.inference.backends_openvino import IR_FILES, METADATA_FILE
+
+    names = {entry.name for entry in folder.iterdir()}
+    ours = names <= {*IR_FILES, METADATA_FILE} and _is_card(folder / METADATA_FILE)
+    if not ours:
+        raise OutputError(f"--output {folder} is an existing folder that is not an OpenVINO export of ssd (it holds "
+                          f"{', '.join(sorted(names)[:5])}{', ...' if len(names) > 5 else ''}): choose a new folder")
+    if not exist_ok:
+        raise OutputError(f"--output {folder} already holds an OpenVINO export: pass --exist-ok to replace it, or "
+                          "choose a new folder")
+
+
+def _is_card(path: Path) -> bool:
+    """Whether ``path`` is the ``metadata.json`` of an export of this library (a model card as strings)."""
+    from ssd.card import ModelCard
+
+    try:
+        ModelCard.from_strings(json.loads(path.read_text(encoding="utf-8")), str(path))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+    return True
+
+
 def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None = None, *, int8: bool = False,
            data: str | Path | None = None, calib_images: int | None = None, opset: int = 18,
            nms: bool = False, dynamic_batch: bool = False, score_threshold: float = PREDICT.score_threshold,
            iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
-           **onnx_options) -> Path:
+           exist_ok: bool = False, **onnx_options) -> Path:
     """Export a checkpoint or run directory (its best checkpoint) to ``fmt`` and return the artifact's path.
 
-    ``out_path`` defaults to :func:`default_output`; it is never one of the inputs. ``int8`` quantizes on
-    ``calib_images`` images of ``data``'s training split (:mod:`ssd.export.quantize`, OpenVINO: NNCF). ``opset``,
+    ``out_path`` defaults to :func:`default_output`; it is never one of the inputs, and an existing folder (OpenVINO)
+    is replaced only with ``exist_ok`` and when it holds an OpenVINO export of this library. ``int8`` quantizes on
+    ``calib_images`` images of ``data``'s training split (default: 300, or all of them when it has fewer;
+    :mod:`ssd.export.quantize`, OpenVINO: NNCF). ``opset``,
     ``nms``, ``dynamic_batch``, the thresholds and ``onnx_options`` (``check``, ``sample_images``): see
     :func:`ssd.export.onnx.export_onnx`. Every option is checked, and the calibration images counted, before
     anything is written.
     """
-    from ssd.export.quantize import CALIBRATION_IMAGES, calibration_paths
+    from ssd.export.quantize import calibration_paths
 
     if fmt == "torchscript":
         raise ValueError("TorchScript export is retired (torch.jit is deprecated by PyTorch): use --format pt2 "
@@ -75,12 +107,14 @@ def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None =
     out_path = Path(out_path) if out_path else default_output(weights, fmt, int8)
     check_output(out_path, inputs=[weights, data], kind="dir" if FORMATS[fmt][1] else "file",
                  what="--output")
+    if FORMATS[fmt][1]:
+        check_export_folder(out_path, exist_ok)
     _check_options(fmt, out_path, int8=int8, nms=nms, dynamic_batch=dynamic_batch)
     check_thresholds(score_threshold, iou_threshold, max_detections)
     check_opset(opset)
     if calib_images is not None and not int8:
         raise ValueError("--calib-images applies to INT8 exports: add --int8 --data DATA")
-    calibration = calibration_paths(data, calib_images or CALIBRATION_IMAGES) if int8 else None
+    calibration = calibration_paths(data, calib_images) if int8 else None
     if fmt == "pt2":
         return resolve(ARTIFACTS[fmt].exporter)(weights, out_path)
     onnx_args = dict(opset=opset, nms=nms, dynamic_batch=dynamic_batch, score_threshold=score_threshold,

@@ -36,6 +36,7 @@ prove its output equal to ``postprocess_detections`` on the same head outputs.
 from __future__ import annotations
 
 import copy
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -49,6 +50,7 @@ from ssd.card import ModelCard
 from ssd.export.parity import ExportCheckError, check_onnx
 from ssd.files import check_output, write_bytes
 from ssd.inference.backends import graph_digest
+from ssd.limits import MAX_DETECTIONS
 from ssd.postprocess import CANDIDATES_PER_CLASS
 from ssd.settings import PREDICT, Thresholds, check_thresholds
 from ssd.weights.load import model_from_checkpoint
@@ -165,7 +167,8 @@ def export_onnx(
             graph is converted down, and a ``ValueError`` says so when that conversion fails.
         dynamic_batch: accept any batch size (else batch 1).
         nms: put softmax, decoding, score filtering and NMS in the graph (see the module docstring for outputs).
-        check: run ONNX Runtime on ``sample_images`` and compare with PyTorch (:func:`check_onnx`).
+        check: run ONNX Runtime on ``sample_images`` and compare with PyTorch (:func:`check_onnx`), on a
+            temporary copy: ``out_path`` is written only once the check passed.
         sample_images: images for the check (paths or ``[3, H, W]`` tensors); default: two seeded random images.
         score_threshold: baked into the graph with ``nms=True``, used by the check.
         iou_threshold: the same.
@@ -178,6 +181,10 @@ def export_onnx(
     require("onnxscript", "export", "ONNX export")  # torch.onnx.export writes the graph with it
 
     check_thresholds(score_threshold, iou_threshold, max_detections)
+    if nms and max_detections > MAX_DETECTIONS:
+        raise ValueError(f"--max-det {max_detections} is above {MAX_DETECTIONS} (limits.MAX_DETECTIONS), the most "
+                         "detections per image an exported NMS graph returns: its output [B, max_det, 6] is "
+                         "allocated whatever the image holds")
     check_opset(opset)
     out_path = Path(out_path)
     model = as_model(weights_or_model, out_path)
@@ -199,10 +206,17 @@ def export_onnx(
                          f"from opset {written} failed (use opset {written} or newer)")
     thresholds = Thresholds(float(score_threshold), float(iou_threshold), max_detections) if nms else None
     onnx.helper.set_model_props(proto, onnx_metadata(model.card.replace(nms=thresholds).sealed(graph_digest(proto))))
-    write_bytes(out_path, proto.SerializeToString())
-    if check:
-        check_onnx(model, out_path, sample_images)
-    return out_path
+    data = proto.SerializeToString()
+    if check:  # on a temporary copy: a file that fails its check (or a killed check) never reaches out_path
+        with tempfile.TemporaryDirectory(prefix="ssd-check-") as work:
+            candidate = Path(work) / out_path.name
+            candidate.write_bytes(data)
+            try:
+                check_onnx(model, candidate, sample_images)
+            except ExportCheckError as e:
+                raise ExportCheckError(f"{str(e).replace(str(candidate), str(out_path))}; nothing was written"
+                                       ) from None
+    return write_bytes(out_path, data)
 
 
 def onnx_metadata(card: ModelCard) -> dict[str, str]:

@@ -13,6 +13,7 @@ the dataset's training split, decoded by :func:`ssd.data.images.read_image` and 
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,18 +31,28 @@ __all__ = ["CALIBRATION_IMAGES", "calibration_paths", "calibration_input", "cali
            "quantize_onnx"]
 
 CALIBRATION_IMAGES = 300
+"""The default number of calibration images (fewer when the training split has fewer)."""
+
+logger = logging.getLogger("ssd")
 
 
-def calibration_paths(data: str | Path | None, count: int = CALIBRATION_IMAGES) -> list[Path]:
-    """The first ``count`` images of ``data``'s training split (a data.yaml, dataset folder or COCO JSON).
+def calibration_paths(data: str | Path | None, count: int | None = None) -> list[Path]:
+    """The first ``count`` images of ``data``'s training split (a data.yaml, dataset folder or COCO JSON); ``None``:
+    :data:`CALIBRATION_IMAGES`, or every training image when the split has fewer (logged on the ``ssd`` logger).
 
-    Raises ``ValueError`` without ``data``, for a ``count`` below 1, or when the split has fewer images (saying how
-    many it has)."""
+    Raises ``ValueError`` without ``data``, for a ``count`` below 1, for a split without images, or when the split
+    has fewer images than a ``count`` given (saying how many it has)."""
     if data is None:
         raise ValueError("INT8 calibration needs images: give a dataset with --data DATA (its training split is used)")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
         raise ValueError(f"--calib-images must be a positive integer, got {count}")
     records = load_dataset(data).records("train")
+    if not records:
+        raise ValueError(f"INT8 calibration needs training images, but the training split of {data} has none")
+    if count is None:
+        count = min(CALIBRATION_IMAGES, len(records))
+        logger.info("INT8 calibration on %d training images of %s (%s)", count, data,
+                    "the default" if count == CALIBRATION_IMAGES else f"all of them: fewer than {CALIBRATION_IMAGES}")
     if len(records) < count:
         raise ValueError(f"INT8 calibration asked for {count} images (--calib-images) but the training split of "
                          f"{data} has {len(records)}: use --calib-images {len(records)} or fewer, or a dataset with "
