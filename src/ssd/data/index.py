@@ -161,13 +161,24 @@ class _Stored:
             digest = z["digest"].tobytes().decode()
             if digest != _digest(z, [name for name in z.files if name != "digest"]):
                 raise ValueError("its digest does not match its content (edited or damaged)")
-            self.meta = json.loads(z["meta"].tobytes())
-            if self.meta.get("key") != key:
+            meta = json.loads(z["meta"].tobytes())
+            if meta.get("key") != key:
                 raise ValueError("it was built for another dataset or version")
-            detail = [n for i in range(len(self.meta["splits"]))
-                      for n in RecordTable.detail_arrays(f"split{i}.", z.files)]
-            self.arrays = {name: z[name] for name in z.files if name not in detail and name not in ("memo", "digest")}
-        self.path, self.digest, self.detail = path, digest, detail
+            self._hold(path, meta, z)
+
+    @classmethod
+    def written(cls, path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> _Stored:
+        """The index just written from ``arrays``, as :meth:`__init__` would read it back."""
+        stored = cls.__new__(cls)
+        stored._hold(path, meta, arrays)
+        return stored
+
+    def _hold(self, path: Path, meta: dict, arrays: Mapping) -> None:
+        """Keep what training reads (``arrays``: the file's arrays by name); leave the rest in the file."""
+        names = list(arrays.keys())
+        detail = [n for i in range(len(meta["splits"])) for n in RecordTable.detail_arrays(f"split{i}.", names)]
+        self.arrays = {name: arrays[name] for name in names if name not in detail and name not in ("memo", "digest")}
+        self.path, self.meta, self.digest, self.detail = path, meta, arrays["digest"].tobytes().decode(), detail
         self.files = Strings.from_arrays(self.arrays, "files")
 
     def memo(self) -> dict:
@@ -181,7 +192,7 @@ class _Stored:
                            m["category_ids"], {k: Path(v) for k, v in m["sources"].items()})
 
 
-def _save(path: Path, key: dict, spec: DatasetSpec, checks: dict, memo: FileMemo, files: _Fingerprint) -> None:
+def _save(path: Path, key: dict, spec: DatasetSpec, checks: dict, memo: FileMemo, files: _Fingerprint) -> _Stored:
     meta = {"key": key, "root": str(spec.root), "format": spec.format, "class_names": spec.class_names,
             "category_ids": spec.category_ids, "sources": {k: str(v) for k, v in spec.sources.items()},
             "splits": list(spec.splits), "issues": _issue_rows(spec.issues), "checks": checks}
@@ -192,6 +203,7 @@ def _save(path: Path, key: dict, spec: DatasetSpec, checks: dict, memo: FileMemo
     arrays["digest"] = np.frombuffer(_digest(arrays, arrays).encode(), np.uint8)
     with atomic_write(path) as f:
         np.savez(f, **arrays)
+    return _Stored.written(path, meta, arrays)
 
 
 @contextmanager
@@ -284,11 +296,11 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
     if stored is not None and files.same(stored.files, stored.arrays["files.state"]):
         checks = stored.meta["checks"] | checks  # the same files: the other checks still hold
     try:
-        _save(path, key, spec, checks, memo, files)
+        stored = _save(path, key, spec, checks, memo, files)
     except OutputError as e:
         LOGGER.warning(f"dataset cache: {e}; working without a cache")
         return Indexed(spec, issues, memo.reads)
-    return Indexed(_Stored(path, key).spec(), issues, memo.reads, True)  # as a later run reads it: details on disk
+    return Indexed(stored.spec(), issues, memo.reads, True)  # as a later run reads it: details left in the file
 
 
 def _used(spec: DatasetSpec, splits: list[str] | None) -> list[str]:

@@ -76,10 +76,9 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
     return starts + np.arange(total)
 
 
-_TEXT = ("paths", "image_ids")
+_TEXT = ("paths", "annotations", "image_ids")
 _ARRAYS = ("sizes", "id_is_int", "first", "boxes", "labels", "flags")
-_DETAIL_IMAGES = ("annotations",)
-_DETAIL = {"annotations": Strings, "names": Strings, "sources": Strings, "where": Strings, "raw": Strings,
+_DETAIL = {"names": Strings, "sources": Strings, "where": Strings, "raw": Strings,
            "lines": np.ndarray}
 """The columns only messages and reports read: kept on disk until one asks (see :class:`Detail`)."""
 
@@ -103,26 +102,24 @@ class _DetailReader:
 
 class Detail:
     """The detail columns of a table (:data:`_DETAIL`): held, or read on first use by ``load()`` (a mapping of the
-    whole split's columns) at ``images`` / ``objects`` rows (None: all), so training processes never hold them."""
+    whole split's columns) at ``objects`` rows (None: all), so training processes never hold them."""
 
     def __init__(self, columns: dict | None = None, load: Callable[[], dict] | None = None,
-                 images: np.ndarray | None = None, objects: np.ndarray | None = None) -> None:
-        self._columns, self._load, self._images, self._objects = columns, load, images, objects
+                 objects: np.ndarray | None = None) -> None:
+        self._columns, self._load, self._objects = columns, load, objects
 
     def columns(self) -> dict:
         if self._columns is None:
             source = self._load()
-            self._columns = {name: source[name] if rows is None else _rows(source[name], rows)
-                             for name in _DETAIL
-                             for rows in [self._images if name in _DETAIL_IMAGES else self._objects]}
+            self._columns = {name: source[name] if self._objects is None else _rows(source[name], self._objects)
+                             for name in _DETAIL}
         return self._columns
 
-    def take(self, images: np.ndarray, objects: np.ndarray) -> Detail:
+    def take(self, objects: np.ndarray) -> Detail:
+        """The detail of the object rows ``objects`` (read, or still to read)."""
         if self._columns is not None:
-            return Detail({name: _rows(c, images if name in _DETAIL_IMAGES else objects)
-                           for name, c in self._columns.items()})
-        return Detail(load=self._load, images=images if self._images is None else self._images[images],
-                      objects=objects if self._objects is None else self._objects[objects])
+            return Detail({name: _rows(c, objects) for name, c in self._columns.items()})
+        return Detail(load=self._load, objects=objects if self._objects is None else self._objects[objects])
 
 
 class RecordTable(Sequence[ImageRecord]):
@@ -135,8 +132,7 @@ class RecordTable(Sequence[ImageRecord]):
         first: int64 ``[N + 1]``: image ``i``'s objects are rows ``first[i]:first[i + 1]``.
         boxes: float32 ``[M, 4]`` pixel xyxy; labels: int64 ``[M]``; flags: uint8 ``[M]`` (bit 1 difficult, 2 crowd);
         lines: int64 ``[M]``; names, sources, where, raw: :class:`Strings` ``[M]`` (no source: ``""``).
-        The last five and ``annotations`` are the :class:`Detail`: a table read from an index reads them from its
-        file on first use.
+        The last five are the :class:`Detail`: a table read from an index reads them from its file on first use.
     """
 
     def __init__(self, detail: Detail, **columns) -> None:
@@ -160,12 +156,12 @@ class RecordTable(Sequence[ImageRecord]):
         bound = 2**63 - 1  # a COCO annotation id may be any JSON integer
         lines = np.array([min(max(o.line or 0, -bound), bound) for o in objects], np.int64)
         detail = Detail({
-            "annotations": Strings.pack(["" if r.annotation is None else str(r.annotation) for r in records], True),
             "lines": lines, "names": Strings.pack([o.name for o in objects]),
             "sources": Strings.pack(["" if o.source is None else str(o.source) for o in objects], True),
             "where": Strings.pack([o.where for o in objects], True), "raw": Strings.pack([o.raw for o in objects])})
         return cls(
             detail, paths=Strings.pack([str(r.path) for r in records], share_prefix=True),
+            annotations=Strings.pack(["" if r.annotation is None else str(r.annotation) for r in records], True),
             image_ids=Strings.pack([str(r.image_id) for r in records]),
             id_is_int=np.array([isinstance(r.image_id, int) for r in records], bool),
             sizes=sizes, first=first,
@@ -227,8 +223,9 @@ class RecordTable(Sequence[ImageRecord]):
             rows = rows[kept]
         first = np.zeros(len(index) + 1, np.int64)
         np.cumsum(counts, out=first[1:])
-        return RecordTable(self.detail.take(index, rows), paths=self.paths.take(index),
-                           image_ids=self.image_ids.take(index), sizes=self.sizes[index],
+        return RecordTable(self.detail.take(rows), paths=self.paths.take(index),
+                           annotations=self.annotations.take(index), image_ids=self.image_ids.take(index),
+                           sizes=self.sizes[index],
                            id_is_int=self.id_is_int[index], first=first, boxes=self.boxes[rows],
                            labels=self.labels[rows], flags=self.flags[rows])
 
