@@ -333,6 +333,7 @@ def test_torch_save_on_a_full_disk_is_one_line_naming_the_disk(tmp_path):
 
 
 def test_predict_on_a_full_disk_is_one_line_and_leaves_no_partial_image(weights, tmp_path):
+    import json
     import subprocess
     import sys
 
@@ -356,7 +357,10 @@ def test_predict_on_a_full_disk_is_one_line_and_leaves_no_partial_image(weights,
     assert done.returncode == 1 and "Traceback" not in done.stderr
     errors = [line[line.index("error: "):] for line in done.stderr.splitlines() if "error: " in line]  # after a bar
     assert errors == [f"error: file too large for the file-size limit while writing {out / 'big.png'} (EFBIG)"]
-    assert list(out.iterdir()) == []
+    # no partial image; the result streamed before the drawing failed is kept, whole
+    assert sorted(p.name for p in out.iterdir()) == [".ssd-predict", "predictions.json", "predictions.jsonl"]
+    records = json.loads((out / "predictions.json").read_text())["images"]
+    assert [r["file"] for r in records] == [str(source / "big.png")]
 
 
 def test_exist_ok_run_directory_naming_a_file_is_refused_not_renamed(tmp_path):

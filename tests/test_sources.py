@@ -51,8 +51,8 @@ def test_save_dir_equal_to_the_source_never_overwrites_inputs(weights, tmp_path,
     assert summary.save_dir == tmp_path / "images2" and (tmp_path / "images2" / "a.png").is_file()
     assert snapshot(source) == before
 
-    previous = snapshot(summary.save_dir)  # a re-run on the previous output folder
-    with pytest.raises(ValueError, match=r"is the input .* \(the same file\)"):
+    previous = snapshot(summary.save_dir)  # a re-run on the previous output folder: its files are never inputs
+    with pytest.raises(FileNotFoundError, match=r"no inputs in .*images2 outside save folders of ssd predict"):
         predict_source(detector, summary.save_dir, summary.save_dir, exist_ok=True, progress=False)
     assert snapshot(summary.save_dir) == previous
 
