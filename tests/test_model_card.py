@@ -3,9 +3,12 @@ made with ssd 0772225, tests/data/legacy*) still load and give the detections th
 
 import gzip
 import importlib.util
+import io
 import json
+import pickle
 import re
 import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -168,3 +171,63 @@ def test_a_checkpoint_whose_contents_no_longer_match_its_card_is_refused_naming_
     torch.save(ckpt, tmp_path / "edited.pt")
     with pytest.raises(CheckpointError, match=rf"edited\.pt: its {field} \(.*\) is not the one of its model card"):
         load(tmp_path / "edited.pt")
+
+
+# ------------------------------------------------------------------------------------- no file ever runs code
+class Payload:
+    """Unpickled, it creates ``marker``: the proof that loading ran code from the file."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return Path.touch, (self.marker,)
+
+
+def rezipped(source: Path, target: Path, replace: dict[str, bytes]) -> Path:
+    """A copy of the zip archive ``source`` with members (by the name under its root folder) replaced or added."""
+    with zipfile.ZipFile(source) as old, zipfile.ZipFile(target, "w") as new:
+        root = old.namelist()[0].split("/")[0]
+        for member in old.infolist():
+            name = member.filename.partition("/")[2]
+            new.writestr(member, replace.pop(name, old.read(member)))
+        for name, data in replace.items():
+            new.writestr(f"{root}/{name}", data)
+    return target
+
+
+def pickled(obj) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+def test_a_payload_planted_in_any_loadable_format_never_runs(artifacts, tmp_path):
+    marker = tmp_path / "ran"
+    payload = pickled(Payload(marker))
+    planted = {"checkpoint.pt": payload}
+    if "onnx" in artifacts:
+        planted["pickle.onnx"] = payload
+    if "openvino" in artifacts:
+        for name in ("metadata.json", "model.bin"):
+            folder = shutil.copytree(artifacts["openvino"], tmp_path / f"openvino_{name}")
+            (folder / name).write_bytes(payload)
+            planted[folder.name] = None
+    with zipfile.ZipFile(artifacts["pt2"]) as archive:
+        config_name = next(n.partition("/")[2] for n in archive.namelist() if n.endswith("_weights_config.json"))
+        config = json.loads(archive.read(next(n for n in archive.namelist() if n.endswith(config_name))))
+    first = next(iter(config["config"]))
+    config["config"][first]["use_pickle"] = True  # torch.export.load would torch.load(weights_only=False) it
+    weight = f"data/weights/{config['config'][first]['path_name']}"
+    variants = {"weight.pt2": {config_name: json.dumps(config).encode(), weight: payload},
+                "sample_inputs.pt2": {"data/sample_inputs/model.pt": payload},  # its full-unpickler fallback
+                "opaque.pt2": {"data/constants/opaque_obj_0": pickle.dumps(Payload(marker))}}
+    for name, replace in variants.items():
+        rezipped(artifacts["pt2"], tmp_path / name, replace)
+        planted[name] = None
+    for name, data in planted.items():
+        if data is not None:
+            (tmp_path / name).write_bytes(data)
+        with pytest.raises(CheckpointError, match=r"refused|not PyTorch weights|cannot load|not JSON|checksum"):
+            load(tmp_path / name)
+        assert not marker.exists(), f"{name} ran its payload"

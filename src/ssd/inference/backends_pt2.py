@@ -3,11 +3,18 @@
 ``torch.export`` is PyTorch's successor to TorchScript (``torch.jit`` is deprecated since PyTorch 2.10, and this
 library no longer reads or writes TorchScript): an ``ExportedProgram`` of ATen operators, run here by PyTorch
 itself, any batch size.
+
+``torch.export.load`` unpickles what an archive marks as pickled (weights, constants, custom objects) and falls
+back to a full unpickler for sample inputs the safe one refuses, so an archive is opened only after
+:func:`check_archive` found none of that: no file runs code.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import re
+import zipfile
 from pathlib import Path
 
 import torch
@@ -16,9 +23,17 @@ from torch import Tensor
 from ssd.card import ModelCard, network_digest
 from ssd.inference.backends import OnnxModelError
 
-__all__ = ["METADATA_FILE", "ExportedProgramBackend", "program_digest", "open_pt2"]
+__all__ = ["METADATA_FILE", "ExportedProgramBackend", "program_digest", "check_archive", "open_pt2"]
 
 METADATA_FILE = "ssd.json"
+
+_MEMBERS = re.compile(r"archive_format|archive_version|byteorder|\.data/version|\.data/serialization_id"
+                      r"|models/\w+\.json|data/(weights|constants)/\w+_(weights|constants)_config\.json"
+                      r"|data/weights/weight_\d+|data/constants/tensor_\d+|data/sample_inputs/\w+\.pt"
+                      r"|extra/[\w.]+")
+"""The members of an archive :func:`ssd.export.pt2.export_pt2` writes (under the archive's root folder): raw tensor
+bytes, JSON, sample inputs (a ``torch.save`` of tensors) and extra files. Anything else (pickled constants, custom
+objects, compiled kernels) is refused."""
 
 
 def program_digest(program: torch.export.ExportedProgram) -> str:
@@ -26,6 +41,42 @@ def program_digest(program: torch.export.ExportedProgram) -> str:
     constant: the network digest of a ``.pt2`` artifact's card."""
     constants = {k: v for k, v in program.constants.items() if isinstance(v, Tensor)}
     return network_digest(program.graph_module.code, {**program.state_dict, **constants})
+
+
+def check_archive(path: Path) -> None:
+    """Refuse (:class:`~ssd.inference.backends.OnnxModelError`, naming the member) a ``.pt2`` archive that would make
+    ``torch.export.load`` unpickle anything: a member that is not raw tensor bytes, JSON or an extra file, a weight
+    or constant its configuration marks as pickled, or sample inputs that are not plain tensors (read here with
+    ``torch.load(weights_only=True)``, which runs no code)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            for member in archive.infolist():
+                name = member.filename.partition("/")[2]  # under the archive's root folder
+                if member.is_dir():
+                    continue
+                if not _MEMBERS.fullmatch(name):
+                    raise OnnxModelError(f"{path} is refused: its member {member.filename} is not part of a "
+                                         "torch.export archive of ssd (loading it could run code); export the model "
+                                         "again with `ssd export --format pt2`")
+                if name.endswith(("_weights_config.json", "_constants_config.json")):
+                    _check_payloads(path, member.filename, json.loads(archive.read(member)))
+                elif name.startswith("data/sample_inputs/"):
+                    torch.load(io.BytesIO(archive.read(member)), weights_only=True)
+    except OnnxModelError:
+        raise
+    except Exception as e:  # zipfile, JSON or the safe unpickler refusing a pickled object
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise OnnxModelError(f"{path} is refused: it is not a torch.export archive of ssd that loads without running "
+                             f"code ({reason})") from None
+
+
+def _check_payloads(path: Path, member: str, config: dict) -> None:
+    """Every entry of a weights or constants configuration is raw tensor bytes, not a pickle."""
+    for name, entry in config.get("config", {}).items():
+        if entry.get("use_pickle") is not False or not str(entry.get("path_name", "")).startswith(("weight_",
+                                                                                                  "tensor_")):
+            raise OnnxModelError(f"{path} is refused: {member} marks {name} as pickled (loading it would run code); "
+                                 "export the model again with `ssd export --format pt2`")
 
 
 class ExportedProgramBackend:
@@ -41,6 +92,7 @@ class ExportedProgramBackend:
         self.path = self.source = Path(path)
         self.device = torch.device(device)
         extra = {METADATA_FILE: ""}
+        check_archive(self.path)
         try:
             program = torch.export.load(self.path, extra_files=extra)
         except Exception as e:  # a damaged archive fails in zipfile, the unpickler or the graph schema
