@@ -574,6 +574,7 @@ def test_ssd_import_of_an_onnx_export_says_what_it_is_and_what_to_do(tmp_path, c
     (len(b'{"w": {}}').to_bytes(8, "little") + b'{"w": {}}', "a safetensors file: read it with safetensors.torch"),
     (b"\x89HDF\r\n\x1a\n" + bytes(64), "an HDF5 file (Keras / TensorFlow weights)"),
     (b"\x93NUMPY\x01\x00" + bytes(64), "a NumPy array file"),
+    (b"\x1f\x8b\x08\x00" + bytes(64), "a gzip-compressed file: decompress it first (gunzip FILE)"),
 ])
 def test_weights_of_another_framework_are_named_not_called_corrupt(tmp_path, head, what):
     path = tmp_path / "weights.bin"

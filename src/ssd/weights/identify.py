@@ -221,12 +221,14 @@ _FOREIGN_FORMATS = (
      "can be read"),
     (".gguf", lambda head: head.startswith(b"GGUF"), "a GGUF file (llama.cpp)", "only PyTorch weights (.pt / .pth) "
      "can be read"),
+    (".gz", lambda head: head.startswith(b"\x1f\x8b"), "a gzip-compressed file", "decompress it first "
+     "(gunzip FILE) and give the file inside"),
 )
 
 
 def foreign_format(head: bytes, suffix: str = "") -> str | None:
     """What a file that is not PyTorch's is, and what to do with it, when its first bytes ``head`` (or its
-    ``suffix``) show a known format (ONNX, safetensors, HDF5, NumPy, GGUF): ``"an ONNX model: ONNX exports of this
+    ``suffix``) show a known format (ONNX, safetensors, HDF5, NumPy, GGUF, gzip): ``"an ONNX model: ONNX exports of this
     library run as they are ..."``; ``None`` otherwise."""
     for known_suffix, matches, what, use in _FOREIGN_FORMATS:
         if suffix.lower() == known_suffix or matches(head):
