@@ -72,8 +72,9 @@ def create_app(detector: Detector, *, score_threshold: float | None = None,
     @app.post("/predict")
     async def predict(request: Request) -> Response:
         options = parse_options(request.query_params.multi_items(), detector, defaults)
-        data, name = await read_upload(request, max_upload_bytes)
-        image = await run_in_threadpool(decode_image, data, name)
+        with batcher.arriving():
+            data, name = await read_upload(request, max_upload_bytes)
+            image = await run_in_threadpool(decode_image, data, name)
         result = await batcher.detect(image, options.detect_options)
         if options.draw:
             png = await run_in_threadpool(_drawn, image, result, detector.class_names)

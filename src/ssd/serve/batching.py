@@ -1,7 +1,8 @@
 """Dynamic batching: the images of concurrent requests gathered into one batch for the network.
 
-A request's image waits in a queue; the gatherer takes the first one, then whatever arrives within ``max_wait_ms``
-(or is already waiting) up to ``max_batch`` images, and runs each group of requests with the same options as one
+A request's image waits in a queue; the gatherer takes the first one, then what is already waiting and, while other
+requests are still being read or decoded (:meth:`Batcher.arriving`), what arrives within ``max_wait_ms``, up to
+``max_batch`` images (a lone request is never held back), and runs each group of requests with the same options as one
 :meth:`ssd.inference.pipeline.Detector.detect` call (one :func:`ssd.detect.detect_batch`) on a single inference
 thread, so the event loop keeps accepting requests while the network runs. ``max_batch=1`` turns batching off.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,17 @@ class Batcher:
         self._queue: asyncio.Queue[_Request] = asyncio.Queue()
         self._executor: ThreadPoolExecutor | None = None
         self._task: asyncio.Task | None = None
+        self._arriving = 0
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Wrap what a request does before :meth:`detect` (reading its body, decoding): the gatherer waits for
+        such requests, up to ``max_wait_ms``, and for no others."""
+        self._arriving += 1
+        try:
+            yield
+        finally:
+            self._arriving -= 1
 
     def start(self) -> None:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ssd-inference")  # one batch at a time
@@ -76,7 +88,7 @@ class Batcher:
             while len(batch) < self.max_batch:
                 if self._queue.empty():
                     remaining = deadline - loop.time()
-                    if remaining <= 0:
+                    if remaining <= 0 or not self._arriving:
                         break
                     try:
                         batch.append(await asyncio.wait_for(self._queue.get(), remaining))
