@@ -18,10 +18,11 @@ machine hits all alike; medians are printed.
 linked in turn, else generated ones), an ``ssd_tiny`` of seeded random weights (conf 0.05, at most 20 detections per
 image: about as many as BCCD has cells), no drawn copies: images/s with files decoded ahead by 2 threads
 (``--workers 2``, the default) against one at a time in the main thread (``--workers 0``, the decoding before
-streamed outputs), runs alternating; then the peak RSS of the whole ``ssd predict`` process on 1,000 and on 10,000
-images (``os.wait4``).
+streamed outputs), runs alternating; then the peak RSS of the whole ``ssd predict`` process (its ``ssd_tiny`` at
+128 px, as memory does not depend on the network's input) on 1,000 and on 10,000 images (``os.wait4``).
 
-Usage: ``.venv/bin/python benchmarks/predict.py [--rounds N]`` or ``... predict.py --folder [--images 2000]``
+Usage: ``.venv/bin/python benchmarks/predict.py [--rounds N]`` or
+``... predict.py --folder [--images 2000] [--rounds N] [--parts speed|rss|both]``
 """
 
 from __future__ import annotations
@@ -111,33 +112,38 @@ def _peak_rss_mib(weights: Path, images: Path, save_dir: Path) -> float:
     return usage.ru_maxrss / 1024
 
 
-def folder_benchmark(count: int, rounds: int) -> None:
+def folder_benchmark(count: int, rounds: int, parts: str) -> None:
     torch.manual_seed(0)
-    model = build_model("ssd_tiny", class_names=["Platelets", "RBC", "WBC"]).eval()
-    detector = Detector(model)
+    names = ["Platelets", "RBC", "WBC"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        weights = save_checkpoint(tmp / "best.pt", model)
         sources = _sources(tmp)
-        images = _jpegs(tmp, sources, count)
-        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {count} JPEGs ({sources[0].parent}), "
-              f"ssd_tiny, batch 8, conf 0.05, max-det 20, no drawn copies")
-        speeds: dict[int, list[float]] = {0: [], 2: []}
-        for _ in range(rounds):
-            for workers in speeds:
-                start = time.perf_counter()
-                summary = predict_source(detector, images, tmp / "out", score_threshold=0.05, max_detections=20,
-                                         save_images=False, progress=False, workers=workers)
-                speeds[workers].append(count / (time.perf_counter() - start))
-        print(f"{summary.detections / count:.1f} detections per image")
-        serial = statistics.median(speeds[0])
-        for workers, values in speeds.items():
-            speed = statistics.median(values)
-            print(f"--workers {workers}: {speed:7.1f} images/s ({speed / serial:.2f}x)  runs: "
-                  + ", ".join(f"{v:.1f}" for v in values))
-        for n in (1000, 10000):
-            print(f"peak RSS of ssd predict on {n:,} images: "
-                  f"{_peak_rss_mib(weights, _jpegs(tmp, sources, n), tmp / 'rss'):.0f} MiB")
+        print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; JPEGs of {sources[0].parent}, ssd_tiny, "
+              f"batch 8, conf 0.05, max-det 20, no drawn copies")
+        if parts in ("speed", "both"):
+            _folder_speed(Detector(build_model("ssd_tiny", class_names=names).eval()), _jpegs(tmp, sources, count),
+                          count, rounds, tmp)
+        if parts in ("rss", "both"):  # a 128 px input: the memory of a run does not depend on the network's
+            weights = save_checkpoint(tmp / "best.pt", build_model("ssd_tiny", class_names=names, image_size=128))
+            for n in (1000, 10000):
+                print(f"peak RSS of ssd predict (128 px input) on {n:,} images: "
+                      f"{_peak_rss_mib(weights, _jpegs(tmp, sources, n), tmp / 'rss'):.0f} MiB")
+
+
+def _folder_speed(detector: Detector, images: Path, count: int, rounds: int, tmp: Path) -> None:
+    speeds: dict[int, list[float]] = {0: [], 2: []}
+    for _ in range(rounds):
+        for workers in speeds:
+            start = time.perf_counter()
+            summary = predict_source(detector, images, tmp / "out", score_threshold=0.05, max_detections=20,
+                                     save_images=False, progress=False, workers=workers)
+            speeds[workers].append(count / (time.perf_counter() - start))
+    print(f"{summary.detections / count:.1f} detections per image")
+    serial = statistics.median(speeds[0])
+    for workers, values in speeds.items():
+        speed = statistics.median(values)
+        print(f"--workers {workers}: {speed:7.1f} images/s ({speed / serial:.2f}x)  runs: "
+              + ", ".join(f"{v:.1f}" for v in values))
 
 
 def main() -> None:
@@ -145,9 +151,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per variant and batch size")
     parser.add_argument("--folder", action="store_true", help="ssd predict over a folder of JPEGs instead")
     parser.add_argument("--images", type=int, default=2000, help="--folder: the number of JPEGs timed")
+    parser.add_argument("--parts", choices=["speed", "rss", "both"], default="both", help="--folder: what to measure")
     args = parser.parse_args()
     if args.folder:
-        return folder_benchmark(args.images, args.rounds)
+        return folder_benchmark(args.images, args.rounds, args.parts)
     generator = torch.Generator().manual_seed(0)
     images = [torch.randint(0, 256, (3, 480, 640), dtype=torch.uint8, generator=generator) for _ in range(8)]
     with tempfile.TemporaryDirectory() as tmp:
