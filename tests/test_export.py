@@ -343,3 +343,48 @@ def test_a_valid_onnx_file_given_to_export_says_what_it_is(tiny_onnx, tmp_path, 
     assert main(["export", "--weights", str(tiny_onnx), "--output", str(tmp_path / "again.onnx")]) == 1
     assert "is not PyTorch weights: it is an ONNX model: ONNX exports of this library run as they are" in (
         capsys.readouterr().err)
+
+
+HOSTILE = r'''
+import sys
+import numpy as np, onnx, torch
+from onnx import TensorProto, helper
+import ssd.limits
+from ssd.card import ModelCard
+from ssd.export.onnx import onnx_metadata
+from ssd.inference.backends import graph_digest
+from ssd.inference.pipeline import load
+
+ssd.limits.MAX_ONNX_RUNTIME_BYTES = 64 * 2**20
+# a graph with a valid card and checksum that tiles its 8x8 input to 3 x 8000 x 8000 floats (768 MB)
+const = lambda name, values: helper.make_tensor(name, TensorProto.INT64, [len(values)], values)
+nodes = [helper.make_node("Tile", ["images", "reps"], ["big"]),
+         helper.make_node("ReduceSum", ["big"], ["sum"], keepdims=0),
+         *[helper.make_node("Expand", ["sum", f"{name}_shape"], [name]) for name in ("loc", "logits", "priors")]]
+shapes = {"loc": [1, 1, 4], "logits": [1, 1, 3], "priors": [1, 4]}
+graph = helper.make_graph(
+    nodes, "hostile", [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 8, 8])],
+    [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in shapes.items()],
+    [const("reps", [1, 1, 1000, 1000]), *[const(f"{name}_shape", shape) for name, shape in shapes.items()]])
+proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+card = ModelCard("hostile", ("a", "b"), (8, 8), (0.5,) * 3, (0.25,) * 3, (0.1, 0.2))
+onnx.helper.set_model_props(proto, onnx_metadata(card.sealed(graph_digest(proto))))
+onnx.save(proto, sys.argv[1])
+try:
+    load(sys.argv[1]).predict(torch.zeros(3, 8, 8, dtype=torch.uint8))
+except ValueError as e:
+    print(e)
+'''
+
+
+def test_an_onnx_graph_that_allocates_beyond_the_runtime_ceiling_fails_with_one_line(tmp_path):
+    """Its checksum is valid, so only the arena limit (lowered to 64 MB in a process of its own) stops it."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "hostile.onnx"
+    done = subprocess.run([sys.executable, "-c", HOSTILE, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == (f"{path}: running the graph needs more memory than ONNX Runtime may take "
+                                   "(limits.MAX_ONNX_RUNTIME_BYTES, 0.0625 GiB); a graph of `ssd export` needs far "
+                                   "less at this batch size")

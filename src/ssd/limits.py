@@ -11,7 +11,7 @@ import reprlib
 from typing import Any
 
 __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_STREAMS", "MAX_BOXES_PER_IMAGE",
-           "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS", "MAX_DETECTIONS",
+           "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS", "MAX_DETECTIONS", "MAX_ONNX_RUNTIME_BYTES",
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
            "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE", "MAX_NAME_CHARS", "MAX_GLOB_PATHS",
            "MAX_WORKERS",
@@ -35,6 +35,11 @@ MAX_BOXES_PER_IMAGE = 10_000
 MAX_DETECTIONS = 10_000
 """Most detections per image an exported NMS graph may return (``--max-det`` of ``ssd export --nms``, the ``max_det``
 of a model card): its output is ``[B, max_det, 6]``, allocated whatever the image holds."""
+
+MAX_ONNX_RUNTIME_BYTES = 8 * 2**30
+"""Most memory ONNX Runtime's CPU arena may hold for the sessions of a process (the arena limit of
+:class:`ssd.inference.backends.OnnxBackend`): a graph that asks for more fails with one line instead of taking the
+machine's memory."""
 
 MAX_CROP_CACHE_BYTES = 4 * 2**30
 """Most RAM the image cache of ``--cache-images`` may take (at the input size, or with ``--crop-scale`` near native

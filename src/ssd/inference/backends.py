@@ -10,6 +10,7 @@ An ONNX graph exported with NMS inside (``card.nms`` set) returns detections ins
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+import ssd.limits as limits
 from ssd._utils import require, unwrap_model
 from ssd.card import ModelCard
 from ssd.detect import model_input
@@ -84,6 +86,14 @@ def open_onnx(path: Path, device: torch.device, half: bool) -> OnnxBackend:
     return OnnxBackend(path, device)
 
 
+@functools.cache
+def _shared_arena(ort) -> None:
+    """Register, once per process, the CPU arena every session uses, limited to
+    :data:`ssd.limits.MAX_ONNX_RUNTIME_BYTES` (read when the first session is made)."""
+    memory = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+    ort.create_and_register_allocator(memory, ort.OrtArenaCfg({"max_mem": limits.MAX_ONNX_RUNTIME_BYTES}))
+
+
 def graph_digest(proto) -> str:
     """SHA-256 of an ONNX model's graph (nodes and weights; not the metadata that stores it), as hex: the network
     digest of an ONNX artifact's card."""
@@ -124,6 +134,8 @@ class OnnxBackend:
         # Its threads would busy-wait after each run on the cores where PyTorch then post-processes and
         # pre-processes the next batch (measured: 4x the time per image on 2 cores, benchmarks/README.md).
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        _shared_arena(ort)  # every session's CPU tensors come from one arena of bounded size
+        options.add_session_config_entry("session.use_env_allocators", "1")
         try:
             return ort.InferenceSession(str(self.path), options, providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types for unreadable files
@@ -180,14 +192,24 @@ class OnnxBackend:
         """The graph's outputs for a preprocessed batch (split to the exported batch size if it is fixed)."""
         array = batch.detach().float().cpu().numpy()
         if self.fixed_batch is None or self.fixed_batch == len(array):
-            outputs = self.session.run(None, {"images": array})
+            outputs = self._run(array)
         elif self.fixed_batch == 1:
-            parts = [self.session.run(None, {"images": array[i:i + 1]}) for i in range(len(array))]
+            parts = [self._run(array[i:i + 1]) for i in range(len(array))]
             names = [o.name for o in self.session.get_outputs()]
             outputs = [p[0] if name == "priors" else np.concatenate(p) for name, p in zip(names, zip(*parts))]
         else:
             raise ValueError(f"{self.path} takes batches of exactly {self.fixed_batch} images, got {len(array)}")
         return [torch.from_numpy(v) for v in outputs]
+
+    def _run(self, array: np.ndarray) -> list[np.ndarray]:
+        try:
+            return self.session.run(None, {"images": array})
+        except Exception as e:  # ONNX Runtime's own exception types
+            if "Available memory of" not in str(e):  # the arena refusing an allocation, else not ours to explain
+                raise
+            raise OnnxModelError(f"{self.path}: running the graph needs more memory than ONNX Runtime may take "
+                                 f"(limits.MAX_ONNX_RUNTIME_BYTES, {limits.MAX_ONNX_RUNTIME_BYTES / 2**30:g} GiB); "
+                                 "a graph of `ssd export` needs far less at this batch size") from None
 
     def __call__(self, batch: Tensor) -> tuple[Tensor, Tensor]:
         """``batch [B, 3, S, S]`` -> ``(loc [B, P, 4], logits [B, P, K+1])`` (graphs without NMS)."""
