@@ -185,16 +185,18 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=10_000)
     parser.add_argument("--annotations", type=int, default=1_000_000)
     parser.add_argument("--skip", nargs="*", default=[], choices=["train", "gate", "check", "coco"])
+    parser.add_argument("--sets", nargs="*", default=["voc", "yolo", "coco"], choices=["voc", "yolo", "coco"],
+                        help="the formats timed from the start of ssd.train (default: all three)")
     args = parser.parse_args()
     shutil.rmtree(args.root, ignore_errors=True)
     args.root.mkdir(parents=True)
     picture = args.root / "picture.jpg"
     picture.write_bytes(jpeg())
     after, before = REPO / "src", args.before / "src"
-    sets = {"voc": make_voc(args.root / "voc", args.images, picture),
-            "yolo": make_yolo(args.root / "yolo", args.images, picture),
-            "coco": make_coco(args.root / "coco", args.images, picture),
-            "voc-tenth": make_voc(args.root / "voc-tenth", args.images // 10, picture)}
+    makers = {"voc": make_voc, "yolo": make_yolo, "coco": make_coco}  # VOC: the gate and check; COCO's images: the JSON
+    made = {name: makers[name](args.root / name, args.images, picture) for name in {"voc", "coco", *args.sets}}
+    sets = {name: made[name] for name in dict.fromkeys(["voc", *args.sets])}
+    sets["voc-tenth"] = make_voc(args.root / "voc-tenth", args.images // 10, picture)
     past = 10**9 * (int(os.stat(picture).st_mtime) - 3600)  # the index never trusts files changed seconds ago
     for folder, _, files in os.walk(args.root):
         for name in files:

@@ -207,8 +207,8 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
                                 "read as an image without objects", rel_lbl, split=split, image=image))
         records.append(ImageRecord(image, lbl if has_label else None, objects, width, height, image.stem))
     expected = {label_path(image) for image in images}
-    for folder in sorted({p.parent for p in expected if p.parent.is_dir() and p.parent not in
-                          {i.parent for i in images}}):  # a labels/ folder of its own: its .txt are all labels
+    folders = {p.parent for p in expected} - {i.parent for i in images}  # each set once: linear in the images
+    for folder in sorted(f for f in folders if f.is_dir()):  # a labels/ folder of its own: its .txt are all labels
         orphans = sorted(p.name for p in folder.glob("*.txt") if p not in expected)
         if orphans:
             issues.append(Issue("warning", "label_without_image", f"{relative_path(folder, root)}: "
