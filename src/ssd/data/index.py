@@ -5,8 +5,8 @@ What is stored (one ``.npz`` of plain arrays, read with ``allow_pickle=False``; 
 :class:`~ssd.data.table.RecordTable`, the reader's issues, the check's issues for each set of splits checked so far,
 the per-file results of :mod:`ssd.data.memo` (image sizes, decodes, annotation files) and the dataset's file list
 with each file's size, modification time and inode. Where: ``$SSD_CACHE_DIR``, else ``$XDG_CACHE_HOME/ssd``, else
-``~/.cache/ssd`` (never inside the dataset, which may be read-only), in a folder named by a hash of the data path,
-the class names given and :data:`INDEX_VERSION`.
+``~/.cache/ssd`` (never inside the dataset, which may be read-only), in a folder named by a hash of the data path
+and :data:`INDEX_VERSION`, one file per class list given (a new one starts from the per-file results of another).
 
 Reuse: the file list is taken again (the dataset folder walked, files elsewhere stat'ed) and must equal the stored
 one; otherwise the readers run again with the stored per-file results, so only the files that changed are read.
@@ -46,7 +46,8 @@ __all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "Indexed", "index_dataset
 INDEX_VERSION = 1
 """Changes whenever what an index stores changes: an index of another version is rebuilt."""
 CACHE_ENV = "SSD_CACHE_DIR"
-INDEX_FILE = "index.npz"
+INDEX_FILE = "index-{}.npz"
+"""One file per class list given, in one folder per dataset (and :data:`INDEX_VERSION`)."""
 EXTRA_FILES_FACTOR, EXTRA_FILES = 4, 100_000
 """The dataset folder is walked for at most ``EXTRA_FILES_FACTOR`` times the dataset's own files plus
 ``EXTRA_FILES``: a folder that holds far more (a data.yaml whose ``path`` is ``/``) is not indexed."""
@@ -114,6 +115,10 @@ class _NotIndexed(Exception):
 def _state(path: str, since_ns: int) -> tuple[int, int, int]:
     state = file_state(path)
     return (-1, -1, -1) if state is None or state[1] >= since_ns else state
+
+
+def _hash(value) -> str:
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:32]
 
 
 def _key(data: str | Path, class_names: list[str] | None) -> dict:
@@ -248,12 +253,12 @@ def index_dataset(data: str | Path, *, class_names: list[str] | None = None, spl
     :class:`~ssd.data.records.DataError` when ``splits[0]`` is missing.
     """
     key = _key(data, class_names)
-    folder = cache_root() / "datasets" / hashlib.sha256(json.dumps(key).encode()).hexdigest()[:32]
+    folder = cache_root() / "datasets" / _hash([key["version"], key["data"]])
     with _main_first():
         lock = _lock(folder)
         try:
             return _indexed(data, key, class_names, None if splits is None else list(splits), recheck,
-                            folder / INDEX_FILE, lock)
+                            folder / INDEX_FILE.format(_hash(class_names)), lock)
         finally:
             if lock is not None:
                 lock.release()
@@ -279,7 +284,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
         if unchanged and checked is not None:
             _first_split(spec, splits)
             return Indexed(spec, _issues(checked), [], True)
-    memo = FileMemo(None if stored is None else stored.memo())
+    memo = FileMemo(stored.memo() if stored is not None else None if recheck else _sibling_memo(path))
     with memo.active():
         spec = load_dataset(data, class_names=class_names)
         _first_split(spec, splits)
@@ -301,6 +306,20 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
         LOGGER.warning(f"dataset cache: {e}; working without a cache")
         return Indexed(spec, issues, memo.reads)
     return Indexed(stored.spec(), issues, memo.reads, True)  # as a later run reads it: details left in the file
+
+
+def _sibling_memo(path: Path) -> dict | None:
+    """The per-file results of an index of the same dataset for another class list (``ssd val`` after ``ssd train``
+    gives the model's names): they hold whatever the names (each entry is checked against its file's state)."""
+    for other in sorted(path.parent.glob(INDEX_FILE.format("*"))):
+        try:
+            with np.load(other, allow_pickle=False) as z:
+                content = [n for n in z.files if n != "digest"]
+                if other != path and z["digest"].tobytes().decode() == _digest(z, content):
+                    return json.loads(z["memo"].tobytes())
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            continue
+    return None
 
 
 def _used(spec: DatasetSpec, splits: list[str] | None) -> list[str]:
