@@ -1,6 +1,7 @@
 """Shared fixtures and helpers: the real datasets folder, a small synthetic VOC dataset, a small YOLO dataset,
 random-init models that detect something, and random images."""
 
+import logging
 import os
 from pathlib import Path
 
@@ -25,6 +26,13 @@ def dataset_cache(tmp_path_factory) -> Path:
         del os.environ["SSD_CACHE_DIR"]
     else:
         os.environ["SSD_CACHE_DIR"] = previous
+
+
+@pytest.fixture
+def ssd_messages(caplog):
+    """A callable returning the messages logged on the ``ssd`` logger (INFO and above) so far in the test."""
+    caplog.set_level(logging.INFO, logger="ssd")
+    return lambda: [r.getMessage() for r in caplog.records if r.name == "ssd"]
 
 
 @pytest.fixture(scope="session")

@@ -116,7 +116,7 @@ def test_check_and_gate_refuse_the_same_with_the_same_message(tmp_path, build, c
     report = check_dataset(data)
     assert [(e.code, e.message) for e in report.errors] == [(code, message)]
     with pytest.raises(DataError) as refused:
-        load_training_data(data, skip_invalid=True, log=lambda _: None)
+        load_training_data(data, skip_invalid=True)
     assert str(refused.value) == (f"1 problems in dataset {report.dataset} (skip_invalid cannot drop these; run "
                                   f"`ssd check` for the full report):\n  {message}")
 
@@ -128,7 +128,7 @@ def test_train_refuses_duplicate_class_names_before_building_anything(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-def test_class_only_in_val_and_image_in_train_and_val_are_warnings(tmp_path):
+def test_class_only_in_val_and_image_in_train_and_val_are_warnings(tmp_path, ssd_messages):
     data = _yolo(tmp_path, {"train": {"t": OK_LINE}, "val": {"v": "1 0.5 0.5 0.2 0.2\n", "w": OK_LINE}})
     same = tmp_path / "val" / "images" / "w.jpg"
     same.write_bytes((tmp_path / "train" / "images" / "t.jpg").read_bytes())  # another name, the same bytes
@@ -140,8 +140,8 @@ def test_class_only_in_val_and_image_in_train_and_val_are_warnings(tmp_path):
                              "model cannot learn it (move some of those images to train)",
         "train_val_overlap": "val/images/w.jpg: this val image is also a train image (train/images/t.jpg): val scores "
                              "on it overestimate accuracy"}
-    logged: list[str] = []
-    spec = load_training_data(data, log=logged.append)
+    spec = load_training_data(data)
+    logged = ssd_messages()
     assert [len(spec.splits[s]) for s in ("train", "val")] == [1, 2]
     assert logged == [f"warning: {warnings['class_not_trained']}",
                       f"1 warning(s) about files of {data} (`ssd check {data}` lists them)"]
@@ -152,7 +152,7 @@ def test_gate_for_evaluation_reads_only_its_split(tmp_path):
     data = _yolo(tmp_path, {"train": {"t": OK_LINE}, "val": {"v": OK_LINE + "1 0.2 0.2 0.1 0.1\n"}})
     (tmp_path / "train" / "images" / "t.jpg").write_bytes(b"\xff\xd8 not a jpeg")
     assert not check_dataset(data).ok
-    spec = load_training_data(data, splits=("val",), log=lambda _: None)
+    spec = load_training_data(data, splits=("val",))
     assert len(spec.records("val")) == 1
     with pytest.raises(DataError, match=r"has no split 'test' \(available: train, val\)"):
         load_training_data(data, splits=("test",))
@@ -229,7 +229,7 @@ def _truncate(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])  # the header still reads
 
 
-def test_truncated_jpeg_refused_by_the_gate_and_dropped_with_skip_invalid(tmp_path):
+def test_truncated_jpeg_refused_by_the_gate_and_dropped_with_skip_invalid(tmp_path, ssd_messages):
     data = _yolo(tmp_path, {"train": {"t1": OK_LINE, "t2": OK_LINE, "cut": OK_LINE}, "val": {"v": OK_LINE}},
                  names="[a]")
     cut = tmp_path / "train" / "images" / "cut.jpg"
@@ -237,16 +237,15 @@ def test_truncated_jpeg_refused_by_the_gate_and_dropped_with_skip_invalid(tmp_pa
     with pytest.raises(DataError, match=r"1 problems in dataset .*\n  train/images/cut.jpg: image does not decode "
                                         r"\(OSError: image file is truncated"):
         load_training_data(data)
-    logged: list[str] = []
-    spec = load_training_data(data, skip_invalid=True, log=logged.append)
+    spec = load_training_data(data, skip_invalid=True)
     assert [r.path.name for r in spec.records("train")] == ["t1.jpg", "t2.jpg"]
-    assert logged == [f"skip_invalid: dropped 0 object(s) and 1 image(s): {cut}"]
+    assert ssd_messages() == [f"skip_invalid: dropped 0 object(s) and 1 image(s): {cut}"]
 
 
 @pytest.mark.parametrize("workers", [0, 1])
 def test_worker_data_error_keeps_its_own_message(tmp_path, workers):
     data = _yolo(tmp_path, {"train": {"t1": OK_LINE, "t2": OK_LINE}}, names="[a]")
-    records = load_training_data(data, splits=("train",), log=lambda _: None).records("train")
+    records = load_training_data(data, splits=("train",)).records("train")
     loader = build_dataloader(records, ["a"], 32, [0.5] * 3, [0.25] * 3, train=False, batch_size=2, workers=workers)
     records[1].path.unlink()  # gone after the gate: the loader meets it mid-run
     with pytest.raises(DataError) as failed:

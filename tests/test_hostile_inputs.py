@@ -121,17 +121,17 @@ def test_dataset_without_validation_split_is_refused_with_both_fixes_named(tmp_p
         validation_split(spec)
 
 
-def test_val_fraction_holds_out_a_seeded_reported_share_of_train(tmp_path):
+def test_val_fraction_holds_out_a_seeded_reported_share_of_train(tmp_path, ssd_messages):
     from ssd.data.load import load_dataset, validation_split
 
     spec = load_dataset(make_yolo_folder(tmp_path, 10))
-    said = []
-    train, val = validation_split(spec, 0.2, seed=3, log=said.append)
+    train, val = validation_split(spec, 0.2, seed=3)
+    said = ssd_messages()
     assert (len(train), len(val)) == (8, 2)
     assert not {r.path for r in train} & {r.path for r in val}
     assert said == ["validation: 2 of 10 training images held out (--val-fraction 0.2, seed 3); training on the "
                     "other 8"]
-    again, _ = validation_split(spec, 0.2, seed=3, log=said.append)
+    again, _ = validation_split(spec, 0.2, seed=3)
     assert [r.path for r in again] == [r.path for r in train]  # the same split on resume
 
 

@@ -179,12 +179,12 @@ class SeenMosaic(Callback):
             raise KeyboardInterrupt
 
 
-def test_close_mosaic_switches_at_its_epoch_also_after_resume(shapes, tmp_path, capsys):
+def test_close_mosaic_switches_at_its_epoch_also_after_resume(shapes, tmp_path, ssd_messages):
     options = dict(data=str(shapes), epochs=3, mosaic=1.0, close_mosaic=1, val_interval=3, **TINY)
     full = SeenMosaic()
     result = train(project=str(tmp_path / "full"), callbacks=[full], **options)
     assert full.seen == [1.0, 1.0, 0.0]
-    out = capsys.readouterr().out
+    out = ssd_messages()
     assert "mosaic 1 for epochs 1-2, off for the last 1 (--close-mosaic)" in out
     assert "mosaic off from epoch 3 of 3 (--close-mosaic 1)" in out
 
@@ -198,11 +198,10 @@ def test_close_mosaic_switches_at_its_epoch_also_after_resume(shapes, tmp_path, 
 
 
 
-def test_the_schedule_reads_the_epochs_at_each_epoch_start():
+def test_the_schedule_reads_the_epochs_at_each_epoch_start(ssd_messages):
     sampler = SimpleNamespace(mosaic=None, set_mosaic=lambda p: setattr(sampler, "mosaic", p))
-    lines: list[str] = []
     run = SimpleNamespace(config=TrainConfig(epochs=4, mosaic=0.5, close_mosaic=1), epochs=4, epoch=0,
-                          log=lines.append, train_loader=SimpleNamespace(sampler=sampler))
+                          train_loader=SimpleNamespace(sampler=sampler))
     schedule, seen = MosaicSchedule(), []
     for epoch in range(5):
         if epoch == 2:  # e.g. a time budget extends the run
@@ -211,8 +210,8 @@ def test_the_schedule_reads_the_epochs_at_each_epoch_start():
         schedule.on_epoch_start(run)
         seen.append(sampler.mosaic)
     assert seen == [0.5, 0.5, 0.5, 0.5, 0.0]
-    assert lines == ["mosaic 0.5 for epochs 1-3, off for the last 1 (--close-mosaic)",
-                     "mosaic off from epoch 5 of 5 (--close-mosaic 1)"]
+    assert ssd_messages() == ["mosaic 0.5 for epochs 1-3, off for the last 1 (--close-mosaic)",
+                             "mosaic off from epoch 5 of 5 (--close-mosaic 1)"]
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -233,7 +232,7 @@ def test_ssd_train_with_mosaic_end_to_end(shapes, tmp_path, capsys):
     assert main(["train", "--data", str(shapes), "--model", "ssd_tiny", "--image-size", "64", "--epochs", "1",
                  "--batch-size", "8", "--workers", "0", "--device", "cpu", "--quiet", "--num-plot-images", "0",
                  "--mosaic", "1.0", "--project", str(tmp_path)]) == 0
-    assert "mosaic 1 for epochs 1-1, off for the last 0 (--close-mosaic)" in capsys.readouterr().out
+    assert "mosaic 1 for epochs 1-1, off for the last 0 (--close-mosaic)" in capsys.readouterr().err
     config = TrainConfig.from_yaml(tmp_path / "exp" / "config.yaml")
     assert config.mosaic == 1.0 and config.close_mosaic is None
     assert (tmp_path / "exp" / "weights" / "last.pt").is_file()

@@ -201,7 +201,7 @@ def test_priors_file_round_trip_model_check_and_rescaling(tmp_path):
     assert load_priors(path) == (result.priors, "ssd_tiny", 256)
     assert resolve_priors(None, "ssd_tiny", None, str(path)) == result.priors
     assert resolve_priors(None, "ssd_tiny", 256, None) is None
-    scaled = resolve_priors(None, "ssd_tiny", 128, str(path), log=lambda _: None)
+    scaled = resolve_priors(None, "ssd_tiny", 128, str(path))
     assert scaled.feature_maps == (16, 8, 4, 2, 1) and scaled.steps == default_priors("ssd_tiny", 128).steps
     assert scaled.min_sizes == pytest.approx([s / 2 for s in result.priors.min_sizes])
     assert scaled.aspect_ratios == result.priors.aspect_ratios
@@ -217,9 +217,9 @@ def test_priors_file_round_trip_model_check_and_rescaling(tmp_path):
         load_priors(tmp_path / "odd.yaml")
 
 
-def test_priors_auto_fits_the_training_boxes():
-    logged = []
-    fitted = resolve_priors(random_boxes(150, seed=5), "ssd_tiny", None, "auto", log=logged.append)
+def test_priors_auto_fits_the_training_boxes(ssd_messages):
+    fitted = resolve_priors(random_boxes(150, seed=5), "ssd_tiny", None, "auto")
+    logged = ssd_messages()
     assert fitted == fit_priors(random_boxes(150, seed=5), 256, default_priors("ssd_tiny")).priors
     assert "fitted to 150 training boxes: coverage" in logged[0]
     with pytest.raises(ValueError, match="no data"):
@@ -313,7 +313,7 @@ def test_stride_limits_of_a_non_square_level_use_the_geometric_mean_of_its_steps
     assert math.exp(high) == pytest.approx(96)
 
 
-def test_priors_file_round_trip_at_a_non_square_size(tmp_path):
+def test_priors_file_round_trip_at_a_non_square_size(tmp_path, ssd_messages):
     result = fit_priors(random_boxes(150), (160, 128), default_priors("ssd_tiny", "160x128"))
     path = save_priors(tmp_path / "p.yaml", result, "ssd_tiny")
     text = path.read_text()
@@ -322,8 +322,8 @@ def test_priors_file_round_trip_at_a_non_square_size(tmp_path):
     assert resolve_priors(None, "ssd_tiny", "160x128", str(path)) == result.priors
     assert resolve_priors(None, "ssd_tiny", (160, 128), str(path)) == result.priors
     # read for another size: sizes scale by sqrt(h * w), maps and steps are the network's there
-    logged = []
-    scaled = resolve_priors(None, "ssd_tiny", 256, str(path), log=logged.append)
+    scaled = resolve_priors(None, "ssd_tiny", 256, str(path))
+    logged = ssd_messages()
     assert scaled.feature_maps == default_priors("ssd_tiny").feature_maps
     assert scaled.min_sizes == pytest.approx([s * 256 / math.sqrt(160 * 128) for s in result.priors.min_sizes])
     assert "fitted at 160x128 px" in logged[0] and "for 256 px" in logged[0]

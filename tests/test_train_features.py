@@ -132,10 +132,10 @@ def test_a_misspelled_hook_is_refused_naming_the_nearest_hook():
     check_callbacks([Callback(), EarlyStopping(3)])  # the library's own pass
 
 
-def test_without_tensorboard_the_run_goes_on_and_says_how_to_install_it(shapes, tmp_path, monkeypatch, capsys):
+def test_without_tensorboard_the_run_goes_on_and_says_how_to_install_it(shapes, tmp_path, monkeypatch, ssd_messages):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # what `import` sees when it is not installed
     result = train(data=str(shapes), epochs=1, project=str(tmp_path), **TINY)
-    out = capsys.readouterr().out
+    out = "\n".join(ssd_messages())
     assert out.count("TensorBoard logging needs torch.utils.tensorboard, from the optional 'tensorboard' "
                      "dependencies: pip install 'ssd-detect[tensorboard]' (this run goes on without TensorBoard "
                      "scalars)") == 1
@@ -216,13 +216,14 @@ def test_ema_is_evaluated_saved_and_resumed_exactly(shapes, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- early stopping
-def test_early_stopping_ends_the_run_says_why_and_resume_keeps_it_stopped(shapes, tmp_path, monkeypatch, capsys):
+def test_early_stopping_ends_the_run_says_why_and_resume_keeps_it_stopped(shapes, tmp_path, monkeypatch,
+                                                                            ssd_messages):
     maps, real = [0.5, 0.4, 0.3, 0.9], trainer.evaluate_split
     monkeypatch.setattr(trainer, "evaluate_split", lambda *a, **k: {**real(*a, **k), "map": maps.pop(0)})
     result = train(data=str(shapes), epochs=6, patience=2, project=str(tmp_path), **TINY)
     reason = ("early stopping after epoch 3: no voc07 mAP improvement in the 2 epochs since epoch 1 (best 0.5000, "
               "saved in weights/best.pt); --patience 2")
-    assert result.stop_reason == reason and reason in capsys.readouterr().out
+    assert result.stop_reason == reason and reason in ssd_messages()
     assert (result.run_dir / "stop.txt").read_text() == reason + "\n"
     assert [row["val/mAP"] for row in result.history] == [0.5, 0.4, 0.3]
     weights = result.run_dir / "weights"
@@ -230,7 +231,7 @@ def test_early_stopping_ends_the_run_says_why_and_resume_keeps_it_stopped(shapes
     assert ssd.load_checkpoint(weights / "last.pt")["stop_reason"] == reason
 
     resumed = train(resume=str(result.run_dir), quiet=True)
-    assert f"{result.run_dir} already stopped: {reason}" in capsys.readouterr().out
+    assert f"{result.run_dir} already stopped: {reason}" in ssd_messages()
     assert len(resumed.history) == 3 and maps == [0.9]  # nothing trained or validated again
 
 

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ssd.device import resolve_device
+from ssd.log import quiet_other_ranks
 
 __all__ = ["DistInfo", "setup", "cleanup", "steps_per_epoch", "broadcast_object", "all_gather_objects", "any_true",
            "broadcast_buffers", "barrier"]
@@ -43,13 +44,14 @@ class DistInfo:
 
 
 def setup(device_name: str) -> tuple[DistInfo, torch.device, bool]:
-    """Read the torchrun environment, pick the device (:func:`ssd.device.resolve_device`) and join the
-    process group (gloo on CPU, nccl on CUDA).
+    """Read the torchrun environment, silence the messages of ranks other than 0 (:func:`ssd.log.quiet_other_ranks`),
+    pick the device (:func:`ssd.device.resolve_device`) and join the process group (gloo on CPU, nccl on CUDA).
 
     Returns ``(info, device, created)``; ``created`` says this call initialized the group (so :func:`cleanup`
     should destroy it).
     """
     info = DistInfo.from_env()
+    quiet_other_ranks(info.rank)
     device = resolve_device(device_name, info.local_rank if info.enabled else None)
     created = False
     if info.enabled and not dist.is_initialized():

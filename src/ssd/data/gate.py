@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from ssd.data.check import screen
 from ssd.data.index import index_dataset
 from ssd.data.records import DataError, DatasetSpec
+from ssd.log import LOGGER
 
 __all__ = ["load_training_data"]
 
 
 def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, class_names: list[str] | None = None,
-                       splits: Sequence[str] = ("train", "val"), log: Callable[[str], object] = print,
-                       recheck: bool = False) -> DatasetSpec:
+                       splits: Sequence[str] = ("train", "val"), recheck: bool = False) -> DatasetSpec:
     """The dataset gate of training and evaluation: :func:`load_dataset`, then the ``ssd check`` rules.
 
     It refuses exactly what :func:`ssd.data.check.check_dataset` (same data and class names) reports as errors in
@@ -25,12 +25,12 @@ def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, c
 
     Args:
         data: a data.yaml, dataset folder or COCO JSON.
-        skip_invalid: drop the invalid objects and images instead of refusing them (logged: how many, which). Errors
+        skip_invalid: drop the invalid objects and images instead of refusing them (logged on the ``ssd`` logger,
+            with a summary of the warnings: how many, which). Errors
             no dropping can mend (an empty split, a class without training objects, duplicate class names) are
             refused all the same.
         class_names: the model's class names (evaluation), see :func:`load_dataset`.
         splits: the splits the caller reads; the first must exist, the others are read where present.
-        log: where the dropped objects/images and a summary of the warnings go.
         recheck: read and decode every file again instead of trusting the index (which is then rebuilt).
 
     Returns the spec with the invalid objects/images removed from the splits read (the input files are untouched),
@@ -44,12 +44,12 @@ def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, c
                            issues=indexed.issues)
     dropped = report.dropped
     if dropped:
-        log(f"skip_invalid: dropped {dropped['objects']} object(s) and {dropped['images']} image(s): "
-            f"{', '.join(dropped['object_locations'][:5] + dropped['image_paths'][:5])}")
+        LOGGER.info(f"skip_invalid: dropped {dropped['objects']} object(s) and {dropped['images']} image(s): "
+                    f"{', '.join(dropped['object_locations'][:5] + dropped['image_paths'][:5])}")
     for issue in report.warnings:
         if issue.image is None:  # dataset- and split-wide warnings in full, per-file ones counted below
-            log(f"warning: {issue.message}")
+            LOGGER.info(f"warning: {issue.message}")
     per_file = [i for i in report.warnings if i.image is not None]
     if per_file:
-        log(f"{len(per_file)} warning(s) about files of {data} (`ssd check {data}` lists them)")
+        LOGGER.info(f"{len(per_file)} warning(s) about files of {data} (`ssd check {data}` lists them)")
     return clean

@@ -11,7 +11,7 @@ XML files beside them (a "Pascal VOC" export described by a ``data.yaml``) is re
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from ssd._utils import closest_names, few
@@ -20,6 +20,7 @@ from ssd.data.records import DataError, DatasetSpec, ImageRecord, relative_path
 from ssd.data.table import select
 from ssd.data.voc import assign_labels, find_voc_root, parse_voc_xml, read_voc
 from ssd.data.yolo import read_yolo_folder, read_yolo_yaml
+from ssd.log import LOGGER
 
 __all__ = ["load_dataset", "validation_split"]
 
@@ -182,10 +183,10 @@ def load_dataset(data: str | Path, split: str | None = None, class_names: list[s
     return spec
 
 
-def validation_split(spec: DatasetSpec, val_fraction: float | None = None, seed: int = 0,
-                     log: Callable[[str], object] = print) -> tuple[Sequence[ImageRecord], Sequence[ImageRecord]]:
+def validation_split(spec: DatasetSpec, val_fraction: float | None = None, seed: int = 0
+                     ) -> tuple[Sequence[ImageRecord], Sequence[ImageRecord]]:
     """``(training, validation)`` records: the ``val`` split (else ``test``), or with ``val_fraction`` a seeded share
-    of ``train`` held out (reported through ``log``). A run never scores on its own training images.
+    of ``train`` held out (reported on the ``ssd`` logger). A run never scores on its own training images.
 
     Raises:
         DataError: no split to validate on and no ``val_fraction`` (the message names both fixes), a
@@ -207,6 +208,6 @@ def validation_split(spec: DatasetSpec, val_fraction: float | None = None, seed:
         raise DataError(f"--val-fraction {val_fraction} of {len(train)} training images holds out {held}: it must "
                         "leave at least one image on each side")
     chosen = set(random.Random(seed).sample(range(len(train)), held))
-    log(f"validation: {held} of {len(train)} training images held out (--val-fraction {val_fraction}, seed {seed}); "
-        f"training on the other {len(train) - held}")
+    LOGGER.info(f"validation: {held} of {len(train)} training images held out (--val-fraction {val_fraction}, "
+                f"seed {seed}); training on the other {len(train) - held}")
     return select(train, [i for i in range(len(train)) if i not in chosen]), select(train, sorted(chosen))

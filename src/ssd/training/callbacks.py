@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ssd._utils import did_you_mean
 from ssd.data.mosaic import close_mosaic_epochs, mosaic_probability
 from ssd.limits import value_text
+from ssd.log import LOGGER
 
 if TYPE_CHECKING:
     from ssd.training.trainer import Trainer
@@ -90,7 +91,7 @@ class MosaicSchedule(Callback):
         trainer.train_loader.sampler.set_mosaic(probability)
         if probability != self.probability:
             closed = close_mosaic_epochs(config.close_mosaic, trainer.epochs)
-            trainer.log(f"mosaic {probability:g} for epochs {trainer.epoch + 1}-{trainer.epochs - closed}, off for the "
+            LOGGER.info(f"mosaic {probability:g} for epochs {trainer.epoch + 1}-{trainer.epochs - closed}, off for the "
                         f"last {closed} (--close-mosaic)" if probability else
                         f"mosaic off from epoch {trainer.epoch + 1} of {trainer.epochs} (--close-mosaic {closed})")
         self.probability = probability

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +12,7 @@ import torch
 from torch import nn
 
 from ssd.device import amp_dtype
+from ssd.log import LOGGER
 from ssd.training.config import TrainConfig, default_milestones
 
 __all__ = ["param_groups", "build_optimizer", "LRSchedule", "build_optimization", "resize_schedule"]
@@ -74,8 +74,7 @@ class LRSchedule:
                    gamma=config.gamma)
 
 
-def build_optimization(model: nn.Module, config: TrainConfig, iters_per_epoch: int, device: torch.device,
-                       log: Callable[[str], object] = print
+def build_optimization(model: nn.Module, config: TrainConfig, iters_per_epoch: int, device: torch.device
                        ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR, torch.amp.GradScaler,
                                   torch.dtype | None]:
     """``(optimizer, scheduler, scaler, amp_dtype)`` of a run: :func:`build_optimizer`, the :class:`LRSchedule`
@@ -85,7 +84,7 @@ def build_optimization(model: nn.Module, config: TrainConfig, iters_per_epoch: i
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, LRSchedule.from_config(config, iters_per_epoch))
     dtype = amp_dtype(device) if config.amp else None
     if config.amp and dtype is None:
-        log(f"amp: {device} has no fast bfloat16/float16 path; training in float32")
+        LOGGER.info(f"amp: {device} has no fast bfloat16/float16 path; training in float32")
     return optimizer, scheduler, torch.amp.GradScaler("cuda", enabled=dtype == torch.float16), dtype
 
 

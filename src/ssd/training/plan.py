@@ -8,7 +8,7 @@ and input size, so ``config.yaml`` records what really runs.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from ssd.data.records import DataError, DatasetSpec
+from ssd.log import LOGGER
 from ssd.models import build_model
 from ssd.models.config import ModelConfig
 from ssd.settings import ConfigError
@@ -60,7 +61,7 @@ def given_fields(config: TrainConfig, overrides: Iterable[str] = ()) -> set[str]
     return given
 
 
-def plan_run(config: TrainConfig, given: set[str], log: Callable[[str], object] = print) -> RunPlan:
+def plan_run(config: TrainConfig, given: set[str]) -> RunPlan:
     """Reconcile ``config`` with the checkpoints it names, refusing contradictions.
 
     ``resume``: the run continues as it was configured; ``data`` (a moved dataset), ``epochs`` (longer or
@@ -70,13 +71,13 @@ def plan_run(config: TrainConfig, given: set[str], log: Callable[[str], object] 
     ``image_size`` given explicitly (or ``backbone_weights``) is refused, else adopted with a message.
     """
     if config.resume:
-        return _plan_resume(config, given, log)
+        return _plan_resume(config, given)
     if config.weights:
-        return _adopt_weights(config, given, log)
+        return _adopt_weights(config, given)
     return RunPlan(config.resolved())
 
 
-def _plan_resume(config: TrainConfig, given: set[str], log: Callable[[str], object]) -> RunPlan:
+def _plan_resume(config: TrainConfig, given: set[str]) -> RunPlan:
     path = resolve_weights(config.resume, "resume")
     state = load_checkpoint(path)
     missing = [key for key in TRAINING_STATE if key not in state]
@@ -96,25 +97,25 @@ def _plan_resume(config: TrainConfig, given: set[str], log: Callable[[str], obje
                           f"start a new run from its weights: --weights {path}")
     updates: dict[str, Any] = {"resume": str(path), **{k: getattr(config, k) for k in _CURRENT}}
     if "data" in changed:
-        log(f"resume: reading the dataset from {config.data} (the run started on {saved.data})")
+        LOGGER.info(f"resume: reading the dataset from {config.data} (the run started on {saved.data})")
         updates["data"] = config.data
     if "epochs" in changed:
         done, length = int(state["epoch"]) + 1, saved.schedule_epochs or saved.epochs
         if config.epochs < done:
             raise ConfigError(f"--epochs {config.epochs} is fewer than the {done} epochs {path} has already done")
         if config.epochs > length:
-            log(f"resume: training to {config.epochs} epochs; the lr schedule keeps its {length}-epoch length, "
-                f"epochs {length + 1}-{config.epochs} use its final lr")
+            LOGGER.info(f"resume: training to {config.epochs} epochs; the lr schedule keeps its {length}-epoch "
+                        f"length, epochs {length + 1}-{config.epochs} use its final lr")
         updates.update(epochs=config.epochs, schedule_epochs=length)
     if "time" in changed:
-        log(f"resume: a time budget of {config.time:g} minutes for the whole run (it was {saved.time}); the time "
-            "already trained counts")
+        LOGGER.info(f"resume: a time budget of {config.time:g} minutes for the whole run (it was {saved.time}); "
+                    "the time already trained counts")
         updates["time"] = config.time
-    log(f"resuming {run_dir} from {path} ({int(state['epoch']) + 1} epoch(s) done)")
+    LOGGER.info(f"resuming {run_dir} from {path} ({int(state['epoch']) + 1} epoch(s) done)")
     return RunPlan(saved.update(**updates).resolved(), state, path, run_dir)
 
 
-def _adopt_weights(config: TrainConfig, given: set[str], log: Callable[[str], object]) -> RunPlan:
+def _adopt_weights(config: TrainConfig, given: set[str]) -> RunPlan:
     pretrained = read_weights(resolve_weights(config.weights))  # a file, a run directory or a known name
     model = ModelConfig.from_dict(pretrained["config"], source=str(config.weights))
     conflicts = []
@@ -129,7 +130,8 @@ def _adopt_weights(config: TrainConfig, given: set[str], log: Callable[[str], ob
                           f"inputs, which {' and '.join(conflicts)} contradict: the weights decide the architecture "
                           "and input size. Leave those options out, or leave out --weights to train from scratch")
     if (config.model, config.image_size) != (model.name, model.image_size):
-        log(f"weights: {config.weights} holds a {model.name} model for {model.image_size} px inputs: training that")
+        LOGGER.info(f"weights: {config.weights} holds a {model.name} model for {model.image_size} px inputs: "
+                    "training that")
     return RunPlan(config.update(model=model.name, image_size=model.image_size).resolved(), pretrained=pretrained)
 
 
@@ -148,7 +150,7 @@ def check_resumed_data(plan: RunPlan, class_names: list[str], num_train: int) ->
                         f"run from its weights instead: --weights {plan.checkpoint}")
 
 
-def build_run_model(plan: RunPlan, spec: DatasetSpec, log: Callable[[str], object] = print) -> nn.Module:
+def build_run_model(plan: RunPlan, spec: DatasetSpec) -> nn.Module:
     """The run's model: the resumed checkpoint's own (neither ``weights`` nor ``backbone_weights`` files are read
     again, and its default boxes are kept), ``weights`` with new class heads where the classes differ, or a new one
     (``backbone_weights``); ``priors`` (a file, or ``auto``: fitted to ``spec``'s training boxes) replaces the
@@ -157,10 +159,10 @@ def build_run_model(plan: RunPlan, spec: DatasetSpec, log: Callable[[str], objec
     if plan.state is not None:
         return model_from_checkpoint(plan.state)
     if plan.pretrained is not None:
-        log(f"weights: started from {config.weights}")
-        priors = resolve_priors(spec, config.model, config.image_size, config.priors, seed=config.seed, log=log)
+        LOGGER.info(f"weights: started from {config.weights}")
+        priors = resolve_priors(spec, config.model, config.image_size, config.priors, seed=config.seed)
         return model_from_checkpoint(plan.pretrained, class_names=class_names, reinit_heads=True, priors=priors)
-    priors = resolve_priors(spec, config.model, config.image_size, config.priors, seed=config.seed, log=log)
+    priors = resolve_priors(spec, config.model, config.image_size, config.priors, seed=config.seed)
     return build_model(config.model, class_names=class_names, backbone_weights=config.backbone_weights,
                        image_size=config.image_size, priors=priors)
 

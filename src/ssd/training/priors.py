@@ -3,13 +3,12 @@ one :class:`ssd.priors.PriorConfig` (or ``None``: the model's own) before the mo
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from torch import Tensor
 
 from ssd._utils import size_text
 from ssd.data.priors import fit_for_model
 from ssd.data.records import DatasetSpec
+from ssd.log import LOGGER
 from ssd.models import MODEL_CONFIGS
 from ssd.models.build import default_priors
 from ssd.priors import PriorConfig, PriorConfigError, input_size
@@ -20,7 +19,7 @@ __all__ = ["resolve_priors"]
 
 def resolve_priors(spec_or_boxes: DatasetSpec | Tensor | None, model_name: str,
                    image_size: int | tuple[int, int] | str | None,
-                   value: str | None, *, seed: int = 0, log: Callable[[str], object] = print) -> PriorConfig | None:
+                   value: str | None, *, seed: int = 0) -> PriorConfig | None:
     """The default boxes of ``value``: ``None`` (the model's own: returns ``None``), ``"auto"`` (fitted to the
     training split of ``spec_or_boxes``; ``None`` when the fit gains too little to change them) or the path of a
     priors file (checked against ``model_name``; fitted at another input size, scaled to ``image_size`` by
@@ -34,7 +33,7 @@ def resolve_priors(spec_or_boxes: DatasetSpec | Tensor | None, model_name: str,
             raise PriorConfigError("priors=auto fits the default boxes to the training data, but no data was given")
         result = fit_for_model(spec_or_boxes, model_name, size, seed=seed)
         b, a = result.before["covered"], result.after["covered"]
-        log(f"priors auto: default boxes of {model_name} at {size_text(size)} px "
+        LOGGER.info(f"priors auto: default boxes of {model_name} at {size_text(size)} px "
             + (f"fitted to {result.before['boxes']} training boxes: coverage {b:.1%} -> {a:.1%}" if result.changed
                else f"kept: coverage {b:.1%} (a fit reaches {a:.1%}, too little to change them)"))
         return result.priors if result.changed else None
@@ -49,6 +48,6 @@ def resolve_priors(spec_or_boxes: DatasetSpec | Tensor | None, model_name: str,
         raise PriorConfigError(f"{value} has {len(priors.min_sizes)} levels but {model_name} has "
                                f"{len(target.feature_maps)}")
     scaled = priors.scaled_to(file_size, size, target.feature_maps, target.steps)
-    log(f"priors: {value} was fitted at {size_text(file_size)} px; box sizes scaled by "
+    LOGGER.info(f"priors: {value} was fitted at {size_text(file_size)} px; box sizes scaled by "
         f"{scaled.min_sizes[0] / priors.min_sizes[0]:g} for {size_text(size)} px")
     return scaled

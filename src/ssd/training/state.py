@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ssd.log import LOGGER
 from ssd.weights.checkpoint import save_checkpoint
 
 if TYPE_CHECKING:
@@ -103,5 +104,5 @@ def restore_training_state(trainer: Trainer, state: dict[str, Any]) -> None:
         trainer.ema.n_averaged.fill_(state["ema"]["updates"])
         trainer.model.load_state_dict(state["ema"]["raw_model"])
     elif trainer.ema is not None:
-        trainer.log(f"ema: {trainer.plan.checkpoint} holds no raw weights (only last.pt does): the average restarts "
+        LOGGER.info(f"ema: {trainer.plan.checkpoint} holds no raw weights (only last.pt does): the average restarts "
                     "from its weights")

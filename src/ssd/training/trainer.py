@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 import ssd.distributed as ddp
 from ssd.data import build_dataloader
@@ -30,6 +29,7 @@ from ssd.data.records import DataError, DatasetSpec
 from ssd.device import prepare_model
 from ssd.evaluation.evaluator import evaluate_split, split_loader
 from ssd.files import make_run_dir
+from ssd.log import LOGGER, progress
 from ssd.loss import MultiBoxLoss
 from ssd.settings import ConfigError
 from ssd.training.budget import TimeBudget
@@ -96,8 +96,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, info: ddp.DistInfo, device: torch.device, *,
                  given: set[str] | None = None, callbacks: Sequence[Callback] = ()) -> None:
         self.info, self.device = info, device
-        self.log = print if info.is_main else (lambda *a, **k: None)
-        self.plan = plan_run(config, given_fields(config) if given is None else given, self.log)
+        self.plan = plan_run(config, given_fields(config) if given is None else given)
         self.config = config = self.plan.config
         self.run_dir = self.plan.run_dir
         check_callbacks(callbacks)  # the built-in output callbacks write on rank 0 only
@@ -106,15 +105,15 @@ class Trainer:
                           *([MosaicSchedule()] if config.mosaic else []),
                           *([TimeBudget(config.time)] if config.time else []), *callbacks]
         seed_everything(config.seed)
-        spec = load_training_data(config.data, skip_invalid=config.skip_invalid, log=self.log, recheck=config.recheck)
+        spec = load_training_data(config.data, skip_invalid=config.skip_invalid, recheck=config.recheck)
         self.class_names = list(spec.class_names)
         self.category_ids = getattr(spec, "category_ids", None)  # the dataset's own ids (COCO), for predictions
-        self.train_records, self.val_records = validation_split(spec, config.val_fraction, config.seed, self.log)
+        self.train_records, self.val_records = validation_split(spec, config.val_fraction, config.seed)
         if self.plan.state is not None:
             check_resumed_data(self.plan, self.class_names, len(self.train_records))
         self._setup_model(spec)
         self.optimizer, self.scheduler, self.scaler, self.amp_dtype = build_optimization(
-            self.model, config, self.steps, self.device, self.log)
+            self.model, config, self.steps, self.device)
         self.ema = build_ema(self.model, config.ema_decay) if config.ema else None
         self.start_epoch, self.epoch, self.best_map, self.best_epoch = 0, 0, -1.0, 0
         self.epochs = config.epochs
@@ -135,7 +134,7 @@ class Trainer:
 
     def _setup_model(self, spec: DatasetSpec) -> None:
         config, info = self.config, self.info
-        model = build_run_model(self.plan, spec, self.log)
+        model = build_run_model(self.plan, spec)
         self.plan = replace(self.plan, pretrained=None)  # the weights' checkpoint is in the model now
         if info.enabled and config.sync_bn:
             if self.device.type != "cuda":
@@ -153,7 +152,7 @@ class Trainer:
             rank=info.rank, world_size=info.world_size, mosaic=config.mosaic)
         plan = self.train_loader.dataset.dataset.decode_plan
         if plan is not None:
-            self.log(describe_plan(plan, crop_scale, mc.image_size, config.cache_images))
+            LOGGER.info(describe_plan(plan, crop_scale, mc.image_size, config.cache_images))
         self.val_loader = split_loader(self.val_records, self.class_names, mc, batch_size=config.batch_size,
                                        workers=config.workers, cache_images=config.cache_images, info=info)
         self.steps = ddp.steps_per_epoch(len(self.train_records), config.batch_size, info.world_size)
@@ -173,7 +172,7 @@ class Trainer:
     def stop(self, reason: str) -> None:
         """End the run after the current epoch (its checkpoints and row are still written) for ``reason``."""
         self.stop_reason = reason
-        self.log(reason)
+        LOGGER.info(reason)
 
     def _hook(self, name: str, *args: Any) -> None:
         for callback in self.callbacks:
@@ -192,16 +191,16 @@ class Trainer:
         try:
             self._hook("on_train_start")  # may set the epoch count (--time)
             if stopped:
-                self.log(f"{self.run_dir} already stopped: {stopped}")
+                LOGGER.info(f"{self.run_dir} already stopped: {stopped}")
             elif self.start_epoch >= self.epochs and not self.stop_reason:
-                self.log(f"{self.run_dir}: all {self.epochs} epochs are already done")
+                LOGGER.info(f"{self.run_dir}: all {self.epochs} epochs are already done")
             epoch = self.start_epoch
             while epoch < self.epochs and not self.stop_reason:
                 self.epoch = epoch
                 self._epoch(epoch)
                 epoch += 1
             self._hook("on_fit_end")
-            self.log(f"results saved to {self.run_dir} (best {config.metric} mAP {self.best_map:.4f})")
+            LOGGER.info(f"results saved to {self.run_dir} (best {config.metric} mAP {self.best_map:.4f})")
         finally:
             self._hook("on_teardown")
             if lock is not None:
@@ -259,7 +258,7 @@ class Trainer:
         totals = torch.zeros(3, dtype=torch.float64)
         steps = crop_dropped = 0
         tic = time.perf_counter()
-        with tqdm(itertools.islice(self.train_loader, self.steps), total=self.steps, leave=True, dynamic_ncols=True,
+        with progress(itertools.islice(self.train_loader, self.steps), total=self.steps, leave=True, dynamic_ncols=True,
                   desc=f"epoch {epoch + 1}/{self.epochs}", disable=config.quiet or not self.info.is_main) as bar:
             for step, batch in enumerate(bar):
                 crop_dropped += batch["crop_dropped"]
@@ -277,7 +276,7 @@ class Trainer:
         mean = (totals / max(steps, 1)).tolist()
         crops = {}
         if config.crop_scale is not None:
-            self.log(f"epoch {epoch + 1}: the crops cut and dropped {crop_dropped} object(s) with less than "
+            LOGGER.info(f"epoch {epoch + 1}: the crops cut and dropped {crop_dropped} object(s) with less than "
                      f"{MIN_VISIBLE:.0%} of their box (or of the crop) inside")
             crops = {"crop_dropped": crop_dropped}
         return {"train/loss": mean[0], "train/loc_loss": mean[1], "train/cls_loss": mean[2],
@@ -297,7 +296,7 @@ class Trainer:
             if not self.config.skip_nonfinite:
                 raise nonfinite_loss_error(where, loss.item(), batch["paths"])
             self.nonfinite += 1
-            self.log(f"skipped a non-finite loss at {where} ({self.nonfinite} so far)")
+            LOGGER.info(f"skipped a non-finite loss at {where} ({self.nonfinite} so far)")
             self.scheduler.step()
             return None
         self.scaler.scale(loss).backward()
