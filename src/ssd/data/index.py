@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import time
 import zipfile
@@ -38,8 +37,7 @@ from ssd.data.memo import RACY_NS, FileMemo, decode_parsed, encode_parsed, file_
 from ssd.data.records import DataError, DatasetSpec, Issue
 from ssd.data.table import RecordTable, Strings
 from ssd.files import DirectoryLock, OutputError, atomic_write, describe_os_error
-
-LOGGER = logging.getLogger("ssd")
+from ssd.log import LOGGER
 
 __all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "Indexed", "index_dataset"]
 

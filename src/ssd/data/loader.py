@@ -11,7 +11,6 @@ with its own message, also from worker processes (where torch would wrap it in t
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import re
@@ -36,9 +35,8 @@ from ssd.data.records import DataError, ImageRecord
 from ssd.data.table import RecordTable
 from ssd.data.transforms import build_transform
 from ssd.limits import MAX_CROP_CACHE_BYTES
+from ssd.log import LOGGER
 from ssd.settings import ConfigError
-
-LOGGER = logging.getLogger("ssd")
 
 __all__ = ["DetectionDataset", "SeededSampler", "collate", "build_dataloader", "seed_worker", "plain_data_errors"]
 

@@ -13,7 +13,6 @@ the dataset's training split, decoded by :func:`ssd.data.images.read_image` and 
 
 from __future__ import annotations
 
-import logging
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -25,6 +24,7 @@ from ssd.data.load import load_dataset
 from ssd.export.onnx import onnx_metadata
 from ssd.files import write_bytes
 from ssd.inference.backends import OnnxBackend, graph_digest
+from ssd.log import LOGGER
 from ssd.preprocess import preprocess
 
 __all__ = ["CALIBRATION_IMAGES", "calibration_paths", "calibration_input", "calibration_inputs", "network_nodes",
@@ -33,7 +33,6 @@ __all__ = ["CALIBRATION_IMAGES", "calibration_paths", "calibration_input", "cali
 CALIBRATION_IMAGES = 300
 """The default number of calibration images (fewer when the training split has fewer)."""
 
-logger = logging.getLogger("ssd")
 
 
 def calibration_paths(data: str | Path | None, count: int | None = None) -> list[Path]:
@@ -51,7 +50,7 @@ def calibration_paths(data: str | Path | None, count: int | None = None) -> list
         raise ValueError(f"INT8 calibration needs training images, but the training split of {data} has none")
     if count is None:
         count = min(CALIBRATION_IMAGES, len(records))
-        logger.info("INT8 calibration on %d training images of %s (%s)", count, data,
+        LOGGER.info("INT8 calibration on %d training images of %s (%s)", count, data,
                     "the default" if count == CALIBRATION_IMAGES else f"all of them: fewer than {CALIBRATION_IMAGES}")
     if len(records) < count:
         raise ValueError(f"INT8 calibration asked for {count} images (--calib-images) but the training split of "

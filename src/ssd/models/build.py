@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -13,6 +12,7 @@ from torch import nn
 
 from ssd._utils import as_hw, compact_size, did_you_mean, size_text
 from ssd.limits import value_text
+from ssd.log import LOGGER
 from ssd.models import mobilenet, tiny, vgg
 from ssd.models.architecture import Architecture
 from ssd.models.backbone_weights import BackboneWeightsError, read_backbone_weights
@@ -24,7 +24,6 @@ from ssd.priors import PriorConfig, PriorConfigError, input_size
 __all__ = ["MODEL_CONFIGS", "build_model", "build_from_config", "default_priors", "list_models", "checked_priors",
            "checked_class_names"]
 
-logger = logging.getLogger("ssd")
 
 MODEL_CONFIGS: dict[str, Architecture] = {**vgg.ARCHITECTURES, **mobilenet.ARCHITECTURES, **tiny.ARCHITECTURES}
 """The named configurations :func:`build_model` knows."""
@@ -140,7 +139,7 @@ def _assemble(config: ModelConfig, class_names: list[str], backbone_weights: str
         normalization = arch.weights_normalization(weights) if arch.weights_normalization else None
         if normalization is not None:  # these weights were trained on other inputs than the architecture's default
             config = config.replace(mean=normalization[0], std=normalization[1])
-            logger.info("backbone weights %s: input normalization mean %s, std %s (per RGB channel in [0, 1])",
+            LOGGER.info("backbone weights %s: input normalization mean %s, std %s (per RGB channel in [0, 1])",
                         source, _rounded(config.mean), _rounded(config.std))
     feature_maps, channels = _probe(config.name, config.options, config.image_size)
     if tuple(feature_maps) != config.priors.feature_maps:

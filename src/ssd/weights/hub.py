@@ -19,7 +19,6 @@ from __future__ import annotations
 import functools
 import glob
 import http.client
-import logging
 import os
 import re
 import time
@@ -31,13 +30,13 @@ from urllib.error import URLError
 import torch
 
 from ssd._utils import did_you_mean, render_table
+from ssd.log import LOGGER
 from ssd.weights.checkpoint import CheckpointError
 
 __all__ = ["HubWeights", "WeightsDownloadError", "catalog", "cache_dir", "known_names", "lookup", "fetch",
            "weights_file", "looks_like_name", "unknown_name", "format_catalog", "OPTIONS", "remove_stale_partials",
            "STALE_PARTIAL_SECONDS"]
 
-logger = logging.getLogger("ssd")
 
 Kind = Literal["detector", "backbone"]
 
@@ -196,7 +195,7 @@ def fetch(entry: HubWeights, *, progress: bool = True) -> Path:
         kind = "a directory" if path.is_dir() else "not a file"
         raise WeightsDownloadError(f"the cache entry of {entry.name}, {path}, is {kind}: remove it and run again "
                                    f"(it is downloaded again), or pass the path of a copy: {OPTIONS[entry.kind]} PATH")
-    logger.info("%s: downloading %s to %s", entry.name, entry.url, path)
+    LOGGER.info("%s: downloading %s to %s", entry.name, entry.url, path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.hub.download_url_to_file(entry.url, str(path), hash_prefix=entry.hash_prefix, progress=progress)
@@ -228,7 +227,7 @@ def remove_stale_partials(path: Path) -> list[Path]:
         except FileNotFoundError:  # another process removed it first
             continue
     if removed:
-        logger.info("removed %d unfinished download(s) of %s left by an interrupted run: %s", len(removed),
+        LOGGER.info("removed %d unfinished download(s) of %s left by an interrupted run: %s", len(removed),
                     path.name, ", ".join(p.name for p in removed))
     return removed
 

@@ -10,7 +10,6 @@ How each format maps onto this library is :mod:`ssd.weights.foreign`.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 from torch import Tensor
 
 from ssd._utils import state_dict_mismatch
+from ssd.log import LOGGER
 from ssd.models.build import MODEL_CONFIGS, build_from_config
 from ssd.models.ssd import SSD
 from ssd.weights.checkpoint import read_file
@@ -38,7 +38,6 @@ from ssd.weights.identify import (
 
 __all__ = ["FORMAT_CHOICES", "import_model", "import_weights", "resolve_class_names"]
 
-logger = logging.getLogger("ssd")
 
 FORMAT_CHOICES = ("auto", *DETECTOR_FORMATS)
 
@@ -83,7 +82,7 @@ def import_weights(obj: Any, source: str, *, format: str = "auto", class_names: 
     if missing != ["priors"] or unexpected:  # the renaming covers every tensor but the computed default boxes
         raise RuntimeError(f"internal error importing {source}: missing {missing}, unexpected {unexpected}")
     dropped = f", dropped the {plan.config.num_classes + 1 - len(columns)} N/A columns" if columns else ""
-    logger.info("%s: imported %s as %s with %d classes (%s%s); input normalization mean %s, std %s", source,
+    LOGGER.info("%s: imported %s as %s with %d classes (%s%s); input normalization mean %s, std %s", source,
                 plan.what, plan.config.name, len(names), _preview(names), dropped,
                 [round(v, 5) for v in plan.config.mean], [round(v, 5) for v in plan.config.std])
     return model.eval()

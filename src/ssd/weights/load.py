@@ -10,7 +10,6 @@ are not finite.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 from torch import Tensor
 
 from ssd._utils import few, state_dict_mismatch
+from ssd.log import LOGGER
 from ssd.models.build import MODEL_CONFIGS, build_from_config, checked_class_names, checked_priors
 from ssd.models.config import ModelConfig, ModelConfigError
 from ssd.models.ssd import SSD
@@ -30,7 +30,6 @@ from ssd.weights.importers import import_weights
 
 __all__ = ["read_weights", "model_from_checkpoint"]
 
-logger = logging.getLogger("ssd")
 
 
 def read_weights(path: str | os.PathLike) -> dict[str, Any]:
@@ -72,7 +71,7 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
             box regressors, the background row) but the class predictor rows of the classes, which start from
             their initialisation, except for a wanted class that names a class of the checkpoint (case-insensitive,
             VOC / COCO synonyms, see :func:`ssd.weights.finetune.match_classes`): it starts from that class's rows.
-            The mapping is logged on the ``ssd`` logger.
+            The mapping is logged on the ``ssd`` LOGGER.
         priors: default boxes replacing the checkpoint's (fine-tuning with fitted default boxes): its feature maps
             and, so that every head loads, its boxes per location.
 
@@ -151,7 +150,7 @@ def _fine_tuned(config: ModelConfig, saved: list[str], state: Mapping[str, Tenso
     carried = [f"{name} <- {saved[c - 1]}" if name != saved[c - 1] else name
                for name, c in zip(wanted, columns[1:]) if c is not None]
     fresh = [name for name, c in zip(wanted, columns[1:]) if c is None]
-    logger.warning("%s: fine-tuning from %d classes to %d: kept the backbone, extra layers, box regressors and "
+    LOGGER.warning("%s: fine-tuning from %d classes to %d: kept the backbone, extra layers, box regressors and "
                    "background row; class rows carried over for %d (%s); initialised for %d (%s)", source,
                    len(saved), len(wanted), len(carried), ", ".join(carried) or "none", len(fresh),
                    ", ".join(fresh) or "none")
