@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 DEMO_EXTRAS := tensorboard
 TEST_EXTRAS := dev,export,video,tensorboard,eval,openvino,serve,track,supervision,docs
 
-.PHONY: demo test lint docs install clean
+.PHONY: demo test test-fast lint docs install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,12 @@ lint: $(VENV)/.installed-$(TEST_EXTRAS)
 docs: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
+# Everything, with the 20 slowest tests listed; `make test-fast` is the inner loop (no test marked slow).
 test: lint docs
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
+
+test-fast: $(VENV)/.installed-$(TEST_EXTRAS)
+	$(PY) -m pytest -q -m "not slow" --durations=10
 
 clean:
 	rm -rf $(VENV) runs build site *.egg-info src/*.egg-info
