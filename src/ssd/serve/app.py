@@ -43,10 +43,10 @@ def create_app(detector: Detector, *, score_threshold: float | None = None,
     """The app serving ``detector``.
 
     The thresholds are the defaults of requests that do not give ``conf``, ``iou``, ``max_det``
-    (``score_threshold=None``: the model's best-F1 confidence, :meth:`Detector.confidence`). Requests are gathered
-    into batches of up to ``max_batch`` images for at most ``max_wait_ms`` (:class:`~ssd.serve.batching.Batcher`;
-    ``max_batch=1``: no batching). Bodies over ``max_upload_bytes`` are refused with 413. ``samples``: a folder whose
-    images the page offers as examples."""
+    (``score_threshold=None``: the model's best-F1 confidence, :meth:`Detector.confidence`). Concurrent requests are
+    gathered into batches of up to ``max_batch`` images, waiting at most ``max_wait_ms`` for requests on their way
+    (:class:`~ssd.serve.batching.Batcher`; ``max_batch=1``: no batching). Bodies over ``max_upload_bytes`` are
+    refused with 413. ``samples``: a folder whose images the page offers as examples."""
     conf, origin = detector.confidence(score_threshold)
     check_thresholds(conf, iou_threshold, max_detections)
     defaults = Thresholds(conf, iou_threshold, max_detections)
