@@ -45,6 +45,9 @@ def test_validation_operating_point_of_one_hit_and_one_false_positive():
     empty = [{"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.long),
               "difficult": torch.zeros(0, dtype=torch.bool)}]
     assert validation_operating_point({"detections": detections, "ground_truths": empty}, ["cat"]) is None
+    elsewhere = [{"boxes": torch.tensor([[100.0, 100, 120, 120]]), "labels": torch.tensor([0]),
+                  "difficult": torch.tensor([False])}]  # no detection hits it: F1 is 0 at every confidence
+    assert validation_operating_point({"detections": detections, "ground_truths": elsewhere}, ["cat"]) is None
 
 
 @pytest.mark.parametrize("value, shown", [

@@ -56,10 +56,11 @@ def validation_loss(model: nn.Module, loader: Iterable[dict[str, Any]], loss_fn:
 def validation_operating_point(metrics: dict[str, Any], class_names: list[str]) -> dict[str, Any] | None:
     """The overall best-F1 point of :func:`ssd.evaluation.evaluator.evaluate_split`'s ``metrics`` (its
     ``detections`` and ``ground_truths``): ``dict(score_threshold, precision, recall, f1, split="val")``, the
-    checkpoint's ``operating_point``; ``None`` when the split has no objects."""
+    checkpoint's ``operating_point``; ``None`` when the split has no objects or no confidence finds any (F1 0
+    everywhere: the best point would be a confidence of 1, which keeps nothing)."""
     curves = operating_point(metrics["detections"], metrics["ground_truths"], len(class_names), class_names)
     best = curves["overall"]["best"]
-    if best is None:
+    if best is None or best["f1"] == 0:
         return None
     return {"score_threshold": float(best["confidence"]), "precision": float(best["precision"]),
             "recall": float(best["recall"]), "f1": float(best["f1"]), "split": "val"}
