@@ -28,7 +28,12 @@ __all__ = ["main"]
 def _with_library_messages(command, args: argparse.Namespace) -> int:
     """Run ``command`` with what the library reports on the ``ssd`` logger (the format of imported weights, the
     classes carried over when fine-tuning, ...) shown on stderr: part of the command's output; the library's own
-    warnings (``ssd.data.images.ImageWarning``, ...) as one ``warning: ...`` line each, once."""
+    warnings (``ssd.data.images.ImageWarning``, ...) as one ``warning: ...`` line each, once; no progress bars with
+    ``--quiet``."""
+    from ssd.log import progress_enabled, set_progress
+
+    shown_progress = progress_enabled()
+    set_progress(shown_progress and not getattr(args, "quiet", False))
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger = logging.getLogger("ssd")
@@ -51,6 +56,7 @@ def _with_library_messages(command, args: argparse.Namespace) -> int:
         finally:
             logger.removeHandler(handler)
             logger.setLevel(level)
+            set_progress(shown_progress)
 
 
 

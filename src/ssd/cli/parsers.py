@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     for add in (_add_train_parser, _add_val_parser, _add_predict_parser, _add_serve_parser, _add_export_parser,
                 _add_benchmark_parser, _add_check_parser, _add_demo_parser, _add_import_parser, _add_weights_parser):
         add(sub)
+    for command in sub.choices.values():  # one spelling of "no progress bars" on every command
+        if "--quiet" not in command._option_string_actions:
+            command.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
 
 

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 import ssd.distributed as ddp
 from ssd._utils import render_table, unwrap_model
@@ -41,6 +40,7 @@ from ssd.files import check_output, write_text
 from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
+from ssd.log import progress as progress_bar
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
 from ssd.settings import EVALUATE, check_thresholds
@@ -189,7 +189,7 @@ def predict_dataset(network: nn.Module | Backend, loader: Iterable[dict[str, Any
     detections: list[dict[str, Any]] = []
     ground_truths: list[dict[str, Tensor]] = []
     try:
-        with tqdm(loader, desc="evaluate", unit="batch", disable=not progress, leave=False) as bar:
+        with progress_bar(loader, desc="evaluate", unit="batch", disable=not progress, leave=False) as bar:
             for batch in bar:
                 outputs = run(batch["images"], batch["orig_sizes"])
                 if tile is not None:
