@@ -68,8 +68,8 @@ class _Detections:
         if isinstance(category, bool) or not isinstance(category, int) or not -2**63 <= category < 2**63:
             raise self.error(index, f"category_id {value_text(category)} must be an integer")
         if not (isinstance(bbox, list) and len(bbox) == 4 and all(_is_number(v) for v in bbox)):
-            raise self.error(index, f"bbox {value_text(bbox)} must be a list of exactly 4 numbers [x, y, width, "
-                             "height]")
+            raise self.error(index, f"bbox {value_text(bbox)} must be a list of exactly 4 finite numbers [x, y, "
+                             "width, height]")
         if not _is_number(score):
             raise self.error(index, f"score {value_text(score)} must be a number in [0, 1]")
         self.images.append(self.image_ids.setdefault(str(image_id), len(self.image_ids)))
@@ -90,7 +90,8 @@ class _Detections:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 2**1023
+    """A JSON number that fits a float (infinity is refused later, with the others out of range)."""
+    return isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**1023)
 
 
 def detections_from_coco_results(results: str | Path | Sequence[Mapping[str, Any]], records: Sequence[ImageRecord],
