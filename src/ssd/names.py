@@ -4,7 +4,8 @@ A dataset, a data YAML or a checkpoint can hold any text as a name. Printed as i
 the screen or rewrite the lines before it, a bidirectional override would reorder what is read, and a lone surrogate
 cannot be written as UTF-8 at all (a traceback far from the file that held it). Every reader checks its names with
 :func:`name_problem` where it reads them (:mod:`ssd.data.rules` for a dataset's class names, :mod:`ssd.data.check`
-for its image files, :func:`ssd.models.build.checked_class_names` for a checkpoint's or the caller's), and every
+for its image files, :func:`ssd.models.build.checked_class_names` for a checkpoint's or the caller's,
+:class:`ssd.card.ModelCard` for an exported model's), and every
 message shows a name through :func:`printable` (or ``repr``).
 """
 
