@@ -191,7 +191,8 @@ def test_a_path_that_exists_wins_over_a_name(monkeypatch, tmp_path):
     assert read_weights("ssd300_vgg16_coco")["config"]["name"] == "ssd_tiny"
 
 
-def test_a_detector_name_is_imported_and_trained_from(monkeypatch, tmp_path, cache, synthetic_voc, capsys):
+def test_a_detector_name_is_imported_and_trained_from(monkeypatch, tmp_path, cache, synthetic_voc, capsys,
+                                                      ssd_messages):
     torch.manual_seed(0)
     detector = ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None).state_dict()  # COCO's 91 outputs
     entry = publish(monkeypatch, tmp_path, "ssdlite320_mobilenet_v3_large_coco", detector)
@@ -206,12 +207,10 @@ def test_a_detector_name_is_imported_and_trained_from(monkeypatch, tmp_path, cac
                        detector[key.replace("classification", "regression")])
     backend = open_backend("ssdlite320_mobilenet_v3_large_coco")  # ssd predict / val --weights NAME
     assert str(backend.source) == str(entry.path) and len(backend.card.class_names) == 80
-    logged = []
-    plan = plan_run(TrainConfig(data=str(synthetic_voc), weights="ssdlite320_mobilenet_v3_large_coco"), {"weights"},
-                    logged.append)
+    plan = plan_run(TrainConfig(data=str(synthetic_voc), weights="ssdlite320_mobilenet_v3_large_coco"), {"weights"})
     assert (plan.config.model, plan.config.image_size) == ("ssdlite320_mobilenet_v3_large", 320)
-    assert logged == ["weights: ssdlite320_mobilenet_v3_large_coco holds a ssdlite320_mobilenet_v3_large model for "
-                      "320 px inputs: training that"]
+    assert ssd_messages()[-1:] == ["weights: ssdlite320_mobilenet_v3_large_coco holds a ssdlite320_mobilenet_v3_large "
+                                   "model for 320 px inputs: training that"]
 
 
 # -------------------------------------------------------------------------------------------- backbones
