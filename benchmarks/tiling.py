@@ -72,7 +72,7 @@ def evaluate_variants(weights: Path, args: argparse.Namespace) -> None:
     device = resolve_device("cpu")
     model = model_from_checkpoint(weights)
     names = list(model.class_names)
-    spec = load_training_data(args.data, class_names=names, splits=(args.split,), log=lambda *a, **k: None)
+    spec = load_training_data(args.data, class_names=names, splits=(args.split,))
     records = spec.records(args.split)
     model, channels_last = prepare_model(model, device, None)
     loader = split_loader(records, names, model.config, batch_size=args.batch_size)

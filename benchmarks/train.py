@@ -73,7 +73,7 @@ def run_torchvision(data: str, batch_size: int, workers: int, warmup: int, iters
     from ssd.data.transforms import build_transform
     from ssd.device import amp_dtype, resolve_device
 
-    spec = load_training_data(data, skip_invalid=True, log=lambda _: None)  # the same images and boxes as the trainer
+    spec = load_training_data(data, skip_invalid=True)  # the same images and boxes as the trainer
     # the same augmentation; torchvision's model normalizes itself, so the pipeline ends with [0, 1] images
     size = MODELS[model]
     transform = build_transform(size, [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], train=True, augment="ssd")
