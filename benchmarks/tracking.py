@@ -36,6 +36,9 @@ CONF = 0.3
 TRACKERS = {  # row -> the --tracker YAML
     "trackers defaults": "tracker_type: bytetrack\n",
     "activation 0.5": "tracker_type: bytetrack\ntrack_activation_threshold: 0.5\nhigh_conf_det_threshold: 0.5\n",
+    "per_class": "tracker_type: bytetrack\nper_class: true\n",
+    "per_class, act. 0.5": "tracker_type: bytetrack\nper_class: true\ntrack_activation_threshold: 0.5\n"
+                           "high_conf_det_threshold: 0.5\n",
 }
 
 

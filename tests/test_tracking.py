@@ -45,6 +45,18 @@ def test_ids_follow_objects_in_the_order_of_the_detections():
     assert out.to_dict()["detections"][0]["track_id"] == 0
 
 
+def test_per_class_tracks_never_cross_classes():
+    box = [10.0, 10, 40, 40]
+    labelled = [Result(torch.tensor([box, [120.0, 5, 150, 35]]), torch.tensor([0.9, 0.9]), torch.tensor([k, 1]),
+                       [f"c{k}", "c1"], 200, 100) for k in (0, 0, 0, 1, 1)]
+    shared, per_class = Tracker(**CONFIRMED), Tracker(per_class=True, **CONFIRMED)
+    assert [shared.update(r, i).track_ids.tolist() for i, r in enumerate(labelled)] == \
+        [[-1, -1], [0, 1], [0, 1], [0, 1], [0, 1]]  # one ByteTrack: the box keeps its id when its class changes
+    # one per class: the class-1 box at the left starts its own track; ids are numbered across the classes
+    assert [per_class.update(r, i).track_ids.tolist() for i, r in enumerate(labelled)] == \
+        [[-1, -1], [0, 1], [0, 1], [-1, 1], [2, 1]]
+
+
 def test_ids_survive_dropped_frames_and_trails_hold_centres():
     tracker = Tracker(**CONFIRMED)
     for index in (0, 1, 2, 6, 7):  # frames 3 to 5 dropped (a busy model on a live stream): motion predicted over them
@@ -68,8 +80,9 @@ def test_trails_are_short_and_forget_lost_tracks():
 def test_tracker_settings_from_yaml(tmp_path):
     path = tmp_path / "bytetrack.yaml"
     path.write_text("tracker_type: bytetrack\ntrack_activation_threshold: 0.4\nlost_track_buffer: 60\n"
-                    "frame_rate: 25\n")
-    assert tracker_settings(path) == {"track_activation_threshold": 0.4, "lost_track_buffer": 60, "frame_rate": 25.0}
+                    "frame_rate: 25\nper_class: true\n")
+    assert tracker_settings(path) == {"track_activation_threshold": 0.4, "lost_track_buffer": 60, "frame_rate": 25.0,
+                                      "per_class": True}
     assert tracker_settings(None) == {}
     for text, message in (
             ("track_activation_treshold: 0.4\n", r"'track_activation_treshold' is not a setting; did you mean "
@@ -78,6 +91,7 @@ def test_tracker_settings_from_yaml(tmp_path):
             ("lost_track_buffer: 2.5\n", r"lost_track_buffer' = 2.5: must be an integer at least 0"),
             ("minimum_consecutive_frames: true\n", r"must be an integer at least 1"),
             ("tracker_type: botsort\n", r"'botsort' is not a tracker; valid: bytetrack"),
+            ("per_class: 1\n", r"'per_class' = 1: must be true or false"),
             ("- 1\n", r"expected a mapping of settings, got list"),
             ("a: [\n", r"not valid YAML")):
         path.write_text(text)

@@ -3,8 +3,8 @@
 
 :class:`Tracker` gives each result its ``track_ids`` (``-1`` for a detection not yet confirmed as a track, every
 detection kept, in the result's order) and keeps each track's recent box centres for drawing its trail. Its
-settings are ByteTrack's own arguments, from a small YAML file (``--tracker``, as in Ultralytics) read by
-:func:`tracker_settings`::
+settings are ByteTrack's own arguments and ``per_class``, from a small YAML file (``--tracker``, as in
+Ultralytics) read by :func:`tracker_settings`::
 
     tracker_type: bytetrack          # the one tracker offered
     track_activation_threshold: 0.5  # score a detection needs to start a track
@@ -13,6 +13,7 @@ settings are ByteTrack's own arguments, from a small YAML file (``--tracker``, a
     minimum_consecutive_frames: 2    # frames a track needs before it gets an id
     lost_track_buffer: 30            # frames (at 30 fps) a lost track is kept for
     frame_rate: 30                   # the video's frame rate
+    per_class: false                 # true: one ByteTrack per class (see Tracker)
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ TRACKER_SETTINGS = {  # ByteTrack's argument -> (type, rule, check)
 
 
 def tracker_settings(path: str | Path | None) -> dict:
-    """ByteTrack's arguments from the YAML file at ``path`` (``None``: the defaults of ``trackers``). Raises
+    """:class:`Tracker`'s settings from the YAML file at ``path`` (``None``: the defaults of ``trackers``). Raises
     :class:`~ssd.settings.ConfigError` naming the file, the key, the value and the rule: an unknown key (with the
     closest ones), a value of the wrong type or out of range, a ``tracker_type`` other than ``bytetrack``."""
     require("trackers", "track", "tracking")  # before any work, not at the first frame
@@ -79,8 +80,14 @@ def tracker_settings(path: str | Path | None) -> dict:
             if value not in TRACKERS:
                 raise ConfigError(f"{where}: {value_text(value)} is not a tracker{did_you_mean(str(value), TRACKERS)}")
             continue
+        if key == "per_class":
+            if not isinstance(value, bool):
+                raise ConfigError(f"{where} = {value_text(value)}: must be true or false")
+            settings[key] = value
+            continue
         if key not in TRACKER_SETTINGS:
-            raise ConfigError(f"{where} is not a setting{did_you_mean(str(key), ['tracker_type', *TRACKER_SETTINGS])}")
+            known = ["tracker_type", "per_class", *TRACKER_SETTINGS]
+            raise ConfigError(f"{where} is not a setting{did_you_mean(str(key), known)}")
         kind, rule, check = TRACKER_SETTINGS[key]
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if not number or (kind is int and value != int(value)) or not math.isfinite(value) or not check(value):
@@ -93,13 +100,18 @@ def tracker_settings(path: str | Path | None) -> dict:
 class Tracker:
     """ByteTrack over the results of one video or stream, frame after frame (see the module docstring).
 
-    ``settings``: ByteTrack's arguments (:func:`tracker_settings`). ``trails`` maps each track id seen in the last
-    :data:`TRAIL_LENGTH` frames to its recent box centres ``(x, y)`` in pixels, oldest first."""
+    ``settings``: ByteTrack's arguments (:func:`tracker_settings`). ``per_class``: one ByteTrack per class (a box
+    continues only a track of its own class, so objects of different classes that cross never swap ids; a box whose
+    class flickers starts a new track), ids numbered across classes; else one ByteTrack for every box, as
+    ByteTrack is. ``trails`` maps each track id seen in the last :data:`TRAIL_LENGTH` frames to its recent box
+    centres ``(x, y)`` in pixels, oldest first."""
 
-    def __init__(self, **settings):
-        self._bytetrack = require("trackers", "track", "tracking").ByteTrackTracker(**settings)
+    def __init__(self, per_class: bool = False, **settings):
+        self._make = lambda: require("trackers", "track", "tracking").ByteTrackTracker(**settings)
         self._sv = require("supervision", "track", "tracking")
-        self.frame_rate = settings.get("frame_rate", 30.0)
+        self.per_class, self.frame_rate = per_class, settings.get("frame_rate", 30.0)
+        self._bytetracks: dict[int, object] = {} if per_class else {-1: self._make()}  # label (-1: all) -> tracker
+        self._ids: dict[tuple[int, int], int] = {}  # (label, the class tracker's id) -> track id, with per_class
         self.trails: dict[int, deque[tuple[float, float]]] = {}
         self._seen: dict[int, int] = {}  # track id -> the last frame it was seen in
         self._frame = -1
@@ -109,12 +121,20 @@ class Tracker:
         frame's number in its source, increasing; motion is predicted over the frames between two calls (those a
         live stream dropped)."""
         count = len(result.scores)
+        labels = result.labels.numpy()
         detections = self._sv.Detections(xyxy=result.boxes.numpy().astype(np.float32).reshape(count, 4),
-                                         confidence=result.scores.numpy(), class_id=result.labels.numpy(),
+                                         confidence=result.scores.numpy(), class_id=labels,
                                          data={"index": np.arange(count)})
-        tracked = self._bytetrack.update(detections, timestamp=frame_index / self.frame_rate)
+        if self.per_class:
+            for label in np.unique(labels).tolist():
+                self._bytetracks.setdefault(label, self._make())
         ids = np.full(count, -1, dtype=np.int64)
-        ids[tracked.data.get("index", [])] = tracked.tracker_id  # no detections: an empty result without data
+        for label, bytetrack in self._bytetracks.items():  # every tracker each frame: lost tracks age
+            mine = detections if label == -1 else detections[labels == label]
+            tracked = bytetrack.update(mine, timestamp=frame_index / self.frame_rate)
+            found = tracked.data.get("index", np.zeros(0, dtype=np.int64))  # no detections: a result without data
+            ids[found] = [t if t < 0 or label == -1 else self._ids.setdefault((label, t), len(self._ids))
+                          for t in tracked.tracker_id.tolist()]
         self._frame = frame_index
         centres = ((result.boxes[:, :2] + result.boxes[:, 2:]) / 2).tolist()
         for track_id, centre in zip(ids.tolist(), centres):
