@@ -28,6 +28,7 @@ _EXPORTS: dict[str, str] = {
     "default_boxes": "ssd.priors",
     "validate_targets": "ssd.checks",
     # models and checkpoints
+    "ModelCard": "ssd.card",
     "CheckpointError": "ssd.weights.checkpoint",
     "load_checkpoint": "ssd.weights.checkpoint",
     "save_checkpoint": "ssd.weights.checkpoint",
@@ -76,6 +77,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
     from ssd.boxes import VARIANCES, decode, encode
+    from ssd.card import ModelCard
     from ssd.checks import validate_targets
     from ssd.data.check import check_dataset
     from ssd.data.load import load_dataset
