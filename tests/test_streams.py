@@ -6,6 +6,7 @@ import http.server
 import json
 import socket
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -42,9 +43,9 @@ def frame_number(image) -> int:
 class MjpegServer:
     """Serves ``count`` JPEG frames (:func:`grey` of ``i % GREYS``) as one multipart/x-mixed-replace response to
     each of ``requests`` requests on 127.0.0.1, then stops listening; each wait for a request gives up after 10 s,
-    and a response ends early when the client leaves."""
+    and a response ends early when the client leaves or after ``seconds``."""
 
-    def __init__(self, count: int, requests: int = 1):
+    def __init__(self, count: int, requests: int = 1, seconds: float = 30):
         jpegs = [cv2.imencode(".jpg", grey(i))[1].tobytes() for i in range(min(count, GREYS))]
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -52,7 +53,10 @@ class MjpegServer:
                 self.send_response(200)
                 self.send_header("Content-Type", "multipart/x-mixed-replace; boundary=frame")
                 self.end_headers()
+                deadline = time.monotonic() + seconds
                 for i in range(count):
+                    if time.monotonic() > deadline:
+                        return
                     jpeg = jpegs[i % GREYS]
                     try:
                         self.wfile.write(b"--frame\r\nContent-Type: image/jpeg\r\nContent-Length: %d\r\n\r\n%s\r\n"
@@ -223,7 +227,7 @@ def test_ctrl_c_stops_a_live_run_with_valid_outputs(tiny_checkpoint, tmp_path):
         return detect(*args, **kwargs)
 
     detector.detect = interrupted
-    with MjpegServer(10_000) as server:  # a stream that goes on until the run stops reading it
+    with MjpegServer(10**9) as server:  # a stream that goes on until the run stops reading it (30 s at most)
         summary = predict_source(detector, server.url, tmp_path / "out", progress=False)
     assert summary.stopped == "Ctrl-C" and summary.live_frames == 2
     assert len(json.loads(summary.results_file.read_text())["images"]) == 2
