@@ -155,3 +155,11 @@ def test_artifacts_with_the_same_file_name_are_named_by_their_paths(tmp_path):
     assert benchmark.artifact_rows([tmp_path / "ir"]) == {"openvino:ir": tmp_path / "ir"}
     assert list(benchmark.artifact_rows([tmp_path / "a" / "model.onnx", tmp_path / "b" / "model.onnx"])) == [
         f"onnx:{tmp_path / 'a' / 'model.onnx'}", f"onnx:{tmp_path / 'b' / 'model.onnx'}"]
+
+
+def test_benchmark_calib_images_0_is_refused_before_any_folder_is_made(tiny_checkpoint, synthetic_voc, tmp_path,
+                                                                      capsys):
+    assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--calib-images", "0",
+                 "--project", str(tmp_path / "runs")]) == 2
+    assert "ssd benchmark: --calib-images must be a positive integer, got 0" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()

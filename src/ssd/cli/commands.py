@@ -113,6 +113,8 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     artifact_rows(args.artifacts)
     if args.runs < 1:
         raise UsageError(f"ssd benchmark: --runs must be a positive integer, got {args.runs}")
+    if args.calib_images is not None and args.calib_images < 1:
+        raise UsageError(f"ssd benchmark: --calib-images must be a positive integer, got {args.calib_images}")
     weights = resolve_weights(args.weights)
     if not Path(args.data).exists():
         raise ValueError(f"dataset {args.data} does not exist (--data: a data.yaml, dataset folder or COCO JSON)")

@@ -27,11 +27,9 @@ from ssd._utils import did_you_mean, render_table
 from ssd.artifacts import BENCHMARK_ROWS, ArtifactKind, BenchmarkVariant
 from ssd.data.gate import load_training_data
 from ssd.data.images import read_image
-from ssd.data.load import load_dataset
 from ssd.device import amp_dtype, autocast
 from ssd.evaluation.evaluator import evaluate
 from ssd.export.formats import export
-from ssd.export.quantize import CALIBRATION_IMAGES
 from ssd.export.timing import time_backends
 from ssd.files import write_text
 from ssd.inference.registry import Backend, backend_kind, folder_kind, open_backend
@@ -49,7 +47,7 @@ def _writer(kind: ArtifactKind, int8: bool) -> Callable[[Path, Path, str, int], 
     tag = ("_int8" if int8 else "") if kind.folder else (".int8" if int8 else "")
     name = f"{kind.name}{tag}" if kind.folder else f"model{tag}{kind.output_suffix}"
 
-    def write(weights: Path, folder: Path, data: str, calib: int) -> Path:
+    def write(weights: Path, folder: Path, data: str, calib: int | None) -> Path:
         quantized = dict(int8=True, data=data, calib_images=calib) if int8 else {}
         return export(weights, kind.name, folder / name, **quantized)
 
@@ -157,6 +155,9 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     names, given = parse_formats(formats), artifact_rows(artifacts)
     if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
         raise ValueError(f"--batch-sizes must be positive integers, got {list(batch_sizes)}")
+    if calib_images is not None and (isinstance(calib_images, bool) or not isinstance(calib_images, int)
+                                     or calib_images < 1):
+        raise ValueError(f"--calib-images must be a positive integer, got {calib_images}")
     weights, out_dir = resolve_weights(weights), Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(f"benchmark folder {out_dir} is not empty: the benchmark writes into a new folder")
@@ -164,14 +165,13 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     spec = load_training_data(data, class_names=list(eager.card.class_names), splits=("val",),
                               skip_invalid=skip_invalid)
     images = [read_image(r.path) for r in spec.records("val")[:16]]  # timed in turn
-    calib = calib_images or min(CALIBRATION_IMAGES, len(load_dataset(data).records("train")))
     out_dir.mkdir(parents=True, exist_ok=True)
     exported: dict[str, Path | Exception] = {}
 
     def export_once(kind: str) -> Path | Exception:
         if kind not in exported:
             try:
-                exported[kind] = _ARTIFACTS[kind](weights, out_dir, str(data), calib)
+                exported[kind] = _ARTIFACTS[kind](weights, out_dir, str(data), calib_images)
             except (ValueError, OSError, RuntimeError) as e:  # the reason goes in the table, the others still run
                 exported[kind] = e
         return exported[kind]
