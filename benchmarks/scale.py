@@ -6,8 +6,9 @@ runs each measurement in a fresh process, for today's code (this checkout) and f
 code before the index, e.g. ``git worktree add /tmp/before <commit>``), side by side:
 
 - ``ssd.train`` start to the end of the first training step (ssd_tiny at 64 px, batch 16, 2 workers): before,
-  after with no index (cold) and with the index present (warm); the PSS of the trainer and its 2 workers at that
-  step, and from the same runs on a set of a tenth of the size, the PSS per image (8 boxes each);
+  after with no index (cold) and with the index present (warm), and the PSS of the trainer and its 2 workers then;
+- annotation memory: the growth of the trainer (USS) and of 2 workers that read every item, from a tenth of the
+  images to all of them, per image;
 - the gate alone (``load_training_data``: read, check, decode) and ``ssd check`` on the VOC set: the call's time
   (imports apart) and the process's peak RSS;
 - the COCO JSON: ``load_dataset`` (before / after) and the index warm, against ``pycocotools.COCO`` on the same file.
@@ -63,6 +64,20 @@ CHILD = textwrap.dedent("""
                       quiet=True, project=sys.argv[3], num_plot_images=0, callbacks=[FirstStep()])
         except Stop:
             pass
+    elif mode == "memory":  # the annotations' own memory: the trainer's growth, and what 2 workers copy of it
+        import gc, psutil, torch
+        from ssd.data.gate import load_training_data
+        from ssd.data.loader import DetectionDataset
+        me = psutil.Process()
+        gc.collect()
+        base = me.memory_full_info().uss
+        records = load_training_data(data).records("train")
+        gc.collect()
+        out["trainer_mb"] = (me.memory_full_info().uss - base) / 2**20
+        loader = torch.utils.data.DataLoader(DetectionDataset(records, ["a", "b", "c"], image_size=32),
+                                             batch_size=64, num_workers=2, collate_fn=len, persistent_workers=True)
+        out["items"] = sum(loader)  # every item read once: the workers touch every record
+        out["workers_mb"] = sum(p.memory_full_info().uss for p in me.children()) / 2**20
     elif mode == "gate":
         from ssd.data.gate import load_training_data
         t = time.monotonic()
@@ -147,10 +162,15 @@ def make_yolo(root: Path, n: int, picture: Path) -> Path:
     return root / "data.yaml"
 
 
+def scattered(i: int, count: int) -> list[tuple[int, int, int, int]]:
+    """``count`` small boxes (x, y, w, h) spread over a 96 px image (rarely near-duplicates, as in real data)."""
+    return [((7 * i + 13 * j) % 84, (3 * i + 29 * j) % 84, 4 + 5 * j % 9, 4 + 7 * j % 9) for j in range(count)]
+
+
 def coco_json(names: list[str], per_image: int) -> dict:
     annotations = [{"id": len(names) * j + i, "image_id": i, "category_id": 1 + j % 3, "iscrowd": 0,
-                    "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1)}
-                   for i in range(len(names)) for j, (x1, y1, x2, y2) in enumerate(boxes(i) * (per_image // BOXES))]
+                    "bbox": list(box), "area": box[2] * box[3]}
+                   for i in range(len(names)) for j, box in enumerate(scattered(i, per_image))]
     return {"images": [{"id": i, "file_name": f"{n}.jpg", "width": 96, "height": 96} for i, n in enumerate(names)],
             "annotations": annotations, "categories": [{"id": 1 + k, "name": n} for k, n in enumerate(NAMES)]}
 
@@ -184,7 +204,7 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "ssd-scale")
     parser.add_argument("--images", type=int, default=10_000)
     parser.add_argument("--annotations", type=int, default=1_000_000)
-    parser.add_argument("--skip", nargs="*", default=[], choices=["train", "gate", "check", "coco"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["train", "memory", "gate", "check", "coco"])
     parser.add_argument("--sets", nargs="*", default=["voc", "yolo", "coco"], choices=["voc", "yolo", "coco"],
                         help="the formats timed from the start of ssd.train (default: all three)")
     args = parser.parse_args()
@@ -221,11 +241,17 @@ def main() -> None:
             if mode == "train":
                 print(row(f"{name} PSS MB, trainer + 2 workers", b, cold, warm, "pss_mb"))
         print()
-    if "train" not in args.skip:
-        images = args.images - args.images // 10 - (args.images // 20 - args.images // 200)  # train images apart
-        for i, which in enumerate(("before", "after, no index", "after, index present")):
-            per_image = (results["train", "voc"][i]["pss_mb"] - results["train", "voc-tenth"][i]["pss_mb"]) * 2**20
-            print(f"PSS per training image ({BOXES} boxes), {which}: {per_image / images:,.0f} B")
+    if "memory" not in args.skip:  # the growth from a tenth of the images to all: per image, fixed costs apart
+        print(f"| annotation memory per training image ({BOXES} boxes), bytes | trainer | 2 workers (unique) |"
+              "\n|---|---|---|")
+        for label, src in (("before", before), ("after, index present", after)):
+            cache = args.root / f"cache-memory-{label[:5]}"
+            small, large = (run("memory", sets[name], src, cache) for name in ("voc-tenth", "voc"))
+            if label.startswith("after"):  # built, then measured from the index
+                small, large = (run("memory", sets[name], src, cache) for name in ("voc-tenth", "voc"))
+            images = large["items"] - small["items"]
+            print(f"| {label} | {(large['trainer_mb'] - small['trainer_mb']) * 2**20 / images:,.0f} | "
+                  f"{(large['workers_mb'] - small['workers_mb']) * 2**20 / images:,.0f} |")
     if "coco" not in args.skip:
         big = args.root / "coco" / "annotations" / "big_train.json"
         names = [f"img{i:07d}" for i in range(args.images - max(1, args.images // 20))]
