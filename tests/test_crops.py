@@ -132,7 +132,7 @@ def test_cache_holds_the_planned_sizes(shapes):
     data = DetectionDataset(records, ["a", "b"], build_transform(64, MEAN, STD, True, "none", crop), image_size=64,
                             cache_images=True, crop_scale=crop)
     assert data.decode_plan.sizes.tolist() == [[86, 86]] * len(records)  # 64 / 0.75 = 85.3 -> 86
-    assert [tuple(im.shape) for im in data._cache] == [(3, 86, 86)] * len(records)
+    assert [tuple(im.shape) for im in data._cache.values()] == [(3, 86, 86)] * len(records)
     assert data.decode_plan.nbytes == len(records) * 3 * 86 * 86
     image, target = data[(0, 123)]
     assert image.shape == (3, 64, 64) and "crop_dropped" in target

@@ -334,3 +334,13 @@ def test_training_tables_leave_the_message_columns_in_the_index_file(tmp_path):
     index_dataset(data, recheck=True)  # the file replaced under a table that has not read its details yet
     with pytest.raises(DataError, match="changed while this run used it"):
         train[0]
+
+
+def test_an_evaluation_rank_caches_only_the_images_it_reads(synthetic_voc):
+    records = load_dataset(synthetic_voc).records("val")  # 16 images, rank 1 of 2 reads 1, 3, ..., 15
+    options = dict(image_size=64, mean=(0.5,) * 3, std=(0.25,) * 3, train=False, batch_size=4, rank=1, world_size=2)
+    cached = build_dataloader(records, ["a", "b", "c"], cache_images=True, **options)
+    plain = build_dataloader(records, ["a", "b", "c"], **options)
+    assert sorted(cached.dataset.dataset._cache) == list(range(1, 16, 2))
+    for a, b in zip(cached, plain, strict=True):
+        assert torch.equal(a["images"], b["images"]) and a["paths"] == b["paths"]

@@ -62,6 +62,7 @@ class DetectionDataset(Dataset):
         cache_images: decode every image once, up front, and keep the uint8 tensors in RAM, within
             :data:`ssd.limits.MAX_CROP_CACHE_BYTES`: beyond it they are held downscaled by one factor (logged; each
             is resized back by the transform), and refused below :data:`MIN_CACHE_DOWNSCALE`.
+        cached: the items ``cache_images`` keeps (default: all): the items a rank reads, when they are fixed.
         mosaic: the :class:`~ssd.data.mosaic.Mosaic` step applied to keys ``(i, seed, p)`` with ``p > 0`` (before
             ``transform``; the partners are read like the item, from the cache when there is one).
         crop_scale: training crops (:mod:`ssd.data.crops`, with a ``transform`` built with the same ``crop``): with
@@ -78,7 +79,8 @@ class DetectionDataset(Dataset):
 
     def __init__(self, records: Sequence[ImageRecord], class_names: Sequence[str], transform=None, *,
                  image_size: int | tuple[int, int] | None = None, keep_difficult: bool = True,
-                 cache_images: bool = False, mosaic: Mosaic | None = None, crop_scale: CropScale | None = None):
+                 cache_images: bool = False, mosaic: Mosaic | None = None, crop_scale: CropScale | None = None,
+                 cached: Sequence[int] | None = None):
         self.records = records if isinstance(records, RecordTable) else RecordTable.from_records(records)
         self.class_names = list(class_names)
         self.transform = transform
@@ -86,7 +88,8 @@ class DetectionDataset(Dataset):
         self._hw = None if image_size is None else as_hw(image_size)
         self.keep_difficult = keep_difficult
         self.mosaic = mosaic
-        self._cache: list[Tensor] | None = None
+        self._cache: dict[int, Tensor] = {}
+        cached = range(len(self.records)) if cached is None else cached
         self.decode_plan: CachePlan | None = None
         self._sizes: Tensor | None = None  # [N, 2] (h, w) to decode each image at, when not image_size
         if crop_scale is not None and self._hw is not None:
@@ -94,10 +97,10 @@ class DetectionDataset(Dataset):
                                             MAX_CROP_CACHE_BYTES if cache_images else None)
             self._sizes = self.decode_plan.sizes
         elif cache_images:
-            self._sizes = self._bounded_cache()
+            self._sizes = self._bounded_cache(list(cached))
         if cache_images:
             with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-                self._cache = list(pool.map(self._decode, range(len(self.records))))
+                self._cache = dict(zip(cached, pool.map(self._decode, cached)))
 
     def __len__(self) -> int:
         return len(self.records)
@@ -108,23 +111,25 @@ class DetectionDataset(Dataset):
         return torch.tensor([(int(h), int(w)) if h > 0 and w > 0 else read_image_size(table.path(i))[::-1]
                              for i, (w, h) in enumerate(table.sizes)], dtype=torch.int64).reshape(-1, 2)
 
-    def _bounded_cache(self) -> Tensor | None:
-        """The sizes that keep the image cache within :data:`ssd.limits.MAX_CROP_CACHE_BYTES`: None when
-        ``image_size`` (else the native sizes) fits, else all downscaled by one factor (logged), refused below
-        :data:`MIN_CACHE_DOWNSCALE`."""
+    def _bounded_cache(self, cached: list[int]) -> Tensor | None:
+        """The sizes that keep the image cache of the items ``cached`` within :data:`ssd.limits
+        .MAX_CROP_CACHE_BYTES`: None when ``image_size`` (else the native sizes) fits, else theirs downscaled by one
+        factor (logged), refused below :data:`MIN_CACHE_DOWNSCALE`."""
         wanted = self._native_sizes() if self._hw is None else torch.tensor([self._hw] * len(self)).reshape(-1, 2)
-        sizes, nbytes, downscale = fit_in_bytes(wanted, MAX_CROP_CACHE_BYTES)
+        sizes, nbytes, downscale = fit_in_bytes(wanted[cached], MAX_CROP_CACHE_BYTES)
         if downscale == 1.0:
             return None
         at = f" at {size_text(self._hw)}" if self._hw else ""
-        text = (f"cache_images: {len(self)} images{at} would take {3 * int(wanted.prod(dim=1).sum()) / 2**20:,.0f} "
+        text = (f"cache_images: {len(cached)} images{at} would take "
+                f"{3 * int(wanted[cached].prod(dim=1).sum()) / 2**20:,.0f} "
                 f"MB, more than ssd.limits.MAX_CROP_CACHE_BYTES ({MAX_CROP_CACHE_BYTES / 2**20:,.0f} MB)")
         if downscale < MIN_CACHE_DOWNSCALE:
             raise ConfigError(f"{text}: it would hold them downscaled by {downscale:.3f}, below "
                               f"{MIN_CACHE_DOWNSCALE}; train without cache_images (--cache-images) or on fewer images")
         LOGGER.warning(f"{text}: cached downscaled by {downscale:.3f} ({nbytes / 2**20:,.0f} MB), each image "
                        "resized back when used")
-        return sizes.long()
+        wanted[cached] = sizes.long()  # the others are decoded when read, at their size
+        return wanted
 
     def _decode(self, index: int) -> Tensor:
         size = self._hw if self._sizes is None else tuple(self._sizes[index].tolist())
@@ -137,7 +142,7 @@ class DetectionDataset(Dataset):
         """Item ``index`` before the transform: ``(image uint8 [3, H, W], target)`` with its kept objects' boxes
         (pixel xyxy of that image, clamped), labels and difficult flags."""
         table = self.records
-        image = self._cache[index] if self._cache is not None else self._decode(index)
+        image = self._cache[index] if index in self._cache else self._decode(index)
         width, height = (int(v) for v in table.sizes[index])
         h, w = height if height > 0 else image.shape[-2], width if width > 0 else image.shape[-1]
         rows = table.objects(index)
@@ -283,7 +288,8 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
     its own message, with or without workers).
 
     ``image_size``: an int (square) or ``(height, width)``. ``train`` turns on augmentation (``augment`` level)
-    and shuffling, and by default leaves difficult/crowd objects out (``keep_difficult`` overrides). The same
+    and shuffling, and by default leaves difficult/crowd objects out (``keep_difficult`` overrides). Without
+    shuffling (evaluation) each rank reads a fixed share, and ``cache_images`` keeps only that share. The same
     ``seed`` gives the same batches, with any ``workers``.
     ``crop_scale`` (training): native-resolution crops (:mod:`ssd.data.crops`); the dataset's ``decode_plan``
     is ``loader.dataset.dataset.decode_plan``.
@@ -294,12 +300,13 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
         raise ValueError(f"mosaic={mosaic}: the mosaic step is a training augmentation (train=True)")
     crop_scale = crop_scale if train else None
     transform = build_transform(image_size, mean, std, train=train, augment=augment, crop=crop_scale)
+    shuffle = train if shuffle is None else shuffle
+    shard = None if shuffle else range(rank, len(records), world_size)  # the rank's items, the same every pass
     dataset = DetectionDataset(records, class_names, transform, image_size=image_size,
                                keep_difficult=(not train) if keep_difficult is None else keep_difficult,
                                cache_images=cache_images, mosaic=Mosaic(image_size, mean) if train else None,
-                               crop_scale=crop_scale)
-    sampler = SeededSampler(len(dataset), shuffle=train if shuffle is None else shuffle, seed=seed, rank=rank,
-                            world_size=world_size)
+                               crop_scale=crop_scale, cached=shard)
+    sampler = SeededSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
     sampler.set_mosaic(mosaic)
     return _Loader(_Guarded(dataset), batch_size=batch_size, sampler=sampler, num_workers=workers,
                    collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, worker_init_fn=seed_worker,
