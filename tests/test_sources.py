@@ -200,8 +200,8 @@ def test_coco_output_uses_the_checkpoints_category_ids(tmp_path):
     assert [r["category_id"] for r in results] == labels
 
     onnx_path = export_onnx(with_ids, tmp_path / "ids.onnx", check=False)  # the export carries them
-    assert load(onnx_path).category_ids == [1, 5, 90]
-    bad = save_checkpoint(tmp_path / "bad.pt", model, category_ids=[1, 2])
-    with pytest.raises(CheckpointError, match=r"bad\.pt: category_ids must be 3 integers \(one per class\), got "
-                                              r"\[1, 2\]"):
-        load(bad)
+    assert load(onnx_path).card.category_ids == (1, 5, 90)
+    with pytest.raises(ValueError, match=r"save_checkpoint: category_ids must be 3 integers \(one per class\), got "
+                                         r"\[1, 2\]"):  # refused before anything is written
+        save_checkpoint(tmp_path / "bad.pt", model, category_ids=[1, 2])
+    assert not (tmp_path / "bad.pt").exists()
