@@ -192,11 +192,11 @@ def test_cli_refuses_a_bad_crop_scale(capsys):
     assert "crop_scale='2' is invalid" in capsys.readouterr().err
 
 
-def test_train_with_crops(shapes, tmp_path, capsys):
+def test_train_with_crops(shapes, tmp_path, ssd_messages):
     result = train(data=str(shapes), model="ssd_tiny", image_size=64, batch_size=8, workers=0, device="cpu",
                    quiet=True, num_plot_images=0, seed=0, epochs=1, crop_scale="native", cache_images=True,
                    project=str(tmp_path), name="crops")
-    out = capsys.readouterr().out
+    out = "\n".join(ssd_messages())
     assert "crops native at 64: 16 training images decoded (largest 128), cache 0.8 MB" in out
     dropped = result.history[0]["crop_dropped"]
     assert (f"epoch 1: the crops cut and dropped {dropped} object(s) with less than 50% of their box (or of the crop) "
