@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import re
 from pathlib import Path
@@ -151,6 +152,20 @@ def test_resume_after_kill_matches_uninterrupted_run(two_epochs, synthetic_voc, 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert resumed.metrics["map"] == two_epochs.metrics["map"]
     assert len((run / "results.csv").read_text().splitlines()) == 3
+
+
+def test_train_state_reads_and_writes_the_checkpoints_training_schema(two_epochs):
+    """A run's last.pt holds the training schema; TrainState continues after its epoch and writes its keys back
+    with the same values (metrics' arrays, already tensors in the file, are the evaluation's to write)."""
+    ckpt = ssd.load_checkpoint(two_epochs.run_dir / "weights" / "last.pt")
+    assert {*state.TRAINING_STATE, "operating_point", "train_images", "category_ids"} <= set(ckpt)
+    restored = state.TrainState.from_checkpoint(ckpt, epochs=3)
+    assert (restored.epochs, restored.start_epoch, restored.epoch, restored.stop_reason) == (3, 2, 2, None)
+    again = dataclasses.replace(restored, epoch=1).to_checkpoint()
+    assert set(again) == {"epoch", "best_map", "best_epoch", "history", "metrics", "operating_point",
+                          "nonfinite_skipped", "stop_reason"} <= set(state.TRAINING_STATE) | {"operating_point"}
+    assert {k: v for k, v in again.items() if k != "metrics"} == {k: ckpt[k] for k in again if k != "metrics"}
+    assert again["metrics"]["map"] == ckpt["metrics"]["map"] == two_epochs.metrics["map"]
 
 
 def test_nonfinite_loss_stops_naming_step_and_files(tmp_path, monkeypatch):

@@ -2,8 +2,8 @@
 
 The budget overrides ``--epochs``. At the end of every epoch's training steps (before its validation, so that the
 last epoch is always validated) rank 0 estimates how many epochs fit; every rank takes that number
-(:func:`ssd.distributed.broadcast_object`) as ``trainer.epochs``, the lr schedule is sized to it
-(:func:`ssd.training.optim.resize_schedule`), and the epoch after which the next one would not fit is the last: it
+(:func:`ssd.distributed.broadcast_object`) as the run's epoch count (:meth:`~ssd.training.trainer.Trainer.set_epochs`,
+which sizes the lr schedule to it), and the epoch after which the next one would not fit is the last: it
 is validated and saved, and its reason goes to ``stop.txt``. The estimate: an epoch costs the mean duration of the
 epochs this process completed (their validation and checkpoints included; before the first one, the current
 epoch's training time), and the current epoch's validation is reserved at the duration of the last one measured.
@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 import ssd.distributed as ddp
 from ssd.limits import MAX_EPOCHS
 from ssd.training.callbacks import Callback
-from ssd.training.optim import resize_schedule
 
 if TYPE_CHECKING:
     from ssd.training.trainer import Trainer
@@ -50,20 +49,21 @@ class TimeBudget(Callback):
         self.epoch_start = self.train_end = self.cost = 0.0
 
     def on_train_start(self, trainer: Trainer) -> None:
-        if not trainer.history:
+        state = trainer.state
+        if not state.history:
             return
-        done = len(trainer.history)
-        self.mean_before = trainer.history[-1]["time"] / done
+        done = len(state.history)
+        self.mean_before = state.history[-1]["time"] / done
         elapsed = trainer.elapsed()
         more = ddp.broadcast_object(epochs_that_fit(self.budget, elapsed, self.mean_before, 0.0)
                                     if trainer.info.is_main else None)
         if more == 0:
-            trainer.epochs = trainer.start_epoch
+            trainer.set_epochs(state.start_epoch)
             trainer.stop(f"time budget: the run has trained {elapsed / 60:.2f} of its {self.minutes:g} minutes "
                          f"({done} epochs of about {self.mean_before / 60:.2f} min); no further epoch fits "
                          f"(--time {self.minutes:g})")
             return
-        self._resize(trainer, trainer.start_epoch + more)
+        trainer.set_epochs(state.start_epoch + more)
 
     def on_epoch_start(self, trainer: Trainer) -> None:
         self.epoch_start = trainer.clock()
@@ -78,19 +78,15 @@ class TimeBudget(Callback):
             cost = self.mean_before or self.train_end - self.epoch_start
         self.cost = cost
         more = epochs_that_fit(self.budget, trainer.elapsed(), cost, self.validation) if trainer.info.is_main else 0
-        self._resize(trainer, ddp.broadcast_object(trainer.epoch + 1 + more))
+        trainer.set_epochs(ddp.broadcast_object(trainer.state.epoch + 1 + more))
 
     def on_epoch_end(self, trainer: Trainer, row: dict[str, Any]) -> None:
         now = trainer.clock()
         self.epoch_costs.append(now - self.epoch_start)
         if "val/mAP" in row:
             self.validation = now - self.train_end
-        if trainer.epoch + 1 >= trainer.epochs and not trainer.stop_reason:
-            trainer.stop(f"time budget: stopped after epoch {trainer.epoch + 1}, {row['time'] / 60:.2f} of "
+        state = trainer.state
+        if state.epoch + 1 >= state.epochs and not state.stop_reason:
+            trainer.stop(f"time budget: stopped after epoch {state.epoch + 1}, {row['time'] / 60:.2f} of "
                          f"{self.minutes:g} minutes trained; the next epoch (about {self.cost / 60:.2f} min) would "
                          f"not fit (--time {self.minutes:g})")
-
-    def _resize(self, trainer: Trainer, epochs: int) -> None:
-        if epochs != trainer.epochs:
-            trainer.epochs = epochs
-            resize_schedule(trainer.scheduler, trainer.config, epochs, trainer.steps)

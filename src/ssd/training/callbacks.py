@@ -1,9 +1,11 @@
 """Trainer callbacks: extension points of a run, without editing the trainer.
 
 A callback subclasses :class:`Callback` and overrides the hooks it needs; each receives the
-:class:`~ssd.training.trainer.Trainer` (its ``config``, ``run_dir``, ``epoch``, ``history``, ``metrics``,
-``best_map``, ``model``, ``eval_model``, ``log``, ...). ``train(callbacks=[...])`` runs them on every process after
-the built-in ones (results.csv, TensorBoard, figures: :mod:`ssd.training.outputs`, rank 0 only), in list order.
+:class:`~ssd.training.trainer.Trainer`: its ``config``, ``run_dir``, ``model``, ``eval_model``, ``epoch``,
+``epochs`` and ``state`` (:class:`~ssd.training.state.TrainState`: ``history``, ``metrics``, ``best_map``, ...), to
+read; a callback changes the run through the trainer's methods (``stop``, ``set_epochs``), never by assigning.
+``train(callbacks=[...])`` runs them on every process after the built-in ones (results.csv, TensorBoard, figures:
+:mod:`ssd.training.outputs`, rank 0 only), in list order.
 The hooks of one run, in order::
 
     on_train_start                  the run directory exists, before the first remaining epoch
@@ -70,11 +72,12 @@ class EarlyStopping(Callback):
         self.patience = patience
 
     def on_val_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
-        waited = trainer.epoch + 1 - trainer.best_epoch
+        state = trainer.state
+        waited = state.epoch + 1 - state.best_epoch
         if waited >= self.patience:
-            trainer.stop(f"early stopping after epoch {trainer.epoch + 1}: no {trainer.config.metric} mAP "
-                         f"improvement in the {waited} epochs since epoch {trainer.best_epoch} (best "
-                         f"{trainer.best_map:.4f}, saved in weights/best.pt); --patience {self.patience}")
+            trainer.stop(f"early stopping after epoch {state.epoch + 1}: no {trainer.config.metric} mAP "
+                         f"improvement in the {waited} epochs since epoch {state.best_epoch} (best "
+                         f"{state.best_map:.4f}, saved in weights/best.pt); --patience {self.patience}")
 
 
 class MosaicSchedule(Callback):

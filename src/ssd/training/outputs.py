@@ -40,7 +40,7 @@ class ResultsCSV(Callback):
     epoch; ``stop.txt`` with the reason when the run stopped early."""
 
     def on_epoch_end(self, trainer: Trainer, row: dict[str, Any]) -> None:
-        write_results_csv(trainer.run_dir / "results.csv", trainer.history)
+        write_results_csv(trainer.run_dir / "results.csv", trainer.state.history)
         config = trainer.config
         if config.quiet:
             shown = ", ".join(f"{k}={v:.4g}" for k, v in row.items() if k != "epoch" and isinstance(v, float))
@@ -49,8 +49,8 @@ class ResultsCSV(Callback):
             LOGGER.info(f"epoch {row['epoch']}/{trainer.epochs}: {config.metric} mAP {row['val/mAP']:.4f}")
 
     def on_fit_end(self, trainer: Trainer) -> None:
-        if trainer.stop_reason:
-            write_text(trainer.run_dir / STOP_FILE, trainer.stop_reason + "\n")
+        if trainer.state.stop_reason:
+            write_text(trainer.run_dir / STOP_FILE, trainer.state.stop_reason + "\n")
 
 
 class TensorBoardLogger(Callback):
@@ -96,8 +96,8 @@ class RunFigures(Callback):
     def on_fit_end(self, trainer: Trainer) -> None:
         run_dir, class_names = trainer.run_dir, trainer.class_names
         plot_results(run_dir / "results.csv", run_dir / "results.png")
-        if trainer.metrics:
-            plot_pr_curves(trainer.metrics, class_names, run_dir / "pr_curves.png")
+        if trainer.state.metrics:
+            plot_pr_curves(trainer.state.metrics, class_names, run_dir / "pr_curves.png")
         out_dir = run_dir / "val_predictions"
         out_dir.mkdir(exist_ok=True)
         model = trainer.eval_model
@@ -116,7 +116,7 @@ class ValidationReport(Callback):
     for the weights the run ended with."""
 
     def on_fit_end(self, trainer: Trainer) -> None:
-        metrics = trainer.metrics
+        metrics = trainer.state.metrics
         if not metrics.get("ground_truths"):  # nothing validated in this process (a finished run resumed)
             return
         from ssd.evaluation.report import build_report, write_report  # matplotlib: only at the end of a run

@@ -22,16 +22,12 @@ from ssd.models.config import ModelConfig
 from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig, option_name
 from ssd.training.priors import resolve_priors
+from ssd.training.state import TRAINING_STATE
 from ssd.weights.checkpoint import CheckpointError, load_checkpoint
 from ssd.weights.load import model_from_checkpoint, read_weights
 from ssd.weights.resolve import resolve_weights
 
-__all__ = ["TRAINING_STATE", "RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model"]
-
-TRAINING_STATE = ("train_config", "epoch", "optimizer", "scheduler", "scaler", "rng", "best_map", "history",
-                  "metrics", "nonfinite_skipped", "best_epoch", "stop_reason")
-"""Checkpoint keys (besides the model) that ``--resume`` needs; ``ssd train`` writes them in every checkpoint (and
-``ema`` in ``last.pt`` with ``--ema``: :mod:`ssd.training.state`)."""
+__all__ = ["RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model"]
 
 # Options a resumed run may change when given; device, workers and quiet always come from the resuming call.
 _RESUMABLE = ("data", "epochs", "time")

@@ -37,11 +37,11 @@ from ssd.training.callbacks import Callback, EarlyStopping, MosaicSchedule, chec
 from ssd.training.config import TrainConfig
 from ssd.training.ema import build_ema
 from ssd.training.guards import check_finite, nonfinite_loss_error
-from ssd.training.optim import build_optimization
+from ssd.training.optim import build_optimization, resize_schedule
 from ssd.training.outputs import output_callbacks
 from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run
 from ssd.training.rundir import prepare_run_dir
-from ssd.training.state import epoch_seed, restore_training_state, save_training_state, seed_everything
+from ssd.training.state import TrainState, epoch_seed, restore_training_state, save_training_state, seed_everything
 from ssd.training.validation import batch_loss, validation_loss, validation_operating_point
 from ssd.weights.finetune import set_backbone_trainable
 
@@ -87,9 +87,11 @@ class Trainer:
     (``given``: the fields the caller set, see :func:`ssd.training.plan.plan_run`); :meth:`run` trains all remaining
     epochs into the run directory, :meth:`train_step` does one step. ``callbacks`` run after the built-in ones.
 
-    ``epochs`` is the run's epoch count: ``config.epochs``, or under ``--time`` the estimate of
-    :class:`~ssd.training.budget.TimeBudget`, updated after every epoch's training steps; epoch-based features read
-    it at each epoch start. ``clock`` (seconds, monotonic) times the run: :meth:`elapsed`, results.csv's ``time``."""
+    ``state`` (:class:`~ssd.training.state.TrainState`) is the run's training state, what its checkpoints save;
+    callbacks read it and change the run through :meth:`stop` and :meth:`set_epochs`. ``epochs`` is the run's epoch
+    count: ``config.epochs``, or under ``--time`` the estimate of :class:`~ssd.training.budget.TimeBudget`, updated
+    after every epoch's training steps; epoch-based features read it at each epoch start. ``clock`` (seconds,
+    monotonic) times the run: :meth:`elapsed`, results.csv's ``time``."""
 
     clock = staticmethod(time.monotonic)
 
@@ -115,15 +117,9 @@ class Trainer:
         self.optimizer, self.scheduler, self.scaler, self.amp_dtype = build_optimization(
             self.model, config, self.steps, self.device)
         self.ema = build_ema(self.model, config.ema_decay) if config.ema else None
-        self.start_epoch, self.epoch, self.best_map, self.best_epoch = 0, 0, -1.0, 0
-        self.epochs = config.epochs
-        self.history: list[dict[str, Any]] = []
-        self.metrics: dict[str, Any] = {}
-        self.operating_point: dict[str, Any] | None = None  # of the last validation, saved with its weights
+        self.state = (TrainState(config.epochs) if self.plan.state is None else
+                      restore_training_state(self, self.plan.state))
         self.step_losses: list[float] = []
-        self.nonfinite, self.stop_reason = 0, None
-        if self.plan.state is not None:
-            restore_training_state(self, self.plan.state)
         self.net: nn.Module = self.model
         if info.enabled:
             self.net = nn.parallel.DistributedDataParallel(  # a frozen backbone leaves parameters without gradients
@@ -169,10 +165,26 @@ class Trainer:
         """Seconds this run has trained (during :meth:`run`), the time before a ``--resume`` included."""
         return self.clock() - self.start_time
 
+    @property
+    def epoch(self) -> int:
+        """The current epoch, 0-based (``state.epoch``)."""
+        return self.state.epoch
+
+    @property
+    def epochs(self) -> int:
+        """The run's epoch count (``state.epochs``; :meth:`set_epochs` changes it)."""
+        return self.state.epochs
+
     def stop(self, reason: str) -> None:
         """End the run after the current epoch (its checkpoints and row are still written) for ``reason``."""
-        self.stop_reason = reason
+        self.state.stop_reason = reason
         LOGGER.info(reason)
+
+    def set_epochs(self, epochs: int) -> None:
+        """Make the run ``epochs`` long (``--time``'s estimate), the lr schedule sized to it."""
+        if epochs != self.state.epochs:
+            self.state.epochs = epochs
+            resize_schedule(self.scheduler, self.config, epochs, self.steps)
 
     def _hook(self, name: str, *args: Any) -> None:
         for callback in self.callbacks:
@@ -186,48 +198,49 @@ class Trainer:
             self.run_dir = ddp.broadcast_object(make_run_dir(config.project, config.name, config.exist_ok)
                                                 if self.info.is_main else None)
         lock = prepare_run_dir(self.run_dir, config) if self.info.is_main else None
-        stopped = self.stop_reason
-        self.start_time = self.clock() - (self.history[-1]["time"] if self.history else 0.0)
+        state = self.state
+        stopped = state.stop_reason
+        self.start_time = self.clock() - (state.history[-1]["time"] if state.history else 0.0)
         try:
             self._hook("on_train_start")  # may set the epoch count (--time)
             if stopped:
                 LOGGER.info(f"{self.run_dir} already stopped: {stopped}")
-            elif self.start_epoch >= self.epochs and not self.stop_reason:
-                LOGGER.info(f"{self.run_dir}: all {self.epochs} epochs are already done")
-            epoch = self.start_epoch
-            while epoch < self.epochs and not self.stop_reason:
-                self.epoch = epoch
+            elif state.start_epoch >= state.epochs and not state.stop_reason:
+                LOGGER.info(f"{self.run_dir}: all {state.epochs} epochs are already done")
+            epoch = state.start_epoch
+            while epoch < state.epochs and not state.stop_reason:
+                state.epoch = epoch
                 self._epoch(epoch)
                 epoch += 1
             self._hook("on_fit_end")
-            LOGGER.info(f"results saved to {self.run_dir} (best {config.metric} mAP {self.best_map:.4f})")
+            LOGGER.info(f"results saved to {self.run_dir} (best {config.metric} mAP {state.best_map:.4f})")
         finally:
             self._hook("on_teardown")
             if lock is not None:
                 lock.release()
-        return TrainResult(self.run_dir, self.best_map, self.metrics, self.history, self.step_losses, self.nonfinite,
-                           self.eval_model, self.stop_reason)
+        return TrainResult(self.run_dir, state.best_map, state.metrics, state.history, self.step_losses,
+                           state.nonfinite_skipped, self.eval_model, state.stop_reason)
 
     def _epoch(self, epoch: int) -> None:
         """Train one epoch, validate when due, save ``last.pt`` (and ``best.pt``), log the row."""
-        config = self.config
+        config, state = self.config, self.state
         self._hook("on_epoch_start")
-        skipped = self.nonfinite
+        skipped = state.nonfinite_skipped
         losses = self._train_epoch(epoch)
         ddp.broadcast_buffers(self.model)
         if self.ema is not None:  # its BatchNorm statistics averaged each rank's own batches
             ddp.broadcast_buffers(self.ema.module)
-        check_finite(self.model, epoch, self.steps, self.nonfinite - skipped, self.nonfinite)
+        check_finite(self.model, epoch, self.steps, state.nonfinite_skipped - skipped, state.nonfinite_skipped)
         row = {"epoch": epoch + 1, **losses, "lr": self.optimizer.param_groups[0]["lr"]}
         improved = False
-        if epoch == self.epochs - 1 or (epoch + 1) % config.val_interval == 0:
+        if epoch == state.epochs - 1 or (epoch + 1) % config.val_interval == 0:
             row.update(self._validate())
-            improved = self.metrics["map"] > self.best_map
+            improved = state.metrics["map"] > state.best_map
             if improved:
-                self.best_map, self.best_epoch = self.metrics["map"], epoch + 1
-            self._hook("on_val_end", self.metrics)
+                state.best_map, state.best_epoch = state.metrics["map"], epoch + 1
+            self._hook("on_val_end", state.metrics)
         row["time"] = self.elapsed()
-        self.history.append(row)
+        state.history.append(row)
         if self.info.is_main:
             save_training_state(self, self.run_dir / "weights" / "last.pt", resume=True)
             if improved:
@@ -236,17 +249,17 @@ class Trainer:
         self._hook("on_epoch_end", row)
 
     def _validate(self) -> dict[str, float]:
-        """Score the validation split with :attr:`eval_model` (``self.metrics``) and its loss; the row's values."""
-        config, model = self.config, self.eval_model
-        self.metrics = evaluate_split(model, self.val_loader, class_names=self.class_names, metric=config.metric,
+        """Score the validation split with :attr:`eval_model` (``state.metrics``) and its loss; the row's values."""
+        config, model, state = self.config, self.eval_model, self.state
+        state.metrics = evaluate_split(model, self.val_loader, class_names=self.class_names, metric=config.metric,
                                       device=self.device, channels_last=self.channels_last,
                                       score_threshold=config.score_threshold, iou_threshold=config.iou_threshold,
                                       amp_dtype=self.amp_dtype, progress=self.info.is_main and not config.quiet)
         losses = validation_loss(model, self.val_loader, self.loss_fn, self.device, channels_last=self.channels_last,
                                  amp_dtype=self.amp_dtype)
-        self.operating_point = point = validation_operating_point(self.metrics, self.class_names)
+        state.operating_point = point = validation_operating_point(state.metrics, self.class_names)
         scores = {} if point is None else {"val/precision": point["precision"], "val/recall": point["recall"]}
-        return {**losses, "val/mAP": self.metrics["map"], **scores}
+        return {**losses, "val/mAP": state.metrics["map"], **scores}
 
     def _train_epoch(self, epoch: int) -> dict[str, float]:
         config = self.config
@@ -280,7 +293,7 @@ class Trainer:
                      f"{MIN_VISIBLE:.0%} of their box (or of the crop) inside")
             crops = {"crop_dropped": crop_dropped}
         return {"train/loss": mean[0], "train/loc_loss": mean[1], "train/cls_loss": mean[2],
-                "nonfinite_skipped": self.nonfinite, **crops}
+                "nonfinite_skipped": self.state.nonfinite_skipped, **crops}
 
     def train_step(self, batch: dict[str, Any], epoch: int = 0, step: int = 0) -> list[float] | None:
         """One optimization step on a :func:`ssd.data.collate` batch: forward, loss, backward, clipping, optimizer,
@@ -295,8 +308,8 @@ class Trainer:
             where = f"epoch {epoch + 1}, step {step + 1} (iteration {epoch * self.steps + step + 1})"
             if not self.config.skip_nonfinite:
                 raise nonfinite_loss_error(where, loss.item(), batch["paths"])
-            self.nonfinite += 1
-            LOGGER.info(f"skipped a non-finite loss at {where} ({self.nonfinite} so far)")
+            self.state.nonfinite_skipped += 1
+            LOGGER.info(f"skipped a non-finite loss at {where} ({self.state.nonfinite_skipped} so far)")
             self.scheduler.step()
             return None
         self.scaler.scale(loss).backward()
