@@ -39,10 +39,10 @@ def progress_enabled() -> bool:
     return _PROGRESS["enabled"]
 
 
-def progress(iterable: Iterable[Any] | None = None, *, disable: bool = False, **options: Any) -> tqdm:
-    """A :class:`tqdm` bar (``options`` are tqdm's), off when ``disable``, after :func:`set_progress(False)
-    <set_progress>` or on a rank other than 0."""
-    return tqdm(iterable, disable=disable or not _PROGRESS["enabled"], **options)
+def progress(iterable: Iterable[Any] | None = None, *, disable: bool | None = False, **options: Any) -> tqdm:
+    """A :class:`tqdm` bar (``options`` are tqdm's), off when ``disable`` (``None``: shown on a terminal only, tqdm's
+    rule), after :func:`set_progress(False) <set_progress>` or on a rank other than 0."""
+    return tqdm(iterable, disable=True if not _PROGRESS["enabled"] else disable, **options)
 
 
 def quiet_other_ranks(rank: int) -> None:

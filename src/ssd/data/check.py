@@ -27,7 +27,6 @@ import numpy as np
 import torch
 from torch import Tensor
 from torchvision.ops import box_iou
-from tqdm import tqdm
 
 from ssd._utils import closest_names
 from ssd.data.check_report import CheckReport
@@ -37,6 +36,7 @@ from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relativ
 from ssd.data.rules import DATASET_RULES, dataset_issues
 from ssd.data.table import RecordTable
 from ssd.limits import MAX_BOXES_PER_IMAGE
+from ssd.log import progress
 from ssd.names import name_problem, printable
 from ssd.priors import PriorConfig
 
@@ -236,8 +236,8 @@ def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
         return None
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        found = tqdm(pool.map(probe, records), total=len(records), desc="checking images", unit="image",
-                     disable=None, leave=False)  # None: shown on a terminal only
+        found = progress(pool.map(probe, records), total=len(records), desc="checking images", unit="image",
+                         disable=None, leave=False)  # None: shown on a terminal only
         return [i for i in found if i is not None]
 
 

@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from ssd._utils import did_you_mean, render_table
 from ssd.artifacts import BENCHMARK_ROWS, ArtifactKind, BenchmarkVariant
@@ -33,6 +32,7 @@ from ssd.export.formats import export
 from ssd.export.timing import time_backends
 from ssd.files import write_text
 from ssd.inference.registry import Backend, backend_kind, folder_kind, open_backend
+from ssd.log import progress as progress_bar
 
 __all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format_benchmark", "parse_formats",
            "below_floor"]
@@ -179,7 +179,7 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     jobs = [(name, lambda kind=RUNTIMES[name][0]: export_once(kind), RUNTIMES[name][1]) for name in names]
     jobs += [(name, lambda path=path: path, open_backend) for name, path in given.items()]
     rows, backends = [], {}
-    for name, artifact, opener in tqdm(jobs, desc="benchmark", unit="format", disable=not progress):
+    for name, artifact, opener in progress_bar(jobs, desc="benchmark", unit="format", disable=not progress):
         row, backend = _scored_row(name, artifact(), opener, data, device, skip_invalid)
         rows.append(row)
         if backend is not None:
