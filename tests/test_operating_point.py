@@ -13,7 +13,7 @@ from ssd.export.pt2 import export_pt2
 from ssd.inference.backends import OnnxBackend
 from ssd.inference.pipeline import Detector, load
 from ssd.settings import PREDICT
-from ssd.training.validation import validation_operating_point
+from ssd.training.state import validation_operating_point
 from ssd.weights.checkpoint import CheckpointError, check_operating_point, load_checkpoint, save_checkpoint
 from ssd.weights.load import model_from_checkpoint
 

@@ -21,8 +21,8 @@ from ssd.files import make_run_dir
 from ssd.settings import ConfigError
 from ssd.training import optim, state, trainer
 from ssd.training.config import TrainConfig
-from ssd.training.guards import NonFiniteLossError
 from ssd.training.optim import LRSchedule, param_groups
+from ssd.training.state import NonFiniteLossError
 from ssd.training.trainer import train
 
 # ssd_tiny at 128 px with the light augmentation: seconds per epoch of the synthetic fixture on 2 cores

@@ -24,9 +24,8 @@ from ssd.settings import ConfigError
 from ssd.training import trainer
 from ssd.training.callbacks import Callback, CallbackError, EarlyStopping, check_callbacks
 from ssd.training.config import TrainConfig
-from ssd.training.ema import build_ema, ema_decay
+from ssd.training.optim import batch_loss, build_ema, ema_decay, validation_loss
 from ssd.training.trainer import train
-from ssd.training.validation import batch_loss, validation_loss
 
 # 16 train / 8 val images of 64 px, 2 classes: 2 steps of 8 images per epoch
 TINY = dict(model="ssd_tiny", image_size=64, batch_size=8, workers=0, device="cpu", quiet=True, augment="none",

@@ -21,8 +21,8 @@ from ssd.device import resolve_device
 from ssd.settings import ConfigError
 from ssd.training import plan, trainer
 from ssd.training.config import TrainConfig
-from ssd.training.guards import NonFiniteLossError
 from ssd.training.optim import LRSchedule
+from ssd.training.state import NonFiniteLossError
 from ssd.training.trainer import train
 from ssd.weights.checkpoint import CheckpointError
 

@@ -1,21 +1,36 @@
-"""Optimization of a run: parameter groups, the optimizer, the learning-rate schedule (a multiplier per step) and
-mixed precision."""
+"""Optimization of a run: parameter groups, the optimizer, the learning-rate schedule (a multiplier per step), mixed
+precision, the loss of a batch (the training step's, and the validation loss of an epoch: same ``MultiBoxLoss``), and
+the exponential moving average of the weights (``--ema``).
+
+The EMA is Ultralytics' ``ModelEMA`` / timm's ``ModelEmaV2``: :func:`build_ema` wraps a copy of the model in
+``torch.optim.swa_utils.AveragedModel``, which averages parameters and floating-point buffers (BatchNorm statistics)
+after every optimization step. Its first update copies the model; update ``k >= 2`` uses the warm-up decay
+:func:`ema_decay` ``(decay, k)`` = ``decay * (1 - exp(-k / 2000))``, so the early average is not dominated by the
+random initialization::
+
+    ema = decay_k * ema + (1 - decay_k) * model
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.optim.swa_utils import AveragedModel
 
-from ssd.device import amp_dtype
+import ssd.distributed as ddp
+from ssd.device import amp_dtype, autocast
 from ssd.log import LOGGER
+from ssd.loss import MultiBoxLoss
 from ssd.training.config import TrainConfig, default_milestones
 
-__all__ = ["param_groups", "build_optimizer", "LRSchedule", "build_optimization", "resize_schedule"]
+__all__ = ["param_groups", "build_optimizer", "LRSchedule", "build_optimization", "resize_schedule", "batch_loss",
+           "validation_loss", "EMA_WARMUP", "ema_decay", "build_ema"]
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -99,3 +114,65 @@ def resize_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, config: TrainC
     for group, base_lr in zip(scheduler.optimizer.param_groups, scheduler.base_lrs, strict=True):
         group["lr"] = base_lr * schedule(scheduler.last_epoch)
     return schedule
+
+
+def batch_loss(net: nn.Module, loss_fn: MultiBoxLoss, priors: Tensor, batch: dict[str, Any], device: torch.device,
+               *, channels_last: bool = False, amp_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """``(loc_loss, cls_loss)`` (0-d tensors) of ``net`` on a :func:`ssd.data.collate` batch (``images [B, 3, H,
+    W]``, ``boxes [B, G, 4]``, ``labels [B, G]``, ``difficult [B, G]``), against ``priors [P, 4]``. Difficult
+    objects (kept by evaluation loaders) count as padding, as training's loader leaves them out."""
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    images = batch["images"].to(device, non_blocking=True).contiguous(memory_format=memory_format)
+    boxes = batch["boxes"].to(device)
+    labels = batch["labels"].masked_fill(batch["difficult"], -1).to(device)
+    with autocast(device, amp_dtype):
+        loc, logits = net(images)
+    return loss_fn(loc.float(), logits.float(), priors, boxes, labels)
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, loader: Iterable[dict[str, Any]], loss_fn: MultiBoxLoss, device: torch.device,
+                    *, channels_last: bool = False, amp_dtype: torch.dtype | None = None) -> dict[str, float]:
+    """Mean ``val/loss``, ``val/loc_loss`` and ``val/cls_loss`` over the batches of ``loader`` (no augmentation)
+    of every rank, for the plain ``model`` in eval mode (its mode is restored after)."""
+    was_training = model.training
+    model.eval()
+    totals, batches = torch.zeros(3, dtype=torch.float64), 0
+    try:
+        for batch in loader:
+            loc_loss, cls_loss = batch_loss(model, loss_fn, model.priors, batch, device, channels_last=channels_last,
+                                            amp_dtype=amp_dtype)
+            totals += torch.tensor([(loc_loss + cls_loss).item(), loc_loss.item(), cls_loss.item()],
+                                   dtype=torch.float64)
+            batches += 1
+    finally:
+        model.train(was_training)
+    gathered = ddp.all_gather_objects((totals, batches))
+    mean = (sum(t for t, _ in gathered) / max(1, sum(n for _, n in gathered))).tolist()
+    return {"val/loss": mean[0], "val/loc_loss": mean[1], "val/cls_loss": mean[2]}
+
+
+EMA_WARMUP = 2000
+"""Updates over which the decay ramps up (``1 - exp(-k / EMA_WARMUP)``)."""
+
+
+def ema_decay(decay: float, updates: int) -> float:
+    """The decay of update number ``updates`` (1-based)."""
+    return decay * (1 - math.exp(-updates / EMA_WARMUP))
+
+
+def build_ema(model: nn.Module, decay: float) -> AveragedModel:
+    """An ``AveragedModel`` of ``model`` (the plain module, not its DDP / ``torch.compile`` wrapper) on its device,
+    without gradients; ``.module`` is the averaged SSD, ``.n_averaged`` the number of updates so far. Call
+    ``update_parameters(model)`` after each optimizer step."""
+
+    def average(averaged: list[Tensor], current: list[Tensor], n_averaged: Tensor) -> None:
+        if not averaged[0].is_floating_point():  # BatchNorm's num_batches_tracked: a counter, taken as it is
+            for a, c in zip(averaged, current):
+                a.copy_(c)
+            return
+        torch._foreach_lerp_(averaged, current, 1 - ema_decay(decay, int(n_averaged) + 1))
+
+    ema = AveragedModel(model, multi_avg_fn=average, use_buffers=True)
+    ema.requires_grad_(False)
+    return ema

@@ -1,6 +1,28 @@
-"""What rank 0 writes into the run directory besides the checkpoints, as trainer callbacks: ``results.csv`` and
+"""A training run on disk: the run directory's layout, preparing it (:func:`prepare_run_dir`: locked while a run
+writes into it), and what rank 0 writes into it besides the checkpoints, as trainer callbacks: ``results.csv`` and
 ``stop.txt`` (:class:`ResultsCSV`), TensorBoard scalars (:class:`TensorBoardLogger`, when tensorboard is
-installed), and the figures (:class:`RunFigures`). :func:`output_callbacks` lists them for a run."""
+installed), the figures (:class:`RunFigures`) and the validation report (:class:`ValidationReport`).
+:func:`output_callbacks` lists them for a run; the checkpoints are written by the trainer.
+
+A run directory ``<project>/<name>`` (made by :func:`ssd.files.make_run_dir`: auto-incremented, never overwritten)
+holds::
+
+    config.yaml        the resolved TrainConfig: what really ran (everything needed to reproduce the run)
+    results.csv        one row per epoch (columns: ssd.plots.RESULTS_COLUMNS)
+    results.png        loss and mAP curves
+    pr_curves.png      per-class precision/recall curves of the last validation
+    labels.png         label and box statistics of the training split
+    val_predictions/   a few validation images with predictions drawn
+    val_report/        the evaluation report of the last validation (report.html, metrics.json, ...)
+    events.out.*       TensorBoard scalars (when tensorboard is installed)
+    stop.txt           why the run stopped before its last epoch (early stopping, --patience)
+    weights/last.pt    after every epoch (model and the training state: ssd.training.state.TRAINING_STATE)
+    weights/best.pt    at the best validation mAP
+
+With ``--ema`` the ``model`` of both checkpoints is the exponential moving average of the weights (what is
+evaluated and deployed); ``last.pt`` also keeps the raw weights for ``--resume``
+(:func:`ssd.training.optim.build_ema`).
+"""
 
 from __future__ import annotations
 
@@ -13,17 +35,33 @@ import torch
 from ssd._utils import MissingDependencyError, require
 from ssd.data.images import read_image
 from ssd.data.table import object_arrays
-from ssd.files import atomic_write, fitted_name, write_text
+from ssd.files import DirectoryLock, atomic_write, fitted_name, remove_stale_temporaries, write_text
 from ssd.log import LOGGER
 from ssd.plots import RESULTS_COLUMNS, draw_detections, plot_label_stats, plot_pr_curves, plot_results, save_image
 from ssd.settings import PREDICT
 from ssd.training.callbacks import Callback
-from ssd.training.rundir import STOP_FILE
+from ssd.training.config import TrainConfig
 
 if TYPE_CHECKING:
     from ssd.training.trainer import Trainer
 
-__all__ = ["ResultsCSV", "TensorBoardLogger", "RunFigures", "ValidationReport", "output_callbacks", "write_results_csv"]
+__all__ = ["STOP_FILE", "prepare_run_dir", "ResultsCSV", "TensorBoardLogger", "RunFigures", "ValidationReport",
+           "output_callbacks", "write_results_csv"]
+
+
+STOP_FILE = "stop.txt"
+
+
+def prepare_run_dir(run_dir: Path, config: TrainConfig) -> DirectoryLock:
+    """Lock the run directory (a second run into it, with ``--exist-ok``, is refused while this one holds the lock),
+    create ``weights/``, remove the temporary files a run killed while writing a checkpoint left there, and write
+    ``config.yaml`` (a resumed run rewrites it: device, workers or epochs may have changed). Returns the lock, for
+    the caller to release when the run ends."""
+    (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+    lock = DirectoryLock(run_dir)
+    remove_stale_temporaries(run_dir / "weights")
+    config.to_yaml(run_dir / "config.yaml")
+    return lock
 
 
 def write_results_csv(path: Path, rows: list[dict[str, Any]]) -> None:

@@ -1,5 +1,7 @@
 """The state that makes a resumed run exact: random number generators, the seed of each epoch, and the training
-state a checkpoint holds next to the model (everything here loads with ``torch.load(weights_only=True)``).
+state a checkpoint holds next to the model (everything here loads with ``torch.load(weights_only=True)``), with
+the operating point of each validation; and the guard that nothing non-finite is ever saved (the errors of a step
+with a NaN/inf loss and of a run that diverged).
 
 With ``ema`` a checkpoint's ``model`` is the average (what is evaluated and deployed); ``last.pt`` also holds
 ``ema = {"updates": int, "raw_model": state dict}``, the raw weights the optimizer steps, so a resume continues both.
@@ -8,13 +10,17 @@ With ``ema`` a checkpoint's ``model`` is the average (what is evaluated and depl
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch import nn
 
+from ssd._utils import few
+from ssd.evaluation.curves import operating_point
 from ssd.log import LOGGER
 from ssd.weights.checkpoint import save_checkpoint
 
@@ -22,7 +28,8 @@ if TYPE_CHECKING:
     from ssd.training.trainer import Trainer
 
 __all__ = ["TRAINING_STATE", "TrainState", "seed_everything", "epoch_seed", "rng_state", "set_rng_state",
-           "checkpoint_metrics", "save_training_state", "restore_training_state"]
+           "checkpoint_metrics", "save_training_state", "restore_training_state", "validation_operating_point",
+           "NonFiniteLossError", "NONFINITE_SHARE", "nonfinite_loss_error", "check_finite"]
 
 TRAINING_STATE = ("train_config", "epoch", "optimizer", "scheduler", "scaler", "rng", "best_map", "history",
                   "metrics", "nonfinite_skipped", "best_epoch", "stop_reason")
@@ -146,3 +153,55 @@ def restore_training_state(trainer: Trainer, checkpoint: dict[str, Any]) -> Trai
         LOGGER.info(f"ema: {trainer.plan.checkpoint} holds no raw weights (only last.pt does): the average restarts "
                     "from its weights")
     return TrainState.from_checkpoint(checkpoint, trainer.config.epochs)
+
+
+def validation_operating_point(metrics: dict[str, Any], class_names: list[str]) -> dict[str, Any] | None:
+    """The overall best-F1 point of :func:`ssd.evaluation.evaluator.evaluate_split`'s ``metrics`` (its
+    ``detections`` and ``ground_truths``): ``dict(score_threshold, precision, recall, f1, split="val")``, the
+    checkpoint's ``operating_point``; ``None`` when the split has no objects or no confidence finds any (F1 0
+    everywhere: the best point would be a confidence of 1, which keeps nothing)."""
+    curves = operating_point(metrics["detections"], metrics["ground_truths"], len(class_names), class_names)
+    best = curves["overall"]["best"]
+    if best is None or best["f1"] == 0:
+        return None
+    return {"score_threshold": float(best["confidence"]), "precision": float(best["precision"]),
+            "recall": float(best["recall"]), "f1": float(best["f1"]), "split": "val"}
+
+
+NONFINITE_SHARE = 0.05
+"""With ``skip_nonfinite``, a run stops once more than this share of its steps (and more than one) were skipped,
+or when every step of an epoch was."""
+
+
+class NonFiniteLossError(ValueError):
+    """The loss or the weights became NaN/inf (the message says where, what was saved and what to try)."""
+
+
+def nonfinite_loss_error(where: str, loss: float, paths: Sequence[str]) -> NonFiniteLossError:
+    """The error of a step whose loss is ``loss`` (not finite) at ``where``, listing the batch's image ``paths``."""
+    files = "\n".join(f"  {p}" for p in paths)
+    return NonFiniteLossError(
+        f"non-finite loss ({loss}) at {where}; nothing was saved for this step. The batch's images:\n"
+        f"{files}\nCheck these files' boxes (`ssd check`), lower lr, or set skip_nonfinite to skip such steps.")
+
+
+def check_finite(model: nn.Module, epoch: int, steps: int, skipped: int, nonfinite: int) -> None:
+    """Stop before anything is saved for ``epoch`` (0-based) when it skipped every one of its ``steps``, the run
+    skipped (``nonfinite`` in all) more than :data:`NONFINITE_SHARE` of its steps and more than one, or ``model``'s
+    weights hold NaN/inf (the same on every rank)."""
+    done = (epoch + 1) * steps
+    kept = f"weights/last.pt holds epoch {epoch}" if epoch else "nothing was saved"
+    if skipped == steps or nonfinite > max(1, NONFINITE_SHARE * done):
+        which = (f"every step of epoch {epoch + 1} ({skipped})" if skipped == steps else
+                 f"more than the {NONFINITE_SHARE:.0%} skip_nonfinite tolerates")
+        raise NonFiniteLossError(
+            f"training diverged: {nonfinite} of {done} steps ({nonfinite / done:.1%}) had a non-finite "
+            f"loss and were skipped, {which}. The run stopped before saving epoch {epoch + 1} ({kept}). Lower "
+            "lr, check the data (`ssd check`), or train without amp.")
+    bad = [name for name, t in model.state_dict().items()
+           if t.is_floating_point() and not bool(t.isfinite().all())]
+    if bad:
+        raise NonFiniteLossError(
+            f"training diverged: after epoch {epoch + 1} the weights hold NaN/inf ({few(bad)}). Nothing was saved "
+            f"for this epoch ({kept}). Lower lr, keep gradient clipping on (grad_clip), or check the data "
+            "(`ssd check`).")

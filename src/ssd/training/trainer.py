@@ -1,10 +1,10 @@
-"""The training loop: :func:`train` takes a dataset to a run directory (:mod:`ssd.training.rundir` describes it).
+"""The training loop: :func:`train` takes a dataset to a run directory (:mod:`ssd.training.outputs` describes it).
 
 Extension points are callbacks (:mod:`ssd.training.callbacks`); the run directory's files are written by the output
 callbacks of :mod:`ssd.training.outputs` on rank 0, the checkpoints by the trainer. Reproducibility: all random
 state of an epoch (data order, augmentation, worker seeds) is derived from ``(seed, epoch, rank)`` at the start of
 that epoch, so a run resumed from ``last.pt`` sees the same batches as an uninterrupted one and, on CPU, ends with
-identical weights (and EMA). Nothing non-finite is ever saved (:mod:`ssd.training.guards`).
+identical weights (and EMA). Nothing non-finite is ever saved (:func:`ssd.training.state.check_finite`).
 """
 
 from __future__ import annotations
@@ -35,14 +35,19 @@ from ssd.settings import ConfigError
 from ssd.training.budget import TimeBudget
 from ssd.training.callbacks import Callback, EarlyStopping, MosaicSchedule, check_callbacks
 from ssd.training.config import TrainConfig
-from ssd.training.ema import build_ema
-from ssd.training.guards import check_finite, nonfinite_loss_error
-from ssd.training.optim import build_optimization, resize_schedule
-from ssd.training.outputs import output_callbacks
+from ssd.training.optim import batch_loss, build_ema, build_optimization, resize_schedule, validation_loss
+from ssd.training.outputs import output_callbacks, prepare_run_dir
 from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run
-from ssd.training.rundir import prepare_run_dir
-from ssd.training.state import TrainState, epoch_seed, restore_training_state, save_training_state, seed_everything
-from ssd.training.validation import batch_loss, validation_loss, validation_operating_point
+from ssd.training.state import (
+    TrainState,
+    check_finite,
+    epoch_seed,
+    nonfinite_loss_error,
+    restore_training_state,
+    save_training_state,
+    seed_everything,
+    validation_operating_point,
+)
 from ssd.weights.finetune import set_backbone_trainable
 
 __all__ = ["train", "Trainer", "TrainResult"]
@@ -298,7 +303,7 @@ class Trainer:
     def train_step(self, batch: dict[str, Any], epoch: int = 0, step: int = 0) -> list[float] | None:
         """One optimization step on a :func:`ssd.data.collate` batch: forward, loss, backward, clipping, optimizer,
         lr schedule and EMA update. Returns ``[loss, loc_loss, cls_loss]``, or None when the step was skipped because
-        the loss was not finite on some rank (raises :class:`~ssd.training.guards.NonFiniteLossError` unless
+        the loss was not finite on some rank (raises :class:`~ssd.training.state.NonFiniteLossError` unless
         ``skip_nonfinite``)."""
         self.optimizer.zero_grad(set_to_none=True)
         loc_loss, cls_loss = batch_loss(self.net, self.loss_fn, self.priors, batch, self.device,
