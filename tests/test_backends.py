@@ -55,6 +55,7 @@ RUNTIMES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runtime", list(RUNTIMES))
 def test_each_runtime_matches_eager_pytorch_within_its_tolerance(artifacts, synthetic_voc, runtime):
     opener, score_tol, box_tol = RUNTIMES[runtime]
@@ -160,6 +161,7 @@ def test_a_torchscript_file_is_refused_naming_the_format_to_export_instead(tmp_p
     assert "--format pt2" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_torch_export_program_changed_after_export_is_refused(artifacts, tmp_path):
     extra = {METADATA_FILE: ""}
     program = torch.export.load(artifacts["pt2"], extra_files=extra)
@@ -181,6 +183,7 @@ def test_torch_export_program_changed_after_export_is_refused(artifacts, tmp_pat
         open_backend(edited)
 
 
+@pytest.mark.slow
 def test_openvino_export_of_an_int8_model_is_quantized_and_close(artifacts, synthetic_voc, tmp_path):
     folder = export(artifacts["pt"], "openvino", out_path=tmp_path / "int8_openvino", int8=True,
                     data=synthetic_voc, calib_images=8)
@@ -191,6 +194,7 @@ def test_openvino_export_of_an_int8_model_is_quantized_and_close(artifacts, synt
     assert (int8(batch)[1].softmax(-1) - fp32(batch)[1].softmax(-1)).abs().max() <= 0.03
 
 
+@pytest.mark.slow
 def test_openvino_backends_share_the_process_core(tiny_checkpoint, tmp_path):
     """One ``openvino.Core`` per process, kept alive: a Core destroyed while OpenVINO's threads live makes a later
     fork (a subprocess, data-loader workers) crash the whole process."""
@@ -205,6 +209,7 @@ def test_openvino_backends_share_the_process_core(tiny_checkpoint, tmp_path):
     assert done.stdout == "forked\n"
 
 
+@pytest.mark.slow
 def test_openvino_export_into_an_existing_folder_is_refused_unless_it_is_ours_and_exist_ok(artifacts, tmp_path,
                                                                                           capsys):
     mine = tmp_path / "mine"

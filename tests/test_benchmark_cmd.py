@@ -27,6 +27,7 @@ def broken_formats(monkeypatch):
     monkeypatch.setitem(benchmark.RUNTIMES, "opencv", ("onnx", failing_open))
 
 
+@pytest.mark.slow
 def test_benchmark_writes_a_row_per_format_with_its_status(tiny_checkpoint, synthetic_voc, tmp_path, broken_formats,
                                                           capsys):
     args = ["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--formats",
@@ -58,6 +59,7 @@ def test_benchmark_writes_a_row_per_format_with_its_status(tiny_checkpoint, synt
     assert json.loads((tmp_path / "exp" / "benchmark.json").read_text())[0]["format"] == "pytorch"
 
 
+@pytest.mark.slow
 def test_benchmark_floor_passes_when_every_format_scores_above_it(tiny_checkpoint, synthetic_voc, tmp_path, capsys):
     assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--formats",
                  "pt2", "--runs", "2", "--batch-sizes", "1", "--project", str(tmp_path), "--floor",
@@ -94,6 +96,7 @@ def test_benchmark_missing_weights_or_data_is_refused_before_any_folder_is_made(
     assert not runs.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("native", [True, False])
 def test_benchmark_eager_bfloat16_row_runs_where_the_cpu_has_native_bfloat16_else_says_why_it_is_skipped(
         tiny_checkpoint, synthetic_voc, tmp_path, monkeypatch, capsys, native):
@@ -110,6 +113,7 @@ def test_benchmark_eager_bfloat16_row_runs_where_the_cpu_has_native_bfloat16_els
         assert "pytorch-bf16: cpu has no native bfloat16" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_eager_bfloat16_runs_the_network_in_bfloat16_and_returns_float32(tiny_checkpoint):
     eager = open_backend(tiny_checkpoint, "cpu")
     batch = torch.rand(2, 3, 128, 128)
@@ -120,6 +124,7 @@ def test_eager_bfloat16_runs_the_network_in_bfloat16_and_returns_float32(tiny_ch
     assert torch.allclose(loc16, loc, atol=0.2)
 
 
+@pytest.mark.slow
 def test_benchmark_takes_ready_made_artifacts_as_they_are_without_exporting_again(tiny_checkpoint, synthetic_voc,
                                                                                   tmp_path):
     from ssd.export.formats import export

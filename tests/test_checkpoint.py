@@ -42,6 +42,7 @@ def outputs(net, seed=1):
         return net.eval()(x)
 
 
+@pytest.mark.slow
 def test_round_trip_gives_identical_outputs(model, saved):
     ckpt = load_checkpoint(saved)
     assert ckpt["format"] == FORMAT and ckpt["version"] == ssd.__version__
@@ -53,6 +54,7 @@ def test_round_trip_gives_identical_outputs(model, saved):
         assert torch.equal(ours, theirs)
 
 
+@pytest.mark.slow
 def test_training_state_round_trip(model, tmp_path):
     net = build_model("ssd_tiny", 2, image_size=64)
     optimizer = torch.optim.AdamW(net.parameters(), lr=1e-3)
@@ -74,6 +76,7 @@ def test_training_state_round_trip(model, tmp_path):
     assert ckpt["scheduler"]["last_epoch"] == 1
 
 
+@pytest.mark.slow
 def test_wrapped_and_channels_last_models_save_the_inner_model(model, tmp_path):
     inner = build_model("ssd_tiny", class_names=["cat", "dog", "bird"], image_size=128)
     inner.load_state_dict(model.state_dict())
@@ -249,6 +252,7 @@ def test_different_class_names_are_refused_with_both_lists(saved):
         model_from_checkpoint(saved, class_names=["dog", "cat", "bird"])
 
 
+@pytest.mark.slow
 def test_reinit_heads_keeps_everything_but_the_class_rows(model, saved, caplog):
     with caplog.at_level(logging.WARNING, logger="ssd"):
         tuned = model_from_checkpoint(saved, class_names=["apple", "Dog"], reinit_heads=True)

@@ -68,6 +68,7 @@ def test_python_dash_m_runs_the_cli():
     assert out.stdout.strip()
 
 
+@pytest.mark.slow
 def test_import_and_help_do_not_load_torch():
     """`import ssd` and `ssd --help` stay light: the package names its API lazily (PEP 562)."""
     code = ("import sys, ssd, contextlib, io\n"
@@ -97,6 +98,7 @@ def test_check_exit_codes_and_json(synthetic_voc, tmp_path, capsys):
     assert "labels/a.txt:2: label 2 is out of range" in out and "background class is added internally" in out
 
 
+@pytest.mark.slow
 def test_train_then_val_from_the_command_line(synthetic_voc, tmp_path, capsys):
     args = ["train", "--data", str(synthetic_voc), "--model", "ssd_tiny", "--epochs", "1", "--image-size", "128",
             "--batch-size", "8", "--workers", "0", "--device", "cpu", "--augment", "none", "--quiet",
@@ -143,6 +145,7 @@ def test_predict_writes_detections_and_refuses_a_corrupt_png(weights, tmp_path, 
     assert captured.err.splitlines()[-1] == "error: none of the 1 inputs could be read"  # after the progress bar
 
 
+@pytest.mark.slow
 def test_export_writes_an_onnx_file_and_names_the_missing_extra(weights, tmp_path, capsys, monkeypatch):
     onnx_file = tmp_path / "tiny.onnx"
     assert main(["export", "--weights", str(weights), "--output", str(onnx_file)]) == 0
@@ -165,6 +168,7 @@ def test_demo_passes_its_options_to_the_demo_run(tmp_path, monkeypatch):
                      dict(project=Path("runs"), device="auto", quiet=False)]
 
 
+@pytest.mark.slow
 def test_import_converts_a_torchvision_detector_and_refuses_a_text_file(tmp_path, capsys):
     from torchvision.models.detection import ssdlite320_mobilenet_v3_large
 
@@ -246,6 +250,7 @@ def test_val_option_errors_name_the_flag_and_are_usage_errors(option, message, t
     assert capsys.readouterr().err == f"error: {message}\n"
 
 
+@pytest.mark.slow
 def test_val_loads_no_plotting_library():
     code = ("import sys\nimport ssd.cli, ssd.evaluation.evaluator, ssd.inference.backends\n"
             "print('matplotlib' in sys.modules, 'ssd.training' in sys.modules)")

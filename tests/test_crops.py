@@ -138,6 +138,7 @@ def test_cache_holds_the_planned_sizes(shapes):
     assert image.shape == (3, 64, 64) and "crop_dropped" in target
 
 
+@pytest.mark.slow
 def test_reproducible_with_the_loaders_seeds(shapes):
     records = load_dataset(shapes).records("train")
     crop = parse_crop_scale("native")
@@ -192,6 +193,7 @@ def test_cli_refuses_a_bad_crop_scale(capsys):
     assert "crop_scale='2' is invalid" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_train_with_crops(shapes, tmp_path, ssd_messages):
     result = train(data=str(shapes), model="ssd_tiny", image_size=64, batch_size=8, workers=0, device="cpu",
                    quiet=True, num_plot_images=0, seed=0, epochs=1, crop_scale="native", cache_images=True,

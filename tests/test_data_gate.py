@@ -255,6 +255,7 @@ def test_worker_data_error_keeps_its_own_message(tmp_path, workers):
     assert "Traceback" not in message and "DataLoader worker" not in message and len(message.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_image_size_rule_is_the_same_for_check_and_train(tmp_path, capsys):
     data = _yolo(tmp_path, {"train": {"t": OK_LINE}}, names="[a]")
     rule = ("image_size='7' is invalid: must be at least 32 and at most 4096 on each side (--image-size; the bound "

@@ -109,6 +109,7 @@ def test_index_equals_the_readers_records_and_is_reused_reading_nothing(kind, tm
     assert again.issues == first.issues
 
 
+@pytest.mark.slow
 def test_index_equals_the_records_of_the_real_datasets(shared_data):
     for name in ("bccd", "aquarium"):
         data = shared_data / name

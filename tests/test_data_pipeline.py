@@ -114,6 +114,7 @@ def _same(a, b):
                for x, y in zip(a, b))
 
 
+@pytest.mark.slow
 def test_loader_same_seed_same_batches_any_workers(synthetic_voc):
     spec = load_dataset(synthetic_voc)
     recs = spec.splits["train"][:16]

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
+
 from ssd.training.demo import DEMO_DATA, demo_dataset, run_demo
 
 SMALL = {"num_train": 24, "num_val": 8, "image_size": 128}
 
 
+@pytest.mark.slow
 def test_demo_small_end_to_end(tmp_path, capsys):
     result = run_demo(tmp_path, device="cpu", quiet=True, epochs=1, batch_size=8, workers=0, data=SMALL,
                       image_size=128)

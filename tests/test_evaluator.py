@@ -130,6 +130,7 @@ def test_nms_and_matching_iou_thresholds_are_reported_apart():
                                                                      EVALUATE.max_detections)
 
 
+@pytest.mark.slow
 def test_val_on_the_onnx_export_and_the_run_directory_equals_the_checkpoint(synthetic_voc, tmp_path):
     model = biased_model("ssd_tiny", class_names=list(SHAPE_NAMES[:3]), image_size=128)
     checkpoint = save_checkpoint(tmp_path / "run" / "weights" / "best.pt", model)

@@ -39,6 +39,7 @@ def tiny_onnx(tiny, tmp_path_factory):
     return export(weights, fmt="onnx", sample_images=random_images(2))
 
 
+@pytest.mark.slow
 def test_tiny_onnx_batch1_matches_pytorch(tiny, tiny_onnx):
     assert tiny_onnx.name == "best.onnx" and tiny_onnx.with_suffix(".pt").is_file()  # next to the weights
     batch, _ = tiny.preprocess(random_images(1))
@@ -61,6 +62,7 @@ def test_tiny_onnx_batch1_matches_pytorch(tiny, tiny_onnx):
     assert json.loads(meta["nms"]) is False
 
 
+@pytest.mark.slow
 def test_ssd300_dynamic_batch_onnx_matches_pytorch(tmp_path):
     model = biased_model("ssd300_vgg16", num_classes=2)
     path = export_onnx(model, tmp_path / "ssd300.onnx", dynamic_batch=True)  # the parity check runs inside too
@@ -73,6 +75,7 @@ def test_ssd300_dynamic_batch_onnx_matches_pytorch(tmp_path):
     torch.testing.assert_close(got_logits.softmax(-1), logits.softmax(-1), atol=1e-4, rtol=0)
 
 
+@pytest.mark.slow
 def test_nms_export_equals_postprocess_batch1_and_dynamic(tiny, tmp_path):
     conf, iou, max_det = 0.3, 0.45, 50
     path = export_onnx(tiny, tmp_path / "nms.onnx", dynamic_batch=True, nms=True, score_threshold=conf,
@@ -156,6 +159,7 @@ def test_export_rejects_unknown_format(tmp_path):
         export(tmp_path / "best.pt", fmt="tflite")
 
 
+@pytest.mark.slow
 def test_pt2_export_matches_pytorch_at_any_batch_size(tiny, tmp_path):
     backend = ExportedProgramBackend(export_pt2(tiny, tmp_path / "tiny.pt2"))
     for count in (1, 3):
@@ -196,6 +200,7 @@ def _ort_nms(boxes, scores, iou, score):
     return session.run(None, {"boxes": boxes.numpy(), "scores": scores.numpy()})[0].astype(np.int64)
 
 
+@pytest.mark.slow
 def test_in_graph_nms_equals_postprocess_on_the_same_outputs(tiny, tmp_path):
     """Both graphs run on one batch; ``postprocess_detections`` of the raw graph's outputs must give the NMS graph's
     rows, in the
@@ -312,6 +317,7 @@ def test_every_list_of_formats_derives_from_the_one_artifact_table():
         assert all(callable(resolve(target)) for target in [*kind.runtimes.values(), kind.exporter] if target)
 
 
+@pytest.mark.slow
 def test_an_export_whose_parity_check_fails_or_is_killed_leaves_nothing_at_the_output(tiny, tmp_path, monkeypatch):
     from ssd.export import onnx as onnx_export
 
@@ -377,6 +383,7 @@ except ValueError as e:
 '''
 
 
+@pytest.mark.slow
 def test_an_onnx_graph_that_allocates_beyond_the_runtime_ceiling_fails_with_one_line(tmp_path):
     """Its checksum is valid, so only the arena limit (lowered to 64 MB in a process of its own) stops it."""
     import subprocess

@@ -40,6 +40,7 @@ def val_batch(data, backend) -> torch.Tensor:
     return preprocess(images, card.image_size, card.mean, card.std)[0]
 
 
+@pytest.mark.slow
 def test_int8_export_is_a_quarter_of_the_size_and_close_to_fp32(int8_pair, synthetic_voc):
     fp32_path, int8_path = int8_pair
     fp32, int8 = OnnxBackend(fp32_path), OnnxBackend(int8_path)  # the checksum of the INT8 graph is verified
@@ -62,6 +63,7 @@ def test_int8_file_carries_the_fp32_card_with_its_own_checksum(int8_pair):
     assert sum(n.op_type == "QuantizeLinear" for n in int8.graph.node) > 0
 
 
+@pytest.mark.slow
 def test_int8_nms_export_quantizes_the_network_and_keeps_nms_in_float(weights, synthetic_voc, tmp_path):
     path = export(weights, fmt="onnx", out_path=tmp_path / "nms.int8.onnx", int8=True, data=synthetic_voc,
                   calib_images=4, nms=True)
@@ -75,6 +77,7 @@ def test_int8_nms_export_quantizes_the_network_and_keeps_nms_in_float(weights, s
     assert backend.card.nms is not None and backend.card.nms.score_threshold == 0.25
 
 
+@pytest.mark.slow
 def test_int8_quantizes_the_network_up_to_its_last_convolutions(int8_pair, synthetic_voc, tmp_path):
     """What ``--int8`` writes against the remedies benchmarks/deploy.py measures (convolutions only, nodes kept in
     float, the QOperator format): each changes what is quantized, and each file loads."""
@@ -129,6 +132,7 @@ def test_calib_images_without_int8_is_refused(weights, synthetic_voc, capsys):
     assert "--calib-images applies to INT8 exports: add --int8 --data DATA" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_int8_with_default_options_calibrates_on_every_image_of_a_small_training_split(weights, synthetic_voc,
                                                                                        tmp_path, capsys):
     """The default is 300 images, or the whole training split when it has fewer (48 here), said on stderr."""

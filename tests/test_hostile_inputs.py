@@ -259,6 +259,7 @@ def test_demo_options_are_refused_before_any_image_is_generated(tmp_path, capsys
     assert not (tmp_path / "runs" / "demo_data").exists()
 
 
+@pytest.mark.slow
 def test_check_piped_into_a_closed_reader_exits_quietly(tmp_path):
     import os
     import subprocess

@@ -191,6 +191,7 @@ def test_a_path_that_exists_wins_over_a_name(monkeypatch, tmp_path):
     assert read_weights("ssd300_vgg16_coco")["config"]["name"] == "ssd_tiny"
 
 
+@pytest.mark.slow
 def test_a_detector_name_is_imported_and_trained_from(monkeypatch, tmp_path, cache, synthetic_voc, capsys,
                                                       ssd_messages):
     torch.manual_seed(0)

@@ -78,6 +78,7 @@ def original_pipeline(picture: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(bgr[:, ::-1]))
 
 
+@pytest.mark.slow
 def test_original_port_reproduces_the_reference_outputs(original):
     with np.load(reference("ssd_pytorch_forward.npz")) as data:
         x, loc, conf = (torch.from_numpy(data[k]) for k in ("x", "loc", "conf"))
@@ -91,6 +92,7 @@ def test_original_port_reproduces_the_reference_outputs(original):
     assert not original.training
 
 
+@pytest.mark.slow
 def test_original_port_takes_rgb_pictures_in_0_1(original):
     picture = torch.rand(1, 3, 300, 300, generator=torch.Generator().manual_seed(100))
     batch, sizes = original.preprocess(list(picture))
@@ -102,6 +104,7 @@ def test_original_port_takes_rgb_pictures_in_0_1(original):
             torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-3)
 
 
+@pytest.mark.slow
 def test_original_port_through_ssd_predict(original_file, original, tmp_path, capsys):
     picture = (torch.rand(1, 3, 300, 300, generator=torch.Generator().manual_seed(7)) * 255).round().to(torch.uint8)
     Image.fromarray(picture[0].permute(1, 2, 0).numpy()).save(tmp_path / "picture.png")  # lossless
@@ -119,6 +122,7 @@ def test_original_port_through_ssd_predict(original_file, original, tmp_path, ca
     assert [d["name"] for d in detections] == [VOC_NAMES[k] for k in want["labels"].tolist()]
 
 
+@pytest.mark.slow
 def test_read_weights_gives_a_checkpoint_dict_for_any_file(original_file, original, tmp_path):
     ckpt = read_weights(original_file)
     assert ckpt["format"] == FORMAT and ckpt["class_names"] == list(VOC_NAMES)
@@ -139,6 +143,7 @@ def lufficc_file(state: dict, path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_lufficc_checkpoint_gives_the_same_model(original, tmp_path):
     model = ssd.import_model(lufficc_file(original_state(), tmp_path / "model_final.pth"))
     assert model.config == original.config and model.class_names == original.class_names
@@ -169,6 +174,7 @@ def ssd512_file(outputs: int, path: Path, lufficc: bool = False) -> tuple[Path, 
     return path, ours
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lufficc", [False, True], ids=["ssd.pytorch", "lufficc"])
 def test_ssd512_and_coco_default_boxes(tmp_path, lufficc):
     path, ours = ssd512_file(81, tmp_path / "ssd512_COCO.pth", lufficc)
@@ -180,6 +186,7 @@ def test_ssd512_and_coco_default_boxes(tmp_path, lufficc):
             assert torch.equal(value, ours[key]), key
 
 
+@pytest.mark.slow
 def test_ssd_pytorch_coco_uses_its_coco_default_boxes(tmp_path):
     state = original_state()
     for key in [k for k in state if k.startswith("conf.")]:  # 81 outputs per box instead of 21
@@ -235,6 +242,7 @@ def torchvision_pair(request):
     return request.getfixturevalue(request.param)
 
 
+@pytest.mark.slow
 def test_torchvision_head_outputs_and_default_boxes(torchvision_pair):
     net, model, size, _ = torchvision_pair
     images = [torch.rand(3, size, size, generator=torch.Generator().manual_seed(1))]
@@ -268,6 +276,7 @@ def assert_same_detections(got: dict, want: dict, size: int) -> None:
         unused.remove(best)
 
 
+@pytest.mark.slow
 def test_torchvision_detections(torchvision_pair):
     net, model, size, _ = torchvision_pair
     images = [torch.rand(3, size, size, generator=torch.Generator().manual_seed(2))]
@@ -284,6 +293,7 @@ def test_torchvision_detections(torchvision_pair):
         assert got["names"] == [model.class_names[k] for k in got["labels"].tolist()]
 
 
+@pytest.mark.slow
 def test_fine_tune_carries_person_and_dog_rows(torchvision_pair, caplog):
     net, _, _, path = torchvision_pair
     names = ["Dog", "unicorn", "person"]
@@ -342,6 +352,7 @@ def test_fine_tune_training_runs_end_to_end(lite_pair, tmp_path, capsys):
     assert ckpt["class_names"] == ["person", "dog", "circle"] and ckpt["config"]["mean"] == [0.5, 0.5, 0.5]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("freeze_epochs", [None, 1])
 def test_freeze_backbone_keeps_it_for_freeze_epochs(lite_pair, tmp_path, freeze_epochs):
     """--freeze backbone: the base network stays as imported (every epoch, or the first freeze_epochs), the rest
@@ -379,6 +390,7 @@ def vgg_backbone_state(layout: str) -> tuple[dict, dict]:
     return state, ours
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["reducedfc", "features"])
 def test_vgg_backbone_files_and_their_normalization(layout, tmp_path):
     state, ours = vgg_backbone_state(layout)

@@ -152,6 +152,7 @@ def edited_copy(kind: str, path: Path, folder: Path, field: str, value) -> Path:
     return folder / "edited.pt2"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["pt", "onnx", "openvino", "pt2"])
 def test_an_edited_card_is_refused_naming_the_field_in_every_format(artifacts, tmp_path, kind):
     if kind not in artifacts:

@@ -302,6 +302,7 @@ def test_wrong_architecture_backbone_weights_are_refused(mobilenet_file, tmp_pat
         build_model("ssd_tiny", 2, backbone_weights=vgg_file)
 
 
+@pytest.mark.slow
 def test_vgg_backbone_weights_and_fc_subsampling(tmp_path):
     features = {f"features.{k}": v for k, v in make_layers(cfgs["D"]).state_dict().items()}
     # Broadcast views keep the file small; values tell which row / column landed where.

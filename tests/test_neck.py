@@ -123,6 +123,7 @@ def test_channels_last_gives_the_same_outputs(model):
             torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_onnx_export_matches_pytorch(model, tmp_path):
     path = export_onnx(model, tmp_path / "fpn.onnx")  # the parity check through detect_batch runs inside too
     x = torch.randn(1, 3, 96, 128, generator=torch.Generator().manual_seed(3))

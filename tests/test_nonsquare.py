@@ -246,6 +246,7 @@ def test_check_image_size_option(tmp_path, capsys):
            "(height x width, e.g. 512x288)" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_predict_and_onnx_export_at_a_non_square_size(tmp_path):
     """The inference pipeline resizes to (h, w), the ONNX graph takes [B, 3, h, w] and records [h, w]."""
     import json

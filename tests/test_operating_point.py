@@ -98,6 +98,7 @@ def test_ssd_predict_and_detector_predict_give_the_same_detections_on_one_checkp
     assert min(s for d in ours for s in d["scores"].tolist()) > 0.31
 
 
+@pytest.mark.slow
 def test_onnx_and_pt2_exports_carry_the_operating_point(weights, tmp_path):
     onnx_path = export_onnx(weights, tmp_path / "best.onnx", check=False)
     backend = OnnxBackend(onnx_path)
@@ -129,6 +130,7 @@ def test_predict_prints_the_threshold_and_where_it_came_from(tiny, weights, tmp_
     assert capsys.readouterr().out.splitlines()[0] == f"conf {PREDICT.score_threshold:g} (default)"
 
 
+@pytest.mark.slow
 def test_opencv_and_openvino_backends_read_the_operating_point(weights, tmp_path):
     pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino package")
     from ssd.export.formats import export
@@ -142,6 +144,7 @@ def test_opencv_and_openvino_backends_read_the_operating_point(weights, tmp_path
     assert load(folder).confidence() == (0.31, FROM_MODEL)
 
 
+@pytest.mark.slow
 def test_an_nms_export_defaults_to_the_higher_of_its_graph_threshold_and_the_models(tiny, tmp_path):
     low = save_checkpoint(tmp_path / "low.pt", tiny, operating_point={**POINT, "score_threshold": 0.1})
     graph = load(export_onnx(low, tmp_path / "low_nms.onnx", nms=True, check=False, score_threshold=0.2))

@@ -307,6 +307,7 @@ def test_train_project_naming_an_existing_file_is_one_line(tmp_path, capsys):
     assert (tmp_path / "runs").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_torch_save_on_a_full_disk_is_one_line_naming_the_disk(tmp_path):
     import subprocess
     import sys
@@ -332,6 +333,7 @@ def test_torch_save_on_a_full_disk_is_one_line_naming_the_disk(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
 
 
+@pytest.mark.slow
 def test_predict_on_a_full_disk_is_one_line_and_leaves_no_partial_image(weights, tmp_path):
     import json
     import subprocess

@@ -128,6 +128,7 @@ def test_coco_format_glob(tiny, weights, folder, tmp_path):
     assert first[0]["category_id"] == expected[0]["labels"][0].item()
 
 
+@pytest.mark.slow
 def test_onnx_detector_equals_checkpoint(weights, folder, tmp_path):
     onnx_path = export_onnx(weights, tmp_path / "best.onnx", dynamic_batch=True)
     detector = load(onnx_path)

@@ -249,6 +249,7 @@ def test_check_fit_priors_needs_a_model(synthetic_voc, capsys):
     assert "--fit-priors needs --model NAME" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_train_with_priors_auto_stores_the_fitted_boxes(tmp_path):
     """`ssd train --priors auto`: the run fits the default boxes on its training split and the checkpoint keeps
     them, so loading it needs nothing more."""
@@ -337,6 +338,7 @@ def test_priors_file_round_trip_at_a_non_square_size(tmp_path, ssd_messages):
         load_priors(tmp_path / "bad.yaml")
 
 
+@pytest.mark.slow
 def test_check_fit_priors_and_train_priors_auto_at_a_non_square_size(synthetic_voc, tmp_path, capsys, monkeypatch):
     from ssd.data.load import load_dataset
     from ssd.data.priors import fit_for_model

@@ -96,6 +96,7 @@ def test_report_page_renders_in_headless_chromium(synthetic_report, tmp_path):
     assert dom.count('<figure data-classes=') == 4 and '<select id="error-filter">' in dom
 
 
+@pytest.mark.slow
 def test_ssd_val_writes_a_new_run_directory_each_time_unless_no_save(synthetic_voc, tmp_path, capsys):
     names = load_dataset(synthetic_voc).class_names
     weights = save_checkpoint(tmp_path / "tiny.pt", build_model("ssd_tiny", class_names=names, image_size=128))
@@ -127,6 +128,7 @@ def test_ssd_val_scores_a_results_file_and_names_foreign_image_ids(synthetic_voc
         "\n" not in err
 
 
+@pytest.mark.slow
 def test_ssd_val_on_an_image_with_a_249_character_name_writes_the_report(synthetic_voc, tmp_path, capsys):
     data = tmp_path / "data"
     shutil.copytree(synthetic_voc, data)

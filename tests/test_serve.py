@@ -247,6 +247,7 @@ def test_draw_classes_and_metrics(server, detector, images):
     assert _metric(server, "ssd_request_latency_seconds_count", '{route="/predict"}') >= 3
 
 
+@pytest.mark.slow
 def test_page_renders_the_boxes_of_a_sample_in_headless_chromium(server, detector, images, tmp_path):
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:

@@ -176,6 +176,7 @@ def test_run_directory_as_weights(weights, tmp_path, capsys):
     assert "1 image," in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_coco_output_uses_the_checkpoints_category_ids(tmp_path):
     model = biased_model("ssd_tiny")
     with torch.no_grad():  # box shape a of every location favours class a % 3: every class is detected

@@ -189,6 +189,7 @@ def weights(tmp_path_factory):
     return save_checkpoint(tmp_path_factory.mktemp("weights") / "best.pt", model)
 
 
+@pytest.mark.slow
 def test_val_with_tiles(weights, synthetic_voc):
     """128 px images, a 256 px network: a tile larger than the image is plain val to the last digit; 64 px tiles
     add detections from 9 tiles per image and still give a metrics dict."""
