@@ -57,6 +57,7 @@ def _run_to_a_random_moment(proc, last, rng):
             saves, stamp = saves + 1, last.stat().st_mtime_ns
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume(tmp_path):
     generate_synthetic(tmp_path / "data", num_train=16, num_val=8, image_size=64, num_classes=2, seed=0)
     weights = tmp_path / "runs" / "exp" / "weights"

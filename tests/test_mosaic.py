@@ -179,6 +179,7 @@ class SeenMosaic(Callback):
             raise KeyboardInterrupt
 
 
+@pytest.mark.slow
 def test_close_mosaic_switches_at_its_epoch_also_after_resume(shapes, tmp_path, ssd_messages):
     options = dict(data=str(shapes), epochs=3, mosaic=1.0, close_mosaic=1, val_interval=3, **TINY)
     full = SeenMosaic()
@@ -228,6 +229,7 @@ def test_mosaic_options_are_checked_by_name(options, message):
         TrainConfig(**options)
 
 
+@pytest.mark.slow
 def test_ssd_train_with_mosaic_end_to_end(shapes, tmp_path, capsys):
     assert main(["train", "--data", str(shapes), "--model", "ssd_tiny", "--image-size", "64", "--epochs", "1",
                  "--batch-size", "8", "--workers", "0", "--device", "cpu", "--quiet", "--num-plot-images", "0",

@@ -162,6 +162,7 @@ def test_budget_validates_the_last_epoch_between_intervals(shapes, tmp_path, clo
     assert ["val/mAP" in row for row in result.history] == [False, False, True, True]
 
 
+@pytest.mark.slow
 def test_resume_continues_the_remaining_budget_and_ends_spent(shapes, tmp_path, clock):
     with pytest.raises(KeyboardInterrupt):
         train(data=str(shapes), time=5, project=str(tmp_path), callbacks=[Watch(die_at=2)], **TINY)

@@ -87,6 +87,7 @@ def two_epochs(synthetic_voc, tmp_path_factory):
     return train(data=str(synthetic_voc), epochs=2, project=str(project), **FAST)
 
 
+@pytest.mark.slow
 def test_two_epochs_lower_loss_and_every_file(two_epochs):
     result = two_epochs
     assert all(math.isfinite(x) for x in result.step_losses)
@@ -129,6 +130,7 @@ def test_evaluate_checkpoint_equals_end_of_training(two_epochs, synthetic_voc):
     assert metrics["class_names"] == ["circle", "square", "triangle"]
 
 
+@pytest.mark.slow
 def test_resume_after_kill_matches_uninterrupted_run(two_epochs, synthetic_voc, tmp_path, monkeypatch):
     saved = state.save_checkpoint
 
@@ -168,6 +170,7 @@ def test_train_state_reads_and_writes_the_checkpoints_training_schema(two_epochs
     assert again["metrics"]["map"] == ckpt["metrics"]["map"] == two_epochs.metrics["map"]
 
 
+@pytest.mark.slow
 def test_nonfinite_loss_stops_naming_step_and_files(tmp_path, monkeypatch):
     data = write_yolo_dataset(tmp_path / "data")
     calls = {"n": 0}
@@ -192,6 +195,7 @@ def test_nonfinite_loss_stops_naming_step_and_files(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------- the seed scenario (YOLO)
+@pytest.mark.slow
 def test_yolo_six_classes_train_without_num_classes(tmp_path):
     data = write_yolo_dataset(tmp_path / "ok")
     result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **FAST)
@@ -208,6 +212,7 @@ def test_yolo_label_out_of_range_refused_before_training(tmp_path):
     assert not (tmp_path / "runs").exists()  # refused before building anything
 
 
+@pytest.mark.slow
 def test_yolo_label_out_of_range_dropped_with_skip_invalid(tmp_path, ssd_messages):
     data = write_yolo_dataset(tmp_path / "bad", bad_label=True)
     result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), skip_invalid=True,
@@ -216,6 +221,7 @@ def test_yolo_label_out_of_range_dropped_with_skip_invalid(tmp_path, ssd_message
     assert result.model.num_classes == 6
 
 
+@pytest.mark.slow
 def test_amp_on_cpu_autocasts_to_bfloat16_and_ema_averages_float32_weights(tmp_path, monkeypatch):
     supported = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     assert device.amp_dtype(torch.device("cpu")) == (torch.bfloat16 if supported else None)

@@ -75,6 +75,7 @@ class Recorder(Callback):
 
 
 # --------------------------------------------------------------------------------------------------- callbacks
+@pytest.mark.slow
 def test_a_callback_sees_every_hook_in_order_and_val_loss_reaches_results_csv(shapes, tmp_path):
     recorder = Recorder()
     result = train(data=str(shapes), epochs=2, val_interval=2, project=str(tmp_path), callbacks=[recorder], **TINY)
@@ -131,6 +132,7 @@ def test_a_misspelled_hook_is_refused_naming_the_nearest_hook():
     check_callbacks([Callback(), EarlyStopping(3)])  # the library's own pass
 
 
+@pytest.mark.slow
 def test_without_tensorboard_the_run_goes_on_and_says_how_to_install_it(shapes, tmp_path, monkeypatch, ssd_messages):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # what `import` sees when it is not installed
     result = train(data=str(shapes), epochs=1, project=str(tmp_path), **TINY)
@@ -186,6 +188,7 @@ def test_ema_decay_outside_0_1_names_the_option(decay):
         TrainConfig(patience=-1)
 
 
+@pytest.mark.slow
 def test_ema_is_evaluated_saved_and_resumed_exactly(shapes, tmp_path):
     ema = dict(epochs=2, ema=True, ema_decay=0.5, **TINY)
     full = train(data=str(shapes), project=str(tmp_path / "full"), **ema)
@@ -215,6 +218,7 @@ def test_ema_is_evaluated_saved_and_resumed_exactly(shapes, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- early stopping
+@pytest.mark.slow
 def test_early_stopping_ends_the_run_says_why_and_resume_keeps_it_stopped(shapes, tmp_path, monkeypatch,
                                                                             ssd_messages):
     maps, real = [0.5, 0.4, 0.3, 0.9], trainer.evaluate_split
@@ -244,6 +248,7 @@ def test_patience_without_a_validation_split_says_how_to_get_one(shapes, tmp_pat
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_training_ends_with_the_report_of_its_last_validation(shapes, tmp_path):
     """The run directory holds what `ssd val` writes for the final weights: the same numbers as the last validation."""
     result = train(data=str(shapes), epochs=1, project=str(tmp_path), **TINY)

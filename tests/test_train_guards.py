@@ -133,6 +133,7 @@ def test_momentum_out_of_range_names_the_option(capsys):
 
 
 # -------------------------------------------------------------------------------- --weights contradicted by --model
+@pytest.mark.slow
 def test_weights_contradicted_by_model_and_image_size_is_refused(one_epoch, yolo, tmp_path, capsys):
     weights = one_epoch.run_dir / "weights" / "last.pt"
     with pytest.raises(ConfigError, match=r"holds a ssd_tiny model for 64 px inputs, which --model ssd300_vgg16 "
@@ -145,6 +146,7 @@ def test_weights_contradicted_by_model_and_image_size_is_refused(one_epoch, yolo
     assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
+@pytest.mark.slow
 def test_weights_decide_model_and_config_yaml_records_it(one_epoch, yolo, tmp_path, ssd_messages):
     weights = one_epoch.run_dir / "weights" / "last.pt"
     options = {k: v for k, v in TINY.items() if k not in ("model", "image_size")}
@@ -156,6 +158,7 @@ def test_weights_decide_model_and_config_yaml_records_it(one_epoch, yolo, tmp_pa
     assert result.model.config.name == "ssd_tiny" and result.model.image_size == 64
 
 
+@pytest.mark.slow
 def test_weights_given_as_a_run_directory_start_from_its_best_checkpoint(one_epoch, yolo, tmp_path, monkeypatch,
                                                                          ssd_messages):
     reads, started = [], []
@@ -195,6 +198,7 @@ def test_resume_refuses_a_dataset_with_other_classes(one_epoch, tmp_path):
         train(resume=str(run), data=str(data))
 
 
+@pytest.mark.slow
 def test_resume_with_moved_data_extends_a_finished_run(one_epoch, yolo, tmp_path, ssd_messages):
     run = _copy_run(one_epoch.run_dir, tmp_path)
     moved = tmp_path / "moved"
@@ -267,6 +271,7 @@ def _write_coco(root: Path) -> Path:
     return root
 
 
+@pytest.mark.slow
 def test_val_json_and_checkpoint_use_the_datasets_category_ids(tmp_path, capsys):
     data = _write_coco(tmp_path / "coco")
     result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **{**TINY, "batch_size": 2})
@@ -281,6 +286,7 @@ def test_val_json_and_checkpoint_use_the_datasets_category_ids(tmp_path, capsys)
 
 
 # ------------------------------------------------------------------------------------------ names of derived files
+@pytest.mark.slow
 def test_train_on_249_character_image_names_and_a_mathtext_class_name_finishes_with_its_figures(tmp_path):
     data = write_yolo_dataset(tmp_path / "data")
     data.write_text(data.read_text().replace("names: [a, b,", r"names: ['$\frac{a}{$', b,"))  # not math to draw
