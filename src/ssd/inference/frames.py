@@ -19,6 +19,7 @@ from tqdm import tqdm
 from ssd._utils import require
 from ssd.inference.streams import StreamError, StreamGroup, video_fps, video_frames
 from ssd.inference.tracking import Tracker, track_frames
+from ssd.log import progress as progress_bar
 
 if TYPE_CHECKING:
     from ssd.inference.pipeline import Detector, Result
@@ -41,7 +42,7 @@ def predict_video(detector: Detector, path: Path, batch_size: int, settings: dic
                   run: dict) -> None:
     """Every frame of a video file, ``batch_size`` at a time (see :func:`predict_frames`); a video OpenCV cannot
     read is skipped."""
-    bar = tqdm(total=None, desc=path.name, unit="frame", disable=not progress)
+    bar = progress_bar(total=None, desc=path.name, unit="frame", disable=not progress)
     try:
         frames = predict_frames(detector, video_frames(path, batch_size), [video_fps(path)], settings, bar, **run)
     except StreamError as e:
@@ -57,7 +58,7 @@ def predict_live(detector: Detector, group: StreamGroup, settings: dict | None, 
     """The newest frames of live streams until they end, one fails or Ctrl-C (see :func:`predict_frames`)."""
     summary = run["summary"]
     summary.streams = len(group.streams)
-    bar = tqdm(total=None, desc="streams", unit="frame", disable=not progress)
+    bar = progress_bar(total=None, desc="streams", unit="frame", disable=not progress)
     try:
         predict_frames(detector, group, [s.fps for s in group.streams], settings, bar, **run)
     except KeyboardInterrupt:

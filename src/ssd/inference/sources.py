@@ -34,6 +34,7 @@ from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_nam
 from ssd.inference.tiling import TILE_OVERLAP, check_tile
 from ssd.inference.tracking import Tracker, tracker_settings
 from ssd.inference.writers import PredictionWriter, exclude_save_dirs
+from ssd.log import progress as progress_bar
 from ssd.settings import PREDICT, ConfigError, check_thresholds
 
 __all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
@@ -230,7 +231,7 @@ def predict_source(
         run = dict(outputs=outputs, options=options, results=writer, summary=summary, window=window)
         if track and len(images) > 1:
             print(f"--track: the {len(images)} images are tracked as one sequence of frames, in name order")
-        bar = tqdm(total=len(images), desc="images", unit="img", disable=not progress or not images)
+        bar = progress_bar(total=len(images), desc="images", unit="img", disable=not progress or not images)
         with writer:  # also on Ctrl-C: the results so far are in the JSONL and the fmt file
             if group is not None:
                 predict_live(detector, group, settings, progress, run)
