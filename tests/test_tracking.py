@@ -159,7 +159,7 @@ def test_predict_track_on_a_video_a_folder_and_one_image(tiny_checkpoint, tmp_pa
         cv2.imwrite(str(folder / f"{i:03d}.png"), np.full((64, 96, 3), 90, np.uint8))
     assert main(["predict", "--weights", str(tiny_checkpoint), "--source", str(folder), "--save-dir",
                  str(tmp_path / "f"), "--track", "--tracker", str(settings), "--max-det", "4"]) == 0
-    assert "--track: the 3 images are tracked as one sequence of frames, in name order" in capsys.readouterr().out
+    assert "--track: the 3 images are tracked as one sequence of frames, in name order" in capsys.readouterr().err
     images = json.loads((tmp_path / "f" / "predictions.json").read_text())["images"]
     assert [[d["track_id"] for d in f["detections"]] for f in images] == [[-1] * 4] + [[0, 1, 2, 3]] * 2
 

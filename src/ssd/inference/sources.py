@@ -34,6 +34,7 @@ from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_nam
 from ssd.inference.tiling import TILE_OVERLAP, check_tile
 from ssd.inference.tracking import Tracker, tracker_settings
 from ssd.inference.writers import PredictionWriter, exclude_save_dirs
+from ssd.log import LOGGER
 from ssd.log import progress as progress_bar
 from ssd.settings import PREDICT, ConfigError, check_thresholds
 
@@ -210,7 +211,7 @@ def predict_source(
     live = live_sources(source) if is_live(source) else None
     files, save_dirs = (live, []) if live is not None else exclude_save_dirs(resolve_source(source))
     for folder in save_dirs:
-        print(f"not read: {folder}, a save folder of ssd predict (its files are outputs, never inputs)")
+        LOGGER.info(f"not read: {folder}, a save folder of ssd predict (its files are outputs, never inputs)")
     if not files:
         raise FileNotFoundError(f"no inputs in {source} outside save folders of ssd predict")
     score_threshold = detector.confidence(score_threshold)[0]
@@ -230,7 +231,7 @@ def predict_source(
         outputs = plan if save_images else None
         run = dict(outputs=outputs, options=options, results=writer, summary=summary, window=window)
         if track and len(images) > 1:
-            print(f"--track: the {len(images)} images are tracked as one sequence of frames, in name order")
+            LOGGER.info(f"--track: the {len(images)} images are tracked as one sequence of frames, in name order")
         bar = progress_bar(total=len(images), desc="images", unit="img", disable=not progress or not images)
         with writer:  # also on Ctrl-C: the results so far are in the JSONL and the fmt file
             if group is not None:
