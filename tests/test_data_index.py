@@ -19,7 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import write_yolo_dataset
+from builders import make_dataset
 from ssd.cli import main
 from ssd.data import DetectionDataset, build_dataloader
 from ssd.data.check import check_dataset
@@ -27,7 +27,6 @@ from ssd.data.gate import load_training_data
 from ssd.data.index import INDEX_FILE, cache_root, index_dataset
 from ssd.data.load import load_dataset
 from ssd.data.records import DataError
-from ssd.data.synthetic import generate_synthetic
 from ssd.data.table import RecordTable
 from ssd.settings import ConfigError
 
@@ -49,7 +48,7 @@ def settle(root: Path) -> Path:
 
 
 def voc(tmp_path: Path, train: int = 6) -> Path:
-    return settle(generate_synthetic(tmp_path / "voc", num_train=train, num_val=2, image_size=64, seed=1))
+    return settle(make_dataset("voc", tmp_path / "voc", train=train, val=2, size=64, classes=3, seed=1))
 
 
 def reads(data, **options) -> list[tuple[str, str]]:
@@ -76,7 +75,7 @@ def assert_same_records(expected, table: RecordTable) -> None:
                    (a.label, a.name, a.difficult, a.iscrowd, a.line, a.source, a.where, a.raw)
 
 
-def write_coco(root: Path) -> Path:
+def write_coco(root: Path) -> Path:  # not make_dataset's: images of three widths, and crowd objects to store
     (root / "images").mkdir(parents=True)
     images, annotations = [], []
     for i in range(3):
@@ -93,7 +92,7 @@ def write_coco(root: Path) -> Path:
 
 @pytest.mark.parametrize("kind", ["voc", "yolo", "coco"])
 def test_index_equals_the_readers_records_and_is_reused_reading_nothing(kind, tmp_path):
-    data = {"voc": lambda: voc(tmp_path), "yolo": lambda: settle(write_yolo_dataset(tmp_path).parent) / "data.yaml",
+    data = {"voc": lambda: voc(tmp_path), "yolo": lambda: settle(make_dataset("yolo", tmp_path).parent) / "data.yaml",
             "coco": lambda: write_coco(tmp_path)}[kind]()
     first = index_dataset(data, splits=("train", "val"))
     assert first.stored and first.reads
@@ -163,7 +162,7 @@ def test_a_changed_class_list_reads_what_depends_on_it(tmp_path):
 
 
 def test_a_changed_class_list_rereads_the_yolo_label_files(tmp_path):
-    yaml = settle(write_yolo_dataset(tmp_path).parent) / "data.yaml"
+    yaml = settle(make_dataset("yolo", tmp_path).parent) / "data.yaml"
     index_dataset(yaml, splits=("train", "val"))
     yaml.write_text(yaml.read_text().replace("names: [a, b", "names: [A, b"))
     settle(tmp_path)

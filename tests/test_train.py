@@ -14,7 +14,7 @@ import torch
 
 import ssd
 import ssd.device as device
-from conftest import write_yolo_dataset
+from builders import TINY_TRAIN, make_dataset
 from ssd.data.records import DataError
 from ssd.evaluation.evaluator import evaluate
 from ssd.files import make_run_dir
@@ -25,9 +25,9 @@ from ssd.training.optim import LRSchedule, param_groups
 from ssd.training.state import NonFiniteLossError
 from ssd.training.trainer import train
 
-# ssd_tiny at 128 px with the light augmentation: seconds per epoch of the synthetic fixture on 2 cores
-FAST = dict(model="ssd_tiny", image_size=128, batch_size=8, workers=0, device="cpu", quiet=True, seed=0,
-            augment="light")
+# ssd_tiny at 128 px with the light augmentation and the default 4 drawn images: seconds per epoch of the synthetic
+# fixture on 2 cores
+FAST = {**TINY_TRAIN, "image_size": 128, "augment": "light", "num_plot_images": 4}
 
 
 # ------------------------------------------------------------------------------------------------------ config
@@ -172,7 +172,7 @@ def test_train_state_reads_and_writes_the_checkpoints_training_schema(two_epochs
 
 @pytest.mark.slow
 def test_nonfinite_loss_stops_naming_step_and_files(tmp_path, monkeypatch):
-    data = write_yolo_dataset(tmp_path / "data")
+    data = make_dataset("yolo", tmp_path / "data")
     calls = {"n": 0}
     real = trainer.MultiBoxLoss.forward
 
@@ -197,7 +197,7 @@ def test_nonfinite_loss_stops_naming_step_and_files(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------- the seed scenario (YOLO)
 @pytest.mark.slow
 def test_yolo_six_classes_train_without_num_classes(tmp_path):
-    data = write_yolo_dataset(tmp_path / "ok")
+    data = make_dataset("yolo", tmp_path / "ok")
     result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **FAST)
     assert result.model.num_classes == 6
     assert result.model.class_names == ["a", "b", "c", "d", "e", "f"]
@@ -205,7 +205,7 @@ def test_yolo_six_classes_train_without_num_classes(tmp_path):
 
 
 def test_yolo_label_out_of_range_refused_before_training(tmp_path):
-    data = write_yolo_dataset(tmp_path / "bad", bad_label=True)
+    data = make_dataset("yolo", tmp_path / "bad", bad_label=True)
     with pytest.raises(DataError, match=r"img5\.txt.*3") as info:
         train(data=str(data), epochs=1, project=str(tmp_path / "runs"), **FAST)
     assert "6" in str(info.value)
@@ -214,7 +214,7 @@ def test_yolo_label_out_of_range_refused_before_training(tmp_path):
 
 @pytest.mark.slow
 def test_yolo_label_out_of_range_dropped_with_skip_invalid(tmp_path, ssd_messages):
-    data = write_yolo_dataset(tmp_path / "bad", bad_label=True)
+    data = make_dataset("yolo", tmp_path / "bad", bad_label=True)
     result = train(data=str(data), epochs=1, project=str(tmp_path / "runs"), skip_invalid=True,
                    **{**FAST, "augment": "none"})
     assert any("skip_invalid: dropped 1 object(s) and 0 image(s)" in m for m in ssd_messages())
@@ -236,7 +236,7 @@ def test_amp_on_cpu_autocasts_to_bfloat16_and_ema_averages_float32_weights(tmp_p
         return model
 
     monkeypatch.setattr(trainer, "build_run_model", build_and_watch)
-    data = write_yolo_dataset(tmp_path / "ok")
+    data = make_dataset("yolo", tmp_path / "ok")
     result = train(data=str(data), epochs=1, amp=True, ema=True, project=str(tmp_path / "runs"), **FAST)
     assert {dtype for training, dtype in dtypes if training} == {torch.bfloat16}  # every training step
     assert all(math.isfinite(v) for v in result.step_losses)

@@ -14,7 +14,7 @@ import yaml
 from PIL import Image
 
 import ssd
-from conftest import write_yolo_dataset
+from builders import TINY_TRAIN, make_dataset
 from ssd.cli import main
 from ssd.data.records import DataError
 from ssd.device import resolve_device
@@ -26,15 +26,14 @@ from ssd.training.state import NonFiniteLossError
 from ssd.training.trainer import train
 from ssd.weights.checkpoint import CheckpointError
 
-# 12 train / 4 val images of 96 px (conftest.write_yolo_dataset), ssd_tiny at 64 px: 3 steps of 4 images per epoch
-TINY = dict(model="ssd_tiny", image_size=64, batch_size=4, workers=0, device="cpu", quiet=True, augment="none",
-            num_plot_images=0)
+# 12 train / 4 val images of 96 px (make_dataset's yolo default), ssd_tiny at 64 px: 3 steps of 4 images per epoch
+TINY = {**TINY_TRAIN, "batch_size": 4}
 NAMES = ["a", "b", "c", "d", "e", "f"]
 
 
 @pytest.fixture(scope="module")
 def yolo(tmp_path_factory) -> Path:
-    return write_yolo_dataset(tmp_path_factory.mktemp("yolo") / "data")
+    return make_dataset("yolo", tmp_path_factory.mktemp("yolo") / "data")
 
 
 @pytest.fixture(scope="module")
@@ -191,7 +190,7 @@ def test_resume_refuses_options_it_would_ignore(one_epoch, tmp_path):
 def test_resume_refuses_a_dataset_with_other_classes(one_epoch, tmp_path):
     run = _copy_run(one_epoch.run_dir, tmp_path)
     other = tmp_path / "other"
-    data = write_yolo_dataset(other)
+    data = make_dataset("yolo", other)
     text = data.read_text().replace("names: [a, b, c, d, e, f]", "names: [u, v, w, x, y, z]")
     data.write_text(text)
     with pytest.raises(DataError, match=r"has the classes \['u', .*\] but the run was trained on \['a', "):
@@ -288,7 +287,7 @@ def test_val_json_and_checkpoint_use_the_datasets_category_ids(tmp_path, capsys)
 # ------------------------------------------------------------------------------------------ names of derived files
 @pytest.mark.slow
 def test_train_on_249_character_image_names_and_a_mathtext_class_name_finishes_with_its_figures(tmp_path):
-    data = write_yolo_dataset(tmp_path / "data")
+    data = make_dataset("yolo", tmp_path / "data")
     data.write_text(data.read_text().replace("names: [a, b,", r"names: ['$\frac{a}{$', b,"))  # not math to draw
     for i in range(4):  # legal 249-character stems: "NNN_<stem>.jpg" would pass NAME_MAX as they are
         for folder, suffix in (("images", ".jpg"), ("labels", ".txt")):

@@ -1,0 +1,88 @@
+"""What the tests build: small datasets in each format (``make_dataset``) and the tiny training preset
+(``TINY_TRAIN``). Import them like conftest's helpers: ``from builders import make_dataset, TINY_TRAIN``."""
+
+import json
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from ssd.data.synthetic import generate_synthetic
+
+# ssd_tiny at 64 px, no augmentation, no figures, one process on the CPU: seconds per epoch of a 16-image dataset
+TINY_TRAIN = dict(model="ssd_tiny", image_size=64, batch_size=8, workers=0, device="cpu", quiet=True, augment="none",
+                  num_plot_images=0, seed=0)
+
+
+def make_dataset(fmt: str, root: Path, *, train: int = 12, val: int = 4, size: int = 96, classes: int = 6,
+                 boxes: int | None = None, seed: int = 0, bad_label: bool = False) -> Path:
+    """A dataset of square ``size`` px images under ``root``: ``train`` / ``val`` images, ``classes`` classes.
+
+    ``voc``: the synthetic shapes of ``ssd.data.synthetic`` (seeded by ``seed``, 1..``boxes`` objects an image,
+    default 6); returns ``root``.
+    ``yolo`` and ``coco``: ``boxes`` (default 2) coloured squares an image on grey, label ``(i + 3 j) % classes``
+    for box j of image i, classes named a, b, c...; ``bad_label`` gives the sixth train image one more object of
+    label ``classes`` (out of range; COCO: category id K + 1, not listed). Returns the YOLO data.yaml, or the COCO
+    ``root`` (annotations/instances_<split>.json, category ids 1..K, image ids from 1 in each split).
+    """
+    if fmt == "voc" and bad_label:
+        raise ValueError("bad_label is for yolo and coco")
+    if fmt == "voc":
+        return generate_synthetic(root, num_train=train, num_val=val, image_size=size, num_classes=classes,
+                                  seed=seed, max_objects=6 if boxes is None else boxes)
+    names = [chr(ord("a") + k) for k in range(classes)]
+    splits = {split: [_squares(i, size, classes, 2 if boxes is None else boxes) for i in range(count)]
+              for split, count in (("train", train), ("val", val))}
+    if fmt == "yolo":
+        return _write_yolo(root, splits, names, bad_label)
+    if fmt == "coco":
+        return _write_coco(root, splits, names, bad_label)
+    raise ValueError(f"unknown dataset format {fmt!r}: voc, yolo or coco")
+
+
+def _squares(i: int, size: int, classes: int, boxes: int) -> tuple[Image.Image, list[tuple[int, tuple]]]:
+    """Image ``i`` of the square scenes and its ``(label, (x1, y1, x2, y2))`` objects in pixels (x2, y2 exclusive)."""
+    image = Image.new("RGB", (size, size), (90, 90, 90))
+    draw = ImageDraw.Draw(image)
+    objects = []
+    for j in range(boxes):
+        label = (i + 3 * j) % classes
+        x, y, s = round((10 + 40 * j) * size / 96), round((15 + 3 * i) * size / 96), round(30 * size / 96)
+        draw.rectangle([x, y, x + s - 1, y + s - 1], fill=(40 * label, 255 - 40 * label, 120))
+        objects.append((label, (x, y, x + s, y + s)))
+    return image, objects
+
+
+def _write_yolo(root: Path, splits: dict, names: list[str], bad_label: bool) -> Path:
+    for split, scenes in splits.items():
+        (root / "images" / split).mkdir(parents=True)
+        (root / "labels" / split).mkdir(parents=True)
+        for i, (image, objects) in enumerate(scenes):
+            w, h = image.size
+            lines = [f"{label} {(x1 + x2) / 2 / w:.5f} {(y1 + y2) / 2 / h:.5f} {(x2 - x1) / w:.5f} {(y2 - y1) / h:.5f}"
+                     for label, (x1, y1, x2, y2) in objects]
+            if bad_label and split == "train" and i == 5:
+                lines.append(f"{len(names)} 0.5 0.5 0.2 0.2")
+            image.save(root / "images" / split / f"img{i}.jpg")
+            (root / "labels" / split / f"img{i}.txt").write_text("\n".join(lines) + "\n")
+    (root / "data.yaml").write_text(
+        f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{', '.join(names)}]\n")
+    return root / "data.yaml"
+
+
+def _write_coco(root: Path, splits: dict, names: list[str], bad_label: bool) -> Path:
+    (root / "images").mkdir(parents=True)
+    (root / "annotations").mkdir()
+    categories = [{"id": k + 1, "name": name} for k, name in enumerate(names)]
+    for split, scenes in splits.items():
+        images, annotations = [], []
+        for i, (image, objects) in enumerate(scenes, start=1):
+            image.save(root / "images" / f"{split}{i}.jpg")
+            images.append({"id": i, "file_name": f"{split}{i}.jpg", "width": image.width, "height": image.height})
+            for label, (x1, y1, x2, y2) in objects:
+                annotations.append({"id": len(annotations) + 1, "image_id": i, "category_id": label + 1,
+                                    "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1), "iscrowd": 0})
+            if bad_label and split == "train" and i == 6:  # the sixth image, as in YOLO: image ids start at 1
+                annotations.append({**annotations[-1], "id": len(annotations) + 1, "category_id": len(names) + 1})
+        (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(
+            {"images": images, "annotations": annotations, "categories": categories}))
+    return root
