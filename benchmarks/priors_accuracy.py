@@ -62,9 +62,9 @@ from ssd.data import load_dataset  # noqa: E402
 from ssd.data.priors import spec_boxes, suggest_image_size, training_boxes  # noqa: E402
 from ssd.evaluation.evaluator import evaluate  # noqa: E402
 from ssd.models.build import default_priors  # noqa: E402
+from ssd.models.load import model_from_checkpoint  # noqa: E402
 from ssd.priors.coverage import coverage  # noqa: E402
 from ssd.training.trainer import train  # noqa: E402
-from ssd.weights.load import model_from_checkpoint  # noqa: E402
 
 
 def variant_settings(name: str, suggested: str) -> dict:

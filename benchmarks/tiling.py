@@ -26,8 +26,8 @@ from ssd.data.gate import load_training_data
 from ssd.device import prepare_model, resolve_device
 from ssd.evaluation.evaluator import evaluate_split, score_detections, split_loader
 from ssd.inference.tiling import tile_shape, tile_windows
+from ssd.models.load import model_from_checkpoint
 from ssd.training.trainer import train
-from ssd.weights.load import model_from_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("SSD_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -21,12 +21,12 @@ from conftest import biased_model
 from ssd.cli import main
 from ssd.inference.registry import open_backend
 from ssd.models import MODEL_CONFIGS, BackboneWeightsError, build_model
+from ssd.models.importers import import_model
+from ssd.models.load import read_weights
 from ssd.training.config import TrainConfig
 from ssd.training.plan import plan_run
 from ssd.weights import hub
 from ssd.weights.checkpoint import CheckpointError, save_checkpoint
-from ssd.weights.importers import import_model
-from ssd.weights.load import read_weights
 from ssd.weights.resolve import resolve_weights
 
 

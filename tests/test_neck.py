@@ -11,8 +11,8 @@ from ssd._utils import as_hw
 from ssd.export.onnx import export_onnx
 from ssd.models import BackboneWeightsError
 from ssd.models.build import default_priors
+from ssd.models.finetune import set_backbone_trainable
 from ssd.priors.fit import fit_priors
-from ssd.weights.finetune import set_backbone_trainable
 
 NAME = "ssd_tiny_fpn"
 

@@ -10,6 +10,7 @@ from ssd.cli import main
 from ssd.cli.parsers import build_parser, parse
 from ssd.models import build_model
 from ssd.models.build import default_priors
+from ssd.models.load import model_from_checkpoint
 from ssd.priors import PRIOR_CONFIGS, PriorConfig
 from ssd.priors.coverage import best_iou, coverage
 from ssd.priors.fit import FitRules, fit_priors
@@ -19,7 +20,6 @@ from ssd.priors.io import load_priors, save_priors
 from ssd.training.config import TrainConfig
 from ssd.training.priors import resolve_priors
 from ssd.weights.checkpoint import save_checkpoint
-from ssd.weights.load import model_from_checkpoint
 
 SMALL = PriorConfig(feature_maps=[8, 4], steps=[8, 16], min_sizes=[8, 32], max_sizes=[10, 48],
                     aspect_ratios=[[2], [2]])
@@ -255,8 +255,8 @@ def test_train_with_priors_auto_stores_the_fitted_boxes(tmp_path):
     them, so loading it needs nothing more."""
     from ssd.data.synthetic import generate_synthetic
     from ssd.models.build import default_priors
+    from ssd.models.load import model_from_checkpoint
     from ssd.training.trainer import train
-    from ssd.weights.load import model_from_checkpoint
 
     data = generate_synthetic(tmp_path / "data", num_train=16, num_val=4, image_size=64, num_classes=2, seed=0)
     result = train(data=str(data), model="ssd_tiny", image_size=64, epochs=1, batch_size=8, workers=0,

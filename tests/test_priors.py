@@ -166,8 +166,8 @@ def test_a_model_at_an_absurd_input_size_is_refused_before_building(synthetic_vo
 
 def test_a_checkpoint_edited_to_aspect_ratio_zero_or_a_huge_input_is_refused(tmp_path):
     from ssd.models import build_model
+    from ssd.models.load import model_from_checkpoint
     from ssd.weights.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from ssd.weights.load import model_from_checkpoint
 
     path = save_checkpoint(tmp_path / "tiny.pt", build_model("ssd_tiny", 1))
     edited = load_checkpoint(path)
@@ -183,8 +183,8 @@ def test_a_checkpoint_edited_to_aspect_ratio_zero_or_a_huge_input_is_refused(tmp
 
 def test_weights_whose_default_boxes_differ_from_their_configuration_are_refused(tmp_path):
     from ssd.models import build_model
+    from ssd.models.load import model_from_checkpoint
     from ssd.weights.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from ssd.weights.load import model_from_checkpoint
 
     path = save_checkpoint(tmp_path / "tiny.pt", build_model("ssd_tiny", 1))
     edited = load_checkpoint(path)

@@ -35,9 +35,9 @@ _EXPORTS: dict[str, str] = {
     "SSD": "ssd.models",
     "ModelConfig": "ssd.models.config",
     "build_model": "ssd.models",
-    "import_model": "ssd.weights.importers",
+    "import_model": "ssd.models.importers",
     "list_models": "ssd.models",
-    "model_from_checkpoint": "ssd.weights.load",
+    "model_from_checkpoint": "ssd.models.load",
     # data
     "DataError": "ssd.data.records",
     "check_dataset": "ssd.data.check",
@@ -94,10 +94,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ssd.matching import match
     from ssd.models import SSD, build_model, list_models
     from ssd.models.config import ModelConfig
+    from ssd.models.importers import import_model
+    from ssd.models.load import model_from_checkpoint
     from ssd.postprocess import postprocess_detections
     from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes
     from ssd.training.config import TrainConfig
     from ssd.training.trainer import train
     from ssd.weights.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-    from ssd.weights.importers import import_model
-    from ssd.weights.load import model_from_checkpoint

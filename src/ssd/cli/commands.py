@@ -184,8 +184,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_import(args: argparse.Namespace) -> int:
     from ssd.files import check_output
+    from ssd.models.importers import import_model
     from ssd.weights.checkpoint import save_checkpoint
-    from ssd.weights.importers import import_model
 
     check_output(args.output, inputs=[args.source, args.classes], what="--output")
     model = import_model(args.source, format=args.fmt, class_names=args.classes)

@@ -51,9 +51,9 @@ from ssd.export.parity import ExportCheckError, check_onnx
 from ssd.files import check_output, write_bytes
 from ssd.inference.backends import graph_digest
 from ssd.limits import MAX_DETECTIONS
+from ssd.models.load import model_from_checkpoint
 from ssd.postprocess import CANDIDATES_PER_CLASS
 from ssd.settings import PREDICT, Thresholds, check_thresholds
-from ssd.weights.load import model_from_checkpoint
 
 __all__ = ["ExportCheckError", "export_onnx", "check_opset", "check_onnx", "as_model", "onnx_metadata"]
 

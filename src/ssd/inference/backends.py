@@ -72,9 +72,9 @@ class TorchBackend:
 
 
 def open_torch(path: Path, device: torch.device, half: bool) -> TorchBackend:
-    """A checkpoint of this library, or a foreign detector :func:`ssd.weights.load.read_weights` imports; its card
+    """A checkpoint of this library, or a foreign detector :func:`ssd.models.load.read_weights` imports; its card
     (category ids and operating point included) is checked against the checksum stored with it."""
-    from ssd.weights.load import model_from_checkpoint
+    from ssd.models.load import model_from_checkpoint
 
     return TorchBackend(model_from_checkpoint(path), device, half, source=path)  # its errors name the file
 

@@ -79,7 +79,7 @@ its checkpoint (``ssd.weights.resolve``)."""
 
 DEFAULT_BACKEND = "torch"
 """Opens a file whose suffix no runtime claims: checkpoints and foreign detectors come with many suffixes, and
-:func:`ssd.weights.load.read_weights` tells them apart by content."""
+:func:`ssd.models.load.read_weights` tells them apart by content."""
 
 
 def refuse_torchscript(path: Path, device: torch.device, half: bool) -> Backend:

@@ -31,6 +31,7 @@ from ssd.evaluation.evaluator import evaluate_split, split_loader
 from ssd.files import make_run_dir
 from ssd.log import LOGGER, progress
 from ssd.loss import MultiBoxLoss
+from ssd.models.finetune import set_backbone_trainable
 from ssd.settings import ConfigError
 from ssd.training.budget import TimeBudget
 from ssd.training.callbacks import Callback, EarlyStopping, MosaicSchedule, check_callbacks
@@ -48,7 +49,6 @@ from ssd.training.state import (
     seed_everything,
     validation_operating_point,
 )
-from ssd.weights.finetune import set_backbone_trainable
 
 __all__ = ["train", "Trainer", "TrainResult"]
 

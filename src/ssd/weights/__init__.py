@@ -1,3 +1,3 @@
-"""Weights files: checkpoints of this library (checkpoint), what a file is (identify), which file a run directory
-gives (resolve), models rebuilt from them (load), foreign detectors imported (importers, foreign) and fine-tuning
-to other classes (finetune)."""
+"""Weights files: what a file is (identify), checkpoints of this library (checkpoint), which file a run directory
+gives (resolve) and pretrained weights by name (hub). Turning a file into a model is :mod:`ssd.models`'s (load,
+importers, foreign, finetune)."""

@@ -151,7 +151,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 def read_file(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Any:
     """The content of any PyTorch file, read with ``torch.load(weights_only=True)`` (no code runs): a checkpoint
-    of this library or a foreign state dict (what ``ssd.weights.importers`` converts).
+    of this library or a foreign state dict (what ``ssd.models.importers`` converts).
 
     Raises:
         CheckpointError: the file is missing, truncated, corrupt or holds pickled objects other than plain data.

@@ -60,7 +60,7 @@ class HubWeights:
 
     Attributes:
         name: what users type (``--weights NAME``, ``--backbone-weights NAME``).
-        kind: ``"detector"`` (a whole SSD, imported by :mod:`ssd.weights.importers`) or ``"backbone"``.
+        kind: ``"detector"`` (a whole SSD, imported by :mod:`ssd.models.importers`) or ``"backbone"``.
         models: the models of this library it gives (a detector) or it initialises (a backbone).
         url: where it is downloaded from; its last part is the file name, which carries the SHA-256 prefix.
         description: one line for ``ssd weights``.

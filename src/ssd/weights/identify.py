@@ -1,7 +1,7 @@
 """What a weights file is, decided once for every reader: a checkpoint of this library (``"ours"``), a foreign
 detector (its format), a backbone, or not weights at all; recognised by keys and shapes, never by file name.
 
-Nothing here builds a model: :mod:`ssd.weights.load` reads checkpoints, :mod:`ssd.weights.importers` converts the
+Nothing here builds a model: :mod:`ssd.models.load` reads checkpoints, :mod:`ssd.models.importers` converts the
 detectors, the backbone loader takes the backbones, and each refuses the other kinds with the message
 :attr:`Identified.description` gives. :func:`file_kind` says what the bytes of a file that ``torch.load`` cannot read
 look like (text, a pickle, an archive).
@@ -36,7 +36,7 @@ DETECTOR_FORMATS: dict[str, str] = {
     "torchvision": "torchvision ssd300_vgg16 / ssdlite320_mobilenet_v3_large (backbone.*, head.classification_head.*)",
     "lufficc": "lufficc/SSD ({'model': {backbone.*, box_head.predictor.*}})",
 }
-"""The detector formats :func:`ssd.weights.importers.import_model` reads, with the keys that identify them."""
+"""The detector formats :func:`ssd.models.importers.import_model` reads, with the keys that identify them."""
 
 VOC_NAMES = ("aeroplane", "bicycle", "bird", "boat", "bottle", "bus", "car", "cat", "chair", "cow", "diningtable",
              "dog", "horse", "motorbike", "person", "pottedplant", "sheep", "sofa", "train", "tvmonitor")

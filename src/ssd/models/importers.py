@@ -5,7 +5,7 @@ tensors to this library's layout, checks every shape against the architecture it
 normalization and default boxes the weights were trained with, so that the imported model takes this library's
 ordinary input (RGB in ``[0, 1]``, through :meth:`SSD.preprocess`) and gives the original's outputs.
 
-How each format maps onto this library is :mod:`ssd.weights.foreign`.
+How each format maps onto this library is :mod:`ssd.models.foreign`.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from torch import Tensor
 from ssd._utils import state_dict_mismatch
 from ssd.log import LOGGER
 from ssd.models.build import MODEL_CONFIGS, build_from_config
+from ssd.models.finetune import remap_class_rows
+from ssd.models.foreign import PLANS, Plan, WeightsImportError
 from ssd.models.ssd import SSD
 from ssd.weights.checkpoint import read_file
-from ssd.weights.finetune import remap_class_rows
-from ssd.weights.foreign import PLANS, Plan, WeightsImportError
 from ssd.weights.hub import weights_file
 from ssd.weights.identify import (
     DETECTOR_FORMATS,

@@ -1,4 +1,4 @@
-"""The foreign detector formats :mod:`ssd.weights.importers` reads: how the tensors, input normalization and
+"""The foreign detector formats :mod:`ssd.models.importers` reads: how the tensors, input normalization and
 default boxes of each map onto this library's architectures (a :class:`Plan` per recognised file).
 
 - ``ssd.pytorch`` (the original PyTorch port) and ``lufficc`` (lufficc/SSD), VGG16 SSD300 / SSD512: the layer

@@ -20,13 +20,13 @@ from ssd._utils import few, state_dict_mismatch
 from ssd.log import LOGGER
 from ssd.models.build import MODEL_CONFIGS, build_from_config, checked_class_names, checked_priors
 from ssd.models.config import ModelConfig, ModelConfigError
+from ssd.models.finetune import match_classes, remap_class_rows
+from ssd.models.importers import import_weights
 from ssd.models.ssd import SSD
 from ssd.priors import PriorConfig
 from ssd.weights.checkpoint import CheckpointError, checked_checkpoint, checkpoint_card, checkpoint_dict, read_file
-from ssd.weights.finetune import match_classes, remap_class_rows
 from ssd.weights.hub import weights_file
 from ssd.weights.identify import identify
-from ssd.weights.importers import import_weights
 
 __all__ = ["read_weights", "model_from_checkpoint"]
 
@@ -35,7 +35,7 @@ __all__ = ["read_weights", "model_from_checkpoint"]
 def read_weights(path: str | os.PathLike) -> dict[str, Any]:
     """The checkpoint dict of a weights file, whatever wrote it: a checkpoint of this library as
     :func:`ssd.weights.checkpoint.load_checkpoint` reads it, or a foreign detector imported (its format logged, see
-    :func:`ssd.weights.importers.import_model`) as the dict :func:`ssd.weights.checkpoint.save_checkpoint` would write.
+    :func:`ssd.models.importers.import_model`) as the dict :func:`ssd.weights.checkpoint.save_checkpoint` would write.
     For code that needs more of a checkpoint than the model (its config, extras); :func:`model_from_checkpoint`
     takes the dict. ``path`` may also be a known detector name (``ssd300_vgg16_coco``, see :mod:`ssd.weights.hub`):
     its cached file, downloaded once; an existing path always wins.
@@ -62,7 +62,7 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
     :func:`ssd.weights.checkpoint.load_checkpoint`).
 
     A file (or dict) that is not a checkpoint of this library is imported when it is a detector of a known format
-    (ssd.pytorch, torchvision, lufficc/SSD: see :func:`ssd.weights.importers.import_model`, the format is logged).
+    (ssd.pytorch, torchvision, lufficc/SSD: see :func:`ssd.models.importers.import_model`, the format is logged).
 
     Args:
         class_names: the classes wanted (default: the checkpoint's). Different names (or order) are refused unless
@@ -70,7 +70,7 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
         reinit_heads: with different ``class_names``, fine-tune to them: keep every weight (backbone, extra layers,
             box regressors, the background row) but the class predictor rows of the classes, which start from
             their initialisation, except for a wanted class that names a class of the checkpoint (case-insensitive,
-            VOC / COCO synonyms, see :func:`ssd.weights.finetune.match_classes`): it starts from that class's rows.
+            VOC / COCO synonyms, see :func:`ssd.models.finetune.match_classes`): it starts from that class's rows.
             The mapping is logged on the ``ssd`` LOGGER.
         priors: default boxes replacing the checkpoint's (fine-tuning with fitted default boxes): its feature maps
             and, so that every head loads, its boxes per location.
