@@ -1,5 +1,5 @@
-"""Shared fixtures and helpers: the real datasets folder, a small synthetic VOC dataset, a small YOLO dataset,
-random-init models that detect something, and random images."""
+"""Shared fixtures and helpers: the real datasets folder, small synthetic VOC datasets (built by
+``builders.make_dataset``), random-init models that detect something, and random images."""
 
 import logging
 import os
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from PIL import Image, ImageDraw
 from torch import nn
+
+from builders import make_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SSD_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -44,10 +45,13 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def synthetic_voc(tmp_path_factory) -> Path:
-    from ssd.data.synthetic import generate_synthetic
+    return make_dataset("voc", tmp_path_factory.mktemp("synthetic"), train=48, val=16, size=128, classes=3)
 
-    root = tmp_path_factory.mktemp("synthetic")
-    return generate_synthetic(root, num_train=48, num_val=16, image_size=128, num_classes=3, seed=0)
+
+@pytest.fixture(scope="session")
+def shapes(tmp_path_factory) -> Path:
+    """16 train / 8 val synthetic VOC images of 64 px, 2 classes: what TINY_TRAIN trains on in seconds."""
+    return make_dataset("voc", tmp_path_factory.mktemp("shapes"), train=16, val=8, size=64, classes=2)
 
 
 def biased_model(name: str, num_classes: int = 3, seed: int = 0, **options) -> nn.Module:
@@ -69,31 +73,6 @@ def random_images(count: int, seed: int = 1) -> list[torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     sizes = [(120, 160), (90, 70), (64, 64), (100, 130)]
     return [torch.randint(0, 256, (3, *sizes[i % 4]), dtype=torch.uint8, generator=generator) for i in range(count)]
-
-
-def write_yolo_dataset(root: Path, bad_label: bool = False) -> Path:
-    """A YOLO dataset under ``root``: 6 classes labelled 0..5, coloured rectangles, 12 train / 4 val images of
-    96 px; optionally one label 6 (out of range). Returns its data.yaml."""
-    names = ["a", "b", "c", "d", "e", "f"]
-    for split, count in (("train", 12), ("val", 4)):
-        (root / "images" / split).mkdir(parents=True)
-        (root / "labels" / split).mkdir(parents=True)
-        for i in range(count):
-            image = Image.new("RGB", (96, 96), (90, 90, 90))
-            draw = ImageDraw.Draw(image)
-            lines = []
-            for j in range(2):
-                label = (i + 3 * j) % 6
-                x, y, s = 10 + 40 * j, 15 + 3 * i, 30
-                draw.rectangle([x, y, x + s - 1, y + s - 1], fill=(40 * label, 255 - 40 * label, 120))
-                lines.append(f"{label} {(x + s / 2) / 96:.5f} {(y + s / 2) / 96:.5f} {s / 96:.5f} {s / 96:.5f}")
-            if bad_label and split == "train" and i == 5:
-                lines.append("6 0.5 0.5 0.2 0.2")
-            image.save(root / "images" / split / f"img{i}.jpg")
-            (root / "labels" / split / f"img{i}.txt").write_text("\n".join(lines) + "\n")
-    (root / "data.yaml").write_text(
-        f"path: {root}\ntrain: images/train\nval: images/val\nnames: [{', '.join(names)}]\n")
-    return root / "data.yaml"
 
 
 def jittered_detections(ground_truths: list[dict], num_classes: int, seed: int = 0) -> list[dict]:

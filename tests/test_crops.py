@@ -10,13 +10,13 @@ import pytest
 import torch
 from torchvision import tv_tensors
 
+from builders import TINY_TRAIN, make_dataset
 from ssd.cli import main
 from ssd.data.check import check_dataset
 from ssd.data.crops import MIN_VISIBLE, CropScale, NativeCrop, crop_rule, decode_sizes, parse_crop_scale
 from ssd.data.load import load_dataset
 from ssd.data.loader import DetectionDataset, build_dataloader
 from ssd.data.priors import spec_boxes
-from ssd.data.synthetic import generate_synthetic
 from ssd.data.transforms import IoUCropWithBoxes, build_transform
 from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig
@@ -27,9 +27,9 @@ MEAN, STD = [0.5] * 3, [0.25] * 3
 
 @pytest.fixture(scope="module")
 def shapes(tmp_path_factory) -> Path:
-    """16 train / 8 val images of 128 px: twice a 64 px input, so ``native`` crops range over scales [0.5, 1]."""
-    return generate_synthetic(tmp_path_factory.mktemp("shapes"), num_train=16, num_val=8, image_size=128,
-                              num_classes=2, seed=0)
+    """16 train / 8 val images of 128 px (not conftest's 64 px): twice a 64 px input, so ``native`` crops range
+    over scales [0.5, 1]."""
+    return make_dataset("voc", tmp_path_factory.mktemp("shapes"), train=16, val=8, size=128, classes=2)
 
 
 def _target(boxes, hw, orig_hw=None):
@@ -195,9 +195,8 @@ def test_cli_refuses_a_bad_crop_scale(capsys):
 
 @pytest.mark.slow
 def test_train_with_crops(shapes, tmp_path, ssd_messages):
-    result = train(data=str(shapes), model="ssd_tiny", image_size=64, batch_size=8, workers=0, device="cpu",
-                   quiet=True, num_plot_images=0, seed=0, epochs=1, crop_scale="native", cache_images=True,
-                   project=str(tmp_path), name="crops")
+    result = train(data=str(shapes), epochs=1, crop_scale="native", cache_images=True, project=str(tmp_path),
+                   name="crops", **{**TINY_TRAIN, "augment": "ssd"})
     out = "\n".join(ssd_messages())
     assert "crops native at 64: 16 training images decoded (largest 128), cache 0.8 MB" in out
     dropped = result.history[0]["crop_dropped"]

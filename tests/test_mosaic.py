@@ -3,7 +3,6 @@ the draws, reproducibility with workers and the image cache, --close-mosaic thro
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,11 +10,11 @@ import torch
 from torchvision import tv_tensors
 
 import ssd
+from builders import TINY_TRAIN
 from ssd.cli import main
 from ssd.data import build_dataloader, load_dataset
 from ssd.data.loader import DetectionDataset
 from ssd.data.mosaic import Mosaic, close_mosaic_epochs, mosaic_probability
-from ssd.data.synthetic import generate_synthetic
 from ssd.settings import ConfigError
 from ssd.training.callbacks import Callback, MosaicSchedule
 from ssd.training.config import TrainConfig
@@ -23,8 +22,6 @@ from ssd.training.trainer import train
 
 MEAN, STD = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
 FILL = [128, 102, 76]  # round(255 * MEAN), as the zoom-out fills
-TINY = dict(model="ssd_tiny", image_size=64, batch_size=8, workers=0, device="cpu", quiet=True, augment="none",
-            num_plot_images=0, seed=0)
 
 
 def _sample(value, h, w, boxes, labels, difficult):
@@ -112,12 +109,6 @@ def test_the_draws_come_from_the_seed():
 
 
 # ----------------------------------------------------------------------------------------------- the loader
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory) -> Path:
-    return generate_synthetic(tmp_path_factory.mktemp("shapes"), num_train=16, num_val=8, image_size=64,
-                              num_classes=2, seed=0)
-
-
 def _first_batch(loader):
     return next(iter(loader))
 
@@ -181,7 +172,7 @@ class SeenMosaic(Callback):
 
 @pytest.mark.slow
 def test_close_mosaic_switches_at_its_epoch_also_after_resume(shapes, tmp_path, ssd_messages):
-    options = dict(data=str(shapes), epochs=3, mosaic=1.0, close_mosaic=1, val_interval=3, **TINY)
+    options = dict(data=str(shapes), epochs=3, mosaic=1.0, close_mosaic=1, val_interval=3, **TINY_TRAIN)
     full = SeenMosaic()
     result = train(project=str(tmp_path / "full"), callbacks=[full], **options)
     assert full.seen == [1.0, 1.0, 0.0]

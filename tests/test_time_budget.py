@@ -8,13 +8,12 @@ import re
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
 import ssd
-from ssd.data.synthetic import generate_synthetic
+from builders import TINY_TRAIN
 from ssd.settings import ConfigError
 from ssd.training import trainer as trainer_module
 from ssd.training.budget import epochs_that_fit
@@ -23,16 +22,8 @@ from ssd.training.config import TrainConfig
 from ssd.training.outputs import ResultsCSV
 from ssd.training.trainer import Trainer, train
 
-# 16 train / 8 val images of 64 px, 2 classes: 2 steps of 8 images per epoch
-TINY = dict(model="ssd_tiny", image_size=64, batch_size=8, workers=0, device="cpu", quiet=True, augment="none",
-            num_plot_images=0, seed=0)
+# conftest's shapes (16 train / 8 val images of 64 px) under TINY_TRAIN: 2 steps of 8 images per epoch
 STEP, VALIDATION = 30.0, 15.0  # fake seconds: an epoch trains 60 s and validates 15 s
-
-
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory) -> Path:
-    return generate_synthetic(tmp_path_factory.mktemp("shapes"), num_train=16, num_val=8, image_size=64,
-                              num_classes=2, seed=0)
 
 
 class FakeClock:
@@ -136,7 +127,7 @@ def test_budget_sets_epochs_schedule_and_stop_file(shapes, tmp_path, clock):
     """Epoch 1 trains 60 s: 4 more fit in 300 s (5 estimated). From epoch 2 an epoch costs 75 s with validation and
     the current validation (15 s) is reserved: after epoch 2 two more fit (4), after 3 one, after 4 none."""
     watch = Watch()
-    result = train(data=str(shapes), time=5, project=str(tmp_path), callbacks=[watch], **TINY)
+    result = train(data=str(shapes), time=5, project=str(tmp_path), callbacks=[watch], **TINY_TRAIN)
     assert watch.at_start == [50, 5, 4, 4]  # --epochs (the default 50) until the first estimate
     assert watch.at_end == [5, 4, 4, 4]
     trainer = watch.trainer
@@ -153,7 +144,7 @@ def test_budget_sets_epochs_schedule_and_stop_file(shapes, tmp_path, clock):
 
 def test_budget_validates_the_last_epoch_between_intervals(shapes, tmp_path, clock):
     """With --val-interval 3 the epoch the budget ends at is validated although 3 does not divide it."""
-    result = train(data=str(shapes), time=4, val_interval=3, project=str(tmp_path), **TINY)
+    result = train(data=str(shapes), time=4, val_interval=3, project=str(tmp_path), **TINY_TRAIN)
     # epoch 1: 60 s, 3 more fit in 240 s (est. 4); epoch 2 (60 s, no validation): est. (240-120)/60 + 2 = 4;
     # epoch 3 validates (75 s, est. 4, 195 s); epoch 4: (240-255-15) < 0, the last: validated, 270 s. Before the
     # first validation its duration is unknown (counted 0), which is what overran this budget by 30 s
@@ -165,7 +156,7 @@ def test_budget_validates_the_last_epoch_between_intervals(shapes, tmp_path, clo
 @pytest.mark.slow
 def test_resume_continues_the_remaining_budget_and_ends_spent(shapes, tmp_path, clock):
     with pytest.raises(KeyboardInterrupt):
-        train(data=str(shapes), time=5, project=str(tmp_path), callbacks=[Watch(die_at=2)], **TINY)
+        train(data=str(shapes), time=5, project=str(tmp_path), callbacks=[Watch(die_at=2)], **TINY_TRAIN)
     run = tmp_path / "exp"
     assert ssd.load_checkpoint(run / "weights" / "last.pt")["epoch"] == 1
     clock.now = 1000.0  # a new process: only the durations count

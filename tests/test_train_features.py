@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 import ssd
+from builders import TINY_TRAIN
 from ssd.data.gate import load_training_data
 from ssd.data.records import DataError
-from ssd.data.synthetic import generate_synthetic
 from ssd.evaluation.evaluator import evaluate, split_loader
 from ssd.loss import MultiBoxLoss
 from ssd.settings import ConfigError
@@ -28,14 +28,6 @@ from ssd.training.optim import batch_loss, build_ema, ema_decay, validation_loss
 from ssd.training.trainer import train
 
 # 16 train / 8 val images of 64 px, 2 classes: 2 steps of 8 images per epoch
-TINY = dict(model="ssd_tiny", image_size=64, batch_size=8, workers=0, device="cpu", quiet=True, augment="none",
-            num_plot_images=0, seed=0)
-
-
-@pytest.fixture(scope="module")
-def shapes(tmp_path_factory) -> Path:
-    return generate_synthetic(tmp_path_factory.mktemp("shapes"), num_train=16, num_val=8, image_size=64,
-                              num_classes=2, seed=0)
 
 
 class Recorder(Callback):
@@ -78,7 +70,8 @@ class Recorder(Callback):
 @pytest.mark.slow
 def test_a_callback_sees_every_hook_in_order_and_val_loss_reaches_results_csv(shapes, tmp_path):
     recorder = Recorder()
-    result = train(data=str(shapes), epochs=2, val_interval=2, project=str(tmp_path), callbacks=[recorder], **TINY)
+    result = train(data=str(shapes), epochs=2, val_interval=2, project=str(tmp_path), callbacks=[recorder],
+                   **TINY_TRAIN)
     assert recorder.calls == [
         "on_train_start 0",
         "on_epoch_start 0", "on_train_batch_end 0", "on_train_batch_end 0", "on_epoch_end 0",
@@ -101,21 +94,21 @@ def test_a_callback_sees_every_hook_in_order_and_val_loss_reaches_results_csv(sh
 def test_a_failing_callback_still_gets_teardown(shapes, tmp_path):
     recorder = Recorder(fail_at="on_train_batch_end")
     with pytest.raises(RuntimeError, match="callback failed in on_train_batch_end"):
-        train(data=str(shapes), epochs=1, project=str(tmp_path), callbacks=[recorder], **TINY)
+        train(data=str(shapes), epochs=1, project=str(tmp_path), callbacks=[recorder], **TINY_TRAIN)
     assert recorder.calls == ["on_train_start 0", "on_epoch_start 0", "on_train_batch_end 0", "on_teardown 0"]
 
 
 def test_an_object_without_the_hooks_is_refused_before_anything_runs(shapes, tmp_path):
     with pytest.raises(TypeError, match=r"callback 3 lacks on_train_start, on_epoch_start, .*, on_teardown: "
                                         r"subclass ssd.training.callbacks.Callback"):
-        train(data=str(shapes), epochs=1, project=str(tmp_path / "runs"), callbacks=[3], **TINY)
+        train(data=str(shapes), epochs=1, project=str(tmp_path / "runs"), callbacks=[3], **TINY_TRAIN)
     assert not (tmp_path / "runs").exists()
 
 
 def test_a_callback_class_given_instead_of_an_instance_is_refused_before_anything_runs(shapes, tmp_path):
     with pytest.raises(CallbackError, match=r"callback EarlyStopping is a class: pass an instance of it, "
                                             r"EarlyStopping\(\.\.\.\)"):
-        train(data=str(shapes), epochs=1, project=str(tmp_path / "runs"), callbacks=[EarlyStopping], **TINY)
+        train(data=str(shapes), epochs=1, project=str(tmp_path / "runs"), callbacks=[EarlyStopping], **TINY_TRAIN)
     assert not (tmp_path / "runs").exists()
 
 
@@ -135,7 +128,7 @@ def test_a_misspelled_hook_is_refused_naming_the_nearest_hook():
 @pytest.mark.slow
 def test_without_tensorboard_the_run_goes_on_and_says_how_to_install_it(shapes, tmp_path, monkeypatch, ssd_messages):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # what `import` sees when it is not installed
-    result = train(data=str(shapes), epochs=1, project=str(tmp_path), **TINY)
+    result = train(data=str(shapes), epochs=1, project=str(tmp_path), **TINY_TRAIN)
     out = "\n".join(ssd_messages())
     assert out.count("TensorBoard logging needs torch.utils.tensorboard, from the optional 'tensorboard' "
                      "dependencies: pip install 'ssd-detect[tensorboard]' (this run goes on without TensorBoard "
@@ -190,7 +183,7 @@ def test_ema_decay_outside_0_1_names_the_option(decay):
 
 @pytest.mark.slow
 def test_ema_is_evaluated_saved_and_resumed_exactly(shapes, tmp_path):
-    ema = dict(epochs=2, ema=True, ema_decay=0.5, **TINY)
+    ema = dict(epochs=2, ema=True, ema_decay=0.5, **TINY_TRAIN)
     full = train(data=str(shapes), project=str(tmp_path / "full"), **ema)
     last = ssd.load_checkpoint(full.run_dir / "weights" / "last.pt")
     assert last["ema"]["updates"] == 4  # 2 epochs of 2 steps
@@ -223,7 +216,7 @@ def test_early_stopping_ends_the_run_says_why_and_resume_keeps_it_stopped(shapes
                                                                             ssd_messages):
     maps, real = [0.5, 0.4, 0.3, 0.9], trainer.evaluate_split
     monkeypatch.setattr(trainer, "evaluate_split", lambda *a, **k: {**real(*a, **k), "map": maps.pop(0)})
-    result = train(data=str(shapes), epochs=6, patience=2, project=str(tmp_path), **TINY)
+    result = train(data=str(shapes), epochs=6, patience=2, project=str(tmp_path), **TINY_TRAIN)
     reason = ("early stopping after epoch 3: no voc07 mAP improvement in the 2 epochs since epoch 1 (best 0.5000, "
               "saved in weights/best.pt); --patience 2")
     assert result.stop_reason == reason and reason in ssd_messages()
@@ -244,14 +237,14 @@ def test_patience_without_a_validation_split_says_how_to_get_one(shapes, tmp_pat
     (data / "ImageSets" / "Main" / "val.txt").unlink()
     with pytest.raises(DataError, match=r"train_only has no validation split, and training never scores on its own "
                                         r"training images: name one .* or hold out part of train with --val-fraction"):
-        train(data=str(data), epochs=2, patience=3, project=str(tmp_path / "runs"), **TINY)
+        train(data=str(data), epochs=2, patience=3, project=str(tmp_path / "runs"), **TINY_TRAIN)
     assert not (tmp_path / "runs").exists()
 
 
 @pytest.mark.slow
 def test_training_ends_with_the_report_of_its_last_validation(shapes, tmp_path):
     """The run directory holds what `ssd val` writes for the final weights: the same numbers as the last validation."""
-    result = train(data=str(shapes), epochs=1, project=str(tmp_path), **TINY)
+    result = train(data=str(shapes), epochs=1, project=str(tmp_path), **TINY_TRAIN)
     report_dir = result.run_dir / "val_report"
     saved = json.loads((report_dir / "metrics.json").read_text())
     assert saved["voc07"]["map"] == pytest.approx(result.metrics["map"], abs=1e-6)  # the run's metric is voc07
