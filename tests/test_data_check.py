@@ -14,6 +14,7 @@ from ssd.data.records import DatasetSpec, ImageRecord, ObjectRecord
 from ssd.priors import PriorConfig
 
 
+# Not builders.make_dataset: each test gives the label text whose file and line the check must name.
 def _yolo_dataset(root: Path, labels: dict[str, str], names: list[str]) -> Path:
     (root / "images").mkdir(parents=True)
     (root / "labels").mkdir()

@@ -15,6 +15,7 @@ from ssd.data.synthetic import SHAPE_NAMES
 # torchvision 0.29 flags its (working) decoders as deprecated in favour of TorchCodec, not a dependency here.
 
 
+# Private writers, not builders.make_dataset: the exact annotation text is what each reader test reads.
 def _jpg(path: Path, w: int, h: int, colour=(120, 30, 200)) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", (w, h), colour).save(path)

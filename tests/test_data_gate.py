@@ -20,6 +20,7 @@ from ssd.training.trainer import train
 _colors = itertools.count(1)
 
 
+# Private writers, not builders.make_dataset: each gate test writes the one flaw it must catch.
 def _image(path: Path, size=(64, 48), color=None) -> Path:
     """A small JPEG; each call paints a new colour unless ``color`` is given (no accidental identical images)."""
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -97,6 +97,7 @@ def test_error_values_are_cut_before_formatting():
 
 
 # ------------------------------------------------------------------------------------------------ datasets
+# Private writers, not builders.make_dataset: each writes the one odd layout or file a refusal is about.
 def make_yolo_folder(root, count: int, splits=("train",)):
     from PIL import Image
 

@@ -201,6 +201,7 @@ def test_train_option_reads_height_by_width():
     assert TrainConfig().update(image_size=args.image_size).image_size == "512x288"
 
 
+# Not builders.make_dataset (square images): the suggestion is about the share of tall ones.
 def _tall_dataset(root: Path, tall: int, square: int) -> Path:
     """YOLO images: ``tall`` of 32x64 (w x h) and ``square`` of 48x48, each with one box square in pixels."""
     (root / "images").mkdir(parents=True)

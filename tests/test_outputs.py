@@ -36,7 +36,8 @@ def photos(tmp_path) -> Path:
 
 @pytest.fixture()
 def yolo(tmp_path) -> Path:
-    """A YOLO dataset described by data.yaml: two 64x64 images with one box each, train and val."""
+    """A YOLO dataset described by data.yaml: two 64x64 images with one box each, train and val (not
+    builders.make_dataset: its class names are those of ``weights``)."""
     root = tmp_path / "yolo"
     for split in ("train", "val"):
         (root / "images" / split).mkdir(parents=True)

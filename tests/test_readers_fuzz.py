@@ -98,6 +98,7 @@ def tree_mutations(draw, value):
     return value
 
 
+# Private writers, not builders.make_dataset: the seed files are what the mutations start from.
 def _jpg(path: Path, w: int, h: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.new("RGB", (w, h), (120, 30, 200)).save(path)

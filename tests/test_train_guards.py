@@ -252,7 +252,8 @@ def test_data_error_in_a_worker_is_reported_with_its_own_message(yolo, tmp_path,
 
 # --------------------------------------------------------------------------------------- the dataset's category ids
 def _write_coco(root: Path) -> Path:
-    """COCO folder, categories 1, 5 and 90, 8 train / 4 val images of 64 px with two boxes each."""
+    """COCO folder, categories 1, 5 and 90, 8 train / 4 val images of 64 px with two boxes each (not
+    builders.make_dataset: category ids that are not 1..K and image ids from 100 are what must come back)."""
     (root / "images").mkdir(parents=True)
     (root / "annotations").mkdir()
     categories = [{"id": i, "name": n} for i, n in ((1, "cat"), (5, "dog"), (90, "fox"))]
