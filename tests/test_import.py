@@ -16,6 +16,7 @@ from PIL import Image
 from torchvision.models.detection import ssd300_vgg16, ssdlite320_mobilenet_v3_large
 
 import ssd
+from builders import make_dataset
 from ssd.cli import main
 from ssd.models import BackboneWeightsError, build_model
 from ssd.models.finetune import match_classes, set_backbone_trainable
@@ -326,9 +327,9 @@ def test_class_matching_rules():
 
 def person_dog_dataset(root: Path) -> Path:
     """A tiny VOC dataset whose classes are person, dog and circle (synthetic shapes renamed)."""
-    from ssd.data.synthetic import SHAPE_NAMES, generate_synthetic
+    from ssd.data.synthetic import SHAPE_NAMES
 
-    generate_synthetic(root, num_train=8, num_val=4, image_size=64, num_classes=3, seed=0)
+    make_dataset("voc", root, train=8, val=4, size=64, classes=3)
     names = {SHAPE_NAMES[0]: "person", SHAPE_NAMES[1]: "dog", SHAPE_NAMES[2]: "circle"}
     (root / "classes.txt").write_text("\n".join(names.values()) + "\n")
     for xml in (root / "Annotations").glob("*.xml"):

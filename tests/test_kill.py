@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 import ssd
-from ssd.data.synthetic import generate_synthetic
+from builders import make_dataset
 from ssd.weights.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="SIGKILL")
@@ -59,7 +59,7 @@ def _run_to_a_random_moment(proc, last, rng):
 
 @pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume(tmp_path):
-    generate_synthetic(tmp_path / "data", num_train=16, num_val=8, image_size=64, num_classes=2, seed=0)
+    make_dataset("voc", tmp_path / "data", train=16, val=8, size=64, classes=2)
     weights = tmp_path / "runs" / "exp" / "weights"
     last, log = weights / "last.pt", tmp_path / "train.log"
     fresh = ["--data", "data", "--model", "ssd_tiny", "--image-size", "64", "--workers", "0", "--batch-size", "16",

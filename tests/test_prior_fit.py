@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from builders import TINY_TRAIN, make_dataset
 from ssd.cli import main
 from ssd.cli.parsers import build_parser, parse
 from ssd.models import build_model
@@ -253,14 +254,13 @@ def test_check_fit_priors_needs_a_model(synthetic_voc, capsys):
 def test_train_with_priors_auto_stores_the_fitted_boxes(tmp_path):
     """`ssd train --priors auto`: the run fits the default boxes on its training split and the checkpoint keeps
     them, so loading it needs nothing more."""
-    from ssd.data.synthetic import generate_synthetic
     from ssd.models.build import default_priors
     from ssd.models.load import model_from_checkpoint
     from ssd.training.trainer import train
 
-    data = generate_synthetic(tmp_path / "data", num_train=16, num_val=4, image_size=64, num_classes=2, seed=0)
-    result = train(data=str(data), model="ssd_tiny", image_size=64, epochs=1, batch_size=8, workers=0,
-                   device="cpu", quiet=True, priors="auto", project=str(tmp_path / "runs"), num_plot_images=0)
+    data = make_dataset("voc", tmp_path / "data", train=16, val=4, size=64, classes=2)
+    result = train(data=str(data), epochs=1, priors="auto", project=str(tmp_path / "runs"),
+                   **{**TINY_TRAIN, "augment": "ssd"})
     saved = model_from_checkpoint(result.run_dir / "weights" / "last.pt")
     assert saved.config.priors != default_priors("ssd_tiny", 64)
     assert torch.equal(saved.priors, saved.config.priors.boxes(64))
@@ -350,9 +350,8 @@ def test_check_fit_priors_and_train_priors_auto_at_a_non_square_size(synthetic_v
     assert "default boxes fitted to" in out and "at 160x128 px" in out and "--image-size 160x128 --priors" in out
     priors, model, size = load_priors(tmp_path / "priors.yaml")
     assert (model, size) == ("ssd_tiny", (160, 128)) and priors.feature_maps[0] == (20, 16)
-    result = train(data=str(synthetic_voc), model="ssd_tiny", image_size="96x64", epochs=1, batch_size=16,
-                   workers=0, device="cpu", quiet=True, priors="auto", project=str(tmp_path / "runs"),
-                   num_plot_images=0)
+    result = train(data=str(synthetic_voc), epochs=1, priors="auto", project=str(tmp_path / "runs"),
+                   **{**TINY_TRAIN, "image_size": "96x64", "batch_size": 16, "augment": "ssd"})
     saved = model_from_checkpoint(result.run_dir / "weights" / "last.pt")
     fitted = fit_for_model(load_dataset(synthetic_voc), "ssd_tiny", (96, 64), seed=TrainConfig().seed)
     assert saved.image_size == (96, 64) and fitted.changed and saved.config.priors == fitted.priors
