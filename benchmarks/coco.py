@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from conftest import jittered_detections  # noqa: E402
+from builders import jittered_detections  # noqa: E402
 from ssd.data import load_dataset  # noqa: E402
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco  # noqa: E402
 from ssd.evaluation.results import ground_truths_from_records  # noqa: E402

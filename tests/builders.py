@@ -1,12 +1,16 @@
-"""What the tests build: small datasets in each format (``make_dataset``) and the tiny training preset
-(``TINY_TRAIN``). Import them like conftest's helpers: ``from builders import make_dataset, TINY_TRAIN``."""
+"""What the tests build: small datasets in each format (``make_dataset``), the tiny training preset
+(``TINY_TRAIN``), random-init models that detect something, random images and synthetic detections. tests/ is on
+the path as for conftest: ``from builders import make_dataset, TINY_TRAIN``."""
 
 import json
 from pathlib import Path
 
+import torch
 from PIL import Image, ImageDraw
+from torch import nn
 
 from ssd.data.synthetic import generate_synthetic
+from ssd.models import build_model
 
 # ssd_tiny at 64 px, no augmentation, no figures, one process on the CPU: seconds per epoch of a 16-image dataset
 TINY_TRAIN = dict(model="ssd_tiny", image_size=64, batch_size=8, workers=0, device="cpu", quiet=True, augment="none",
@@ -86,3 +90,44 @@ def _write_coco(root: Path, splits: dict, names: list[str], bad_label: bool) -> 
         (root / "annotations" / f"instances_{split}.json").write_text(json.dumps(
             {"images": images, "annotations": annotations, "categories": categories}))
     return root
+
+
+def biased_model(name: str, num_classes: int = 3, seed: int = 0, **options) -> nn.Module:
+    """A random-init model whose class logits are biased towards objects, so that it detects something."""
+    torch.manual_seed(seed)
+    model = build_model(name, num_classes=num_classes, **options).eval()
+    with torch.no_grad():
+        for head in model.heads:
+            conv = [m for m in head.cls.modules() if isinstance(m, nn.Conv2d)][-1]
+            bias = conv.bias.view(-1, num_classes + 1)  # [A, K+1], index 0 background
+            bias[:, 1:] += torch.linspace(1.5, 0.5, num_classes)
+    return model
+
+
+def random_images(count: int, seed: int = 1) -> list[torch.Tensor]:
+    """``count`` seeded random ``uint8 [3, H, W]`` images of four sizes in turn."""
+    generator = torch.Generator().manual_seed(seed)
+    sizes = [(120, 160), (90, 70), (64, 64), (100, 130)]
+    return [torch.randint(0, 256, (3, *sizes[i % 4]), dtype=torch.uint8, generator=generator) for i in range(count)]
+
+
+def jittered_detections(ground_truths: list[dict], num_classes: int, seed: int = 0) -> list[dict]:
+    """Synthetic detections of per-image ground truths (no model needed): each object found once with its box
+    jittered by up to 20% of its size, some with a wrong label, plus one random false positive per image; scores
+    uniform in [0, 1] so every threshold and IoU level of a metric is exercised."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for truth in ground_truths:
+        boxes = truth["boxes"].float()
+        n = boxes.shape[0]
+        size = (boxes[:, 2:] - boxes[:, :2]).repeat(1, 2)
+        jittered = boxes + (torch.rand(n, 4, generator=g) - 0.5) * 0.4 * size
+        relabel = torch.rand(n, generator=g) < 0.1
+        labels = torch.where(relabel, torch.randint(0, num_classes, (n,), generator=g), truth["labels"])
+        h, w = truth.get("image_size", (512, 512))
+        corner = torch.rand(1, 2, generator=g) * torch.tensor([w, h]) * 0.8
+        false_positive = torch.cat([corner, corner + torch.tensor([w, h]) * 0.1], dim=1)
+        out.append({"boxes": torch.cat([jittered, false_positive]),
+                    "labels": torch.cat([labels, torch.randint(0, num_classes, (1,), generator=g)]),
+                    "scores": torch.rand(n + 1, generator=g)})
+    return out

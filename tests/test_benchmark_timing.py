@@ -4,7 +4,7 @@ and the batch-1 time split into pre-processing, network and post-processing (on 
 import pytest
 
 import ssd.export.timing as timing
-from conftest import biased_model, random_images
+from builders import biased_model, random_images
 from ssd.export.timing import Timing, time_backends
 from ssd.inference.registry import open_backend
 

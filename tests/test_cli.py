@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import biased_model
+from builders import biased_model
 from ssd.cli import main
 from ssd.cli.commands import COMMANDS
 from ssd.weights.checkpoint import load_checkpoint, save_checkpoint

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import jittered_detections
+from builders import jittered_detections
 from ssd.data import load_dataset
 from ssd.evaluation.errors import DETECTION_TYPES, OBJECT_STATES, error_breakdown
 from ssd.evaluation.results import ground_truths_from_records

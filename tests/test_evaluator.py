@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import biased_model
+from builders import biased_model
 from ssd.boxes import xyxy_to_cxcywh
 from ssd.data.synthetic import SHAPE_NAMES
 from ssd.evaluation.evaluator import (

@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from conftest import biased_model, random_images
+from builders import biased_model, random_images
 from ssd.cli import main
 from ssd.export.formats import export
 from ssd.export.onnx import export_onnx

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from conftest import biased_model
+from builders import biased_model
 from ssd.cli import main
 from ssd.data.check import check_dataset
 from ssd.data.load import load_dataset

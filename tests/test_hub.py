@@ -17,7 +17,7 @@ from torchvision.models.detection import (
     ssdlite320_mobilenet_v3_large,
 )
 
-from conftest import biased_model
+from builders import biased_model
 from ssd.cli import main
 from ssd.inference.registry import open_backend
 from ssd.models import MODEL_CONFIGS, BackboneWeightsError, build_model

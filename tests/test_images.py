@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image, ImageFile
 
-from conftest import biased_model
+from builders import biased_model
 from ssd.data import check_dataset, load_dataset
 from ssd.data.check import screen
 from ssd.data.images import ImageError, ImageWarning, pil_to_rgb, read_image, read_image_size, verify_image

@@ -5,7 +5,7 @@ runtime by artifact kind, and a registered runtime is opened like the built-in o
 import pytest
 import torch
 
-from conftest import biased_model, random_images
+from builders import biased_model, random_images
 from ssd.card import ModelCard
 from ssd.detect import detect_batch
 from ssd.inference import registry

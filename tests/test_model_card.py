@@ -110,7 +110,7 @@ CHECKPOINT_FIELDS = ["class_names", "category_ids", "mean", "std", "variances", 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory):
     """A 64 px ssd_tiny checkpoint with category ids and an operating point, exported to every format."""
-    from conftest import biased_model
+    from builders import biased_model
     from ssd.export.formats import export
     from ssd.weights.checkpoint import save_checkpoint
 

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from conftest import biased_model, random_images
+from builders import biased_model, random_images
 from ssd.cli import main
 from ssd.export.onnx import export_onnx
 from ssd.export.pt2 import export_pt2

@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import biased_model, random_images, requires_cuda
+from builders import biased_model, random_images
+from conftest import requires_cuda
 from ssd.data.images import read_image
 from ssd.export.onnx import export_onnx
 from ssd.inference.backends import OnnxBackend

@@ -12,7 +12,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import biased_model, random_images
+from builders import biased_model, random_images
 from ssd._utils import MissingDependencyError
 from ssd.cli import main
 from ssd.data.images import read_image

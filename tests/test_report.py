@@ -8,7 +8,7 @@ import subprocess
 import pytest
 import torch
 
-from conftest import jittered_detections
+from builders import jittered_detections
 from ssd.cli import main
 from ssd.data import load_dataset
 from ssd.evaluation.report import build_report, format_report, worst_images, write_report

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from conftest import jittered_detections
+from builders import jittered_detections
 from ssd.data import load_dataset
 from ssd.data.records import ImageRecord, ObjectRecord
 from ssd.evaluation import results as results_module

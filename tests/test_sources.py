@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import biased_model, random_images
+from builders import biased_model, random_images
 from ssd.cli import main
 from ssd.export.onnx import export_onnx
 from ssd.inference.pipeline import load

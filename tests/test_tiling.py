@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import biased_model
+from builders import biased_model
 from ssd._utils import as_hw
 from ssd.card import ModelCard
 from ssd.cli import main

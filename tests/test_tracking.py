@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import biased_model
+from builders import biased_model
 from ssd.cli import main
 from ssd.inference.pipeline import Detector, Result
 from ssd.inference.tracking import TRAIL_LENGTH, Tracker, tracker_settings
