@@ -8,6 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
+from builders import make_dataset
 from ssd.data import DataError, check_dataset, load_dataset, read_image, read_image_size
 from ssd.data.coco import read_coco
 from ssd.data.synthetic import SHAPE_NAMES
@@ -434,3 +435,23 @@ def test_voc_bom_and_crlf_in_class_list_and_image_sets(voc_dir):
     (root / "classes.txt").write_bytes(b"\xff\xfed\x00")
     with pytest.raises(DataError, match="classes.txt: cannot read .*text files must be UTF-8"):
         load_dataset(voc_dir)
+
+
+def test_the_same_scenes_in_yolo_and_coco_read_as_the_same_objects_and_their_bad_label_is_named(tmp_path):
+    """builders.make_dataset writes one scene list in both formats: the readers agree to YOLO's 5 decimals."""
+    yolo, coco = (load_dataset(make_dataset(fmt, tmp_path / fmt)) for fmt in ("yolo", "coco"))
+    assert yolo.class_names == coco.class_names == ["a", "b", "c", "d", "e", "f"]
+    assert coco.category_ids == [1, 2, 3, 4, 5, 6] and not yolo.issues and not coco.issues
+    for split, count in (("train", 12), ("val", 4)):
+        yolo_records = sorted(yolo.splits[split], key=lambda r: int(r.path.stem.removeprefix("img")))
+        coco_records = sorted(coco.splits[split], key=lambda r: int(r.path.stem.removeprefix(split)))
+        assert len(yolo_records) == len(coco_records) == count
+        for a, b in zip(yolo_records, coco_records):
+            assert (a.width, a.height, [o.name for o in a.objects]) == (b.width, b.height, [o.name for o in b.objects])
+            assert [x for o in a.objects for x in o.box] == pytest.approx([x for o in b.objects for x in o.box],
+                                                                           abs=1e-3)
+    errors = {fmt: check_dataset(make_dataset(fmt, tmp_path / f"bad_{fmt}", bad_label=True)).errors
+              for fmt in ("yolo", "coco")}
+    assert [(e.code, e.file, e.line) for e in errors["yolo"]] == [("label_out_of_range", "labels/train/img5.txt", 3)]
+    assert [e.message for e in errors["coco"]] == ["instances_train.json annotation id 13: unknown class name "
+                                                   "'category 7'; known names: ['a', 'b', 'c', 'd', 'e', 'f']"]
