@@ -10,6 +10,7 @@ from torchvision.ops import batched_nms
 
 from ssd.boxes import VARIANCES, decode
 from ssd.checks import validate_predictions
+from ssd.settings import EVALUATE
 
 __all__ = ["postprocess_detections", "first_per_image", "CANDIDATES_PER_CLASS"]
 
@@ -24,9 +25,9 @@ def postprocess_detections(
     loc: Tensor,
     logits: Tensor,
     priors: Tensor,
-    score_threshold: float = 0.01,
-    iou_threshold: float = 0.45,
-    max_detections: int = 200,
+    score_threshold: float = EVALUATE.score_threshold,
+    iou_threshold: float = EVALUATE.iou_threshold,
+    max_detections: int = EVALUATE.max_detections,
     candidates_per_class: int = CANDIDATES_PER_CLASS,
     variances: tuple[float, float] = VARIANCES,
 ) -> list[dict[str, Tensor]]:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ssd.evaluation.metrics import check_inputs, concat_rows, paired_iou, same_key_pairs
+from ssd.settings import PREDICT
 
 __all__ = ["BACKGROUND", "confusion_matrix"]
 
@@ -46,8 +47,8 @@ def _matched_pairs(det: dict[str, Tensor], gt: dict[str, Tensor], iou_threshold:
 
 
 def confusion_matrix(detections: Sequence[Mapping[str, Any]], ground_truths: Sequence[Mapping[str, Any]],
-                     num_classes: int, class_names: Sequence[str] | None = None, *, confidence: float = 0.25,
-                     iou_threshold: float = 0.5) -> dict[str, Any]:
+                     num_classes: int, class_names: Sequence[str] | None = None, *,
+                     confidence: float = PREDICT.score_threshold, iou_threshold: float = 0.5) -> dict[str, Any]:
     """Counts ``[K + 1, K + 1]`` of (true, predicted) classes, index ``K`` the background (see the module docstring).
 
     Inputs are the per-image dicts of :mod:`ssd.evaluation.metrics`.

@@ -39,6 +39,7 @@ from torchvision.ops import batched_nms, box_area
 from ssd._utils import as_hw
 from ssd.limits import MAX_TILES_PER_IMAGE
 from ssd.postprocess import first_per_image
+from ssd.settings import PREDICT
 
 __all__ = ["AUTO_FACTOR", "CUT_COVER", "CUT_SCORE_RATIO", "EDGE_MARGIN", "MIN_TILE", "TILE_OVERLAP", "check_tile",
            "detect_tiled", "tile_shape", "tile_windows"]
@@ -140,8 +141,9 @@ def _place(found: dict[str, Tensor], window: Tensor, image_hw: Sequence[int], in
 
 
 def detect_tiled(detect: DetectFn, images: Sequence[Tensor], *, tile: int | str | Sequence[int],
-                 input_size: int | Sequence[int], overlap: float = TILE_OVERLAP, iou_threshold: float = 0.45,
-                 max_detections: int = 100, batch_size: int = 8,
+                 input_size: int | Sequence[int], overlap: float = TILE_OVERLAP,
+                 iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
+                 batch_size: int = 8,
                  whole: Sequence[dict[str, Tensor]] | None = None) -> list[dict[str, Tensor]]:
     """Detections of each image from the whole image and its overlapping tiles (rules: module docstring).
 
