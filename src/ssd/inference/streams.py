@@ -98,13 +98,19 @@ def stream_name(source: str) -> str:
 
 
 def _open(source: str):
-    """An opened ``cv2.VideoCapture``, or ``None``."""
+    """An opened ``cv2.VideoCapture``, or ``None``. OpenCV's own log is silent meanwhile: a failure is reported
+    once, by :func:`_cannot_open`, not also as OpenCV's raw ``[ERROR:0@0.025] ...`` lines."""
     cv2 = require("cv2", "video", "reading cameras and streams")
-    if source.isdigit():
-        capture = cv2.VideoCapture(int(source))
-    else:
-        capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, TIMEOUT_MS,
-                                                            cv2.CAP_PROP_READ_TIMEOUT_MSEC, TIMEOUT_MS])
+    level = cv2.utils.logging.getLogLevel()
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    try:
+        if source.isdigit():
+            capture = cv2.VideoCapture(int(source))
+        else:
+            capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, TIMEOUT_MS,
+                                                                cv2.CAP_PROP_READ_TIMEOUT_MSEC, TIMEOUT_MS])
+    finally:
+        cv2.utils.logging.setLogLevel(level)
     if capture.isOpened():
         return capture
     capture.release()
