@@ -139,8 +139,7 @@ def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: 
     writer = PredictionWriter(save_dir, {Path(file): out.relative_to(save_dir) for file, out in plan.items()},
                               detector.class_names, category_ids=detector.category_ids,
                               model_version=detector.card.model_name or "ssd", **outputs)
-    check_outputs(plan.values(), inputs=files, what="--save-dir output")
-    writer.check(files)
+    check_outputs([*plan.values(), *writer.fixed_outputs()], inputs=files, what="--save-dir output")
     save_dir.mkdir(parents=True, exist_ok=True)
     return plan, writer
 

@@ -21,7 +21,7 @@ from typing import IO
 
 from torch import Tensor
 
-from ssd.files import check_outputs, write_text
+from ssd.files import write_text
 from ssd.inference.crop_files import CropWriter
 from ssd.inference.pipeline import Result
 from ssd.inference.result_files import FORMATS, check_format, write_results
@@ -91,12 +91,12 @@ class PredictionWriter:
         self.tracked = False
         self._jsonl: IO[str] | None = None
 
-    def check(self, inputs: list[Path]) -> None:
-        """Refuse, before anything is written, a plan in which one of the fixed outputs is one of ``inputs``."""
+    def fixed_outputs(self) -> list[Path]:
+        """The files this writer creates whatever the results (checked against the inputs before any is written)."""
         fixed = [self.save_dir / SAVE_DIR_MARKER, self.jsonl_file, self.results_file]
         if self.labels is not None:
             fixed += [self.labels.data_file, *(self.labels.image_link(name) for name in self.names.values())]
-        check_outputs(fixed, inputs=inputs, what="--save-dir output")
+        return fixed
 
     def __enter__(self) -> PredictionWriter:
         write_text(self.save_dir / SAVE_DIR_MARKER, "written by ssd predict: never read as input\n")

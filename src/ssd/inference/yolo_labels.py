@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 from torch import Tensor
 
+from ssd.boxes import xyxy_to_cxcywh
 from ssd.data.yolo import label_path
 from ssd.files import fitted_name, write_text
 from ssd.inference.pipeline import Result
@@ -28,11 +29,9 @@ __all__ = ["YoloLabelWriter", "yolo_lines"]
 def yolo_lines(result: Result, save_conf: bool = False) -> str:
     """``class cx cy w h [score]`` lines of ``result`` (coordinates normalized to its image), newline-terminated."""
     scale = result.boxes.new_tensor([result.width, result.height] * 2)
-    xyxy = result.boxes / scale
-    cxcywh = ((xyxy[:, :2] + xyxy[:, 2:]) / 2, xyxy[:, 2:] - xyxy[:, :2])
     lines = []
-    for label, (cx, cy), (w, h), score in zip(result.labels.tolist(), cxcywh[0].tolist(), cxcywh[1].tolist(),
-                                              result.scores.tolist()):
+    for label, (cx, cy, w, h), score in zip(result.labels.tolist(), xyxy_to_cxcywh(result.boxes / scale).tolist(),
+                                            result.scores.tolist()):
         lines.append(f"{label} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}" + (f" {score:.5f}" if save_conf else ""))
     return "".join(line + "\n" for line in lines)
 
