@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ArtifactKind", "BenchmarkVariant", "ARTIFACTS", "EXPORT_FORMATS", "BENCHMARK_ROWS", "artifact_kind",
+__all__ = ["ArtifactKind", "BenchmarkVariant", "ARTIFACTS", "EXPORT_FORMATS", "BENCHMARK_ROWS",
            "resolve"]
 
 
@@ -94,11 +94,6 @@ EXPORT_FORMATS: tuple[str, ...] = tuple(name for name, kind in ARTIFACTS.items()
 BENCHMARK_ROWS: dict[str, tuple[ArtifactKind, BenchmarkVariant]] = {
     row.name: (kind, row) for kind in ARTIFACTS.values() for row in kind.benchmark}
 """``ssd benchmark --formats`` row name -> its artifact kind and row."""
-
-
-def artifact_kind(runtime: str) -> ArtifactKind:
-    """The kind a runtime name (a key of some row's ``runtimes``) opens."""
-    return next(kind for kind in ARTIFACTS.values() if runtime in kind.runtimes)
 
 
 def resolve(target: str) -> Callable[..., Any]:

@@ -164,9 +164,9 @@ class ModelCard:
         return len(self.class_names)
 
     def replace(self, **changes: Any) -> ModelCard:
-        """A copy with ``changes``, validated; the checksum is dropped (seal the new card again)."""
-        values = {k: v for k, v in self.to_dict().items() if k != _CHECKSUM}
-        return ModelCard.from_dict({**values, **_as_json(changes)}, "the model card")
+        """A copy with ``changes`` (field values, e.g. ``nms=Thresholds(...)``), validated through :meth:`to_dict`
+        and :meth:`from_dict`; the checksum is dropped (seal the new card again)."""
+        return ModelCard.from_dict(dataclasses.replace(self, checksum=None, **changes).to_dict(), "the model card")
 
     def confidence(self, score_threshold: float | None = None, given: str = "score_threshold") -> tuple[float, str]:
         """The score threshold a prediction uses and where it comes from, in words: ``score_threshold`` when given
@@ -294,20 +294,6 @@ class ModelCard:
 def _json_size(size: tuple[int, int]) -> int | list[int]:
     compact = compact_size(size)
     return list(compact) if isinstance(compact, tuple) else compact
-
-
-def _as_json(changes: Mapping[str, Any]) -> dict[str, Any]:
-    """:meth:`ModelCard.replace` keyword values in :meth:`ModelCard.to_dict`'s form."""
-    values = dict(changes)
-    if "nms" in values:
-        nms = values.pop("nms")
-        values["nms"] = nms is not None
-        if nms is not None:
-            values.update(score_threshold=nms.score_threshold, iou_threshold=nms.iou_threshold,
-                          max_det=nms.max_detections)
-    if "image_size" in values:
-        values["image_size"] = _json_size(as_hw(values["image_size"]))
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in values.items()}
 
 
 def _canonical(value: Any) -> str:
