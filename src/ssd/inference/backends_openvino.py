@@ -121,16 +121,20 @@ class OpenVinoBackend(OnnxBackend):
 
     legacy_checksums = ("xml_sha256", "bin_sha256")
 
-    def _legacy_digests(self) -> list[str]:
-        """:func:`file_digest` of each IR file (a missing one is refused by name)."""
+    def _check_files(self) -> None:
+        """Refuse a folder that lacks an IR file, by name."""
         for name in IR_FILES:
             if not (self.path / name).is_file():
                 raise OnnxModelError(f"{self.path}: {name} is missing; export the model again")
+
+    def _legacy_digests(self) -> list[str]:
+        """:func:`file_digest` of each IR file (a missing one is refused by name)."""
+        self._check_files()
         return [file_digest(self.path / name) for name in IR_FILES]
 
     def network_digest(self) -> str:
-        """:func:`ir_digest` of the folder."""
-        self._legacy_digests()  # both files present
+        """:func:`ir_digest` of the folder (a missing file is refused by name; each file is read once)."""
+        self._check_files()
         return ir_digest(self.path)
 
 
