@@ -17,7 +17,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ssd._utils import require
-from ssd.inference.streams import StreamError, StreamGroup, video_fps, video_frames
+from ssd.inference.streams import StreamError, StreamGroup, VideoFile
 from ssd.inference.tracking import Tracker, track_frames
 from ssd.log import progress as progress_bar
 
@@ -42,9 +42,10 @@ def predict_video(detector: Detector, path: Path, batch_size: int, settings: dic
                   run: dict) -> None:
     """Every frame of a video file, ``batch_size`` at a time (see :func:`predict_frames`); a video OpenCV cannot
     read is skipped."""
-    bar = progress_bar(total=None, desc=path.name, unit="frame", disable=not progress)
+    video = VideoFile(path)
+    bar = progress_bar(total=video.length or None, desc=path.name, unit="frame", disable=not progress)
     try:
-        frames = predict_frames(detector, video_frames(path, batch_size), [video_fps(path)], settings, bar, **run)
+        frames = predict_frames(detector, video.batches(batch_size), [video.fps], settings, bar, **run)
     except StreamError as e:
         run["summary"].skip(path, ValueError(str(e).removeprefix(f"{path}: ")))
         return

@@ -25,7 +25,7 @@ from ssd.limits import MAX_STREAMS, value_text
 
 __all__ = ["LIVE_SCHEMES", "RECONNECT_ATTEMPTS", "RECONNECT_DELAY", "STREAMS_SUFFIX", "Frame", "LiveStream",
            "StreamError", "StreamGroup", "is_live", "live_sources", "source_frames", "stream_name",
-           "video_fps", "video_frames"]
+           "VideoFile", "video_frames"]
 
 LIVE_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "tcp://", "udp://", "srt://")
 STREAMS_SUFFIX = ".streams"
@@ -218,36 +218,42 @@ class LiveStream:
         return None
 
 
+class VideoFile:
+    """A video file opened once: ``fps`` and ``length`` (frames) as its header announces them (0 when it does not
+    say), and :meth:`batches`, every frame in order."""
+
+    def __init__(self, path: str | Path):
+        cv2 = require("cv2", "video", "reading video")
+        self.path = path
+        self._capture = cv2.VideoCapture(str(path))
+        self.fps = self._capture.get(cv2.CAP_PROP_FPS) or 0.0
+        self.length = max(int(self._capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0), 0)
+
+    def batches(self, batch_size: int, stream: int = 0) -> Iterator[list[Frame]]:
+        """Every frame, in order (none dropped), ``batch_size`` at a time, the file closed at the end;
+        :class:`StreamError` when OpenCV cannot read a single frame of it."""
+        import cv2
+
+        index = 0
+        try:
+            while True:
+                batch = []
+                while len(batch) < batch_size and (read := self._capture.read())[0]:
+                    image = torch.from_numpy(cv2.cvtColor(read[1], cv2.COLOR_BGR2RGB)).permute(2, 0, 1)
+                    batch.append(Frame(image, stream, index + len(batch), time.perf_counter(), str(self.path)))
+                if not batch:
+                    break
+                index += len(batch)
+                yield batch
+        finally:
+            self._capture.release()
+        if index == 0:
+            raise StreamError(f"{self.path}: cannot read any frame (not a video OpenCV can decode)")
+
+
 def video_frames(path: str | Path, batch_size: int, stream: int = 0) -> Iterator[list[Frame]]:
-    """Every frame of a video file, in order (none dropped), ``batch_size`` at a time; :class:`StreamError` when
-    OpenCV cannot read a single frame of it."""
-    cv2 = require("cv2", "video", "reading video")
-    capture = cv2.VideoCapture(str(path))
-    index = 0
-    try:
-        while True:
-            batch = []
-            while len(batch) < batch_size and (read := capture.read())[0]:
-                image = torch.from_numpy(cv2.cvtColor(read[1], cv2.COLOR_BGR2RGB)).permute(2, 0, 1)
-                batch.append(Frame(image, stream, index + len(batch), time.perf_counter(), str(path)))
-            if not batch:
-                break
-            index += len(batch)
-            yield batch
-    finally:
-        capture.release()
-    if index == 0:
-        raise StreamError(f"{path}: cannot read any frame (not a video OpenCV can decode)")
-
-
-def video_fps(path: str | Path) -> float:
-    """The frame rate a video file announces, or 0."""
-    cv2 = require("cv2", "video", "reading video")
-    capture = cv2.VideoCapture(str(path))
-    try:
-        return capture.get(cv2.CAP_PROP_FPS) or 0.0
-    finally:
-        capture.release()
+    """Every frame of a video file, in order, ``batch_size`` at a time (:meth:`VideoFile.batches`)."""
+    return VideoFile(path).batches(batch_size, stream)
 
 
 def source_frames(source: str | Path, batch_size: int) -> Iterator[list[Frame]]:
