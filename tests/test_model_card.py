@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ssd.card import ModelCard
-from ssd.inference.pipeline import load
+from ssd.inference.detector import load
 from ssd.settings import Thresholds
 from ssd.weights.checkpoint import CheckpointError
 
@@ -81,6 +81,14 @@ def test_an_artifact_whose_class_names_hold_an_escape_code_is_refused_by_its_car
     with pytest.raises(ValueError, match=rf"^card\.json: class_names\[1\] = .* {re.escape(rule)}"):
         ModelCard.from_dict({**CARD.to_dict(), "class_names": [CARD.class_names[0], name, *CARD.class_names[2:]]},
                             "card.json")
+
+
+@pytest.mark.parametrize(("names", "message"), [
+    (["cat", "dog", "cat"], r"class_names has duplicates \['cat'\]: every class needs a distinct name"),
+    (["cat", " "], r"class_names\[1\] = ' ': class names must be non-empty strings")])
+def test_a_card_refuses_the_class_names_a_model_refuses(names, message):
+    with pytest.raises(ValueError, match=rf"^card\.json: {message}"):
+        ModelCard.from_dict({**CARD.to_dict(), "class_names": names, "category_ids": None}, "card.json")
 
 
 @pytest.mark.parametrize("field", list(CARD.fingerprints()))

@@ -32,7 +32,7 @@ from torch import Tensor
 from ssd._utils import as_hw, compact_size
 from ssd._version import __version__
 from ssd.limits import MAX_DETECTIONS, MAX_INPUT_SIDE, value_text
-from ssd.names import name_problem
+from ssd.names import class_names_problem
 from ssd.settings import PREDICT, Thresholds
 
 __all__ = ["ModelCard", "OPERATING_POINT_KEYS", "PRECISIONS", "check_operating_point", "check_category_ids",
@@ -226,9 +226,8 @@ class ModelCard:
             raise error(f"{source}: the model card lacks {', '.join(missing)} (has {', '.join(values) or 'nothing'});"
                         " it was edited or written by another tool; export the model again with `ssd export`")
         names = tuple(values["class_names"])
-        for label, name in enumerate(names):  # names are data: shown and written, never acting on a terminal
-            if (problem := name_problem(name)) is not None:
-                raise error(f"{source}: class_names[{label}] = {value_text(name)} {problem}")
+        if (problem := class_names_problem(names)) is not None:  # names are data: shown, never acting on a terminal
+            raise error(f"{source}: {problem}")
         ids = check_category_ids(values.get("category_ids"), len(names), source, error)
         return cls(
             model_name=values.get("model_name"), class_names=names, image_size=as_hw(values["image_size"]),

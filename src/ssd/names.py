@@ -12,10 +12,12 @@ message shows a name through :func:`printable` (or ``repr``).
 from __future__ import annotations
 
 import unicodedata
+from collections import Counter
+from collections.abc import Sequence
 
-from ssd.limits import MAX_NAME_CHARS
+from ssd.limits import MAX_NAME_CHARS, value_text
 
-__all__ = ["name_problem", "printable"]
+__all__ = ["name_problem", "class_names_problem", "printable"]
 
 _REFUSED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})  # control, format, surrogate, line and paragraph separators
 _JOINERS = frozenset({"\u200c", "\u200d"})  # zero-width (non-)joiners: part of writing some languages, and of emoji
@@ -38,6 +40,20 @@ def name_problem(name: str, max_chars: int | None = MAX_NAME_CHARS) -> str | Non
             what = unicodedata.name(char, "a control character")
             return (f"holds U+{ord(char):04X} ({what}), which would act on the terminal or the text around it instead "
                     "of being shown: rename it")
+    return None
+
+
+def class_names_problem(names: Sequence[object]) -> str | None:
+    """Why ``names`` cannot name a model's classes (label ``k`` is ``names[k]``), as a message naming the entry, or
+    ``None`` when they can: each a non-empty string without a :func:`name_problem`, all distinct."""
+    for index, item in enumerate(names):
+        if not isinstance(item, str) or not item.strip():
+            return f"class_names[{index}] = {value_text(item)}: class names must be non-empty strings"
+        if (problem := name_problem(item)) is not None:
+            return f"class_names[{index}] = {value_text(item)} {problem}"
+    duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
+    if duplicates:
+        return f"class_names has duplicates {duplicates}: every class needs a distinct name"
     return None
 
 

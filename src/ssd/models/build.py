@@ -11,14 +11,13 @@ import torch
 from torch import nn
 
 from ssd._utils import as_hw, compact_size, did_you_mean, size_text
-from ssd.limits import value_text
 from ssd.log import LOGGER
 from ssd.models import mobilenet, tiny, vgg
 from ssd.models.architecture import Architecture
 from ssd.models.backbone_weights import BackboneWeightsError, read_backbone_weights
 from ssd.models.config import ModelConfig
 from ssd.models.ssd import SSD
-from ssd.names import name_problem
+from ssd.names import class_names_problem
 from ssd.priors import PriorConfig, PriorConfigError, input_size
 
 __all__ = ["MODEL_CONFIGS", "build_model", "build_from_config", "default_priors", "list_models", "checked_priors",
@@ -191,14 +190,8 @@ def checked_class_names(num_classes: int | None, class_names: Sequence[str] | No
     names = list(class_names)
     if not names:
         raise ValueError("class_names is empty: a detector needs at least one object class")
-    for index, item in enumerate(names):
-        if not isinstance(item, str) or not item.strip():
-            raise ValueError(f"class_names[{index}] = {value_text(item)}: class names must be non-empty strings")
-        if (problem := name_problem(item)) is not None:
-            raise ValueError(f"class_names[{index}] = {value_text(item)} {problem}")
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"class_names has duplicates {duplicates}: every class needs a distinct name")
+    if (problem := class_names_problem(names)) is not None:
+        raise ValueError(problem)
     if num_classes is not None and num_classes != len(names):
         raise ValueError(f"num_classes={num_classes} but {len(names)} class_names were given {_names(names)}")
     return names
