@@ -26,7 +26,7 @@ from ssd.evaluation.evaluator import evaluate
 from ssd.export.benchmark import format_benchmark, run_benchmark
 from ssd.export.quantize import calibration_inputs, calibration_paths, quantize_onnx
 from ssd.export.timing import time_backends
-from ssd.inference.backends import OnnxBackend
+from ssd.inference.backends.onnx import OnnxBackend
 from ssd.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""What the bounded ONNX Runtime arena costs: the library's session (:class:`ssd.inference.backends.OnnxBackend`,
+"""What the bounded ONNX Runtime arena costs: the library's session (:class:`ssd.inference.backends.onnx.OnnxBackend`,
 CPU tensors from the one arena of ``limits.MAX_ONNX_RUNTIME_BYTES``) against the same graph in a session with ONNX
 Runtime's own per-session arena, run in turn call by call in one process (same load on both, each first in turn),
 batch 1 and 8, an ``ssd_tiny`` export at 256 px (random weights: the network's cost does not depend on them).
@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from ssd.export.onnx import export_onnx
-from ssd.inference.backends import OnnxBackend
+from ssd.inference.backends.onnx import OnnxBackend
 from ssd.models import build_model
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torchvision
 
-from ssd.inference.pipeline import Detector, load
+from ssd.inference.detector import Detector, load
 from ssd.inference.sources import predict_source
 from ssd.models import build_model
 from ssd.weights.checkpoint import save_checkpoint

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ssd.export.formats import export
-from ssd.inference.pipeline import load
+from ssd.inference.detector import load
 from ssd.inference.streams import StreamError, StreamGroup
 from ssd.inference.tracking import Tracker
 from ssd.models import build_model

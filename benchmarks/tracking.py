@@ -5,7 +5,7 @@ The video: the demo's shapes (:mod:`ssd.data.synthetic`: its classes, colours an
 borders, so that paths cross and shapes pass over each other; written as an MJPG ``.avi`` and read back as ``ssd
 predict`` reads videos. The ground truth is each shape's visible box and its id. The model: ``--weights`` (e.g. the
 ``ssd demo`` run's ``best.pt``), else a short demo training (6 epochs of 1500 images, cached in
-``~/.cache/ssd/benchmarks``). :meth:`ssd.inference.pipeline.Detector.track` runs the same detection and tracking as
+``~/.cache/ssd/benchmarks``). :meth:`ssd.inference.detector.Detector.track` runs the same detection and tracking as
 ``ssd predict --track``, with the settings of a ``--tracker`` YAML file, each row its own file.
 
 Scored with ``motmetrics`` (CLEAR MOT and identity metrics; a benchmark dependency, not the library's:
@@ -31,7 +31,7 @@ from PIL import Image, ImageDraw
 from torchvision.ops import box_iou
 
 from ssd.data.synthetic import _COLOURS, SHAPE_NAMES, _background, _draw
-from ssd.inference.pipeline import load
+from ssd.inference.detector import load
 
 SIZE = 256
 CONF = 0.3

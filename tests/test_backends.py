@@ -17,16 +17,17 @@ from ssd.data.load import load_dataset
 from ssd.evaluation.evaluator import evaluate
 from ssd.export.formats import export
 from ssd.files import OutputError
-from ssd.inference.backends import OnnxBackend, OnnxModelError, open_torch
-from ssd.inference.backends_opencv import OpenCvBackend
-from ssd.inference.backends_pt2 import METADATA_FILE, ExportedProgramBackend
-from ssd.inference.registry import open_backend
+from ssd.inference.backends import open_backend
+from ssd.inference.backends.onnx import OnnxBackend, OnnxModelError
+from ssd.inference.backends.opencv import OpenCvBackend
+from ssd.inference.backends.pt2 import METADATA_FILE, ExportedProgramBackend
+from ssd.inference.backends.pytorch import open_torch
 from ssd.preprocess import preprocess
 from ssd.weights.checkpoint import CheckpointError
 
 openvino = pytest.importorskip("openvino")
 
-from ssd.inference.backends_openvino import OpenVinoBackend  # noqa: E402  (after the skip: it needs openvino)
+from ssd.inference.backends.openvino import OpenVinoBackend  # noqa: E402  (after the skip: it needs openvino)
 
 
 @pytest.fixture(scope="module")
@@ -198,7 +199,7 @@ def test_openvino_export_of_an_int8_model_is_quantized_and_close(artifacts, synt
 def test_openvino_backends_share_the_process_core(tiny_checkpoint, tmp_path):
     """One ``openvino.Core`` per process, kept alive: a Core destroyed while OpenVINO's threads live makes a later
     fork (a subprocess, data-loader workers) crash the whole process."""
-    from ssd.inference.backends_openvino import open_openvino, openvino_core
+    from ssd.inference.backends.openvino import open_openvino, openvino_core
 
     folder = export(tiny_checkpoint, fmt="openvino", out_path=tmp_path / "ir")
     first = open_openvino(folder / "model.xml", torch.device("cpu"), False)

@@ -9,7 +9,7 @@ import torch
 
 import ssd.export.benchmark as benchmark
 from ssd.cli import main
-from ssd.inference.registry import open_backend
+from ssd.inference.backends import open_backend
 
 
 def failing_export(*_args):

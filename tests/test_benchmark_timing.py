@@ -6,7 +6,7 @@ import pytest
 import ssd.export.timing as timing
 from builders import biased_model, random_images
 from ssd.export.timing import Timing, time_backends
-from ssd.inference.registry import open_backend
+from ssd.inference.backends import open_backend
 
 
 class Recorded:

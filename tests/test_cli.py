@@ -252,7 +252,8 @@ def test_val_option_errors_name_the_flag_and_are_usage_errors(option, message, t
 
 @pytest.mark.slow
 def test_val_loads_no_plotting_library():
-    code = ("import sys\nimport ssd.cli, ssd.evaluation.evaluator, ssd.inference.backends\n"
+    code = ("import sys\nimport ssd.cli, ssd.evaluation.evaluator, ssd.inference.backends.onnx\n"
+            "import ssd.inference.backends.pytorch\n"
             "print('matplotlib' in sys.modules, 'ssd.training' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]

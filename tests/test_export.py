@@ -15,9 +15,9 @@ from ssd.export.formats import export
 from ssd.export.onnx import export_onnx
 from ssd.export.parity import ExportCheckError, check_onnx
 from ssd.export.pt2 import export_pt2
-from ssd.inference.backends import OnnxBackend, OnnxModelError
-from ssd.inference.backends_pt2 import ExportedProgramBackend
-from ssd.inference.pipeline import Detector, load
+from ssd.inference.backends.onnx import OnnxBackend, OnnxModelError
+from ssd.inference.backends.pt2 import ExportedProgramBackend
+from ssd.inference.detector import Detector, load
 from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess_detections
 from ssd.weights.checkpoint import save_checkpoint
 
@@ -305,7 +305,7 @@ def test_every_list_of_formats_derives_from_the_one_artifact_table():
     from ssd.artifacts import ARTIFACTS, BENCHMARK_ROWS, EXPORT_FORMATS, resolve
     from ssd.export import benchmark
     from ssd.export.formats import FORMATS
-    from ssd.inference.registry import BACKENDS
+    from ssd.inference.backends import BACKENDS
 
     assert list(BACKENDS) == [runtime for kind in ARTIFACTS.values() for runtime in kind.runtimes]
     assert list(FORMATS) == list(EXPORT_FORMATS) == ["pt2", "onnx", "openvino"]
@@ -358,8 +358,8 @@ from onnx import TensorProto, helper
 import ssd.limits
 from ssd.card import ModelCard
 from ssd.export.onnx import onnx_metadata
-from ssd.inference.backends import graph_digest
-from ssd.inference.pipeline import load
+from ssd.inference.backends.onnx import graph_digest
+from ssd.inference.detector import load
 
 ssd.limits.MAX_ONNX_RUNTIME_BYTES = 64 * 2**20
 # a graph with a valid card and checksum that tiles its 8x8 input to 3 x 8000 x 8000 floats (768 MB)

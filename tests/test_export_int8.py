@@ -15,7 +15,7 @@ from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.export.formats import export
 from ssd.export.quantize import calibration_inputs, calibration_paths, network_nodes, quantize_onnx
-from ssd.inference.backends import OnnxBackend, graph_digest
+from ssd.inference.backends.onnx import OnnxBackend, graph_digest
 from ssd.preprocess import preprocess
 
 

@@ -12,7 +12,7 @@ from ssd.cli import main
 from ssd.data.check import check_dataset
 from ssd.data.load import load_dataset
 from ssd.data.yolo import GLUED_HINT
-from ssd.inference.pipeline import load
+from ssd.inference.detector import load
 from ssd.inference.sources import predict_source
 from ssd.weights.checkpoint import save_checkpoint
 

@@ -19,7 +19,7 @@ from torchvision.models.detection import (
 
 from builders import biased_model
 from ssd.cli import main
-from ssd.inference.registry import open_backend
+from ssd.inference.backends import open_backend
 from ssd.models import MODEL_CONFIGS, BackboneWeightsError, build_model
 from ssd.models.importers import import_model
 from ssd.models.load import read_weights

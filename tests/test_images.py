@@ -250,7 +250,7 @@ def test_png_with_corrupt_pixel_data_is_refused_by_check_and_predict_alike(tmp_p
         with pytest.raises(ImageError, match=r"image does not decode \(OSError: broken data stream") as e:
             decode(path)
         assert e.value.code == "corrupt_image" and str(e.value).startswith(f"{path}: "), name
-    from ssd.inference.pipeline import Detector
+    from ssd.inference.detector import Detector
 
     with pytest.raises(ImageError, match=f"^{path}: image does not decode"):
         Detector(biased_model("ssd_tiny")).predict(path)

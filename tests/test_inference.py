@@ -8,10 +8,10 @@ import torch
 from builders import biased_model, random_images
 from ssd.card import ModelCard
 from ssd.detect import detect_batch
-from ssd.inference import registry
-from ssd.inference.backends import TorchBackend
-from ssd.inference.pipeline import Detector, load
-from ssd.inference.registry import BACKENDS, backend_kind, open_backend, register_backend
+from ssd.inference import backends
+from ssd.inference.backends import BACKENDS, backend_kind, open_backend, register_backend
+from ssd.inference.backends.pytorch import TorchBackend
+from ssd.inference.detector import Detector, load
 from ssd.preprocess import preprocess, to_pixels
 from ssd.settings import PREDICT, ConfigError, Thresholds
 from ssd.weights.checkpoint import CheckpointError, save_checkpoint
@@ -99,7 +99,7 @@ class FakeBackend:
 
 
 def test_a_registered_runtime_is_opened_by_suffix_and_runs_the_pipeline(tmp_path, monkeypatch):
-    monkeypatch.setattr(registry, "BACKENDS", dict(BACKENDS))
+    monkeypatch.setattr(backends, "BACKENDS", dict(BACKENDS))
     register_backend("fake", [".FAKE"], FakeBackend)
     path = tmp_path / "model.fake"
     path.write_bytes(b"")

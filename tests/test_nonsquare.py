@@ -255,7 +255,7 @@ def test_predict_and_onnx_export_at_a_non_square_size(tmp_path):
     import onnx
 
     from ssd.export.onnx import export_onnx
-    from ssd.inference.pipeline import load
+    from ssd.inference.detector import load
     from ssd.weights.checkpoint import save_checkpoint
 
     torch.manual_seed(0)

@@ -10,8 +10,8 @@ from builders import biased_model, random_images
 from ssd.cli import main
 from ssd.export.onnx import export_onnx
 from ssd.export.pt2 import export_pt2
-from ssd.inference.backends import OnnxBackend
-from ssd.inference.pipeline import Detector, load
+from ssd.inference.backends.onnx import OnnxBackend
+from ssd.inference.detector import Detector, load
 from ssd.models.load import model_from_checkpoint
 from ssd.settings import PREDICT
 from ssd.training.state import validation_operating_point
@@ -134,8 +134,8 @@ def test_predict_prints_the_threshold_and_where_it_came_from(tiny, weights, tmp_
 def test_opencv_and_openvino_backends_read_the_operating_point(weights, tmp_path):
     pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino package")
     from ssd.export.formats import export
-    from ssd.inference.backends_opencv import OpenCvBackend
-    from ssd.inference.backends_openvino import OpenVinoBackend
+    from ssd.inference.backends.opencv import OpenCvBackend
+    from ssd.inference.backends.openvino import OpenVinoBackend
 
     onnx_path = export(weights, "onnx", out_path=tmp_path / "best.onnx")
     assert OpenCvBackend(onnx_path).card.operating_point == POINT

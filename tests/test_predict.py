@@ -13,8 +13,8 @@ from builders import biased_model, random_images
 from conftest import requires_cuda
 from ssd.data.images import read_image
 from ssd.export.onnx import export_onnx
-from ssd.inference.backends import OnnxBackend
-from ssd.inference.pipeline import Detector, load
+from ssd.inference.backends.onnx import OnnxBackend
+from ssd.inference.detector import Detector, load
 from ssd.inference.sources import predict_source
 from ssd.weights.checkpoint import CheckpointError, save_checkpoint
 

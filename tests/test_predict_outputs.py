@@ -19,7 +19,7 @@ from ssd.data.images import read_image
 from ssd.data.yolo import read_yolo_yaml
 from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.crop_files import class_folders
-from ssd.inference.pipeline import Detector, Result
+from ssd.inference.detector import Detector, Result
 from ssd.inference.prefetch import decode_files
 from ssd.inference.result_files import write_results
 from ssd.inference.sources import predict_source

@@ -155,7 +155,7 @@ def test_coverage_buckets_and_mean():
 
 # ------------------------------------------------------------------------------------------ models and files
 def test_model_with_custom_priors_saves_reloads_and_predicts(tmp_path):
-    from ssd.inference.pipeline import load
+    from ssd.inference.detector import load
 
     base = default_priors("ssd_tiny", 128)
     custom = PriorConfig(feature_maps=base.feature_maps, steps=base.steps, min_sizes=[6, 15, 33, 60, 95],

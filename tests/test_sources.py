@@ -14,7 +14,7 @@ from PIL import Image
 from builders import biased_model, random_images
 from ssd.cli import main
 from ssd.export.onnx import export_onnx
-from ssd.inference.pipeline import load
+from ssd.inference.detector import load
 from ssd.inference.sources import output_paths, predict_source, resolve_source
 from ssd.weights.checkpoint import CheckpointError, save_checkpoint
 from ssd.weights.resolve import resolve_weights

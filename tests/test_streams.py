@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ssd.cli import main
-from ssd.inference.pipeline import load
+from ssd.inference.detector import load
 from ssd.inference.sources import predict_source
 from ssd.inference.streams import (
     StreamError,

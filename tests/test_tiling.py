@@ -14,7 +14,7 @@ from ssd.card import ModelCard
 from ssd.cli import main
 from ssd.data.synthetic import SHAPE_NAMES
 from ssd.evaluation.evaluator import evaluate
-from ssd.inference.pipeline import Detector, load
+from ssd.inference.detector import Detector, load
 from ssd.inference.tiling import check_tile, detect_tiled, tile_shape, tile_windows
 from ssd.weights.checkpoint import save_checkpoint
 

@@ -53,10 +53,10 @@ _EXPORTS: dict[str, str] = {
     "voc_ap": "ssd.evaluation.metrics",
     "export_onnx": "ssd.export.onnx",
     "run_benchmark": "ssd.export.benchmark",
-    "Detector": "ssd.inference.pipeline",
-    "load": "ssd.inference.pipeline",
-    "open_backend": "ssd.inference.registry",
-    "register_backend": "ssd.inference.registry",
+    "Detector": "ssd.inference.detector",
+    "load": "ssd.inference.detector",
+    "open_backend": "ssd.inference.backends",
+    "register_backend": "ssd.inference.backends",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -88,8 +88,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ssd.evaluation.metrics import evaluate_voc, voc_ap
     from ssd.export.benchmark import run_benchmark
     from ssd.export.onnx import export_onnx
-    from ssd.inference.pipeline import Detector, load
-    from ssd.inference.registry import open_backend, register_backend
+    from ssd.inference.backends import open_backend, register_backend
+    from ssd.inference.detector import Detector, load
     from ssd.loss import MultiBoxLoss
     from ssd.matching import match
     from ssd.models import SSD, build_model, list_models

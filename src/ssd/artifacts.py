@@ -4,7 +4,7 @@ A row (:class:`ArtifactKind`) says the suffixes a kind's files end in, whether i
 that names it), the function that writes it and the runtimes that open it (``"module:function"`` strings, imported
 only when used, so that this module imports nothing), whether ``ssd export`` can put NMS in its graph and quantize it
 to INT8, and its ``ssd benchmark`` rows. Everything that lists formats derives from :data:`ARTIFACTS`: the runtime
-registry (:data:`ssd.inference.registry.BACKENDS`), ``ssd export``'s formats (:data:`EXPORT_FORMATS`) and their
+registry (:data:`ssd.inference.backends.BACKENDS`), ``ssd export``'s formats (:data:`EXPORT_FORMATS`) and their
 output names, the benchmark's rows and the command-line choices.
 """
 
@@ -66,24 +66,24 @@ class ArtifactKind:
 
 
 ARTIFACTS: dict[str, ArtifactKind] = {kind.name: kind for kind in (
-    ArtifactKind("pt", (".pt", ".pth"), {"torch": "ssd.inference.backends:open_torch"},
+    ArtifactKind("pt", (".pt", ".pth"), {"torch": "ssd.inference.backends.pytorch:open_torch"},
                  benchmark=(BenchmarkVariant("pytorch", "torch"),
                             BenchmarkVariant("pytorch-bf16", "torch", bfloat16=True))),
-    ArtifactKind("pt2", (".pt2",), {"pt2": "ssd.inference.backends_pt2:open_pt2"},
+    ArtifactKind("pt2", (".pt2",), {"pt2": "ssd.inference.backends.pt2:open_pt2"},
                  exporter="ssd.export.pt2:export_pt2", benchmark=(BenchmarkVariant("pt2", "pt2"),)),
-    ArtifactKind("onnx", (".onnx",), {"onnx": "ssd.inference.backends:open_onnx",
-                                      "opencv": "ssd.inference.backends_opencv:open_opencv"},
+    ArtifactKind("onnx", (".onnx",), {"onnx": "ssd.inference.backends.onnx:open_onnx",
+                                      "opencv": "ssd.inference.backends.opencv:open_opencv"},
                  exporter="ssd.export.onnx:export_onnx", nms=True, int8=True,
                  benchmark=(BenchmarkVariant("onnx", "onnx"), BenchmarkVariant("onnx-int8", "onnx", int8=True),
                             BenchmarkVariant("opencv", "opencv"))),
-    ArtifactKind("openvino", (".xml",), {"openvino": "ssd.inference.backends_openvino:open_openvino",
-                                         "openvino-bf16": "ssd.inference.backends_openvino:open_openvino_bf16"},
+    ArtifactKind("openvino", (".xml",), {"openvino": "ssd.inference.backends.openvino:open_openvino",
+                                         "openvino-bf16": "ssd.inference.backends.openvino:open_openvino_bf16"},
                  exporter="ssd.export.openvino:export_openvino", folder_file="model.xml", nms=True, int8=True,
                  benchmark=(BenchmarkVariant("openvino", "openvino"),
                             BenchmarkVariant("openvino-bf16", "openvino-bf16"),
                             BenchmarkVariant("openvino-int8", "openvino", int8=True))),
     # retired: its files are refused by name, with what to export instead
-    ArtifactKind("torchscript", (".torchscript",), {"torchscript": "ssd.inference.registry:refuse_torchscript"}),
+    ArtifactKind("torchscript", (".torchscript",), {"torchscript": "ssd.inference.backends:refuse_torchscript"}),
 )}
 """Kind name -> :class:`ArtifactKind`; the default kind of a file whose suffix no kind claims is ``pt``
 (checkpoints and foreign detectors come with many suffixes, told apart by content)."""

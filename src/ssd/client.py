@@ -1,5 +1,5 @@
 """A client of ``ssd serve``: :class:`Client` sends images and returns the same
-:class:`~ssd.inference.pipeline.Result` objects as ``ssd.load(...).predict`` (httpx, the ``[serve]`` extra)."""
+:class:`~ssd.inference.detector.Result` objects as ``ssd.load(...).predict`` (httpx, the ``[serve]`` extra)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ssd._utils import require
-from ssd.inference.pipeline import Result
+from ssd.inference.detector import Result
 
 __all__ = ["Client", "ServerError"]
 

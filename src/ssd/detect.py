@@ -1,8 +1,8 @@
 """The one inference pipeline after :func:`ssd.preprocess.preprocess`: network -> post-processing -> pixels.
 
-:func:`detect_batch` is what :meth:`ssd.models.SSD.predict`, :class:`ssd.inference.pipeline.Detector`, evaluation,
+:func:`detect_batch` is what :meth:`ssd.models.SSD.predict`, :class:`ssd.inference.detector.Detector`, evaluation,
 the export check and tiling all run; it sits in the core so that the model itself can use it. The network is an
-SSD module (called as it is) or any :class:`ssd.inference.registry.Backend` (PyTorch, ONNX Runtime, ...), read by
+SSD module (called as it is) or any :class:`ssd.inference.backends.Backend` (PyTorch, ONNX Runtime, ...), read by
 its attributes only (``card``, ``priors``, the call, ``nms_detections`` where ``card.nms`` is set).
 """
 

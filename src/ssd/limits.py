@@ -38,7 +38,7 @@ of a model card): its output is ``[B, max_det, 6]``, allocated whatever the imag
 
 MAX_ONNX_RUNTIME_BYTES = 8 * 2**30
 """Most memory ONNX Runtime's CPU arena may hold for the sessions of a process (the arena limit of
-:class:`ssd.inference.backends.OnnxBackend`): a graph that asks for more fails with one line instead of taking the
+:class:`ssd.inference.backends.onnx.OnnxBackend`): a graph that asks for more fails with one line instead of taking the
 machine's memory."""
 
 MAX_CROP_CACHE_BYTES = 4 * 2**30

@@ -2,7 +2,7 @@
 the original sizes) and :func:`to_pixels` (its inverse for boxes: normalized detections -> pixel ``xyxy`` of each
 original image).
 
-Shared by :meth:`ssd.models.SSD.predict` and every backend of :mod:`ssd.inference.pipeline` (PyTorch or ONNX Runtime),
+Shared by :meth:`ssd.models.SSD.predict` and every backend of :mod:`ssd.inference.detector` (PyTorch or ONNX Runtime),
 so that all of them see the same pixels and give boxes in the same coordinates. The resize is plain (no letterbox):
 a box normalized to the network input maps to the original image by scaling with its width and height.
 """

@@ -58,7 +58,7 @@ def _overlap(args: argparse.Namespace) -> float:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from ssd.inference.pipeline import load
+    from ssd.inference.detector import load
     from ssd.inference.sources import predict_source
 
     options = thresholds(args)

@@ -2,7 +2,7 @@
 
 :func:`evaluate_split` predicts every batch of a loader (:func:`predict_dataset`) with a module or any backend,
 gathers the per-image results of every rank under torchrun and scores them (:func:`score_detections`: VOC07, VOC
-or COCO); :func:`evaluate` does the same for anything :func:`ssd.inference.registry.open_backend` opens (a
+or COCO); :func:`evaluate` does the same for anything :func:`ssd.inference.backends.open_backend` opens (a
 checkpoint, a run directory, an exported ``.onnx``) and a dataset (``ssd.evaluate``, ``ssd val``). The loader
 yields :func:`ssd.data.collate` batches: ``images [B, 3, S, S]`` normalized, ``boxes [B, G, 4]`` xyxy normalized
 to the network input, ``labels [B, G]`` (``-1`` padding), ``difficult [B, G]``, ``orig_sizes [B, 2]`` ``(h, w)``,
@@ -37,8 +37,8 @@ from ssd.device import autocast
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
 from ssd.evaluation.metrics import evaluate_voc
 from ssd.files import check_output, write_text
+from ssd.inference.backends import Backend, open_backend
 from ssd.inference.coco_results import to_coco_detections
-from ssd.inference.registry import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.log import progress as progress_bar
 from ssd.models.config import ModelConfig
@@ -70,7 +70,7 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     """Evaluate a network on a dataset split (checked first, like training's data; ``recheck``: every file read and
     decoded again instead of trusting the dataset index).
 
-    ``weights``: anything :func:`ssd.inference.registry.open_backend` opens (a checkpoint, a run directory, an
+    ``weights``: anything :func:`ssd.inference.backends.open_backend` opens (a checkpoint, a run directory, an
     exported ``.onnx``, a module, a backend), run on ``device``. Thresholds default to :data:`ssd.settings.EVALUATE`.
 
     Returns the dict of :func:`evaluate_split` plus ``class_names``; the numbers equal those of the end of training

@@ -31,7 +31,7 @@ from ssd.evaluation.evaluator import evaluate
 from ssd.export.formats import export
 from ssd.export.timing import time_backends
 from ssd.files import write_text
-from ssd.inference.registry import Backend, backend_kind, folder_kind, open_backend
+from ssd.inference.backends import Backend, backend_kind, folder_kind, open_backend
 from ssd.log import progress as progress_bar
 
 __all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format_benchmark", "parse_formats",
@@ -221,7 +221,7 @@ def _scored_row(name: str, artifact: Path | Exception, opener: Callable[[Path, s
 
 def artifact_rows(paths: Sequence[str | Path]) -> dict[str, Path]:
     """Row name -> path of each exported model in ``paths`` (an .onnx, OpenVINO .xml or its folder, .pt2, ...):
-    ``"kind:file name"``, the kind being the :data:`ssd.inference.registry.BACKENDS` runtime that opens it
+    ``"kind:file name"``, the kind being the :data:`ssd.inference.backends.BACKENDS` runtime that opens it
     (``"kind:path"`` when two file names are alike). A missing path raises ``ValueError``."""
     kinds = {}
     for path in map(Path, paths):

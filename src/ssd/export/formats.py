@@ -44,7 +44,7 @@ def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_b
                          "network alone (any batch size, post-processing in the library); drop them or use --format "
                          "onnx")
     if fmt == "openvino":
-        from ssd.inference.backends_openvino import require_openvino
+        from ssd.inference.backends.openvino import require_openvino
 
         require_openvino(nncf=int8)
     suffix, folder = FORMATS[fmt]
@@ -58,7 +58,7 @@ def check_export_folder(folder: Path, exist_ok: bool) -> None:
     replaced)."""
     if not folder.is_dir() or not any(folder.iterdir()):
         return
-    from ssd.inference.backends_openvino import IR_FILES, METADATA_FILE
+    from ssd.inference.backends.openvino import IR_FILES, METADATA_FILE
 
     names = {entry.name for entry in folder.iterdir()}
     ours = names <= {*IR_FILES, METADATA_FILE} and _is_card(folder / METADATA_FILE)
@@ -126,7 +126,7 @@ def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None =
         if fmt == "openvino":  # converted from the FP32 graph
             return resolve(ARTIFACTS[fmt].exporter)(fp32, out_path, calibration)
         from ssd.export.quantize import calibration_inputs, quantize_onnx
-        from ssd.inference.backends import OnnxBackend
+        from ssd.inference.backends.onnx import OnnxBackend
 
         card = OnnxBackend(fp32).card
         inputs = calibration_inputs(calibration, card.image_size, card.mean, card.std)

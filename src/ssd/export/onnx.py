@@ -24,9 +24,9 @@ Metadata (``metadata_props``): the model's :class:`ssd.card.ModelCard` as string
 to_strings`: ``model_name``, ``class_names``, ``category_ids`` when the checkpoint has the dataset's ids,
 ``image_size``, ``mean``, ``std``, ``variances``, ``operating_point`` when training stored the best-F1 confidence,
 ``nms`` and with NMS ``score_threshold``, ``iou_threshold``, ``max_det``, ``precision`` (``fp32``, or ``int8`` for
-:mod:`ssd.export.quantize`'s files) and ``checksum``: the graph (:func:`ssd.inference.backends.graph_digest`) and
+:mod:`ssd.export.quantize`'s files) and ``checksum``: the graph (:func:`ssd.inference.backends.onnx.graph_digest`) and
 every field), ``ssd_version`` and, with NMS, ``candidates_per_class``.
-:class:`ssd.inference.backends.OnnxBackend` validates all of them against the graph and the checksum.
+:class:`ssd.inference.backends.onnx.OnnxBackend` validates all of them against the graph and the checksum.
 
 The in-graph post-processing (:class:`_ExportGraph`) is written with ONNX-exportable ops, apart from
 :func:`ssd.postprocess.postprocess_detections`, with the same rule and the same ``CANDIDATES_PER_CLASS``; tests
@@ -49,7 +49,7 @@ from ssd.boxes import decode
 from ssd.card import ModelCard
 from ssd.export.parity import ExportCheckError, check_onnx
 from ssd.files import check_output, write_bytes
-from ssd.inference.backends import graph_digest
+from ssd.inference.backends.onnx import graph_digest
 from ssd.limits import MAX_DETECTIONS
 from ssd.models.load import model_from_checkpoint
 from ssd.postprocess import CANDIDATES_PER_CLASS

@@ -2,8 +2,8 @@
 or quantized to INT8 by NNCF post-training quantization on the calibration images of :mod:`ssd.export.quantize`.
 
 The artifact is a folder: ``model.xml``, ``model.bin`` and ``metadata.json``, the ONNX file's model card as strings
-(``precision`` ``int8`` after NNCF) sealed with the two IR files (:func:`ssd.inference.backends_openvino.ir_digest`),
-verified by :class:`ssd.inference.backends_openvino.OpenVinoBackend` at load. Inputs and outputs keep the ONNX
+(``precision`` ``int8`` after NNCF) sealed with the two IR files (:func:`ssd.inference.backends.openvino.ir_digest`),
+verified by :class:`ssd.inference.backends.openvino.OpenVinoBackend` at load. Inputs and outputs keep the ONNX
 graph's names and shapes (raw outputs, or detections with ``--nms``).
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 from ssd.export.onnx import onnx_metadata
 from ssd.export.quantize import calibration_input
 from ssd.files import write_text
-from ssd.inference.backends import OnnxBackend
-from ssd.inference.backends_openvino import IR_FILES, METADATA_FILE, ir_digest, require_openvino
+from ssd.inference.backends.onnx import OnnxBackend
+from ssd.inference.backends.openvino import IR_FILES, METADATA_FILE, ir_digest, require_openvino
 
 __all__ = ["export_openvino"]
 

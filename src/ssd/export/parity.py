@@ -1,5 +1,5 @@
 """The export check: an exported ONNX model against the PyTorch model it came from, both run through the same
-inference pipeline (:class:`ssd.inference.pipeline.Detector`), on raw outputs and on detections."""
+inference pipeline (:class:`ssd.inference.detector.Detector`), on raw outputs and on detections."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from torch import Tensor, nn
 from torchvision.ops import box_iou
 
 from ssd.boxes import decode
-from ssd.inference.backends import OnnxBackend, TorchBackend
-from ssd.inference.pipeline import Detector, to_image
+from ssd.inference.backends.onnx import OnnxBackend
+from ssd.inference.backends.pytorch import TorchBackend
+from ssd.inference.detector import Detector, to_image
 from ssd.settings import PREDICT, Thresholds
 
 __all__ = ["ExportCheckError", "check_onnx"]

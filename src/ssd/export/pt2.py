@@ -3,8 +3,8 @@ priors [P, 4])`` as the ONNX graph without NMS (see :mod:`ssd.export.onnx`), any
 library.
 
 The model card, as strings (the ONNX export's metadata), is the archive's extra file ``ssd.json``, sealed with the
-program (:func:`ssd.inference.backends_pt2.program_digest`) and verified by
-:class:`~ssd.inference.backends_pt2.ExportedProgramBackend` at load.
+program (:func:`ssd.inference.backends.pt2.program_digest`) and verified by
+:class:`~ssd.inference.backends.pt2.ExportedProgramBackend` at load.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from ssd._utils import as_hw
 from ssd.export.onnx import as_model, onnx_metadata
 from ssd.files import write_bytes
-from ssd.inference.backends_pt2 import METADATA_FILE, program_digest
+from ssd.inference.backends.pt2 import METADATA_FILE, program_digest
 
 __all__ = ["export_pt2", "RawOutputs"]
 

@@ -8,7 +8,7 @@ convolutions too (MobileNet's hard-swish products, residual additions) spares a 
 each, measured faster than convolutions alone (``benchmarks/README.md``). Calibration images are the first ``N`` of
 the dataset's training split, decoded by :func:`ssd.data.images.read_image` and made into network inputs by
 :func:`ssd.preprocess.preprocess` exactly as at inference. The INT8 file carries the FP32 file's model card with
-``precision`` ``int8``, sealed with its own graph, so :class:`ssd.inference.backends.OnnxBackend` loads it.
+``precision`` ``int8``, sealed with its own graph, so :class:`ssd.inference.backends.onnx.OnnxBackend` loads it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.export.onnx import onnx_metadata
 from ssd.files import write_bytes
-from ssd.inference.backends import OnnxBackend, graph_digest
+from ssd.inference.backends.onnx import OnnxBackend, graph_digest
 from ssd.log import LOGGER
 from ssd.preprocess import preprocess
 

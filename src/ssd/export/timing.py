@@ -2,7 +2,7 @@
 machine hits every row alike (as ``benchmarks/`` do), after a warm-up of each.
 
 At batch 1 each call is split into the three stages of the one pipeline of
-:meth:`ssd.inference.pipeline.Detector.detect`: :meth:`~ssd.inference.pipeline.Detector.preprocess`, then
+:meth:`ssd.inference.detector.Detector.detect`: :meth:`~ssd.inference.detector.Detector.preprocess`, then
 :func:`ssd.detect.detect_batch`, whose network call (the backend's ``__call__``, or ``nms_detections`` for graphs
 with their own NMS) is timed on its own: the rest of ``detect_batch`` is post-processing.
 """
@@ -18,8 +18,8 @@ import numpy as np
 import torch
 
 from ssd.detect import detect_batch
-from ssd.inference.pipeline import Detector
-from ssd.inference.registry import Backend
+from ssd.inference.backends import Backend
+from ssd.inference.detector import Detector
 from ssd.settings import PREDICT
 
 __all__ = ["Timing", "time_backends"]

@@ -17,7 +17,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ssd.files import fitted_name
-from ssd.inference.pipeline import Result
+from ssd.inference.detector import Result
 from ssd.limits import MAX_SAVED_CROPS
 from ssd.plots import save_image
 

@@ -22,7 +22,7 @@ from ssd.inference.tracking import Tracker, track_frames
 from ssd.log import progress as progress_bar
 
 if TYPE_CHECKING:
-    from ssd.inference.pipeline import Detector, Result
+    from ssd.inference.detector import Detector, Result
     from ssd.inference.sources import PredictSummary
     from ssd.inference.writers import PredictionWriter
 

@@ -1,7 +1,7 @@
 """``ssd predict``'s front end: :func:`predict_source` over an image, a folder, a glob, a video or live streams
 (:mod:`ssd.inference.streams`), optionally tracking objects (:mod:`ssd.inference.tracking`), writing drawn
 copies and the results as they come (:class:`ssd.inference.writers.PredictionWriter`; the detections themselves come
-from :class:`ssd.inference.pipeline.Detector`, image files decoded ahead in threads by
+from :class:`ssd.inference.detector.Detector`, image files decoded ahead in threads by
 :func:`ssd.inference.prefetch.decode_files`).
 
 Outputs never overwrite inputs: the save directory is a fresh one (``predict``, ``predict2``, ... like training runs)
@@ -24,10 +24,10 @@ from tqdm import tqdm
 
 from ssd.data.images import IMAGE_SUFFIXES, is_image
 from ssd.files import check_output, check_outputs, make_run_dir
+from ssd.inference.detector import Detector
 from ssd.inference.display import open_window
 from ssd.inference.frames import draw_result, predict_live, predict_video
 from ssd.inference.globs import expand_glob
-from ssd.inference.pipeline import Detector
 from ssd.inference.prefetch import DECODE_WORKERS, decode_files
 from ssd.inference.result_files import check_format
 from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name

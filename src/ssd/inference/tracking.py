@@ -1,5 +1,5 @@
 """Track ids across the frames of a video or a live stream: ByteTrack from the ``trackers`` package (the optional
-``track`` extra), fed the :class:`~ssd.inference.pipeline.Result` of each frame in order.
+``track`` extra), fed the :class:`~ssd.inference.detector.Result` of each frame in order.
 
 :class:`Tracker` gives each result its ``track_ids`` (``-1`` for a detection not yet confirmed as a track, every
 detection kept, in the result's order) and keeps each track's recent box centres for drawing its trail. Its
@@ -33,7 +33,7 @@ from ssd.limits import value_text
 from ssd.settings import ConfigError
 
 if TYPE_CHECKING:
-    from ssd.inference.pipeline import Detector, Result
+    from ssd.inference.detector import Detector, Result
     from ssd.inference.streams import Frame
 
 __all__ = ["TRACKERS", "TRACKER_SETTINGS", "TRAIL_LENGTH", "Tracker", "track_frames", "tracker_settings"]

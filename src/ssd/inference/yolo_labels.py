@@ -20,7 +20,7 @@ from torch import Tensor
 from ssd.boxes import xyxy_to_cxcywh
 from ssd.data.yolo import label_path
 from ssd.files import fitted_name, write_text
-from ssd.inference.pipeline import Result
+from ssd.inference.detector import Result
 from ssd.plots import save_image
 
 __all__ = ["YoloLabelWriter", "yolo_lines"]

@@ -116,7 +116,7 @@ class SSD(nn.Module):
         """Detections in original-image pixels: :meth:`preprocess`, then :func:`ssd.detect.detect_batch` (the
         pipeline of every inference backend). Thresholds default to :data:`ssd.settings.PREDICT`, but
         ``score_threshold=None`` is the card's default confidence (:meth:`ssd.card.ModelCard.confidence`: the stored
-        operating point when there is one), as :class:`ssd.inference.pipeline.Detector`.
+        operating point when there is one), as :class:`ssd.inference.detector.Detector`.
 
         Runs in eval mode (the previous mode is restored). ``images`` as for :meth:`preprocess`.
 

@@ -1,7 +1,7 @@
 """The FastAPI app of ``ssd serve`` (:func:`create_app`).
 
 Routes: ``POST /predict`` (an image as the body or a one-file multipart form; query options :data:`QUERY_OPTIONS`)
-answers :meth:`ssd.inference.pipeline.Result.to_dict` as JSON, or with ``draw=1`` the drawn image (PNG);
+answers :meth:`ssd.inference.detector.Result.to_dict` as JSON, or with ``draw=1`` the drawn image (PNG);
 ``GET /model`` the model card, ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /`` a page to try images
 on, ``GET /samples`` and ``GET /samples/{name}`` the example images of ``samples`` (a folder).
 
@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ssd.data.images import ImageError, decode_image, is_image
-from ssd.inference.pipeline import Detector, Result
+from ssd.inference.detector import Detector, Result
 from ssd.limits import MAX_UPLOAD_BYTES
 from ssd.serve.batching import Batcher
 from ssd.serve.card import model_card

@@ -3,7 +3,7 @@
 A request's image waits in a queue; the gatherer takes the first one, then what is already waiting and, while other
 requests are still being read or decoded (:meth:`Batcher.arriving`), what arrives within ``max_wait_ms``, up to
 ``max_batch`` images (a lone request is never held back), and runs each group of requests with the same options as one
-:meth:`ssd.inference.pipeline.Detector.detect` call (one :func:`ssd.detect.detect_batch`) on a single inference
+:meth:`ssd.inference.detector.Detector.detect` call (one :func:`ssd.detect.detect_batch`) on a single inference
 thread, so the event loop keeps accepting requests while the network runs. ``max_batch=1`` turns batching off.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ssd.inference.pipeline import Detector, Result
+from ssd.inference.detector import Detector, Result
 from ssd.settings import ConfigError
 
 __all__ = ["Batcher"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ssd.inference.registry import Backend
+from ssd.inference.backends import Backend
 
 __all__ = ["model_card"]
 

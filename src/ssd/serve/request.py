@@ -12,7 +12,7 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 from ssd._utils import did_you_mean
-from ssd.inference.pipeline import Detector
+from ssd.inference.detector import Detector
 from ssd.limits import value_text
 from ssd.settings import ConfigError, Thresholds, check_thresholds
 
@@ -40,7 +40,7 @@ class RequestError(ValueError):
 @dataclass(frozen=True)
 class PredictOptions:
     """One request's options: thresholds and the labels to keep (``None``: all) as
-    :meth:`ssd.inference.pipeline.Detector.detect` takes them, and whether to answer with the drawn image."""
+    :meth:`ssd.inference.detector.Detector.detect` takes them, and whether to answer with the drawn image."""
 
     score_threshold: float
     iou_threshold: float
@@ -58,7 +58,7 @@ class PredictOptions:
 def parse_options(items: Sequence[tuple[str, str]], detector: Detector, defaults: Thresholds) -> PredictOptions:
     """The query ``items`` (name, value pairs) of a request, checked: unknown names are answered with the closest
     valid ones, a repeated name or a value out of range names the option, the value and the rule; ``classes`` are
-    read by ``detector`` (:meth:`~ssd.inference.pipeline.Detector.class_indices`)."""
+    read by ``detector`` (:meth:`~ssd.inference.detector.Detector.class_indices`)."""
     given: dict[str, str] = {}
     for name, value in items:
         if name not in QUERY_OPTIONS:

@@ -40,7 +40,7 @@ def serve(weights: str | Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_
           half: bool = False, score_threshold: float | None = None, iou_threshold: float = PREDICT.iou_threshold,
           max_detections: int = PREDICT.max_detections, max_batch: int = 8, max_wait_ms: float = 5.0,
           samples: str | Path | None = None, threads: int | None = 1) -> None:
-    """Serve ``weights`` (anything :func:`ssd.inference.pipeline.load` opens) on ``host:port`` until interrupted.
+    """Serve ``weights`` (anything :func:`ssd.inference.detector.load` opens) on ``host:port`` until interrupted.
 
     The port is taken before the model is opened (a port in use fails at once; port 0 takes a free one), and the
     line ``serving ... on http://HOST:PORT ...`` is printed once it accepts connections. See
@@ -55,7 +55,7 @@ def serve(weights: str | Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_
         raise ConfigError(f"--threads must be a positive integer, got {threads}")
     uvicorn = require("uvicorn", "serve", "ssd serve")
     require("fastapi", "serve", "ssd serve")
-    from ssd.inference.pipeline import load
+    from ssd.inference.detector import load
     from ssd.serve.app import create_app
 
     with _listen(host, port) as sock:

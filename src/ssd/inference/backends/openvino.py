@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ssd._utils import require
-from ssd.inference.backends import OnnxBackend, OnnxModelError
+from ssd.inference.backends.onnx import OnnxBackend, OnnxModelError
 
 __all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "ir_digest",
            "require_openvino", "open_openvino", "open_openvino_bf16"]

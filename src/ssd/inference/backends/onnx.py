@@ -1,11 +1,9 @@
-"""The built-in inference backends (:class:`ssd.inference.registry.Backend`): PyTorch and ONNX Runtime.
+"""The ONNX Runtime backend: a graph written by ``ssd export`` (:mod:`ssd.export.onnx`), its card checked.
 
-A backend maps a preprocessed batch ``[B, 3, H, W]`` (float32, normalized) to ``(loc [B, P, 4], logits [B, P, K+1])``
-and says what the rest of the pipeline needs: ``card`` (the :class:`ssd.card.ModelCard`: class names, input size,
-normalization, variances, operating point, ...), ``priors [P, 4]`` and ``device`` (where its input batch is made).
-An ONNX graph exported with NMS inside (``card.nms`` set) returns detections instead:
-:meth:`OnnxBackend.nms_detections`. :func:`ssd.detect.detect_batch` runs either kind;
-:func:`ssd.inference.registry.open_backend` opens them (:func:`open_torch`, :func:`open_onnx`).
+It maps a preprocessed batch ``[B, 3, H, W]`` (float32, normalized) to ``(loc [B, P, 4], logits [B, P, K+1])``; a
+graph exported with NMS inside (``card.nms`` set) returns detections instead (:meth:`OnnxBackend.nms_detections`).
+:class:`OnnxBackend` is also the base of the OpenCV DNN and OpenVINO backends, which run the same checks behind
+their own session.
 """
 
 from __future__ import annotations
@@ -17,16 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 import ssd.limits as limits
-from ssd._utils import require, unwrap_model
+from ssd._utils import require
 from ssd.card import ModelCard
-from ssd.detect import model_input
-from ssd.device import prepare_model
 from ssd.weights.checkpoint import CheckpointError
 
-__all__ = ["TorchBackend", "OnnxBackend", "OnnxModelError", "graph_digest", "open_torch", "open_onnx"]
+__all__ = ["OnnxBackend", "OnnxModelError", "graph_digest", "open_onnx"]
 
 RAW_OUTPUTS = ["loc", "logits", "priors"]
 NMS_OUTPUTS = ["detections", "num_detections"]
@@ -35,48 +31,6 @@ NMS_OUTPUTS = ["detections", "num_detections"]
 class OnnxModelError(CheckpointError):
     """An exported file that ``ssd`` cannot run: unreadable, not exported by ``ssd export``, modified or
     inconsistent."""
-
-
-class TorchBackend:
-    """A PyTorch :class:`ssd.models.SSD` (unwrapped from DDP / ``torch.compile``), put in eval mode on ``device``.
-
-    ``device``: default the model's own; ``half``: float16 autocast (CUDA only). The model and each batch are moved
-    to ``device`` and made channels-last when the model's configuration recommends it. ``source``: the checkpoint
-    it came from; ``card``: the model's (:attr:`ssd.models.SSD.card`).
-    """
-
-    name = "torch"
-
-    def __init__(self, model: nn.Module, device: str | torch.device | None = None, half: bool = False,
-                 source: Path | None = None):
-        model = unwrap_model(model)
-        self.source = source
-        self.device = torch.device(device) if device is not None else model.priors.device
-        if half and self.device.type != "cuda":
-            raise ValueError(f"half precision needs a CUDA device, got device={str(self.device)!r}")
-        self.card = model.card
-        self.model, self.channels_last = prepare_model(model, self.device, None)
-        self.model.eval()
-        self.half = half
-
-    @property
-    def priors(self) -> Tensor:
-        """``[P, 4]`` cxcywh normalized, on ``device``."""
-        return self.model.priors
-
-    def __call__(self, batch: Tensor) -> tuple[Tensor, Tensor]:
-        """``batch [B, 3, S, S]`` -> ``(loc [B, P, 4], logits [B, P, K+1])`` (float16 logits with ``half``)."""
-        batch = model_input(batch.to(self.device), self.channels_last)
-        with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16, enabled=self.half):
-            return self.model(batch)
-
-
-def open_torch(path: Path, device: torch.device, half: bool) -> TorchBackend:
-    """A checkpoint of this library, or a foreign detector :func:`ssd.models.load.read_weights` imports; its card
-    (category ids and operating point included) is checked against the checksum stored with it."""
-    from ssd.models.load import model_from_checkpoint
-
-    return TorchBackend(model_from_checkpoint(path), device, half, source=path)  # its errors name the file
 
 
 def open_onnx(path: Path, device: torch.device, half: bool) -> OnnxBackend:

@@ -1,6 +1,6 @@
 """Detection for users: :class:`Detector` (a backend plus the input handling: paths, PIL images, numpy arrays,
 tensors; batching and tiling) and :func:`load`, which makes one from anything
-:func:`~ssd.inference.registry.open_backend` opens. Each batch runs :func:`ssd.detect.detect_batch`, the one
+:func:`~ssd.inference.backends.open_backend` opens. Each batch runs :func:`ssd.detect.detect_batch`, the one
 pipeline.
 
 Thresholds have one vocabulary (:mod:`ssd.settings`, defaults :data:`~ssd.settings.PREDICT`): ``score_threshold``
@@ -24,7 +24,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 from ssd._utils import did_you_mean, require
 from ssd.card import ModelCard
 from ssd.detect import detect_batch
-from ssd.inference.registry import Backend, open_backend
+from ssd.inference.backends import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.preprocess import preprocess
 from ssd.settings import PREDICT, ConfigError, check_thresholds
@@ -101,7 +101,7 @@ def to_image(item, index: int = 0) -> Tensor:
 
 class Detector:
     """A backend ready for images (see :func:`load`): ``Detector(backend)``, or ``Detector(model)`` for an SSD module
-    (run as a :class:`~ssd.inference.backends.TorchBackend` on its own device)."""
+    (run as a :class:`~ssd.inference.backends.pytorch.TorchBackend` on its own device)."""
 
     def __init__(self, backend: Backend | nn.Module):
         self.backend = open_backend(backend)
@@ -247,8 +247,8 @@ class Detector:
 
 def load(path: str | Path, device: str | torch.device = "cpu", half: bool = False) -> Detector:
     """A :class:`Detector` for a checkpoint (``.pt``), a run directory (its best checkpoint) or an exported model
-    (``.onnx``, any runtime of :data:`ssd.inference.registry.BACKENDS`): see
-    :func:`ssd.inference.registry.open_backend`.
+    (``.onnx``, any runtime of :data:`ssd.inference.backends.BACKENDS`): see
+    :func:`ssd.inference.backends.open_backend`.
 
     ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available). ``half``: float16 inference
     (PyTorch on CUDA only). A checkpoint's ``category_ids`` (the dataset's ids, when training stored them) become

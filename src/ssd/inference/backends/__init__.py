@@ -1,8 +1,12 @@
-"""What every runtime offers (:class:`Backend`) and the one way to open one (:func:`open_backend`).
+"""The inference backends: what every runtime offers (:class:`Backend`) and the one way to open one
+(:func:`open_backend`).
 
 :func:`open_backend` takes what a user names (a checkpoint ``.pt``, a run directory, an exported ``.onnx``, an SSD
 module or an opened backend) and picks the runtime from :data:`BACKENDS`, keyed by artifact kind. A new runtime
 (another exported format) is added with :func:`register_backend` (a row of that table), not by editing the dispatch.
+Each runtime is a module of this package (:mod:`~ssd.inference.backends.pytorch`, :mod:`~ssd.inference.backends.onnx`,
+:mod:`~ssd.inference.backends.opencv`, :mod:`~ssd.inference.backends.openvino`, :mod:`~ssd.inference.backends.pt2`),
+imported only when a file of its kind is opened.
 """
 
 from __future__ import annotations
@@ -134,7 +138,7 @@ def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.
     from ssd.device import resolve_device
 
     if isinstance(weights, nn.Module):
-        from ssd.inference.backends import TorchBackend
+        from ssd.inference.backends.pytorch import TorchBackend
 
         return TorchBackend(weights, None if device is None else resolve_device(device), half)
     if not isinstance(weights, (str, Path)):

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ssd.inference.backends import OnnxBackend, OnnxModelError
+from ssd.inference.backends.onnx import OnnxBackend, OnnxModelError
 
 __all__ = ["OpenCvBackend", "open_opencv"]
 
