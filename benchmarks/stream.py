@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ssd.export.formats import export
+from ssd.export import export
 from ssd.inference.detector import load
 from ssd.inference.streams import StreamError, StreamGroup
 from ssd.inference.tracking import Tracker

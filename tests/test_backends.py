@@ -15,7 +15,7 @@ from ssd.cli import main
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.evaluation.evaluator import evaluate
-from ssd.export.formats import export
+from ssd.export import export
 from ssd.files import OutputError
 from ssd.inference.backends import open_backend
 from ssd.inference.backends.onnx import OnnxBackend, OnnxModelError

@@ -127,7 +127,7 @@ def test_eager_bfloat16_runs_the_network_in_bfloat16_and_returns_float32(tiny_ch
 @pytest.mark.slow
 def test_benchmark_takes_ready_made_artifacts_as_they_are_without_exporting_again(tiny_checkpoint, synthetic_voc,
                                                                                   tmp_path):
-    from ssd.export.formats import export
+    from ssd.export import export
 
     onnx_file = export(tiny_checkpoint, "onnx", tmp_path / "given" / "detector.onnx")
     program = export(tiny_checkpoint, "pt2", tmp_path / "given" / "detector.pt2")

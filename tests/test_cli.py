@@ -70,8 +70,9 @@ def test_python_dash_m_runs_the_cli():
 
 @pytest.mark.slow
 def test_import_and_help_do_not_load_torch():
-    """`import ssd` and `ssd --help` stay light: the package names its API lazily (PEP 562)."""
-    code = ("import sys, ssd, contextlib, io\n"
+    """`import ssd` and `ssd --help` stay light: the package names its API lazily (PEP 562), and `ssd.export`
+    imports an exporter (and ONNX, OpenVINO) only when `export` is called."""
+    code = ("import sys, ssd, ssd.export, contextlib, io\n"
             "from ssd.cli import main\n"
             "with contextlib.redirect_stdout(io.StringIO()): main([])\n"
             "assert ssd.__version__ and 'train' in dir(ssd)\n"

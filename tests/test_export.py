@@ -11,7 +11,7 @@ import torch
 
 from builders import biased_model, random_images
 from ssd.cli import main
-from ssd.export.formats import export
+from ssd.export import export
 from ssd.export.onnx import export_onnx
 from ssd.export.parity import ExportCheckError, check_onnx
 from ssd.export.pt2 import export_pt2
@@ -303,8 +303,7 @@ def test_flipped_weight_bytes_fail_the_checksum(tiny_onnx, tmp_path):
 
 def test_every_list_of_formats_derives_from_the_one_artifact_table():
     from ssd.artifacts import ARTIFACTS, BENCHMARK_ROWS, EXPORT_FORMATS, resolve
-    from ssd.export import benchmark
-    from ssd.export.formats import FORMATS
+    from ssd.export import FORMATS, benchmark
     from ssd.inference.backends import BACKENDS
 
     assert list(BACKENDS) == [runtime for kind in ARTIFACTS.values() for runtime in kind.runtimes]

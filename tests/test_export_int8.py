@@ -13,7 +13,7 @@ from ssd.boxes import decode
 from ssd.cli import main
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
-from ssd.export.formats import export
+from ssd.export import export
 from ssd.export.quantize import calibration_inputs, calibration_paths, network_nodes, quantize_onnx
 from ssd.inference.backends.onnx import OnnxBackend, graph_digest
 from ssd.preprocess import preprocess

@@ -119,7 +119,7 @@ CHECKPOINT_FIELDS = ["class_names", "category_ids", "mean", "std", "variances", 
 def artifacts(tmp_path_factory):
     """A 64 px ssd_tiny checkpoint with category ids and an operating point, exported to every format."""
     from builders import biased_model
-    from ssd.export.formats import export
+    from ssd.export import export
     from ssd.weights.checkpoint import save_checkpoint
 
     folder = tmp_path_factory.mktemp("cards")

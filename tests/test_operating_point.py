@@ -133,7 +133,7 @@ def test_predict_prints_the_threshold_and_where_it_came_from(tiny, weights, tmp_
 @pytest.mark.slow
 def test_opencv_and_openvino_backends_read_the_operating_point(weights, tmp_path):
     pytest.importorskip("openvino", reason="the OpenVINO backend needs the openvino package")
-    from ssd.export.formats import export
+    from ssd.export import export
     from ssd.inference.backends.opencv import OpenCvBackend
     from ssd.inference.backends.openvino import OpenVinoBackend
 

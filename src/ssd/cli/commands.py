@@ -94,7 +94,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ssd.export.formats import export
+    from ssd.export import export
 
     out = export(args.weights, fmt=args.fmt, out_path=args.output, opset=args.opset, dynamic_batch=args.dynamic_batch,
                  nms=args.nms, check=args.check, int8=args.int8, data=args.data, calib_images=args.calib_images,

@@ -1,2 +1,137 @@
-"""Export: ONNX (FP32, INT8), OpenVINO and torch.export artifacts (``formats.export``), the parity check against
-PyTorch, and ``ssd benchmark`` over every format."""
+"""Export: ONNX (FP32, INT8), OpenVINO and torch.export artifacts, the parity check against PyTorch, and
+``ssd benchmark`` over every format.
+
+:func:`export` is the one entry of ``ssd export`` for every artifact format (the kinds of
+:data:`ssd.artifacts.ARTIFACTS` with an exporter), its options checked before any work is done; it imports each
+format's exporter (and its runtime: ONNX, OpenVINO) only when called, so ``import ssd.export`` loads none of them.
+
+| format       | artifact                                        | loaded by                |
+|--------------|-------------------------------------------------|--------------------------|
+| ``onnx``     | ``.onnx`` (FP32, or INT8 with ``int8=True``)    | ONNX Runtime, OpenCV DNN |
+| ``openvino`` | a folder: ``model.xml`` + ``.bin`` + metadata   | OpenVINO                 |
+| ``pt2``      | ``.pt2`` (``torch.export`` program + metadata)  | PyTorch                  |
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from ssd.artifacts import ARTIFACTS, EXPORT_FORMATS, resolve
+from ssd.files import OutputError, check_output
+from ssd.settings import PREDICT, check_thresholds
+
+__all__ = ["FORMATS", "default_output", "check_export_folder", "export"]
+
+FORMATS = {name: (ARTIFACTS[name].output_suffix, ARTIFACTS[name].folder) for name in EXPORT_FORMATS}
+"""Format -> (the end of the artifact's name, whether it is a folder)."""
+
+
+def default_output(weights: Path, fmt: str, int8: bool = False) -> Path:
+    """``best.pt`` -> ``best.onnx``, ``best.int8.onnx``, ``best_openvino/``, ``best_int8_openvino/``, ..."""
+    suffix, folder = FORMATS[fmt]
+    if folder:
+        return weights.with_name(weights.stem + ("_int8" if int8 else "") + suffix)
+    return weights.with_suffix((".int8" if int8 else "") + suffix)
+
+
+def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_batch: bool) -> None:
+    kind = ARTIFACTS[fmt]
+    given = [name for name, on in (("--nms", nms and not kind.nms), ("--dynamic-batch", dynamic_batch and not kind.nms),
+                                   ("--int8", int8 and not kind.int8)) if on]
+    if given:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise ValueError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a torch.export program is the "
+                         "network alone (any batch size, post-processing in the library); drop them or use --format "
+                         "onnx")
+    if fmt == "openvino":
+        from ssd.inference.backends.openvino import require_openvino
+
+        require_openvino(nncf=int8)
+    suffix, folder = FORMATS[fmt]
+    if not folder and out_path.suffix.lower() != suffix:
+        raise ValueError(f"the output {out_path} of the {fmt} export must end in {suffix} (--output)")
+
+
+def check_export_folder(folder: Path, exist_ok: bool) -> None:
+    """Refuse (:class:`ssd.files.OutputError`) an existing folder as the output of a folder export, unless
+    ``exist_ok`` and it holds an OpenVINO export of this library and nothing else (the user's files are never
+    replaced)."""
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    from ssd.inference.backends.openvino import IR_FILES, METADATA_FILE
+
+    names = {entry.name for entry in folder.iterdir()}
+    ours = names <= {*IR_FILES, METADATA_FILE} and _is_card(folder / METADATA_FILE)
+    if not ours:
+        raise OutputError(f"--output {folder} is an existing folder that is not an OpenVINO export of ssd (it holds "
+                          f"{', '.join(sorted(names)[:5])}{', ...' if len(names) > 5 else ''}): choose a new folder")
+    if not exist_ok:
+        raise OutputError(f"--output {folder} already holds an OpenVINO export: pass --exist-ok to replace it, or "
+                          "choose a new folder")
+
+
+def _is_card(path: Path) -> bool:
+    """Whether ``path`` is the ``metadata.json`` of an export of this library (a model card as strings)."""
+    from ssd.card import ModelCard
+
+    try:
+        ModelCard.from_strings(json.loads(path.read_text(encoding="utf-8")), str(path))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return False
+    return True
+
+
+def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None = None, *, int8: bool = False,
+           data: str | Path | None = None, calib_images: int | None = None, opset: int = 18,
+           nms: bool = False, dynamic_batch: bool = False, score_threshold: float = PREDICT.score_threshold,
+           iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
+           exist_ok: bool = False, **onnx_options) -> Path:
+    """Export a checkpoint or run directory (its best checkpoint) to ``fmt`` and return the artifact's path.
+
+    ``out_path`` defaults to :func:`default_output`; it is never one of the inputs, and an existing folder (OpenVINO)
+    is replaced only with ``exist_ok`` and when it holds an OpenVINO export of this library. ``int8`` quantizes on
+    ``calib_images`` images of ``data``'s training split (default: 300, or all of them when it has fewer;
+    :mod:`ssd.export.quantize`, OpenVINO: NNCF). ``opset``,
+    ``nms``, ``dynamic_batch``, the thresholds and ``onnx_options`` (``check``, ``sample_images``): see
+    :func:`ssd.export.onnx.export_onnx`. Every option is checked, and the calibration images counted, before
+    anything is written.
+    """
+    from ssd.export.onnx import check_opset, export_onnx
+    from ssd.export.quantize import calibration_paths
+    from ssd.weights.resolve import resolve_weights
+
+    if fmt == "torchscript":
+        raise ValueError("TorchScript export is retired (torch.jit is deprecated by PyTorch): use --format pt2 "
+                         "(torch.export), the same network any batch size, loaded by PyTorch")
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(FORMATS)})")
+    weights = resolve_weights(weights)
+    out_path = Path(out_path) if out_path else default_output(weights, fmt, int8)
+    check_output(out_path, inputs=[weights, data], kind="dir" if FORMATS[fmt][1] else "file",
+                 what="--output")
+    if FORMATS[fmt][1]:
+        check_export_folder(out_path, exist_ok)
+    _check_options(fmt, out_path, int8=int8, nms=nms, dynamic_batch=dynamic_batch)
+    check_thresholds(score_threshold, iou_threshold, max_detections)
+    check_opset(opset)
+    if calib_images is not None and not int8:
+        raise ValueError("--calib-images applies to INT8 exports: add --int8 --data DATA")
+    calibration = calibration_paths(data, calib_images) if int8 else None
+    if fmt == "pt2":
+        return resolve(ARTIFACTS[fmt].exporter)(weights, out_path)
+    onnx_args = dict(opset=opset, nms=nms, dynamic_batch=dynamic_batch, score_threshold=score_threshold,
+                     iou_threshold=iou_threshold, max_detections=max_detections, **onnx_options)
+    if fmt == "onnx" and not int8:
+        return export_onnx(weights, out_path, **onnx_args)
+    with tempfile.TemporaryDirectory(prefix="ssd-export-") as work:
+        fp32 = export_onnx(weights, Path(work) / "model.onnx", **onnx_args)
+        if fmt == "openvino":  # converted from the FP32 graph
+            return resolve(ARTIFACTS[fmt].exporter)(fp32, out_path, calibration)
+        from ssd.export.quantize import calibration_inputs, quantize_onnx
+        from ssd.inference.backends.onnx import OnnxBackend
+
+        card = OnnxBackend(fp32).card
+        inputs = calibration_inputs(calibration, card.image_size, card.mean, card.std)
+        return quantize_onnx(fp32, out_path, inputs)

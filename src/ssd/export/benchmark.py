@@ -28,7 +28,7 @@ from ssd.data.gate import load_training_data
 from ssd.data.images import read_image
 from ssd.device import amp_dtype, autocast
 from ssd.evaluation.evaluator import evaluate
-from ssd.export.formats import export
+from ssd.export import export
 from ssd.export.timing import time_backends
 from ssd.files import write_text
 from ssd.inference.backends import Backend, backend_kind, folder_kind, open_backend
