@@ -35,9 +35,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ssd.errors import StreamError
 from ssd.export import export
 from ssd.inference.detector import load
-from ssd.inference.streams import StreamError, StreamGroup
+from ssd.inference.streams import StreamGroup
 from ssd.inference.tracking import Tracker
 from ssd.models import build_model
 from ssd.weights.checkpoint import save_checkpoint

@@ -14,16 +14,15 @@ from ssd.boxes import decode
 from ssd.cli import main
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
+from ssd.errors import CheckpointError, OnnxModelError, OutputError
 from ssd.evaluation.evaluator import evaluate
 from ssd.export import export
-from ssd.files import OutputError
 from ssd.inference.backends import open_backend
-from ssd.inference.backends.onnx import OnnxBackend, OnnxModelError
+from ssd.inference.backends.onnx import OnnxBackend
 from ssd.inference.backends.opencv import OpenCvBackend
 from ssd.inference.backends.pt2 import METADATA_FILE, ExportedProgramBackend
 from ssd.inference.backends.pytorch import open_torch
 from ssd.preprocess import preprocess
-from ssd.weights.checkpoint import CheckpointError
 
 openvino = pytest.importorskip("openvino")
 

@@ -12,8 +12,8 @@ from torch import nn
 
 import ssd
 from ssd import CheckpointError, build_model, load_checkpoint, model_from_checkpoint, save_checkpoint
-from ssd.files import OutputError, remove_stale_temporaries
-from ssd.models import BackboneWeightsError
+from ssd.errors import BackboneWeightsError, OutputError
+from ssd.files import remove_stale_temporaries
 from ssd.weights.checkpoint import FORMAT
 
 

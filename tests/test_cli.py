@@ -233,7 +233,7 @@ def test_train_conf_and_iou_set_the_config_fields(monkeypatch):
     monkeypatch.setattr(ssd.training.trainer, "train", fake_train)
     assert main(["train", "--data", "x", "--conf", "0.2", "--iou", "0.6"]) == 0
     assert seen == {"data": "x", "score_threshold": 0.2, "iou_threshold": 0.6}
-    from ssd.settings import ConfigError
+    from ssd.errors import ConfigError
     from ssd.training.config import TrainConfig
 
     with pytest.raises(ConfigError, match=r"^score_threshold=1.5 is invalid: must be a number in \[0, 1\] \(--conf\)$"):

@@ -18,7 +18,7 @@ from ssd.data.load import load_dataset
 from ssd.data.loader import DetectionDataset, build_dataloader
 from ssd.data.priors import spec_boxes
 from ssd.data.transforms import IoUCropWithBoxes, build_transform
-from ssd.settings import ConfigError
+from ssd.errors import ConfigError
 from ssd.training.config import TrainConfig
 from ssd.training.trainer import train
 

@@ -7,10 +7,11 @@ import pytest
 from PIL import Image
 
 from ssd import limits
-from ssd.data import DataError, check_dataset, load_training_data
+from ssd.data import check_dataset, load_training_data
 from ssd.data.check import screen
 from ssd.data.priors import prior_coverage
 from ssd.data.records import DatasetSpec, ImageRecord, ObjectRecord
+from ssd.errors import DataError
 from ssd.priors import PriorConfig
 
 

@@ -9,9 +9,10 @@ import torch
 from PIL import Image
 
 from builders import make_dataset
-from ssd.data import DataError, check_dataset, load_dataset, read_image, read_image_size
+from ssd.data import check_dataset, load_dataset, read_image, read_image_size
 from ssd.data.coco import read_coco
 from ssd.data.synthetic import SHAPE_NAMES
+from ssd.errors import DataError
 
 # torchvision 0.29 flags its (working) decoders as deprecated in favour of TorchCodec, not a dependency here.
 

@@ -14,7 +14,8 @@ from PIL import Image
 
 import ssd.data
 from ssd.cli import main
-from ssd.data import DataError, build_dataloader, check_dataset, load_dataset, load_training_data
+from ssd.data import build_dataloader, check_dataset, load_dataset, load_training_data
+from ssd.errors import DataError
 from ssd.training.trainer import train
 
 _colors = itertools.count(1)

@@ -26,9 +26,8 @@ from ssd.data.check import check_dataset
 from ssd.data.gate import load_training_data
 from ssd.data.index import INDEX_FILE, cache_root, index_dataset
 from ssd.data.load import load_dataset
-from ssd.data.records import DataError
 from ssd.data.table import RecordTable
-from ssd.settings import ConfigError
+from ssd.errors import ConfigError, DataError
 
 
 def messages(caplog) -> list[str]:

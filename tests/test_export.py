@@ -11,11 +11,12 @@ import torch
 
 from builders import biased_model, random_images
 from ssd.cli import main
+from ssd.errors import ExportCheckError, OnnxModelError
 from ssd.export import export
 from ssd.export.onnx import export_onnx
-from ssd.export.parity import ExportCheckError, check_onnx
+from ssd.export.parity import check_onnx
 from ssd.export.pt2 import export_pt2
-from ssd.inference.backends.onnx import OnnxBackend, OnnxModelError
+from ssd.inference.backends.onnx import OnnxBackend
 from ssd.inference.backends.pt2 import ExportedProgramBackend
 from ssd.inference.detector import Detector, load
 from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess_detections

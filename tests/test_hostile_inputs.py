@@ -42,7 +42,7 @@ def test_python_tags_stay_refused():
 
 def test_alias_bomb_in_data_yaml_is_one_data_error(tmp_path):
     from ssd.data.load import load_dataset
-    from ssd.data.records import DataError
+    from ssd.errors import DataError
 
     (tmp_path / "data.yaml").write_text("names: [cat]\n" + ALIAS_BOMB + "train: *l9\n")
     with pytest.raises(DataError, match=r"data\.yaml:7: YAML does not parse \(more than 100,000 values"):
@@ -51,7 +51,7 @@ def test_alias_bomb_in_data_yaml_is_one_data_error(tmp_path):
 
 def test_alias_bomb_in_nc_is_refused_without_formatting_it(tmp_path):
     from ssd.data.load import load_dataset
-    from ssd.data.records import DataError
+    from ssd.errors import DataError
 
     (tmp_path / "data.yaml").write_text("names: [cat]\nl: &l [1, 2, 3, 4, 5, 6, 7, 8, 9]\nnc: [*l, *l, *l, *l, *l]\n")
     with pytest.raises(DataError, match=r"nc: \[\[1, 2, 3, 4, 5, 6, \.\.\.\], \[1, 2, 3,") as info:
@@ -60,7 +60,7 @@ def test_alias_bomb_in_nc_is_refused_without_formatting_it(tmp_path):
 
 
 def test_alias_bomb_in_config_file_is_a_config_error(tmp_path):
-    from ssd.settings import ConfigError
+    from ssd.errors import ConfigError
     from ssd.training.config import TrainConfig
 
     (tmp_path / "config.yaml").write_text(ALIAS_BOMB + "epochs: 3\n")
@@ -69,7 +69,7 @@ def test_alias_bomb_in_config_file_is_a_config_error(tmp_path):
 
 
 def test_config_file_with_a_key_given_twice_is_refused_naming_both_lines(tmp_path):
-    from ssd.settings import ConfigError
+    from ssd.errors import ConfigError
     from ssd.training.config import TrainConfig
 
     (tmp_path / "config.yaml").write_text("epochs: 3\nlr: 0.01\nepochs: 300\n")
@@ -114,7 +114,7 @@ def make_yolo_folder(root, count: int, splits=("train",)):
 
 def test_dataset_without_validation_split_is_refused_with_both_fixes_named(tmp_path):
     from ssd.data.load import load_dataset, validation_split
-    from ssd.data.records import DataError
+    from ssd.errors import DataError
 
     spec = load_dataset(make_yolo_folder(tmp_path, 4))
     with pytest.raises(DataError, match=r"has no validation split, and training never scores on its own training "
@@ -138,7 +138,7 @@ def test_val_fraction_holds_out_a_seeded_reported_share_of_train(tmp_path, ssd_m
 
 def test_val_fraction_is_refused_when_the_data_has_a_val_split_or_it_empties_a_side(tmp_path):
     from ssd.data.load import load_dataset, validation_split
-    from ssd.data.records import DataError
+    from ssd.errors import DataError
 
     both = load_dataset(make_yolo_folder(tmp_path / "both", 2, splits=("train", "val")))
     assert [r.path.name for r in validation_split(both)[1]] == ["val0.png", "val1.png"]
@@ -237,7 +237,7 @@ def test_coco_split_names_are_whole_words_of_the_file_name(name, split):
                                                   ("train.json", "my_eval.json", "train")])
 def test_two_coco_files_for_one_split_are_refused_by_name(tmp_path, first, second, split):
     from ssd.data.load import load_dataset
-    from ssd.data.records import DataError
+    from ssd.errors import DataError
 
     write_coco(tmp_path / first, "a.png", 1)
     write_coco(tmp_path / second, "b.png", 2)
@@ -327,7 +327,7 @@ def test_two_images_with_one_stem_are_reported(tmp_path):
 @pytest.mark.parametrize("layout", ["voc", "yolo"])
 def test_empty_classes_txt_is_named_as_empty(tmp_path, layout):
     from ssd.data.load import load_dataset
-    from ssd.data.records import DataError
+    from ssd.errors import DataError
 
     if layout == "voc":
         root = flat_voc(tmp_path, {"a.jpg": "", "a.xml": voc_xml("cell")})

@@ -19,14 +19,15 @@ from torchvision.models.detection import (
 
 from builders import biased_model
 from ssd.cli import main
+from ssd.errors import BackboneWeightsError, CheckpointError, WeightsDownloadError
 from ssd.inference.backends import open_backend
-from ssd.models import MODEL_CONFIGS, BackboneWeightsError, build_model
+from ssd.models import MODEL_CONFIGS, build_model
 from ssd.models.importers import import_model
 from ssd.models.load import read_weights
 from ssd.training.config import TrainConfig
 from ssd.training.plan import plan_run
 from ssd.weights import hub
-from ssd.weights.checkpoint import CheckpointError, save_checkpoint
+from ssd.weights.checkpoint import save_checkpoint
 from ssd.weights.resolve import resolve_weights
 
 
@@ -122,7 +123,7 @@ def test_partial_downloads_left_by_a_killed_run_are_removed_by_the_next_run(monk
 def test_a_cache_entry_that_is_a_directory_is_an_error_not_a_success(monkeypatch, tmp_path, cache, mobilenet_state):
     entry = publish(monkeypatch, tmp_path, "mobilenet_v3_large", mobilenet_state)
     entry.path.mkdir(parents=True)
-    with pytest.raises(hub.WeightsDownloadError, match=rf"the cache entry of mobilenet_v3_large, {entry.path}, is a "
+    with pytest.raises(WeightsDownloadError, match=rf"the cache entry of mobilenet_v3_large, {entry.path}, is a "
                                                        r"directory: remove it and run again \(it is downloaded "
                                                        r"again\), or pass the path of a copy: --backbone-weights PATH"):
         hub.fetch(entry, progress=False)
@@ -134,7 +135,7 @@ def test_a_download_with_the_wrong_checksum_leaves_nothing(monkeypatch, tmp_path
     state = {"features.0.0.weight": torch.ones(2, 3)}
     entry = publish(monkeypatch, tmp_path, "mobilenet_v3_large", state, prefix="deadbeef" if damage == "wrong prefix"
                     else None, truncate=damage == "truncated")
-    with pytest.raises(hub.WeightsDownloadError) as raised:
+    with pytest.raises(WeightsDownloadError) as raised:
         hub.fetch(entry, progress=False)
     message = str(raised.value)
     assert f"the download of mobilenet_v3_large from {entry.url} is corrupt: its sha256 does not start with " \
@@ -145,7 +146,7 @@ def test_a_download_with_the_wrong_checksum_leaves_nothing(monkeypatch, tmp_path
 
 def test_offline_the_error_says_which_file_to_put_where(monkeypatch, tmp_path, cache):
     entry = unreachable(monkeypatch, tmp_path, "ssd300_vgg16_coco")
-    with pytest.raises(hub.WeightsDownloadError) as raised:
+    with pytest.raises(WeightsDownloadError) as raised:
         read_weights("ssd300_vgg16_coco")
     message = str(raised.value)
     assert message.startswith("cannot download ssd300_vgg16_coco (")

@@ -14,8 +14,9 @@ from PIL import Image, ImageFile
 from builders import biased_model
 from ssd.data import check_dataset, load_dataset
 from ssd.data.check import screen
-from ssd.data.images import ImageError, ImageWarning, pil_to_rgb, read_image, read_image_size, verify_image
+from ssd.data.images import ImageWarning, pil_to_rgb, read_image, read_image_size, verify_image
 from ssd.data.loader import DetectionDataset
+from ssd.errors import ImageError
 
 DECODERS = {"read_image_size": read_image_size, "verify_image": verify_image, "read_image": read_image,
             "read_image(min_size)": lambda p: read_image(p, min_size=8)}

@@ -18,15 +18,14 @@ from torchvision.models.detection import ssd300_vgg16, ssdlite320_mobilenet_v3_l
 import ssd
 from builders import make_dataset
 from ssd.cli import main
-from ssd.models import BackboneWeightsError, build_model
+from ssd.errors import BackboneWeightsError, CheckpointError, ConfigError, WeightsImportError
+from ssd.models import build_model
 from ssd.models.finetune import match_classes, set_backbone_trainable
-from ssd.models.foreign import WeightsImportError
 from ssd.models.load import model_from_checkpoint, read_weights
 from ssd.postprocess import postprocess_detections
 from ssd.priors import PRIOR_CONFIGS, default_boxes
-from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig
-from ssd.weights.checkpoint import FORMAT, CheckpointError, load_checkpoint
+from ssd.weights.checkpoint import FORMAT, load_checkpoint
 from ssd.weights.identify import VOC_NAMES, coco_categories, coco_names
 
 REFERENCE = Path(

@@ -8,13 +8,14 @@ import torch
 from builders import biased_model, random_images
 from ssd.card import ModelCard
 from ssd.detect import detect_batch
+from ssd.errors import CheckpointError, ConfigError
 from ssd.inference import backends
 from ssd.inference.backends import BACKENDS, backend_kind, open_backend, register_backend
 from ssd.inference.backends.pytorch import TorchBackend
 from ssd.inference.detector import Detector, load
 from ssd.preprocess import preprocess, to_pixels
-from ssd.settings import PREDICT, ConfigError, Thresholds
-from ssd.weights.checkpoint import CheckpointError, save_checkpoint
+from ssd.settings import PREDICT, Thresholds
+from ssd.weights.checkpoint import save_checkpoint
 
 OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)
 

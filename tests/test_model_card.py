@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from ssd.card import ModelCard
+from ssd.errors import CheckpointError
 from ssd.inference.detector import load
 from ssd.settings import Thresholds
-from ssd.weights.checkpoint import CheckpointError
 
 DATA = Path(__file__).parent / "data"
 LEGACY = ["legacy.pt", "legacy.onnx", "legacy_nms.onnx"]

@@ -13,7 +13,8 @@ from torchvision.models.detection import anchor_utils
 from torchvision.models.vgg import cfgs, make_layers
 
 from ssd import PRIOR_CONFIGS, build_model, default_boxes, list_models
-from ssd.models import MODEL_CONFIGS, BackboneWeightsError
+from ssd.errors import BackboneWeightsError
+from ssd.models import MODEL_CONFIGS
 from ssd.models.ssd import LevelHead
 
 CONFIGS = {

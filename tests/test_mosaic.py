@@ -15,7 +15,7 @@ from ssd.cli import main
 from ssd.data import build_dataloader, load_dataset
 from ssd.data.loader import DetectionDataset
 from ssd.data.mosaic import Mosaic, close_mosaic_epochs, mosaic_probability
-from ssd.settings import ConfigError
+from ssd.errors import ConfigError
 from ssd.training.callbacks import Callback, MosaicSchedule
 from ssd.training.config import TrainConfig
 from ssd.training.trainer import train

@@ -13,12 +13,12 @@ from ssd.cli import main
 from ssd.data import build_dataloader, check_dataset, load_dataset
 from ssd.data.images import read_image
 from ssd.data.priors import prior_coverage, suggest_image_size
+from ssd.errors import ConfigError
 from ssd.matching import match
 from ssd.models import build_model
 from ssd.models.build import default_priors
 from ssd.models.config import ModelConfig
 from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes
-from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig
 
 

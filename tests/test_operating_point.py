@@ -8,6 +8,7 @@ import torch
 
 from builders import biased_model, random_images
 from ssd.cli import main
+from ssd.errors import CheckpointError
 from ssd.export.onnx import export_onnx
 from ssd.export.pt2 import export_pt2
 from ssd.inference.backends.onnx import OnnxBackend
@@ -15,7 +16,7 @@ from ssd.inference.detector import Detector, load
 from ssd.models.load import model_from_checkpoint
 from ssd.settings import PREDICT
 from ssd.training.state import validation_operating_point
-from ssd.weights.checkpoint import CheckpointError, check_operating_point, load_checkpoint, save_checkpoint
+from ssd.weights.checkpoint import check_operating_point, load_checkpoint, save_checkpoint
 
 POINT = {"score_threshold": 0.31, "precision": 0.8, "recall": 0.6, "f1": 0.685, "split": "val"}
 FROM_MODEL = "the model's best-F1 confidence on its val split"

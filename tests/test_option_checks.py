@@ -4,7 +4,7 @@ naming the option, exit code 2, before any run directory exists."""
 import pytest
 
 from ssd.cli import main
-from ssd.settings import ConfigError
+from ssd.errors import ConfigError
 from ssd.training.config import TrainConfig
 
 

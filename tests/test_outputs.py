@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from PIL import Image
 
 from ssd.cli import main
-from ssd.files import NAME_MAX, OutputError, atomic_write, check_output, check_outputs, fitted_name, write_text
+from ssd.errors import OutputError
+from ssd.files import NAME_MAX, atomic_write, check_output, check_outputs, fitted_name, write_text
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import ssd
-from ssd._utils import MissingDependencyError, require
+from ssd._utils import require
+from ssd.errors import MissingDependencyError
 
 INIT = Path(__file__).resolve().parents[1] / "src" / "ssd" / "__init__.py"
 

@@ -12,11 +12,12 @@ from PIL import Image
 from builders import biased_model, random_images
 from conftest import requires_cuda
 from ssd.data.images import read_image
+from ssd.errors import CheckpointError
 from ssd.export.onnx import export_onnx
 from ssd.inference.backends.onnx import OnnxBackend
 from ssd.inference.detector import Detector, load
 from ssd.inference.sources import predict_source
-from ssd.weights.checkpoint import CheckpointError, save_checkpoint
+from ssd.weights.checkpoint import save_checkpoint
 
 CONF, IOU, MAX_DET = 0.3, 0.45, 20
 OPTS = dict(score_threshold=CONF, iou_threshold=IOU, max_detections=MAX_DET)

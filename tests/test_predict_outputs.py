@@ -13,10 +13,10 @@ import torch
 from PIL import Image
 
 from builders import biased_model, random_images
-from ssd._utils import MissingDependencyError
 from ssd.cli import main
 from ssd.data.images import read_image
 from ssd.data.yolo import read_yolo_yaml
+from ssd.errors import ConfigError, MissingDependencyError
 from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.crop_files import class_folders
 from ssd.inference.detector import Detector, Result
@@ -24,7 +24,6 @@ from ssd.inference.prefetch import decode_files
 from ssd.inference.result_files import write_results
 from ssd.inference.sources import predict_source
 from ssd.inference.writers import SAVE_DIR_MARKER, PredictionWriter, read_jsonl
-from ssd.settings import ConfigError
 from ssd.weights.checkpoint import save_checkpoint
 
 OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20, progress=False)

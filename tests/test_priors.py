@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from ssd.priors import PRIOR_CONFIGS, PriorConfig, PriorConfigError, default_boxes
+from ssd.errors import PriorConfigError
+from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes
 
 
 def formula(config, size, k, i, j):
@@ -149,8 +150,8 @@ def test_scaled_to_keeps_pixel_sizes_for_the_same_pixel_count_and_spreads_the_ce
 # ---------------------------------------------------------------------------------------- models, checkpoints
 def test_a_model_at_an_absurd_input_size_is_refused_before_building(synthetic_voc, capsys):
     from ssd.cli import main
+    from ssd.errors import ConfigError
     from ssd.models import build_model
-    from ssd.settings import ConfigError
     from ssd.training.config import TrainConfig
 
     with pytest.raises(PriorConfigError, match=r"image_size 100000 exceeds the largest input side of 4096 px"):
@@ -165,9 +166,10 @@ def test_a_model_at_an_absurd_input_size_is_refused_before_building(synthetic_vo
 
 
 def test_a_checkpoint_edited_to_aspect_ratio_zero_or_a_huge_input_is_refused(tmp_path):
+    from ssd.errors import CheckpointError
     from ssd.models import build_model
     from ssd.models.load import model_from_checkpoint
-    from ssd.weights.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from ssd.weights.checkpoint import load_checkpoint, save_checkpoint
 
     path = save_checkpoint(tmp_path / "tiny.pt", build_model("ssd_tiny", 1))
     edited = load_checkpoint(path)
@@ -182,9 +184,10 @@ def test_a_checkpoint_edited_to_aspect_ratio_zero_or_a_huge_input_is_refused(tmp
 
 
 def test_weights_whose_default_boxes_differ_from_their_configuration_are_refused(tmp_path):
+    from ssd.errors import CheckpointError
     from ssd.models import build_model
     from ssd.models.load import model_from_checkpoint
-    from ssd.weights.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from ssd.weights.checkpoint import load_checkpoint, save_checkpoint
 
     path = save_checkpoint(tmp_path / "tiny.pt", build_model("ssd_tiny", 1))
     edited = load_checkpoint(path)

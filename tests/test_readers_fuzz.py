@@ -22,8 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from ssd.data import DataError, check_dataset, load_dataset
-from ssd.data.images import ImageError, read_image, read_image_size, verify_image
+from ssd.data import check_dataset, load_dataset
+from ssd.data.images import read_image, read_image_size, verify_image
+from ssd.errors import DataError, ImageError
 
 pytestmark = pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
 

@@ -9,9 +9,10 @@ import torch
 from builders import jittered_detections
 from ssd.data import load_dataset
 from ssd.data.records import ImageRecord, ObjectRecord
+from ssd.errors import DetectionsError
 from ssd.evaluation import results as results_module
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
-from ssd.evaluation.results import DetectionsError, detections_from_coco_results, ground_truths_from_records
+from ssd.evaluation.results import detections_from_coco_results, ground_truths_from_records
 from ssd.inference.coco_results import to_coco_detections
 
 

@@ -28,7 +28,8 @@ import uvicorn  # noqa: E402
 
 from ssd.card import ModelCard  # noqa: E402
 from ssd.cli import main  # noqa: E402
-from ssd.client import Client, ServerError  # noqa: E402
+from ssd.client import Client  # noqa: E402
+from ssd.errors import ServerError  # noqa: E402
 from ssd.inference.detector import load  # noqa: E402
 from ssd.limits import MAX_UPLOAD_BYTES  # noqa: E402
 from ssd.serve.app import create_app  # noqa: E402

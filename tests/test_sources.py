@@ -13,10 +13,11 @@ from PIL import Image
 
 from builders import biased_model, random_images
 from ssd.cli import main
+from ssd.errors import CheckpointError, GlobLimitError
 from ssd.export.onnx import export_onnx
 from ssd.inference.detector import load
 from ssd.inference.sources import output_paths, predict_source, resolve_source
-from ssd.weights.checkpoint import CheckpointError, save_checkpoint
+from ssd.weights.checkpoint import save_checkpoint
 from ssd.weights.resolve import resolve_weights
 
 OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)
@@ -100,7 +101,7 @@ def test_glob_matching_more_paths_than_the_bound_is_one_error(weights, tmp_path,
     make_images(tmp_path / "src", ["a.png", "b.png", "c.png"])
     assert sorted(globs.expand_glob(str(tmp_path / "src" / "*.png"), limit=3)) == sorted(
         (tmp_path / "src").glob("*.png"))
-    with pytest.raises(globs.GlobLimitError, match=r"glob .*\*\.png matches more than 2 paths "
+    with pytest.raises(GlobLimitError, match=r"glob .*\*\.png matches more than 2 paths "
                                                    r"\(ssd.limits.MAX_GLOB_PATHS\): give a narrower pattern, or a "
                                                    r"folder"):
         globs.expand_glob(str(tmp_path / "src" / "*.png"), limit=2)

@@ -12,19 +12,11 @@ import numpy as np
 import pytest
 
 from ssd.cli import main
+from ssd.errors import ConfigError, StreamError
 from ssd.inference.detector import load
 from ssd.inference.sources import predict_source
-from ssd.inference.streams import (
-    StreamError,
-    StreamGroup,
-    is_live,
-    live_sources,
-    source_frames,
-    stream_name,
-    video_frames,
-)
+from ssd.inference.streams import StreamGroup, is_live, live_sources, source_frames, stream_name, video_frames
 from ssd.inference.writers import read_jsonl
-from ssd.settings import ConfigError
 
 cv2 = pytest.importorskip("cv2")
 

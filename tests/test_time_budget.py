@@ -14,7 +14,7 @@ import torch
 
 import ssd
 from builders import TINY_TRAIN
-from ssd.settings import ConfigError
+from ssd.errors import ConfigError
 from ssd.training import trainer as trainer_module
 from ssd.training.budget import epochs_that_fit
 from ssd.training.callbacks import Callback

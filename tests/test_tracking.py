@@ -9,10 +9,10 @@ import torch
 
 from builders import biased_model
 from ssd.cli import main
+from ssd.errors import ConfigError
 from ssd.inference.detector import Detector, Result
 from ssd.inference.tracking import TRAIL_LENGTH, Tracker, tracker_settings
 from ssd.plots import class_color, draw_detections
-from ssd.settings import ConfigError
 
 pytest.importorskip("trackers")
 cv2 = pytest.importorskip("cv2")

@@ -15,14 +15,12 @@ import torch
 import ssd
 import ssd.device as device
 from builders import TINY_TRAIN, make_dataset
-from ssd.data.records import DataError
+from ssd.errors import ConfigError, DataError, NonFiniteLossError
 from ssd.evaluation.evaluator import evaluate
 from ssd.files import make_run_dir
-from ssd.settings import ConfigError
 from ssd.training import optim, state, trainer
 from ssd.training.config import TrainConfig
 from ssd.training.optim import LRSchedule, param_groups
-from ssd.training.state import NonFiniteLossError
 from ssd.training.trainer import train
 
 # ssd_tiny at 128 px with the light augmentation and the default 4 drawn images: seconds per epoch of the synthetic

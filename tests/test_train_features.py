@@ -17,12 +17,11 @@ from torch import nn
 import ssd
 from builders import TINY_TRAIN
 from ssd.data.gate import load_training_data
-from ssd.data.records import DataError
+from ssd.errors import CallbackError, ConfigError, DataError
 from ssd.evaluation.evaluator import evaluate, split_loader
 from ssd.loss import MultiBoxLoss
-from ssd.settings import ConfigError
 from ssd.training import trainer
-from ssd.training.callbacks import Callback, CallbackError, EarlyStopping, check_callbacks
+from ssd.training.callbacks import Callback, EarlyStopping, check_callbacks
 from ssd.training.config import TrainConfig
 from ssd.training.optim import batch_loss, build_ema, ema_decay, validation_loss
 from ssd.training.trainer import train

@@ -16,15 +16,12 @@ from PIL import Image
 import ssd
 from builders import TINY_TRAIN, make_dataset
 from ssd.cli import main
-from ssd.data.records import DataError
 from ssd.device import resolve_device
-from ssd.settings import ConfigError
+from ssd.errors import CheckpointError, ConfigError, DataError, NonFiniteLossError
 from ssd.training import plan, trainer
 from ssd.training.config import TrainConfig
 from ssd.training.optim import LRSchedule
-from ssd.training.state import NonFiniteLossError
 from ssd.training.trainer import train
-from ssd.weights.checkpoint import CheckpointError
 
 # 12 train / 4 val images of 96 px (make_dataset's yolo default), ssd_tiny at 64 px: 3 steps of 4 images per epoch
 TINY = {**TINY_TRAIN, "batch_size": 4}

@@ -29,7 +29,7 @@ _EXPORTS: dict[str, str] = {
     "validate_targets": "ssd.checks",
     # models and checkpoints
     "ModelCard": "ssd.card",
-    "CheckpointError": "ssd.weights.checkpoint",
+    "CheckpointError": "ssd.errors",
     "load_checkpoint": "ssd.weights.checkpoint",
     "save_checkpoint": "ssd.weights.checkpoint",
     "SSD": "ssd.models",
@@ -39,7 +39,7 @@ _EXPORTS: dict[str, str] = {
     "list_models": "ssd.models",
     "model_from_checkpoint": "ssd.models.load",
     # data
-    "DataError": "ssd.data.records",
+    "DataError": "ssd.errors",
     "check_dataset": "ssd.data.check",
     "generate_synthetic": "ssd.data.synthetic",
     "load_dataset": "ssd.data.load",
@@ -81,8 +81,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ssd.checks import validate_targets
     from ssd.data.check import check_dataset
     from ssd.data.load import load_dataset
-    from ssd.data.records import DataError
     from ssd.data.synthetic import generate_synthetic
+    from ssd.errors import CheckpointError, DataError
     from ssd.evaluation.coco import evaluate_coco
     from ssd.evaluation.evaluator import evaluate, evaluate_split
     from ssd.evaluation.metrics import evaluate_voc, voc_ap
@@ -100,4 +100,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes
     from ssd.training.config import TrainConfig
     from ssd.training.trainer import train
-    from ssd.weights.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+    from ssd.weights.checkpoint import load_checkpoint, save_checkpoint

@@ -13,13 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
+from ssd.errors import MissingDependencyError
+
 __all__ = ["closest_names", "did_you_mean", "render_table", "few", "unwrap_model", "state_dict_mismatch", "as_hw",
-           "compact_size", "size_text", "MissingDependencyError", "require"]
-
-
-class MissingDependencyError(ImportError):
-    """A feature needs an optional dependency (a pip extra of ssd-detect) that is not installed; the message names
-    the ``pip install`` that brings it (the CLI prints it as one line)."""
+           "compact_size", "size_text", "require"]
 
 
 def require(module: str, extra: str, what: str) -> ModuleType:

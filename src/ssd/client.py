@@ -10,17 +10,10 @@ from typing import Any
 import torch
 
 from ssd._utils import require
+from ssd.errors import ServerError
 from ssd.inference.detector import Result
 
-__all__ = ["Client", "ServerError"]
-
-
-class ServerError(ValueError):
-    """The server refused a request: ``status`` and its message (the JSON ``error``)."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
+__all__ = ["Client"]
 
 
 class Client:

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch import nn
 
-from ssd.settings import ConfigError
+from ssd.errors import ConfigError
 
 __all__ = ["DEVICES", "resolve_device", "amp_dtype", "autocast", "prepare_model"]
 
@@ -20,7 +20,7 @@ def resolve_device(name: str | torch.device, local_rank: int | None = None) -> t
     """The ``torch.device`` for a device name of :data:`DEVICES`.
 
     ``"auto"`` is CUDA when available, else CPU; plain ``"cuda"`` is ``cuda:local_rank`` under torchrun
-    (``local_rank`` given), else the current CUDA device. Raises :class:`~ssd.training.config.ConfigError` for any other
+    (``local_rank`` given), else the current CUDA device. Raises :class:`~ssd.errors.ConfigError` for any other
     name (``gpu``, ``tpu``, ...) and for a device this machine does not have.
     """
     text = str(name)

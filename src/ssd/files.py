@@ -23,7 +23,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, ClassVar, Literal
 
-__all__ = ["OutputError", "check_output", "check_outputs", "atomic_write", "write_text", "write_bytes", "is_temporary",
+from ssd.errors import OutputError
+
+__all__ = ["check_output", "check_outputs", "atomic_write", "write_text", "write_bytes", "is_temporary",
            "remove_stale_temporaries", "describe_os_error", "make_run_dir", "DirectoryLock", "LOCK_FILE", "NAME_MAX",
            "fitted_name"]
 
@@ -47,10 +49,6 @@ _CAUSES = {
     errno.EROFS: "read-only file system",
     errno.ENAMETOOLONG: "file name too long",
 }
-
-
-class OutputError(ValueError):
-    """An output path that would overwrite an input or has the wrong kind, or a write that failed (one line)."""
 
 
 def describe_os_error(error: OSError, path: str | os.PathLike, *, action: str = "writing") -> str:

@@ -15,13 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ssd.errors import JSONInputError
 from ssd.files import describe_os_error
 
-__all__ = ["JSONInputError", "read_json"]
-
-
-class JSONInputError(ValueError):
-    """A JSON file a user gave that is too large, too deeply nested, not JSON, or not what it should hold."""
+__all__ = ["read_json"]
 
 
 def _no_constant(name: str) -> None:

@@ -15,11 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["ConfigError", "Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds"]
+from ssd.errors import ConfigError
 
-
-class ConfigError(ValueError):
-    """An unknown option or an invalid value (the message names the option, the value and the rule)."""
+__all__ = ["Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds"]
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,9 @@ import os
 import sys
 import warnings
 
-from ssd._utils import MissingDependencyError
 from ssd.cli.commands import COMMANDS
-from ssd.cli.options import UsageError
 from ssd.cli.parsers import build_parser, parse
+from ssd.errors import MissingDependencyError, UsageError
 from ssd.names import printable
 
 __all__ = ["main"]

@@ -8,11 +8,12 @@ import json
 import sys
 from pathlib import Path
 
-from ssd.cli.options import UsageError, thresholds
+from ssd.cli.options import thresholds
+from ssd.errors import UsageError
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from ssd.settings import ConfigError
+    from ssd.errors import ConfigError
     from ssd.training.config import TrainConfig
     from ssd.training.trainer import train
 
@@ -136,7 +137,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from ssd.data.check import check_dataset
     from ssd.data.index import index_dataset
     from ssd.data.load import load_dataset
-    from ssd.data.records import DataError
+    from ssd.errors import DataError
 
     data = args.data
     if args.fit_priors and not args.model:
@@ -171,7 +172,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ssd.settings import ConfigError
+    from ssd.errors import ConfigError
     from ssd.training.demo import run_demo
 
     options = {"epochs": args.epochs} if args.epochs is not None else {}  # --epochs 0 is refused, never ignored

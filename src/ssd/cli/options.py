@@ -10,13 +10,10 @@ import types
 import typing
 
 from ssd._utils import closest_names
+from ssd.errors import UsageError
 from ssd.settings import THRESHOLD_OPTIONS, Thresholds
 
 EPILOG = "Labels: a dataset with K classes uses labels 0..K-1; the background class is added internally."
-
-
-class UsageError(Exception):
-    """A command-line mistake (exit code 2)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -80,7 +77,7 @@ def add_config_options(parser: argparse.ArgumentParser, config_cls, flag_of) -> 
 
 def image_size_option(text: str) -> int | str:
     """``ssd check --image-size``: the rules of ``TrainConfig.image_size``, as an argparse error."""
-    from ssd.settings import ConfigError
+    from ssd.errors import ConfigError
     from ssd.training.config import parse_image_size
 
     try:
@@ -93,7 +90,7 @@ def crop_scale_option(text: str):
     """``ssd check --crop-scale``: the rules of ``TrainConfig.crop_scale`` (a :class:`ssd.data.crops.CropScale`), as
     an argparse error."""
     from ssd.data.crops import parse_crop_scale
-    from ssd.settings import ConfigError
+    from ssd.errors import ConfigError
 
     try:
         return parse_crop_scale(text)

@@ -10,7 +10,6 @@ from ssd.artifacts import BENCHMARK_ROWS, EXPORT_FORMATS
 from ssd.cli.options import (
     EPILOG,
     Parser,
-    UsageError,
     add_config_options,
     add_threshold_options,
     add_tile_options,
@@ -21,6 +20,7 @@ from ssd.cli.options import (
     suggest,
     workers_option,
 )
+from ssd.errors import UsageError
 from ssd.settings import EVALUATE, PREDICT
 
 

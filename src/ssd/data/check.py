@@ -30,11 +30,12 @@ from torchvision.ops import box_iou
 
 from ssd._utils import closest_names
 from ssd.data.check_report import CheckReport
-from ssd.data.images import ImageError, exif_transposed, verify_image
+from ssd.data.images import exif_transposed, verify_image
 from ssd.data.load import load_dataset
-from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, relative_path
+from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
 from ssd.data.table import RecordTable
+from ssd.errors import DataError, ImageError
 from ssd.limits import MAX_BOXES_PER_IMAGE
 from ssd.log import progress
 from ssd.names import name_problem, printable

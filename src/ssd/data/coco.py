@@ -21,8 +21,9 @@ import math
 import re
 from pathlib import Path
 
-from ssd.data.images import ImageError, read_image_size
-from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord
+from ssd.data.images import read_image_size
+from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord
+from ssd.errors import DataError, ImageError
 
 __all__ = ["read_coco", "split_name"]
 

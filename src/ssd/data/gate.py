@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ssd.data.check import screen
 from ssd.data.index import index_dataset
-from ssd.data.records import DataError, DatasetSpec
+from ssd.data.records import DatasetSpec
+from ssd.errors import DataError
 from ssd.log import LOGGER
 
 __all__ = ["load_training_data"]

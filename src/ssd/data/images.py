@@ -38,9 +38,9 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ssd._utils import as_hw
 from ssd.data.memo import remembered
-from ssd.data.records import DataError
+from ssd.errors import ImageError
 
-__all__ = ["IMAGE_SUFFIXES", "ImageError", "ImageWarning", "read_image", "decode_image", "read_image_size", "is_image",
+__all__ = ["IMAGE_SUFFIXES", "ImageWarning", "read_image", "decode_image", "read_image_size", "is_image",
            "verify_image", "pil_to_rgb", "exif_transposed"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
@@ -55,19 +55,6 @@ _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 _REFUSED = {"F": "32-bit float pixels (mode F)", "I": "32-bit integer pixels (mode I)"}
 _JPEG = ("JPEG", "MPO")  # the formats with a reduced-scale (draft) decode
 _METADATA_LOCK = threading.Lock()  # catch_warnings is process-wide: one header read at a time (check uses threads)
-
-
-class ImageError(DataError):
-    """An image file that cannot or will not be decoded; the message starts with the file.
-
-    ``code`` is ``missing_image``, ``corrupt_image`` (does not decode) or ``unsupported_image`` (refused by a rule:
-    too many pixels, several frames, a pixel format without an 8-bit meaning); ``reason`` is the message without the
-    file, for reports that name the file their own way.
-    """
-
-    def __init__(self, message: str, code: str = "corrupt_image", reason: str = ""):
-        super().__init__(message)
-        self.code, self.reason = code, reason or message
 
 
 class ImageWarning(UserWarning):

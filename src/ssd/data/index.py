@@ -34,9 +34,10 @@ import ssd.distributed as ddp
 from ssd.data.check import find_issues
 from ssd.data.load import load_dataset
 from ssd.data.memo import RACY_NS, FileMemo, decode_parsed, encode_parsed, file_state
-from ssd.data.records import DataError, DatasetSpec, Issue
+from ssd.data.records import DatasetSpec, Issue
 from ssd.data.table import RecordTable, Strings
-from ssd.files import DirectoryLock, OutputError, atomic_write, describe_os_error
+from ssd.errors import DataError, OutputError
+from ssd.files import DirectoryLock, atomic_write, describe_os_error
 from ssd.log import LOGGER
 
 __all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "Indexed", "index_dataset"]
@@ -248,7 +249,7 @@ def index_dataset(data: str | Path, *, class_names: list[str] | None = None, spl
 
     ``recheck``: read and decode everything again (the index is then replaced). Notices (a rebuilt index, an
     unwritable cache folder) are one line each on the ``ssd`` logger. Raises what :func:`load_dataset` raises, and a
-    :class:`~ssd.data.records.DataError` when ``splits[0]`` is missing.
+    :class:`~ssd.errors.DataError` when ``splits[0]`` is missing.
     """
     key = _key(data, class_names)
     folder = cache_root() / "datasets" / _hash([key["version"], key["data"]])

@@ -16,10 +16,11 @@ from pathlib import Path
 
 from ssd._utils import closest_names, few
 from ssd.data.coco import read_coco, split_name
-from ssd.data.records import DataError, DatasetSpec, ImageRecord, relative_path
+from ssd.data.records import DatasetSpec, ImageRecord, relative_path
 from ssd.data.table import select
 from ssd.data.voc import assign_labels, find_voc_root, parse_voc_xml, read_voc
 from ssd.data.yolo import read_yolo_folder, read_yolo_yaml
+from ssd.errors import DataError
 from ssd.log import LOGGER
 
 __all__ = ["load_dataset", "validation_split"]

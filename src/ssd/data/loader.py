@@ -31,12 +31,12 @@ from ssd._utils import as_hw, size_text
 from ssd.data.crops import CachePlan, CropScale, decode_sizes, fit_in_bytes
 from ssd.data.images import read_image, read_image_size
 from ssd.data.mosaic import Mosaic
-from ssd.data.records import DataError, ImageRecord
+from ssd.data.records import ImageRecord
 from ssd.data.table import RecordTable
 from ssd.data.transforms import build_transform
+from ssd.errors import ConfigError, DataError
 from ssd.limits import MAX_CROP_CACHE_BYTES
 from ssd.log import LOGGER
-from ssd.settings import ConfigError
 
 __all__ = ["DetectionDataset", "SeededSampler", "collate", "build_dataloader", "seed_worker", "plain_data_errors"]
 
@@ -315,7 +315,7 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
 
 @contextmanager
 def plain_data_errors() -> Iterator[None]:
-    """Re-raise a :class:`~ssd.data.records.DataError` from a DataLoader worker with its own message: the worker
+    """Re-raise a :class:`~ssd.errors.DataError` from a DataLoader worker with its own message: the worker
     wraps it in a message holding its whole traceback ("Caught DataError in DataLoader worker process 0 ...")."""
     try:
         yield

@@ -14,11 +14,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["ObjectRecord", "ImageRecord", "DatasetSpec", "Issue", "DataError"]
+from ssd.errors import DataError
 
-
-class DataError(ValueError):
-    """A dataset cannot be read or used (the message names the file, the bad value and the rule)."""
+__all__ = ["ObjectRecord", "ImageRecord", "DatasetSpec", "Issue"]
 
 
 @dataclass

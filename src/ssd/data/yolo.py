@@ -20,10 +20,11 @@ from pathlib import Path
 import yaml
 
 from ssd._utils import few
-from ssd.data.images import ImageError, is_image, read_image_size
+from ssd.data.images import is_image, read_image_size
 from ssd.data.memo import decode_parsed, encode_parsed, remembered
-from ssd.data.records import DataError, DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
+from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
 from ssd.data.voc import read_class_file, read_lines
+from ssd.errors import DataError, ImageError
 from ssd.limits import value_text
 from ssd.yamlfile import safe_load
 

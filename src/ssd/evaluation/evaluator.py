@@ -34,6 +34,7 @@ from ssd.data.images import read_image
 from ssd.data.records import ImageRecord
 from ssd.detect import detect_batch, model_input
 from ssd.device import autocast
+from ssd.errors import CheckpointError
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
 from ssd.evaluation.metrics import evaluate_voc
 from ssd.files import check_output, write_text
@@ -44,7 +45,6 @@ from ssd.log import progress as progress_bar
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
 from ssd.settings import EVALUATE, check_thresholds
-from ssd.weights.checkpoint import CheckpointError
 from ssd.weights.resolve import resolve_weights
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",

@@ -14,18 +14,15 @@ import torch
 from ssd._utils import few
 from ssd.data.gate import load_training_data
 from ssd.data.records import ImageRecord
+from ssd.errors import DetectionsError
 from ssd.evaluation.evaluator import check_metric, score_detections
 from ssd.evaluation.report import attach_report
-from ssd.jsonfile import JSONInputError, read_json
+from ssd.jsonfile import read_json
 from ssd.limits import MAX_DETECTIONS_FILE_BYTES, MAX_DETECTIONS_PER_IMAGE, value_text
 
-__all__ = ["ground_truths_from_records", "detections_from_coco_results", "evaluate_detections", "DetectionsError"]
+__all__ = ["ground_truths_from_records", "detections_from_coco_results", "evaluate_detections"]
 
 _RESULT_KEYS = {"image_id", "category_id", "bbox", "score"}
-
-
-class DetectionsError(JSONInputError):
-    """A detections list or file (``ssd val --detections``) that is not COCO results of the dataset."""
 
 
 def ground_truths_from_records(records: Sequence[ImageRecord]) -> list[dict[str, Any]]:

@@ -19,7 +19,8 @@ import tempfile
 from pathlib import Path
 
 from ssd.artifacts import ARTIFACTS, EXPORT_FORMATS, resolve
-from ssd.files import OutputError, check_output
+from ssd.errors import OutputError
+from ssd.files import check_output
 from ssd.settings import PREDICT, check_thresholds
 
 __all__ = ["FORMATS", "default_output", "check_export_folder", "export"]
@@ -55,7 +56,7 @@ def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_b
 
 
 def check_export_folder(folder: Path, exist_ok: bool) -> None:
-    """Refuse (:class:`ssd.files.OutputError`) an existing folder as the output of a folder export, unless
+    """Refuse (:class:`ssd.errors.OutputError`) an existing folder as the output of a folder export, unless
     ``exist_ok`` and it holds an OpenVINO export of this library and nothing else (the user's files are never
     replaced)."""
     if not folder.is_dir() or not any(folder.iterdir()):

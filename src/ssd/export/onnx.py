@@ -47,7 +47,8 @@ from torchvision.ops import batched_nms
 from ssd._utils import as_hw, require, unwrap_model
 from ssd.boxes import decode
 from ssd.card import ModelCard
-from ssd.export.parity import ExportCheckError, check_onnx
+from ssd.errors import ExportCheckError
+from ssd.export.parity import check_onnx
 from ssd.files import check_output, write_bytes
 from ssd.inference.backends.onnx import graph_digest
 from ssd.limits import MAX_DETECTIONS
@@ -55,7 +56,7 @@ from ssd.models.load import model_from_checkpoint
 from ssd.postprocess import CANDIDATES_PER_CLASS
 from ssd.settings import PREDICT, Thresholds, check_thresholds
 
-__all__ = ["ExportCheckError", "export_onnx", "check_opset", "check_onnx", "as_model", "onnx_metadata"]
+__all__ = ["export_onnx", "check_opset", "check_onnx", "as_model", "onnx_metadata"]
 
 
 # --- ONNX NonMaxSuppression as a PyTorch op: eager (torchvision) for tracing, NonMaxSuppression in the graph ---

@@ -11,16 +11,13 @@ from torch import Tensor, nn
 from torchvision.ops import box_iou
 
 from ssd.boxes import decode
+from ssd.errors import ExportCheckError
 from ssd.inference.backends.onnx import OnnxBackend
 from ssd.inference.backends.pytorch import TorchBackend
 from ssd.inference.detector import Detector, to_image
 from ssd.settings import PREDICT, Thresholds
 
-__all__ = ["ExportCheckError", "check_onnx"]
-
-
-class ExportCheckError(ValueError):
-    """ONNX Runtime's outputs differ from PyTorch's beyond the tolerances (the message says where and by how much)."""
+__all__ = ["check_onnx"]
 
 
 def check_onnx(

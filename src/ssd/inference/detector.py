@@ -24,10 +24,11 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 from ssd._utils import did_you_mean, require
 from ssd.card import ModelCard
 from ssd.detect import detect_batch
+from ssd.errors import ConfigError
 from ssd.inference.backends import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.preprocess import preprocess
-from ssd.settings import PREDICT, ConfigError, check_thresholds
+from ssd.settings import PREDICT, check_thresholds
 
 __all__ = ["Detector", "Result", "load", "to_image"]
 
@@ -128,7 +129,7 @@ class Detector:
     def class_indices(self, classes: Sequence[int | str] | None) -> list[int] | None:
         """The labels of ``classes``, given as class names or labels ``0..K-1`` (ints or digit strings; a name that
         is digits means the name); ``None`` stays ``None`` (every class). An unknown name or a label out of range
-        raises :class:`~ssd.settings.ConfigError` with the closest names."""
+        raises :class:`~ssd.errors.ConfigError` with the closest names."""
         if classes is None:
             return None
         names, labels = self.class_names, []

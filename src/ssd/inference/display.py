@@ -13,7 +13,7 @@ import numpy as np
 from torch import Tensor
 
 from ssd._utils import require
-from ssd.settings import ConfigError
+from ssd.errors import ConfigError
 
 __all__ = ["Window", "open_window"]
 
@@ -34,7 +34,7 @@ class Window:
 
 
 def open_window() -> Window:
-    """A :class:`Window`, or :class:`~ssd.settings.ConfigError` saying why none can open here."""
+    """A :class:`Window`, or :class:`~ssd.errors.ConfigError` saying why none can open here."""
     cv2 = require("cv2", "video", "--show")
     if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         raise ConfigError("--show needs a display, and there is none here (DISPLAY and WAYLAND_DISPLAY are unset: a "

@@ -17,7 +17,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ssd._utils import require
-from ssd.inference.streams import StreamError, StreamGroup, VideoFile
+from ssd.errors import StreamError
+from ssd.inference.streams import StreamGroup, VideoFile
 from ssd.inference.tracking import Tracker, track_frames
 from ssd.log import progress as progress_bar
 

@@ -16,13 +16,10 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from ssd.errors import GlobLimitError
 from ssd.limits import MAX_GLOB_PATHS
 
-__all__ = ["GlobLimitError", "expand_glob"]
-
-
-class GlobLimitError(ValueError):
-    """A glob pattern that matches more paths than :data:`ssd.limits.MAX_GLOB_PATHS`."""
+__all__ = ["expand_glob"]
 
 
 def expand_glob(pattern: str, limit: int = MAX_GLOB_PATHS) -> list[Path]:

@@ -23,6 +23,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ssd.data.images import IMAGE_SUFFIXES, is_image
+from ssd.errors import ConfigError
 from ssd.files import check_output, check_outputs, make_run_dir
 from ssd.inference.detector import Detector
 from ssd.inference.display import open_window
@@ -36,7 +37,7 @@ from ssd.inference.tracking import Tracker, tracker_settings
 from ssd.inference.writers import PredictionWriter, exclude_save_dirs
 from ssd.log import LOGGER
 from ssd.log import progress as progress_bar
-from ssd.settings import PREDICT, ConfigError, check_thresholds
+from ssd.settings import PREDICT, check_thresholds
 
 __all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
 

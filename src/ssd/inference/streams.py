@@ -21,11 +21,11 @@ import torch
 from torch import Tensor
 
 from ssd._utils import require
+from ssd.errors import StreamError
 from ssd.limits import MAX_STREAMS, value_text
 
 __all__ = ["LIVE_SCHEMES", "RECONNECT_ATTEMPTS", "RECONNECT_DELAY", "STREAMS_SUFFIX", "Frame", "LiveStream",
-           "StreamError", "StreamGroup", "is_live", "live_sources", "source_frames", "stream_name",
-           "VideoFile", "video_frames"]
+           "StreamGroup", "is_live", "live_sources", "source_frames", "stream_name", "VideoFile", "video_frames"]
 
 LIVE_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "tcp://", "udp://", "srt://")
 STREAMS_SUFFIX = ".streams"
@@ -34,10 +34,6 @@ RECONNECT_DELAY = 0.5
 """Seconds before the first reconnection attempt; each further attempt waits twice as long."""
 TIMEOUT_MS = 5000
 """How long OpenCV may take to open a URL or to read one frame of it before the read counts as failed."""
-
-
-class StreamError(ValueError):
-    """A live source that cannot be opened, stopped and did not come back, or a bad ``.streams`` file."""
 
 
 @dataclass

@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from ssd._utils import did_you_mean, require
+from ssd.errors import ConfigError
 from ssd.limits import value_text
-from ssd.settings import ConfigError
 
 if TYPE_CHECKING:
     from ssd.inference.detector import Detector, Result
@@ -55,7 +55,7 @@ TRACKER_SETTINGS = {  # ByteTrack's argument -> (type, rule, check)
 
 def tracker_settings(path: str | Path | None) -> dict:
     """:class:`Tracker`'s settings from the YAML file at ``path`` (``None``: the defaults of ``trackers``). Raises
-    :class:`~ssd.settings.ConfigError` naming the file, the key, the value and the rule: an unknown key (with the
+    :class:`~ssd.errors.ConfigError` naming the file, the key, the value and the rule: an unknown key (with the
     closest ones), a value of the wrong type or out of range, a ``tracker_type`` other than ``bytetrack``."""
     require("trackers", "track", "tracking")  # before any work, not at the first frame
     if path is None:

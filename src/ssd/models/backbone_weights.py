@@ -11,14 +11,11 @@ from torch import Tensor, nn
 
 import ssd.weights.hub as hub
 from ssd._utils import state_dict_mismatch
-from ssd.weights.checkpoint import CheckpointError, read_file
+from ssd.errors import BackboneWeightsError, CheckpointError
+from ssd.weights.checkpoint import read_file
 from ssd.weights.identify import identify
 
-__all__ = ["read_backbone_weights", "load_backbone_state", "BackboneWeightsError"]
-
-
-class BackboneWeightsError(ValueError):
-    """A backbone weights file that is missing, unreadable or made for another architecture."""
+__all__ = ["read_backbone_weights", "load_backbone_state"]
 
 
 def read_backbone_weights(spec: str | os.PathLike, model: str, imagenet: str) -> tuple[dict[str, Tensor], str]:

@@ -11,14 +11,15 @@ import torch
 from torch import nn
 
 from ssd._utils import as_hw, compact_size, did_you_mean, size_text
+from ssd.errors import BackboneWeightsError, PriorConfigError
 from ssd.log import LOGGER
 from ssd.models import mobilenet, tiny, vgg
 from ssd.models.architecture import Architecture
-from ssd.models.backbone_weights import BackboneWeightsError, read_backbone_weights
+from ssd.models.backbone_weights import read_backbone_weights
 from ssd.models.config import ModelConfig
 from ssd.models.ssd import SSD
 from ssd.names import class_names_problem
-from ssd.priors import PriorConfig, PriorConfigError, input_size
+from ssd.priors import PriorConfig, input_size
 
 __all__ = ["MODEL_CONFIGS", "build_model", "build_from_config", "default_priors", "list_models", "checked_priors",
            "checked_class_names"]

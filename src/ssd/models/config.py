@@ -8,13 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ssd.boxes import VARIANCES
+from ssd.errors import ModelConfigError
 from ssd.priors import PriorConfig, input_size
 
-__all__ = ["ModelConfig", "ModelConfigError"]
-
-
-class ModelConfigError(ValueError):
-    """A saved model configuration that lacks a setting or holds one of the wrong type."""
+__all__ = ["ModelConfig"]
 
 
 @dataclass(frozen=True)

@@ -26,24 +26,20 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
+from ssd.errors import WeightsImportError
 from ssd.models.build import MODEL_CONFIGS
 from ssd.models.config import ModelConfig
 from ssd.models.vgg import SSD_PYTORCH_MEAN, TORCHVISION_SSD_MEAN, UNSCALED_STD
 from ssd.priors import PRIOR_CONFIGS, PriorConfig
-from ssd.weights.checkpoint import CheckpointError
 from ssd.weights.identify import VOC_NAMES, Identified, coco_names, few_keys
 
-__all__ = ["WeightsImportError", "Plan", "PLANS"]
+__all__ = ["Plan", "PLANS"]
 
 # Default-box sizes (pixels) of the COCO configurations of ssd.pytorch (300) and lufficc/SSD (300, 512).
 _COCO_SIZES = {
     300: ([21, 45, 99, 153, 207, 261], [45, 99, 153, 207, 261, 315]),
     512: ([20.48, 51.2, 133.12, 215.04, 296.96, 378.88, 460.8], [51.2, 133.12, 215.04, 296.96, 378.88, 460.8, 542.72]),
 }
-
-
-class WeightsImportError(CheckpointError):
-    """A weights file that is no detector of a format this library imports, or does not fit its architecture."""
 
 
 @dataclass(frozen=True)

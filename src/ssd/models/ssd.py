@@ -15,10 +15,10 @@ from torch import Tensor, nn
 from ssd._utils import as_hw
 from ssd.card import ModelCard, check_category_ids, check_operating_point
 from ssd.detect import detect_batch, model_input
+from ssd.errors import CheckpointError
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
 from ssd.settings import PREDICT
-from ssd.weights.checkpoint import CheckpointError
 
 __all__ = ["SSD", "LevelHead"]
 

@@ -20,8 +20,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torchvision.ops.misc import Conv2dNormActivation
 
+from ssd.errors import BackboneWeightsError
 from ssd.models.architecture import Architecture, MultiScaleBackbone
-from ssd.models.backbone_weights import BackboneWeightsError
 from ssd.models.ssd import LevelHead
 from ssd.priors import PriorConfig
 

@@ -16,8 +16,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.models.vgg import cfgs, make_layers
 
+from ssd.errors import BackboneWeightsError
 from ssd.models.architecture import Architecture
-from ssd.models.backbone_weights import BackboneWeightsError, load_backbone_state
+from ssd.models.backbone_weights import load_backbone_state
 from ssd.models.ssd import LevelHead
 from ssd.priors import PRIOR_CONFIGS
 from ssd.weights.identify import identify

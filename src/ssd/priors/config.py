@@ -22,13 +22,10 @@ import torch
 from torch import Tensor
 
 from ssd._utils import as_hw, compact_size, size_text
+from ssd.errors import PriorConfigError
 from ssd.limits import MAX_INPUT_SIDE, MAX_PRIORS, MAX_VALUE_CHARS
 
-__all__ = ["PRIOR_CONFIGS", "PriorConfig", "PriorConfigError", "default_boxes", "input_size"]
-
-
-class PriorConfigError(ValueError):
-    """A default-box configuration or input size that cannot give default boxes (the message names the value)."""
+__all__ = ["PRIOR_CONFIGS", "PriorConfig", "default_boxes", "input_size"]
 
 
 def input_size(image_size: int | Sequence[int] | str) -> int | tuple[int, int]:

@@ -19,8 +19,9 @@ from pathlib import Path
 import yaml
 
 from ssd._utils import compact_size, size_text
+from ssd.errors import PriorConfigError
 from ssd.files import write_text
-from ssd.priors.config import PriorConfig, PriorConfigError, input_size
+from ssd.priors.config import PriorConfig, input_size
 from ssd.priors.fit import FitResult
 from ssd.yamlfile import safe_load
 
@@ -56,7 +57,7 @@ def train_command(model: str, image_size: int | tuple[int, int] | str, priors_fi
 def load_priors(path: str | Path) -> tuple[PriorConfig, str | None, int | tuple[int, int] | None]:
     """``(priors, model or None, image_size or None)`` from a file of :func:`save_priors` (or bare prior fields);
     the size is an int for a square input, else ``(height, width)`` (the file may hold ``"HxW"`` or ``[h, w]``).
-    A file that is not one raises ``FileNotFoundError`` or :class:`ssd.priors.PriorConfigError` naming it."""
+    A file that is not one raises ``FileNotFoundError`` or :class:`ssd.errors.PriorConfigError` naming it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"priors file {path} does not exist (write one with `ssd check DATA --model NAME "

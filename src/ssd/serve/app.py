@@ -24,13 +24,14 @@ from PIL import Image
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from ssd.data.images import ImageError, decode_image, is_image
+from ssd.data.images import decode_image, is_image
+from ssd.errors import ImageError, RequestError
 from ssd.inference.detector import Detector, Result
 from ssd.limits import MAX_UPLOAD_BYTES
 from ssd.serve.batching import Batcher
 from ssd.serve.card import model_card
 from ssd.serve.metrics import MetricsMiddleware, ServerMetrics
-from ssd.serve.request import QUERY_OPTIONS, RequestError, parse_options, read_upload
+from ssd.serve.request import QUERY_OPTIONS, parse_options, read_upload
 from ssd.settings import PREDICT, Thresholds, check_thresholds
 
 __all__ = ["create_app", "QUERY_OPTIONS"]

@@ -18,8 +18,8 @@ from typing import Any
 
 from torch import Tensor
 
+from ssd.errors import ConfigError
 from ssd.inference.detector import Detector, Result
-from ssd.settings import ConfigError
 
 __all__ = ["Batcher"]
 

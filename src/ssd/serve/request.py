@@ -12,11 +12,12 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
 from ssd._utils import did_you_mean
+from ssd.errors import ConfigError, RequestError
 from ssd.inference.detector import Detector
 from ssd.limits import value_text
-from ssd.settings import ConfigError, Thresholds, check_thresholds
+from ssd.settings import Thresholds, check_thresholds
 
-__all__ = ["QUERY_OPTIONS", "ACCEPTED_TYPES", "RequestError", "PredictOptions", "parse_options", "read_upload"]
+__all__ = ["QUERY_OPTIONS", "ACCEPTED_TYPES", "PredictOptions", "parse_options", "read_upload"]
 
 QUERY_OPTIONS = ("conf", "iou", "max_det", "classes", "draw")
 """The query options of ``POST /predict``: the ``ssd predict`` thresholds (``--conf``, ``--iou``, ``--max-det``), the
@@ -26,15 +27,6 @@ _THRESHOLD_NAMES = {"score_threshold": "conf", "iou_threshold": "iou", "max_dete
 
 ACCEPTED_TYPES = ("multipart/form-data", "image/*", "application/octet-stream")
 """Content types of an upload: a form with one file part, or the image file's bytes as the body."""
-
-
-class RequestError(ValueError):
-    """A request the server refuses, with its HTTP ``status`` (400 bad value or image, 413 too large, 415 wrong
-    content type)."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ import warnings
 from pathlib import Path
 
 from ssd._utils import require
-from ssd.settings import PREDICT, ConfigError
+from ssd.errors import ConfigError
+from ssd.settings import PREDICT
 
 __all__ = ["ServeWarning", "serve", "exposure_warning", "DEFAULT_HOST", "DEFAULT_PORT"]
 

@@ -27,13 +27,14 @@ from typing import TYPE_CHECKING, Any
 
 from ssd._utils import did_you_mean
 from ssd.data.mosaic import close_mosaic_epochs, mosaic_probability
+from ssd.errors import CallbackError
 from ssd.limits import value_text
 from ssd.log import LOGGER
 
 if TYPE_CHECKING:
     from ssd.training.trainer import Trainer
 
-__all__ = ["Callback", "EarlyStopping", "MosaicSchedule", "HOOKS", "CallbackError", "check_callbacks"]
+__all__ = ["Callback", "EarlyStopping", "MosaicSchedule", "HOOKS", "check_callbacks"]
 
 HOOKS = ("on_train_start", "on_epoch_start", "on_train_batch_end", "on_val_end", "on_epoch_end", "on_fit_end",
          "on_teardown")
@@ -98,10 +99,6 @@ class MosaicSchedule(Callback):
                         f"last {closed} (--close-mosaic)" if probability else
                         f"mosaic off from epoch {trainer.epoch + 1} of {trainer.epochs} (--close-mosaic {closed})")
         self.probability = probability
-
-
-class CallbackError(ValueError, TypeError):
-    """A callback that cannot run as given (a ``TypeError`` too, as it was before it had a type of its own)."""
 
 
 def check_callbacks(callbacks: Sequence[Callback]) -> None:

@@ -22,9 +22,10 @@ from typing import Literal
 import yaml
 
 from ssd._utils import as_hw, did_you_mean, size_text
+from ssd.errors import ConfigError
 from ssd.files import write_text
 from ssd.limits import MAX_EPOCHS, MAX_INPUT_SIDE, MAX_TRAIN_MINUTES, MAX_WORKERS, value_text
-from ssd.settings import EVALUATE, THRESHOLD_OPTIONS, ConfigError
+from ssd.settings import EVALUATE, THRESHOLD_OPTIONS
 from ssd.yamlfile import safe_load
 
 __all__ = ["TrainConfig", "parse_image_size", "option_name", "default_milestones"]

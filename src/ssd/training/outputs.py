@@ -32,9 +32,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ssd._utils import MissingDependencyError, require
+from ssd._utils import require
 from ssd.data.images import read_image
 from ssd.data.table import object_arrays
+from ssd.errors import MissingDependencyError
 from ssd.files import DirectoryLock, atomic_write, fitted_name, remove_stale_temporaries, write_text
 from ssd.log import LOGGER
 from ssd.plots import RESULTS_COLUMNS, draw_detections, plot_label_stats, plot_pr_curves, plot_results, save_image

@@ -15,16 +15,16 @@ from typing import Any
 
 from torch import nn
 
-from ssd.data.records import DataError, DatasetSpec
+from ssd.data.records import DatasetSpec
+from ssd.errors import CheckpointError, ConfigError, DataError
 from ssd.log import LOGGER
 from ssd.models import build_model
 from ssd.models.config import ModelConfig
 from ssd.models.load import model_from_checkpoint, read_weights
-from ssd.settings import ConfigError
 from ssd.training.config import TrainConfig, option_name
 from ssd.training.priors import resolve_priors
 from ssd.training.state import TRAINING_STATE
-from ssd.weights.checkpoint import CheckpointError, load_checkpoint
+from ssd.weights.checkpoint import load_checkpoint
 from ssd.weights.resolve import resolve_weights
 
 __all__ = ["RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model"]

@@ -8,10 +8,11 @@ from torch import Tensor
 from ssd._utils import size_text
 from ssd.data.priors import fit_for_model
 from ssd.data.records import DatasetSpec
+from ssd.errors import PriorConfigError
 from ssd.log import LOGGER
 from ssd.models import MODEL_CONFIGS
 from ssd.models.build import default_priors
-from ssd.priors import PriorConfig, PriorConfigError, input_size
+from ssd.priors import PriorConfig, input_size
 from ssd.priors.io import load_priors
 
 __all__ = ["resolve_priors"]

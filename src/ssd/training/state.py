@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ssd._utils import few
+from ssd.errors import NonFiniteLossError
 from ssd.evaluation.curves import operating_point
 from ssd.log import LOGGER
 from ssd.weights.checkpoint import save_checkpoint
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["TRAINING_STATE", "TrainState", "seed_everything", "epoch_seed", "rng_state", "set_rng_state",
            "checkpoint_metrics", "save_training_state", "restore_training_state", "validation_operating_point",
-           "NonFiniteLossError", "NONFINITE_SHARE", "nonfinite_loss_error", "check_finite"]
+           "NONFINITE_SHARE", "nonfinite_loss_error", "check_finite"]
 
 TRAINING_STATE = ("train_config", "epoch", "optimizer", "scheduler", "scaler", "rng", "best_map", "history",
                   "metrics", "nonfinite_skipped", "best_epoch", "stop_reason")
@@ -171,10 +172,6 @@ def validation_operating_point(metrics: dict[str, Any], class_names: list[str]) 
 NONFINITE_SHARE = 0.05
 """With ``skip_nonfinite``, a run stops once more than this share of its steps (and more than one) were skipped,
 or when every step of an epoch was."""
-
-
-class NonFiniteLossError(ValueError):
-    """The loss or the weights became NaN/inf (the message says where, what was saved and what to try)."""
 
 
 def nonfinite_loss_error(where: str, loss: float, paths: Sequence[str]) -> NonFiniteLossError:

@@ -25,14 +25,14 @@ from ssd.data.crops import MIN_VISIBLE, describe_plan, parse_crop_scale
 from ssd.data.gate import load_training_data
 from ssd.data.load import validation_split
 from ssd.data.loader import plain_data_errors
-from ssd.data.records import DataError, DatasetSpec
+from ssd.data.records import DatasetSpec
 from ssd.device import prepare_model
+from ssd.errors import ConfigError, DataError
 from ssd.evaluation.evaluator import evaluate_split, split_loader
 from ssd.files import make_run_dir
 from ssd.log import LOGGER, progress
 from ssd.loss import MultiBoxLoss
 from ssd.models.finetune import set_backbone_trainable
-from ssd.settings import ConfigError
 from ssd.training.budget import TimeBudget
 from ssd.training.callbacks import Callback, EarlyStopping, MosaicSchedule, check_callbacks
 from ssd.training.config import TrainConfig
@@ -303,7 +303,7 @@ class Trainer:
     def train_step(self, batch: dict[str, Any], epoch: int = 0, step: int = 0) -> list[float] | None:
         """One optimization step on a :func:`ssd.data.collate` batch: forward, loss, backward, clipping, optimizer,
         lr schedule and EMA update. Returns ``[loss, loc_loss, cls_loss]``, or None when the step was skipped because
-        the loss was not finite on some rank (raises :class:`~ssd.training.state.NonFiniteLossError` unless
+        the loss was not finite on some rank (raises :class:`~ssd.errors.NonFiniteLossError` unless
         ``skip_nonfinite``)."""
         self.optimizer.zero_grad(set_to_none=True)
         loc_loss, cls_loss = batch_loss(self.net, self.loss_fn, self.priors, batch, self.device,

@@ -33,12 +33,13 @@ from ssd._utils import unwrap_model
 from ssd._version import __version__
 from ssd.card import OPERATING_POINT_KEYS, ModelCard, network_digest
 from ssd.card import check_operating_point as _check_point
+from ssd.errors import CheckpointError
 from ssd.files import atomic_write
 from ssd.limits import value_text
 from ssd.weights.identify import file_kind, foreign_format, identify
 
-__all__ = ["FORMAT", "CheckpointError", "save_checkpoint", "load_checkpoint", "read_file", "checked_checkpoint",
-           "checkpoint_dict", "checkpoint_card", "check_operating_point", "OPERATING_POINT_KEYS", "LEGACY_FORMATS"]
+__all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "read_file", "checked_checkpoint", "checkpoint_dict",
+           "checkpoint_card", "check_operating_point", "OPERATING_POINT_KEYS", "LEGACY_FORMATS"]
 
 FORMAT = "ssd-checkpoint-v2"
 """Value of the ``format`` key: the checkpoint layout this version reads and writes (see the policy above)."""
@@ -49,10 +50,6 @@ LEGACY_FORMATS = ("ssd-checkpoint-v1",)
 _RESERVED = ("format", "version", "config", "class_names", "model", "card")
 _LEAVES = (str, bytes, int, float, bool, complex, type(None), torch.Tensor, torch.dtype, torch.device, torch.Size)
 _HEAD_BYTES = 4096  # enough of a file to tell text, pickles and archives apart
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, truncated, corrupt, foreign, or does not fit the request."""
 
 
 def check_operating_point(value: Any, source: str, error: type[Exception] = CheckpointError
@@ -73,7 +70,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, **extra: Any) -> 
         TypeError: an extra value (at any depth) is not plain data; the message names where it is.
         ValueError: an extra uses a reserved key (``format``, ``version``, ``config``, ``class_names``, ``model``,
             ``card``), or its ``category_ids`` / ``operating_point`` break their rules.
-        ssd.files.OutputError: the write failed (disk full, permissions ...): one line naming the file and cause.
+        ssd.errors.OutputError: the write failed (disk full, permissions ...): one line naming the file and cause.
     """
     payload = checkpoint_dict(model, **extra)
     path = Path(path)

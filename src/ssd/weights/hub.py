@@ -30,12 +30,11 @@ from urllib.error import URLError
 import torch
 
 from ssd._utils import did_you_mean, render_table
+from ssd.errors import CheckpointError, WeightsDownloadError
 from ssd.log import LOGGER
-from ssd.weights.checkpoint import CheckpointError
 
-__all__ = ["HubWeights", "WeightsDownloadError", "catalog", "cache_dir", "known_names", "lookup", "fetch",
-           "weights_file", "looks_like_name", "unknown_name", "format_catalog", "OPTIONS", "remove_stale_partials",
-           "STALE_PARTIAL_SECONDS"]
+__all__ = ["HubWeights", "catalog", "cache_dir", "known_names", "lookup", "fetch", "weights_file", "looks_like_name",
+           "unknown_name", "format_catalog", "OPTIONS", "remove_stale_partials", "STALE_PARTIAL_SECONDS"]
 
 
 Kind = Literal["detector", "backbone"]
@@ -48,10 +47,6 @@ _PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial")  # what torch.hub.download_url
 
 STALE_PARTIAL_SECONDS = 60.0
 """A ``.partial`` download not written to for this long was left by a killed run (:func:`remove_stale_partials`)."""
-
-
-class WeightsDownloadError(CheckpointError):
-    """Known weights that could not be fetched: offline, a server error, or bytes whose checksum is wrong."""
 
 
 @dataclass(frozen=True)

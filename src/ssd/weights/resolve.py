@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Literal
 
 import ssd.weights.hub as hub
-from ssd.weights.checkpoint import CheckpointError
+from ssd.errors import CheckpointError
 
 __all__ = ["resolve_weights", "RUN_CHECKPOINTS"]
 

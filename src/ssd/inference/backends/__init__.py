@@ -89,7 +89,7 @@ DEFAULT_BACKEND = "torch"
 def refuse_torchscript(path: Path, device: torch.device, half: bool) -> Backend:
     """TorchScript is retired (``torch.jit`` is deprecated by PyTorch, and loading a TorchScript file runs its code):
     a ``.torchscript`` file is refused with what to export instead."""
-    from ssd.weights.checkpoint import CheckpointError
+    from ssd.errors import CheckpointError
 
     raise CheckpointError(f"{path} is a TorchScript export, which this version of ssd no longer reads (torch.jit is "
                           "deprecated by PyTorch, and loading TorchScript runs code from the file): export the "

@@ -20,17 +20,12 @@ from torch import Tensor
 import ssd.limits as limits
 from ssd._utils import require
 from ssd.card import ModelCard
-from ssd.weights.checkpoint import CheckpointError
+from ssd.errors import OnnxModelError
 
-__all__ = ["OnnxBackend", "OnnxModelError", "graph_digest", "open_onnx"]
+__all__ = ["OnnxBackend", "graph_digest", "open_onnx"]
 
 RAW_OUTPUTS = ["loc", "logits", "priors"]
 NMS_OUTPUTS = ["detections", "num_detections"]
-
-
-class OnnxModelError(CheckpointError):
-    """An exported file that ``ssd`` cannot run: unreadable, not exported by ``ssd export``, modified or
-    inconsistent."""
 
 
 def open_onnx(path: Path, device: torch.device, half: bool) -> OnnxBackend:

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ssd.inference.backends.onnx import OnnxBackend, OnnxModelError
+from ssd.errors import OnnxModelError
+from ssd.inference.backends.onnx import OnnxBackend
 
 __all__ = ["OpenCvBackend", "open_opencv"]
 

@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from ssd._utils import require
-from ssd.inference.backends.onnx import OnnxBackend, OnnxModelError
+from ssd.errors import OnnxModelError
+from ssd.inference.backends.onnx import OnnxBackend
 
 __all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "ir_digest",
            "require_openvino", "open_openvino", "open_openvino_bf16"]
@@ -27,7 +28,7 @@ OPENVINO_PRECISIONS = ("f32", "bf16")
 
 
 def require_openvino(nncf: bool = False):
-    """The ``openvino`` module (and NNCF, with ``nncf``), or :class:`ssd._utils.MissingDependencyError` naming the
+    """The ``openvino`` module (and NNCF, with ``nncf``), or :class:`ssd.errors.MissingDependencyError` naming the
     extra to install."""
     if nncf:
         require("nncf", "openvino", "OpenVINO INT8 export")

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ssd.card import ModelCard, network_digest
-from ssd.inference.backends.onnx import OnnxModelError
+from ssd.errors import OnnxModelError
 
 __all__ = ["METADATA_FILE", "ExportedProgramBackend", "program_digest", "check_archive", "open_pt2"]
 
@@ -44,7 +44,7 @@ def program_digest(program: torch.export.ExportedProgram) -> str:
 
 
 def check_archive(path: Path) -> None:
-    """Refuse (:class:`~ssd.inference.backends.onnx.OnnxModelError`, naming the member) a ``.pt2`` archive that
+    """Refuse (:class:`~ssd.errors.OnnxModelError`, naming the member) a ``.pt2`` archive that
     would make ``torch.export.load`` unpickle anything: a member that is not raw tensor bytes, JSON or an extra
     file, a weight or constant its configuration marks as pickled, or sample inputs that are not plain tensors (read
     here with ``torch.load(weights_only=True)``, which runs no code)."""
