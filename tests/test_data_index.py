@@ -196,6 +196,62 @@ def test_a_damaged_index_is_rebuilt_with_a_notice(damage, tmp_path, caplog):
     assert reads(data) == []
 
 
+def rewrite(path: Path, change) -> None:
+    """Rewrite the index file ``path`` with ``change(members)`` applied to its arrays (a dict), the zip valid."""
+    members = dict(np.load(path))
+    change(members)
+    np.savez(path, **members)
+
+
+def test_an_index_of_an_older_version_is_rebuilt_with_a_notice(tmp_path, caplog):
+    data = voc(tmp_path)
+    index_dataset(data)
+    path = index_file(data)
+
+    def version_1(members):  # as version 1 wrote it: one digest of every member
+        meta = json.loads(members["meta"].tobytes())
+        meta["key"]["version"] = 1
+        members["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        members["digest"] = members.pop("digests")
+    rewrite(path, version_1)
+    rebuilt = index_dataset(data)
+    (notice,) = [m for m in messages(caplog) if "dataset cache" in m]
+    assert notice == (f"dataset cache: {path} is not a valid index (it was written for index version 1, this ssd "
+                      "reads version 2): rebuilding it")
+    assert rebuilt.stored and len(rebuilt.reads) == 2 * 8 + 6 and reads(data) == []
+
+
+def test_the_message_columns_of_a_split_are_read_and_checked_alone_when_used(tmp_path, caplog):
+    data = voc(tmp_path)
+    index_dataset(data, splits=("train", "val"))
+    path = index_file(data)
+    val = json.loads(np.load(path)["meta"].tobytes())["splits"].index("val")
+    rewrite(path, lambda m: m.__setitem__(f"split{val}.where.blob", m[f"split{val}.where.blob"][::-1].copy()))
+    warm = index_dataset(data, splits=("train", "val"))
+    assert warm.reads == [] and not messages(caplog)  # a warm start does not read the message columns
+    assert warm.spec.records("train")[0].objects[0].where.startswith("Annotations/")  # train's own, intact
+    with pytest.raises(DataError, match="changed while this run used it"):
+        warm.spec.records("val")[0]
+    assert messages(caplog) == [f"dataset cache: {path} is not a valid index (its message columns of split {val} do "
+                                "not match their digest (edited or damaged)): removed, the next run rebuilds it"]
+    assert not path.exists() and len(reads(data, splits=("train", "val"))) == 3 * 8
+
+
+def test_damaged_per_file_results_are_not_trusted_when_rebuilding(tmp_path, caplog):
+    data = voc(tmp_path)
+    index_dataset(data)
+    path = index_file(data)
+    rewrite(path, lambda m: m.__setitem__("memo", np.concatenate([m["memo"], np.frombuffer(b" ", np.uint8)])))
+    assert reads(data) == [] and not messages(caplog)  # a warm start does not read them
+    xml = data / "Annotations" / "synth_000001.xml"
+    xml.write_text(xml.read_text() + " ")
+    settle(data)
+    assert len(reads(data)) == 2 * 8 + 6  # every file read again, not only the changed one
+    assert messages(caplog) == [f"dataset cache: {path} is not a valid index (its per-file results do not match "
+                                "their digest (edited or damaged)): rebuilding it"]
+    assert reads(data) == []
+
+
 def test_an_unwritable_cache_folder_is_said_once(tmp_path, monkeypatch, caplog):
     data = voc(tmp_path)
     (tmp_path / "file").write_text("")

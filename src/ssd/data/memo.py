@@ -2,17 +2,18 @@
 files that changed since it was built.
 
 The readers' per-file steps (an image header, an image's full decode, one annotation file) are wrapped by
-:func:`remembered`. Inside ``with memo.active():`` each call looks its file up by path, arguments and state (size,
-modification time in nanoseconds, inode): a match returns the stored result (an error is raised again), anything
-else runs the step, counted in :attr:`FileMemo.reads`. Outside, the steps just run. A file modified less than
-:data:`RACY_NS` before the run is never remembered: an edit within the file system's timestamp granularity could
-leave its size and time unchanged (git's "racy" rule). Results are stored as JSON, never pickled.
+:func:`remembered`. Inside ``with memo.active():`` each call looks its file up by path, a digest of its arguments
+and state (size, modification time in nanoseconds, inode): a match returns the stored result (an error is raised
+again), anything else runs the step, counted in :attr:`FileMemo.reads`. Outside, the steps just run. A file modified
+less than :data:`RACY_NS` before the run is never remembered: an edit within the file system's timestamp
+granularity could leave its size and time unchanged (git's "racy" rule). Results are stored as JSON, never pickled.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import os
 import threading
@@ -68,7 +69,8 @@ class FileMemo:
 
     def lookup(self, kind: str, path: str | os.PathLike, args: tuple, compute: Callable[[], Any],
                encode: Callable[[Any], Any], decode: Callable[[Any], Any], error: type[Exception] | None) -> Any:
-        key = "\0".join((kind, os.fspath(path), json.dumps(args)))
+        # the arguments by a digest: a YOLO label file's are the whole class list, which every key would repeat
+        key = "\0".join((kind, os.fspath(path), hashlib.blake2b(json.dumps(args).encode(), digest_size=12).hexdigest()))
         state = file_state(path)
         entry = self.entries.get(key)
         if state is not None and entry is not None and tuple(entry[:3]) == state:

@@ -10,6 +10,7 @@ and reports); training reads the arrays (:meth:`objects`). Boxes are stored as t
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -44,6 +45,10 @@ class Strings:
 
     def __getitem__(self, i: int) -> str:
         return self.prefix + self.blob[self.offsets[i]:self.offsets[i + 1]].tobytes().decode(*_ENCODING)
+
+    def tolist(self) -> list[str]:
+        data, offsets = self.blob.tobytes(), self.offsets.tolist()
+        return [self.prefix + data[a:b].decode(*_ENCODING) for a, b in itertools.pairwise(offsets)]
 
     def take(self, index: np.ndarray) -> Strings:
         """The texts at ``index`` (int array), in that order."""

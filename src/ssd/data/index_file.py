@@ -1,0 +1,187 @@
+"""The dataset index's file: one ``.npz`` of plain arrays (read with ``allow_pickle=False``; never a pickle) whose
+members come in groups, each with its own SHA-256 in the member ``digests``, checked when that group is read:
+
+- ``index``: what a warm start reads (the meta data, the file list, the tables' training columns);
+- ``detail<i>``: the message columns of split ``i`` (where, raw, source lines, names), read on first use;
+- ``memo``: the per-file results (:mod:`ssd.data.memo`), read only to rebuild.
+
+So a warm start reads and hashes only the group ``index``. :mod:`ssd.data.index` decides when a file is used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import zipfile
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
+from pathlib import Path
+
+import numpy as np
+
+from ssd.data.memo import decode_parsed, encode_parsed
+from ssd.data.records import DatasetSpec, Issue
+from ssd.data.table import RecordTable, Strings
+from ssd.errors import DataError
+from ssd.files import atomic_write
+from ssd.log import LOGGER
+
+__all__ = ["StoredIndex", "write_index", "read_group", "issue_rows", "issues_from", "text_array", "INDEX_ERRORS"]
+
+INDEX_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
+"""What reading a damaged or foreign index file raises (zip, npy and JSON errors)."""
+
+
+def issue_rows(issues: Sequence[Issue]) -> list:
+    return encode_parsed(([], list(issues)))[1]
+
+
+def issues_from(rows: list) -> list[Issue]:
+    return decode_parsed([[], rows])[1]
+
+
+def text_array(value) -> np.ndarray:
+    return np.frombuffer(json.dumps(value).encode(), np.uint8)
+
+
+def _digest(arrays: Mapping, names: Iterable[str]) -> str:
+    """SHA-256 of the arrays ``names`` of ``arrays``."""
+    h = hashlib.sha256()
+    for name in sorted(names):
+        a = np.ascontiguousarray(arrays[name])
+        h.update(f"{name}:{a.dtype.str}:{a.shape}".encode())
+        h.update(a.data)
+    return h.hexdigest()
+
+
+def _group(name: str) -> str:
+    """The digest group of an index member: ``memo`` (the per-file results), ``detail<i>`` (split ``i``'s message
+    columns) or ``index`` (the rest: what a warm start reads)."""
+    split = name.partition(".")[0]
+    if name == "memo":
+        return "memo"
+    return f"detail{split[5:]}" if split.startswith("split") and RecordTable.detail_arrays(split + ".", [name]) \
+        else "index"
+
+
+def _groups(names: Iterable[str]) -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for name in names:
+        if name != "digests":
+            groups.setdefault(_group(name), []).append(name)
+    return groups
+
+
+_GROUP_TEXT = {"index": "arrays", "memo": "per-file results"}
+
+
+def _version(meta) -> object:
+    """The index version an index file's meta data names (None when it names none)."""
+    key = meta.get("key") if isinstance(meta, dict) else None
+    return key.get("version") if isinstance(key, dict) else None
+
+
+class _Damaged(ValueError):
+    """A group of an index file fails its digest."""
+
+
+def read_group(path: Path, group: str, digests: dict | None = None) -> dict[str, np.ndarray]:
+    """The arrays of ``group`` in the index file ``path``, checked against their digest in ``digests`` (the
+    file's own when None). Raises :class:`_Damaged` for a group that fails the digest of its file, ``ValueError``
+    (and what ``np.load`` raises) for a file that is not the one of ``digests``."""
+    with np.load(path, allow_pickle=False) as z:
+        held = json.loads(z["digests"].tobytes())
+        if not isinstance(held, dict):
+            raise ValueError("it has no digests")
+        names = _groups(z.files).get(group, [])
+        arrays = {name: z[name] for name in names}
+    if digests is not None and held != digests:
+        raise ValueError("another index replaced it")
+    if group not in held or _digest(arrays, names) != held[group]:
+        what = _GROUP_TEXT.get(group, f"message columns of split {group[6:]}")
+        raise _Damaged(f"its {what} do not match their digest (edited or damaged)")
+    return arrays
+
+
+class _IndexFile:
+    """Reads ``group`` from the index file again (a split's message columns, on first use), provided the file is
+    still the one of ``digests``; a group damaged in place is said, and its file removed (the next run rebuilds)."""
+
+    def __init__(self, path: Path, digests: dict, group: str) -> None:
+        self.path, self.digests, self.group = path, digests, group
+
+    def __call__(self) -> dict:
+        try:
+            return read_group(self.path, self.group, self.digests)
+        except _Damaged as e:
+            LOGGER.warning(f"dataset cache: {self.path} is not a valid index ({e}): removed, the next run rebuilds it")
+            with suppress(OSError):
+                self.path.unlink()
+        except INDEX_ERRORS:
+            pass
+        raise DataError(f"the dataset index {self.path} changed while this run used it (rebuilt by another run, or "
+                        "damaged): run again")
+
+
+class StoredIndex:
+    """An index file's content, checked (the key it was built for and the digest of what training reads); the
+    message columns of its tables and the per-file results are read (and checked) from the file when needed, never
+    held."""
+
+    def __init__(self, path: Path, key: dict) -> None:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(z["meta"].tobytes())
+            if _version(meta) != key["version"]:
+                raise ValueError(f"it was written for index version {_version(meta)}, this ssd reads version "
+                                 f"{key['version']}")
+            digests = json.loads(z["digests"].tobytes())
+            groups = _groups(z.files)
+            if not isinstance(digests, dict) or set(digests) != set(groups):
+                raise ValueError("its members do not match its digests (edited or damaged)")
+            arrays = {name: z[name] for name in groups["index"]}
+        if _digest(arrays, arrays) != digests["index"]:
+            raise ValueError("its digest does not match its content (edited or damaged)")
+        meta = json.loads(arrays["meta"].tobytes())  # as checked
+        if meta.get("key") != key:
+            raise ValueError("it was built for another dataset or class list")
+        self._hold(path, meta, arrays, digests)
+
+    @classmethod
+    def written(cls, path: Path, meta: dict, arrays: dict[str, np.ndarray], digests: dict) -> StoredIndex:
+        """The index just written from ``arrays``, as :meth:`__init__` would read it back."""
+        stored = cls.__new__(cls)
+        stored._hold(path, meta, {name: arrays[name] for name in _groups(arrays)["index"]}, digests)
+        return stored
+
+    def _hold(self, path: Path, meta: dict, arrays: dict[str, np.ndarray], digests: dict) -> None:
+        """Keep what training reads (``arrays``: the group ``index``); the other groups stay in the file."""
+        self.path, self.meta, self.arrays, self.digests = path, meta, arrays, digests
+        self.files = Strings.from_arrays(arrays, "files")
+
+    def memo(self) -> dict | None:
+        """The per-file results; None (said when damaged) when they cannot be trusted: every file is read."""
+        try:
+            return json.loads(read_group(self.path, "memo", self.digests)["memo"].tobytes())
+        except _Damaged as e:
+            LOGGER.warning(f"dataset cache: {self.path} is not a valid index ({e}): rebuilding it")
+        except INDEX_ERRORS:
+            pass
+        return None
+
+    def spec(self) -> DatasetSpec:
+        m = self.meta
+        splits = {name: RecordTable.from_arrays(self.arrays, f"split{i}.", _IndexFile(self.path, self.digests,
+                                                                                      f"detail{i}"))
+                  for i, name in enumerate(m["splits"])}
+        return DatasetSpec(Path(m["root"]), m["format"], m["class_names"], splits, issues_from(m["issues"]),
+                           m["category_ids"], {k: Path(v) for k, v in m["sources"].items()})
+
+
+def write_index(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> StoredIndex:
+    """Write ``arrays`` (``meta`` among them, as :func:`text_array`) with their digests to ``path`` atomically; the
+    index as :class:`StoredIndex` would read it back."""
+    digests = {group: _digest(arrays, names) for group, names in _groups(arrays).items()}
+    with atomic_write(path) as f:
+        np.savez(f, **arrays, digests=text_array(digests))
+    return StoredIndex.written(path, meta, arrays, digests)
+
