@@ -44,7 +44,7 @@ def train_checkpoint(data: Path, epochs: int, project: Path) -> Path:
 
 def crops_per_image(records, tile, overlap: float, input_size) -> float:
     """Network passes per image: the whole image plus its tiles."""
-    from ssd._utils import as_hw
+    from ssd.sizes import as_hw
 
     counts = [1 + (0 if (shape := tile_shape(tile, (r.height, r.width), as_hw(input_size))) is None
                    else len(tile_windows((r.height, r.width), shape, overlap))) for r in records]

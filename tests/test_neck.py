@@ -7,12 +7,12 @@ import torch
 from torch import nn
 
 from ssd import build_model, model_from_checkpoint, save_checkpoint
-from ssd._utils import as_hw
 from ssd.errors import BackboneWeightsError
 from ssd.export.onnx import export_onnx
 from ssd.models.build import default_priors
 from ssd.models.finetune import set_backbone_trainable
 from ssd.priors.fit import fit_priors
+from ssd.sizes import as_hw
 
 NAME = "ssd_tiny_fpn"
 

@@ -8,7 +8,7 @@ import torch
 import yaml
 from PIL import Image
 
-from ssd._utils import as_hw, state_dict_mismatch
+from ssd._utils import state_dict_mismatch
 from ssd.cli import main
 from ssd.data import build_dataloader, check_dataset, load_dataset
 from ssd.data.images import read_image
@@ -19,6 +19,7 @@ from ssd.models import build_model
 from ssd.models.build import default_priors
 from ssd.models.config import ModelConfig
 from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes
+from ssd.sizes import as_hw
 from ssd.training.config import TrainConfig
 
 
@@ -28,8 +29,9 @@ def test_as_hw_forms_and_errors():
     assert as_hw("512x288") == (512, 288) and as_hw(" 512X288 ") == (512, 288)
     assert as_hw([512, 288]) == (512, 288) and as_hw((128, 256)) == (128, 256)
     for bad in ("512x", "x288", "512x288x3", "abc", "-5", 0, -3, 256.0, True, (1, 2, 3), (128, 0), ("1", "2")):
-        with pytest.raises(ValueError, match=r"image_size must be a positive int .* 'HxW' string such as '512x288' "
-                                             r"\(height x width\), got"):
+        with pytest.raises(ConfigError, match=r"^image_size=.* is invalid: give N for a square N x N input or HxW "
+                                              r"\(height x width, e.g. 512x288\), or a \(height, width\) pair of "
+                                              r"positive ints$"):
             as_hw(bad)
 
 
@@ -130,7 +132,7 @@ def test_build_model_256x128_forwards_and_loads_square_weights():
 
 
 def test_build_model_image_size_errors():
-    with pytest.raises(ValueError, match="image_size must be a positive int"):
+    with pytest.raises(ConfigError, match="image_size='256by128' is invalid: give N for a square"):
         build_model("ssd_tiny", 2, image_size="256by128")
     with pytest.raises(ValueError, match="image_size=512x128 is too small for ssd300_vgg16"):
         build_model("ssd300_vgg16", 2, image_size="512x128")

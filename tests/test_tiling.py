@@ -9,13 +9,13 @@ import torch
 from PIL import Image
 
 from builders import biased_model
-from ssd._utils import as_hw
 from ssd.card import ModelCard
 from ssd.cli import main
 from ssd.data.synthetic import SHAPE_NAMES
 from ssd.evaluation.evaluator import evaluate
 from ssd.inference.detector import Detector, load
 from ssd.inference.tiling import check_tile, detect_tiled, tile_shape, tile_windows
+from ssd.sizes import as_hw
 from ssd.weights.checkpoint import save_checkpoint
 
 # --- a backend that always detects one fixed box of its input -------------------------------------------------

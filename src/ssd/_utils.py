@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
 from ssd.errors import MissingDependencyError
 
-__all__ = ["closest_names", "did_you_mean", "render_table", "few", "unwrap_model", "state_dict_mismatch", "as_hw",
-           "compact_size", "size_text", "require"]
+__all__ = ["closest_names", "did_you_mean", "render_table", "few", "unwrap_model", "state_dict_mismatch", "require"]
 
 
 def require(module: str, extra: str, what: str) -> ModuleType:
@@ -95,37 +93,3 @@ def state_dict_mismatch(expected: Mapping[str, Any], given: Mapping[str, Any], a
              for label, keys in (("missing keys", missing), ("unexpected keys", unexpected),
                                  ("wrong shapes", mismatched), ("wrong types", integral)) if keys]
     return "; ".join(parts) or None
-
-
-def as_hw(size: int | Sequence[int] | str) -> tuple[int, int]:
-    """``(height, width)`` of a network input size given as an int ``S`` (the square ``S x S``), a ``(height, width)``
-    pair or a ``"HxW"`` string (``"512x288"``: 512 high, 288 wide; ``"300"`` is square).
-
-    The one conversion used wherever an input size is read (models, data, configuration, command line); raises
-    ``ValueError`` naming the value and the accepted forms.
-    """
-    pair: Any = size
-    if isinstance(size, str):
-        parts = size.strip().lower().split("x")
-        pair = [int(p) if p.strip().isdigit() else None for p in parts]
-        if len(pair) == 1:
-            pair = pair * 2
-    elif isinstance(size, numbers.Integral) and not isinstance(size, bool):
-        pair = (size, size)
-    if (isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2
-            or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in pair)):
-        raise ValueError(f"image_size must be a positive int (side of a square input), a (height, width) pair of "
-                         f"positive ints or a 'HxW' string such as '512x288' (height x width), got {size!r}")
-    return int(pair[0]), int(pair[1])
-
-
-def compact_size(size: int | Sequence[int] | str) -> int | tuple[int, int]:
-    """The stored form of an input size: an int when square, else a ``(height, width)`` tuple."""
-    h, w = as_hw(size)
-    return h if h == w else (h, w)
-
-
-def size_text(size: int | Sequence[int] | str) -> str:
-    """``"300"`` for a square size, ``"512x288"`` (height x width) otherwise: for messages and ``HxW`` options."""
-    h, w = as_hw(size)
-    return str(h) if h == w else f"{h}x{w}"

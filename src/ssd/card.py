@@ -29,11 +29,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ssd._utils import as_hw, compact_size
 from ssd._version import __version__
 from ssd.limits import MAX_DETECTIONS, MAX_INPUT_SIDE, value_text
 from ssd.names import class_names_problem
 from ssd.settings import PREDICT, Thresholds
+from ssd.sizes import as_hw, compact_size
 
 __all__ = ["ModelCard", "OPERATING_POINT_KEYS", "PRECISIONS", "check_operating_point", "check_category_ids",
            "network_digest"]

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 from torchvision.transforms.v2 import functional as TF
 
-from ssd._utils import as_hw
 from ssd.boxes import pixel_scale
+from ssd.sizes import as_hw
 
 __all__ = ["preprocess", "check_image", "to_pixels"]
 

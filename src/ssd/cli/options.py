@@ -78,7 +78,7 @@ def add_config_options(parser: argparse.ArgumentParser, config_cls, flag_of) -> 
 def image_size_option(text: str) -> int | str:
     """``ssd check --image-size``: the rules of ``TrainConfig.image_size``, as an argparse error."""
     from ssd.errors import ConfigError
-    from ssd.training.config import parse_image_size
+    from ssd.sizes import parse_image_size
 
     try:
         return parse_image_size(text)

@@ -37,9 +37,9 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from ssd._utils import as_hw, size_text
 from ssd.errors import ConfigError
 from ssd.limits import MAX_CROP_CACHE_BYTES, value_text
+from ssd.sizes import as_hw, size_text
 
 __all__ = ["MIN_VISIBLE", "NATIVE", "CachePlan", "CropScale", "NativeCrop", "crop_rule", "decode_sizes",
            "describe_plan", "fit_in_bytes", "parse_crop_scale"]

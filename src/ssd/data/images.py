@@ -36,9 +36,9 @@ from PIL import Image, UnidentifiedImageError
 from torch import Tensor
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from ssd._utils import as_hw
 from ssd.data.memo import remembered
 from ssd.errors import ImageError
+from ssd.sizes import as_hw
 
 __all__ = ["IMAGE_SUFFIXES", "ImageWarning", "read_image", "decode_image", "read_image_size", "is_image",
            "verify_image", "pil_to_rgb", "exif_transposed"]

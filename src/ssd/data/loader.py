@@ -27,7 +27,6 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
-from ssd._utils import as_hw, size_text
 from ssd.data.crops import CachePlan, CropScale, decode_sizes, fit_in_bytes
 from ssd.data.images import read_image, read_image_size
 from ssd.data.mosaic import Mosaic
@@ -37,6 +36,7 @@ from ssd.data.transforms import build_transform
 from ssd.errors import ConfigError, DataError
 from ssd.limits import MAX_CROP_CACHE_BYTES
 from ssd.log import LOGGER
+from ssd.sizes import as_hw, size_text
 
 __all__ = ["DetectionDataset", "SeededSampler", "collate", "build_dataloader", "seed_worker", "plain_data_errors"]
 

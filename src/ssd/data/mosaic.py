@@ -28,8 +28,8 @@ from torchvision import tv_tensors
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from ssd._utils import as_hw
 from ssd.data.transforms import MIN_BOX_SIZE, boxes_labels_difficult
+from ssd.sizes import as_hw
 
 __all__ = ["Mosaic", "MosaicPlan", "CLOSE_MOSAIC_SHARE", "close_mosaic_epochs", "mosaic_probability"]
 

@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from ssd._utils import as_hw, size_text
 from ssd.data.records import DatasetSpec, Issue
 from ssd.models import MODEL_CONFIGS
 from ssd.models.build import default_priors
 from ssd.priors import PriorConfig
 from ssd.priors.coverage import coverage
 from ssd.priors.fit import FitResult, fit_priors
+from ssd.sizes import as_hw, size_text
 
 if TYPE_CHECKING:
     from ssd.data.crops import CropScale

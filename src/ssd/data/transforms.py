@@ -27,8 +27,8 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2 import get_bounding_boxes, query_size
 
-from ssd._utils import as_hw
 from ssd.data.crops import CropScale, NativeCrop
+from ssd.sizes import as_hw
 
 __all__ = ["AUGMENT_LEVELS", "build_transform"]
 

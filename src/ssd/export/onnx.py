@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import batched_nms
 
-from ssd._utils import as_hw, require, unwrap_model
+from ssd._utils import require, unwrap_model
 from ssd.boxes import decode
 from ssd.card import ModelCard
 from ssd.errors import ExportCheckError
@@ -55,6 +55,7 @@ from ssd.limits import MAX_DETECTIONS
 from ssd.models.load import model_from_checkpoint
 from ssd.postprocess import CANDIDATES_PER_CLASS
 from ssd.settings import PREDICT, Thresholds, check_thresholds
+from ssd.sizes import as_hw
 
 __all__ = ["export_onnx", "check_opset", "check_onnx", "as_model", "onnx_metadata"]
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ssd._utils import as_hw
 from ssd.export.onnx import as_model, onnx_metadata
 from ssd.files import write_bytes
 from ssd.inference.backends.pt2 import METADATA_FILE, program_digest
+from ssd.sizes import as_hw
 
 __all__ = ["export_pt2", "RawOutputs"]
 

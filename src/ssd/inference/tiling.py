@@ -36,10 +36,10 @@ import torch
 from torch import Tensor
 from torchvision.ops import batched_nms, box_area
 
-from ssd._utils import as_hw
 from ssd.limits import MAX_TILES_PER_IMAGE
 from ssd.postprocess import first_per_image
 from ssd.settings import PREDICT
+from ssd.sizes import as_hw
 
 __all__ = ["AUTO_FACTOR", "CUT_COVER", "CUT_SCORE_RATIO", "EDGE_MARGIN", "MIN_TILE", "TILE_OVERLAP", "check_tile",
            "detect_tiled", "tile_shape", "tile_windows"]

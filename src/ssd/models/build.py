@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ssd._utils import as_hw, compact_size, did_you_mean, size_text
+from ssd._utils import did_you_mean
 from ssd.errors import BackboneWeightsError, PriorConfigError
 from ssd.log import LOGGER
 from ssd.models import mobilenet, tiny, vgg
@@ -20,6 +20,7 @@ from ssd.models.config import ModelConfig
 from ssd.models.ssd import SSD
 from ssd.names import class_names_problem
 from ssd.priors import PriorConfig, input_size
+from ssd.sizes import as_hw, compact_size, size_text
 
 __all__ = ["MODEL_CONFIGS", "build_model", "build_from_config", "default_priors", "list_models", "checked_priors",
            "checked_class_names"]

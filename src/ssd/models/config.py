@@ -22,7 +22,7 @@ class ModelConfig:
         name: architecture name (a key of :data:`ssd.models.MODEL_CONFIGS`).
         num_classes: K, object classes (the heads have K+1 outputs, index 0 is background).
         image_size: the network input in pixels: an int (square side) or a ``(height, width)`` tuple (a square
-            pair is stored as the int; ``ssd.priors.as_hw`` gives ``(height, width)`` of either form).
+            pair is stored as the int; ``ssd.sizes.as_hw`` gives ``(height, width)`` of either form).
         priors: the default boxes at ``image_size``.
         mean, std: per-channel normalization of images scaled to ``[0, 1]`` (RGB).
         variances: offset variances of the box encoding.

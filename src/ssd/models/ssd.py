@@ -12,13 +12,13 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from ssd._utils import as_hw
 from ssd.card import ModelCard, check_category_ids, check_operating_point
 from ssd.detect import detect_batch, model_input
 from ssd.errors import CheckpointError
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
 from ssd.settings import PREDICT
+from ssd.sizes import as_hw
 
 __all__ = ["SSD", "LevelHead"]
 
@@ -76,7 +76,7 @@ class SSD(nn.Module):
 
     @property
     def image_size(self) -> int | tuple[int, int]:
-        """The network input size: an int (square side) or ``(height, width)`` (``ssd.priors.as_hw`` reads both)."""
+        """The network input size: an int (square side) or ``(height, width)`` (``ssd.sizes.as_hw`` reads both)."""
         return self.config.image_size
 
     @property

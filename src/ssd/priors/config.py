@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ssd._utils import as_hw, compact_size, size_text
 from ssd.errors import PriorConfigError
 from ssd.limits import MAX_INPUT_SIDE, MAX_PRIORS, MAX_VALUE_CHARS
+from ssd.sizes import as_hw, compact_size, size_text
 
 __all__ = ["PRIOR_CONFIGS", "PriorConfig", "default_boxes", "input_size"]
 

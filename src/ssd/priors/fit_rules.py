@@ -7,8 +7,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from ssd._utils import as_hw
 from ssd.priors.config import PriorConfig
+from ssd.sizes import as_hw
 
 __all__ = ["Bounds", "FitRules", "Layout"]
 

@@ -9,9 +9,9 @@ import math
 import torch
 from torch import Tensor
 
-from ssd._utils import as_hw
 from ssd.priors.config import PriorConfig
 from ssd.priors.fit_rules import Bounds, Layout
+from ssd.sizes import as_hw
 
 __all__ = ["Scorer", "Search", "free_search", "perturbed"]
 

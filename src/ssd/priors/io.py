@@ -18,11 +18,11 @@ from pathlib import Path
 
 import yaml
 
-from ssd._utils import compact_size, size_text
 from ssd.errors import PriorConfigError
 from ssd.files import write_text
 from ssd.priors.config import PriorConfig, input_size
 from ssd.priors.fit import FitResult
+from ssd.sizes import compact_size, size_text
 from ssd.yamlfile import safe_load
 
 __all__ = ["load_priors", "save_priors", "train_command"]
@@ -81,9 +81,6 @@ def load_priors(path: str | Path) -> tuple[PriorConfig, str | None, int | tuple[
     if size is not None:
         try:
             size = input_size(size)
-        except PriorConfigError as exc:
+        except ValueError as exc:  # PriorConfigError, or ConfigError from ssd.sizes.as_hw
             raise PriorConfigError(f"{path}: {exc}") from None
-        except ValueError:
-            raise PriorConfigError(f"{path}: image_size must be a positive int (square input), 'HxW' (height x "
-                                   f"width, e.g. '384x288') or [height, width], got {size!r}") from None
     return priors, values.get("model"), size

@@ -21,14 +21,15 @@ from typing import Literal
 
 import yaml
 
-from ssd._utils import as_hw, did_you_mean, size_text
+from ssd._utils import did_you_mean
 from ssd.errors import ConfigError
 from ssd.files import write_text
-from ssd.limits import MAX_EPOCHS, MAX_INPUT_SIDE, MAX_TRAIN_MINUTES, MAX_WORKERS, value_text
+from ssd.limits import MAX_EPOCHS, MAX_TRAIN_MINUTES, MAX_WORKERS, value_text
 from ssd.settings import EVALUATE, THRESHOLD_OPTIONS
+from ssd.sizes import parse_image_size
 from ssd.yamlfile import safe_load
 
-__all__ = ["TrainConfig", "parse_image_size", "option_name", "default_milestones"]
+__all__ = ["TrainConfig", "option_name", "default_milestones"]
 
 
 # The paper's SGD recipe unless the architecture says otherwise (Architecture.train_defaults).
@@ -303,21 +304,6 @@ def _reject_unknown(values: dict[str, typing.Any], what: str) -> None:
     for key in values:
         if key not in valid:
             raise ConfigError(f"unknown {what} {key!r}{did_you_mean(key, valid)}")
-
-
-def parse_image_size(value: typing.Any) -> int | str:
-    """An input size (``300``, ``"300"``, ``"512x288"`` height x width, ``[512, 288]``) as ``TrainConfig`` stores it:
-    an int when square, else ``"HxW"``. :class:`ConfigError` for anything else, a side under 32 or one above
-    :data:`ssd.limits.MAX_INPUT_SIDE`."""
-    try:
-        h, w = as_hw(value)
-    except ValueError:
-        raise ConfigError(f"image_size={value_text(value)} is invalid: give N for a square N x N input or HxW "
-                          "(height x width, e.g. 512x288)") from None
-    if min(h, w) < 32 or max(h, w) > MAX_INPUT_SIDE:
-        raise ConfigError(f"image_size={value_text(value)} is invalid: must be at least 32 and at most "
-                          f"{MAX_INPUT_SIDE} on each side (--image-size; the bound is ssd.limits.MAX_INPUT_SIDE)")
-    return h if h == w else size_text((h, w))
 
 
 def _coerce(name: str, value: typing.Any) -> typing.Any:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ssd._utils import size_text
 from ssd.data.priors import fit_for_model
 from ssd.data.records import DatasetSpec
 from ssd.errors import PriorConfigError
@@ -14,6 +13,7 @@ from ssd.models import MODEL_CONFIGS
 from ssd.models.build import default_priors
 from ssd.priors import PriorConfig, input_size
 from ssd.priors.io import load_priors
+from ssd.sizes import size_text
 
 __all__ = ["resolve_priors"]
 
