@@ -28,7 +28,7 @@ DATASETS = {"aquarium": SHARED / "aquarium" / "data.yaml", "bccd": SHARED / "bcc
 MODELS = ("ssd300_vgg16", "ssdlite320_mobilenet_v3_large", "ssd_tiny")
 
 from ssd.data import load_dataset  # noqa: E402
-from ssd.data.priors import fit_for_model, spec_boxes, training_boxes  # noqa: E402
+from ssd.data.coverage import fit_for_model, spec_boxes, training_boxes  # noqa: E402
 from ssd.priors.coverage import coverage  # noqa: E402
 
 

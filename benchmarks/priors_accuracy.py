@@ -59,7 +59,7 @@ VARIANTS = ("default-256", "auto-256", "auto-suggested")
 
 from ssd._utils import render_table  # noqa: E402
 from ssd.data import load_dataset  # noqa: E402
-from ssd.data.priors import spec_boxes, suggest_image_size, training_boxes  # noqa: E402
+from ssd.data.coverage import spec_boxes, suggest_image_size, training_boxes  # noqa: E402
 from ssd.evaluation.evaluator import evaluate  # noqa: E402
 from ssd.models.build import default_priors  # noqa: E402
 from ssd.models.load import model_from_checkpoint  # noqa: E402

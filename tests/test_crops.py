@@ -13,10 +13,10 @@ from torchvision import tv_tensors
 from builders import TINY_TRAIN, make_dataset
 from ssd.cli import main
 from ssd.data.check import check_dataset
+from ssd.data.coverage import spec_boxes
 from ssd.data.crops import MIN_VISIBLE, CropScale, NativeCrop, crop_rule, decode_sizes, parse_crop_scale
 from ssd.data.load import load_dataset
 from ssd.data.loader import DetectionDataset, build_dataloader
-from ssd.data.priors import spec_boxes
 from ssd.data.transforms import IoUCropWithBoxes, build_transform
 from ssd.errors import ConfigError
 from ssd.training.config import TrainConfig

@@ -9,7 +9,7 @@ from PIL import Image
 from ssd import limits
 from ssd.data import check_dataset, load_training_data
 from ssd.data.check import screen
-from ssd.data.priors import prior_coverage
+from ssd.data.coverage import prior_coverage
 from ssd.data.records import DatasetSpec, ImageRecord, ObjectRecord
 from ssd.errors import DataError
 from ssd.priors import PriorConfig

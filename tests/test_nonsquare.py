@@ -11,8 +11,8 @@ from PIL import Image
 from ssd._utils import state_dict_mismatch
 from ssd.cli import main
 from ssd.data import build_dataloader, check_dataset, load_dataset
+from ssd.data.coverage import prior_coverage, suggest_image_size
 from ssd.data.images import read_image
-from ssd.data.priors import prior_coverage, suggest_image_size
 from ssd.errors import ConfigError
 from ssd.matching import match
 from ssd.models import build_model

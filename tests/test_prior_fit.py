@@ -340,8 +340,8 @@ def test_priors_file_round_trip_at_a_non_square_size(tmp_path, ssd_messages):
 
 @pytest.mark.slow
 def test_check_fit_priors_and_train_priors_auto_at_a_non_square_size(synthetic_voc, tmp_path, capsys, monkeypatch):
+    from ssd.data.coverage import fit_for_model
     from ssd.data.load import load_dataset
-    from ssd.data.priors import fit_for_model
     from ssd.training.trainer import train
 
     monkeypatch.chdir(tmp_path)

@@ -158,7 +158,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                            issues=indexed.issues if indexed else None)
     output = report.to_dict() if args.as_json else report.format_table()
     if args.fit_priors:
-        from ssd.data.priors import fit_for_model
+        from ssd.data.coverage import fit_for_model
         from ssd.priors.io import save_priors, train_command
 
         fit = fit_for_model(data, args.model, args.image_size, free=args.fit_priors == "free")

@@ -10,7 +10,7 @@ labels outside ``0..K-1``, unknown class names, non-finite / inverted / zero-are
 image (errors); boxes extending past the border (clipped), boxes under 2 px, near-duplicate boxes (same class,
 IoU > 0.9), images without objects (warnings); and the dataset-wide rules of :mod:`ssd.data.rules` (class names,
 empty splits, classes without training objects, train/val overlap). With a ``model`` it adds default-box coverage
-(see :func:`ssd.data.priors.prior_coverage`).
+(see :func:`ssd.data.coverage.prior_coverage`).
 """
 
 from __future__ import annotations
@@ -249,11 +249,11 @@ def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = N
     """Check a dataset (a data description or a loaded :class:`DatasetSpec`); never raises for bad data.
 
     ``model`` (a model name) adds the default-box coverage of its default boxes at ``image_size`` (default: its
-    own; see :func:`ssd.data.priors.prior_coverage`) and the non-square input suggestion
-    (:func:`ssd.data.priors.suggest_image_size`) as a ``non_square_images`` warning. ``priors`` replaces the
+    own; see :func:`ssd.data.coverage.prior_coverage`) and the non-square input suggestion
+    (:func:`ssd.data.coverage.suggest_image_size`) as a ``non_square_images`` warning. ``priors`` replaces the
     model's default boxes for the coverage (in pixels of ``image_size``, which it then needs when no ``model`` is
     given). ``crop_scale``: the coverage of the boxes as training crops show them (at the median crop scale, see
-    :func:`ssd.data.priors.spec_boxes`). ``decode_images`` decodes every image (cheaply, JPEGs at 1/8 scale) to
+    :func:`ssd.data.coverage.spec_boxes`). ``decode_images`` decodes every image (cheaply, JPEGs at 1/8 scale) to
     find truncated or corrupt files. ``issues``: those :func:`find_issues` found for the whole spec (the dataset
     index's, :func:`ssd.data.index.index_dataset`), not looked for again.
     """
@@ -276,7 +276,7 @@ def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = N
     report = CheckReport(str(spec.root), spec.format, list(spec.class_names), _stats(spec), issues)
     if priors is None:
         return report
-    from ssd.data.priors import coverage_issue, prior_coverage, suggest_image_size
+    from ssd.data.coverage import coverage_issue, prior_coverage, suggest_image_size
 
     invalid = _invalid(issues)[1]
     report.coverage = prior_coverage(spec, priors, image_size, iou_threshold, exclude=invalid, crop_scale=crop_scale)

@@ -3,7 +3,7 @@
 A box below SSD's matching threshold gets only its one forced positive and is learned poorly. Boxes are ``xyxy``
 normalized to their image, which is what the model sees after its plain resize to a square input; default boxes
 sit at grid centres, so a box's position matters as much as its shape. ``ssd check`` reports it
-(:func:`ssd.data.priors.prior_coverage`) and :func:`ssd.priors.fit.fit_priors` maximises it.
+(:func:`ssd.data.coverage.prior_coverage`) and :func:`ssd.priors.fit.fit_priors` maximises it.
 """
 
 from __future__ import annotations

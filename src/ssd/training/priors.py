@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ssd.data.priors import fit_for_model
+from ssd.data.coverage import fit_for_model
 from ssd.data.records import DatasetSpec
 from ssd.errors import PriorConfigError
 from ssd.log import LOGGER
