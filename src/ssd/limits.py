@@ -14,7 +14,7 @@ __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_STREAMS",
            "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS", "MAX_DETECTIONS", "MAX_ONNX_RUNTIME_BYTES",
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
            "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE", "MAX_NAME_CHARS", "MAX_GLOB_PATHS",
-           "MAX_WORKERS",
+           "MAX_WORKERS", "MAX_DISK_CACHE_BYTES",
            "MAX_UPLOAD_BYTES", "value_text"]
 
 MAX_INPUT_SIDE = 4096
@@ -42,9 +42,13 @@ MAX_ONNX_RUNTIME_BYTES = 8 * 2**30
 machine's memory."""
 
 MAX_CROP_CACHE_BYTES = 4 * 2**30
-"""Most RAM the image cache of ``--cache-images`` may take (at the input size, or with ``--crop-scale`` near native
-resolution): larger caches are downscaled by one common factor, reported (:func:`ssd.data.crops.fit_in_bytes`), and
-refused below :data:`ssd.data.loader.MIN_CACHE_DOWNSCALE`."""
+"""Most RAM the image cache of ``--cache-images ram`` may take (at the input size, or with ``--crop-scale`` near
+native resolution): larger caches are downscaled by one common factor, reported (:func:`ssd.data.crops.fit_in_bytes`),
+and refused below :data:`ssd.data.image_cache.MIN_CACHE_DOWNSCALE`."""
+
+MAX_DISK_CACHE_BYTES = 256 * 2**30
+"""Largest file ``--cache-images disk`` may write (the decoded images, :mod:`ssd.data.image_cache`): larger caches
+are refused, naming their size (a typo in ``--image-size`` or ``--crop-scale native`` on huge photos)."""
 
 MAX_SAVED_CROPS = 100_000
 """Most detection crops one ``ssd predict --save-crop`` run saves; the others are counted and reported."""

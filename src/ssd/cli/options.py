@@ -72,6 +72,8 @@ def add_config_options(parser: argparse.ArgumentParser, config_cls, flag_of) -> 
             parser.add_argument(flag, type=scalar, nargs="+", **kwargs)
         else:
             choices = typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is typing.Literal else None
+            if "const" in f.metadata:  # the value may be left out: `--cache-images` alone is `--cache-images ram`
+                kwargs.update(nargs="?", const=f.metadata["const"])
             parser.add_argument(flag, type=scalar, choices=choices, **kwargs)
 
 

@@ -11,11 +11,9 @@ with its own message, also from worker processes (where torch would wrap it in t
 
 from __future__ import annotations
 
-import os
 import random
 import re
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -27,22 +25,18 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
-from ssd.data.crops import CachePlan, CropScale, decode_sizes, fit_in_bytes
+from ssd.data.crops import CachePlan, CropScale, decode_sizes
+from ssd.data.image_cache import DiskImages, RamImages, cache_mode, disk_images, ram_sizes
 from ssd.data.images import read_image, read_image_size
 from ssd.data.mosaic import Mosaic
 from ssd.data.records import ImageRecord
 from ssd.data.table import RecordTable
 from ssd.data.transforms import build_transform
-from ssd.errors import ConfigError, DataError
+from ssd.errors import DataError
 from ssd.limits import MAX_CROP_CACHE_BYTES
-from ssd.log import LOGGER
 from ssd.sizes import as_hw, size_text
 
 __all__ = ["DetectionDataset", "SeededSampler", "collate", "build_dataloader", "seed_worker", "plain_data_errors"]
-
-
-MIN_CACHE_DOWNSCALE = 0.25
-"""The smallest factor ``cache_images`` may shrink the images by to stay within its memory bound (refused below)."""
 
 
 class DetectionDataset(Dataset):
@@ -59,10 +53,14 @@ class DetectionDataset(Dataset):
             does anyway.
         keep_difficult: keep difficult / crowd objects (True for evaluation, where they are flagged and ignored;
             False for training, which leaves them out).
-        cache_images: decode every image once, up front, and keep the uint8 tensors in RAM, within
-            :data:`ssd.limits.MAX_CROP_CACHE_BYTES`: beyond it they are held downscaled by one factor (logged; each
-            is resized back by the transform), and refused below :data:`MIN_CACHE_DOWNSCALE`.
-        cached: the items ``cache_images`` keeps (default: all): the items a rank reads, when they are fixed.
+        cache_images: ``"ram"`` (or True): decode every image of ``cached`` once, up front, and keep the uint8
+            tensors in RAM, within :data:`ssd.limits.MAX_CROP_CACHE_BYTES`: beyond it they are held downscaled by
+            one factor (logged; each is resized back by the transform), and refused below
+            :data:`~ssd.data.image_cache.MIN_CACHE_DOWNSCALE`. ``"disk"``: the images at the sizes decoded without
+            a cache, in one memory-mapped file of the cache folder, built once and reused by later runs, workers
+            and ranks (:mod:`ssd.data.image_cache`). ``"off"``, None or False: each image is decoded when read.
+        cached: the items the RAM cache keeps (default: all): the items a rank reads, when they are fixed; mosaic
+            partners are drawn among them.
         mosaic: the :class:`~ssd.data.mosaic.Mosaic` step applied to keys ``(i, seed, p)`` with ``p > 0`` (before
             ``transform``; the partners are read like the item, from the cache when there is one).
         crop_scale: training crops (:mod:`ssd.data.crops`, with a ``transform`` built with the same ``crop``): with
@@ -79,7 +77,8 @@ class DetectionDataset(Dataset):
 
     def __init__(self, records: Sequence[ImageRecord], class_names: Sequence[str], transform=None, *,
                  image_size: int | tuple[int, int] | None = None, keep_difficult: bool = True,
-                 cache_images: bool = False, mosaic: Mosaic | None = None, crop_scale: CropScale | None = None,
+                 cache_images: bool | str | None = False, mosaic: Mosaic | None = None,
+                 crop_scale: CropScale | None = None,
                  cached: Sequence[int] | None = None):
         self.records = records if isinstance(records, RecordTable) else RecordTable.from_records(records)
         self.class_names = list(class_names)
@@ -88,19 +87,23 @@ class DetectionDataset(Dataset):
         self._hw = None if image_size is None else as_hw(image_size)
         self.keep_difficult = keep_difficult
         self.mosaic = mosaic
-        self._cache: dict[int, Tensor] = {}
-        cached = range(len(self.records)) if cached is None else cached
+        self._cache: RamImages | DiskImages | None = None
+        self._pool = cached = range(len(self.records)) if cached is None else cached
+        mode = cache_mode(cache_images)
         self.decode_plan: CachePlan | None = None
         self._sizes: Tensor | None = None  # [N, 2] (h, w) to decode each image at, when not image_size
         if crop_scale is not None and self._hw is not None:
             self.decode_plan = decode_sizes(self._native_sizes(), crop_scale, self._hw,
-                                            MAX_CROP_CACHE_BYTES if cache_images else None)
+                                            MAX_CROP_CACHE_BYTES if mode == "ram" else None)
             self._sizes = self.decode_plan.sizes
-        elif cache_images:
-            self._sizes = self._bounded_cache(list(cached))
-        if cache_images:
-            with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-                self._cache = dict(zip(cached, pool.map(self._decode, cached)))
+        elif mode == "ram":
+            self._sizes = ram_sizes(self._decoded_sizes(), list(cached), self._hw, MAX_CROP_CACHE_BYTES)
+        if mode == "ram":
+            self._cache = RamImages(cached, self._decode)
+        elif mode == "disk":
+            tag = (size_text(self._hw) if self._hw else "native") + (f" crops {crop_scale.text}" if crop_scale else "")
+            self._cache = disk_images([str(self.records.path(i)) for i in range(len(self))],
+                                      self._decoded_sizes().numpy(), tag, self._decode)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -111,25 +114,11 @@ class DetectionDataset(Dataset):
         return torch.tensor([(int(h), int(w)) if h > 0 and w > 0 else read_image_size(table.path(i))[::-1]
                              for i, (w, h) in enumerate(table.sizes)], dtype=torch.int64).reshape(-1, 2)
 
-    def _bounded_cache(self, cached: list[int]) -> Tensor | None:
-        """The sizes that keep the image cache of the items ``cached`` within :data:`ssd.limits
-        .MAX_CROP_CACHE_BYTES`: None when ``image_size`` (else the native sizes) fits, else theirs downscaled by one
-        factor (logged), refused below :data:`MIN_CACHE_DOWNSCALE`."""
-        wanted = self._native_sizes() if self._hw is None else torch.tensor([self._hw] * len(self)).reshape(-1, 2)
-        sizes, nbytes, downscale = fit_in_bytes(wanted[cached], MAX_CROP_CACHE_BYTES)
-        if downscale == 1.0:
-            return None
-        at = f" at {size_text(self._hw)}" if self._hw else ""
-        text = (f"cache_images: {len(cached)} images{at} would take "
-                f"{3 * int(wanted[cached].prod(dim=1).sum()) / 2**20:,.0f} "
-                f"MB, more than ssd.limits.MAX_CROP_CACHE_BYTES ({MAX_CROP_CACHE_BYTES / 2**20:,.0f} MB)")
-        if downscale < MIN_CACHE_DOWNSCALE:
-            raise ConfigError(f"{text}: it would hold them downscaled by {downscale:.3f}, below "
-                              f"{MIN_CACHE_DOWNSCALE}; train without cache_images (--cache-images) or on fewer images")
-        LOGGER.warning(f"{text}: cached downscaled by {downscale:.3f} ({nbytes / 2**20:,.0f} MB), each image "
-                       "resized back when used")
-        wanted[cached] = sizes.long()  # the others are decoded when read, at their size
-        return wanted
+    def _decoded_sizes(self) -> Tensor:
+        """``[N, 2]`` (h, w) each image is decoded at."""
+        if self._sizes is not None:
+            return self._sizes
+        return self._native_sizes() if self._hw is None else torch.tensor([self._hw] * len(self)).reshape(-1, 2)
 
     def _decode(self, index: int) -> Tensor:
         size = self._hw if self._sizes is None else tuple(self._sizes[index].tolist())
@@ -142,7 +131,7 @@ class DetectionDataset(Dataset):
         """Item ``index`` before the transform: ``(image uint8 [3, H, W], target)`` with its kept objects' boxes
         (pixel xyxy of that image, clamped), labels and difficult flags."""
         table = self.records
-        image = self._cache[index] if index in self._cache else self._decode(index)
+        image = self._decode(index) if self._cache is None else self._cache.read(index, self._decode)
         width, height = (int(v) for v in table.sizes[index])
         h, w = height if height > 0 else image.shape[-2], width if width > 0 else image.shape[-1]
         rows = table.objects(index)
@@ -166,10 +155,12 @@ class DetectionDataset(Dataset):
             if self.mosaic is None:
                 raise ValueError(f"item {key}: a mosaic probability {mosaic} was given to a dataset built without "
                                  "the mosaic step (DetectionDataset(mosaic=Mosaic(...)))")
-            plan = self.mosaic.plan(index, len(self), seed, mosaic)
+            pool = self._pool if index in self._pool else range(len(self))
+            plan = self.mosaic.plan(pool.index(index), len(pool), seed, mosaic)
             if plan is not None:
                 orig_size = target["orig_size"]  # the item's own image, as without the mosaic
-                image, target = self.mosaic([(image, target), *map(self._sample, plan.partners)], plan.centre)
+                partners = [self._sample(pool[j]) for j in plan.partners]
+                image, target = self.mosaic([(image, target), *partners], plan.centre)
                 target["orig_size"] = orig_size
         image = tv_tensors.Image(image)
         if self.transform is not None:
@@ -185,12 +176,19 @@ class SeededSampler(Sampler):
     """Yields ``(index, item seed, mosaic probability)``; order and seeds come from ``(seed, epoch)``; epoch advances
     on each pass. ``mosaic`` (:meth:`set_mosaic`, set by the trainer at each epoch start) is read when a pass begins.
 
-    ``rank``/``world_size`` shard the epoch's order for distributed training (every rank sees the same permutation).
+    ``rank``/``world_size`` shard the epoch's order for distributed training (every rank sees the same permutation):
+    by default rank ``r`` takes every ``world_size``-th item of it, so its items change every epoch (as
+    ``DistributedSampler``). ``fixed_shard``: rank ``r`` always takes the items ``i`` with ``i % world_size == r``,
+    in the epoch's order (a shuffle within its shard), so that it can cache only those (``--cache-images ram``).
+    The trade-off: a rank never sees the other ranks' items, so each rank's batches (and, without SyncBatchNorm,
+    its BatchNorm statistics) come from its fixed share; the global batch still mixes every share, the item seeds
+    are the same as without, and the shards are interleaved (balanced on a dataset sorted by source or class).
     """
 
-    def __init__(self, length: int, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1):
+    def __init__(self, length: int, shuffle: bool, seed: int = 0, rank: int = 0, world_size: int = 1,
+                 fixed_shard: bool = False):
         self.length, self.shuffle, self.seed = length, shuffle, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.fixed_shard = rank, world_size, fixed_shard
         self.epoch = 0
         self.mosaic = 0.0
 
@@ -209,7 +207,8 @@ class SeededSampler(Sampler):
         mosaic = self.mosaic
         order = torch.randperm(self.length, generator=g) if self.shuffle else torch.arange(self.length)
         seeds = torch.randint(0, 2**62, (self.length,), generator=g)
-        for i in order[self.rank::self.world_size].tolist():
+        mine = order[order % self.world_size == self.rank] if self.fixed_shard else order[self.rank::self.world_size]
+        for i in mine.tolist():
             yield i, int(seeds[i]), mosaic
 
 
@@ -281,7 +280,8 @@ def collate(batch: list[tuple[Tensor, dict]]) -> dict:
 def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str], image_size: int | tuple[int, int],
                      mean: Sequence[float], std: Sequence[float], train: bool, batch_size: int, workers: int = 0,
                      seed: int = 0, *, augment: str = "ssd", keep_difficult: bool | None = None,
-                     cache_images: bool = False, crop_scale: CropScale | None = None, shuffle: bool | None = None,
+                     cache_images: bool | str | None = False, crop_scale: CropScale | None = None,
+                     shuffle: bool | None = None,
                      drop_last: bool = False, rank: int = 0, world_size: int = 1, pin_memory: bool = False,
                      mosaic: float = 0.0) -> DataLoader:
     """A ``DataLoader`` of :func:`collate` batches for ``records`` (a :class:`DataError` of an item is raised with
@@ -289,8 +289,11 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
 
     ``image_size``: an int (square) or ``(height, width)``. ``train`` turns on augmentation (``augment`` level)
     and shuffling, and by default leaves difficult/crowd objects out (``keep_difficult`` overrides). Without
-    shuffling (evaluation) each rank reads a fixed share, and ``cache_images`` keeps only that share. The same
-    ``seed`` gives the same batches, with any ``workers``.
+    shuffling (evaluation) each rank reads a fixed share; ``cache_images``: ``ram`` (or True), ``disk`` or off (see
+    :class:`DetectionDataset`). ``ram`` keeps only the rank's share: under torchrun a shuffling rank then reads a
+    fixed shard in a new order each epoch (:class:`SeededSampler` ``fixed_shard``, which says the trade-off);
+    ``disk`` keeps one file that every rank maps, and the shuffle stays global. The same ``seed`` gives the same
+    batches, with any ``workers``.
     ``crop_scale`` (training): native-resolution crops (:mod:`ssd.data.crops`); the dataset's ``decode_plan``
     is ``loader.dataset.dataset.decode_plan``.
     ``loader.sampler.set_epoch(e)`` jumps to epoch ``e`` (resume). ``mosaic``: the probability of the mosaic step
@@ -301,12 +304,14 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
     crop_scale = crop_scale if train else None
     transform = build_transform(image_size, mean, std, train=train, augment=augment, crop=crop_scale)
     shuffle = train if shuffle is None else shuffle
-    shard = None if shuffle else range(rank, len(records), world_size)  # the rank's items, the same every pass
+    fixed = world_size > 1 and shuffle and cache_mode(cache_images) == "ram"  # a rank caches only its shard
+    shard = range(rank, len(records), world_size) if fixed or not shuffle else None  # the same items every pass
     dataset = DetectionDataset(records, class_names, transform, image_size=image_size,
                                keep_difficult=(not train) if keep_difficult is None else keep_difficult,
                                cache_images=cache_images, mosaic=Mosaic(image_size, mean) if train else None,
                                crop_scale=crop_scale, cached=shard)
-    sampler = SeededSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size)
+    sampler = SeededSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world_size,
+                            fixed_shard=fixed)
     sampler.set_mosaic(mosaic)
     return _Loader(_Guarded(dataset), batch_size=batch_size, sampler=sampler, num_workers=workers,
                    collate_fn=collate, drop_last=drop_last, pin_memory=pin_memory, worker_init_fn=seed_worker,

@@ -93,7 +93,10 @@ class TrainConfig:
                                    "fraction of the image side, in (0, 1], MAX 1 by default); replaces the zoom out "
                                    "and IoU crop of --augment ssd; predict / val with --tile to match (default: off)",
                                    default=None)
-    cache_images: bool = _help("decode every image once and keep it in RAM", default=False)
+    cache_images: Literal["ram", "disk"] | None = field(default=None, metadata={
+        "const": "ram", "choices": ("ram", "disk", "off"), "help": "decode every image once: ram keeps them in "
+        "memory (the option alone), disk in one memory-mapped file of the cache folder ($SSD_CACHE_DIR), reused by "
+        "later runs; off (default) decodes each image when read"})
     skip_invalid: bool = _help("drop invalid objects/images (reported) instead of refusing the data", default=False)
     recheck: bool = _help("read and decode the whole dataset again instead of trusting its index (rebuilt)",
                           default=False)
@@ -136,6 +139,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.image_size is not None:  # stored as an int when square, else "HxW" (YAML and command line alike)
             object.__setattr__(self, "image_size", parse_image_size(self.image_size))
+        if isinstance(self.cache_images, bool) or self.cache_images == "off":  # true: ram (configs of older runs)
+            object.__setattr__(self, "cache_images", "ram" if self.cache_images is True else None)
         if self.crop_scale is not None:  # stored as its canonical text: native, MIN or MIN,MAX
             from ssd.data.crops import parse_crop_scale  # torch only when crops are asked for: `ssd --help` stays light
 

@@ -1,0 +1,160 @@
+"""The image caches of ``--cache-images`` (ssd.data.image_cache): ram and disk give the batches of no cache, the disk
+file is reused, rebuilt where its sources changed or it is damaged, bounded and shared; under DDP the RAM cache holds
+the rank's shard."""
+
+import os
+import pickle
+
+import pytest
+import torch
+from PIL import Image
+
+from builders import make_dataset
+from ssd.cli.parsers import build_parser, parse
+from ssd.data.crops import CropScale
+from ssd.data.image_cache import CACHE_FILE, DiskImages
+from ssd.data.load import load_dataset
+from ssd.data.loader import DetectionDataset, build_dataloader
+from ssd.errors import ConfigError
+from ssd.files import DirectoryLock
+from ssd.training.config import TrainConfig
+
+MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+OLD_NS = 1_600_000_000 * 10**9  # source files older than the cache: a later edit is told apart by its mtime
+
+
+@pytest.fixture
+def dataset(tmp_path, monkeypatch):
+    """12 training records of 96 px synthetic VOC images (old mtimes), with a cache folder of the test's own."""
+    monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path / "cache"))
+    root = make_dataset("voc", tmp_path / "voc", train=12, val=2, classes=3)
+    for path in root.rglob("*"):
+        os.utime(path, ns=(OLD_NS, OLD_NS))
+    spec = load_dataset(root)
+    return spec.records("train"), spec.class_names
+
+
+def _batches(records, names, cache, **options) -> list[dict]:
+    loader = build_dataloader(records, names, 64, MEAN, STD, train=True, batch_size=4, seed=3, augment="light",
+                              cache_images=cache, **options)
+    return list(loader)
+
+
+def _disk(records, names, **options) -> DiskImages:
+    return DetectionDataset(records, names, **{"image_size": 48, **options}, cache_images="disk")._cache
+
+
+def test_batches_are_bit_identical_with_the_cache_off_in_ram_and_on_disk(dataset):
+    records, names = dataset
+    for options in ({"mosaic": 0.5}, {"crop_scale": CropScale(0.5)}):  # resized to the input; decoded larger
+        off = _batches(records, names, None, **options)
+        for cache in ("ram", "disk"):
+            batches = _batches(records, names, cache, **options)
+            assert len(batches) == len(off) == 3
+            for a, b in zip(off, batches):
+                assert torch.equal(a["images"], b["images"]) and torch.equal(a["boxes"], b["boxes"])
+                assert torch.equal(a["labels"], b["labels"]) and a["paths"] == b["paths"]
+
+
+def test_the_disk_cache_is_reused_and_decodes_again_only_a_changed_image(dataset, ssd_messages):
+    records, names = dataset
+    first = _disk(records, names)
+    assert first.decoded == 12 and first.path.name == CACHE_FILE and first.path.stat().st_size > 12 * 3 * 48 * 48
+    assert [m for m in ssd_messages() if m.startswith("image cache")] == [
+        f"image cache: 12 of 12 images decoded into {first.path} (0.1 MB)"]
+    again = _disk(records, names)
+    assert again.decoded == 0 and again.path == first.path and again.path.stat().st_ino == first.path.stat().st_ino
+    changed = records[5].path
+    Image.new("RGB", (96, 96), (200, 10, 10)).save(changed)
+    os.utime(changed, ns=(OLD_NS + 10**9, OLD_NS + 10**9))
+    rebuilt = _disk(records, names)
+    assert rebuilt.decoded == 1
+    image = rebuilt.read(5, lambda i: pytest.fail("read from the file"))
+    assert torch.equal(image, DetectionDataset(records, names, image_size=48)._decode(5))
+    assert (image[:, 10, 10] - torch.tensor([200, 10, 10])).abs().max() < 8  # the new picture (a JPEG)
+    assert _disk(records, names, image_size=40) is not None  # another size: another file, the first one kept
+    assert len(list(first.path.parent.parent.iterdir())) == 2 and _disk(records, names).decoded == 0
+
+
+def test_a_truncated_or_edited_cache_file_is_rebuilt_with_a_notice(dataset, ssd_messages):
+    records, names = dataset
+    path = _disk(records, names).path
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size - 100)
+    assert _disk(records, names).decoded == 12
+    assert ssd_messages()[-2] == (f"image cache: {path} is not a valid cache (no cache trailer at its end "
+                                  "(truncated or not a cache file)): rebuilding it")
+    with open(path, "r+b") as f:  # one image's pixels changed by hand: noticed when read, decoded and written back
+        f.seek(3 * 48 * 48 * 2 + 7)
+        f.write(b"\x00\xff\x00")
+    plain = DetectionDataset(records, names, image_size=48)
+    cache = _disk(records, names)
+    assert cache.decoded == 0 and torch.equal(cache.read(2, plain._decode), plain._decode(2))
+    assert ssd_messages()[-1] == (f"image cache: image 2 of {path} does not match its checksum (damaged): decoded "
+                                  "from its source again and written back")
+    assert torch.equal(_disk(records, names).read(2, lambda i: pytest.fail("decoded")), plain._decode(2))
+
+
+def test_the_disk_cache_is_bounded_and_shared_with_workers_without_its_pixels(dataset, monkeypatch):
+    records, names = dataset
+    data = DetectionDataset(records, names, image_size=48, cache_images="disk")
+    copy = pickle.loads(pickle.dumps(data))  # what a spawned worker receives: the file is mapped again there
+    assert len(pickle.dumps(data._cache)) < 3 * 48 * 48
+    for i in (0, 11):
+        assert torch.equal(copy[i][0], data[i][0]) and torch.equal(copy[i][1]["boxes"], data[i][1]["boxes"])
+    monkeypatch.setattr("ssd.data.image_cache.MAX_DISK_CACHE_BYTES", 2**18)
+    with pytest.raises(ConfigError, match=r"^cache_images=disk: 12 images \(native\) take 0\.32 MB, more than ssd\."
+                                          r"limits\.MAX_DISK_CACHE_BYTES \(0\.25 MB\); use --cache-images off"):
+        DetectionDataset(records, names, cache_images="disk")  # native 96 px: 331,776 bytes
+
+
+def test_without_a_writable_cache_folder_or_while_another_process_builds_the_images_are_decoded(
+        dataset, tmp_path, monkeypatch, ssd_messages):
+    records, names = dataset
+    folder = _disk(records, names).path.parent
+    folder.joinpath(CACHE_FILE).unlink()
+    lock = DirectoryLock(folder, what="image cache")
+    try:
+        data = DetectionDataset(records, names, image_size=48, cache_images="disk")
+    finally:
+        lock.release()
+    assert data._cache is None and data[3][0].shape == (3, 48, 48)
+    assert ssd_messages()[-1] == (f"image cache: {folder} is being built by another process; this run decodes the "
+                                  "images when it reads them")
+    (tmp_path / "a file").write_text("")
+    monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path / "a file"))
+    for _ in range(2):
+        assert DetectionDataset(records, names, image_size=48, cache_images="disk")._cache is None
+    told = [m for m in ssd_messages() if "working without a cache" in m]
+    assert len(told) == 1 and str(tmp_path / "a file") in told[0]
+
+
+def test_under_ddp_the_ram_cache_holds_the_rank_shard_which_the_rank_reads_in_a_new_order_each_epoch(dataset):
+    records, names = dataset
+    cached, read = [], []
+    for rank in (0, 1):
+        loader = build_dataloader(records, names, 48, MEAN, STD, train=True, batch_size=2, augment="none",
+                                  cache_images="ram", rank=rank, world_size=2, mosaic=1.0)
+        cached.append(sorted(loader.dataset.dataset._cache))
+        epochs = [[i for i, _, _ in loader.sampler] for _ in range(2)]
+        assert sorted(epochs[0]) == sorted(epochs[1]) == cached[-1] and epochs[0] != epochs[1]
+        read.append(epochs[0])
+        loader.dataset.dataset._decode = lambda i: pytest.fail(f"item {i} decoded")  # partners too in the shard
+        assert [batch["images"].shape for batch in loader] == [(2, 3, 48, 48)] * 3
+    assert cached == [list(range(0, 12, 2)), list(range(1, 12, 2))]
+    assert sorted(read[0] + read[1]) == list(range(12))
+    disk = build_dataloader(records, names, 48, MEAN, STD, train=True, batch_size=2, cache_images="disk", rank=1,
+                            world_size=2)
+    assert not disk.sampler.fixed_shard and len(disk.dataset.dataset._cache) == 12  # one file for every rank
+
+
+def test_cache_images_takes_ram_disk_or_off_and_older_configs_true_or_false():
+    assert [TrainConfig(cache_images=v).cache_images for v in (True, False, "off", "ram", "disk", None)] == [
+        "ram", None, None, "ram", "disk", None]
+    assert TrainConfig.from_dict({"cache_images": True}).cache_images == "ram"
+    with pytest.raises(ConfigError, match=r"cache_images='dsk' is invalid: choose one of ram, disk \(--cache-images\)"):
+        TrainConfig(cache_images="dsk")
+    parser = build_parser()
+    assert parse(parser, ["train", "--cache-images", "--epochs", "2"]).cache_images == "ram"
+    assert parse(parser, ["train", "--cache-images", "disk"]).cache_images == "disk"
+    assert parse(parser, ["train", "--cache-images", "off"]).cache_images == "off"
