@@ -23,12 +23,12 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from ssd._utils import render_table  # noqa: E402
 from ssd.detect import model_input  # noqa: E402
 from ssd.device import amp_dtype, autocast  # noqa: E402
 from ssd.loss import MultiBoxLoss  # noqa: E402
 from ssd.models import build_model  # noqa: E402
 from ssd.sizes import as_hw  # noqa: E402
+from ssd.text import render_table  # noqa: E402
 
 MODELS = ("ssd_tiny", "ssd_tiny_fpn")
 NUM_CLASSES = 7

@@ -57,7 +57,6 @@ DATA = SHARED / "aquarium" / "data.yaml"
 MODEL = "ssd_tiny"
 VARIANTS = ("default-256", "auto-256", "auto-suggested")
 
-from ssd._utils import render_table  # noqa: E402
 from ssd.data import load_dataset  # noqa: E402
 from ssd.data.coverage import spec_boxes, suggest_image_size, training_boxes  # noqa: E402
 from ssd.evaluation.evaluator import evaluate  # noqa: E402
@@ -65,6 +64,7 @@ from ssd.models.build import default_priors  # noqa: E402
 from ssd.models.load import model_from_checkpoint  # noqa: E402
 from ssd.priors.coverage import coverage  # noqa: E402
 from ssd.sizes import size_text  # noqa: E402
+from ssd.text import render_table  # noqa: E402
 from ssd.training.trainer import train  # noqa: E402
 
 

@@ -8,7 +8,6 @@ import torch
 import yaml
 from PIL import Image
 
-from ssd._utils import state_dict_mismatch
 from ssd.cli import main
 from ssd.data import build_dataloader, check_dataset, load_dataset
 from ssd.data.coverage import prior_coverage, suggest_image_size
@@ -18,6 +17,7 @@ from ssd.matching import match
 from ssd.models import build_model
 from ssd.models.build import default_priors
 from ssd.models.config import ModelConfig
+from ssd.nn import state_dict_mismatch
 from ssd.priors import PRIOR_CONFIGS, PriorConfig, default_boxes
 from ssd.sizes import as_hw
 from ssd.training.config import TrainConfig

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import ssd
-from ssd._utils import require
 from ssd.errors import MissingDependencyError
+from ssd.optional import require
 
 INIT = Path(__file__).resolve().parents[1] / "src" / "ssd" / "__init__.py"
 

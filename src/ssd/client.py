@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from ssd._utils import require
 from ssd.errors import ServerError
 from ssd.inference.detector import Result
+from ssd.optional import require
 
 __all__ = ["Client"]
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ssd._utils import unwrap_model
+from ssd.nn import unwrap_model
 from ssd.postprocess import postprocess_detections
 from ssd.preprocess import to_pixels
 from ssd.settings import check_thresholds

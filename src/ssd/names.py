@@ -6,18 +6,20 @@ cannot be written as UTF-8 at all (a traceback far from the file that held it). 
 :func:`name_problem` where it reads them (:mod:`ssd.data.rules` for a dataset's class names, :mod:`ssd.data.check`
 for its image files, :func:`ssd.models.build.checked_class_names` for a checkpoint's or the caller's,
 :class:`ssd.card.ModelCard` for an exported model's), and every
-message shows a name through :func:`printable` (or ``repr``).
+message shows a name through :func:`printable` (or ``repr``). An unknown name is answered with the closest known
+ones (:func:`did_you_mean`).
 """
 
 from __future__ import annotations
 
+import difflib
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ssd.limits import MAX_NAME_CHARS, value_text
 
-__all__ = ["name_problem", "class_names_problem", "printable"]
+__all__ = ["name_problem", "class_names_problem", "printable", "closest_names", "did_you_mean"]
 
 _REFUSED = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})  # control, format, surrogate, line and paragraph separators
 _JOINERS = frozenset({"\u200c", "\u200d"})  # zero-width (non-)joiners: part of writing some languages, and of emoji
@@ -63,3 +65,21 @@ def printable(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def closest_names(name: str, known: Iterable[str], n: int = 3) -> list[str]:
+    """Up to ``n`` names of ``known`` closest to ``name``: case-insensitive equals first, then difflib's."""
+    known = [str(k) for k in known]
+    name = str(name)
+    same_case = [k for k in known if k.lower() == name.lower() and k != name]
+    close = [k for k in difflib.get_close_matches(name, known, n=n, cutoff=0.5) if k not in same_case]
+    return (same_case + close)[:n]
+
+
+def did_you_mean(name: str, known: Iterable[str], n: int = 3) -> str:
+    """``"; did you mean 'a', 'b'?"`` for the closest names, else ``"; valid: a, b, c"`` (every known name)."""
+    known = [str(k) for k in known]
+    close = closest_names(name, known, n)
+    if close:
+        return f"; did you mean {', '.join(map(repr, close))}?"
+    return f"; valid: {', '.join(known)}"

@@ -197,7 +197,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 
 def _cmd_weights(args: argparse.Namespace) -> int:
-    from ssd._utils import did_you_mean
+    from ssd.names import did_you_mean
     from ssd.weights.hub import catalog, fetch, format_catalog
 
     known = catalog()

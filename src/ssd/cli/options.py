@@ -9,8 +9,8 @@ import math
 import types
 import typing
 
-from ssd._utils import closest_names
 from ssd.errors import UsageError
+from ssd.names import closest_names
 from ssd.settings import THRESHOLD_OPTIONS, Thresholds
 
 EPILOG = "Labels: a dataset with K classes uses labels 0..K-1; the background class is added internally."

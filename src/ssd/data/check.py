@@ -28,7 +28,6 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_iou
 
-from ssd._utils import closest_names
 from ssd.data.check_report import CheckReport
 from ssd.data.images import exif_transposed, verify_image
 from ssd.data.load import load_dataset
@@ -38,7 +37,7 @@ from ssd.data.table import RecordTable
 from ssd.errors import DataError, ImageError
 from ssd.limits import MAX_BOXES_PER_IMAGE
 from ssd.log import progress
-from ssd.names import name_problem, printable
+from ssd.names import closest_names, name_problem, printable
 from ssd.priors import PriorConfig
 
 if TYPE_CHECKING:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ssd._utils import render_table
 from ssd.data.records import Issue
 from ssd.names import printable
 from ssd.priors.coverage import coverage_lines
+from ssd.text import render_table
 
 __all__ = ["CheckReport"]
 

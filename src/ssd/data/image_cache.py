@@ -45,7 +45,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ssd._utils import did_you_mean
 from ssd.data.crops import fit_in_bytes
 from ssd.data.index import _lock, _main_first, cache_root
 from ssd.data.memo import RACY_NS, file_state
@@ -53,6 +52,7 @@ from ssd.errors import ConfigError, DataError, OutputError
 from ssd.files import atomic_write
 from ssd.limits import MAX_DISK_CACHE_BYTES, value_text
 from ssd.log import LOGGER
+from ssd.names import did_you_mean
 from ssd.sizes import size_text
 
 __all__ = ["MIN_CACHE_DOWNSCALE", "CACHE_MODES", "IMAGE_CACHE_VERSION", "CACHE_FILE", "cache_mode", "ram_sizes",

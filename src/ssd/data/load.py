@@ -14,7 +14,6 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from ssd._utils import closest_names, few
 from ssd.data.coco import read_coco, split_name
 from ssd.data.records import DatasetSpec, ImageRecord, relative_path
 from ssd.data.table import select
@@ -22,6 +21,8 @@ from ssd.data.voc import assign_labels, find_voc_root, parse_voc_xml, read_voc
 from ssd.data.yolo import read_yolo_folder, read_yolo_yaml
 from ssd.errors import DataError
 from ssd.log import LOGGER
+from ssd.names import closest_names
+from ssd.text import few
 
 __all__ = ["load_dataset", "validation_split"]
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ssd._utils import few
 from ssd.data.images import is_image, read_image_size
 from ssd.data.memo import decode_parsed, encode_parsed, remembered
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
 from ssd.errors import DataError, ImageError
+from ssd.text import few
 
 __all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "read_class_file", "xml_files", "CLASS_FILE"]
 

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import yaml
 
-from ssd._utils import few
 from ssd.data.images import is_image, read_image_size
 from ssd.data.memo import decode_parsed, encode_parsed, remembered
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
 from ssd.data.voc import read_class_file, read_lines
 from ssd.errors import DataError, ImageError
 from ssd.limits import value_text
+from ssd.text import few
 from ssd.yamlfile import safe_load
 
 __all__ = ["read_yolo_yaml", "read_yolo_folder", "label_path"]

@@ -25,7 +25,6 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 import ssd.distributed as ddp
-from ssd._utils import render_table, unwrap_model
 from ssd.boxes import pixel_scale
 from ssd.card import ModelCard
 from ssd.data import build_dataloader
@@ -43,8 +42,10 @@ from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
 from ssd.log import progress as progress_bar
 from ssd.models.config import ModelConfig
+from ssd.nn import unwrap_model
 from ssd.preprocess import preprocess
 from ssd.settings import EVALUATE, check_thresholds
+from ssd.text import render_table
 from ssd.weights.resolve import resolve_weights
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",

@@ -22,7 +22,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ssd._utils import render_table
 from ssd.data.images import read_image
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
 from ssd.evaluation.confusion import confusion_matrix
@@ -36,6 +35,7 @@ from ssd.files import fitted_name, make_run_dir, write_text
 from ssd.inference.coco_results import to_coco_detections
 from ssd.plots import plot_pr_curves, save_image
 from ssd.settings import PREDICT
+from ssd.text import render_table
 
 __all__ = ["build_report", "write_report", "attach_report", "format_report", "worst_images"]
 

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from ssd._utils import few
 from ssd.data.gate import load_training_data
 from ssd.data.records import ImageRecord
 from ssd.errors import DetectionsError
@@ -19,6 +18,7 @@ from ssd.evaluation.evaluator import check_metric, score_detections
 from ssd.evaluation.report import attach_report
 from ssd.jsonfile import read_json
 from ssd.limits import MAX_DETECTIONS_FILE_BYTES, MAX_DETECTIONS_PER_IMAGE, value_text
+from ssd.text import few
 
 __all__ = ["ground_truths_from_records", "detections_from_coco_results", "evaluate_detections"]
 

@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 
-from ssd._utils import did_you_mean, render_table
 from ssd.artifacts import BENCHMARK_ROWS, ArtifactKind, BenchmarkVariant
 from ssd.data.gate import load_training_data
 from ssd.data.images import read_image
@@ -33,6 +32,8 @@ from ssd.export.timing import time_backends
 from ssd.files import write_text
 from ssd.inference.backends import Backend, backend_kind, folder_kind, open_backend
 from ssd.log import progress as progress_bar
+from ssd.names import did_you_mean
+from ssd.text import render_table
 
 __all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format_benchmark", "parse_formats",
            "below_floor"]

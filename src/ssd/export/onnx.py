@@ -44,7 +44,6 @@ import torch
 from torch import Tensor, nn
 from torchvision.ops import batched_nms
 
-from ssd._utils import require, unwrap_model
 from ssd.boxes import decode
 from ssd.card import ModelCard
 from ssd.errors import ExportCheckError
@@ -53,6 +52,8 @@ from ssd.files import check_output, write_bytes
 from ssd.inference.backends.onnx import graph_digest
 from ssd.limits import MAX_DETECTIONS
 from ssd.models.load import model_from_checkpoint
+from ssd.nn import unwrap_model
+from ssd.optional import require
 from ssd.postprocess import CANDIDATES_PER_CLASS
 from ssd.settings import PREDICT, Thresholds, check_thresholds
 from ssd.sizes import as_hw

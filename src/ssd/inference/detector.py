@@ -21,12 +21,13 @@ from PIL import Image
 from torch import Tensor, nn
 from torchvision.transforms.v2.functional import pil_to_tensor
 
-from ssd._utils import did_you_mean, require
 from ssd.card import ModelCard
 from ssd.detect import detect_batch
 from ssd.errors import ConfigError
 from ssd.inference.backends import Backend, open_backend
 from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
+from ssd.names import did_you_mean
+from ssd.optional import require
 from ssd.preprocess import preprocess
 from ssd.settings import PREDICT, check_thresholds
 

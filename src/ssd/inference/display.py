@@ -12,8 +12,8 @@ import sys
 import numpy as np
 from torch import Tensor
 
-from ssd._utils import require
 from ssd.errors import ConfigError
+from ssd.optional import require
 
 __all__ = ["Window", "open_window"]
 

@@ -16,11 +16,11 @@ import numpy as np
 from torch import Tensor
 from tqdm import tqdm
 
-from ssd._utils import require
 from ssd.errors import StreamError
 from ssd.inference.streams import StreamGroup, VideoFile
 from ssd.inference.tracking import Tracker, track_frames
 from ssd.log import progress as progress_bar
+from ssd.optional import require
 
 if TYPE_CHECKING:
     from ssd.inference.detector import Detector, Result

@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ssd._utils import require
 from ssd.errors import StreamError
 from ssd.limits import MAX_STREAMS, value_text
+from ssd.optional import require
 
 __all__ = ["LIVE_SCHEMES", "RECONNECT_ATTEMPTS", "RECONNECT_DELAY", "STREAMS_SUFFIX", "Frame", "LiveStream",
            "StreamGroup", "is_live", "live_sources", "source_frames", "stream_name", "VideoFile", "video_frames"]

@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ssd._utils import did_you_mean, require
 from ssd.errors import ConfigError
 from ssd.limits import value_text
+from ssd.names import did_you_mean
+from ssd.optional import require
 
 if TYPE_CHECKING:
     from ssd.inference.detector import Detector, Result

@@ -10,8 +10,8 @@ from pathlib import Path
 from torch import Tensor, nn
 
 import ssd.weights.hub as hub
-from ssd._utils import state_dict_mismatch
 from ssd.errors import BackboneWeightsError, CheckpointError
+from ssd.nn import state_dict_mismatch
 from ssd.weights.checkpoint import read_file
 from ssd.weights.identify import identify
 

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ssd._utils import did_you_mean
 from ssd.errors import BackboneWeightsError, PriorConfigError
 from ssd.log import LOGGER
 from ssd.models import mobilenet, tiny, vgg
@@ -18,7 +17,7 @@ from ssd.models.architecture import Architecture
 from ssd.models.backbone_weights import read_backbone_weights
 from ssd.models.config import ModelConfig
 from ssd.models.ssd import SSD
-from ssd.names import class_names_problem
+from ssd.names import class_names_problem, did_you_mean
 from ssd.priors import PriorConfig, input_size
 from ssd.sizes import as_hw, compact_size, size_text
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from torch import Tensor, nn
 
-from ssd._utils import unwrap_model
+from ssd.nn import unwrap_model
 
 __all__ = ["SYNONYMS", "match_classes", "class_predictors", "remap_class_rows", "set_backbone_trainable"]
 

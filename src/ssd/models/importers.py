@@ -18,13 +18,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ssd._utils import state_dict_mismatch
 from ssd.errors import WeightsImportError
 from ssd.log import LOGGER
 from ssd.models.build import MODEL_CONFIGS, build_from_config
 from ssd.models.finetune import remap_class_rows
 from ssd.models.foreign import PLANS, Plan
 from ssd.models.ssd import SSD
+from ssd.nn import state_dict_mismatch
 from ssd.weights.checkpoint import read_file
 from ssd.weights.hub import weights_file
 from ssd.weights.identify import (

@@ -16,7 +16,6 @@ from typing import Any
 
 from torch import Tensor
 
-from ssd._utils import few, state_dict_mismatch
 from ssd.errors import CheckpointError, ModelConfigError
 from ssd.log import LOGGER
 from ssd.models.build import MODEL_CONFIGS, build_from_config, checked_class_names, checked_priors
@@ -24,7 +23,9 @@ from ssd.models.config import ModelConfig
 from ssd.models.finetune import match_classes, remap_class_rows
 from ssd.models.importers import import_weights
 from ssd.models.ssd import SSD
+from ssd.nn import state_dict_mismatch
 from ssd.priors import PriorConfig
+from ssd.text import few
 from ssd.weights.checkpoint import checked_checkpoint, checkpoint_card, checkpoint_dict, read_file
 from ssd.weights.hub import weights_file
 from ssd.weights.identify import identify

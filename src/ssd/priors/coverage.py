@@ -13,8 +13,8 @@ import math
 import torch
 from torch import Tensor
 
-from ssd._utils import render_table
 from ssd.boxes import box_iou_batched, cxcywh_to_xyxy
+from ssd.text import render_table
 
 __all__ = ["ASPECT_BUCKETS", "SIZE_BUCKETS", "best_iou", "coverage", "coverage_lines"]
 

@@ -11,10 +11,10 @@ from typing import Any
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.requests import Request
 
-from ssd._utils import did_you_mean
 from ssd.errors import ConfigError, RequestError
 from ssd.inference.detector import Detector
 from ssd.limits import value_text
+from ssd.names import did_you_mean
 from ssd.settings import Thresholds, check_thresholds
 
 __all__ = ["QUERY_OPTIONS", "ACCEPTED_TYPES", "PredictOptions", "parse_options", "read_upload"]

@@ -8,8 +8,8 @@ import socket
 import warnings
 from pathlib import Path
 
-from ssd._utils import require
 from ssd.errors import ConfigError
+from ssd.optional import require
 from ssd.settings import PREDICT
 
 __all__ = ["ServeWarning", "serve", "exposure_warning", "DEFAULT_HOST", "DEFAULT_PORT"]

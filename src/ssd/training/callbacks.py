@@ -25,11 +25,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ssd._utils import did_you_mean
 from ssd.data.mosaic import close_mosaic_epochs, mosaic_probability
 from ssd.errors import CallbackError
 from ssd.limits import value_text
 from ssd.log import LOGGER
+from ssd.names import did_you_mean
 
 if TYPE_CHECKING:
     from ssd.training.trainer import Trainer

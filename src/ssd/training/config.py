@@ -21,10 +21,10 @@ from typing import Literal
 
 import yaml
 
-from ssd._utils import did_you_mean
 from ssd.errors import ConfigError
 from ssd.files import write_text
 from ssd.limits import MAX_EPOCHS, MAX_TRAIN_MINUTES, MAX_WORKERS, value_text
+from ssd.names import did_you_mean
 from ssd.settings import EVALUATE, THRESHOLD_OPTIONS
 from ssd.sizes import parse_image_size
 from ssd.yamlfile import safe_load

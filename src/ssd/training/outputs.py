@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ssd._utils import require
 from ssd.data.images import read_image
 from ssd.data.table import object_arrays
 from ssd.errors import MissingDependencyError
 from ssd.files import DirectoryLock, atomic_write, fitted_name, remove_stale_temporaries, write_text
 from ssd.log import LOGGER
+from ssd.optional import require
 from ssd.plots import RESULTS_COLUMNS, draw_detections, plot_label_stats, plot_pr_curves, plot_results, save_image
 from ssd.settings import PREDICT
 from ssd.training.callbacks import Callback

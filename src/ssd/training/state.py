@@ -19,10 +19,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from ssd._utils import few
 from ssd.errors import NonFiniteLossError
 from ssd.evaluation.curves import operating_point
 from ssd.log import LOGGER
+from ssd.text import few
 from ssd.weights.checkpoint import save_checkpoint
 
 if TYPE_CHECKING:

@@ -29,13 +29,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from ssd._utils import unwrap_model
 from ssd._version import __version__
 from ssd.card import OPERATING_POINT_KEYS, ModelCard, network_digest
 from ssd.card import check_operating_point as _check_point
 from ssd.errors import CheckpointError
 from ssd.files import atomic_write
 from ssd.limits import value_text
+from ssd.nn import unwrap_model
 from ssd.weights.identify import file_kind, foreign_format, identify
 
 __all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "read_file", "checked_checkpoint", "checkpoint_dict",

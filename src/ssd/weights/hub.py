@@ -29,9 +29,10 @@ from urllib.error import URLError
 
 import torch
 
-from ssd._utils import did_you_mean, render_table
 from ssd.errors import CheckpointError, WeightsDownloadError
 from ssd.log import LOGGER
+from ssd.names import did_you_mean
+from ssd.text import render_table
 
 __all__ = ["HubWeights", "catalog", "cache_dir", "known_names", "lookup", "fetch", "weights_file", "looks_like_name",
            "unknown_name", "format_catalog", "OPTIONS", "remove_stale_partials", "STALE_PARTIAL_SECONDS"]

@@ -19,9 +19,9 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from ssd._utils import did_you_mean
 from ssd.artifacts import ARTIFACTS, resolve
 from ssd.card import ModelCard
+from ssd.names import did_you_mean
 
 __all__ = ["Backend", "BackendKind", "BACKENDS", "DEFAULT_BACKEND", "register_backend", "backend_kind", "folder_kind",
            "open_backend", "refuse_torchscript"]

@@ -18,9 +18,9 @@ import torch
 from torch import Tensor
 
 import ssd.limits as limits
-from ssd._utils import require
 from ssd.card import ModelCard
 from ssd.errors import OnnxModelError
+from ssd.optional import require
 
 __all__ = ["OnnxBackend", "graph_digest", "open_onnx"]
 

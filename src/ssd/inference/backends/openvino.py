@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ssd._utils import require
 from ssd.errors import OnnxModelError
 from ssd.inference.backends.onnx import OnnxBackend
+from ssd.optional import require
 
 __all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "ir_digest",
            "require_openvino", "open_openvino", "open_openvino_bf16"]

@@ -7,9 +7,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ssd._utils import unwrap_model
 from ssd.detect import model_input
 from ssd.device import prepare_model
+from ssd.nn import unwrap_model
 
 __all__ = ["TorchBackend", "open_torch"]
 
