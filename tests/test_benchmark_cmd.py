@@ -71,7 +71,7 @@ def test_benchmark_floor_passes_when_every_format_scores_above_it(tiny_checkpoin
 def test_benchmark_floor_of_nan_or_out_of_range_exits_2_before_any_folder_is_made(tmp_path, capsys, floor):
     assert main(["benchmark", "--weights", "w.pt", "--data", "d", "--project", str(tmp_path / "runs"), "--floor",
                  floor]) == 2
-    assert f"--floor: must be mAP50 points in [0, 100], got {floor!r}" in capsys.readouterr().err
+    assert f"--floor must be mAP50 points in [0, 100], got {float(floor)!r}" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
 
 

@@ -3,7 +3,6 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -163,10 +162,11 @@ def test_demo_passes_its_options_to_the_demo_run(tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.setattr(ssd.training.demo, "run_demo", lambda **kwargs: calls.append(kwargs))
-    assert main(["demo", "--project", str(tmp_path), "--epochs", "2", "--device", "cpu", "--quiet"]) == 0
+    assert main(["demo", "--project", str(tmp_path), "--epochs", "2", "--device", "cpu", "--quiet", "--name", "a",
+                 "--exist-ok"]) == 0
     assert main(["demo"]) == 0
-    assert calls == [dict(project=tmp_path, device="cpu", quiet=True, epochs=2),
-                     dict(project=Path("runs"), device="auto", quiet=False)]
+    assert calls == [dict(project=tmp_path, name="a", epochs=2, device="cpu", quiet=True, exist_ok=True),
+                     dict(device="auto", quiet=False, exist_ok=False)]
 
 
 @pytest.mark.slow
@@ -236,7 +236,7 @@ def test_train_conf_and_iou_set_the_config_fields(monkeypatch):
     from ssd.errors import ConfigError
     from ssd.training.config import TrainConfig
 
-    with pytest.raises(ConfigError, match=r"^score_threshold=1.5 is invalid: must be a number in \[0, 1\] \(--conf\)$"):
+    with pytest.raises(ConfigError, match=r"^score_threshold \(--conf\) must be a number in \[0, 1\], got 1.5$"):
         TrainConfig().update(score_threshold=1.5)
 
 
@@ -258,3 +258,18 @@ def test_val_loads_no_plotting_library():
             "print('matplotlib' in sys.modules, 'ssd.training' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_val_run_directories_exp_exp2_exist_ok_and_the_same_files_as_the_python_api(shapes, tmp_path, capsys):
+    from ssd.evaluation.results import evaluate_detections
+
+    results = tmp_path / "none.json"
+    results.write_text("[]")
+    args = ["val", "--detections", str(results), "--data", str(shapes), "--project", str(tmp_path / "val")]
+    assert main(args) == 0 and main(args) == 0
+    assert main([*args, "--exist-ok"]) == 0  # project/exp again, no exp3
+    assert capsys.readouterr().out.splitlines()[-1] == f"report: {tmp_path / 'val' / 'exp' / 'report.html'}"
+    assert sorted(p.name for p in (tmp_path / "val").iterdir()) == ["exp", "exp2"]
+    written = evaluate_detections(results, shapes, project=tmp_path / "py")["run_dir"]
+    assert written == tmp_path / "py" / "exp"
+    assert sorted(p.name for p in written.iterdir()) == sorted(p.name for p in (tmp_path / "val" / "exp").iterdir())

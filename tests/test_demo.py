@@ -17,12 +17,12 @@ def test_demo_small_end_to_end(tmp_path, capsys):
     result = run_demo(tmp_path, device="cpu", quiet=True, epochs=1, batch_size=8, workers=0, data=SMALL,
                       image_size=128)
     out = capsys.readouterr().out
-    assert result.run_dir == tmp_path / "demo"
+    assert result.run_dir == tmp_path / "exp"
     assert math.isfinite(result.metrics["map"])
     assert f"run directory:  {result.run_dir}" in out and "validation mAP@0.5" in out
     assert list((result.run_dir / "val_predictions").glob("*.jpg"))
     assert (result.run_dir / "weights" / "best.pt").is_file()
-    assert json.loads((tmp_path / "demo_data" / "demo.json").read_text()) == {**DEMO_DATA, **SMALL}
+    assert json.loads((tmp_path / "data" / "demo.json").read_text()) == {**DEMO_DATA, **SMALL}
 
 
 def test_demo_dataset_reused_when_identical(tmp_path):

@@ -1,10 +1,15 @@
 """Training settings are checked by type and range where they enter (command line and --config alike): one line
 naming the option, exit code 2, before any run directory exists."""
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 
 from ssd.cli import main
-from ssd.errors import ConfigError
+from ssd.cli.parsers import build_parser, parse
+from ssd.errors import ConfigError, UsageError
+from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ValConfig, option_flag
 from ssd.training.config import TrainConfig
 
 
@@ -16,8 +21,8 @@ from ssd.training.config import TrainConfig
     ({"lr": float("nan")}, "lr=nan is invalid: must be a finite number (--lr)"),
     ({"seed": 10**30}, "seed=1000000000000000000000000000000 is invalid: must be in [0, 2**63) (--seed)"),
     ({"warmup_iters": -5}, "warmup_iters=-5 is invalid: must be >= 0 (--warmup-iters)"),
-    ({"score_threshold": 5}, "score_threshold=5 is invalid: must be a number in [0, 1] (--conf)"),
-    ({"iou_threshold": -0.1}, "iou_threshold=-0.1 is invalid: must be a number in [0, 1] (--iou)"),
+    ({"score_threshold": 5}, "score_threshold (--conf) must be a number in [0, 1], got 5"),
+    ({"iou_threshold": -0.1}, "iou_threshold (--iou) must be a number in [0, 1], got -0.1"),
     ({"amp": "yes"}, "amp='yes' is invalid: must be true or false (--amp)"),
     ({"milestones": [10, "x"]}, "milestones=[10, 'x'] is invalid: must be a list of whole numbers (--milestones)"),
     ({"val_fraction": 1.5}, "val_fraction=1.5 is invalid: must be in (0, 1), e.g. 0.1 (--val-fraction)"),
@@ -89,5 +94,110 @@ def test_check_image_size_beyond_the_bound_is_a_usage_error_before_building(tmp_
 def test_val_and_predict_workers_beyond_the_bound_exit_2_before_anything_starts(capsys, command, workers):
     assert main([*command, "--workers", workers]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"error: ssd {command[0]}: argument --workers: must be a whole number from 0 to 64 "
-                   f"(ssd.limits.MAX_WORKERS), got {workers!r}")
+    expected = {"two": "argument --workers: invalid int value: 'two'"}.get(
+        workers, f"--workers must be a whole number from 0 to 64 (ssd.limits.MAX_WORKERS), got {workers}")
+    assert err == f"error: ssd {command[0]}: {expected}"
+
+
+# Every option `ssd val|predict|export|benchmark` had before their schemas, with its default then: each still
+# parses, and the schema (ssd.schemas) holds the same default.
+_BEFORE = {
+    "val": (["--weights", "w.pt", "--data", "d"], dict(
+        split="val", metric="voc07", batch_size=16, workers=0, recheck=False, device="auto", score_threshold=0.01,
+        iou_threshold=0.45, max_detections=200, save_json=None, project=Path("runs/val"), name="exp", save=True,
+        tile=None, tile_overlap=0.2)),
+    "predict": (["--weights", "w.pt", "--source", "s"], dict(
+        score_threshold=None, iou_threshold=0.45, max_detections=100, batch_size=8, device="auto", half=False,
+        exist_ok=False, fmt="json", save_images=True, save_txt=False, save_conf=False, save_crop=False, classes=None,
+        workers=2, track=False, tracker=None, show=False, tile=None, tile_overlap=0.2)),
+    "export": (["--weights", "w.pt"], dict(
+        fmt="onnx", output=None, opset=18, dynamic_batch=False, nms=False, score_threshold=0.25, iou_threshold=0.45,
+        max_detections=100, int8=False, data=None, calib_images=None, check=True, exist_ok=False)),
+    "benchmark": (["--weights", "w.pt", "--data", "d"], dict(
+        formats=None, artifacts=(), batch_sizes=(1, 8), floor=None, device="cpu", calib_images=None, runs=30,
+        skip_invalid=False, project=Path("runs/benchmark"), name="exp")),
+}
+_OLD_FLAGS = {
+    "val": ["--weights", "--detections", "--data", "--split", "--metric", "--batch-size", "--workers", "--recheck",
+            "--device", "--conf", "--iou", "--max-det", "--save-json", "--project", "--name", "--no-save", "--tile",
+            "--tile-overlap", "--quiet"],
+    "predict": ["--weights", "--source", "--conf", "--iou", "--max-det", "--batch-size", "--device", "--half",
+                "--save-dir", "--exist-ok", "--format", "--no-save-images", "--save-txt", "--save-conf", "--save-crop",
+                "--classes", "--workers", "--track", "--tracker", "--show", "--tile", "--tile-overlap", "--quiet"],
+    "export": ["--weights", "--format", "--output", "--opset", "--dynamic-batch", "--nms", "--conf", "--iou",
+               "--max-det", "--int8", "--data", "--calib-images", "--no-check", "--exist-ok", "--quiet"],
+    "benchmark": ["--weights", "--data", "--formats", "--artifacts", "--batch-sizes", "--floor", "--device",
+                  "--calib-images", "--runs", "--skip-invalid", "--project", "--name", "--quiet"],
+}
+_SCHEMAS = {"val": ValConfig, "predict": PredictConfig, "export": ExportConfig, "benchmark": BenchmarkConfig}
+
+
+def _schema(argv: list[str]):
+    """The schema ``ssd ARGV`` builds, parsed only (nothing runs)."""
+    args = parse(build_parser(), argv)
+    return _SCHEMAS[args.command].from_options(vars(args))
+
+
+@pytest.mark.parametrize("command", sorted(_BEFORE))
+def test_command_options_are_their_schema_fields_with_the_defaults_they_had(command):
+    required, defaults = _BEFORE[command]
+    config = _schema([command, *required])
+    assert {k: v for k, v in config.values().items() if k in defaults} == defaults
+    sub = build_parser()._subparsers._group_actions[0].choices[command]
+    flags = {option_flag(f): f.name for f in dataclasses.fields(_SCHEMAS[command])}
+    assert {a.dest: s for a in sub._actions for s in a.option_strings if s in flags} == {
+        name: flag for flag, name in flags.items()}  # one option per field, spelled by option_flag
+    assert set(_OLD_FLAGS[command]) <= set(sub._option_string_actions)
+
+
+def test_lists_take_space_or_comma_separated_values_and_booleans_their_old_negations():
+    assert _schema(["benchmark", "--weights", "w", "--data", "d", "--batch-sizes", "1,4", "16"]).batch_sizes == [1, 4,
+                                                                                                              16]
+    assert _schema(["export", "--weights", "w", "--no-check"]).check is False
+    predict = _schema(["predict", "--weights", "w", "--source", "s", "--no-save-images", "--classes", "a", "1"])
+    assert (predict.save_images, predict.classes) == (False, ["a", "1"])
+    assert _schema(["val", "--weights", "w", "--data", "d", "--no-save"]).save is False
+
+
+def _checked(argv: list[str]):
+    """What ``ssd ARGV`` checks its options with: the command's schema, or for serve (no schema) the same rule."""
+    from ssd.cli.options import thresholds
+
+    return thresholds(parse(build_parser(), argv)) if argv[0] == "serve" else _schema(argv)
+
+
+@pytest.mark.parametrize("argv", [["val", "--weights", "w", "--data", "d"], ["predict", "--weights", "w", "--source",
+                                  "s"], ["export", "--weights", "w", "--nms"], ["serve", "--weights", "w"]])
+def test_conf_1_is_accepted_and_above_1_refused_alike_on_every_command(argv):
+    _checked([*argv, "--conf", "1"])
+    with pytest.raises((ConfigError, UsageError), match=r"--conf must be a number in \[0, 1\], got 1.01"):
+        _checked([*argv, "--conf", "1.01"])
+    assert TrainConfig(score_threshold=1).score_threshold == 1
+    with pytest.raises(ConfigError, match=r"^score_threshold \(--conf\) must be a number in \[0, 1\], got 1.01$"):
+        TrainConfig(score_threshold=1.01)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["val", "--weights", "w", "--data", "d", "--tile", "8"], "--tile must be 'auto', a side N or 'HxW'"),
+    (["val", "--weights", "w", "--data", "d", "--tile-overlap", "1"], "--tile-overlap must be a number in [0, 1)"),
+    (["predict", "--weights", "w", "--source", "s", "--name", "../x"], "--name must be one folder name inside"),
+    (["predict", "--weights", "w", "--source", "s", "--save-dir", "o", "--name", "x"],
+     "--save-dir is --project and --name in one path"),
+    (["export", "--weights", "w", "--opset", "0"], "--opset must be a positive integer, got 0"),
+    (["benchmark", "--weights", "w", "--data", "d", "--runs", "0"], "--runs must be a positive integer, got 0"),
+    (["benchmark", "--weights", "w", "--data", "d", "--floor", "nan"], "--floor must be mAP50 points in [0, 100]"),
+    (["benchmark", "--weights", "w", "--data", "d", "--batch-sizes", "0"], "--batch-sizes must be positive integers"),
+])
+def test_schema_errors_name_the_flag_and_exit_2(capsys, argv, message):
+    with pytest.raises(ConfigError) as info:
+        _schema(argv)
+    assert str(info.value).startswith(message)
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"error: ssd {argv[0]}: {message}")
+
+
+def test_predict_save_dir_is_project_and_name_in_one_path():
+    assert _schema(["predict", "--weights", "w", "--source", "s"]).run_dir == Path("runs/predict/exp")
+    assert _schema(["predict", "--weights", "w", "--source", "s", "--project", "p", "--name", "n"]).run_dir == Path(
+        "p/n")
+    assert _schema(["predict", "--weights", "w", "--source", "s", "--save-dir", "p/n"]).run_dir == Path("p/n")

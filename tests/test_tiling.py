@@ -14,7 +14,8 @@ from ssd.cli import main
 from ssd.data.synthetic import SHAPE_NAMES
 from ssd.evaluation.evaluator import evaluate
 from ssd.inference.detector import Detector, load
-from ssd.inference.tiling import check_tile, detect_tiled, tile_shape, tile_windows
+from ssd.inference.tiling import detect_tiled, tile_shape, tile_windows
+from ssd.settings import check_tile
 from ssd.sizes import as_hw
 from ssd.weights.checkpoint import save_checkpoint
 
@@ -237,7 +238,7 @@ def test_cli_val_and_predict_take_tile(weights, tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--tile", "10"], "argument --tile: tile must be 'auto', a side N or 'HxW'"),
+    (["--tile", "10"], "ssd predict: --tile must be 'auto', a side N or 'HxW'"),
     (["--tile", "auto", "--tile-overlap", "1.5"], "--tile-overlap must be a number in [0, 1)"),
 ])
 def test_cli_refuses_bad_tile_options(argv, message, weights, tmp_path, capsys):

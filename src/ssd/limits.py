@@ -10,7 +10,7 @@ from __future__ import annotations
 import reprlib
 from typing import Any
 
-__all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MAX_STREAMS", "MAX_BOXES_PER_IMAGE",
+__all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MIN_TILE", "MAX_STREAMS", "MAX_BOXES_PER_IMAGE",
            "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS", "MAX_DETECTIONS", "MAX_ONNX_RUNTIME_BYTES",
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
            "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE", "MAX_NAME_CHARS", "MAX_GLOB_PATHS",
@@ -25,6 +25,9 @@ MAX_PRIORS = 1_000_000
 
 MAX_TILES_PER_IMAGE = 1024
 """Most tiles one image may be cut into by ``--tile`` / ``--tile-overlap``."""
+
+MIN_TILE = 32
+"""Smallest tile side in pixels of ``--tile`` (smaller ones would cut an image into thousands of crops)."""
 
 MAX_STREAMS = 64
 """Most live sources one ``ssd predict`` reads at once (the lines of a ``.streams`` file), each with its thread."""

@@ -8,16 +8,21 @@ Thresholds use one vocabulary everywhere: ``score_threshold`` (keep scores stric
   in its final validation) uses that confidence instead; an explicit value always wins.
 - ``EVALUATE``: what is scored (``ssd val``, ``ssd.evaluate``, training's validation): a low confidence and many
   detections per image, as mAP needs the whole precision-recall curve.
+
+The tile options of tiled prediction (``--tile``, ``--tile-overlap``) have one rule too, :func:`check_tile`. The
+options of each command are in :mod:`ssd.schemas`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ssd.errors import ConfigError
+from ssd.limits import MIN_TILE
+from ssd.sizes import as_hw
 
-__all__ = ["Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds"]
+__all__ = ["Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds", "TILE_OVERLAP", "check_tile"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,9 @@ EVALUATE = Thresholds(score_threshold=0.01, iou_threshold=0.45, max_detections=2
 THRESHOLD_OPTIONS = {"score_threshold": "--conf", "iou_threshold": "--iou", "max_detections": "--max-det"}
 """How the CLI spells each threshold, on every subcommand that takes it."""
 
+TILE_OVERLAP = 0.2
+"""Share of a tile's side that neighbouring tiles share (at least), :mod:`ssd.inference.tiling`."""
+
 
 def check_thresholds(score_threshold: float, iou_threshold: float, max_detections: int, batch_size: int = 1, *,
                      names: Mapping[str, str] | None = None) -> None:
@@ -52,3 +60,25 @@ def check_thresholds(score_threshold: float, iou_threshold: float, max_detection
     for key, value in (("max_detections", max_detections), ("batch_size", batch_size)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ConfigError(f"{names.get(key, key)} must be a positive integer, got {value}")
+
+
+def check_tile(tile: int | str | Sequence[int] | None, overlap: float = TILE_OVERLAP, *,
+               names: Mapping[str, str] | None = None) -> str | tuple[int, int] | None:
+    """Validate a ``tile`` option: ``None`` (no tiling), ``"auto"``, a side ``N`` or ``(height, width)`` / ``"HxW"``
+    pixels (at least :data:`ssd.limits.MIN_TILE`), and ``overlap`` in ``[0, 1)``. Returns ``None``, ``"auto"`` or
+    ``(height, width)``; raises :class:`ConfigError` naming the bad value and the rule (``names`` renames ``tile``
+    and ``tile_overlap`` in the message, as in :func:`check_thresholds`)."""
+    names = names or {}
+    if not (isinstance(overlap, (int, float)) and not isinstance(overlap, bool) and 0 <= overlap < 1):
+        raise ConfigError(f"{names.get('tile_overlap', 'tile_overlap')} must be a number in [0, 1) (the share of a "
+                          f"tile its neighbour also covers), got {overlap!r}")
+    if tile is None or (isinstance(tile, str) and tile.strip().lower() == "auto"):
+        return None if tile is None else "auto"
+    try:
+        shape = as_hw(tile)
+    except ValueError:
+        shape = None
+    if shape is None or min(shape) < MIN_TILE:
+        raise ConfigError(f"{names.get('tile', 'tile')} must be 'auto', a side N or 'HxW' (height x width) in pixels, "
+                          f"each at least {MIN_TILE}, got {tile!r}")
+    return shape

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 from ssd.cli.options import thresholds
-from ssd.errors import UsageError
+from ssd.errors import ConfigError, UsageError
+from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ValConfig
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from ssd.errors import ConfigError
     from ssd.training.config import TrainConfig
     from ssd.training.trainer import train
 
@@ -28,51 +28,45 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _config(schema, args: argparse.Namespace):
+    """The command's schema (:mod:`ssd.schemas`) of the options given; a bad value is a command-line mistake."""
+    try:
+        return schema.from_options(vars(args))
+    except ConfigError as e:
+        raise UsageError(f"ssd {args.command}: {e}") from None
+
+
 def _cmd_val(args: argparse.Namespace) -> int:
     from ssd.evaluation.evaluator import evaluate, format_table
     from ssd.evaluation.report import format_report
     from ssd.evaluation.results import evaluate_detections
 
-    saving = dict(report=True, project=args.project if args.save else None, name=args.name)
-    if args.detections is not None:
-        result = evaluate_detections(args.detections, args.data, metric=args.metric, split=args.split, **saving)
+    config = _config(ValConfig, args)
+    saving = dict(report=True, project=config.project if config.save else None, name=config.name,
+                  exist_ok=config.exist_ok)
+    if config.detections is not None:
+        result = evaluate_detections(config.detections, config.data, metric=config.metric, split=config.split,
+                                     **saving)
     else:
-        result = evaluate(args.weights, args.data, metric=args.metric, split=args.split, batch_size=args.batch_size,
-                          workers=args.workers, device=args.device, **thresholds(args), save_json=args.save_json,
-                          tile=args.tile, tile_overlap=_overlap(args), recheck=args.recheck, **saving)
+        result = evaluate(**config.values("detections", "save", *saving), **saving)
     print(format_table(result, result["class_names"]))
     print(format_report(result["report"]))
-    if args.save:
+    if config.save:
         print(f"report: {result['run_dir'] / 'report.html'}")
     return 0
-
-
-def _overlap(args: argparse.Namespace) -> float:
-    """``--tile-overlap``, checked (a command-line mistake when out of range)."""
-    from ssd.inference.tiling import check_tile
-
-    try:
-        check_tile(None, args.tile_overlap)
-    except ValueError as e:
-        raise UsageError(f"ssd {args.command}: {str(e).replace('tile_overlap', '--tile-overlap', 1)}") from None
-    return args.tile_overlap
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     from ssd.inference.detector import load
     from ssd.inference.sources import predict_source
 
-    options = thresholds(args)
-    overlap = _overlap(args)
-    detector = load(args.weights, device=args.device, half=args.half)
-    options["score_threshold"], origin = detector.confidence(options["score_threshold"], "--conf")
-    print(f"conf {options['score_threshold']:g} ({origin})")
-    summary = predict_source(detector, args.source, args.save_dir, **options, batch_size=args.batch_size,
-                             save_images=args.save_images,
-                             fmt=args.fmt, exist_ok=args.exist_ok, tile=args.tile, tile_overlap=overlap,
-                             save_txt=args.save_txt, save_conf=args.save_conf, save_crop=args.save_crop,
-                             classes=args.classes, workers=args.workers, track=args.track, tracker=args.tracker,
-                             show=args.show)
+    config = _config(PredictConfig, args)
+    detector = load(config.weights, device=config.device, half=config.half)
+    conf, origin = detector.confidence(config.score_threshold, "--conf")
+    print(f"conf {conf:g} ({origin})")
+    summary = predict_source(detector, config.source, config.run_dir, score_threshold=conf,
+                             **config.values("weights", "source", "device", "half", "project", "name", "save_dir",
+                                             "score_threshold"))
     print(summary)
     if summary.stopped == "Ctrl-C":
         print("stopped by Ctrl-C; the results so far are written", file=sys.stderr)
@@ -97,9 +91,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from ssd.export import export
 
-    out = export(args.weights, fmt=args.fmt, out_path=args.output, opset=args.opset, dynamic_batch=args.dynamic_batch,
-                 nms=args.nms, check=args.check, int8=args.int8, data=args.data, calib_images=args.calib_images,
-                 exist_ok=args.exist_ok, **thresholds(args))
+    config = _config(ExportConfig, args)
+    out = export(**config.values("output"), out_path=config.output)
     print(f"exported: {out}")
     return 0
 
@@ -109,26 +102,22 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     from ssd.files import make_run_dir
     from ssd.weights.resolve import resolve_weights
 
+    config = _config(BenchmarkConfig, args)
     # these checks before the run directory is made; with --artifacts, only what is asked is exported
-    formats = parse_formats("pytorch" if args.formats is None and args.artifacts else args.formats)
-    artifact_rows(args.artifacts)
-    if args.runs < 1:
-        raise UsageError(f"ssd benchmark: --runs must be a positive integer, got {args.runs}")
-    if args.calib_images is not None and args.calib_images < 1:
-        raise UsageError(f"ssd benchmark: --calib-images must be a positive integer, got {args.calib_images}")
-    weights = resolve_weights(args.weights)
-    if not Path(args.data).exists():
-        raise ValueError(f"dataset {args.data} does not exist (--data: a data.yaml, dataset folder or COCO JSON)")
-    run_dir = make_run_dir(args.project, args.name)
-    rows = run_benchmark(weights, args.data, run_dir, formats=formats, batch_sizes=args.batch_sizes,
-                         device=args.device, calib_images=args.calib_images, runs=args.runs,
-                         skip_invalid=args.skip_invalid, artifacts=args.artifacts)
+    formats = parse_formats("pytorch" if config.formats is None and config.artifacts else config.formats)
+    artifact_rows(config.artifacts)
+    weights = resolve_weights(config.weights)
+    if not Path(config.data).exists():
+        raise ValueError(f"dataset {config.data} does not exist (--data: a data.yaml, dataset folder or COCO JSON)")
+    run_dir = make_run_dir(config.project, config.name, config.exist_ok)
+    rows = run_benchmark(weights, config.data, run_dir, formats=formats,
+                         **config.values("weights", "data", "formats", "floor", "project", "name", "exist_ok"))
     print(format_benchmark(rows))
     print(f"written: {run_dir}/benchmark.csv, benchmark.json")
-    if args.floor is not None:
-        low = below_floor(rows, args.floor)
+    if config.floor is not None:
+        low = below_floor(rows, config.floor)
         if low:
-            print(f"error: below the mAP50 floor of {args.floor}: {', '.join(low)}", file=sys.stderr)
+            print(f"error: below the mAP50 floor of {config.floor}: {', '.join(low)}", file=sys.stderr)
             return 1
     return 0
 
@@ -172,12 +161,11 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from ssd.errors import ConfigError
     from ssd.training.demo import run_demo
 
-    options = {"epochs": args.epochs} if args.epochs is not None else {}  # --epochs 0 is refused, never ignored
-    try:
-        run_demo(project=args.project, device=args.device, quiet=args.quiet, **options)
+    given = {k: getattr(args, k) for k in ("project", "name", "epochs") if getattr(args, k) is not None}
+    try:  # run_demo's defaults for the options not given; --epochs 0 is refused, never ignored
+        run_demo(device=args.device, quiet=args.quiet, exist_ok=args.exist_ok, **given)
     except ConfigError as e:
         raise UsageError(f"ssd demo: {e}") from None
     return 0

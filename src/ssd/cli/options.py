@@ -1,13 +1,14 @@
 """Pieces of the ``ssd`` grammar shared by the subcommands: the parser class, option types, the options made
-from a dataclass's fields, and the threshold and tile options every command spells alike."""
+from a schema's fields (:mod:`ssd.schemas`, :class:`ssd.training.config.TrainConfig`), and the threshold options of
+``ssd serve``, spelled as the schemas spell them."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import types
 import typing
+from pathlib import Path
 
 from ssd.errors import UsageError
 from ssd.names import closest_names
@@ -50,28 +51,60 @@ def field_type(tp):
         return (args[0] if args else str), True
     if origin is typing.Literal:
         return type(typing.get_args(tp)[0]), False
-    return (tp if tp in (int, float, str, bool) else str), False
+    return (tp if tp in (int, float, str, bool, Path) else str), False
 
 
-def add_config_options(parser: argparse.ArgumentParser, config_cls, flag_of) -> None:
-    """An option ``flag_of(field name)`` for every field of the dataclass ``config_cls``."""
+class _Numbers(argparse.Action):
+    """A list of numbers given space- or comma-separated (``--batch-sizes 1 8`` or ``1,8``)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, [number for part in values for number in part])
+
+
+def _numbers(scalar: type):
+    def convert(text: str) -> list:
+        try:
+            return [scalar(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {scalar.__name__} values, space- or comma-separated such "
+                                             f"as 1,8, got {text!r}") from None
+    return convert
+
+
+def add_config_options(parser, config_cls, names: typing.Iterable[str] | None = None) -> None:
+    """An option for every field of the dataclass ``config_cls`` (only ``names`` when given; ``parser`` may be a
+    group), spelled by :func:`ssd.schemas.option_flag`, with the field's help, default (never set here: a field not
+    given keeps the dataclass's default), choices (a ``Literal`` or the field's ``choices``) and ``required`` when
+    the field has no default. Booleans are ``--flag / --no-flag``; lists take one or more values."""
+    from ssd.schemas import option_flag
+
     hints = typing.get_type_hints(config_cls)
     for f in dataclasses.fields(config_cls):
+        if names is not None and f.name not in names:
+            continue
         scalar, is_list = field_type(hints[f.name])
-        flag = flag_of(f.name)
+        flag = option_flag(f)
         default = f.default if f.default is not dataclasses.MISSING else None
         help_text = f.metadata.get("help", "")
-        if default not in (None, "", dataclasses.MISSING) and not isinstance(default, bool):
-            help_text = f"{help_text} (default: {default})".strip()
+        if default not in (None, "", ()) and not isinstance(default, bool):
+            shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+            help_text = f"{help_text} (default: {shown})".strip()
         kwargs = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text)
-        if flag != "--" + f.name.replace("_", "-"):  # a renamed option: name its value after the option
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            kwargs["required"] = True
+        choices = f.metadata.get("choices") or (
+            typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is typing.Literal else None)
+        if "metavar" in f.metadata:
+            kwargs["metavar"] = f.metadata["metavar"]
+        elif flag != "--" + f.name.replace("_", "-") and not choices:  # a renamed option: name its value after it
             kwargs["metavar"] = flag.lstrip("-").replace("-", "_").upper()
         if scalar is bool and not is_list:
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, **kwargs)
+        elif is_list and scalar in (int, float):
+            parser.add_argument(flag, type=_numbers(scalar), nargs="+", action=_Numbers, **kwargs)
         elif is_list:
             parser.add_argument(flag, type=scalar, nargs="+", **kwargs)
         else:
-            choices = typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is typing.Literal else None
             if "const" in f.metadata:  # the value may be left out: `--cache-images` alone is `--cache-images ram`
                 kwargs.update(nargs="?", const=f.metadata["const"])
             parser.add_argument(flag, type=scalar, choices=choices, **kwargs)
@@ -98,46 +131,6 @@ def crop_scale_option(text: str):
         return parse_crop_scale(text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def points_option(text: str) -> float:
-    """``ssd benchmark --floor``: mAP50 points, a finite number in [0, 100] (``nan`` would never be missed)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"must be mAP50 points in [0, 100], got {text!r}")
-    return value
-
-
-def workers_option(text: str) -> int:
-    """``--workers`` of val and predict: a whole number from 0 to :data:`ssd.limits.MAX_WORKERS`."""
-    from ssd.limits import MAX_WORKERS
-
-    if not (text.strip().isdigit() and int(text) <= MAX_WORKERS):
-        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {MAX_WORKERS} (ssd.limits.MAX_WORKERS), "
-                                         f"got {text!r}")
-    return int(text)
-
-
-def tile_option(text: str) -> str | tuple[int, int]:
-    """``--tile``: ``auto``, ``N`` or ``HxW`` (the rules of :func:`ssd.inference.tiling.check_tile`), as an argparse
-    error."""
-    from ssd.inference.tiling import check_tile
-
-    try:
-        return check_tile(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def add_tile_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tile", type=tile_option,
-                        help="also detect on overlapping tiles of N (or HxW) pixels of each image, or auto (images "
-                             "more than twice the network input, tiles of the input size), and merge (default: off)")
-    parser.add_argument("--tile-overlap", type=float, default=0.2,
-                        help="share of a tile its neighbours also cover, in [0, 1) (default: 0.2)")
 
 
 def add_threshold_options(parser: argparse.ArgumentParser, defaults: Thresholds, use: str,
@@ -169,14 +162,3 @@ def thresholds(args: argparse.Namespace) -> dict[str, float | int]:
     except ValueError as e:
         raise UsageError(f"ssd {args.command}: {e}") from None
     return options
-
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,8, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"batch sizes must be positive, got {text!r}")
-    return values

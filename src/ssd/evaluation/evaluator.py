@@ -39,12 +39,13 @@ from ssd.evaluation.metrics import evaluate_voc
 from ssd.files import check_output, write_text
 from ssd.inference.backends import Backend, open_backend
 from ssd.inference.coco_results import to_coco_detections
-from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
+from ssd.inference.tiling import detect_tiled
 from ssd.log import progress as progress_bar
 from ssd.models.config import ModelConfig
 from ssd.nn import unwrap_model
 from ssd.preprocess import preprocess
-from ssd.settings import EVALUATE, check_thresholds
+from ssd.schemas import ValConfig
+from ssd.settings import EVALUATE, TILE_OVERLAP, check_thresholds, check_tile
 from ssd.text import render_table
 from ssd.weights.resolve import resolve_weights
 
@@ -61,13 +62,14 @@ def check_metric(metric: str) -> None:
         raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
 
 
-def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric: str = "voc07", split: str = "val",
-             *, batch_size: int = 16, workers: int = 0, device: str = "auto",
-             score_threshold: float = EVALUATE.score_threshold, iou_threshold: float = EVALUATE.iou_threshold,
-             max_detections: int = EVALUATE.max_detections, skip_invalid: bool = False,
-             save_json: str | Path | None = None, tile: int | str | Sequence[int] | None = None,
-             tile_overlap: float = TILE_OVERLAP, report: bool = False, project: str | Path | None = None,
-             name: str = "exp", recheck: bool = False) -> dict[str, Any]:
+def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric: str = ValConfig.metric,
+             split: str = ValConfig.split, *, batch_size: int = ValConfig.batch_size, workers: int = ValConfig.workers,
+             device: str = ValConfig.device, score_threshold: float = ValConfig.score_threshold,
+             iou_threshold: float = ValConfig.iou_threshold, max_detections: int = ValConfig.max_detections,
+             skip_invalid: bool = False, save_json: str | Path | None = None,
+             tile: int | str | Sequence[int] | None = None, tile_overlap: float = ValConfig.tile_overlap,
+             report: bool = False, project: str | Path | None = None, name: str = ValConfig.name,
+             exist_ok: bool = False, recheck: bool = False) -> dict[str, Any]:
     """Evaluate a network on a dataset split (checked first, like training's data; ``recheck``: every file read and
     decoded again instead of trusting the dataset index).
 
@@ -78,7 +80,9 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     for the same split and thresholds. ``save_json`` also writes the detections in the COCO results format, with
     the dataset's own category ids where it has them (COCO). ``tile`` / ``tile_overlap``: tiled prediction (see
     :func:`predict_dataset`). ``report`` adds ``report`` (:func:`ssd.evaluation.report.build_report`); ``project``
-    also writes it to a new run directory ``project/name`` (``name2``, ... when taken), returned as ``run_dir``.
+    also writes it to a new run directory ``project/name`` (``name2``, ... when taken; ``project/name`` itself with
+    ``exist_ok``), returned as ``run_dir``: ``ssd val`` is ``evaluate(..., report=True, project="runs/val")``, with
+    the defaults of :class:`ssd.schemas.ValConfig`, which are this function's.
     """
     check_metric(metric)
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
@@ -102,7 +106,8 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     if report or project is not None:
         from ssd.evaluation.report import attach_report  # matplotlib: only when a report is asked for
 
-        attach_report(result, backend.priors, data, split, category_ids, project, name, backend.card.model_name)
+        attach_report(result, backend.priors, data, split, category_ids, project, name, backend.card.model_name,
+                      exist_ok=exist_ok)
     return result
 
 
@@ -119,7 +124,7 @@ def split_loader(records: Sequence[ImageRecord], class_names: Sequence[str], inp
 
 
 def evaluate_split(network: nn.Module | Backend, loader: Iterable[dict[str, Any]], *,
-                   class_names: Sequence[str] | None = None, metric: str = "voc07",
+                   class_names: Sequence[str] | None = None, metric: str = ValConfig.metric,
                    device: torch.device | str | None = None, channels_last: bool = False,
                    score_threshold: float = EVALUATE.score_threshold, iou_threshold: float = EVALUATE.iou_threshold,
                    max_detections: int = EVALUATE.max_detections, amp_dtype: torch.dtype | None = None,

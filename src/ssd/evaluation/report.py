@@ -176,12 +176,12 @@ def _fmt(value: float | None) -> str:
 
 def attach_report(result: dict[str, Any], priors: Tensor | None, data: str | Path, split: str,
                 category_ids: Sequence[int] | None, project: str | Path | None, name: str,
-                model: str | None = None) -> None:
-    """Add ``report`` to an evaluation result and, with ``project``, write it to a new run directory (``run_dir``);
-    ``model``: the evaluated model's name, or ``None``."""
+                model: str | None = None, *, exist_ok: bool = False) -> None:
+    """Add ``report`` to an evaluation result and, with ``project``, write it to a new run directory (``run_dir``;
+    ``project/name`` itself with ``exist_ok``); ``model``: the evaluated model's name, or ``None``."""
     result["report"] = build_report(result["detections"], result["ground_truths"], result["class_names"],
                                     priors=priors, data=str(data), split=split, model=model)
     if project is not None:
-        result["run_dir"] = make_run_dir(project, name)
+        result["run_dir"] = make_run_dir(project, name, exist_ok)
         write_report(result["report"], result["run_dir"], result["detections"], result["ground_truths"],
                      category_ids=category_ids)

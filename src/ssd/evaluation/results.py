@@ -18,6 +18,7 @@ from ssd.evaluation.evaluator import check_metric, score_detections
 from ssd.evaluation.report import attach_report
 from ssd.jsonfile import read_json
 from ssd.limits import MAX_DETECTIONS_FILE_BYTES, MAX_DETECTIONS_PER_IMAGE, value_text
+from ssd.schemas import ValConfig
 from ssd.text import few
 
 __all__ = ["ground_truths_from_records", "detections_from_coco_results", "evaluate_detections"]
@@ -148,9 +149,10 @@ def detections_from_coco_results(results: str | Path | Sequence[Mapping[str, Any
              "path": str(record.path)} for record, a, b in zip(records, starts[:-1], starts[1:])]
 
 
-def evaluate_detections(results: str | Path | Sequence[Mapping[str, Any]], data: str | Path, metric: str = "voc07",
-                        split: str = "val", *, skip_invalid: bool = False, report: bool = False,
-                        project: str | Path | None = None, name: str = "exp") -> dict[str, Any]:
+def evaluate_detections(results: str | Path | Sequence[Mapping[str, Any]], data: str | Path,
+                        metric: str = ValConfig.metric, split: str = ValConfig.split, *, skip_invalid: bool = False,
+                        report: bool = False, project: str | Path | None = None, name: str = ValConfig.name,
+                        exist_ok: bool = False) -> dict[str, Any]:
     """Score detections already made (a COCO results file or list, e.g. ``ssd val --save-json`` or another tool's,
     with the dataset's own category ids) against a split, as :func:`evaluate` scores a network's; ``report`` /
     ``project`` as there (no default-box coverage: there is no model). Image and category ids that are not the
@@ -165,5 +167,5 @@ def evaluate_detections(results: str | Path | Sequence[Mapping[str, Any]], data:
     result = {**score_detections(detections, truths, class_names, metric), "ground_truths": truths,
               "class_names": class_names}
     if report or project is not None:
-        attach_report(result, None, data, split, category_ids, project, name)
+        attach_report(result, None, data, split, category_ids, project, name, exist_ok=exist_ok)
     return result

@@ -21,6 +21,7 @@ from pathlib import Path
 from ssd.artifacts import ARTIFACTS, EXPORT_FORMATS, resolve
 from ssd.errors import OutputError
 from ssd.files import check_output
+from ssd.schemas import ExportConfig
 from ssd.settings import PREDICT, check_thresholds
 
 __all__ = ["FORMATS", "default_output", "check_export_folder", "export"]
@@ -84,8 +85,9 @@ def _is_card(path: Path) -> bool:
     return True
 
 
-def export(weights: str | Path, fmt: str = "onnx", out_path: str | Path | None = None, *, int8: bool = False,
-           data: str | Path | None = None, calib_images: int | None = None, opset: int = 18,
+def export(weights: str | Path, fmt: str = ExportConfig.fmt, out_path: str | Path | None = None, *,
+           int8: bool = False, data: str | Path | None = None, calib_images: int | None = None,
+           opset: int = ExportConfig.opset,
            nms: bool = False, dynamic_batch: bool = False, score_threshold: float = PREDICT.score_threshold,
            iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
            exist_ok: bool = False, **onnx_options) -> Path:

@@ -33,6 +33,7 @@ from ssd.files import write_text
 from ssd.inference.backends import Backend, backend_kind, folder_kind, open_backend
 from ssd.log import progress as progress_bar
 from ssd.names import did_you_mean
+from ssd.schemas import BenchmarkConfig
 from ssd.text import render_table
 
 __all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format_benchmark", "parse_formats",
@@ -142,9 +143,10 @@ def _size_mb(path: Path) -> float:
 
 
 def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *, formats: Sequence[str] | None = None,
-                  batch_sizes: Sequence[int] = (1, 8), device: str = "cpu", calib_images: int | None = None,
-                  runs: int = 30, warmup: int = 3, skip_invalid: bool = False, progress: bool = True,
-                  artifacts: Sequence[str | Path] = ()) -> list[BenchmarkRow]:
+                  batch_sizes: Sequence[int] = BenchmarkConfig.batch_sizes, device: str = BenchmarkConfig.device,
+                  calib_images: int | None = None, runs: int = BenchmarkConfig.runs, warmup: int = 3,
+                  skip_invalid: bool = False, progress: bool = True, artifacts: Sequence[str | Path] = ()
+                  ) -> list[BenchmarkRow]:
     """Benchmark ``weights`` (a checkpoint or run directory) on ``data``'s val split into ``out_dir``, a new or
     empty folder (the artifacts, ``benchmark.csv``, ``benchmark.json``, ``benchmark.txt``). ``formats``: names of
     :data:`RUNTIMES` (:func:`parse_formats`); ``calib_images``: for the INT8 rows (default: 300, or the whole

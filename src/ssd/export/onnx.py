@@ -55,6 +55,7 @@ from ssd.models.load import model_from_checkpoint
 from ssd.nn import unwrap_model
 from ssd.optional import require
 from ssd.postprocess import CANDIDATES_PER_CLASS
+from ssd.schemas import ExportConfig
 from ssd.settings import PREDICT, Thresholds, check_thresholds
 from ssd.sizes import as_hw
 
@@ -152,7 +153,7 @@ def as_model(weights_or_model, out_path: Path) -> nn.Module:
 def export_onnx(
     weights_or_model,
     out_path: str | Path,
-    opset: int = 18,
+    opset: int = ExportConfig.opset,
     dynamic_batch: bool = False,
     nms: bool = False,
     check: bool = True,

@@ -25,11 +25,12 @@ from ssd.card import ModelCard
 from ssd.detect import detect_batch
 from ssd.errors import ConfigError
 from ssd.inference.backends import Backend, open_backend
-from ssd.inference.tiling import TILE_OVERLAP, check_tile, detect_tiled
+from ssd.inference.tiling import detect_tiled
 from ssd.names import did_you_mean
 from ssd.optional import require
 from ssd.preprocess import preprocess
-from ssd.settings import PREDICT, check_thresholds
+from ssd.schemas import PredictConfig
+from ssd.settings import PREDICT, TILE_OVERLAP, check_thresholds, check_tile
 
 __all__ = ["Detector", "Result", "load", "to_image"]
 
@@ -188,7 +189,7 @@ class Detector:
 
     def predict(self, source, *, score_threshold: float | None = None,
                 iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
-                batch_size: int = 8, tile: int | str | Sequence[int] | None = None,
+                batch_size: int = PredictConfig.batch_size, tile: int | str | Sequence[int] | None = None,
                 tile_overlap: float = TILE_OVERLAP) -> list[Result]:
         """Detect objects in ``source``: one or a list of paths, PIL images, numpy ``[H, W, 3]`` uint8 RGB arrays,
         tensors ``[3, H, W]`` (uint8, or float in ``0..1``). Returns one :class:`Result` per image, in order;

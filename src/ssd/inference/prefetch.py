@@ -16,11 +16,9 @@ from pathlib import Path
 from torch import Tensor
 
 from ssd.data.images import read_image
+from ssd.schemas import PredictConfig
 
-__all__ = ["DECODE_WORKERS", "decode_files"]
-
-DECODE_WORKERS = 2
-"""Decoding threads of ``ssd predict`` by default (``--workers``)."""
+__all__ = ["decode_files"]
 
 
 def _decode(path: Path) -> Tensor | Exception:
@@ -30,7 +28,7 @@ def _decode(path: Path) -> Tensor | Exception:
         return e
 
 
-def decode_files(paths: Iterable[Path], workers: int = DECODE_WORKERS, ahead: int = 16
+def decode_files(paths: Iterable[Path], workers: int = PredictConfig.workers, ahead: int = 16
                  ) -> Iterator[tuple[Path, Tensor | Exception]]:
     """``(path, image [3, H, W] uint8)`` for each path in order, or ``(path, error)`` for a file that cannot be read
     (:func:`ssd.data.images.read_image`'s ``ValueError`` / ``OSError``). ``workers`` threads decode up to ``ahead``

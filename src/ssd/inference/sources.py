@@ -29,15 +29,15 @@ from ssd.inference.detector import Detector
 from ssd.inference.display import open_window
 from ssd.inference.frames import draw_result, predict_live, predict_video
 from ssd.inference.globs import expand_glob
-from ssd.inference.prefetch import DECODE_WORKERS, decode_files
+from ssd.inference.prefetch import decode_files
 from ssd.inference.result_files import check_format
 from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
-from ssd.inference.tiling import TILE_OVERLAP, check_tile
 from ssd.inference.tracking import Tracker, tracker_settings
 from ssd.inference.writers import PredictionWriter, exclude_save_dirs
 from ssd.log import LOGGER
 from ssd.log import progress as progress_bar
-from ssd.settings import PREDICT, check_thresholds
+from ssd.schemas import PredictConfig
+from ssd.settings import PREDICT, TILE_OVERLAP, check_thresholds, check_tile
 
 __all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
 
@@ -148,14 +148,14 @@ def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: 
 def predict_source(
     detector: Detector,
     source: str | Path,
-    save_dir: str | Path = "runs/predict",
+    save_dir: str | Path = PredictConfig.project / PredictConfig.name,
     *,
     score_threshold: float | None = None,
     iou_threshold: float = PREDICT.iou_threshold,
     max_detections: int = PREDICT.max_detections,
-    batch_size: int = 8,
+    batch_size: int = PredictConfig.batch_size,
     save_images: bool = True,
-    fmt: str = "json",
+    fmt: str = PredictConfig.fmt,
     progress: bool = True,
     exist_ok: bool = False,
     tile: int | str | tuple[int, int] | None = None,
@@ -164,18 +164,19 @@ def predict_source(
     save_conf: bool = False,
     save_crop: bool = False,
     classes: list[int | str] | None = None,
-    workers: int = DECODE_WORKERS,
+    workers: int = PredictConfig.workers,
     track: bool = False,
     tracker: str | Path | None = None,
     show: bool = False,
 ) -> PredictSummary:
     """Predict on an image, a folder, a glob, a video file or live streams and write the results to ``save_dir``.
 
-    ``save_dir`` is used as it is with ``exist_ok``, else as a fresh run directory (``save_dir``, or ``save_dir2``,
-    ``save_dir3``, ... when taken). Images are decoded with :func:`ssd.data.images.read_image` by ``workers`` threads
-    (0: one at a time between batches) and run ``batch_size`` at a time; videos are read frame by frame with OpenCV.
-    Files inside an earlier save folder are not read (reported). With ``save_images``, each image is saved with its
-    boxes drawn (see :func:`output_paths`) and each video as ``.mp4``. Every result is written at once to
+    ``save_dir`` (``ssd predict``'s ``--project/--name``, ``runs/predict/exp`` by default, or ``--save-dir``) is used as
+    it is with ``exist_ok``, else as a fresh run directory (``save_dir``, or ``save_dir2``, ``save_dir3``, ... when
+    taken: :func:`ssd.files.make_run_dir`). Images are decoded with :func:`ssd.data.images.read_image` by ``workers``
+    threads (0: one at a time between batches) and run ``batch_size`` at a time; videos are read frame by frame with
+    OpenCV. Files inside an earlier save folder are not read (reported). With ``save_images``, each image is saved with
+    its boxes drawn (see :func:`output_paths`) and each video as ``.mp4``. Every result is written at once to
     ``predictions.jsonl``, one line per image or frame (``file``, ``frame`` (videos only), ``width``, ``height``,
     ``detections``: ``box`` xyxy pixels, ``score``, ``label``, ``name``); the ``fmt`` file is assembled from it at the
     end, also after Ctrl-C: ``"json"`` ``predictions.json`` (``{"class_names", "images": [record, ...]}``),

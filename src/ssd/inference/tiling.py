@@ -38,50 +38,28 @@ from torchvision.ops import batched_nms, box_area
 
 from ssd.limits import MAX_TILES_PER_IMAGE
 from ssd.postprocess import first_per_image
-from ssd.settings import PREDICT
+from ssd.settings import PREDICT, TILE_OVERLAP, check_tile
 from ssd.sizes import as_hw
 
-__all__ = ["AUTO_FACTOR", "CUT_COVER", "CUT_SCORE_RATIO", "EDGE_MARGIN", "MIN_TILE", "TILE_OVERLAP", "check_tile",
-           "detect_tiled", "tile_shape", "tile_windows"]
+__all__ = ["AUTO_FACTOR", "CUT_COVER", "CUT_SCORE_RATIO", "EDGE_MARGIN", "detect_tiled", "tile_shape", "tile_windows"]
 
-TILE_OVERLAP = 0.2  # share of a tile's side that neighbouring tiles share (at least)
 AUTO_FACTOR = 2.0  # tile="auto" tiles an image more than this many times the network input along a side
 EDGE_MARGIN = 2.0  # network-input pixels: a box edge this close to an interior tile border is cut by it
 CUT_COVER = 0.7  # a cut box is dropped when an uncut box of its class covers this share of its area ...
 CUT_SCORE_RATIO = 0.5  # ... with at least this share of its score
-MIN_TILE = 32  # pixels: smaller tiles are refused (thousands of crops per image)
 
 # ``detect(crops) -> detections``: ``[3, h, w]`` images -> per crop ``boxes [N, 4]`` pixel xyxy of that crop,
 # ``scores [N]``, ``labels [N]`` (score threshold and per-crop maximum applied by the caller).
 DetectFn = Callable[[list[Tensor]], list[dict[str, Tensor]]]
 
 
-def check_tile(tile: int | str | Sequence[int] | None, overlap: float = TILE_OVERLAP) -> str | tuple[int, int] | None:
-    """Validate a ``tile`` option: ``None`` (no tiling), ``"auto"``, a side ``N`` or ``(height, width)`` / ``"HxW"``
-    pixels (at least :data:`MIN_TILE`), and ``overlap`` in ``[0, 1)``. Returns ``None``, ``"auto"`` or
-    ``(height, width)``; raises ``ValueError`` naming the bad value and the rule."""
-    if not (isinstance(overlap, (int, float)) and not isinstance(overlap, bool) and 0 <= overlap < 1):
-        raise ValueError(f"tile_overlap must be a number in [0, 1) (the share of a tile its neighbour also covers), "
-                         f"got {overlap!r}")
-    if tile is None or (isinstance(tile, str) and tile.strip().lower() == "auto"):
-        return None if tile is None else "auto"
-    try:
-        shape = as_hw(tile)
-    except ValueError:
-        shape = None
-    if shape is None or min(shape) < MIN_TILE:
-        raise ValueError(f"tile must be 'auto', a side N or 'HxW' (height x width) in pixels, each at least "
-                         f"{MIN_TILE}, got {tile!r}")
-    return shape
-
-
 def tile_shape(tile: str | tuple[int, int] | None, image_hw: Sequence[int], input_hw: Sequence[int]
                ) -> tuple[int, int] | None:
     """``(height, width)`` of the tiles for one image (clipped to the image), or ``None`` when it is not tiled.
 
-    ``tile``: as :func:`check_tile` returns it. ``"auto"`` tiles an image more than :data:`AUTO_FACTOR` times the
-    network input ``input_hw`` along a side, with tiles of the input's size. An image that one tile covers is not
-    tiled."""
+    ``tile``: as :func:`ssd.settings.check_tile` returns it. ``"auto"`` tiles an image more than :data:`AUTO_FACTOR`
+    times the network input ``input_hw`` along a side, with tiles of the input's size. An image that one tile covers
+    is not tiled."""
     (height, width), (in_h, in_w) = image_hw, input_hw
     if tile is None or (tile == "auto" and height <= AUTO_FACTOR * in_h and width <= AUTO_FACTOR * in_w):
         return None
@@ -150,9 +128,9 @@ def detect_tiled(detect: DetectFn, images: Sequence[Tensor], *, tile: int | str 
     Args:
         detect: crops -> detections in pixels of each crop (see :data:`DetectFn`).
         images: ``[3, H, W]`` images in their original pixels (uint8, or float in ``[0, 1]``).
-        tile: see :func:`check_tile`.
+        tile: see :func:`ssd.settings.check_tile`.
         input_size: the network input, ``S`` or ``(h, w)``.
-        overlap: see :func:`check_tile`.
+        overlap: see :func:`ssd.settings.check_tile`.
         batch_size: crops per ``detect`` call.
         whole: the whole-image detections when the caller has them already (``ssd val``: the plain pass of its
             loader), one per image; else the whole images are crops like the tiles.

@@ -25,7 +25,8 @@ from ssd.errors import ConfigError
 from ssd.files import write_text
 from ssd.limits import MAX_EPOCHS, MAX_TRAIN_MINUTES, MAX_WORKERS, value_text
 from ssd.names import did_you_mean
-from ssd.settings import EVALUATE, THRESHOLD_OPTIONS
+from ssd.schemas import run_name_problem
+from ssd.settings import EVALUATE, THRESHOLD_OPTIONS, check_thresholds
 from ssd.sizes import parse_image_size
 from ssd.yamlfile import safe_load
 
@@ -108,9 +109,9 @@ class TrainConfig:
                                                     default="voc07")
     score_threshold: float = _help("validation score threshold in [0, 1]", default=EVALUATE.score_threshold)
     iou_threshold: float = _help("validation NMS IoU threshold in [0, 1]", default=EVALUATE.iou_threshold)
-    project: str = _help("parent folder of run directories", default="runs")
+    project: str = _help("parent folder of run directories", default="runs/train")
     name: str = _help("run directory name (auto-incremented: exp, exp2, ...)", default="exp")
-    exist_ok: bool = _help("reuse runs/<name> instead of incrementing", default=False)
+    exist_ok: bool = _help("reuse PROJECT/NAME instead of incrementing", default=False)
     resume: str | None = _help("run directory or last.pt to continue", default=None)
     weights: str | None = _help("checkpoint to start from: an ssd checkpoint or run directory (its best.pt), an "
                                 "ssd.pytorch / torchvision / lufficc detector, or a known name (`ssd weights`, e.g. "
@@ -223,8 +224,8 @@ class TrainConfig:
         _require(self, "momentum", 0 <= self.momentum < 1, "must be in [0, 1) (SGD momentum / AdamW beta1)")
         _require(self, "ema_decay", 0 < self.ema_decay < 1, "must be in (0, 1), e.g. 0.9999")
         _require(self, "final_lr_ratio", 0 <= self.final_lr_ratio <= 1, "must be in [0, 1] (a fraction of the peak lr)")
-        for name in ("score_threshold", "iou_threshold"):
-            _require(self, name, 0 <= getattr(self, name) <= 1, "must be a number in [0, 1]")
+        check_thresholds(self.score_threshold, self.iou_threshold, EVALUATE.max_detections, self.batch_size,
+                         names={k: f"{k} ({option_name(k)})" for k in ("score_threshold", "iou_threshold")})
         if self.lr is not None:
             _require(self, "lr", 0 < self.lr <= MAX_LR, f"must be in (0, {MAX_LR:g}]")
         if self.weight_decay is not None:
@@ -242,10 +243,7 @@ class TrainConfig:
                      f"{MAX_TRAIN_MINUTES}] (a year; ssd.limits.MAX_TRAIN_MINUTES)")
         if self.val_fraction is not None:
             _require(self, "val_fraction", 0 < self.val_fraction < 1, "must be in (0, 1), e.g. 0.1")
-        _require(self, "name", self.name not in ("", ".", "..") and Path(self.name).name == self.name,
-                 "must be one folder name inside --project (no '/', no '..', not absolute)")
-        _require(self, "score_threshold", 0 <= self.score_threshold < 1, "must be in [0, 1)")
-        _require(self, "iou_threshold", 0 <= self.iou_threshold <= 1, "must be in [0, 1]")
+        _require(self, "name", run_name_problem(self.name) is None, run_name_problem(self.name) or "")
         for name, choices in _CHOICES.items():
             value = getattr(self, name)
             _require(self, name, value is None or value in choices, f"choose one of {', '.join(choices)}")

@@ -39,18 +39,19 @@ def demo_dataset(root: Path, **overrides) -> Path:
     return root
 
 
-def run_demo(project: str | Path = "runs", *, device: str = "auto", quiet: bool = False, epochs: int = 8,
+def run_demo(project: str | Path = "runs/demo", *, device: str = "auto", quiet: bool = False, epochs: int = 8,
              batch_size: int = 16, workers: int = 0, data: dict | None = None, **overrides) -> TrainResult:
-    """Run the demo into ``project`` (dataset in ``project/demo_data``, run in ``project/demo``, ``demo2``, ...).
+    """Run the demo into ``project`` (dataset in ``project/data``, run in ``project/exp``, ``exp2``, ...; ``name`` and
+    ``exist_ok`` as for training).
 
     ``data`` overrides :data:`DEMO_DATA` (e.g. a smaller set for tests); other keyword ``overrides`` go to
     :class:`~ssd.training.config.TrainConfig`. Returns the :class:`~ssd.training.trainer.TrainResult` and prints where
     everything is.
     """
     project = Path(project)
-    root = project / "demo_data"
+    root = project / "data"
     config = TrainConfig(data=str(root), model="ssd_tiny", epochs=epochs, batch_size=batch_size, device=device,
-                         quiet=quiet, workers=workers, cache_images=True, project=str(project), name="demo",
+                         quiet=quiet, workers=workers, cache_images=True, project=str(project),
                          warmup_epochs=0.5, val_interval=max(1, epochs // 2), metric="voc", amp=True,
                          augment="light").update(**overrides)
     resolve_device(config.device)  # options and device refused before the images are generated
