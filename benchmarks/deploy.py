@@ -24,7 +24,7 @@ from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.evaluation.evaluator import evaluate
 from ssd.export.benchmark import format_benchmark, run_benchmark
-from ssd.export.quantize import calibration_inputs, calibration_paths, quantize_onnx
+from ssd.export.quantize import calibration_paths, quantize_onnx
 from ssd.export.timing import time_backends
 from ssd.inference.backends.onnx import OnnxBackend
 from ssd.training.trainer import train
@@ -58,15 +58,13 @@ def remedies(fp32: Path, data: Path, out: Path, calib: int) -> list[str]:
                 "QOperator format (QLinearConv)": dict(operator_format=True)}
     if depthwise:
         variants[f"{len(depthwise)} depthwise convs in float"] = dict(exclude=depthwise)
-    card = OnnxBackend(fp32).card
     decoded = [read_image(r.path) for r in load_dataset(data).records("val")[:16]]
     lines = ["| ONNX Runtime variant | size MB | mAP50 | ms/img p50 | network ms |", "|---|---|---|---|---|"]
     rows = [("FP32 (reference)", fp32)]
     for index, (name, options) in enumerate(variants.items()):
         path = out / f"remedy_{index}.int8.onnx"
         count = options.pop("count", calib)
-        inputs = calibration_inputs(calibration_paths(data, count), card.image_size, card.mean, card.std)
-        rows.append((name, quantize_onnx(fp32, path, inputs, **options)))
+        rows.append((name, quantize_onnx(fp32, path, calibration_paths(data, count), **options)))
     variants = {name: OnnxBackend(path) for name, path in rows}
     timings = time_backends(variants, decoded, 1, 60, 5)  # side by side, call by call
     for name, path in rows:

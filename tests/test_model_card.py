@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ssd.card import ModelCard
+from ssd.card import ModelCard, strings_from_json
 from ssd.errors import CheckpointError
 from ssd.inference.detector import load
 from ssd.settings import Thresholds
@@ -89,6 +89,46 @@ def test_an_artifact_whose_class_names_hold_an_escape_code_is_refused_by_its_car
 def test_a_card_refuses_the_class_names_a_model_refuses(names, message):
     with pytest.raises(ValueError, match=rf"^card\.json: {message}"):
         ModelCard.from_dict({**CARD.to_dict(), "class_names": names, "category_ids": None}, "card.json")
+
+
+def test_a_file_written_before_the_card_is_checked_against_its_network_checksums():
+    legacy = {"xml_sha256": lambda: "a", "bin_sha256": lambda: "b"}  # OpenVINO's; ONNX and pt2 store one
+    CARD.verify_file({"xml_sha256": "a", "bin_sha256": "b"}, lambda: pytest.fail("no card checksum to check"),
+                     legacy, "m")
+    with pytest.raises(ValueError, match=r"^m: the network does not match the checksum stored at export "
+                                         r"\(bin_sha256, missing or different\)"):
+        CARD.verify_file({"xml_sha256": "a"}, lambda: "n", legacy, "m")
+    with pytest.raises(ValueError, match=r"^m: the model card has no checksum"):  # no key at all: refused
+        CARD.verify_file({}, lambda: "n", legacy, "m")
+    CARD.sealed("n").verify_file({"xml_sha256": "x"}, lambda: "n", legacy, "m")  # a card's checksum wins
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (b"{\xff}", r"^m\.json is not JSON \("), ("[1]", r"^m\.json is not a JSON object of strings; export the model"),
+    ('{"class_names": ["a"]}', r"^m\.json is not a JSON object of strings")])
+def test_a_card_stored_as_json_must_be_an_object_of_strings(text, message):
+    assert strings_from_json('{"a": "1"}', "m.json") == {"a": "1"}
+    with pytest.raises(ValueError, match=message):
+        strings_from_json(text, "m.json")
+
+
+def test_a_model_builds_its_card_once_and_again_after_what_it_holds_changed():
+    from ssd.models import build_model
+
+    model = build_model("ssd_tiny", class_names=["cat", "dog"], image_size=64)
+    card = model.card
+    assert model.card is card  # SSD.predict reads it on every call: built and validated once
+    model.class_names[1] = "bird"  # edits in place are seen
+    assert model.card.class_names == ("cat", "bird")
+    model.operating_point = {"score_threshold": 0.3, "precision": 0.5, "recall": 0.25, "f1": 0.33, "split": "val"}
+    assert model.card.confidence() == (0.3, "the model's best-F1 confidence on its val split")
+    model.operating_point["score_threshold"] = 0.4
+    assert model.card.confidence()[0] == 0.4
+    model.category_ids = [7, 3]
+    assert model.card.category_ids == (7, 3)
+    model.category_ids.append(5)
+    with pytest.raises(ValueError, match="category_ids"):
+        model.predict([torch.zeros(3, 32, 32)])  # the card is checked again once changed
 
 
 @pytest.mark.parametrize("field", list(CARD.fingerprints()))

@@ -23,7 +23,7 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +36,7 @@ from ssd.settings import PREDICT, Thresholds
 from ssd.sizes import as_hw, compact_size
 
 __all__ = ["ModelCard", "OPERATING_POINT_KEYS", "PRECISIONS", "check_operating_point", "check_category_ids",
-           "network_digest"]
+           "network_digest", "strings_from_json"]
 
 OPERATING_POINT_KEYS = ("score_threshold", "precision", "recall", "f1", "split")
 """The operating point (the optional ``operating_point`` of a card): the best-F1 confidence on a split and its
@@ -288,6 +288,32 @@ class ModelCard:
                         "file was modified or corrupted after it was written; export or save the model again")
         if self.checksum["sha256"] != _whole(network, stored):
             raise error(f"{source}: the checksum of the model card was edited; export or save the model again")
+
+    def verify_file(self, raw: Mapping[str, str], network: Callable[[], str], legacy: Mapping[str, Callable[[], str]],
+                    source: str, error: type[Exception] = ValueError) -> None:
+        """:meth:`verify` for the card of an exported file (``raw``, its string form) against ``network()``. A file
+        written before the card has no checksum but its kind's network checksums (``legacy``: key -> the digest it
+        stores), each checked as it was then. A missing checksum is refused like a wrong one: deleting it must not
+        let an edit through. The digests are computed only when needed."""
+        if self.checksum is None and any(key in raw for key in legacy):
+            for key, digest in legacy.items():
+                if raw.get(key) != digest():
+                    raise error(f"{source}: the network does not match the checksum stored at export ({key}, missing "
+                                "or different): the file was modified or corrupted after `ssd export`; export it again")
+            return
+        self.verify(network(), source, error)
+
+
+def strings_from_json(text: str | bytes, source: str, error: type[Exception] = ValueError) -> dict[str, str]:
+    """A card's string form (:meth:`ModelCard.to_strings`) stored as a JSON object (OpenVINO's ``metadata.json``, a
+    ``.pt2``'s ``ssd.json``); refused (``error`` naming ``source``) when it is not JSON or not an object of strings."""
+    try:
+        raw = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise error(f"{source} is not JSON ({e}); export the model again") from e
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
+        raise error(f"{source} is not a JSON object of strings; export the model again")
+    return raw
 
 
 def _json_size(size: tuple[int, int]) -> int | list[int]:

@@ -97,22 +97,25 @@ def network_nodes(graph) -> set[str]:
     return names
 
 
-def quantize_onnx(fp32_path: str | Path, out_path: str | Path, inputs: Iterator[np.ndarray],
+def quantize_onnx(fp32_path: str | Path, out_path: str | Path, images: Sequence[Path],
                   exclude: Sequence[str] = (), op_types: Sequence[str] | None = None,
                   operator_format: bool = False) -> Path:
     """Write the static INT8 version of an ``ssd export`` FP32 graph to ``out_path`` (atomically).
 
-    ``inputs``: calibration batches ``[1, 3, S, S]`` (:func:`calibration_inputs`). The rest are the standard
-    remedies when a network quantizes poorly or slowly (``benchmarks/deploy.py`` measures them): ``exclude``, names
-    of nodes to keep in float besides those after the network (:func:`network_nodes`); ``op_types``, the operator
-    types to quantize (``None``: every type ONNX Runtime can; ``["Conv"]``: the convolutions only);
-    ``operator_format``, fused ``QLinear*`` operators instead of QDQ pairs. The model card is the FP32 file's with
-    ``precision`` ``int8``, sealed with the new graph."""
+    ``images``: the calibration image files (:func:`calibration_paths`), made into network inputs by
+    :func:`calibration_inputs` with the FP32 file's card (the file is opened and checked once). The rest are the
+    standard remedies when a network quantizes poorly or slowly (``benchmarks/deploy.py`` measures them):
+    ``exclude``, names of nodes to keep in float besides those after the network (:func:`network_nodes`);
+    ``op_types``, the operator types to quantize (``None``: every type ONNX Runtime can; ``["Conv"]``: the
+    convolutions only); ``operator_format``, fused ``QLinear*`` operators instead of QDQ pairs. The model card is
+    the FP32 file's with ``precision`` ``int8``, sealed with the new graph."""
     import onnx
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    card = OnnxBackend(fp32_path).card.replace(precision="int8")  # checked, then changed
+    fp32_card = OnnxBackend(fp32_path).card  # checked
+    inputs = calibration_inputs(images, fp32_card.image_size, fp32_card.mean, fp32_card.std)
+    card = fp32_card.replace(precision="int8")
     with tempfile.TemporaryDirectory(prefix="ssd-int8-") as work:
         prepared, quantized = Path(work) / "prepared.onnx", Path(work) / "int8.onnx"
         quant_pre_process(str(fp32_path), str(prepared))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -59,8 +60,6 @@ class OnnxBackend:
     """
 
     name = "onnx"
-    legacy_checksums = ("graph_sha256",)
-    """The network checksums of files written before the model card (they cover the network only)."""
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
         self.path = self.source = Path(path)
@@ -68,7 +67,7 @@ class OnnxBackend:
         self.session = self._open_session(device)
         raw = self.session.get_modelmeta().custom_metadata_map
         self.card = ModelCard.from_strings(raw, str(self.path), OnnxModelError)
-        self._verify_checksum(raw)
+        self.card.verify_file(raw, self.network_digest, self.legacy_checksums(), str(self.path), OnnxModelError)
         self.fixed_batch = self._check_graph()
         self._priors: Tensor | None = None
 
@@ -96,21 +95,9 @@ class OnnxBackend:
 
         return graph_digest(onnx.load(str(self.path)))
 
-    def _legacy_digests(self) -> list[str]:
-        """The network checksums a file written before the model card stores, in :attr:`legacy_checksums` order."""
-        return [self.network_digest()]
-
-    def _verify_checksum(self, raw: dict[str, str]) -> None:
-        """The card's checksum; a file written before the card has only its network's (one per kind), checked as
-        it was then. A missing checksum is refused like a wrong one: deleting it must not let an edit through."""
-        if self.card.checksum is None and any(key in raw for key in self.legacy_checksums):
-            for key, digest in zip(self.legacy_checksums, self._legacy_digests()):
-                if raw.get(key) != digest:
-                    raise OnnxModelError(f"{self.path}: the network does not match the checksum stored at export "
-                                         f"({key}, missing or different): the file was modified or corrupted after "
-                                         "`ssd export`; export it again")
-            return
-        self.card.verify(self.network_digest(), str(self.path), OnnxModelError)
+    def legacy_checksums(self) -> dict[str, Callable[[], str]]:
+        """The network checksums a file written before the model card stores (key -> its digest): the graph's."""
+        return {"graph_sha256": self.network_digest}
 
     def _check_graph(self) -> int | None:
         """Check the graph's input and outputs against the metadata; returns the fixed batch size (or ``None``)."""

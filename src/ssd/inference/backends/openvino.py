@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import torch
 
+from ssd.card import strings_from_json
 from ssd.errors import OnnxModelError
 from ssd.inference.backends.onnx import OnnxBackend
 from ssd.optional import require
@@ -99,7 +100,11 @@ class OpenVinoBackend(OnnxBackend):
         core = openvino_core()
         if torch.device(device).type != "cpu":
             raise ValueError(f"the OpenVINO backend runs on the CPU, got device={str(device)!r}")
-        metadata = self._read_sidecar()
+        sidecar = self.path / METADATA_FILE
+        if not sidecar.is_file():
+            raise OnnxModelError(f"{self.path} is not an `ssd export --format openvino` folder (no {METADATA_FILE}); "
+                                 "export it with `ssd export --weights CKPT --format openvino`")
+        metadata = strings_from_json(sidecar.read_bytes(), str(sidecar), OnnxModelError)
         try:
             compiled = core.compile_model(str(self.path / IR_FILES[0]), "CPU",
                                           {"INFERENCE_PRECISION_HINT": self.precision})
@@ -107,31 +112,18 @@ class OpenVinoBackend(OnnxBackend):
             raise OnnxModelError(f"cannot load OpenVINO model {self.path}: {e}") from e
         return _OpenVinoSession(compiled, metadata)
 
-    def _read_sidecar(self) -> dict[str, str]:
-        sidecar = self.path / METADATA_FILE
-        if not sidecar.is_file():
-            raise OnnxModelError(f"{self.path} is not an `ssd export --format openvino` folder (no {METADATA_FILE}); "
-                                 "export it with `ssd export --weights CKPT --format openvino`")
-        try:
-            raw = json.loads(sidecar.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise OnnxModelError(f"{sidecar} is not JSON ({e}); export the model again") from e
-        if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
-            raise OnnxModelError(f"{sidecar} is not a JSON object of strings; export the model again")
-        return raw
-
-    legacy_checksums = ("xml_sha256", "bin_sha256")
-
     def _check_files(self) -> None:
         """Refuse a folder that lacks an IR file, by name."""
         for name in IR_FILES:
             if not (self.path / name).is_file():
                 raise OnnxModelError(f"{self.path}: {name} is missing; export the model again")
 
-    def _legacy_digests(self) -> list[str]:
-        """:func:`file_digest` of each IR file (a missing one is refused by name)."""
+    def legacy_checksums(self) -> dict[str, Callable[[], str]]:
+        """:func:`file_digest` of each IR file (a missing one is refused by name), as files written before the model
+        card store them."""
         self._check_files()
-        return [file_digest(self.path / name) for name in IR_FILES]
+        return {key: functools.partial(file_digest, self.path / name)
+                for key, name in zip(("xml_sha256", "bin_sha256"), IR_FILES)}
 
     def network_digest(self) -> str:
         """:func:`ir_digest` of the folder (a missing file is refused by name; each file is read once)."""

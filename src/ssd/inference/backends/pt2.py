@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ssd.card import ModelCard, network_digest
+from ssd.card import ModelCard, network_digest, strings_from_json
 from ssd.errors import OnnxModelError
 
 __all__ = ["METADATA_FILE", "ExportedProgramBackend", "program_digest", "check_archive", "open_pt2"]
@@ -85,8 +85,6 @@ class ExportedProgramBackend:
     -> ``(loc, logits)`` as the eager model."""
 
     name = "pt2"
-    legacy_checksum = "program_sha256"
-    """The network checksum of files written before the model card."""
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu"):
         self.path = self.source = Path(path)
@@ -97,21 +95,10 @@ class ExportedProgramBackend:
             program = torch.export.load(self.path, extra_files=extra)
         except Exception as e:  # a damaged archive fails in zipfile, the unpickler or the graph schema
             raise OnnxModelError(f"cannot load torch.export model {self.path}: {e}") from e
-        try:
-            raw = json.loads(extra[METADATA_FILE] or "{}")
-        except json.JSONDecodeError as e:
-            raise OnnxModelError(f"{self.path}: its {METADATA_FILE} is not JSON ({e}); export it again") from e
-        if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
-            raise OnnxModelError(f"{self.path}: its {METADATA_FILE} is not a JSON object of strings; export it again")
+        raw = strings_from_json(extra[METADATA_FILE] or "{}", f"{self.path}: its {METADATA_FILE}", OnnxModelError)
         self.card = ModelCard.from_strings(raw, str(self.path), OnnxModelError)
         digest = program_digest(program)
-        if self.card.checksum is None and self.legacy_checksum in raw:  # written before the card
-            if raw[self.legacy_checksum] != digest:
-                raise OnnxModelError(f"{self.path}: the code or weights do not match the checksum stored at export "
-                                     f"({self.legacy_checksum}): the file was modified after `ssd export`; export "
-                                     "it again")
-        else:
-            self.card.verify(digest, str(self.path), OnnxModelError)
+        self.card.verify_file(raw, lambda: digest, {"program_sha256": lambda: digest}, str(self.path), OnnxModelError)
         self.module = program.module().to(self.device)
         self._priors: Tensor | None = None
 
