@@ -14,7 +14,6 @@ format's exporter (and its runtime: ONNX, OpenVINO) only when called, so ``impor
 
 from __future__ import annotations
 
-import json
 import tempfile
 from pathlib import Path
 
@@ -76,10 +75,10 @@ def check_export_folder(folder: Path, exist_ok: bool) -> None:
 
 def _is_card(path: Path) -> bool:
     """Whether ``path`` is the ``metadata.json`` of an export of this library (a model card as strings)."""
-    from ssd.card import ModelCard
+    from ssd.card import ModelCard, strings_from_json
 
     try:
-        ModelCard.from_strings(json.loads(path.read_text(encoding="utf-8")), str(path))
+        ModelCard.from_strings(strings_from_json(path.read_bytes(), str(path)), str(path))
     except (OSError, ValueError, TypeError, AttributeError):
         return False
     return True
@@ -132,9 +131,6 @@ def export(weights: str | Path, fmt: str = ExportConfig.fmt, out_path: str | Pat
         fp32 = export_onnx(weights, Path(work) / "model.onnx", **onnx_args)
         if fmt == "openvino":  # converted from the FP32 graph
             return resolve(ARTIFACTS[fmt].exporter)(fp32, out_path, calibration)
-        from ssd.export.quantize import calibration_inputs, quantize_onnx
-        from ssd.inference.backends.onnx import OnnxBackend
+        from ssd.export.quantize import quantize_onnx
 
-        card = OnnxBackend(fp32).card
-        inputs = calibration_inputs(calibration, card.image_size, card.mean, card.std)
-        return quantize_onnx(fp32, out_path, inputs)
+        return quantize_onnx(fp32, out_path, calibration)
