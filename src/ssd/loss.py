@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from ssd.boxes import VARIANCES
 from ssd.checks import validate_predictions, validate_targets
-from ssd.matching import match
+from ssd.matching import MATCH_IOU, match
 
 __all__ = ["MultiBoxLoss"]
 
@@ -34,7 +34,7 @@ class MultiBoxLoss(nn.Module):
     """
 
     def __init__(
-        self, neg_pos_ratio: int = 3, iou_threshold: float = 0.5, variances: tuple[float, float] = VARIANCES
+        self, neg_pos_ratio: int = 3, iou_threshold: float = MATCH_IOU, variances: tuple[float, float] = VARIANCES
     ) -> None:
         super().__init__()
         self.neg_pos_ratio = neg_pos_ratio

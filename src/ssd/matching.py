@@ -14,7 +14,11 @@ from torch import Tensor
 from ssd.boxes import VARIANCES, box_iou_batched, cxcywh_to_xyxy, encode, xyxy_to_cxcywh
 from ssd.checks import PADDING, validate_targets
 
-__all__ = ["match"]
+__all__ = ["MATCH_IOU", "match"]
+
+MATCH_IOU = 0.5
+"""IoU at which a default box is positive for a ground truth (the original SSD's); default-box coverage counts an
+object as covered at the same IoU (:func:`ssd.priors.coverage.coverage`)."""
 
 FORCED_OVERLAP = 2.0
 """Overlap given to each ground truth's best prior (above any IoU, so it is always positive)."""
@@ -24,7 +28,7 @@ def match(
     gt_boxes: Tensor,
     gt_labels: Tensor,
     priors: Tensor,
-    iou_threshold: float = 0.5,
+    iou_threshold: float = MATCH_IOU,
     variances: tuple[float, float] = VARIANCES,
     *,
     validate: bool = True,

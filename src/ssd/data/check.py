@@ -37,6 +37,7 @@ from ssd.data.table import RecordTable
 from ssd.errors import DataError, ImageError
 from ssd.limits import MAX_BOXES_PER_IMAGE
 from ssd.log import progress
+from ssd.matching import MATCH_IOU
 from ssd.names import closest_names, name_problem, printable
 from ssd.priors import PriorConfig
 
@@ -242,7 +243,7 @@ def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
 
 
 def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = None, *, split: str | None = None,
-                  class_names: list[str] | None = None, iou_threshold: float = 0.5, decode_images: bool = True,
+                  class_names: list[str] | None = None, iou_threshold: float = MATCH_IOU, decode_images: bool = True,
                   model: str | None = None, image_size: int | tuple[int, int] | str | None = None,
                   crop_scale: CropScale | None = None, issues: list[Issue] | None = None) -> CheckReport:
     """Check a dataset (a data description or a loaded :class:`DatasetSpec`); never raises for bad data.

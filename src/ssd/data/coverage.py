@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ssd.data.records import DatasetSpec, Issue
+from ssd.matching import MATCH_IOU
 from ssd.models import MODEL_CONFIGS
 from ssd.models.build import default_priors
 from ssd.priors import PriorConfig
@@ -67,7 +68,8 @@ def training_boxes(spec: DatasetSpec) -> Tensor:
 
 
 def prior_coverage(spec: DatasetSpec, priors: PriorConfig, image_size: int | tuple[int, int] | str,
-                   iou_threshold: float = 0.5, exclude: set | None = None, crop_scale: CropScale | None = None) -> dict:
+                   iou_threshold: float = MATCH_IOU, exclude: set | None = None,
+                   crop_scale: CropScale | None = None) -> dict:
     """:func:`ssd.priors.coverage.coverage` of every box of ``spec`` (:func:`spec_boxes`) with the default boxes of
     ``priors`` at ``image_size``; ``exclude``: ``(image path, object index)`` pairs to leave out; ``crop_scale``:
     the boxes at the median crop scale of training crops (the report's ``crop_scale`` is then its text)."""
@@ -97,7 +99,7 @@ def fit_for_model(data: DatasetSpec | Tensor, model: str, image_size: int | tupl
 
 
 def suggest_image_size(spec: DatasetSpec, model: str, image_size: int | tuple[int, int] | str | None = None,
-                       iou_threshold: float = 0.5, exclude: set | None = None) -> dict | None:
+                       iou_threshold: float = MATCH_IOU, exclude: set | None = None) -> dict | None:
     """A non-square input size for ``model`` when most training images share an aspect ratio far from 1.
 
     Rule: at least 60% of the training images (every image without a ``train`` split) have a width / height within

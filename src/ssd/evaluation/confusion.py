@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ssd.evaluation.metrics import check_inputs, concat_rows, paired_iou, same_key_pairs
+from ssd.evaluation.metrics import VOC_IOU, check_inputs, concat_rows, paired_iou, same_key_pairs
 from ssd.settings import PREDICT
 
 __all__ = ["BACKGROUND", "confusion_matrix"]
@@ -48,7 +48,7 @@ def _matched_pairs(det: dict[str, Tensor], gt: dict[str, Tensor], iou_threshold:
 
 def confusion_matrix(detections: Sequence[Mapping[str, Any]], ground_truths: Sequence[Mapping[str, Any]],
                      num_classes: int, class_names: Sequence[str] | None = None, *,
-                     confidence: float = PREDICT.score_threshold, iou_threshold: float = 0.5) -> dict[str, Any]:
+                     confidence: float = PREDICT.score_threshold, iou_threshold: float = VOC_IOU) -> dict[str, Any]:
     """Counts ``[K + 1, K + 1]`` of (true, predicted) classes, index ``K`` the background (see the module docstring).
 
     Inputs are the per-image dicts of :mod:`ssd.evaluation.metrics`.

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ssd.evaluation.metrics import check_inputs, concat_rows, match_detections
+from ssd.evaluation.metrics import VOC_IOU, check_inputs, concat_rows, match_detections
 
 __all__ = ["confidence_grid", "operating_point"]
 
@@ -48,7 +48,7 @@ def _point(grid: Tensor, precision: Tensor, recall: Tensor, f1: Tensor) -> dict[
 
 
 def operating_point(detections: Sequence[Mapping[str, Any]], ground_truths: Sequence[Mapping[str, Any]],
-                    num_classes: int, class_names: Sequence[str] | None = None, *, iou_threshold: float = 0.5,
+                    num_classes: int, class_names: Sequence[str] | None = None, *, iou_threshold: float = VOC_IOU,
                     steps: int = 1000) -> dict[str, Any]:
     """Precision / recall / F1 curves over :func:`confidence_grid` and the confidence of the best F1.
 

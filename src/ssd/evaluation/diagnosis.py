@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ssd.evaluation.errors import OBJECT_STATES
+from ssd.matching import MATCH_IOU
 from ssd.priors.coverage import SIZE_BUCKETS, best_iou
 
 __all__ = ["LARGE_SHARE", "error_sources", "next_step"]
@@ -60,7 +61,7 @@ def _group(name: str, mask: Tensor, size: Tensor, covered: Tensor | None, step: 
 
 
 def error_sources(ground_truths: Sequence[Mapping[str, Any]], breakdown: Mapping[str, Any],
-                  priors: Tensor | None = None, coverage_iou: float = 0.5, data: str | None = None,
+                  priors: Tensor | None = None, coverage_iou: float = MATCH_IOU, data: str | None = None,
                   model: str | None = None) -> dict[str, Any]:
     """Missed and localization-error objects by size and coverage.
 

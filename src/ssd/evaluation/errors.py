@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from ssd.evaluation.metrics import (
+    VOC_IOU,
     check_inputs,
     concat_rows,
     match_detections,
@@ -94,7 +95,7 @@ def _fixable(det: dict[str, Tensor], target: Tensor, taken: Tensor) -> Tensor:
 
 
 def error_breakdown(detections: Sequence[Mapping[str, Any]], ground_truths: Sequence[Mapping[str, Any]],
-                    num_classes: int, class_names: Sequence[str] | None = None, *, foreground_iou: float = 0.5,
+                    num_classes: int, class_names: Sequence[str] | None = None, *, foreground_iou: float = VOC_IOU,
                     background_iou: float = 0.1) -> dict[str, Any]:
     """Counts and dAP of each TIDE error type (see the module docstring).
 

@@ -31,8 +31,12 @@ from torchvision.ops import box_area
 
 from ssd.inference.coco_results import as_tensor
 
-__all__ = ["voc_ap", "evaluate_voc", "voc_from_rows", "match_detections", "check_inputs", "concat_rows",
+__all__ = ["VOC_IOU", "voc_ap", "evaluate_voc", "voc_from_rows", "match_detections", "check_inputs", "concat_rows",
            "same_key_pairs", "paired_iou"]
+
+VOC_IOU = 0.5
+"""IoU at which a detection matches a ground truth in the VOC metrics, and so in the confusion matrix, the F1 curves
+and the error breakdown built on that matching."""
 
 
 def voc_ap(recall: Sequence[float] | np.ndarray, precision: Sequence[float] | np.ndarray,
@@ -155,7 +159,7 @@ def _best_ground_truth(det: dict[str, Tensor], gt: dict[str, Tensor], num_classe
 
 
 def match_detections(det: dict[str, Tensor], gt: dict[str, Tensor], num_classes: int,
-                     iou_threshold: float = 0.5) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+                     iou_threshold: float = VOC_IOU) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """The VOC matching of flat detections and ground truths (:func:`concat_rows` rows), see the module docstring.
 
     Returns ``(tp [N] bool, ignored [N] bool, order [N], best_iou [N], best_gt [N])``: ``tp`` true positives,
@@ -181,7 +185,7 @@ def match_detections(det: dict[str, Tensor], gt: dict[str, Tensor], num_classes:
 
 def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequence[Mapping[str, Any]],
                  num_classes: int, class_names: Sequence[str] | None = None, use_07_metric: bool = False,
-                 iou_threshold: float = 0.5) -> dict[str, Any]:
+                 iou_threshold: float = VOC_IOU) -> dict[str, Any]:
     """PASCAL VOC average precision per class at one IoU threshold (see the module docstring for the rules).
 
     Returns:
@@ -199,7 +203,7 @@ def evaluate_voc(detections: Sequence[Mapping[str, Any]], ground_truths: Sequenc
 
 
 def voc_from_rows(det: dict[str, Tensor], gt: dict[str, Tensor], names: Sequence[str], use_07_metric: bool = False,
-                  iou_threshold: float = 0.5) -> dict[str, Any]:
+                  iou_threshold: float = VOC_IOU) -> dict[str, Any]:
     """:func:`evaluate_voc` of flat rows (:func:`concat_rows`) and the class names, one per label."""
     num_classes = len(names)
     tp, hit_difficult, order = match_detections(det, gt, num_classes, iou_threshold)[:3]

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from ssd.boxes import box_iou_batched, cxcywh_to_xyxy
+from ssd.matching import MATCH_IOU
 from ssd.text import render_table
 
 __all__ = ["ASPECT_BUCKETS", "SIZE_BUCKETS", "best_iou", "coverage", "coverage_lines"]
@@ -33,7 +34,7 @@ def best_iou(boxes: Tensor, priors: Tensor) -> Tensor:
     return torch.cat([box_iou_batched(chunk[None], prior_xyxy)[0].amax(dim=1) for chunk in boxes.split(2048)])
 
 
-def coverage(boxes: Tensor, priors: Tensor, iou_threshold: float = 0.5) -> dict:
+def coverage(boxes: Tensor, priors: Tensor, iou_threshold: float = MATCH_IOU) -> dict:
     """Share of boxes ``[N, 4]`` (xyxy normalized to their image) whose best default box reaches ``iou_threshold``.
 
     Returns a dict with ``iou_threshold``, ``boxes``, ``covered`` (share), ``mean_iou`` (mean best IoU),

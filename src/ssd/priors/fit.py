@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ssd.matching import MATCH_IOU
 from ssd.priors.config import PriorConfig, input_size
 from ssd.priors.coverage import coverage
 from ssd.priors.fit_rules import Bounds, FitRules, Layout
@@ -113,7 +114,7 @@ def _plain(size: int | tuple[int, int]) -> int | list[int]:
 
 
 def fit_priors(boxes: Tensor, image_size: int | tuple[int, int] | str, base: PriorConfig, *, free: bool = False,
-               seed: int = 0, iou_threshold: float = 0.5, min_gain: float = 0.005, rules: FitRules | None = None,
+               seed: int = 0, iou_threshold: float = MATCH_IOU, min_gain: float = 0.005, rules: FitRules | None = None,
                restarts: int = 2, max_sweeps: int = 12, max_boxes: int = 20000) -> FitResult:
     """Default boxes that cover the most ``boxes`` (see the module docstring for the search).
 
