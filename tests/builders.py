@@ -131,3 +131,17 @@ def jittered_detections(ground_truths: list[dict], num_classes: int, seed: int =
                     "labels": torch.cat([labels, torch.randint(0, num_classes, (1,), generator=g)]),
                     "scores": torch.rand(n + 1, generator=g)})
     return out
+
+
+def make_yolo_folder(root: Path, count: int, splits=("train",)) -> Path:
+    """A YOLO folder of ``count`` 64 px images per split (``<split>/images/<split><i>.png``, one box each) and
+    ``classes.txt`` (``circle``): the plain layout whose file names tests assert."""
+    for split in splits:
+        images, labels = root / split / "images", root / split / "labels"
+        images.mkdir(parents=True)
+        labels.mkdir(parents=True)
+        for i in range(count):
+            Image.new("RGB", (64, 64), (i, 20, 30)).save(images / f"{split}{i}.png")
+            (labels / f"{split}{i}.txt").write_text("0 0.5 0.5 0.4 0.3\n")
+    (root / "classes.txt").write_text("circle\n")
+    return root

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from builders import biased_model
+from builders import biased_model, make_yolo_folder
 from ssd.cli import main
 from ssd.cli.commands import COMMANDS
 from ssd.weights.checkpoint import load_checkpoint, save_checkpoint
@@ -273,3 +273,20 @@ def test_val_run_directories_exp_exp2_exist_ok_and_the_same_files_as_the_python_
     written = evaluate_detections(results, shapes, project=tmp_path / "py")["run_dir"]
     assert written == tmp_path / "py" / "exp"
     assert sorted(p.name for p in written.iterdir()) == sorted(p.name for p in (tmp_path / "val" / "exp").iterdir())
+
+
+@pytest.mark.slow
+def test_check_piped_into_a_closed_reader_exits_quietly(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    data = make_yolo_folder(tmp_path / "data", 2)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    read, write = os.pipe()
+    os.close(read)  # `| head -0`: nobody reads what check prints
+    with os.fdopen(write, "w") as closed:
+        done = subprocess.run([sys.executable, "-m", "ssd", "check", str(data)], stdout=closed,
+                              stderr=subprocess.PIPE, text=True, env=env)
+    assert done.returncode == 141 and done.stderr == ""

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
+from builders import make_yolo_folder
 from ssd import limits
 from ssd.data import check_dataset, load_training_data
 from ssd.data.check import screen
@@ -244,3 +245,51 @@ def test_image_file_name_with_a_control_character_is_an_error_naming_it_escaped(
     assert [(i.code, i.message) for i in errors] == [
         ("invalid_file_name", "images/b\\x1b[2Jc.jpg: the file name holds U+001B (a control character), which would "
          "act on the terminal or the text around it instead of being shown: rename it")]
+
+
+def write_yolo_boxes(root, lines: list[str]):
+    from PIL import Image
+
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    Image.new("RGB", (640, 640), (9, 9, 9)).save(root / "images" / "crowd.png")
+    (root / "labels" / "crowd.txt").write_text("".join(lines))
+    (root / "classes.txt").write_text("cell\n")
+    return root
+
+
+def test_image_with_twenty_thousand_boxes_is_refused_by_name(tmp_path):
+    from ssd.data.check import check_dataset
+
+    root = write_yolo_boxes(tmp_path, [f"0 {0.01 + (i % 100) * 0.0098:.4f} {0.01 + (i // 100) * 0.0049:.4f} 0.005 "
+                                       "0.004\n" for i in range(20_000)])
+    report = check_dataset(root)
+    assert [(i.code, i.message) for i in report.errors] == [
+        ("too_many_boxes", "labels/crowd.txt: 20,000 objects in one image, more than 10,000 "
+                           "(ssd.limits.MAX_BOXES_PER_IMAGE)"),
+        ("no_valid_images", "split 'train' (images): none of its 1 images is usable (see the errors about them)")]
+
+
+def test_duplicate_check_in_chunks_finds_the_same_pairs(monkeypatch):
+    import torch
+
+    import ssd.data.check as check
+
+    boxes = torch.tensor([[0, 0, 10, 10], [0, 0, 10, 10.5], [50, 50, 60, 60], [0, 0, 10, 10], [50, 50, 60, 60.2]],
+                         dtype=torch.float64)
+    labels = torch.tensor([0, 0, 1, 1, 1])
+    whole = check._duplicate_pairs(boxes, labels)
+    assert [(a, b, round(v, 4)) for a, b, v in whole] == [(0, 1, 0.9524), (2, 4, 0.9804)]
+    monkeypatch.setattr(check, "DUPLICATE_CHUNK", 5)  # one row per chunk
+    assert check._duplicate_pairs(boxes, labels) == whole
+
+
+def test_split_whose_every_image_is_corrupt_says_so_not_no_images(tmp_path):
+    from ssd.data.check import check_dataset
+
+    root = make_yolo_folder(tmp_path, 2)
+    for image in (root / "train" / "images").iterdir():
+        image.write_bytes(b"\x89PNG\r\n\x1a\n" + b"garbage" * 10)
+    report = check_dataset(root)
+    assert [i.message for i in report.errors if i.code in ("no_valid_images", "empty_split")] == [
+        f"split 'train' ({root}): none of its 2 images could be read (see the errors about them)"]

@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 import ssd.data
+from builders import make_yolo_folder
 from ssd.cli import main
 from ssd.data import build_dataloader, check_dataset, load_dataset, load_training_data
 from ssd.errors import DataError
@@ -266,3 +267,53 @@ def test_image_size_rule_is_the_same_for_check_and_train(tmp_path, capsys):
     assert capsys.readouterr().err == f"error: ssd check: argument --image-size: {rule}"
     assert main(["train", "--data", str(data), "--image-size", "7"]) == 2
     assert capsys.readouterr().err == f"error: ssd train: {rule}"
+
+
+def test_dataset_without_validation_split_is_refused_with_both_fixes_named(tmp_path):
+    from ssd.data.load import load_dataset, validation_split
+    from ssd.errors import DataError
+
+    spec = load_dataset(make_yolo_folder(tmp_path, 4))
+    with pytest.raises(DataError, match=r"has no validation split, and training never scores on its own training "
+                                        r"images: name one .* or hold out part of train with --val-fraction 0\.1"):
+        validation_split(spec)
+
+
+def test_val_fraction_holds_out_a_seeded_reported_share_of_train(tmp_path, ssd_messages):
+    from ssd.data.load import load_dataset, validation_split
+
+    spec = load_dataset(make_yolo_folder(tmp_path, 10))
+    train, val = validation_split(spec, 0.2, seed=3)
+    said = ssd_messages()
+    assert (len(train), len(val)) == (8, 2)
+    assert not {r.path for r in train} & {r.path for r in val}
+    assert said == ["validation: 2 of 10 training images held out (--val-fraction 0.2, seed 3); training on the "
+                    "other 8"]
+    again, _ = validation_split(spec, 0.2, seed=3)
+    assert [r.path for r in again] == [r.path for r in train]  # the same split on resume
+
+
+def test_val_fraction_is_refused_when_the_data_has_a_val_split_or_it_empties_a_side(tmp_path):
+    from ssd.data.load import load_dataset, validation_split
+    from ssd.errors import DataError
+
+    both = load_dataset(make_yolo_folder(tmp_path / "both", 2, splits=("train", "val")))
+    assert [r.path.name for r in validation_split(both)[1]] == ["val0.png", "val1.png"]
+    with pytest.raises(DataError, match=r"--val-fraction 0\.5 is for data without a validation split, but .* has "
+                                        r"'val': drop --val-fraction or the split"):
+        validation_split(both, 0.5)
+    few = load_dataset(make_yolo_folder(tmp_path / "few", 3))
+    with pytest.raises(DataError, match=r"--val-fraction 0\.1 of 3 training images holds out 0: it must leave at "
+                                        r"least one image on each side"):
+        validation_split(few, 0.1)
+
+
+def test_train_without_validation_split_exits_before_a_run_directory(tmp_path, capsys):
+    from ssd.cli import main
+
+    data = make_yolo_folder(tmp_path / "data", 4)
+    assert main(["train", "--data", str(data), "--model", "ssd_tiny", "--epochs", "1", "--project",
+                 str(tmp_path / "runs"), "--device", "cpu", "--workers", "0"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: dataset ") and "--val-fraction 0.1" in err[-1]
+    assert not (tmp_path / "runs").exists()

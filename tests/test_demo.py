@@ -30,3 +30,15 @@ def test_demo_dataset_reused_when_identical(tmp_path):
     first = (root / "JPEGImages" / "synth_000000.jpg").stat().st_mtime_ns
     demo_dataset(tmp_path / "d", **SMALL)
     assert (root / "JPEGImages" / "synth_000000.jpg").stat().st_mtime_ns == first
+
+
+@pytest.mark.parametrize("argv, words", [(["--epochs", "0"], "epochs=0 is invalid: must be at least 1 (--epochs)"),
+                                         (["--epochs", "-1"], "epochs=-1 is invalid: must be at least 1"),
+                                         (["--device", "gpu"], "device 'gpu' is not a valid device")])
+def test_demo_options_are_refused_before_any_image_is_generated(tmp_path, capsys, argv, words):
+    from ssd.cli import main
+
+    assert main(["demo", "--project", str(tmp_path / "runs"), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ssd demo: ") and words in err[0]
+    assert not (tmp_path / "runs" / "demo_data").exists()

@@ -207,3 +207,22 @@ def test_coco_output_uses_the_checkpoints_category_ids(tmp_path):
                                          r"\[1, 2\]"):  # refused before anything is written
         save_checkpoint(tmp_path / "bad.pt", model, category_ids=[1, 2])
     assert not (tmp_path / "bad.pt").exists()
+
+
+def test_folder_source_reads_its_subfolders_sorted_and_mirrors_them(tmp_path):
+    source = tmp_path / "photos"
+    for name in ["b.png", "a/x.png", "a/deeper/y.jpg", "c/z.png"]:
+        (source / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (64, 48), (90, 120, 150)).save(source / name)
+    (source / "notes.txt").write_text("not an image")
+    (source / "a" / "loop1.png").symlink_to("loop2.png")
+    (source / "a" / "loop2.png").symlink_to("loop1.png")
+    weights = save_checkpoint(tmp_path / "best.pt", biased_model("ssd_tiny"))
+    summary = predict_source(load(weights), source, tmp_path / "out", progress=False)
+    assert summary.images == 4
+    files = [entry["file"] for entry in json.loads(summary.results_file.read_text())["images"]]
+    assert files == [str(source / name) for name in ["a/deeper/y.jpg", "a/x.png", "b.png", "c/z.png"]]
+    drawn = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*.*g"))
+    assert drawn == ["a/deeper/y.jpg", "a/x.png", "b.png", "c/z.png"]
+    assert [name for name, _ in summary.skipped] == [str(source / "a" / "loop1.png"), str(source / "a" / "loop2.png")]
+    assert all("symbolic links" in reason for _, reason in summary.skipped)

@@ -244,3 +244,13 @@ def test_cli_val_and_predict_take_tile(weights, tmp_path, capsys, monkeypatch):
 def test_cli_refuses_bad_tile_options(argv, message, weights, tmp_path, capsys):
     assert main(["predict", "--weights", str(weights), "--source", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_tiny_tiles_with_huge_overlap_are_refused_before_allocating():
+    from ssd.inference.tiling import tile_windows
+
+    with pytest.raises(ValueError, match=r"^--tile 32x32 with --tile-overlap 0\.999 cuts a 768x1024 image into "
+                                         r"713,054,001 tiles, more than 1024 \(ssd\.limits\.MAX_TILES_PER_IMAGE\): use "
+                                         r"larger tiles or less overlap$"):
+        tile_windows((768, 1024), (32, 32), 0.999)
+    assert tile_windows((768, 1024), (256, 256), 0.2).shape == (20, 4)  # 4 rows x 5 columns, as before
