@@ -168,3 +168,12 @@ def test_benchmark_calib_images_0_is_refused_before_any_folder_is_made(tiny_chec
                  "--project", str(tmp_path / "runs")]) == 2
     assert "ssd benchmark: --calib-images must be a positive integer, got 0" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_benchmark_exist_ok_writes_into_its_run_directory_again(tiny_checkpoint, synthetic_voc, tmp_path, capsys):
+    args = ["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--formats",
+            "pytorch", "--runs", "1", "--batch-sizes", "1", "--project", str(tmp_path)]
+    assert main(args) == 0 and main([*args, "--exist-ok"]) == 0  # exp again, its files replaced
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp"]
+    assert [r["format"] for r in json.loads((tmp_path / "exp" / "benchmark.json").read_text())] == ["pytorch"]

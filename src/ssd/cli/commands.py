@@ -111,7 +111,7 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
         raise ValueError(f"dataset {config.data} does not exist (--data: a data.yaml, dataset folder or COCO JSON)")
     run_dir = make_run_dir(config.project, config.name, config.exist_ok)
     rows = run_benchmark(weights, config.data, run_dir, formats=formats,
-                         **config.values("weights", "data", "formats", "floor", "project", "name", "exist_ok"))
+                         **config.values("weights", "data", "formats", "floor", "project", "name"))
     print(format_benchmark(rows))
     print(f"written: {run_dir}/benchmark.csv, benchmark.json")
     if config.floor is not None:

@@ -41,17 +41,17 @@ __all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format
 
 OK, VALIDATION_FAILED, EXPORT_FAILED, SKIPPED = "ok", "exported but validation failed", "export failed", "skipped"
 
-def _writer(kind: ArtifactKind, int8: bool) -> Callable[[Path, Path, str, int], Path]:
+def _writer(kind: ArtifactKind, int8: bool) -> Callable[[Path, Path, str, int, bool], Path]:
     """How to write a kind's artifact (INT8 with ``int8``) into the benchmark folder: ``(weights, folder, data,
-    calibration images) -> path`` (the checkpoint itself for ``pt``)."""
+    calibration images, exist_ok) -> path`` (the checkpoint itself for ``pt``)."""
     if kind.exporter is None:
-        return lambda weights, folder, data, calib: weights
+        return lambda weights, folder, data, calib, exist_ok: weights
     tag = ("_int8" if int8 else "") if kind.folder else (".int8" if int8 else "")
     name = f"{kind.name}{tag}" if kind.folder else f"model{tag}{kind.output_suffix}"
 
-    def write(weights: Path, folder: Path, data: str, calib: int | None) -> Path:
+    def write(weights: Path, folder: Path, data: str, calib: int | None, exist_ok: bool) -> Path:
         quantized = dict(int8=True, data=data, calib_images=calib) if int8 else {}
-        return export(weights, kind.name, folder / name, **quantized)
+        return export(weights, kind.name, folder / name, exist_ok=exist_ok, **quantized)
 
     return write
 
@@ -60,7 +60,7 @@ def _artifact(kind: ArtifactKind, row: BenchmarkVariant) -> str:
     return f"{kind.name}-int8" if row.int8 else kind.name
 
 
-_ARTIFACTS: dict[str, Callable[[Path, Path, str, int], Path]] = {
+_ARTIFACTS: dict[str, Callable[[Path, Path, str, int, bool], Path]] = {
     _artifact(kind, row): _writer(kind, row.int8) for kind, row in BENCHMARK_ROWS.values()}
 """Artifact (a kind, ``-int8`` when quantized) -> its writer (:func:`_writer`), from
 :data:`ssd.artifacts.ARTIFACTS`."""
@@ -145,14 +145,15 @@ def _size_mb(path: Path) -> float:
 def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *, formats: Sequence[str] | None = None,
                   batch_sizes: Sequence[int] = BenchmarkConfig.batch_sizes, device: str = BenchmarkConfig.device,
                   calib_images: int | None = None, runs: int = BenchmarkConfig.runs, warmup: int = 3,
-                  skip_invalid: bool = False, progress: bool = True, artifacts: Sequence[str | Path] = ()
-                  ) -> list[BenchmarkRow]:
-    """Benchmark ``weights`` (a checkpoint or run directory) on ``data``'s val split into ``out_dir``, a new or
-    empty folder (the artifacts, ``benchmark.csv``, ``benchmark.json``, ``benchmark.txt``). ``formats``: names of
-    :data:`RUNTIMES` (:func:`parse_formats`); ``calib_images``: for the INT8 rows (default: 300, or the whole
-    training split when smaller); ``runs`` timed images at batch 1 after ``warmup``; ``skip_invalid``: score the val
-    split without its invalid objects (as ``ssd val --skip-invalid``) instead of refusing it; ``artifacts``: exported
-    models benchmarked as they are, a row each after the formats' (:func:`artifact_rows`)."""
+                  skip_invalid: bool = False, progress: bool = True, artifacts: Sequence[str | Path] = (),
+                  exist_ok: bool = False) -> list[BenchmarkRow]:
+    """Benchmark ``weights`` (a checkpoint or run directory) on ``data``'s val split into ``out_dir``, a new or empty
+    folder, or with ``exist_ok`` one whose earlier benchmark files are replaced (the artifacts, ``benchmark.csv``,
+    ``benchmark.json``, ``benchmark.txt``). ``formats``: names of :data:`RUNTIMES` (:func:`parse_formats`);
+    ``calib_images``: for the INT8 rows (default: 300, or the whole training split when smaller); ``runs`` timed images
+    at batch 1 after ``warmup``; ``skip_invalid``: score the val split without its invalid objects (as ``ssd val
+    --skip-invalid``) instead of refusing it; ``artifacts``: exported models benchmarked as they are, a row each after
+    the formats' (:func:`artifact_rows`)."""
     from ssd.weights.resolve import resolve_weights
 
     names, given = parse_formats(formats), artifact_rows(artifacts)
@@ -162,7 +163,7 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
                                      or calib_images < 1):
         raise ValueError(f"--calib-images must be a positive integer, got {calib_images}")
     weights, out_dir = resolve_weights(weights), Path(out_dir)
-    if out_dir.exists() and any(out_dir.iterdir()):
+    if out_dir.exists() and any(out_dir.iterdir()) and not exist_ok:
         raise ValueError(f"benchmark folder {out_dir} is not empty: the benchmark writes into a new folder")
     eager = open_backend(weights, device)
     spec = load_training_data(data, class_names=list(eager.card.class_names), splits=("val",),
@@ -174,7 +175,7 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     def export_once(kind: str) -> Path | Exception:
         if kind not in exported:
             try:
-                exported[kind] = _ARTIFACTS[kind](weights, out_dir, str(data), calib_images)
+                exported[kind] = _ARTIFACTS[kind](weights, out_dir, str(data), calib_images, exist_ok)
             except (ValueError, OSError, RuntimeError) as e:  # the reason goes in the table, the others still run
                 exported[kind] = e
         return exported[kind]
