@@ -19,10 +19,14 @@ from __future__ import annotations
 import json
 import math
 import re
+from array import array
 from pathlib import Path
 
+import numpy as np
+
 from ssd.data.images import read_image_size
-from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord
+from ssd.data.records import DatasetSpec, Issue
+from ssd.data.table import CROWD, Detail, RecordTable, Strings
 from ssd.errors import DataError, ImageError
 
 __all__ = ["read_coco", "split_name"]
@@ -88,11 +92,27 @@ def _categories(data: dict, json_path: Path) -> tuple[list[int], list[str]]:
     return [c["id"] for c in cats], [str(c["name"]) for c in cats]
 
 
-def _images(data: dict, json_path: Path, image_root: Path | None, split: str,
-            issues: list[Issue]) -> dict[int | str, ImageRecord]:
-    """Records by image id (readable images only; the others become issues). Ids must be unique."""
+class _Images:
+    """The readable images of a file, in its order: ``paths``, ``ids``, ``sizes`` ``(width, height)``; ``row`` maps an
+    image id to its index."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.ids: list[int | str] = []
+        self.sizes: list[tuple[int, int]] = []
+        self.row: dict[int | str, int] = {}
+
+    def add(self, path: Path, image_id: int | str, width: int, height: int) -> None:
+        self.row[image_id] = len(self.paths)
+        self.paths.append(str(path))
+        self.ids.append(image_id)
+        self.sizes.append((width, height))
+
+
+def _images(data: dict, json_path: Path, image_root: Path | None, split: str, issues: list[Issue]) -> _Images:
+    """The readable images (the others become issues). Ids must be unique."""
     rel = json_path.name
-    records: dict[int | str, ImageRecord] = {}
+    images = _Images()
     first: dict[int | str, tuple[int, str]] = {}
     by_path: dict[Path, int | str] = {}
     for i, img in enumerate(data["images"]):
@@ -129,17 +149,26 @@ def _images(data: dict, json_path: Path, image_root: Path | None, split: str,
                                 f"{listed[0]}x{listed[1]} but {path.name} is {width}x{height} (bboxes are read in "
                                 "the image's pixels; if they were drawn on another version of the picture they are "
                                 "misplaced)", rel, split=split, image=path))
-        records[image_id] = ImageRecord(path, json_path, [], width, height, image_id)
-    return records
+        images.add(path, image_id, width, height)
+    return images
 
 
 def _bbox(bbox) -> tuple[float, float, float, float] | None:
     """The xyxy box of a ``[x, y, w, h]`` bbox (None when it is not four numbers)."""
-    if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                            for v in bbox)):
+    if type(bbox) is not list or len(bbox) != 4:  # parsed JSON: exact types (bool is no number here)
         return None
-    x, y, w, h = (_float(v) for v in bbox)
+    x, y, w, h = bbox
+    if type(x) not in _NUMBER or type(y) not in _NUMBER or type(w) not in _NUMBER or type(h) not in _NUMBER:
+        return None
+    try:
+        x, y, w, h = float(x), float(y), float(w), float(h)
+    except OverflowError:
+        x, y, w, h = (_float(v) for v in bbox)
     return x, y, x + w, y + h
+
+
+_NUMBER = {int, float}
+_ID = {int, str}
 
 
 def _looks_xyxy(box: tuple[float, float, float, float], width: int, height: int) -> bool:
@@ -156,49 +185,112 @@ def _float(value: int | float) -> float:
         return math.inf if value > 0 else -math.inf
 
 
-def _add_objects(data: dict, json_path: Path, records: dict, label_of: dict[int, int], names: list[str],
-                 split: str, issues: list[Issue]) -> None:
+class _Objects:
+    """The accepted annotations as columns (raw values, no per-object records): ``owner`` (image row), ``boxes``
+    (xyxy, flat), ``labels``, ``crowd``, ``ids``, ``bboxes`` (as written), ``unknown`` (a label ``-1``'s name)."""
+
+    def __init__(self) -> None:
+        self.owner, self.boxes, self.labels = array("q"), array("d"), array("q")
+        self.crowd, self.ids, self.bboxes, self.unknown = bytearray(), [], [], {}
+
+
+def _add_objects(data: dict, json_path: Path, images: _Images, label_of: dict[int, int], split: str,
+                 issues: list[Issue]) -> _Objects:
     rel = json_path.name
     listed = {img["id"] for img in data["images"]}
     seen: dict[int, int] = {}  # annotation id -> its index
+    found = _Objects()
     for index, ann in enumerate(data["annotations"]):
-        ann_id, image_id = ann.get("id"), ann.get("image_id")
-        where = f"{rel} annotation id {ann_id}" if _is_int(ann_id) else f"{rel} annotations[{index}]"
-        line = ann_id if _is_int(ann_id) else None
-        hashable = _is_int(image_id) or isinstance(image_id, str)
-        rec = records.get(image_id) if hashable else None
-        if rec is None:
-            if not hashable or image_id not in listed:  # images listed but unreadable are reported once, above
-                issues.append(Issue("error", "parse_error", f"{where}: image_id {image_id!r:.60} is not in 'images'",
-                                    rel, line, split=split))
+        ann_id, image_id, bbox = ann.get("id"), ann.get("image_id"), ann.get("bbox")
+        row = images.row.get(image_id) if type(image_id) in _ID else None
+        if row is None:
+            if type(image_id) not in _ID or image_id not in listed:  # listed but unreadable: reported once, above
+                issues.append(Issue("error", "parse_error", f"{_where(rel, ann_id, index)}: image_id "
+                                    f"{image_id!r:.60} is not in 'images'", rel, _line(ann_id), split=split))
             continue
-        parsed = _bbox(ann.get("bbox"))
-        problem = (f"bbox {ann.get('bbox')!r:.80} is not [x, y, w, h] numbers" if parsed is None else
-                   f"bbox {ann['bbox']} passes the {rec.width}x{rec.height} image as [x, y, width, height] but fits "
-                   "it as [x1, y1, x2, y2]; COCO bboxes are [x, y, width, height] (write width = x2 - x1, height = "
-                   "y2 - y1)" if _looks_xyxy(parsed, rec.width, rec.height) else
-                   f"id {ann_id!r:.60} is not an integer" if not _is_int(ann_id) else
-                   f"iscrowd {ann.get('iscrowd')!r:.60} is not 0 or 1" if ann.get("iscrowd", 0) not in (0, 1) else None)
-        if not problem and ann_id in seen:
-            problem = f"id {ann_id} is also annotations[{seen[ann_id]}] (annotation ids must be unique)"
+        parsed, (width, height) = _bbox(bbox), images.sizes[row]
+        iscrowd = ann.get("iscrowd", 0)
+        problem = (f"bbox {bbox!r:.80} is not [x, y, w, h] numbers" if parsed is None else
+                   f"bbox {bbox} passes the {width}x{height} image as [x, y, width, height] but fits it as [x1, y1, "
+                   "x2, y2]; COCO bboxes are [x, y, width, height] (write width = x2 - x1, height = y2 - y1)"
+                   if _looks_xyxy(parsed, width, height) else
+                   f"id {ann_id!r:.60} is not an integer" if type(ann_id) is not int else
+                   f"iscrowd {ann.get('iscrowd')!r:.60} is not 0 or 1" if iscrowd not in (0, 1) else
+                   f"id {ann_id} is also annotations[{seen[ann_id]}] (annotation ids must be unique)"
+                   if ann_id in seen else None)
         if problem:
-            issues.append(Issue("error", "parse_error", f"{where}: {problem}", rel, line, split=split,
-                                image=rec.path))
+            issues.append(Issue("error", "parse_error", f"{_where(rel, ann_id, index)}: {problem}", rel,
+                                _line(ann_id), split=split, image=Path(images.paths[row])))
             continue
         seen[ann_id] = index
         cat = ann.get("category_id")
-        label = label_of.get(cat, -1) if _is_int(cat) else -1
-        name = names[label] if label >= 0 else f"category {cat!r:.40}"
-        rec.objects.append(ObjectRecord(parsed, label, name, iscrowd=bool(ann.get("iscrowd", 0)), line=ann_id,
-                                        source=json_path, where=where, raw=f"bbox {ann['bbox']}"))
+        label = label_of.get(cat, -1) if type(cat) is int else -1
+        if label < 0:
+            found.unknown[len(found.ids)] = f"category {cat!r:.40}"
+        found.owner.append(row)
+        found.boxes.extend(parsed)
+        found.labels.append(label)
+        found.crowd.append(bool(iscrowd))
+        found.ids.append(ann_id)
+        found.bboxes.append(bbox)
+    return found
+
+
+def _where(rel: str, ann_id, index: int) -> str:
+    return f"{rel} annotation id {ann_id}" if _is_int(ann_id) else f"{rel} annotations[{index}]"
+
+
+def _line(ann_id) -> int | None:
+    return ann_id if _is_int(ann_id) else None
+
+
+def _texts(prefix: str, texts: list[str], count: int | None = None) -> Strings:
+    """``prefix`` + each of ``texts`` as :class:`Strings`; ``count`` times ``prefix`` alone when ``texts`` is empty."""
+    packed = Strings.pack(texts) if count is None else Strings(np.zeros(0, np.uint8), np.zeros(count + 1, np.int64))
+    return Strings(packed.blob, packed.offsets, prefix)
+
+
+def _table(json_path: Path, images: _Images, found: _Objects, names: list[str]) -> RecordTable:
+    """The split as a :class:`RecordTable` built from the columns (boxes float64, as written: messages quote them),
+    objects grouped by image in the file's order."""
+    owner = np.frombuffer(found.owner, np.int64)
+    order = np.argsort(owner, kind="stable") if np.any(owner[1:] < owner[:-1]) else None
+
+    def grouped(column):  # the objects grouped by image, each image's in the file's order
+        return column if order is None else column.take(order) if isinstance(column, Strings) else column[order]
+
+    first = np.zeros(len(images.paths) + 1, np.int64)
+    np.cumsum(np.bincount(owner, minlength=len(images.paths)), out=first[1:])
+    try:
+        lines = np.array(found.ids, np.int64)
+    except OverflowError:  # an annotation id past 64 bits (the message text keeps it whole)
+        lines = np.array([min(max(i, -2**63 + 1), 2**63 - 1) for i in found.ids], np.int64)
+    codes = np.frombuffer(found.labels, np.int64).copy()  # into names + the unknown categories' names
+    extra: dict[str, int] = {}
+    codes[list(found.unknown)] = [extra.setdefault(n, len(names) + len(extra)) for n in found.unknown.values()]
+    detail = Detail({"lines": grouped(lines), "names": Strings.pack(names + list(extra)).take(grouped(codes)),
+                     "sources": _texts(str(json_path), [], len(owner)),
+                     "where": grouped(_texts(f"{json_path.name} annotation id ", list(map(str, found.ids)))),
+                     "raw": grouped(_texts("bbox ", list(map(str, found.bboxes))))})
+    return RecordTable(detail, paths=Strings.pack(images.paths, share_prefix=True),
+                       annotations=_texts(str(json_path), [], len(images.paths)),
+                       image_ids=Strings.pack(list(map(str, images.ids))),
+                       id_is_int=np.array([type(i) is int for i in images.ids], bool),
+                       sizes=np.array(images.sizes, np.int64).reshape(-1, 2), first=first,
+                       boxes=grouped(np.frombuffer(found.boxes, np.float64).reshape(-1, 4)),
+                       labels=grouped(np.frombuffer(found.labels, np.int64)),
+                       flags=grouped(np.frombuffer(found.crowd, np.uint8) * np.uint8(CROWD)))
 
 
 def read_coco(json_path: Path, image_root: Path | None = None, split: str | None = None) -> DatasetSpec:
-    """Read one COCO JSON as split ``split`` (default from the file name, see :func:`split_name`)."""
+    """Read one COCO JSON as split ``split`` (default from the file name, see :func:`split_name`); the split is a
+    :class:`~ssd.data.table.RecordTable` (no per-object records are made)."""
     data = _load(json_path)
     category_ids, names = _categories(data, json_path)
     split = split or split_name(json_path)
     issues: list[Issue] = []
-    records = _images(data, json_path, image_root, split, issues)
-    _add_objects(data, json_path, records, {c: i for i, c in enumerate(category_ids)}, names, split, issues)
-    return DatasetSpec(json_path.parent, "coco", names, {split: list(records.values())}, issues, category_ids)
+    images = _images(data, json_path, image_root, split, issues)
+    found = _add_objects(data, json_path, images, {c: i for i, c in enumerate(category_ids)}, split, issues)
+    del data  # the parsed file, before the arrays are made
+    return DatasetSpec(json_path.parent, "coco", names, {split: _table(json_path, images, found, names)}, issues,
+                       category_ids)

@@ -34,11 +34,17 @@ class Strings:
     @classmethod
     def pack(cls, texts: Sequence[str], share_prefix: bool = False) -> Strings:
         prefix = _shared_start(min(texts), max(texts)) if share_prefix and texts else ""
-        encoded = [t[len(prefix):].encode(*_ENCODING) for t in texts]
-        lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
-        offsets = np.zeros(len(encoded) + 1, np.int64)
+        if prefix:
+            texts = [t[len(prefix):] for t in texts]
+        joined = "".join(texts)
+        if joined.isascii():  # one byte per character: encoded at once
+            blob, lengths = joined.encode(), np.fromiter(map(len, texts), np.int64, len(texts))
+        else:
+            encoded = [t.encode(*_ENCODING) for t in texts]
+            blob, lengths = b"".join(encoded), np.fromiter(map(len, encoded), np.int64, len(encoded))
+        offsets = np.zeros(len(texts) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        return cls(np.frombuffer(b"".join(encoded), np.uint8), offsets, prefix)
+        return cls(np.frombuffer(blob, np.uint8), offsets, prefix)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -135,7 +141,8 @@ class RecordTable(Sequence[ImageRecord]):
             which ids were integers).
         sizes: int64 ``[N, 2]`` ``(width, height)`` of the decoded image, ``-1`` when unknown.
         first: int64 ``[N + 1]``: image ``i``'s objects are rows ``first[i]:first[i + 1]``.
-        boxes: float32 ``[M, 4]`` pixel xyxy; labels: int64 ``[M]``; flags: uint8 ``[M]`` (bit 1 difficult, 2 crowd);
+        boxes: float32 ``[M, 4]`` pixel xyxy (float64 in a reader's table: as
+            written); labels: int64 ``[M]``; flags: uint8 ``[M]`` (bit 1 difficult, 2 crowd);
         lines: int64 ``[M]``; names, sources, where, raw: :class:`Strings` ``[M]`` (no source: ``""``).
         The last five are the :class:`Detail`: a table read from an index reads them from its file on first use.
     """
@@ -152,6 +159,10 @@ class RecordTable(Sequence[ImageRecord]):
 
     @classmethod
     def from_records(cls, records: Iterable[ImageRecord]) -> RecordTable:
+        """The table of ``records``; a table (a reader's, whose boxes are float64 as written) with float32 boxes."""
+        if isinstance(records, RecordTable):
+            return records if records.boxes.dtype == np.float32 else records._with(boxes=records.boxes.astype(
+                np.float32))
         records = list(records)
         objects = [o for r in records for o in r.objects]
         first = np.zeros(len(records) + 1, np.int64)
@@ -176,6 +187,12 @@ class RecordTable(Sequence[ImageRecord]):
 
     def __len__(self) -> int:
         return len(self.first) - 1
+
+    def __eq__(self, other) -> bool:
+        """Equal to any sequence of equal records (a reader's list, another table)."""
+        return isinstance(other, Sequence) and len(self) == len(other) and all(a == b for a, b in zip(self, other))
+
+    __hash__ = None  # compared by content
 
     @property
     def num_objects(self) -> int:
@@ -233,6 +250,10 @@ class RecordTable(Sequence[ImageRecord]):
                            sizes=self.sizes[index],
                            id_is_int=self.id_is_int[index], first=first, boxes=self.boxes[rows],
                            labels=self.labels[rows], flags=self.flags[rows])
+
+    def _with(self, **columns) -> RecordTable:
+        """This table with ``columns`` replaced."""
+        return RecordTable(self.detail, **{name: getattr(self, name) for name in (*_TEXT, *_ARRAYS)} | columns)
 
     def without(self, images: set[Path], objects: set[tuple[Path, int]]) -> tuple[RecordTable, list[str]]:
         """The table without ``images`` and ``objects`` (``(image path, index among its objects)``), and the
