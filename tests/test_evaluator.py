@@ -15,10 +15,10 @@ from ssd.evaluation.evaluator import (
     evaluate,
     evaluate_split,
     format_table,
-    merge_results,
     save_coco_json,
     score_detections,
 )
+from ssd.evaluation.gather import gather_on_main, merge_results
 from ssd.export.onnx import export_onnx
 from ssd.settings import EVALUATE
 from ssd.weights.checkpoint import save_checkpoint
@@ -92,9 +92,17 @@ def test_pixels_and_raw_detections():
 def test_merge_results_and_scoring_split_ranks():
     result = evaluate_split(FakeDetector(), _loader(1), progress=False)
     dets, gts = result["detections"], result["ground_truths"]
-    merged_d = merge_results([dets[:1], dets[1:]])
-    merged_g = merge_results([gts[:1], gts[1:]])
-    assert len(merged_d) == 2
+    # rank r of 2 holds images r, r + 2, ...: merged back one of each rank in turn, the split's order
+    assert merge_results([[0, 2, 4], [1, 3]]) == [0, 1, 2, 3, 4]
+    merged_d = merge_results([dets[0::2], dets[1::2]])
+    merged_g = merge_results([gts[0::2], gts[1::2]])
+    assert [d["path"] for d in merged_d] == [d["path"] for d in dets]
+    # without a process group, the packing into tensors and back gives the same lists
+    packed_d, packed_g = gather_on_main(dets, gts)
+    for got, want in zip(packed_d + packed_g, dets + gts):
+        assert got.keys() == want.keys()
+        assert all(torch.equal(got[k], want[k]) if isinstance(want[k], torch.Tensor) else got[k] == want[k]
+                   for k in want)
     assert score_detections(merged_d, merged_g, CLASS_NAMES, "voc")["map"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="unknown metric 'map50'"):
         score_detections(merged_d, merged_g, CLASS_NAMES, "map50")

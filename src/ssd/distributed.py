@@ -11,13 +11,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 
 from ssd.device import resolve_device
 from ssd.log import quiet_other_ranks
 
 __all__ = ["DistInfo", "setup", "cleanup", "steps_per_epoch", "broadcast_object", "all_gather_objects", "any_true",
-           "broadcast_buffers", "barrier"]
+           "broadcast_buffers", "barrier", "gather_objects", "gather_tensors"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +91,42 @@ def all_gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def gather_objects(obj: Any, dst: int = 0) -> list[Any] | None:
+    """One entry per rank, in rank order, on rank ``dst`` only (``None`` on the others; ``[obj]`` without a process
+    group): the other ranks never hold what they did not make."""
+    if not _active():
+        return [obj]
+    out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out
+
+
+def gather_tensors(tensors: dict[str, Tensor], dst: int = 0) -> list[dict[str, Tensor]] | None:
+    """Every rank's ``tensors`` (name -> ``[N, ...]``, ``N`` may differ between ranks; the same names, dtypes and
+    trailing shapes on every rank) on rank ``dst``, one dict per rank in rank order, on the CPU; ``None`` on the other
+    ranks, ``[tensors]`` without a process group. They travel as tensors (one gather each, padded to the largest
+    ``N``), not pickled."""
+    if not _active():
+        return [tensors]
+    world, main = dist.get_world_size(), dist.get_rank() == dst
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+    names = sorted(tensors)
+    counts = torch.tensor([len(tensors[name]) for name in names], device=device)
+    every = [torch.empty_like(counts) for _ in range(world)]
+    dist.all_gather(every, counts)
+    out: list[dict[str, Tensor]] = [{} for _ in range(world)]
+    for i, name in enumerate(names):
+        tensor = tensors[name]
+        wire = tensor.to(device, torch.uint8 if tensor.dtype == torch.bool else tensor.dtype)  # gloo has no bool
+        padded = wire.new_zeros((max(1, *(int(c[i]) for c in every)), *wire.shape[1:]))
+        padded[:len(wire)] = wire
+        bucket = [torch.empty_like(padded) for _ in range(world)] if main else None
+        dist.gather(padded, bucket, dst=dst)
+        for part, rank_counts, got in zip(out, every, bucket or []):
+            part[name] = got[:int(rank_counts[i])].to("cpu", tensor.dtype)
+    return out if main else None
 
 
 def any_true(flag: bool, device: torch.device) -> bool:

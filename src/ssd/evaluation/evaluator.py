@@ -1,15 +1,16 @@
 """Evaluation, the one path for training's validation and ``ssd val``: predict a split, score it, print the table.
 
 :func:`evaluate_split` predicts every batch of a loader (:func:`predict_dataset`) with a module or any backend,
-gathers the per-image results of every rank under torchrun and scores them (:func:`score_detections`: VOC07, VOC
-or COCO); :func:`evaluate` does the same for anything :func:`ssd.inference.backends.open_backend` opens (a
-checkpoint, a run directory, an exported ``.onnx``) and a dataset (``ssd.evaluate``, ``ssd val``). The loader
-yields :func:`ssd.data.collate` batches: ``images [B, 3, S, S]`` normalized, ``boxes [B, G, 4]`` xyxy normalized
-to the network input, ``labels [B, G]`` (``-1`` padding), ``difficult [B, G]``, ``orig_sizes [B, 2]`` ``(h, w)``,
-``paths``, ``image_ids``. Predictions and ground truths are scaled by each image's original ``(w, h)`` to pixel
-xyxy (the evaluation transform is a plain resize) and kept as plain lists of per-image dicts, which ranks can
-``all_gather``. With ``tile`` (``ssd val --tile``), each image is also read from its file and predicted tile by
-tile (:mod:`ssd.inference.tiling`), merged with the loader batch's detections, and scored by the same code.
+gathers the per-image results of every rank on rank 0 under torchrun and scores them there, once
+(:func:`score_detections`: VOC07, VOC or COCO); :func:`evaluate` does the same for anything
+:func:`ssd.inference.backends.open_backend` opens (a checkpoint, a run directory, an exported ``.onnx``) and a
+dataset (``ssd.evaluate``, ``ssd val``). The loader yields :func:`ssd.data.collate` batches: ``images [B, 3, S, S]``
+normalized, ``boxes [B, G, 4]`` xyxy normalized to the network input, ``labels [B, G]`` (``-1`` padding),
+``difficult [B, G]``, ``orig_sizes [B, 2]`` ``(h, w)``, ``paths``, ``image_ids``. Predictions and ground truths are
+scaled by each image's original ``(w, h)`` to pixel xyxy (the evaluation transform is a plain resize) and kept as
+plain lists of per-image dicts, which ranks send to rank 0 as tensors (:mod:`ssd.evaluation.gather`). With ``tile``
+(``ssd val --tile``), each image is also read from its file and predicted tile by tile
+(:mod:`ssd.inference.tiling`), merged with the loader batch's detections, and scored by the same code.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ssd.detect import detect_batch, model_input
 from ssd.device import autocast
 from ssd.errors import CheckpointError
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
+from ssd.evaluation.gather import gather_on_main
 from ssd.evaluation.metrics import evaluate_voc
 from ssd.files import check_output, write_text
 from ssd.inference.backends import Backend, open_backend
@@ -50,7 +52,7 @@ from ssd.text import render_table
 from ssd.weights.resolve import resolve_weights
 
 __all__ = ["METRICS", "evaluate", "evaluate_split", "split_loader", "predict_dataset", "score_detections",
-           "merge_results", "format_table", "save_coco_json", "check_metric"]
+           "format_table", "save_coco_json", "check_metric"]
 
 # metric name -> what it is
 METRICS = {"voc07": "VOC AP@0.5, 2007 11-point interpolation", "voc": "VOC AP@0.5, 2010+ area under the curve",
@@ -83,26 +85,35 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     also writes it to a new run directory ``project/name`` (``name2``, ... when taken; ``project/name`` itself with
     ``exist_ok``), returned as ``run_dir``: ``ssd val`` is ``evaluate(..., report=True, project="runs/val")``, with
     the defaults of :class:`ssd.schemas.ValConfig`, which are this function's.
+
+    Under ``torchrun`` (CPU processes join with gloo, GPUs with NCCL, each on its ``LOCAL_RANK``'s device, and stay
+    in the process group until they exit: see :meth:`ssd.inference.shards.Shard.join`) each rank predicts every
+    ``world_size``-th image and rank 0 scores them all, once, and writes ``save_json`` and the report; the other
+    ranks return the same numbers without the detections, ground truths and report.
     """
     check_metric(metric)
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     check_tile(tile, tile_overlap)
     if save_json is not None:  # before any work, and again once the dataset's own files are known
         check_output(save_json, inputs=[*_weights_files(weights), data], what="--save-json")
+    info, device, _ = ddp.setup(device)
     backend = open_backend(weights, device)
     class_names = list(backend.card.class_names)
     spec = load_training_data(data, skip_invalid=skip_invalid, class_names=class_names, splits=(split,),
                               recheck=recheck)
     if save_json is not None:
         check_output(save_json, inputs=spec.input_files(), what="--save-json")
-    loader = split_loader(spec.records(split), class_names, backend.card, batch_size=batch_size, workers=workers)
+    loader = split_loader(spec.records(split), class_names, backend.card, batch_size=batch_size, workers=workers,
+                          info=info)
     result = evaluate_split(backend, loader, class_names=class_names, metric=metric, score_threshold=score_threshold,
                             iou_threshold=iou_threshold, max_detections=max_detections, tile=tile,
                             tile_overlap=tile_overlap)
     category_ids = getattr(spec, "category_ids", None)
+    result = {**result, "class_names": class_names}
+    if not info.is_main:
+        return result
     if save_json is not None:
         save_coco_json(result, save_json, category_ids=category_ids)
-    result = {**result, "class_names": class_names}
     if report or project is not None:
         from ssd.evaluation.report import attach_report  # matplotlib: only when a report is asked for
 
@@ -130,8 +141,10 @@ def evaluate_split(network: nn.Module | Backend, loader: Iterable[dict[str, Any]
                    max_detections: int = EVALUATE.max_detections, amp_dtype: torch.dtype | None = None,
                    progress: bool = False, tile: int | str | Sequence[int] | None = None,
                    tile_overlap: float = TILE_OVERLAP) -> dict[str, Any]:
-    """Predict this rank's share of a split (:func:`predict_dataset`), gather every rank's per-image results and
-    score the full set with ``metric`` (identical metrics on every rank).
+    """Predict this rank's share of a split (:func:`predict_dataset`), gather every rank's per-image results on rank 0
+    in the split's order (rank ``r`` of ``W`` holds images ``r, r + W, ...``, as :func:`split_loader` deals them) and
+    score the full set there, once, with ``metric``; the other ranks receive rank 0's numbers (identical metrics on
+    every rank) with empty ``detections`` and ``ground_truths``: no rank but 0 holds the whole split's results.
 
     ``network``: an SSD module or a backend. A module may be wrapped (DDP, ``torch.compile``): the plain module
     runs, because a DDP forward syncs buffers, a collective that ranks with different numbers of batches would not
@@ -149,11 +162,14 @@ def evaluate_split(network: nn.Module | Backend, loader: Iterable[dict[str, Any]
                                                 iou_threshold=iou_threshold, max_detections=max_detections,
                                                 channels_last=channels_last, amp_dtype=amp_dtype, progress=progress,
                                                 tile=tile, tile_overlap=tile_overlap)
-    gathered = ddp.all_gather_objects((detections, ground_truths))
-    ground_truths = merge_results([g for _, g in gathered])
-    result = score_detections(merge_results([d for d, _ in gathered]), ground_truths, names, metric)
-    return {**result, "ground_truths": ground_truths, "score_threshold": float(score_threshold),
-            "nms_iou_threshold": float(iou_threshold), "max_detections": max_detections}
+    gathered = gather_on_main(detections, ground_truths)
+    if gathered is None:  # not rank 0: its scores, once they are computed
+        return ddp.broadcast_object(None)
+    result = score_detections(gathered[0], gathered[1], names, metric)
+    result = {**result, "ground_truths": gathered[1], "score_threshold": float(score_threshold),
+              "nms_iou_threshold": float(iou_threshold), "max_detections": max_detections}
+    ddp.broadcast_object({**result, "detections": [], "ground_truths": []})
+    return result
 
 
 def predict_dataset(network: nn.Module | Backend, loader: Iterable[dict[str, Any]], *,
@@ -251,11 +267,6 @@ def _ground_truths(batch: Mapping[str, Any], scale: Tensor) -> list[dict[str, Te
     return [{"boxes": b, "labels": lab, "difficult": dif, "image_size": hw} for b, lab, dif, hw in
             zip(gt_boxes.split(sizes), batch["labels"][valid].split(sizes), batch["difficult"][valid].split(sizes),
                 image_sizes)]
-
-
-def merge_results(parts: Sequence[Sequence[Any]]) -> list[Any]:
-    """Join per-rank lists of per-image dicts (e.g. from ``all_gather_object``) into one list, rank by rank."""
-    return [item for part in parts for item in part]
 
 
 def score_detections(detections: Sequence[Mapping[str, Any]], ground_truths: Sequence[Mapping[str, Any]],
