@@ -13,6 +13,7 @@ from PIL import Image
 
 from builders import biased_model, random_images
 from ssd.cli import main
+from ssd.data.images import read_image
 from ssd.errors import CheckpointError, GlobLimitError
 from ssd.export.onnx import export_onnx
 from ssd.inference.detector import load
@@ -226,3 +227,24 @@ def test_folder_source_reads_its_subfolders_sorted_and_mirrors_them(tmp_path):
     assert drawn == ["a/deeper/y.jpg", "a/x.png", "b.png", "c/z.png"]
     assert [name for name, _ in summary.skipped] == [str(source / "a" / "loop1.png"), str(source / "a" / "loop2.png")]
     assert all("symbolic links" in reason for _, reason in summary.skipped)
+
+
+def test_show_draws_images_as_it_draws_video_frames(weights, tmp_path, monkeypatch):
+    """Images go through the frame loop of videos and streams: --show shows each drawn image, the one saved."""
+    shown = []
+
+    class Window:
+        def show(self, name, image):
+            shown.append((name, image.clone()))
+
+        def close(self):
+            shown.append("closed")
+
+    monkeypatch.setattr("ssd.inference.sources.open_window", Window)
+    source = make_images(tmp_path / "images", ["a.png", "b.png", "c.png"])
+    summary = predict_source(load(weights), source, tmp_path / "out", show=True, progress=False, **OPTS)
+    assert summary.images == 3 and shown[-1] == "closed"
+    assert [name for name, _ in shown[:-1]] == ["images"] * 3
+    for (_, image), name in zip(shown[:-1], ["a.png", "b.png", "c.png"]):  # what was shown is what was saved
+        assert torch.equal(image, read_image(summary.save_dir / name))
+        assert not torch.equal(image, read_image(source / name))  # with its boxes drawn

@@ -49,6 +49,8 @@ def _cmd_val(args: argparse.Namespace) -> int:
                                      **saving)
     else:
         result = evaluate(**config.values("detections", "save", *saving), **saving)
+    if "report" not in result:  # a rank other than 0 under torchrun: rank 0 reports the whole split
+        return 0
     print(format_table(result, result["class_names"]))
     print(format_report(result["report"]))
     if config.save:
@@ -67,6 +69,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     summary = predict_source(detector, config.source, config.run_dir, score_threshold=conf,
                              **config.values("weights", "source", "device", "half", "project", "name", "save_dir",
                                              "score_threshold"))
+    if not summary.main:  # a rank other than 0 under torchrun: rank 0 reports the whole run
+        return 0
     print(summary)
     if summary.stopped == "Ctrl-C":
         print("stopped by Ctrl-C; the results so far are written", file=sys.stderr)

@@ -36,13 +36,19 @@ def class_folders(class_names: list[str]) -> list[str]:
 
 
 class CropWriter:
-    """Crops of each result's detections under ``<save_dir>/crops``, at most ``max_crops`` per run."""
+    """Crops of each result's detections under ``<save_dir>/crops``, at most ``max_crops`` per run.
 
-    def __init__(self, save_dir: Path, class_names: list[str], max_crops: int | None = None):
+    ``stage``: a sharded run's part folder (:mod:`ssd.inference.shards`): the crops wait under ``<stage>/crops``,
+    named after their record's line in this rank's share, until :meth:`place` knows the lines before it."""
+
+    def __init__(self, save_dir: Path, class_names: list[str], max_crops: int | None = None,
+                 stage: Path | None = None):
         self.root = save_dir / "crops"
         self.folders = class_folders(class_names)
         self.max_crops = MAX_SAVED_CROPS if max_crops is None else max_crops
         self.saved = self.over = 0
+        self.stage = stage / "crops" if stage is not None else None
+        self.staged: list[tuple[Path, int, str, int, int]] = []  # file, label, image stem, index, k
 
     def write(self, result: Result, name: Path, image: Tensor, index: int) -> None:
         """Save the crops of ``result``'s detections from ``image`` ``[3, H, W]`` uint8 (each at least a pixel)."""
@@ -54,8 +60,26 @@ class CropWriter:
             x1, y1 = min(max(math.floor(box[0]), 0), width - 1), min(max(math.floor(box[1]), 0), height - 1)
             x2, y2 = max(min(math.ceil(box[2]), width), x1 + 1), max(min(math.ceil(box[3]), height), y1 + 1)
             crop = image[:, y1:y2, x1:x2].contiguous()
-            save_image(crop, self.root / self.folders[label] / fitted_name(name.stem, f"_{index}_{k}.jpg"))
+            file = (self.stage or self.root) / self.folders[label] / fitted_name(name.stem, f"_{index}_{k}.jpg")
+            save_image(crop, file)
+            if self.stage is not None:
+                self.staged.append((file, label, name.stem, index, k))
             self.saved += 1
+
+    def place(self, offset: int, room: int) -> None:
+        """Move the staged crops to their final names, their record's line shifted by ``offset`` (the lines of the
+        ranks before), the first ``room`` of them only (the run's cap less the crops of the ranks before); the others
+        are deleted and counted as over the cap."""
+        for number, (file, label, stem, index, k) in enumerate(self.staged):
+            if number < room:
+                final = self.root / self.folders[label] / fitted_name(stem, f"_{index + offset}_{k}.jpg")
+                final.parent.mkdir(parents=True, exist_ok=True)
+                file.replace(final)
+            else:
+                file.unlink()
+                self.saved -= 1
+                self.over += 1
+        self.staged = []
 
     def report(self) -> list[str]:
         lines = [f"crops: {self.saved} in {self.root}"]

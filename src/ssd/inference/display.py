@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
-import numpy as np
 from torch import Tensor
 
 from ssd.errors import ConfigError
+from ssd.inference.bgr import to_bgr
 from ssd.optional import require
 
 __all__ = ["Window", "open_window"]
@@ -26,7 +26,7 @@ class Window:
 
     def show(self, name: str, image: Tensor) -> None:
         cv2 = self._cv2
-        cv2.imshow(name, cv2.cvtColor(np.ascontiguousarray(image.permute(1, 2, 0).numpy()), cv2.COLOR_RGB2BGR))
+        cv2.imshow(name, to_bgr(image))
         cv2.waitKey(1)  # HighGUI draws during waitKey
 
     def close(self) -> None:

@@ -1,23 +1,30 @@
-"""``ssd predict`` over frames: the video files and live streams of :func:`ssd.inference.sources.predict_source`.
+"""``ssd predict``'s one loop over frames: the images, video files and live streams of
+:func:`ssd.inference.sources.predict_source`.
 
-Frames come in batches (:func:`ssd.inference.streams.video_frames`: every frame of a file, in order;
-:class:`ssd.inference.streams.StreamGroup`: the newest frame of each live stream), are detected and, with
-``--track``, tracked with one tracker per source (:func:`ssd.inference.tracking.track_frames`); each result goes to
-the run's :class:`~ssd.inference.writers.PredictionWriter` as it comes, and each source's drawn frames to its mp4 and
-to the ``--show`` window.
+Frames come in batches (:func:`image_frames`: image files decoded ahead in threads, one sequence in name order;
+:func:`ssd.inference.streams.video_frames`: every frame of a file, in order;
+:class:`ssd.inference.streams.StreamGroup`: the newest frame of each live stream) and go through
+:func:`predict_frames`: detected and, with ``--track``, tracked with one tracker per source
+(:func:`ssd.inference.tracking.track_frames`); each result goes to the run's
+:class:`~ssd.inference.writers.PredictionWriter` as it comes, each drawn frame to its image file or its source's mp4
+and to the ``--show`` window.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
 from torch import Tensor
 from tqdm import tqdm
 
 from ssd.errors import StreamError
-from ssd.inference.streams import StreamGroup, VideoFile
+from ssd.inference.bgr import to_bgr
+from ssd.inference.prefetch import decode_files
+from ssd.inference.streams import Frame, StreamGroup, VideoFile
 from ssd.inference.tracking import Tracker, track_frames
 from ssd.log import progress as progress_bar
 from ssd.optional import require
@@ -27,7 +34,7 @@ if TYPE_CHECKING:
     from ssd.inference.sources import PredictSummary
     from ssd.inference.writers import PredictionWriter
 
-__all__ = ["draw_result", "predict_frames", "predict_live", "predict_video"]
+__all__ = ["draw_result", "image_frames", "predict_frames", "predict_images", "predict_live", "predict_video"]
 
 
 def draw_result(image: Tensor, result: Result, class_names: list[str], tracker: Tracker | None = None) -> Tensor:
@@ -37,6 +44,38 @@ def draw_result(image: Tensor, result: Result, class_names: list[str], tracker: 
 
     return draw_detections(image, result.boxes, result.labels, result.scores, class_names,
                            track_ids=result.track_ids, trails=tracker.trails if tracker is not None else None)
+
+
+def image_frames(paths: Iterable[Path], batch_size: int, workers: int, summary: PredictSummary, bar: tqdm
+                 ) -> Iterator[list[Frame]]:
+    """Image files as batches of frames of one sequence (stream 0, ``index`` the running count of images read),
+    decoded ahead by ``workers`` threads (:func:`ssd.inference.prefetch.decode_files`); an unreadable file is
+    skipped and reported in ``summary`` (and counted on ``bar``)."""
+    decoded, index = decode_files(paths, workers, ahead=2 * batch_size), 0
+    while chunk := list(islice(decoded, batch_size)):
+        batch = []
+        for path, image in chunk:
+            if isinstance(image, Exception):
+                summary.skip(path, image, bar)
+                bar.update()
+            else:
+                batch.append(Frame(image, 0, index, time.perf_counter(), str(path)))
+                index += 1
+        if batch:
+            yield batch
+
+
+def predict_images(detector: Detector, paths: list[Path], batch_size: int, workers: int, settings: dict | None,
+                   progress: bool, run: dict) -> None:
+    """Image files, ``batch_size`` at a time (:func:`image_frames`, :func:`predict_frames`; with tracking, one
+    sequence in their order)."""
+    summary = run["summary"]
+    bar = progress_bar(total=len(paths), desc="images", unit="img", disable=not progress or not paths)
+    try:
+        summary.images += predict_frames(detector, image_frames(paths, batch_size, workers, summary, bar), None,
+                                         settings, bar, **run)
+    finally:
+        bar.close()
 
 
 def predict_video(detector: Detector, path: Path, batch_size: int, settings: dict | None, progress: bool,
@@ -72,18 +111,19 @@ def predict_live(detector: Detector, group: StreamGroup, settings: dict | None, 
         summary.live_frames, summary.dropped = run["results"].count, group.dropped  # a live run writes nothing else
 
 
-def predict_frames(detector: Detector, batches, fps: list[float], settings: dict | None, bar: tqdm, *,
-                   outputs: dict | None, options: dict, results: PredictionWriter, summary: PredictSummary,
-                   window) -> int:
-    """Batches of :class:`~ssd.inference.streams.Frame` (a video's or live streams'): detect, and track with one
-    tracker per stream when ``settings``; each result written as its frame (``frame`` its index in its source), drawn
-    into ``outputs[source]`` (mp4 at the source's ``fps[stream]``, 25 when unknown) and shown in ``window``. Returns
-    the number of frames done."""
-    cv2 = require("cv2", "video", "reading video")
+def predict_frames(detector: Detector, batches: Iterable[list[Frame]], fps: list[float] | None,
+                   settings: dict | None, bar: tqdm, *, outputs: dict | None, options: dict,
+                   results: PredictionWriter, summary: PredictSummary, window) -> int:
+    """Batches of :class:`~ssd.inference.streams.Frame` (images', a video's or live streams'): detect, and track with
+    one tracker per stream when ``settings``; each result written, drawn into ``outputs[source]`` and shown in
+    ``window``. ``fps``: each stream's frame rate (a video or a stream: each result written as its frame, ``frame``
+    its index in its source, drawn into an mp4 at ``fps[stream]``, 25 when unknown), or ``None`` for still images
+    (each result an image's, drawn into an image file, all shown in one window). Returns the number of frames
+    done."""
     videos, count = {}, 0
     try:
         for result, frame, tracker in track_frames(detector, batches, settings, **options):
-            results.write(result, frame.image, frame.index)
+            results.write(result, frame.image, None if fps is None else frame.index)
             summary.detections += len(result.scores)
             count += 1
             bar.update()
@@ -91,15 +131,19 @@ def predict_frames(detector: Detector, batches, fps: list[float], settings: dict
                 continue
             drawn = draw_result(frame.image, result, detector.class_names, tracker)
             if window is not None:
-                window.show(frame.source, drawn)
-            if outputs is not None:
+                window.show("images" if fps is None else frame.source, drawn)
+            if outputs is not None and fps is None:
+                from ssd.plots import save_image
+
+                save_image(drawn, outputs[Path(frame.source)])
+            elif outputs is not None:
+                cv2 = require("cv2", "video", "writing video")
                 if frame.stream not in videos:
                     out = outputs[frame.source] if frame.source in outputs else outputs[Path(frame.source)]
                     out.parent.mkdir(parents=True, exist_ok=True)
                     videos[frame.stream] = cv2.VideoWriter(str(out), cv2.VideoWriter_fourcc(*"mp4v"),
                                                            fps[frame.stream] or 25.0, tuple(drawn.shape[:0:-1]))
-                bgr = cv2.cvtColor(np.ascontiguousarray(drawn.permute(1, 2, 0).numpy()), cv2.COLOR_RGB2BGR)
-                videos[frame.stream].write(bgr)
+                videos[frame.stream].write(to_bgr(drawn))
     finally:
         for video in videos.values():
             video.release()

@@ -1,8 +1,9 @@
 """``ssd predict``'s front end: :func:`predict_source` over an image, a folder, a glob, a video or live streams
 (:mod:`ssd.inference.streams`), optionally tracking objects (:mod:`ssd.inference.tracking`), writing drawn
 copies and the results as they come (:class:`ssd.inference.writers.PredictionWriter`; the detections themselves come
-from :class:`ssd.inference.detector.Detector`, image files decoded ahead in threads by
-:func:`ssd.inference.prefetch.decode_files`).
+from :class:`ssd.inference.detector.Detector`, and images, videos and streams alike go through the one frame loop of
+:mod:`ssd.inference.frames`). Under ``torchrun`` each process takes a slice of the files and rank 0 merges the
+outputs (:mod:`ssd.inference.shards`).
 
 Outputs never overwrite inputs: the save directory is a fresh one (``predict``, ``predict2``, ... like training runs)
 unless ``exist_ok``, drawn copies keep the inputs' paths relative to their common folder (equal file names from
@@ -16,10 +17,8 @@ import glob
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from itertools import islice
 from pathlib import Path
 
-from torch import Tensor
 from tqdm import tqdm
 
 from ssd.data.images import IMAGE_SUFFIXES, is_image
@@ -27,15 +26,14 @@ from ssd.errors import ConfigError
 from ssd.files import check_output, check_outputs, make_run_dir
 from ssd.inference.detector import Detector
 from ssd.inference.display import open_window
-from ssd.inference.frames import draw_result, predict_live, predict_video
+from ssd.inference.frames import predict_images, predict_live, predict_video
 from ssd.inference.globs import expand_glob
-from ssd.inference.prefetch import decode_files
 from ssd.inference.result_files import check_format
+from ssd.inference.shards import Shard
 from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
-from ssd.inference.tracking import Tracker, tracker_settings
+from ssd.inference.tracking import tracker_settings
 from ssd.inference.writers import PredictionWriter, exclude_save_dirs
 from ssd.log import LOGGER
-from ssd.log import progress as progress_bar
 from ssd.schemas import PredictConfig
 from ssd.settings import PREDICT, TILE_OVERLAP, check_thresholds, check_tile
 
@@ -61,6 +59,9 @@ class PredictSummary:
     dropped: int = 0
     stopped: str | None = None
     """Why live streams ended before their end: ``"Ctrl-C"`` or the :class:`StreamError` of the one that failed."""
+    main: bool = True
+    """This summary tells the whole run: ``False`` on the ranks other than 0 of a run under torchrun, which tell
+    their own share only (rank 0 tells the whole run)."""
 
     def __str__(self) -> str:
         done = f"{self.images} image{'s' * (self.images != 1)}"
@@ -74,6 +75,18 @@ class PredictSummary:
             lines.append(f"skipped {len(self.skipped)} unreadable file{'s' * (len(self.skipped) != 1)}:")
             lines += [f"  {name}: {reason}" for name, reason in self.skipped]
         return "\n".join(lines)
+
+    def counts(self) -> dict:
+        """What a sharded run's rank adds to rank 0's summary (:meth:`add_counts`)."""
+        return {"images": self.images, "videos": self.videos, "frames": self.frames, "detections": self.detections,
+                "skipped": self.skipped}
+
+    def add_counts(self, ranks: list[dict]) -> None:
+        """Add the :meth:`counts` of the other ranks of a sharded run (in rank order: the inputs' order)."""
+        for counts in ranks:
+            self.images, self.videos = self.images + counts["images"], self.videos + counts["videos"]
+            self.frames, self.detections = self.frames + counts["frames"], self.detections + counts["detections"]
+            self.skipped += counts["skipped"]
 
     def skip(self, path: Path, error: Exception, bar: tqdm | None = None) -> None:
         """Record an unreadable input and say so now (image errors name the file themselves: their reason only)."""
@@ -128,18 +141,19 @@ def output_paths(files: list[Path | str], save_dir: Path) -> dict[Path | str, Pa
     return plan
 
 
-def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: Detector, outputs: dict
-             ) -> tuple[dict[Path | str, Path], PredictionWriter]:
+def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: Detector, outputs: dict,
+             shard: Shard) -> tuple[dict[Path | str, Path], PredictionWriter]:
     """The output of every input and the run's writer in the save directory (a fresh ``name``, ``name2``, ...
-    unless ``exist_ok``); refuses, before creating anything, a plan in which an output is one of the inputs (the same
-    file: hard links and symlinks included) or ``save_dir`` is a file."""
+    unless ``exist_ok``, made by rank 0 of a sharded run); refuses, before creating anything, a plan in which an
+    output is one of the inputs (the same file: hard links and symlinks included) or ``save_dir`` is a file."""
     check_output(save_dir, kind="dir", what="--save-dir")
     if not exist_ok:
-        save_dir = make_run_dir(save_dir.parent, save_dir.name)
+        save_dir = shard.run_dir(lambda: make_run_dir(save_dir.parent, save_dir.name))
     plan = output_paths(files, save_dir)
     writer = PredictionWriter(save_dir, {Path(file): out.relative_to(save_dir) for file, out in plan.items()},
                               detector.class_names, category_ids=detector.category_ids,
-                              model_version=detector.card.model_name or "ssd", **outputs)
+                              model_version=detector.card.model_name or "ssd", part_dir=shard.part_dir(save_dir),
+                              **outputs)
     check_outputs([*plan.values(), *writer.fixed_outputs()], inputs=files, what="--save-dir output")
     save_dir.mkdir(parents=True, exist_ok=True)
     return plan, writer
@@ -179,16 +193,15 @@ def predict_source(
     its boxes drawn (see :func:`output_paths`) and each video as ``.mp4``. Every result is written at once to
     ``predictions.jsonl``, one line per image or frame (``file``, ``frame`` (videos only), ``width``, ``height``,
     ``detections``: ``box`` xyxy pixels, ``score``, ``label``, ``name``); the ``fmt`` file is assembled from it at the
-    end, also after Ctrl-C: ``"json"`` ``predictions.json`` (``{"class_names", "images": [record, ...]}``),
-    ``"coco"`` ``predictions_coco.json`` (``image_id`` = the running index of the image or frame, ``category_id`` =
-    the dataset's category id of the label when the checkpoint stores them (:attr:`Detector.category_ids`), else the
-    label ``0..K-1``, ``bbox`` xywh pixels, ``score``), ``"csv"`` or ``"labelstudio"`` (see
-    :mod:`ssd.inference.result_files`). ``save_txt`` / ``save_conf``: YOLO label files that ``ssd train`` reads
-    (:mod:`ssd.inference.yolo_labels`); ``save_crop``: a crop per detection in a folder per class
-    (:mod:`ssd.inference.crop_files`). ``classes``: keep only these classes (names or labels, see
-    :meth:`Detector.class_indices`). An unreadable image or video is reported by name, skipped and
-    listed in the summary. ``tile`` / ``tile_overlap``: tiled prediction of large images and video frames (see
-    :meth:`Detector.predict`). ``score_threshold``: ``None`` is the model's best-F1 confidence, else
+    end, also after Ctrl-C: ``"json"`` ``predictions.json`` (``{"class_names", "images": [record, ...]}``), ``"coco"``
+    ``predictions_coco.json`` (``image_id`` = the running index of the image or frame, ``category_id`` = the dataset's
+    category id of the label when the checkpoint stores them (:attr:`Detector.category_ids`), else the label ``0..K-1``,
+    ``bbox`` xywh pixels, ``score``), ``"csv"`` or ``"labelstudio"`` (see :mod:`ssd.inference.result_files`).
+    ``save_txt`` / ``save_conf``: YOLO label files that ``ssd train`` reads (:mod:`ssd.inference.yolo_labels`);
+    ``save_crop``: a crop per detection in a folder per class (:mod:`ssd.inference.crop_files`). ``classes``: keep only
+    these classes (names or labels, see :meth:`Detector.class_indices`). An unreadable image or video is reported by
+    name, skipped and listed in the summary. ``tile`` / ``tile_overlap``: tiled prediction of large images and video
+    frames (see :meth:`Detector.predict`). ``score_threshold``: ``None`` is the model's best-F1 confidence, else
     ``settings.PREDICT``'s (:meth:`Detector.confidence`).
 
     Live sources (a camera index, an ``rtsp://`` / ``http(s)://`` URL, a ``.streams`` file: see
@@ -197,8 +210,13 @@ def predict_source(
     counted; each stream drawn as ``<stream_name>.mp4``. ``track``: ByteTrack ids (``tracker``: its YAML settings,
     :func:`~ssd.inference.tracking.tracker_settings`), one tracker per video or stream, and the images of a folder
     tracked as one sequence in name order (a single image has nothing to track: ``ConfigError``); ids go in every
-    output (``track_id``) and in the drawn frames, with a trail. ``show``: each drawn frame in a window
+    output (``track_id``) and in the drawn frames, with a trail. ``show``: each drawn image or frame in a window
     (:mod:`ssd.inference.display`; ``ConfigError`` when no window can open).
+
+    Under ``torchrun`` each process predicts a contiguous slice of the files (a video whole; with ``track``, the
+    images as one sequence on one process) and rank 0 merges: every output is the one a single process writes
+    (:mod:`ssd.inference.shards`), and rank 0's summary tells the whole run (the others': ``main`` false, their
+    share). Live sources are not sharded (``ConfigError`` under torchrun).
     """
     check_tile(tile, tile_overlap)
     check_format(fmt)
@@ -223,53 +241,34 @@ def predict_source(
     if track and images == files and len(images) == 1:
         raise ConfigError(f"track follows objects across the frames of a video or a stream, and {images[0]} is one "
                           f"image (a folder of images is tracked as one sequence, in name order)")
-    window = open_window() if show else None
-    # live sources open first: one that cannot be opened stops the run before anything is written
-    with StreamGroup(live) if live is not None else nullcontext() as group:
-        plan, writer = _prepare(files, Path(save_dir), exist_ok, detector,
-                                dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop))
-        summary = PredictSummary(writer.save_dir, writer.results_file)
-        outputs = plan if save_images else None
-        run = dict(outputs=outputs, options=options, results=writer, summary=summary, window=window)
-        if track and len(images) > 1:
-            LOGGER.info(f"--track: the {len(images)} images are tracked as one sequence of frames, in name order")
-        bar = progress_bar(total=len(images), desc="images", unit="img", disable=not progress or not images)
-        with writer:  # also on Ctrl-C: the results so far are in the JSONL and the fmt file
-            if group is not None:
-                predict_live(detector, group, settings, progress, run)
-            decoded = decode_files(images, workers, ahead=2 * batch_size)
-            image_tracker = Tracker(**settings) if track else None
-            while chunk := list(islice(decoded, batch_size)):
-                _predict_images(detector, chunk, outputs, options, writer, summary, bar, image_tracker)
-                bar.update(len(chunk))
-            bar.close()
-            for video in (f for f in files if live is None and is_video(f)):
-                predict_video(detector, video, batch_size, settings, progress, run)
-    if window is not None:
-        window.close()
+    # an image a unit of work, a video whole, and images tracked as one sequence whole: the units of the shards
+    units = ([images] if track and images else [[image] for image in images]) + [
+        [video] for video in files if live is None and is_video(video)]
+    shard, window = Shard.join(live is not None), None
+    mine = [file for unit in shard.take(units) for file in unit]
+    try:
+        window = open_window() if show else None
+        # live sources open first: one that cannot be opened stops the run before anything is written
+        with StreamGroup(live) if live is not None else nullcontext() as group:
+            plan, writer = _prepare(files, Path(save_dir), exist_ok, detector,
+                                    dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop), shard)
+            summary = PredictSummary(writer.save_dir, writer.results_file)
+            run = dict(outputs=plan if save_images else None, options=options, results=writer, summary=summary,
+                       window=window)
+            if track and len(images) > 1:
+                LOGGER.info(f"--track: the {len(images)} images are tracked as one sequence of frames, in name order")
+            with writer:  # also on Ctrl-C: the results so far are in the JSONL and the fmt file
+                if group is not None:
+                    predict_live(detector, group, settings, progress, run)
+                predict_images(detector, [f for f in mine if not is_video(f)], batch_size, workers, settings,
+                               progress, run)
+                for video in (f for f in mine if is_video(f)):
+                    predict_video(detector, video, batch_size, settings, progress, run)
+                writer.close()
+                shard.merge(writer, summary)
+    finally:
+        if window is not None:
+            window.close()
     summary.notes += writer.report()
+    summary.main = shard.is_main
     return summary
-
-
-def _predict_images(detector: Detector, chunk: list[tuple[Path, Tensor | Exception]],
-                    outputs: dict[Path, Path] | None, options: dict, results: PredictionWriter,
-                    summary: PredictSummary, bar: tqdm, tracker: Tracker | None) -> None:
-    """One batch of decoded image files; an unreadable one (its ``ValueError`` / ``OSError``) is skipped. With a
-    ``tracker``, the images are the next frames of its sequence."""
-    for path, error in chunk:
-        if isinstance(error, Exception):
-            summary.skip(path, error, bar)
-    kept = [(path, image) for path, image in chunk if not isinstance(image, Exception)]
-    if not kept:
-        return
-    paths, decoded = [str(path) for path, _ in kept], [image for _, image in kept]
-    for result, (path, image) in zip(detector.detect(decoded, paths, **options), kept):
-        if tracker is not None:
-            result = tracker.update(result, summary.images)
-        results.write(result, image)
-        summary.images += 1
-        summary.detections += len(result.scores)
-        if outputs is not None:
-            from ssd.plots import save_image
-
-            save_image(draw_result(image, result, detector.class_names, tracker), outputs[path])

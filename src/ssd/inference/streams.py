@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from ssd.errors import StreamError
+from ssd.inference.bgr import from_bgr
 from ssd.limits import MAX_STREAMS, value_text
 from ssd.optional import require
 
@@ -172,7 +172,6 @@ class LiveStream:
         self._thread.join(timeout=2 * TIMEOUT_MS / 1000)
 
     def _run(self) -> None:
-        cv2 = require("cv2", "video", "reading cameras and streams")
         capture = self._capture
         try:
             while not self._stop.is_set():
@@ -185,7 +184,7 @@ class LiveStream:
                     if capture is None:
                         break
                     continue
-                tensor = torch.from_numpy(cv2.cvtColor(image, cv2.COLOR_BGR2RGB)).permute(2, 0, 1)
+                tensor = from_bgr(image)
                 with self.condition:
                     self.dropped += self._latest is not None
                     self._latest = Frame(tensor, self.stream, self.frames, time.perf_counter(), self.source)
@@ -228,15 +227,13 @@ class VideoFile:
     def batches(self, batch_size: int, stream: int = 0) -> Iterator[list[Frame]]:
         """Every frame, in order (none dropped), ``batch_size`` at a time, the file closed at the end;
         :class:`StreamError` when OpenCV cannot read a single frame of it."""
-        import cv2
-
         index = 0
         try:
             while True:
                 batch = []
                 while len(batch) < batch_size and (read := self._capture.read())[0]:
-                    image = torch.from_numpy(cv2.cvtColor(read[1], cv2.COLOR_BGR2RGB)).permute(2, 0, 1)
-                    batch.append(Frame(image, stream, index + len(batch), time.perf_counter(), str(self.path)))
+                    batch.append(Frame(from_bgr(read[1]), stream, index + len(batch), time.perf_counter(),
+                                       str(self.path)))
                 if not batch:
                     break
                 index += len(batch)

@@ -75,18 +75,22 @@ class PredictionWriter:
         fmt: a key of :data:`ssd.inference.result_files.FORMATS`. ``model_version``: Label Studio's field.
         save_txt, save_conf: YOLO label files (and their confidences), see :class:`YoloLabelWriter`.
         save_crop: a crop per detection, see :class:`CropWriter` (``max_crops`` the cap).
+        part_dir: under torchrun, on a rank other than 0, where its JSONL and crops wait for rank 0's merge
+            (:class:`ssd.inference.shards.Shard`); such a writer assembles no ``fmt`` file and writes no marker.
     """
 
     def __init__(self, save_dir: Path, names: dict[Path, Path], class_names: list[str], *, fmt: str = "json",
                  category_ids: list[int] | None = None, model_version: str = "ssd", save_txt: bool = False,
-                 save_conf: bool = False, save_crop: bool = False, max_crops: int | None = None):
+                 save_conf: bool = False, save_crop: bool = False, max_crops: int | None = None,
+                 part_dir: Path | None = None):
         check_format(fmt)
         self.save_dir, self.names, self.class_names = save_dir, names, class_names
         self.fmt, self.category_ids, self.model_version = fmt, category_ids, model_version
-        self.jsonl_file = save_dir / JSONL_FILE
+        self.part_dir = part_dir
+        self.jsonl_file = (part_dir or save_dir) / JSONL_FILE
         self.results_file = save_dir / FORMATS[fmt]
         self.labels = YoloLabelWriter(save_dir, class_names, save_conf) if save_txt else None
-        self.crops = CropWriter(save_dir, class_names, max_crops) if save_crop else None
+        self.crops = CropWriter(save_dir, class_names, max_crops, stage=part_dir) if save_crop else None
         self.count = 0
         self.tracked = False
         self._jsonl: IO[str] | None = None
@@ -99,9 +103,12 @@ class PredictionWriter:
         return fixed
 
     def __enter__(self) -> PredictionWriter:
-        write_text(self.save_dir / SAVE_DIR_MARKER, "written by ssd predict: never read as input\n")
-        if self.labels is not None:
-            self.labels.start()
+        if self.part_dir is None:
+            write_text(self.save_dir / SAVE_DIR_MARKER, "written by ssd predict: never read as input\n")
+            if self.labels is not None:
+                self.labels.start()
+        else:
+            self.part_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(self.jsonl_file, "w", encoding="utf-8")
         return self
 
@@ -125,13 +132,34 @@ class PredictionWriter:
         name = self.names.get(Path(path)) if path is not None else None
         return name if name is not None else Path(f"input{self.count}.jpg")
 
+    def close(self) -> None:
+        """Close the JSONL (every line is already written): what a sharded run does before its merge."""
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+
     def __exit__(self, *exc) -> None:
-        if self._jsonl is None:
-            return
-        self._jsonl.close()
-        self._jsonl = None
-        write_results(self.fmt, read_jsonl(self.jsonl_file), self.results_file, class_names=self.class_names,
-                      category_ids=self.category_ids, model_version=self.model_version, tracked=self.tracked)
+        self.close()
+        if self.part_dir is None:
+            write_results(self.fmt, read_jsonl(self.jsonl_file), self.results_file, class_names=self.class_names,
+                          category_ids=self.category_ids, model_version=self.model_version, tracked=self.tracked)
+
+    def counts(self) -> dict[str, int]:
+        """What this writer wrote: ``results`` (JSONL lines), ``tracked``, YOLO ``labels`` files and ``crops``
+        (detections to crop, saved or over the cap), for :meth:`ssd.inference.shards.Shard.merge`."""
+        return {"results": self.count, "tracked": self.tracked, "labels": self.labels.files if self.labels else 0,
+                "crops": self.crops.saved + self.crops.over if self.crops else 0}
+
+    def set_totals(self, counts: list[dict[str, int]]) -> None:
+        """Count the whole run from every rank's :meth:`counts` (rank 0's included): what :meth:`report` says."""
+        self.count = sum(c["results"] for c in counts)
+        self.tracked = any(c["tracked"] for c in counts)
+        if self.labels is not None:
+            self.labels.files = sum(c["labels"] for c in counts)
+        if self.crops is not None:
+            wanted = sum(c["crops"] for c in counts)
+            self.crops.saved = min(wanted, self.crops.max_crops)
+            self.crops.over = wanted - self.crops.saved
 
     def report(self) -> list[str]:
         """Lines for the run's summary: what the per-detection outputs wrote and what they could not."""
