@@ -1,6 +1,7 @@
 """The `ssd` command line: grammar, help, suggestions and exit codes; every subcommand parsed and run once."""
 
 import json
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -11,6 +12,7 @@ import torch
 from PIL import Image
 
 from builders import biased_model, make_yolo_folder
+from ssd import errors
 from ssd.cli import main
 from ssd.cli.commands import COMMANDS
 from ssd.weights.checkpoint import load_checkpoint, save_checkpoint
@@ -145,6 +147,17 @@ def test_predict_writes_detections_and_refuses_a_corrupt_png(weights, tmp_path, 
     assert captured.err.splitlines()[-1] == "error: none of the 1 inputs could be read"  # after the progress bar
 
 
+
+def test_predict_project_name_and_save_dir_follow_one_run_directory_rule(weights, tmp_path):
+    image = tmp_path / "in" / "a.png"
+    image.parent.mkdir()
+    Image.new("RGB", (32, 32)).save(image)
+    runs = tmp_path / "runs"
+    base = ["predict", "--weights", str(weights), "--source", str(image), "--device", "cpu", "--no-save-images"]
+    assert main([*base, "--project", str(runs), "--name", "n"]) == 0
+    assert main([*base, "--save-dir", str(runs / "n")]) == 0  # the same folder in one path: taken, so n2
+    assert main([*base, "--project", str(runs), "--name", "n", "--exist-ok"]) == 0  # n again
+    assert sorted(p.name for p in runs.iterdir()) == ["n", "n2"]
 @pytest.mark.slow
 def test_export_writes_an_onnx_file_and_names_the_missing_extra(weights, tmp_path, capsys, monkeypatch):
     onnx_file = tmp_path / "tiny.onnx"
@@ -267,12 +280,13 @@ def test_val_run_directories_exp_exp2_exist_ok_and_the_same_files_as_the_python_
     results.write_text("[]")
     args = ["val", "--detections", str(results), "--data", str(shapes), "--project", str(tmp_path / "val")]
     assert main(args) == 0 and main(args) == 0
-    assert main([*args, "--exist-ok"]) == 0  # project/exp again, no exp3
-    assert capsys.readouterr().out.splitlines()[-1] == f"report: {tmp_path / 'val' / 'exp' / 'report.html'}"
-    assert sorted(p.name for p in (tmp_path / "val").iterdir()) == ["exp", "exp2"]
-    written = evaluate_detections(results, shapes, project=tmp_path / "py")["run_dir"]
-    assert written == tmp_path / "py" / "exp"
-    assert sorted(p.name for p in written.iterdir()) == sorted(p.name for p in (tmp_path / "val" / "exp").iterdir())
+    assert capsys.readouterr().out.splitlines()[-1] == f"report: {tmp_path / 'val' / 'exp2' / 'report.html'}"
+    cli_files = sorted(p.name for p in (tmp_path / "val" / "exp2").iterdir())
+    for path in (tmp_path / "val" / "exp").iterdir():
+        path.unlink() if path.is_file() else shutil.rmtree(path)
+    written = evaluate_detections(results, shapes, project=tmp_path / "val", exist_ok=True)["run_dir"]
+    assert written == tmp_path / "val" / "exp"  # exp again, no exp3
+    assert sorted(p.name for p in written.iterdir()) == cli_files  # what ssd val writes
 
 
 @pytest.mark.slow
@@ -290,3 +304,15 @@ def test_check_piped_into_a_closed_reader_exits_quietly(tmp_path):
         done = subprocess.run([sys.executable, "-m", "ssd", "check", str(data)], stdout=closed,
                               stderr=subprocess.PIPE, text=True, env=env)
     assert done.returncode == 141 and done.stderr == ""
+
+
+@pytest.mark.parametrize("name", errors.__all__)
+def test_every_error_of_ssd_errors_is_one_error_line(name, monkeypatch, capsys):
+    error = getattr(errors, name)
+
+    def fail(args):
+        raise error(f"{name} message", *([503] if error is errors.ServerError else []))
+
+    monkeypatch.setitem(COMMANDS, "check", fail)
+    assert main(["check", "data"]) == (2 if error is errors.UsageError else 1)
+    assert capsys.readouterr().err == f"error: {name} message\n"
