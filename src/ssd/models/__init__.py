@@ -2,8 +2,7 @@
 from weights files: rebuilt from checkpoints (:mod:`~ssd.models.load`), imported from other detectors
 (:mod:`~ssd.models.importers`) or fine-tuned to other classes (:mod:`~ssd.models.finetune`)."""
 
-from ssd.models.backbone_weights import BackboneWeightsError
 from ssd.models.build import MODEL_CONFIGS, build_model, list_models
 from ssd.models.ssd import SSD
 
-__all__ = ["SSD", "MODEL_CONFIGS", "build_model", "list_models", "BackboneWeightsError"]
+__all__ = ["SSD", "MODEL_CONFIGS", "build_model", "list_models"]
