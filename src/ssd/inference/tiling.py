@@ -38,6 +38,7 @@ from torchvision.ops import batched_nms, box_area
 
 from ssd.limits import MAX_TILES_PER_IMAGE
 from ssd.postprocess import first_per_image
+from ssd.schemas import PredictConfig
 from ssd.settings import PREDICT, TILE_OVERLAP, check_tile
 from ssd.sizes import as_hw
 
@@ -121,7 +122,7 @@ def _place(found: dict[str, Tensor], window: Tensor, image_hw: Sequence[int], in
 def detect_tiled(detect: DetectFn, images: Sequence[Tensor], *, tile: int | str | Sequence[int],
                  input_size: int | Sequence[int], overlap: float = TILE_OVERLAP,
                  iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
-                 batch_size: int = 8,
+                 batch_size: int = PredictConfig.batch_size,
                  whole: Sequence[dict[str, Tensor]] | None = None) -> list[dict[str, Tensor]]:
     """Detections of each image from the whole image and its overlapping tiles (rules: module docstring).
 
