@@ -186,7 +186,7 @@ def test_save_crop_is_bounded_and_reports_the_rest(detector, folder, tmp_path, m
 
 def test_class_folders_are_safe_and_distinct():
     assert class_folders(["cat", "a/b", "..", "", "Cat", "x\ud800", "é t"]) == [
-        "cat", "a_b", "class2", "class3", "Cat_4", "x_", "é t"]
+        "cat", "a_b", "class2", "class3", "Cat_4", "x", "é t"]
     long = class_folders(["é" * 300, "é" * 300])
     assert long[0] != long[1] and all(len(name.encode()) <= 255 for name in long)
 

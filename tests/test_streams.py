@@ -94,6 +94,11 @@ def test_is_live_and_names():
         == [True, True, True, True, True, False, False]
     assert [stream_name(s) for s in ("0", "rtsp://user:pw@10.0.0.2:8554/live/cam?x=1", "clips/a.mp4")] \
         == ["camera0", "10.0.0.2_8554_live_cam", "a"]
+    # one sanitizer with the crops' class folders (files.safe_name): unsafe characters, ends, length
+    assert stream_name("http://h/é t/../x?y", ".mp4") == "h_é t_.._x.mp4"
+    assert stream_name("rtsp://" + "a" * 400 + "/", ".mp4").endswith(".mp4")
+    assert len(stream_name("rtsp://" + "a" * 400 + "/", ".mp4").encode()) <= 255
+    assert stream_name("rtsp://./") == "stream"
 
 
 def test_mjpeg_stream_over_http_ends_with_a_clear_error():

@@ -27,7 +27,7 @@ from ssd.errors import OutputError
 
 __all__ = ["check_output", "check_outputs", "atomic_write", "write_text", "write_bytes", "is_temporary",
            "remove_stale_temporaries", "describe_os_error", "make_run_dir", "DirectoryLock", "LOCK_FILE", "NAME_MAX",
-           "fitted_name"]
+           "fitted_name", "safe_name"]
 
 # Temporaries are ".<name>.<8 characters>.ssdtmp" next to the target: a suffix of the library's own, so that cleaning
 # up never touches a user's ".notes.txt.mynotes1.tmp".
@@ -134,6 +134,13 @@ def fitted_name(stem: str, suffix: str = "", *, limit: int = NAME_MAX) -> str:
     while _name_bytes(cut) > room:
         cut = cut[:-1]
     return cut + tag
+
+
+def safe_name(text: str, suffix: str = "", *, fallback: str = "_") -> str:
+    """``text`` (a class name, a stream's address: any text) as a file name, then ``suffix``: every character but
+    letters, digits, ``_ . -`` and spaces replaced by ``_``, spaces, dots and ``_`` at its ends stripped (no ``..``,
+    no hidden name; ``fallback`` when nothing is left), fitted by :func:`fitted_name`."""
+    return fitted_name(re.sub(r"[^\w.\- ]", "_", text).strip(" ._") or fallback, suffix)
 
 
 def _temporary_for(path: Path) -> tuple[int, Path]:

@@ -2,21 +2,20 @@
 
 ``<save_dir>/crops/<class>/<image stem>_<index>_<k>.jpg``: ``index`` is the image's line in ``predictions.jsonl``
 and ``k`` the detection's place in it, so every crop leads back to its record. Class folder names are the class
-names made safe as file names (characters other than letters, digits, ``. - _`` and spaces replaced, a label
-appended where two names would meet; long names cut and hashed by :func:`ssd.files.fitted_name`, as the crops' own
-names are). A run saves at most
-:data:`ssd.limits.MAX_SAVED_CROPS` crops; the others are counted and reported, their detections kept in the JSONL.
+names made safe as file names by :func:`ssd.files.safe_name`, the rule of the streams' names too (characters other
+than letters, digits, ``. - _`` and spaces replaced, long names cut and hashed as the crops' own names are), a label
+appended where two names would meet. A run saves at most :data:`ssd.limits.MAX_SAVED_CROPS` crops; the others are
+counted and reported, their detections kept in the JSONL.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 from torch import Tensor
 
-from ssd.files import fitted_name
+from ssd.files import fitted_name, safe_name
 from ssd.inference.detector import Result
 from ssd.limits import MAX_SAVED_CROPS
 from ssd.plots import save_image
@@ -25,12 +24,14 @@ __all__ = ["CropWriter", "class_folders"]
 
 
 def class_folders(class_names: list[str]) -> list[str]:
-    """A distinct, file-system-safe folder name for each class (label ``k`` -> ``folders[k]``)."""
+    """A distinct, file-system-safe folder name for each class (label ``k`` -> ``folders[k]``,
+    :func:`ssd.files.safe_name`; a name taken already, whatever its case, gets ``_<label>``)."""
     folders: list[str] = []
-    seen: set[str] = set()  # before fitting: two long names cut alike still differ by their label
+    seen: set[str] = set()
     for label, name in enumerate(class_names):
-        folder = re.sub(r"[^\w.\- ]", "_", str(name)).strip(" .") or f"class{label}"
-        folders.append(fitted_name(folder, f"_{label}" if folder.lower() in seen else ""))
+        folder = safe_name(str(name), fallback=f"class{label}")
+        folders.append(safe_name(str(name), f"_{label}", fallback=f"class{label}") if folder.lower() in seen
+                       else folder)
         seen.add(folder.lower())
     return folders
 

@@ -128,7 +128,7 @@ def output_paths(files: list[Path | str], save_dir: Path) -> dict[Path | str, Pa
     plan = {}
     for file in files:
         if isinstance(file, str) and is_live(file):
-            relative = Path(f"{stream_name(file)}.mp4")
+            relative = Path(stream_name(file, ".mp4"))
         else:
             relative = Path(os.path.relpath(os.path.abspath(file), root))
         first = out = save_dir / (relative.with_suffix(".mp4") if is_video(Path(file)) else relative)

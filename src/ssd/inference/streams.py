@@ -20,6 +20,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ssd.errors import StreamError
+from ssd.files import safe_name
 from ssd.inference.bgr import from_bgr
 from ssd.limits import MAX_STREAMS, value_text
 from ssd.optional import require
@@ -83,14 +84,15 @@ def live_sources(source: str | Path) -> list[str]:
     return sources
 
 
-def stream_name(source: str) -> str:
-    """A file name for a source's outputs: ``camera0``, ``127.0.0.1_8554_live`` (scheme, user and query dropped)."""
+def stream_name(source: str, suffix: str = "") -> str:
+    """A file name for a source's outputs, then ``suffix``: ``camera0``, ``127.0.0.1_8554_live`` (scheme, user and
+    query dropped), a video file's stem, made safe and fitted by :func:`ssd.files.safe_name`."""
     if source.isdigit():
-        return f"camera{source}"
+        return safe_name(f"camera{source}", suffix)
     if "://" not in source:
-        return Path(source).stem
+        return safe_name(Path(source).stem, suffix, fallback="stream")
     place = source.split("://", 1)[1].split("?", 1)[0].rsplit("@", 1)[-1]
-    return "".join(c if c.isalnum() or c in "-." else "_" for c in place).strip("_") or "stream"
+    return safe_name(place, suffix, fallback="stream")
 
 
 def _open(source: str):
