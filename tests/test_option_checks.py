@@ -201,3 +201,15 @@ def test_predict_save_dir_is_project_and_name_in_one_path():
     assert _schema(["predict", "--weights", "w", "--source", "s", "--project", "p", "--name", "n"]).run_dir == Path(
         "p/n")
     assert _schema(["predict", "--weights", "w", "--source", "s", "--save-dir", "p/n"]).run_dir == Path("p/n")
+
+
+def test_schema_choices_are_the_ones_the_library_implements():
+    import typing
+
+    from ssd.artifacts import EXPORT_FORMATS
+    from ssd.evaluation.evaluator import METRICS
+    from ssd.inference.result_files import FORMATS
+
+    assert typing.get_args(typing.get_type_hints(ValConfig)["metric"]) == tuple(METRICS)
+    assert typing.get_args(typing.get_type_hints(PredictConfig)["fmt"]) == tuple(FORMATS)
+    assert {f.name: f.metadata.get("choices") for f in dataclasses.fields(ExportConfig)}["fmt"] == EXPORT_FORMATS
