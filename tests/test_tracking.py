@@ -11,7 +11,8 @@ from builders import biased_model
 from ssd.cli import main
 from ssd.errors import ConfigError
 from ssd.inference.detector import Detector, Result
-from ssd.inference.tracking import TRAIL_LENGTH, Tracker, tracker_settings
+from ssd.inference.streams import Frame
+from ssd.inference.tracking import TRAIL_LENGTH, Tracker, track_frames, tracker_settings
 from ssd.plots import class_color, draw_detections
 
 pytest.importorskip("trackers")
@@ -21,18 +22,19 @@ CONFIRMED = dict(minimum_consecutive_frames=1, track_activation_threshold=0.3, h
 """Settings under which a track gets its id on its second frame (ByteTrack gives none on a track's first)."""
 
 
-def result(boxes, scores=None) -> Result:
+def result(boxes, scores=None, labels=None) -> Result:
     boxes = torch.tensor(boxes, dtype=torch.float32).reshape(-1, 4)
     scores = torch.full((len(boxes),), 0.9) if scores is None else torch.tensor(scores)
-    labels = torch.arange(len(boxes)) % 2
+    labels = torch.arange(len(boxes)) % 2 if labels is None else torch.tensor(labels, dtype=torch.int64)
     return Result(boxes, scores, labels, [f"c{k}" for k in labels.tolist()], 200, 100)
 
 
 def moving(frame: int) -> Result:
-    """Two objects: one moving right 4 px a frame, one moving down 3 px a frame; listed in alternating order."""
+    """Two objects: one of class 0 moving right 4 px a frame, one of class 1 moving down 3 px a frame; listed in
+    alternating order."""
     a = [10 + 4 * frame, 10, 40 + 4 * frame, 40]
     b = [120, 5 + 3 * frame, 150, 35 + 3 * frame]
-    return result([a, b] if frame % 2 == 0 else [b, a])
+    return result([a, b], labels=[0, 1]) if frame % 2 == 0 else result([b, a], labels=[1, 0])
 
 
 def test_ids_follow_objects_in_the_order_of_the_detections():
@@ -49,12 +51,67 @@ def test_per_class_tracks_never_cross_classes():
     box = [10.0, 10, 40, 40]
     labelled = [Result(torch.tensor([box, [120.0, 5, 150, 35]]), torch.tensor([0.9, 0.9]), torch.tensor([k, 1]),
                        [f"c{k}", "c1"], 200, 100) for k in (0, 0, 0, 1, 1)]
-    shared, per_class = Tracker(**CONFIRMED), Tracker(per_class=True, **CONFIRMED)
+    shared, per_class = Tracker(per_class=False, **CONFIRMED), Tracker(**CONFIRMED)  # per_class: the default
     assert [shared.update(r, i).track_ids.tolist() for i, r in enumerate(labelled)] == \
         [[-1, -1], [0, 1], [0, 1], [0, 1], [0, 1]]  # one ByteTrack: the box keeps its id when its class changes
     # one per class: the class-1 box at the left starts its own track; ids are numbered across the classes
     assert [per_class.update(r, i).track_ids.tolist() for i, r in enumerate(labelled)] == \
         [[-1, -1], [0, 1], [0, 1], [-1, 1], [2, 1]]
+
+
+def meeting(frame: int) -> Result:
+    """A class-0 box moving right and a class-1 box moving left, 10 px a frame, on top of each other at frame 8,
+    then each going back the way it came."""
+    step = 10 * (frame if frame <= 8 else 16 - frame)
+    return result([[20 + step, 40, 60 + step, 80], [180 - step, 40, 220 - step, 80]], labels=[0, 1])
+
+
+def test_objects_of_two_classes_that_meet_keep_their_ids():
+    ids = [Tracker(per_class=per_class, **CONFIRMED) for per_class in (True, False)]
+    kept, swapped = ([tracker.update(meeting(i), i).track_ids.tolist() for i in range(12)] for tracker in ids)
+    assert kept == [[-1, -1]] + [[0, 1]] * 11  # per class (the default): each keeps its id when they turn back
+    # one ByteTrack for both classes follows the motion it predicts: after the meeting the ids are swapped
+    assert swapped == [[-1, -1]] + [[0, 1]] * 8 + [[1, 0]] * 3
+
+
+def test_a_box_below_the_confidence_continues_its_track_but_starts_none():
+    tracker = Tracker(score_threshold=0.5)  # ByteTrack's defaults: tracks start at 0.7, a second pass below 0.6
+    box, elsewhere = [10.0, 10, 40, 40], [120.0, 5, 150, 35]
+    frames = [result([box], [0.9], [0])] * 3 + [result([box, elsewhere], [0.2, 0.2], [0, 0]),
+                                                 result([box, elsewhere], [0.2, 0.55], [0, 0])]
+    out = [tracker.update(r, i) for i, r in enumerate(frames)]
+    assert [r.track_ids.tolist() for r in out] == [[-1], [0], [0], [0], [0, -1]]
+    # the box scored 0.2 keeps its track and is written; the one elsewhere is written only at 0.55 (>= 0.5), untracked
+    assert [r.scores.tolist() for r in out[3:]] == [[pytest.approx(0.2)], [pytest.approx(0.2), pytest.approx(0.55)]]
+    assert out[4].boxes.tolist() == [box, elsewhere] and out[4].names == ["c0", "c0"]
+
+
+class ThresholdRecorder:
+    """A detector that records the score threshold it is asked for; it finds one box, scored 0.3, in each image
+    (none above a threshold over 0.3)."""
+
+    def __init__(self):
+        self.thresholds = []
+
+    def confidence(self, score_threshold=None):
+        return (0.25 if score_threshold is None else score_threshold), "default"
+
+    def detect(self, images, paths, *, score_threshold, **options):
+        self.thresholds.append(score_threshold)
+        found = score_threshold <= 0.3
+        return [result([[10.0, 10, 40, 40]] * found, [0.3] * found, [0] * found) for _ in images]
+
+
+def test_tracking_runs_the_detector_down_to_the_low_threshold():
+    frames = [[Frame(torch.zeros(3, 100, 200, dtype=torch.uint8), 0, i, 0.0, None)] for i in range(2)]
+    for settings, conf, detected, boxes in (
+            (None, 0.5, 0.5, 0),  # no tracking: the user's confidence
+            ({}, 0.5, 0.1, 0),  # tracking: down to 0.1; a box scored 0.3 that continues no track is not written
+            ({"low_conf_det_threshold": 0.2}, None, 0.2, 1),  # the model's confidence (0.25) keeps a box at 0.3
+            ({}, 0.05, 0.05, 1)):  # a confidence below the low threshold is the detector's
+        detector = ThresholdRecorder()
+        results = [r for r, _, _ in track_frames(detector, frames, settings, score_threshold=conf)]
+        assert detector.thresholds == [detected] * 2 and [len(r.scores) for r in results] == [boxes] * 2
 
 
 def test_ids_survive_dropped_frames_and_trails_hold_centres():
@@ -80,9 +137,9 @@ def test_trails_are_short_and_forget_lost_tracks():
 def test_tracker_settings_from_yaml(tmp_path):
     path = tmp_path / "bytetrack.yaml"
     path.write_text("tracker_type: bytetrack\ntrack_activation_threshold: 0.4\nlost_track_buffer: 60\n"
-                    "frame_rate: 25\nper_class: true\n")
+                    "frame_rate: 25\nper_class: false\nlow_conf_det_threshold: 0.05\n")
     assert tracker_settings(path) == {"track_activation_threshold": 0.4, "lost_track_buffer": 60, "frame_rate": 25.0,
-                                      "per_class": True}
+                                      "per_class": False, "low_conf_det_threshold": 0.05}
     assert tracker_settings(None) == {}
     for text, message in (
             ("track_activation_treshold: 0.4\n", r"'track_activation_treshold' is not a setting; did you mean "

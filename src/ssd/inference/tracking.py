@@ -1,19 +1,24 @@
 """Track ids across the frames of a video or a live stream: ByteTrack from the ``trackers`` package (the optional
 ``track`` extra), fed the :class:`~ssd.inference.detector.Result` of each frame in order.
 
-:class:`Tracker` gives each result its ``track_ids`` (``-1`` for a detection not yet confirmed as a track, every
-detection kept, in the result's order) and keeps each track's recent box centres for drawing its trail. Its
-settings are ByteTrack's own arguments and ``per_class``, from a small YAML file (``--tracker``, as in
-Ultralytics) read by :func:`tracker_settings`::
+:class:`Tracker` gives each result its ``track_ids`` (``-1`` for a detection not yet confirmed as a track, in the
+result's order) and keeps each track's recent box centres for drawing its trail. ByteTrack's point is its second
+association: boxes scored below the user's confidence still continue the tracks they overlap, so an object whose
+score dips (partly hidden, blurred) keeps its track. :func:`track_frames` therefore runs the detector down to
+``low_conf_det_threshold``, and the tracker keeps the boxes at or above the user's confidence plus those below it
+that continue a track (written with their id); a low-scored box that continues nothing is dropped, as the
+detector's threshold would have dropped it. The settings come from a small YAML file (``--tracker``, as in
+Ultralytics) read by :func:`tracker_settings`; the defaults::
 
     tracker_type: bytetrack          # the one tracker offered
-    track_activation_threshold: 0.5  # score a detection needs to start a track
-    high_conf_det_threshold: 0.5     # scores above: first association; below: second (ByteTrack's low-score pass)
+    track_activation_threshold: 0.7  # score a detection needs to start a track
+    high_conf_det_threshold: 0.6     # scores above: first association; below: second (ByteTrack's low-score pass)
+    low_conf_det_threshold: 0.1      # the lowest score passed to the second association (ByteTrack's paper: 0.1)
     minimum_iou_threshold: 0.1       # IoU a detection needs with a track's prediction to continue it
     minimum_consecutive_frames: 2    # frames a track needs before it gets an id
     lost_track_buffer: 30            # frames (at 30 fps) a lost track is kept for
     frame_rate: 30                   # the video's frame rate
-    per_class: false                 # true: one ByteTrack per class (see Tracker)
+    per_class: true                  # one ByteTrack per class; false: one for all boxes (see Tracker)
 """
 
 from __future__ import annotations
@@ -37,16 +42,20 @@ if TYPE_CHECKING:
     from ssd.inference.detector import Detector, Result
     from ssd.inference.streams import Frame
 
-__all__ = ["TRACKERS", "TRACKER_SETTINGS", "TRAIL_LENGTH", "Tracker", "track_frames", "tracker_settings"]
+__all__ = ["LOW_CONF_DET_THRESHOLD", "TRACKERS", "TRACKER_SETTINGS", "TRAIL_LENGTH", "Tracker", "detect_threshold",
+           "track_frames", "tracker_settings"]
 
 TRACKERS = ("bytetrack",)
 TRAIL_LENGTH = 30
 """Box centres kept per track for its drawn trail (about a second of video)."""
+LOW_CONF_DET_THRESHOLD = 0.1
+"""The lowest score the detector passes to ByteTrack's second association (the paper's low threshold)."""
 
 _UNIT = ("in [0, 1]", lambda v: 0 <= v <= 1)
-TRACKER_SETTINGS = {  # ByteTrack's argument -> (type, rule, check)
+TRACKER_SETTINGS = {  # ByteTrack's argument (and low_conf_det_threshold, the detector's) -> (type, rule, check)
     "track_activation_threshold": (float, *_UNIT),
     "high_conf_det_threshold": (float, *_UNIT),
+    "low_conf_det_threshold": (float, *_UNIT),
     "minimum_iou_threshold": (float, *_UNIT),
     "minimum_consecutive_frames": (int, "at least 1", lambda v: v >= 1),
     "lost_track_buffer": (int, "at least 0", lambda v: v >= 0),
@@ -101,16 +110,20 @@ def tracker_settings(path: str | Path | None) -> dict:
 class Tracker:
     """ByteTrack over the results of one video or stream, frame after frame (see the module docstring).
 
-    ``settings``: ByteTrack's arguments (:func:`tracker_settings`). ``per_class``: one ByteTrack per class (a box
-    continues only a track of its own class, so objects of different classes that cross never swap ids; a box whose
-    class flickers starts a new track), ids numbered across classes; else one ByteTrack for every box, as
-    ByteTrack is. ``trails`` maps each track id seen in the last :data:`TRAIL_LENGTH` frames to its recent box
-    centres ``(x, y)`` in pixels, oldest first."""
+    ``score_threshold``: the user's confidence: a box scored below it is kept only when it continues a track (the
+    detector runs down to :func:`detect_threshold`, see :func:`track_frames`). ``settings``: ByteTrack's arguments
+    (:func:`tracker_settings`). ``per_class`` (default): one ByteTrack per class (a box continues only a track of its
+    own class, so objects of different classes that cross never swap ids; a box whose class flickers starts a new
+    track, and its old one resumes within ``lost_track_buffer`` when the class flicks back), ids numbered across
+    classes; else one ByteTrack for every box, as ByteTrack is. ``trails`` maps each track id seen in the last
+    :data:`TRAIL_LENGTH` frames to its recent box centres ``(x, y)`` in pixels, oldest first."""
 
-    def __init__(self, per_class: bool = False, **settings):
+    def __init__(self, score_threshold: float = 0.0, per_class: bool = True, **settings):
+        settings.pop("low_conf_det_threshold", None)  # the detector's (detect_threshold), not ByteTrack's
         self._make = lambda: require("trackers", "track", "tracking").ByteTrackTracker(**settings)
         self._sv = require("supervision", "track", "tracking")
         self.per_class, self.frame_rate = per_class, settings.get("frame_rate", 30.0)
+        self.score_threshold = score_threshold
         self._bytetracks: dict[int, object] = {} if per_class else {-1: self._make()}  # label (-1: all) -> tracker
         self._ids: dict[tuple[int, int], int] = {}  # (label, the class tracker's id) -> track id, with per_class
         self.trails: dict[int, deque[tuple[float, float]]] = {}
@@ -118,9 +131,10 @@ class Tracker:
         self._frame = -1
 
     def update(self, result: Result, frame_index: int) -> Result:
-        """``result`` with ``track_ids`` ``[N]`` int64 (``-1``: not a confirmed track yet). ``frame_index``: the
-        frame's number in its source, increasing; motion is predicted over the frames between two calls (those a
-        live stream dropped)."""
+        """``result`` with ``track_ids`` ``[N]`` int64 (``-1``: not a confirmed track yet), less its boxes scored
+        below ``score_threshold`` that continue no track (the others in their order). ``frame_index``: the frame's
+        number in its source, increasing; motion is predicted over the frames between two calls (those a live
+        stream dropped)."""
         count = len(result.scores)
         labels = result.labels.numpy()
         detections = self._sv.Detections(xyxy=result.boxes.numpy().astype(np.float32).reshape(count, 4),
@@ -137,22 +151,31 @@ class Tracker:
             ids[found] = [t if t < 0 or label == -1 else self._ids.setdefault((label, t), len(self._ids))
                           for t in tracked.tracker_id.tolist()]
         self._frame = frame_index
+        keep = torch.from_numpy((result.scores.numpy() >= self.score_threshold) | (ids >= 0))
+        result = replace(result, boxes=result.boxes[keep], scores=result.scores[keep], labels=result.labels[keep],
+                         names=[name for name, kept in zip(result.names, keep.tolist()) if kept],
+                         track_ids=torch.from_numpy(ids)[keep])
         centres = ((result.boxes[:, :2] + result.boxes[:, 2:]) / 2).tolist()
-        for track_id, centre in zip(ids.tolist(), centres):
+        for track_id, centre in zip(result.track_ids.tolist(), centres):
             if track_id >= 0:
                 self.trails.setdefault(track_id, deque(maxlen=TRAIL_LENGTH)).append(tuple(centre))
                 self._seen[track_id] = self._frame
         for track_id in [t for t, last in self._seen.items() if self._frame - last >= TRAIL_LENGTH]:
             del self.trails[track_id], self._seen[track_id]
-        return replace(result, track_ids=torch.from_numpy(ids))
+        return result
 
 
 def track_frames(detector: Detector, batches: Iterable[list[Frame]], settings: dict | None,
                  **options) -> Iterator[tuple[Result, Frame, Tracker | None]]:
     """Detect (``detector.detect(..., **options)``) and track each batch of frames, one :class:`Tracker` per stream
     with ByteTrack's ``settings`` (``None``: detect only): yields each frame's result (``path`` the frame's source,
-    ``track_ids`` set when tracking), the frame and its stream's tracker (whose ``trails`` draw it) or ``None``."""
+    ``track_ids`` set when tracking), the frame and its stream's tracker (whose ``trails`` draw it) or ``None``.
+    When tracking, the detector runs down to :func:`detect_threshold` and each tracker keeps, of the boxes below
+    ``options["score_threshold"]`` (``None``: :meth:`Detector.confidence`), those that continue its tracks."""
     trackers: dict[int, Tracker] = {}
+    shown = detector.confidence(options.get("score_threshold"))[0]
+    if settings is not None:
+        options = {**options, "score_threshold": detect_threshold(shown, settings)}
     for batch in batches:
         results = detector.detect([frame.image for frame in batch], [frame.source for frame in batch], **options)
         for result, frame in zip(results, batch):
@@ -160,6 +183,12 @@ def track_frames(detector: Detector, batches: Iterable[list[Frame]], settings: d
                 yield result, frame, None
                 continue
             if frame.stream not in trackers:
-                trackers[frame.stream] = Tracker(**settings)
+                trackers[frame.stream] = Tracker(shown, **settings)
             tracker = trackers[frame.stream]
             yield tracker.update(result, frame.index), frame, tracker
+
+
+def detect_threshold(score_threshold: float, settings: dict) -> float:
+    """The score the detector keeps boxes down to when tracking with ``settings``: the user's ``score_threshold``
+    or ``low_conf_det_threshold``, the lower."""
+    return min(score_threshold, settings.get("low_conf_det_threshold", LOW_CONF_DET_THRESHOLD))
