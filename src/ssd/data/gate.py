@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ssd.data.check import screen
-from ssd.data.index import index_dataset
+from ssd.data.index import index_dataset, release_freed_heap
 from ssd.data.records import DatasetSpec
 from ssd.errors import DataError
 from ssd.log import LOGGER
@@ -53,4 +53,5 @@ def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, c
     per_file = [i for i in report.warnings if i.image is not None]
     if per_file:
         LOGGER.info(f"{len(per_file)} warning(s) about files of {data} (`ssd check {data}` lists them)")
+    release_freed_heap()
     return clean
