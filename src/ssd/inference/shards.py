@@ -33,11 +33,8 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Shard:
+class Shard(ddp.DistInfo):
     """This process's place in a sharded ``ssd predict``: ``rank`` of ``world_size`` (``0`` of ``1`` alone)."""
-
-    rank: int = 0
-    world_size: int = 1
 
     @classmethod
     def join(cls, live: bool) -> Shard:
@@ -53,15 +50,7 @@ class Shard:
                               f"{info.world_size} processes would read the same frames; run ssd predict on them "
                               "without torchrun")
         ddp.setup("cpu")  # files and counts only travel: gloo, whatever the model's device
-        return cls(info.rank, info.world_size)
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
+        return cls(info.rank, info.world_size, info.local_rank)
 
     def take(self, units: list[T]) -> list[T]:
         """This rank's contiguous slice of ``units`` (their order kept; sizes differ by at most one)."""
