@@ -144,6 +144,6 @@ def test_int8_with_default_options_calibrates_on_every_image_of_a_small_training
 def test_calib_images_0_is_refused_not_taken_as_the_default(weights, synthetic_voc, tmp_path, capsys):
     out = tmp_path / "x.int8.onnx"
     assert main(["export", "--weights", str(weights), "--int8", "--data", str(synthetic_voc), "--output", str(out),
-                 "--calib-images", "0"]) == 1
-    assert "error: --calib-images must be a positive integer, got 0" in capsys.readouterr().err
+                 "--calib-images", "0"]) == 2  # a usage error, refused before any work
+    assert "error: ssd export: --calib-images must be a positive integer, got 0" in capsys.readouterr().err
     assert not out.exists()
