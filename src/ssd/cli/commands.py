@@ -59,13 +59,15 @@ def _cmd_val(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    from ssd.distributed import DistInfo
     from ssd.inference.detector import load
     from ssd.inference.sources import predict_source
 
     config = _config(PredictConfig, args)
     detector = load(config.weights, device=config.device, half=config.half)
     conf, origin = detector.confidence(config.score_threshold, "--conf")
-    print(f"conf {conf:g} ({origin})")
+    if DistInfo.from_env().is_main:  # under torchrun, rank 0 speaks for the run
+        print(f"conf {conf:g} ({origin})")
     summary = predict_source(detector, config.source, config.run_dir, score_threshold=conf,
                              **config.values("weights", "source", "device", "half", "project", "name", "save_dir",
                                              "score_threshold"))
