@@ -1,9 +1,10 @@
 """Datasets of many images (issue 28): start-up, annotation memory and ``ssd check`` before and after the dataset index.
 
-Makes synthetic VOC, YOLO and COCO sets of ``--images`` small JPEGs (hard links of one 96 px picture, 8 boxes each)
-and a COCO JSON of ``--annotations`` boxes, under ``--root`` (default ``/tmp/ssd-scale``, never the repository), then
-runs each measurement in a fresh process, for today's code (this checkout) and for ``--before`` (a checkout of the
-code before the index, e.g. ``git worktree add /tmp/before <commit>``), side by side:
+Makes synthetic VOC, YOLO and COCO sets of ``--images`` small JPEGs (copies of 256 distinct 96 px pictures, each
+file its own inode; 8 boxes each) and a COCO JSON of ``--annotations`` boxes, under ``--root`` (default
+``/tmp/ssd-scale``, never the repository), then runs each measurement in a fresh process, for today's code (this
+checkout) and for ``--before`` (a checkout of the code before the index, e.g. ``git worktree add /tmp/before
+<commit>``), side by side:
 
 - ``ssd.train`` start to the end of the first training step (ssd_tiny at 64 px, batch 16, 2 workers): before,
   after with no index (cold) and with the index present (warm), and the PSS of the trainer and its 2 workers then;
@@ -14,7 +15,9 @@ code before the index, e.g. ``git worktree add /tmp/before <commit>``), side by 
 - the COCO JSON: ``load_dataset`` (before / after) and the index warm, against ``pycocotools.COCO`` on the same file.
 
 Run: ``.venv/bin/python benchmarks/scale.py --before /tmp/before`` (about 10 minutes on 2 cores at 10k images;
-each process start costs a few seconds of imports, part of the train figures).
+each process start costs a few seconds of imports, part of the train figures). ``--warm`` (no ``--before``): the
+index built once, then the warm gate and the warm ``ssd.train`` start alone, split into its parts (e.g. at
+``--images 100000``: the sets are written in about a minute, the index built in several).
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import io
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
+import numpy as np
 from PIL import Image
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,10 +60,14 @@ CHILD = textwrap.dedent("""
             pass
 
         class FirstStep(Callback):
+            def on_train_start(self, trainer):  # the gate, the model and the loaders made; no worker started yet
+                out.update(train_start=time.monotonic() - start)
+
             def on_train_batch_end(self, trainer, step, losses):
                 out.update(first_step=time.monotonic() - start, pss_mb=pss())
                 raise Stop
 
+        out["imports"] = time.monotonic() - start
         try:
             ssd.train(data=data, model="ssd_tiny", image_size=64, epochs=1, batch_size=16, workers=2, device="cpu",
                       quiet=True, project=sys.argv[3], num_plot_images=0, callbacks=[FirstStep()])
@@ -103,34 +112,43 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def jpeg(size: int = 96) -> bytes:
-    image = Image.effect_noise((size, size), 40).convert("RGB")
+def jpeg(seed: int, size: int = 96) -> bytes:
+    image = Image.effect_noise((size, size), 40 + seed % 40).convert("RGB").rotate(seed % 360)
     buffer = io.BytesIO()
     image.save(buffer, "JPEG", quality=90)
     return buffer.getvalue()
 
 
-def boxes(i: int) -> list[tuple[int, int, int, int]]:
-    """8 boxes (x1, y1, x2, y2) in a 96 px image, varied by the image index."""
-    return [(2 + (i + 7 * j) % 40, 3 + (3 * i + 11 * j) % 40, 50 + (i + j) % 40, 52 + (5 * i + j) % 40)
-            for j in range(BOXES)]
+def make_pictures(folder: Path, count: int = 256) -> list[Path]:
+    """``count`` distinct small JPEGs, written once: the sets copy them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    pictures = [folder / f"{i}.jpg" for i in range(count)]
+    for i, path in enumerate(pictures):
+        path.write_bytes(jpeg(i))
+    return pictures
 
 
-def make_images(folder: Path, n: int, picture: Path, stem: str = "img") -> list[str]:
+def all_boxes(n: int) -> np.ndarray:
+    """int64 ``[n, 8, 4]``: 8 boxes (x1, y1, x2, y2) in a 96 px image per image, varied by the image index."""
+    i, j = np.arange(n)[:, None], np.arange(BOXES)[None, :]
+    return np.stack([2 + (i + 7 * j) % 40, 3 + (3 * i + 11 * j) % 40, 50 + (i + j) % 40, 52 + (5 * i + j) % 40], -1)
+
+
+def make_images(folder: Path, n: int, pictures: list[Path], stem: str = "img") -> list[str]:
     folder.mkdir(parents=True, exist_ok=True)
     names = [f"{stem}{i:07d}" for i in range(n)]
-    for name in names:
-        os.link(picture, folder / f"{name}.jpg")
+    for i, name in enumerate(names):
+        shutil.copyfile(pictures[i % len(pictures)], folder / f"{name}.jpg")
     return names
 
 
-def make_voc(root: Path, n: int, picture: Path) -> Path:
-    names = make_images(root / "JPEGImages", n, picture)
+def make_voc(root: Path, n: int, pictures: list[Path]) -> Path:
+    names = make_images(root / "JPEGImages", n, pictures)
     (root / "Annotations").mkdir()
-    for i, name in enumerate(names):
+    for name, image_boxes in zip(names, all_boxes(n).tolist()):
         objects = "".join(f"<object><name>{NAMES[j % 3]}</name><difficult>0</difficult><bndbox><xmin>{x1}</xmin>"
                           f"<ymin>{y1}</ymin><xmax>{x2}</xmax><ymax>{y2}</ymax></bndbox></object>"
-                          for j, (x1, y1, x2, y2) in enumerate(boxes(i)))
+                          for j, (x1, y1, x2, y2) in enumerate(image_boxes))
         (root / "Annotations" / f"{name}.xml").write_text(f"<annotation><filename>{name}.jpg</filename>{objects}"
                                                           "</annotation>")
     (root / "ImageSets" / "Main").mkdir(parents=True)
@@ -141,14 +159,16 @@ def make_voc(root: Path, n: int, picture: Path) -> Path:
     return root
 
 
-def make_yolo(root: Path, n: int, picture: Path) -> Path:
+def make_yolo(root: Path, n: int, pictures: list[Path]) -> Path:
     val = max(1, n // 20)
     for split, count in (("train", n - val), ("val", val)):
-        names = make_images(root / "images" / split, count, picture)
+        names = make_images(root / "images" / split, count, pictures)
         (root / "labels" / split).mkdir(parents=True)
-        for i, name in enumerate(names):
-            lines = [f"{j % 3} {(x1 + x2) / 192:.6f} {(y1 + y2) / 192:.6f} {(x2 - x1) / 96:.6f} {(y2 - y1) / 96:.6f}"
-                     for j, (x1, y1, x2, y2) in enumerate(boxes(i))]
+        b = all_boxes(count) / 96
+        rows = np.concatenate([np.arange(BOXES)[None, :, None].repeat(count, 0) % 3, (b[..., :2] + b[..., 2:]) / 2,
+                               b[..., 2:] - b[..., :2]], -1)  # [count, 8, 5]: class cx cy w h
+        for name, image_rows in zip(names, rows.tolist()):
+            lines = [f"{int(c)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}" for c, cx, cy, w, h in image_rows]
             (root / "labels" / split / f"{name}.txt").write_text("\n".join(lines) + "\n")
     (root / "data.yaml").write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: {NAMES}\n")
     return root / "data.yaml"
@@ -167,8 +187,8 @@ def coco_json(names: list[str], per_image: int) -> dict:
             "annotations": annotations, "categories": [{"id": 1 + k, "name": n} for k, n in enumerate(NAMES)]}
 
 
-def make_coco(root: Path, n: int, picture: Path) -> Path:
-    names = make_images(root / "images", n, picture)
+def make_coco(root: Path, n: int, pictures: list[Path]) -> Path:
+    names = make_images(root / "images", n, pictures)
     (root / "annotations").mkdir()
     val = max(1, n // 20)
     for split, part in (("train", names[val:]), ("val", names[:val])):
@@ -190,9 +210,31 @@ def row(name: str, before: dict, cold: dict, warm: dict, key: str) -> str:
     return f"| {name} | {b:.2f} | {c:.2f} ({b / c:.2f}x) | {w:.2f} ({b / w:.1f}x) |"
 
 
+def warm_starts(root: Path, sets: dict[str, Path], images: int) -> None:
+    """The index built once per set (the cold gate, timed), then 3 warm gates and 3 warm ``ssd.train`` starts
+    (medians), the train start split into imports, the time to the training loop (the gate, the model, the
+    loaders) and the rest (starting 2 workers, the first step)."""
+    print(f"{images:,} images of 96 px, {BOXES} boxes each: seconds (median of 3 warm runs)\n")
+    print("| set | index built (cold gate) | warm gate | its peak RSS MB | warm ssd.train to the first step | imports |"
+          " to the training loop | workers and first step |\n|---|---|---|---|---|---|---|---|")
+    for name, data in sets.items():
+        cache, project = root / f"cache-warm-{name}", str(root / "runs")
+        cold = run("gate", data, REPO / "src", cache)
+        gates = [run("gate", data, REPO / "src", cache) for _ in range(3)]
+        trains = [run("train", data, REPO / "src", cache, project) for _ in range(3)]
+
+        def median(results: list[dict], key: str) -> float:
+            return statistics.median(r[key] for r in results)
+        print(f"| {name} | {cold['seconds']:.1f} | {median(gates, 'seconds'):.2f} | {median(gates, 'peak_rss_mb'):.0f} "
+              f"| {median(trains, 'first_step'):.1f} | {median(trains, 'imports'):.1f} | "
+              f"{median(trains, 'train_start'):.1f} | "
+              f"{median(trains, 'first_step') - median(trains, 'train_start'):.1f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", type=Path, required=True, help="a checkout of the code before the index")
+    parser.add_argument("--before", type=Path, help="a checkout of the code before the index (not with --warm)")
+    parser.add_argument("--warm", action="store_true", help="only today's code: the index built, then warm starts")
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "ssd-scale")
     parser.add_argument("--images", type=int, default=10_000)
     parser.add_argument("--annotations", type=int, default=1_000_000)
@@ -200,19 +242,24 @@ def main() -> None:
     parser.add_argument("--sets", nargs="*", default=["voc", "yolo", "coco"], choices=["voc", "yolo", "coco"],
                         help="the formats timed from the start of ssd.train (default: all three)")
     args = parser.parse_args()
+    if (args.before is None) != args.warm:
+        parser.error("give --before DIR, or --warm")
     shutil.rmtree(args.root, ignore_errors=True)
     args.root.mkdir(parents=True)
-    picture = args.root / "picture.jpg"
-    picture.write_bytes(jpeg())
-    after, before = REPO / "src", args.before / "src"
+    pictures = make_pictures(args.root / "pictures")
     makers = {"voc": make_voc, "yolo": make_yolo, "coco": make_coco}  # VOC: the gate and check; COCO's images: the JSON
-    made = {name: makers[name](args.root / name, args.images, picture) for name in {"voc", "coco", *args.sets}}
+    wanted = dict.fromkeys(["voc", *args.sets] if args.warm else ["voc", "coco", *args.sets])
+    made = {name: makers[name](args.root / name, args.images, pictures) for name in wanted}
     sets = {name: made[name] for name in dict.fromkeys(["voc", *args.sets])}
-    sets["voc-tenth"] = make_voc(args.root / "voc-tenth", args.images // 10, picture)
-    past = 10**9 * (int(os.stat(picture).st_mtime) - 3600)  # the index never trusts files changed seconds ago
+    if not args.warm:
+        sets["voc-tenth"] = make_voc(args.root / "voc-tenth", args.images // 10, pictures)
+    past = 10**9 * (int(os.stat(pictures[0]).st_mtime) - 3600)  # the index never trusts files changed seconds ago
     for folder, _, files in os.walk(args.root):
         for name in files:
             os.utime(os.path.join(folder, name), ns=(past, past))
+    if args.warm:
+        return warm_starts(args.root, sets, args.images)
+    after, before = REPO / "src", args.before / "src"
     print(f"{args.images:,} images of 96 px, {BOXES} boxes each; seconds (after: ratio before / after)\n")
     results: dict = {}
     for mode in ("train", "gate", "check"):
