@@ -68,7 +68,6 @@ class SSD(nn.Module):
         self.class_names = list(class_names)
         self.category_ids: list[int] | None = None
         self.operating_point: dict | None = None
-        self._card: tuple[tuple, ModelCard] | None = None  # (what it was built from, the card)
 
     @property
     def num_classes(self) -> int:
@@ -83,19 +82,15 @@ class SSD(nn.Module):
     @property
     def card(self) -> ModelCard:
         """The :class:`ssd.card.ModelCard` of this model (unsealed): its name, classes, input, normalization,
-        variances, category ids and operating point. Built and validated once, again only after one of them
-        changed (:meth:`predict` reads it on every call)."""
-        config, ids, point = self.config, self.category_ids, self.operating_point
-        key = (config, tuple(self.class_names), None if ids is None else tuple(ids),
-               None if point is None else dict(point))  # copies: an edit in place is seen as a change
-        if self._card is None or self._card[0] != key:
-            card = ModelCard(
-                model_name=config.name, class_names=key[1],
-                category_ids=None if ids is None else tuple(check_category_ids(ids, self.num_classes, "category_ids")),
-                image_size=as_hw(config.image_size), mean=tuple(config.mean), std=tuple(config.std),
-                variances=tuple(config.variances), operating_point=check_operating_point(point, "operating_point"))
-            self._card = (key, card)
-        return self._card[1]
+        variances, category ids and operating point."""
+        config = self.config
+        return ModelCard(
+            model_name=config.name, class_names=tuple(self.class_names),
+            category_ids=None if self.category_ids is None else tuple(
+                check_category_ids(self.category_ids, self.num_classes, "category_ids")),
+            image_size=as_hw(config.image_size), mean=tuple(config.mean), std=tuple(config.std),
+            variances=tuple(config.variances),
+            operating_point=check_operating_point(self.operating_point, "operating_point"))
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
         """``images [B, 3, H, W]`` normalized (``(H, W)`` the input size) -> ``(loc [B, P, 4], logits [B, P, K+1])``
