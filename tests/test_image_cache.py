@@ -123,10 +123,13 @@ def test_without_a_writable_cache_folder_or_while_another_process_builds_the_ima
                                   "images when it reads them")
     (tmp_path / "a file").write_text("")
     monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path / "a file"))
+    before = len(ssd_messages())
     for _ in range(2):
         assert DetectionDataset(records, names, image_size=48, cache_images="disk")._cache is None
-    told = [m for m in ssd_messages() if "working without a cache" in m]
-    assert len(told) == 1 and str(tmp_path / "a file") in told[0]
+    (told,) = ssd_messages()[before:]  # said once, and only that
+    assert told.startswith("dataset cache: ") and told.endswith("working without a cache (set SSD_CACHE_DIR to a "
+                                                                 "writable folder)")
+    assert str(tmp_path / "a file") in told
 
 
 def test_under_ddp_the_ram_cache_holds_the_rank_shard_which_the_rank_reads_in_a_new_order_each_epoch(dataset):

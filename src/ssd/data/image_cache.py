@@ -245,7 +245,7 @@ def _stored(path: Path, key: str) -> DiskImages | None:
         if offsets[-1] != end - _TRAILER.size - length or not np.array_equal(np.diff(offsets), 3 * shapes.prod(1)):
             raise ValueError("its offsets do not match its images")
         return DiskImages(path, header)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # none yet, or no cache folder at all (said by _lock)
         return None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # npz, npy and JSON errors
         reason = (str(e) or type(e).__name__).splitlines()[0][:120]
