@@ -128,9 +128,9 @@ def demo_weights() -> Path:
     from ssd.training.demo import run_demo
 
     cache = Path(__file__).parent / "results" / "tracking_demo"
-    best = cache / "demo" / "weights" / "best.pt"
+    best = cache / "exp" / "weights" / "best.pt"
     if not best.is_file():
-        run_demo(cache, device="cpu", quiet=True, exist_ok=True)
+        run_demo(cache, device="cpu", quiet=True, name="exp", exist_ok=True)
     return best
 
 
