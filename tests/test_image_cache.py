@@ -2,8 +2,11 @@
 file is reused, rebuilt where its sources changed or it is damaged, bounded and shared; under DDP the RAM cache holds
 the rank's shard."""
 
+import json
 import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -149,6 +152,43 @@ def test_under_ddp_the_ram_cache_holds_the_rank_shard_which_the_rank_reads_in_a_
     disk = build_dataloader(records, names, 48, MEAN, STD, train=True, batch_size=2, cache_images="disk", rank=1,
                             world_size=2)
     assert not disk.sampler.fixed_shard and len(disk.dataset.dataset._cache) == 12  # one file for every rank
+
+
+DDP_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+from ssd.data.load import load_dataset
+from ssd.data.loader import build_dataloader
+dist.init_process_group("gloo")
+spec = load_dataset(sys.argv[1])
+out = {}
+for cache in ("disk", "ram"):
+    loader = build_dataloader(spec.records("train"), spec.class_names, 48, (0.5,) * 3, (0.25,) * 3, train=True,
+                              batch_size=2, cache_images=cache, rank=dist.get_rank(), world_size=2)
+    images = loader.dataset.dataset._cache
+    out[cache] = images.decoded if cache == "disk" else sorted(images)
+    out[cache + " items"] = sorted(i for i, _, _ in loader.sampler)
+with open(os.path.join(sys.argv[2], os.environ["RANK"]), "w") as f:
+    json.dump(out, f)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_build_the_disk_cache_once_and_each_caches_its_shard_in_ram(dataset, tmp_path):
+    out = tmp_path / "out"  # the fixture made the dataset (old mtimes) and the cache folder
+    out.mkdir()
+    script = tmp_path / "ranks.py"
+    script.write_text(DDP_SCRIPT)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           str(tmp_path / "voc"), str(out)]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((out / str(rank)).read_text()) for rank in (0, 1)]
+    assert [r["disk"] for r in ranks] == [12, 0]  # rank 0 built the file, rank 1 mapped it
+    assert [r["ram"] for r in ranks] == [r["ram items"] for r in ranks] == [list(range(0, 12, 2)),
+                                                                             list(range(1, 12, 2))]
+    assert sorted(ranks[0]["disk items"] + ranks[1]["disk items"]) == list(range(12))
 
 
 def test_cache_images_takes_ram_disk_or_off_and_older_configs_true_or_false():
