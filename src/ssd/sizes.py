@@ -3,8 +3,8 @@
 A size is given as an int ``S`` (the square ``S x S``), a ``(height, width)`` pair or ``"HxW"`` text (``"512x288"``:
 512 high, 288 wide; ``"300"`` is square). :func:`as_hw` is the one reader of all three (models, data, the model
 card, configuration files and the command line), and its :class:`~ssd.errors.ConfigError` the one error.
-Models, default boxes and cards store :func:`compact_size` (an int when square, else ``(height, width)``);
-``TrainConfig`` and YAML files hold :func:`size_text`.
+Models, default boxes and cards store :func:`compact_size` (an int when square, else ``(height, width)``), bounded
+by :func:`input_size`; ``TrainConfig`` and YAML files hold :func:`size_text`, bounded by :func:`parse_image_size`.
 
 This module imports only the lowest layer (any layer may import it).
 """
@@ -15,10 +15,10 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
-from ssd.errors import ConfigError
+from ssd.errors import ConfigError, PriorConfigError
 from ssd.limits import MAX_INPUT_SIDE, value_text
 
-__all__ = ["as_hw", "compact_size", "size_text", "parse_image_size"]
+__all__ = ["as_hw", "compact_size", "size_text", "input_size", "parse_image_size"]
 
 
 def as_hw(size: int | Sequence[int] | str) -> tuple[int, int]:
@@ -51,6 +51,16 @@ def size_text(size: int | Sequence[int] | str) -> str:
     """``"300"`` for a square size, ``"512x288"`` (height x width) otherwise: for messages, options and YAML."""
     h, w = as_hw(size)
     return str(h) if h == w else f"{h}x{w}"
+
+
+def input_size(image_size: int | Sequence[int] | str) -> int | tuple[int, int]:
+    """The stored form of a network input size (:func:`compact_size`), refused with
+    :class:`~ssd.errors.PriorConfigError` when a side exceeds :data:`ssd.limits.MAX_INPUT_SIDE`."""
+    size = compact_size(image_size)
+    if max(as_hw(size)) > MAX_INPUT_SIDE:
+        raise PriorConfigError(f"image_size {size_text(size)} exceeds the largest input side of {MAX_INPUT_SIDE} px "
+                               "(ssd.limits.MAX_INPUT_SIDE)")
+    return size
 
 
 def parse_image_size(value: Any) -> int | str:

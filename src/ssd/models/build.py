@@ -18,8 +18,8 @@ from ssd.models.backbone_weights import read_backbone_weights
 from ssd.models.config import ModelConfig
 from ssd.models.ssd import SSD
 from ssd.names import class_names_problem, did_you_mean
-from ssd.priors import PriorConfig, input_size
-from ssd.sizes import as_hw, compact_size, size_text
+from ssd.priors import PriorConfig
+from ssd.sizes import as_hw, compact_size, input_size, size_text
 
 __all__ = ["MODEL_CONFIGS", "build_model", "build_from_config", "default_priors", "list_models", "checked_priors",
            "checked_class_names"]

@@ -9,7 +9,8 @@ from typing import Any
 
 from ssd.boxes import VARIANCES
 from ssd.errors import ModelConfigError
-from ssd.priors import PriorConfig, input_size
+from ssd.priors import PriorConfig
+from ssd.sizes import input_size
 
 __all__ = ["ModelConfig"]
 

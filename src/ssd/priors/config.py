@@ -23,19 +23,9 @@ from torch import Tensor
 
 from ssd.errors import PriorConfigError
 from ssd.limits import MAX_INPUT_SIDE, MAX_PRIORS, MAX_VALUE_CHARS
-from ssd.sizes import as_hw, compact_size, size_text
+from ssd.sizes import as_hw, input_size
 
-__all__ = ["PRIOR_CONFIGS", "PriorConfig", "default_boxes", "input_size"]
-
-
-def input_size(image_size: int | Sequence[int] | str) -> int | tuple[int, int]:
-    """The stored form of a network input size (an int when square, else ``(height, width)``), refused with
-    :class:`PriorConfigError` when a side exceeds :data:`ssd.limits.MAX_INPUT_SIDE`."""
-    size = compact_size(image_size)
-    if max(as_hw(size)) > MAX_INPUT_SIDE:
-        raise PriorConfigError(f"image_size {size_text(size)} exceeds the largest input side of {MAX_INPUT_SIDE} px "
-                               "(ssd.limits.MAX_INPUT_SIDE)")
-    return size
+__all__ = ["PRIOR_CONFIGS", "PriorConfig", "default_boxes"]
 
 
 @dataclass(frozen=True)

@@ -28,11 +28,11 @@ import torch
 from torch import Tensor
 
 from ssd.matching import MATCH_IOU
-from ssd.priors.config import PriorConfig, input_size
+from ssd.priors.config import PriorConfig
 from ssd.priors.coverage import coverage
 from ssd.priors.fit_rules import Bounds, FitRules, Layout
 from ssd.priors.fit_search import Scorer, Search, free_search, perturbed
-from ssd.sizes import size_text
+from ssd.sizes import input_size, size_text
 from ssd.text import render_table
 
 __all__ = ["FitResult", "FitRules", "fit_priors"]

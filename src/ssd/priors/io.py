@@ -20,9 +20,9 @@ import yaml
 
 from ssd.errors import PriorConfigError
 from ssd.files import write_text
-from ssd.priors.config import PriorConfig, input_size
+from ssd.priors.config import PriorConfig
 from ssd.priors.fit import FitResult
-from ssd.sizes import compact_size, size_text
+from ssd.sizes import compact_size, input_size, size_text
 from ssd.yamlfile import safe_load
 
 __all__ = ["load_priors", "save_priors", "train_command"]

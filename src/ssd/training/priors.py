@@ -11,9 +11,9 @@ from ssd.errors import PriorConfigError
 from ssd.log import LOGGER
 from ssd.models import MODEL_CONFIGS
 from ssd.models.build import default_priors
-from ssd.priors import PriorConfig, input_size
+from ssd.priors import PriorConfig
 from ssd.priors.io import load_priors
-from ssd.sizes import size_text
+from ssd.sizes import input_size, size_text
 
 __all__ = ["resolve_priors"]
 
