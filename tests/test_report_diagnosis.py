@@ -3,7 +3,7 @@
 import torch
 
 from ssd.evaluation.diagnosis import error_sources
-from ssd.evaluation.errors import error_breakdown
+from ssd.evaluation.tide import error_breakdown
 
 
 def test_small_uncovered_missed_objects_get_a_next_step():

@@ -1,6 +1,6 @@
 """Back to the data: where the missed and poorly localized objects are, by size and default-box coverage.
 
-The objects of :func:`ssd.evaluation.errors.error_breakdown` that are ``missed`` or that a localization error points
+The objects of :func:`ssd.evaluation.tide.error_breakdown` that are ``missed`` or that a localization error points
 at are split by the size buckets of :data:`ssd.priors.coverage.SIZE_BUCKETS` (``sqrt(w * h)`` relative to the
 image, as ``ssd check`` reports default-box coverage) and by whether any default box of the model reaches them at
 IoU 0.5 (an object no default box reaches gets only its one forced match in training). A large share of either
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ssd.evaluation.errors import OBJECT_STATES
+from ssd.evaluation.tide import OBJECT_STATES
 from ssd.matching import MATCH_IOU
 from ssd.priors.coverage import SIZE_BUCKETS, best_iou
 

@@ -12,7 +12,7 @@ from matplotlib import rc_context
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from ssd.evaluation.errors import DETECTION_TYPES, OBJECT_STATES
+from ssd.evaluation.tide import DETECTION_TYPES, OBJECT_STATES
 from ssd.plots import PLAIN_TEXT, class_color, draw_detections
 
 __all__ = ["BOX_KINDS", "plot_confidence_curves", "plot_confusion", "draw_errors"]

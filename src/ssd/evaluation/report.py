@@ -27,10 +27,10 @@ from ssd.evaluation.coco import COCO_STATS, evaluate_coco
 from ssd.evaluation.confusion import confusion_matrix
 from ssd.evaluation.curves import operating_point
 from ssd.evaluation.diagnosis import error_sources
-from ssd.evaluation.errors import DETECTION_TYPES, ERROR_TYPES, OBJECT_STATES, error_breakdown
 from ssd.evaluation.figures import BOX_KINDS, draw_errors, gallery_tags, plot_confidence_curves, plot_confusion
 from ssd.evaluation.html import render_report_html
 from ssd.evaluation.metrics import evaluate_voc
+from ssd.evaluation.tide import DETECTION_TYPES, ERROR_TYPES, OBJECT_STATES, error_breakdown
 from ssd.files import fitted_name, make_run_dir, write_text
 from ssd.inference.coco_results import to_coco_detections
 from ssd.plots import plot_pr_curves, save_image

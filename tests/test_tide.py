@@ -5,8 +5,8 @@ import torch
 
 from builders import jittered_detections
 from ssd.data import load_dataset
-from ssd.evaluation.errors import DETECTION_TYPES, OBJECT_STATES, error_breakdown
 from ssd.evaluation.results import ground_truths_from_records
+from ssd.evaluation.tide import DETECTION_TYPES, OBJECT_STATES, error_breakdown
 
 
 def _rows(boxes, labels, **extra):
