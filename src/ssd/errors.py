@@ -10,9 +10,9 @@ rule)::
     ├── CheckpointError         a checkpoint that is missing, truncated, corrupt, foreign or does not fit
     │   ├── WeightsDownloadError  known weights that could not be fetched or fail their checksum (ssd.weights.hub)
     │   ├── WeightsImportError    a foreign weights file that is no detector this library imports (ssd import)
-    │   └── OnnxModelError        an exported model that ssd cannot run (ssd.inference.backends)
+    │   ├── OnnxModelError        an exported model that ssd cannot run (ssd.inference.backends)
+    │   └── ModelConfigError      a checkpoint's model configuration that lacks a setting or holds a wrong type
     ├── ConfigError             an unknown option or an invalid value (ssd.settings, every command's options)
-    ├── ModelConfigError        a saved model configuration that lacks a setting or holds a wrong type
     ├── PriorConfigError        a default-box configuration or input size that gives no default boxes
     ├── BackboneWeightsError    a backbone weights file that is missing, unreadable or for another architecture
     ├── OutputError             an output that would overwrite an input, has the wrong kind, or failed to write
@@ -79,12 +79,13 @@ class OnnxModelError(CheckpointError):
     inconsistent."""
 
 
+class ModelConfigError(CheckpointError):
+    """A checkpoint's model configuration (``ModelConfig.from_dict``) that lacks a setting or holds one of the
+    wrong type."""
+
+
 class ConfigError(ValueError):
     """An unknown option or an invalid value (the message names the option, the value and the rule)."""
-
-
-class ModelConfigError(ValueError):
-    """A saved model configuration that lacks a setting or holds one of the wrong type."""
 
 
 class PriorConfigError(ValueError):

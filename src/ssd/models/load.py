@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ssd.errors import CheckpointError, ModelConfigError
+from ssd.errors import CheckpointError
 from ssd.log import LOGGER
 from ssd.models.build import MODEL_CONFIGS, build_from_config, checked_class_names, checked_priors
 from ssd.models.config import ModelConfig
@@ -113,10 +113,7 @@ def model_from_checkpoint(ckpt_or_path: Mapping[str, Any] | str | os.PathLike, c
 
 def _saved_config(ckpt: Mapping[str, Any], source: str) -> tuple[ModelConfig, list[str]]:
     """``(config, class names)`` of a checked checkpoint dict, validated: an edited one is refused naming ``source``."""
-    try:
-        config = ModelConfig.from_dict(ckpt["config"], source=source)
-    except ModelConfigError as exc:
-        raise CheckpointError(str(exc)) from None
+    config = ModelConfig.from_dict(ckpt["config"], source=source)
     if config.name not in MODEL_CONFIGS:
         raise CheckpointError(f"{source} holds a model named {config.name!r}, which this version of ssd does "
                               f"not know (known: {', '.join(MODEL_CONFIGS)})")
