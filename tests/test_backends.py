@@ -16,7 +16,7 @@ from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.errors import CheckpointError, OnnxModelError, OutputError
 from ssd.evaluation.evaluator import evaluate
-from ssd.export import export
+from ssd.export import check_export_folder, export
 from ssd.inference.backends import open_backend
 from ssd.inference.backends.onnx import OnnxBackend
 from ssd.inference.backends.opencv import OpenCvBackend
@@ -143,6 +143,11 @@ def test_openvino_files_changed_after_export_are_refused(artifacts, tmp_path):
     (edited / "metadata.json").write_text(json.dumps(meta))
     with pytest.raises(OnnxModelError, match=r"edited: the model card has no checksum"):
         OpenVinoBackend(edited)
+    (edited / "metadata.json").write_text("[" * 200_000)  # deeper than json.loads recurses
+    with pytest.raises(OnnxModelError, match=r"edited/metadata\.json is nested too deeply to be a JSON object of "):
+        OpenVinoBackend(edited)
+    with pytest.raises(OutputError, match=r"edited is an existing folder that is not an OpenVINO export of ssd"):
+        check_export_folder(edited, exist_ok=True)
     (edited / "metadata.json").unlink()
     with pytest.raises(OnnxModelError, match=r"edited is not an `ssd export --format openvino` folder \(no "
                                              r"metadata\.json\)"):

@@ -105,7 +105,8 @@ def test_a_file_written_before_the_card_is_checked_against_its_network_checksums
 
 @pytest.mark.parametrize(("text", "message"), [
     (b"{\xff}", r"^m\.json is not JSON \("), ("[1]", r"^m\.json is not a JSON object of strings; export the model"),
-    ('{"class_names": ["a"]}', r"^m\.json is not a JSON object of strings")])
+    ('{"class_names": ["a"]}', r"^m\.json is not a JSON object of strings"),
+    ("[" * 200_000, r"^m\.json is nested too deeply to be a JSON object of strings; export the model again$")])
 def test_a_card_stored_as_json_must_be_an_object_of_strings(text, message):
     assert strings_from_json('{"a": "1"}', "m.json") == {"a": "1"}
     with pytest.raises(ValueError, match=message):

@@ -306,11 +306,14 @@ class ModelCard:
 
 def strings_from_json(text: str | bytes, source: str, error: type[Exception] = ValueError) -> dict[str, str]:
     """A card's string form (:meth:`ModelCard.to_strings`) stored as a JSON object (OpenVINO's ``metadata.json``, a
-    ``.pt2``'s ``ssd.json``); refused (``error`` naming ``source``) when it is not JSON or not an object of strings."""
+    ``.pt2``'s ``ssd.json``); refused (``error`` naming ``source``) when it is not JSON, nested deeper than the
+    interpreter decodes, or not an object of strings."""
     try:
         raw = json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise error(f"{source} is not JSON ({e}); export the model again") from e
+    except RecursionError:  # a card is one flat object; the decoder recurses per level of nesting
+        raise error(f"{source} is nested too deeply to be a JSON object of strings; export the model again") from None
     if not isinstance(raw, dict) or not all(isinstance(v, str) for v in raw.values()):
         raise error(f"{source} is not a JSON object of strings; export the model again")
     return raw
