@@ -239,8 +239,10 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
     with memo.active():
         spec = load_dataset(data, class_names=class_names)
         _first_split(spec, splits)
+        tables = spec.splits  # a reader's tables (COCO) made records once: the check walks them several times
+        spec.splits = {name: list(records) for name, records in tables.items()}
         issues = find_issues(spec, splits, decode_images=True)
-    spec.splits = {name: RecordTable.from_records(records) for name, records in spec.splits.items()}
+    spec.splits = {name: RecordTable.from_records(records) for name, records in tables.items()}
     if lock is None:
         return Indexed(spec, issues, memo.reads)
     try:

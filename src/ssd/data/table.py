@@ -11,7 +11,7 @@ and reports); training reads the arrays (:meth:`objects`). Boxes are stored as t
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +22,8 @@ __all__ = ["RecordTable", "Strings", "select", "object_arrays"]
 
 DIFFICULT, CROWD = 1, 2
 """Bits of :attr:`RecordTable.flags`."""
+_CHUNK = 1024
+"""Images whose records iterating a table builds at once (their columns decoded together)."""
 _ENCODING = ("utf-8", "surrogatepass")  # any str round-trips, lone surrogates included
 
 
@@ -52,9 +54,12 @@ class Strings:
     def __getitem__(self, i: int) -> str:
         return self.prefix + self.blob[self.offsets[i]:self.offsets[i + 1]].tobytes().decode(*_ENCODING)
 
-    def tolist(self) -> list[str]:
-        data, offsets = self.blob.tobytes(), self.offsets.tolist()
-        return [self.prefix + data[a:b].decode(*_ENCODING) for a, b in itertools.pairwise(offsets)]
+    def tolist(self, start: int = 0, stop: int | None = None) -> list[str]:
+        """The texts ``start:stop``, decoded at once."""
+        offsets = self.offsets[start:(len(self) if stop is None else stop) + 1]
+        data = self.blob[offsets[0]:offsets[-1]].tobytes()
+        return [self.prefix + data[a:b].decode(*_ENCODING) for a, b in itertools.pairwise((offsets - offsets[0])
+                                                                                            .tolist())]
 
     def take(self, index: np.ndarray) -> Strings:
         """The texts at ``index`` (int array), in that order."""
@@ -222,15 +227,32 @@ class RecordTable(Sequence[ImageRecord]):
         if isinstance(i, slice):
             return self.take(np.arange(len(self))[i])
         i = range(len(self))[i]  # negative indices, and IndexError past the end
-        rows = range(*self.objects(i).indices(self.num_objects))
-        objects = [ObjectRecord(tuple(float(v) for v in self.boxes[j]), int(self.labels[j]), self.names[j],
-                                bool(self.flags[j] & DIFFICULT), bool(self.flags[j] & CROWD), int(self.lines[j]),
-                                Path(self.sources[j]) if self.sources[j] else None, self.where[j], self.raw[j])
-                   for j in rows]
-        width, height = (int(v) if v >= 0 else None for v in self.sizes[i])
-        annotation = self.annotations[i]
-        return ImageRecord(self.path(i), Path(annotation) if annotation else None, objects, width, height,
-                           self.image_id(i))
+        return self._records(i, i + 1)[0]
+
+    def __iter__(self) -> Iterator[ImageRecord]:
+        for start in range(0, len(self), _CHUNK):
+            yield from self._records(start, min(start + _CHUNK, len(self)))
+
+    def _records(self, start: int, stop: int) -> list[ImageRecord]:
+        """The rich records of images ``start:stop``, their columns read at once."""
+        lo, hi = int(self.first[start]), int(self.first[stop])
+        boxes, labels = self.boxes[lo:hi].tolist(), self.labels[lo:hi].tolist()
+        flags, lines = self.flags[lo:hi].tolist(), self.lines[lo:hi].tolist()
+        names, sources, where, raw = (getattr(self, n).tolist(lo, hi) for n in ("names", "sources", "where", "raw"))
+        source = {text: Path(text) for text in set(sources) if text}  # one Path per annotation file
+        first = (self.first[start:stop + 1] - lo).tolist()
+        records = []
+        for k, (path, annotation, image_id, is_int, size) in enumerate(zip(
+                self.paths.tolist(start, stop), self.annotations.tolist(start, stop),
+                self.image_ids.tolist(start, stop), self.id_is_int[start:stop].tolist(),
+                self.sizes[start:stop].tolist())):
+            objects = [ObjectRecord(tuple(boxes[j]), labels[j], names[j], bool(flags[j] & DIFFICULT),
+                                    bool(flags[j] & CROWD), lines[j], source.get(sources[j]), where[j], raw[j])
+                       for j in range(first[k], first[k + 1])]
+            width, height = (v if v >= 0 else None for v in size)
+            records.append(ImageRecord(Path(path), Path(annotation) if annotation else None, objects, width, height,
+                                       int(image_id) if is_int else image_id))
+        return records
 
     def take(self, index: Sequence[int] | np.ndarray, keep_objects: np.ndarray | None = None) -> RecordTable:
         """The images at ``index`` (in that order) with their objects; ``keep_objects``: a bool mask ``[M]`` of the
