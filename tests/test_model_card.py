@@ -93,14 +93,19 @@ def test_a_card_refuses_the_class_names_a_model_refuses(names, message):
 
 def test_a_file_written_before_the_card_is_checked_against_its_network_checksums():
     legacy = {"xml_sha256": lambda: "a", "bin_sha256": lambda: "b"}  # OpenVINO's; ONNX and pt2 store one
-    CARD.verify_file({"xml_sha256": "a", "bin_sha256": "b"}, lambda: pytest.fail("no card checksum to check"),
-                     legacy, "m")
+    strings, sealed = CARD.to_strings(), CARD.sealed("n")
+    read = ModelCard.from_file_strings({**strings, "xml_sha256": "a", "bin_sha256": "b"},
+                                       lambda: pytest.fail("no card checksum to check"), legacy, "m")
+    assert read == CARD
     with pytest.raises(ValueError, match=r"^m: the network does not match the checksum stored at export "
                                          r"\(bin_sha256, missing or different\)"):
-        CARD.verify_file({"xml_sha256": "a"}, lambda: "n", legacy, "m")
+        ModelCard.from_file_strings({**strings, "xml_sha256": "a"}, lambda: "n", legacy, "m")
     with pytest.raises(ValueError, match=r"^m: the model card has no checksum"):  # no key at all: refused
-        CARD.verify_file({}, lambda: "n", legacy, "m")
-    CARD.sealed("n").verify_file({"xml_sha256": "x"}, lambda: "n", legacy, "m")  # a card's checksum wins
+        ModelCard.from_file_strings(strings, lambda: "n", legacy, "m")
+    checked = {**sealed.to_strings(), "xml_sha256": "x"}  # a card's checksum wins
+    assert ModelCard.from_file_strings(checked, lambda: "n", legacy, "m") == sealed
+    with pytest.raises(ValueError, match=r"^m: the network \(weights or graph\) does not match the checksum"):
+        ModelCard.from_file_strings(checked, lambda: "other", legacy, "m")
 
 
 @pytest.mark.parametrize(("text", "message"), [

@@ -289,19 +289,24 @@ class ModelCard:
         if self.checksum["sha256"] != _whole(network, stored):
             raise error(f"{source}: the checksum of the model card was edited; export or save the model again")
 
-    def verify_file(self, raw: Mapping[str, str], network: Callable[[], str], legacy: Mapping[str, Callable[[], str]],
-                    source: str, error: type[Exception] = ValueError) -> None:
-        """:meth:`verify` for the card of an exported file (``raw``, its string form) against ``network()``. A file
-        written before the card has no checksum but its kind's network checksums (``legacy``: key -> the digest it
-        stores), each checked as it was then. A missing checksum is refused like a wrong one: deleting it must not
-        let an edit through. The digests are computed only when needed."""
-        if self.checksum is None and any(key in raw for key in legacy):
+    @classmethod
+    def from_file_strings(cls, raw: Mapping[str, str], network: Callable[[], str],
+                          legacy: Mapping[str, Callable[[], str]], source: str,
+                          error: type[Exception] = ValueError) -> ModelCard:
+        """The card of an exported file (``raw``, its string form: :meth:`from_strings`), checked against
+        ``network()`` (:meth:`verify`). A file written before the card has no checksum but its kind's network
+        checksums (``legacy``: key -> the digest it stores), each checked as it was then. A missing checksum is
+        refused like a wrong one: deleting it must not let an edit through. The digests are computed only when
+        needed, once."""
+        card = cls.from_strings(raw, source, error)
+        if card.checksum is None and any(key in raw for key in legacy):
             for key, digest in legacy.items():
                 if raw.get(key) != digest():
                     raise error(f"{source}: the network does not match the checksum stored at export ({key}, missing "
                                 "or different): the file was modified or corrupted after `ssd export`; export it again")
-            return
-        self.verify(network(), source, error)
+            return card
+        card.verify(network(), source, error)
+        return card
 
 
 def strings_from_json(text: str | bytes, source: str, error: type[Exception] = ValueError) -> dict[str, str]:

@@ -66,8 +66,8 @@ class OnnxBackend:
         self.device = torch.device("cpu")
         self.session = self._open_session(device)
         raw = self.session.get_modelmeta().custom_metadata_map
-        self.card = ModelCard.from_strings(raw, str(self.path), OnnxModelError)
-        self.card.verify_file(raw, self.network_digest, self.legacy_checksums(), str(self.path), OnnxModelError)
+        self.card = ModelCard.from_file_strings(raw, self.network_digest, self._legacy_checksums(), str(self.path),
+                                                OnnxModelError)
         self.fixed_batch = self._check_graph()
         self._priors: Tensor | None = None
 
@@ -95,7 +95,7 @@ class OnnxBackend:
 
         return graph_digest(onnx.load(str(self.path)))
 
-    def legacy_checksums(self) -> dict[str, Callable[[], str]]:
+    def _legacy_checksums(self) -> dict[str, Callable[[], str]]:
         """The network checksums a file written before the model card stores (key -> its digest): the graph's."""
         return {"graph_sha256": self.network_digest}
 

@@ -118,7 +118,7 @@ class OpenVinoBackend(OnnxBackend):
             if not (self.path / name).is_file():
                 raise OnnxModelError(f"{self.path}: {name} is missing; export the model again")
 
-    def legacy_checksums(self) -> dict[str, Callable[[], str]]:
+    def _legacy_checksums(self) -> dict[str, Callable[[], str]]:
         """:func:`file_digest` of each IR file (a missing one is refused by name), as files written before the model
         card store them."""
         self._check_files()

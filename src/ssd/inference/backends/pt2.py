@@ -11,6 +11,7 @@ back to a full unpickler for sample inputs the safe one refuses, so an archive i
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -96,9 +97,9 @@ class ExportedProgramBackend:
         except Exception as e:  # a damaged archive fails in zipfile, the unpickler or the graph schema
             raise OnnxModelError(f"cannot load torch.export model {self.path}: {e}") from e
         raw = strings_from_json(extra[METADATA_FILE] or "{}", f"{self.path}: its {METADATA_FILE}", OnnxModelError)
-        self.card = ModelCard.from_strings(raw, str(self.path), OnnxModelError)
-        digest = program_digest(program)
-        self.card.verify_file(raw, lambda: digest, {"program_sha256": lambda: digest}, str(self.path), OnnxModelError)
+        digest = functools.cache(lambda: program_digest(program))  # the card's checksum or the one of before it
+        self.card = ModelCard.from_file_strings(raw, digest, {"program_sha256": digest}, str(self.path),
+                                                OnnxModelError)
         self.module = program.module().to(self.device)
         self._priors: Tensor | None = None
 
