@@ -11,8 +11,8 @@ import torch
 
 from builders import biased_model, random_images
 from ssd.cli import main
-from ssd.errors import ExportCheckError, OnnxModelError
-from ssd.export import export
+from ssd.errors import ExportCheckError, OnnxModelError, OutputError
+from ssd.export import check_export_folder, export
 from ssd.export.onnx import export_onnx
 from ssd.export.parity import check_onnx
 from ssd.export.pt2 import export_pt2
@@ -315,6 +315,15 @@ def test_every_list_of_formats_derives_from_the_one_artifact_table():
     assert BACKENDS["opencv"].suffixes == () and BACKENDS["onnx"].suffixes == (".onnx",)
     for kind in ARTIFACTS.values():  # every exporter and opener the table names exists
         assert all(callable(resolve(target)) for target in [*kind.runtimes.values(), kind.exporter] if target)
+
+
+def test_an_existing_folder_that_is_no_export_of_ssd_is_refused_naming_a_few_of_its_files(tmp_path):
+    for name in ("a", "b", "c", "d", "e", "f", "g"):
+        (tmp_path / f"{name}.txt").write_text("mine")
+    with pytest.raises(OutputError, match=r"^--output .* is an existing folder that is not an OpenVINO export of ssd "
+                                          r"\(it holds a\.txt, b\.txt, c\.txt, d\.txt, e\.txt, \.\.\. \(2 more\)\): "
+                                          r"choose a new folder$"):
+        check_export_folder(tmp_path, exist_ok=True)
 
 
 @pytest.mark.slow

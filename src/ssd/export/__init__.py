@@ -22,6 +22,7 @@ from ssd.errors import OutputError
 from ssd.files import check_output
 from ssd.schemas import ExportConfig
 from ssd.settings import PREDICT, check_thresholds
+from ssd.text import few
 
 __all__ = ["FORMATS", "default_output", "check_export_folder", "export"]
 
@@ -67,7 +68,7 @@ def check_export_folder(folder: Path, exist_ok: bool) -> None:
     ours = names <= {*IR_FILES, METADATA_FILE} and _is_card(folder / METADATA_FILE)
     if not ours:
         raise OutputError(f"--output {folder} is an existing folder that is not an OpenVINO export of ssd (it holds "
-                          f"{', '.join(sorted(names)[:5])}{', ...' if len(names) > 5 else ''}): choose a new folder")
+                          f"{few(sorted(names))}): choose a new folder")
     if not exist_ok:
         raise OutputError(f"--output {folder} already holds an OpenVINO export: pass --exist-ok to replace it, or "
                           "choose a new folder")
