@@ -133,6 +133,13 @@ def jittered_detections(ground_truths: list[dict], num_classes: int, seed: int =
     return out
 
 
+def write_image(path: Path, width: int, height: int, colour=(120, 30, 200)) -> Path:
+    """A plain ``width x height`` RGB image at ``path`` (its folder made), in the format of its suffix."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.new("RGB", (width, height), colour).save(path)
+    return path
+
+
 def make_yolo_folder(root: Path, count: int, splits=("train",)) -> Path:
     """A YOLO folder of ``count`` 64 px images per split (``<split>/images/<split><i>.png``, one box each) and
     ``classes.txt`` (``circle``): the plain layout whose file names tests assert."""
