@@ -133,10 +133,10 @@ def jittered_detections(ground_truths: list[dict], num_classes: int, seed: int =
     return out
 
 
-def write_image(path: Path, width: int, height: int, colour=(120, 30, 200)) -> Path:
+def write_image(path: Path, width: int, height: int) -> Path:
     """A plain ``width x height`` RGB image at ``path`` (its folder made), in the format of its suffix."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.new("RGB", (width, height), colour).save(path)
+    Image.new("RGB", (width, height), (120, 30, 200)).save(path)
     return path
 
 
