@@ -123,7 +123,7 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
 
 
 def split_loader(records: Sequence[ImageRecord], class_names: Sequence[str], inputs: ModelConfig | ModelCard, *,
-                 batch_size: int, workers: int = 0, cache_images: bool = False,
+                 batch_size: int, workers: int = 0, cache_images: bool | str | None = False,
                  info: ddp.DistInfo | None = None) -> DataLoader:
     """The evaluation loader of a split for a network whose input is described by ``inputs`` (``image_size``,
     ``mean``, ``std``: a model configuration or a model card): no augmentation, every image once in order, difficult

@@ -51,7 +51,7 @@ def run_demo(project: str | Path = "runs/demo", *, device: str = "auto", quiet: 
     project = Path(project)
     root = project / "data"
     config = TrainConfig(data=str(root), model="ssd_tiny", epochs=epochs, batch_size=batch_size, device=device,
-                         quiet=quiet, workers=workers, cache_images=True, project=str(project),
+                         quiet=quiet, workers=workers, cache_images="ram", project=str(project),
                          warmup_epochs=0.5, val_interval=max(1, epochs // 2), metric="voc", amp=True,
                          augment="light").update(**overrides)
     resolve_device(config.device)  # options and device refused before the images are generated
