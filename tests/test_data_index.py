@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import multiprocessing
 import os
 import pickle
@@ -197,62 +196,6 @@ def test_a_damaged_index_is_rebuilt_with_a_notice(damage, tmp_path, caplog):
     assert reads(data) == []
 
 
-def rewrite(path: Path, change) -> None:
-    """Rewrite the index file ``path`` with ``change(members)`` applied to its arrays (a dict), the zip valid."""
-    members = dict(np.load(path))
-    change(members)
-    np.savez(path, **members)
-
-
-def test_an_index_of_an_older_version_is_rebuilt_with_a_notice(tmp_path, caplog):
-    data = voc(tmp_path)
-    index_dataset(data)
-    path = index_file(data)
-
-    def version_1(members):  # as version 1 wrote it: one digest of every member
-        meta = json.loads(members["meta"].tobytes())
-        meta["key"]["version"] = 1
-        members["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
-        members["digest"] = members.pop("digests")
-    rewrite(path, version_1)
-    rebuilt = index_dataset(data)
-    (notice,) = [m for m in messages(caplog) if "dataset cache" in m]
-    assert notice == (f"dataset cache: {path} is not a valid index (it was written for index version 1, this ssd "
-                      "reads version 2): rebuilding it")
-    assert rebuilt.stored and len(rebuilt.reads) == 2 * 8 + 6 and reads(data) == []
-
-
-def test_the_message_columns_of_a_split_are_read_and_checked_alone_when_used(tmp_path, caplog):
-    data = voc(tmp_path)
-    index_dataset(data, splits=("train", "val"))
-    path = index_file(data)
-    val = json.loads(np.load(path)["meta"].tobytes())["splits"].index("val")
-    rewrite(path, lambda m: m.__setitem__(f"split{val}.where.blob", m[f"split{val}.where.blob"][::-1].copy()))
-    warm = index_dataset(data, splits=("train", "val"))
-    assert warm.reads == [] and not messages(caplog)  # a warm start does not read the message columns
-    assert warm.spec.records("train")[0].objects[0].where.startswith("Annotations/")  # train's own, intact
-    with pytest.raises(DataError, match="changed while this run used it"):
-        warm.spec.records("val")[0]
-    assert messages(caplog) == [f"dataset cache: {path} is not a valid index (its message columns of split {val} do "
-                                "not match their digest (edited or damaged)): removed, the next run rebuilds it"]
-    assert not path.exists() and len(reads(data, splits=("train", "val"))) == 3 * 8
-
-
-def test_damaged_per_file_results_are_not_trusted_when_rebuilding(tmp_path, caplog):
-    data = voc(tmp_path)
-    index_dataset(data)
-    path = index_file(data)
-    rewrite(path, lambda m: m.__setitem__("memo", np.concatenate([m["memo"], np.frombuffer(b" ", np.uint8)])))
-    assert reads(data) == [] and not messages(caplog)  # a warm start does not read them
-    xml = data / "Annotations" / "synth_000001.xml"
-    xml.write_text(xml.read_text() + " ")
-    settle(data)
-    assert len(reads(data)) == 2 * 8 + 6  # every file read again, not only the changed one
-    assert messages(caplog) == [f"dataset cache: {path} is not a valid index (its per-file results do not match "
-                                "their digest (edited or damaged)): rebuilding it"]
-    assert reads(data) == []
-
-
 def test_an_unwritable_cache_folder_is_said_once(tmp_path, monkeypatch, caplog):
     data = voc(tmp_path)
     (tmp_path / "file").write_text("")
@@ -401,62 +344,3 @@ def test_an_evaluation_rank_caches_only_the_images_it_reads(synthetic_voc):
     for a, b in zip(cached, plain, strict=True):
         assert torch.equal(a["images"], b["images"]) and a["paths"] == b["paths"]
 
-
-COCO_DEFECTS = [  # (annotation, the old reader's message for it or None when it is an object)
-    ({"id": 1, "image_id": 11, "category_id": 1, "bbox": [5, 5, 30, 25]}, None),
-    ({"id": 2, "image_id": 10, "category_id": 2, "bbox": [2.25, 3, 10, 7], "iscrowd": 1.0}, None),
-    ({"id": 3, "image_id": 99, "category_id": 1, "bbox": [2, 3, 4, 5]}, "annotation id 3: image_id 99 is not in "
-     "'images'"),
-    ({"id": 4, "image_id": [1], "category_id": 1, "bbox": [2, 3, 4, 5]}, "annotation id 4: image_id [1] is not in "
-     "'images'"),
-    ({"id": 5, "image_id": 11, "category_id": 1, "bbox": [2, 3, True, 5]}, "annotation id 5: bbox [2, 3, True, 5] is "
-     "not [x, y, w, h] numbers"),
-    ({"id": 6, "image_id": 11, "category_id": 1, "bbox": "2 3 4 5"}, "annotation id 6: bbox '2 3 4 5' is not [x, y, "
-     "w, h] numbers"),
-    ({"id": 7, "image_id": 10, "category_id": 1, "bbox": [10, 5, 35, 28]}, "annotation id 7: bbox [10, 5, 35, 28] "
-     "passes the 40x30 image as [x, y, width, height] but fits it as [x1, y1, x2, y2]; COCO bboxes are [x, y, width, "
-     "height] (write width = x2 - x1, height = y2 - y1)"),
-    ({"id": "8", "image_id": 11, "category_id": 1, "bbox": [1, 1, 4, 4]}, "annotations[7]: id '8' is not an "
-     "integer"),
-    ({"id": 9, "image_id": 11, "category_id": 1, "bbox": [1, 1, 4, 4], "iscrowd": "1"}, "annotation id 9: iscrowd "
-     "'1' is not 0 or 1"),
-    ({"id": 1, "image_id": 10, "category_id": 1, "bbox": [1, 1, 4, 4]}, "annotation id 1: id 1 is also "
-     "annotations[0] (annotation ids must be unique)"),
-    ({"id": 2**70, "image_id": 10, "category_id": 7, "bbox": [0.1, 0.2, 0.30000000000000004, 10**400]}, None),
-    ({"id": -5, "image_id": 11, "category_id": True, "bbox": [-1, 0.1, 4, 4.333333333333333]}, None),
-]
-
-
-def test_the_coco_reader_keeps_its_records_and_messages(tmp_path):
-    """The COCO reader builds its table from columns: the same records, issues and file:line messages as the
-    per-object reader it replaced (its output on this file, written out here), objects grouped by image."""
-    (tmp_path / "images").mkdir()
-    for i in range(2):
-        Image.new("RGB", (40 + 8 * i, 30)).save(tmp_path / "images" / f"{i}.jpg")
-    coco = {"images": [{"id": 10, "file_name": "0.jpg"}, {"id": 11, "file_name": "1.jpg"}],
-            "annotations": [a for a, _ in COCO_DEFECTS], "categories": [{"id": 2, "name": "dog"},
-                                                                       {"id": 1, "name": "cat"}]}
-    path = tmp_path / "instances_train.json"
-    path.write_text(json.dumps(coco))
-    spec = load_dataset(path)
-    assert [(i.code, i.message, i.line, i.image) for i in spec.issues] == [
-        ("parse_error", f"instances_train.json {message}", a["id"] if isinstance(a["id"], int) else None,
-         None if a["image_id"] not in (10, 11) else tmp_path / "images" / f"{a['image_id'] - 10}.jpg")
-        for a, message in COCO_DEFECTS if message]
-    table = spec.records("train")
-    assert isinstance(table, RecordTable) and table.boxes.dtype == np.float64  # the values as written
-    objects = [[(o.box, o.label, o.name, o.iscrowd, o.line, o.source, o.where, o.raw) for o in r.objects]
-               for r in table]
-    assert objects == [
-        [((2.25, 3.0, 12.25, 10.0), 1, "dog", True, 2, path, "instances_train.json annotation id 2",
-          "bbox [2.25, 3, 10, 7]"),
-         ((0.1, 0.2, 0.4, math.inf), -1, "category 7", False, 2**63 - 1, path,
-          f"instances_train.json annotation id {2**70}", f"bbox [0.1, 0.2, 0.30000000000000004, {10**400}]")],
-        [((5.0, 5.0, 35.0, 30.0), 0, "cat", False, 1, path, "instances_train.json annotation id 1",
-          "bbox [5, 5, 30, 25]"),
-         ((-1.0, 0.1, 3.0, 4.433333333333333), -1, "category True", False, -5, path,
-          "instances_train.json annotation id -5", "bbox [-1, 0.1, 4, 4.333333333333333]")]]
-    assert [(r.path.name, r.annotation, r.width, r.height, r.image_id) for r in table] == [
-        ("0.jpg", path, 40, 30, 10), ("1.jpg", path, 48, 30, 11)]
-    indexed = index_dataset(path, splits=("train",)).spec.records("train")
-    assert indexed.boxes.dtype == np.float32 and np.array_equal(indexed.boxes, table.boxes.astype(np.float32))

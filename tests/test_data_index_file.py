@@ -1,0 +1,89 @@
+"""The dataset index's file: each group of members checked when it is read (a warm start reads only what training
+uses), an older version or a damaged group rebuilt with a one-line notice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ssd.data.index as index_module
+from builders import make_dataset
+from ssd.data.index import index_dataset
+from ssd.errors import DataError
+from test_data_index import index_file, messages, reads, settle, voc
+
+
+def rewrite(path: Path, change) -> None:
+    """Rewrite the index file ``path`` with ``change(members)`` applied to its arrays (a dict), the zip valid."""
+    members = dict(np.load(path))
+    change(members)
+    np.savez(path, **members)
+
+
+def test_an_index_of_an_older_version_is_rebuilt_with_a_notice(tmp_path, caplog):
+    data = voc(tmp_path)
+    index_dataset(data)
+    path = index_file(data)
+
+    def version_1(members):  # as version 1 wrote it: one digest of every member
+        meta = json.loads(members["meta"].tobytes())
+        meta["key"]["version"] = 1
+        members["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+        members["digest"] = members.pop("digests")
+    rewrite(path, version_1)
+    rebuilt = index_dataset(data)
+    (notice,) = [m for m in messages(caplog) if "dataset cache" in m]
+    assert notice == (f"dataset cache: {path} is not a valid index (it was written for index version 1, this ssd "
+                      "reads version 2): rebuilding it")
+    assert rebuilt.stored and len(rebuilt.reads) == 2 * 8 + 6 and reads(data) == []
+
+
+def test_the_message_columns_of_a_split_are_read_and_checked_alone_when_used(tmp_path, caplog):
+    data = voc(tmp_path)
+    index_dataset(data, splits=("train", "val"))
+    path = index_file(data)
+    val = json.loads(np.load(path)["meta"].tobytes())["splits"].index("val")
+    rewrite(path, lambda m: m.__setitem__(f"split{val}.where.blob", m[f"split{val}.where.blob"][::-1].copy()))
+    warm = index_dataset(data, splits=("train", "val"))
+    assert warm.reads == [] and not messages(caplog)  # a warm start does not read the message columns
+    assert warm.spec.records("train")[0].objects[0].where.startswith("Annotations/")  # train's own, intact
+    with pytest.raises(DataError, match="changed while this run used it"):
+        warm.spec.records("val")[0]
+    assert messages(caplog) == [f"dataset cache: {path} is not a valid index (its message columns of split {val} do "
+                                "not match their digest (edited or damaged)): removed, the next run rebuilds it"]
+    assert not path.exists() and len(reads(data, splits=("train", "val"))) == 3 * 8
+
+
+def test_damaged_per_file_results_are_not_trusted_when_rebuilding(tmp_path, caplog):
+    data = voc(tmp_path)
+    index_dataset(data)
+    path = index_file(data)
+    rewrite(path, lambda m: m.__setitem__("memo", np.concatenate([m["memo"], np.frombuffer(b" ", np.uint8)])))
+    assert reads(data) == [] and not messages(caplog)  # a warm start does not read them
+    xml = data / "Annotations" / "synth_000001.xml"
+    xml.write_text(xml.read_text() + " ")
+    settle(data)
+    assert len(reads(data)) == 2 * 8 + 6  # every file read again, not only the changed one
+    assert messages(caplog) == [f"dataset cache: {path} is not a valid index (its per-file results do not match "
+                                "their digest (edited or damaged)): rebuilding it"]
+    assert reads(data) == []
+
+
+def test_a_new_set_of_splits_walks_the_dataset_folder_once(tmp_path, monkeypatch):
+    data = voc(tmp_path)
+    index_dataset(data, splits=("train",))
+    walks, walk = [], index_module._walk
+    monkeypatch.setattr(index_module, "_walk", lambda root, *rest: walks.append(root) or walk(root, *rest))
+    both = index_dataset(data, splits=("train", "val"))  # unchanged files, a check not stored yet: val decoded
+    assert walks == [data] and both.stored and sorted(kind for kind, _ in both.reads) == ["decode", "decode"]
+
+
+def test_the_per_file_results_name_their_arguments_by_a_digest(tmp_path):
+    yaml = settle(make_dataset("yolo", tmp_path).parent) / "data.yaml"
+    index_dataset(yaml, splits=("train", "val"))
+    memo = json.loads(np.load(index_file(yaml))["memo"].tobytes())
+    keys = [key.split("\0") for key in memo if key.startswith("yolo\0")]
+    assert len(keys) == 16 and all(len(parts) == 3 and len(parts[2]) == 24 for parts in keys)  # no class list
