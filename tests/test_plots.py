@@ -77,6 +77,23 @@ def test_plot_pr_curves_and_label_stats(tmp_path):
         plot_label_stats(boxes, labels[:2], ["a", "b", "c"], tmp_path / "x.png")
 
 
+def test_label_stats_count_every_box_and_scatter_a_seeded_sample_of_a_large_split(tmp_path, figures):
+    n = plots.MAX_SCATTER_BOXES + 5_000
+    sides = torch.arange(n, dtype=torch.float32) % 97 + 1
+    boxes = torch.stack([torch.zeros(n), torch.zeros(n), sides, 2 * sides], 1)
+    labels = torch.arange(n) % 3
+    for _ in range(2):
+        plot_label_stats(boxes, labels, ["a", "b", "c"], tmp_path / "labels.png")
+    count_ax, size_ax = figures[0].axes
+    assert [bar.get_height() for bar in count_ax.patches] == [(n + 2) // 3, (n + 1) // 3, n // 3]
+    points = size_ax.collections[0].get_offsets()
+    assert len(points) == plots.MAX_SCATTER_BOXES and (points[:, 1] == 2 * points[:, 0]).all()
+    assert size_ax.get_title() == f"box sizes ({plots.MAX_SCATTER_BOXES:,} of {n:,} shown)"
+    assert np.array_equal(points, figures[1].axes[1].collections[0].get_offsets())  # the same sample every time
+    plot_label_stats(boxes[:10], labels[:10], ["a", "b", "c"], tmp_path / "labels.png")
+    assert figures[2].axes[1].get_title() == "box sizes" and len(figures[2].axes[1].collections[0].get_offsets()) == 10
+
+
 def test_class_named_as_broken_mathtext_is_drawn_as_plain_text(tmp_path):
     from ssd.evaluation.figures import plot_confusion
 

@@ -54,6 +54,9 @@ named ``$\\frac{a}{$`` is text, not mathtext that fails to parse)."""
 RESULTS_COLUMNS = ("epoch", "train/loss", "train/loc_loss", "train/cls_loss", "val/loss", "val/loc_loss",
                    "val/cls_loss", "lr", "val/mAP", "val/precision", "val/recall", "time")
 
+MAX_SCATTER_BOXES = 20_000
+"""Most boxes the box-size scatter of :func:`plot_label_stats` draws (a seeded sample beyond it): a scatter of every box
+of a large dataset costs seconds at every training start and shows no more."""
 _PALETTE = [tuple(round(255 * c) for c in colormaps["tab20"](i)[:3]) for i in (*range(0, 20, 2), *range(1, 20, 2))]
 _FONT = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
 
@@ -201,10 +204,14 @@ def plot_label_stats(boxes: Tensor | np.ndarray, labels: Tensor | np.ndarray, cl
         if legend:  # the ticks show indices: say which class each is
             count_ax.legend(handles=[Patch(color=c, label=line) for c, line in zip(colors, legend)], title="class",
                             fontsize="small", ncols=-(-len(legend) // 20))
-        width, height = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
-        size_ax.scatter(width, height, s=4, alpha=min(1.0, max(0.05, 200 / max(len(labels), 1))),
-                        c=[colors[k] for k in labels] if len(labels) else None)
-        size_ax.set(title="box sizes", xlabel="width (px)", ylabel="height (px)")
+        shown = np.arange(len(labels))
+        if len(shown) > MAX_SCATTER_BOXES:
+            shown = np.sort(np.random.default_rng(0).choice(len(shown), MAX_SCATTER_BOXES, replace=False))
+        width, height = boxes[shown, 2] - boxes[shown, 0], boxes[shown, 3] - boxes[shown, 1]
+        size_ax.scatter(width, height, s=4, alpha=min(1.0, max(0.05, 200 / max(len(shown), 1))),
+                        c=np.asarray(colors).reshape(-1, 3)[labels[shown]] if len(shown) else None)
+        sampled = f" ({len(shown):,} of {len(labels):,} shown)" if len(shown) < len(labels) else ""
+        size_ax.set(title=f"box sizes{sampled}", xlabel="width (px)", ylabel="height (px)")
         size_ax.grid(alpha=0.3)
         return _save(fig, out_png)
 
