@@ -209,7 +209,7 @@ def release_freed_heap() -> None:
     """Hand the heap freed while reading a dataset (file lists, arrays read and dropped) back to the system: glibc
     keeps it (about 1 kB per image, in every training process) unless asked. Elsewhere (no ``malloc_trim``) nothing
     to do."""
-    with suppress(OSError, AttributeError):
+    with suppress(OSError, AttributeError, TypeError):  # no C library by that name, no such function
         ctypes.CDLL(None).malloc_trim(0)
 
 
