@@ -45,8 +45,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+import ssd.distributed as ddp
 from ssd.data.crops import fit_in_bytes
-from ssd.data.index import _lock, _main_first, cache_root
+from ssd.data.index import cache_lock, cache_root
 from ssd.data.memo import RACY_NS, file_state
 from ssd.errors import ConfigError, DataError, OutputError
 from ssd.files import atomic_write
@@ -205,14 +206,14 @@ def disk_images(paths: Sequence[str], sizes: np.ndarray, tag: str, decode: Decod
         raise ConfigError(f"cache_images=disk: {len(sizes):,} images ({tag}) take {nbytes / 2**20:,.2f} MB, more "
                           f"than ssd.limits.MAX_DISK_CACHE_BYTES ({MAX_DISK_CACHE_BYTES / 2**20:,.2f} MB); use "
                           "--cache-images off, a smaller input or fewer images")
-    with _main_first():
+    with ddp.main_first():
         since = time.time_ns() - RACY_NS
         states = np.array([state if (state := file_state(p)) and state[1] < since else (-1, -1, -1)
                            for p in absolute], np.int64).reshape(-1, 3)
         stored = _stored(folder / CACHE_FILE, key)
         if stored is not None and stored.fresh(sizes, states).all():
             return stored
-        lock = _lock(folder)
+        lock = cache_lock(folder)
         if lock is None:
             if os.access(folder, os.W_OK):
                 LOGGER.warning(f"image cache: {folder} is being built by another process; this run decodes the "
@@ -245,7 +246,7 @@ def _stored(path: Path, key: str) -> DiskImages | None:
         if offsets[-1] != end - _TRAILER.size - length or not np.array_equal(np.diff(offsets), 3 * shapes.prod(1)):
             raise ValueError("its offsets do not match its images")
         return DiskImages(path, header)
-    except (FileNotFoundError, NotADirectoryError):  # none yet, or no cache folder at all (said by _lock)
+    except (FileNotFoundError, NotADirectoryError):  # none yet, or no cache folder at all (said by cache_lock)
         return None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # npz, npy and JSON errors
         reason = (str(e) or type(e).__name__).splitlines()[0][:120]

@@ -26,7 +26,7 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +43,7 @@ from ssd.errors import OutputError
 from ssd.files import DirectoryLock, describe_os_error
 from ssd.log import LOGGER
 
-__all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "Indexed", "index_dataset", "release_freed_heap"]
+__all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "cache_lock", "Indexed", "index_dataset", "release_freed_heap"]
 
 INDEX_VERSION = 2
 """Changes whenever what an index stores changes: an index of another version is rebuilt (with a notice)."""
@@ -152,21 +152,7 @@ def _save(path: Path, key: dict, spec: DatasetSpec, checks: dict, memo: FileMemo
     return write_index(path, meta, arrays)
 
 
-@contextmanager
-def _main_first():
-    """Under torchrun, rank 0 runs the block first while the other ranks wait; they run it once it is done (and
-    then find its index)."""
-    main = not ddp._active() or ddp.dist.get_rank() == 0
-    if not main:
-        ddp.barrier()
-    try:
-        yield
-    finally:
-        if main:
-            ddp.barrier()
-
-
-def _lock(folder: Path) -> DirectoryLock | None:
+def cache_lock(folder: Path) -> DirectoryLock | None:
     """The index folder's lock; None (said once) when the folder cannot be written, or held by another process."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -195,8 +181,8 @@ def index_dataset(data: str | Path, *, class_names: list[str] | None = None, spl
     """
     key = _key(data, class_names)
     folder = cache_root() / "datasets" / _hash([FOLDER_SCHEME, key["data"]])
-    with _main_first():
-        lock = _lock(folder)
+    with ddp.main_first():
+        lock = cache_lock(folder)
         try:
             return _indexed(data, key, class_names, None if splits is None else list(splits), recheck,
                             folder / INDEX_FILE.format(_hash(class_names)), lock)
