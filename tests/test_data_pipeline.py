@@ -135,6 +135,15 @@ def test_loader_same_seed_same_batches_any_workers(synthetic_voc):
     assert _same(_batches(resumed), _batches(epochs))
 
 
+def test_a_readers_table_is_read_with_float32_boxes_like_indexed_records(tmp_path):
+    from builders import make_dataset
+
+    table = load_dataset(make_dataset("coco", tmp_path, train=2, val=1)).splits["train"]
+    assert table.boxes.dtype.name == "float64"  # as written in the JSON, for exact messages
+    dataset = DetectionDataset(table, list("abcdef"))
+    assert dataset.records.boxes.dtype.name == "float32" and dataset[0][1]["boxes"].dtype == torch.float32
+
+
 def test_difficult_left_out_of_training_kept_for_eval(tmp_path):
     from PIL import Image
 

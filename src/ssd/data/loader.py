@@ -80,7 +80,7 @@ class DetectionDataset(Dataset):
                  cache_images: bool | str | None = False, mosaic: Mosaic | None = None,
                  crop_scale: CropScale | None = None,
                  cached: Sequence[int] | None = None):
-        self.records = records if isinstance(records, RecordTable) else RecordTable.from_records(records)
+        self.records = RecordTable.from_records(records)  # a reader's table has float64 boxes: float32 here
         self.class_names = list(class_names)
         self.transform = transform
         self.image_size = image_size
