@@ -8,8 +8,8 @@ import pytest
 
 from ssd.cli import main
 from ssd.cli.parsers import build_parser, parse
-from ssd.errors import ConfigError, UsageError
-from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ValConfig, option_flag
+from ssd.errors import ConfigError
+from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ServeConfig, ValConfig, option_flag
 from ssd.training.config import TrainConfig
 
 
@@ -99,8 +99,8 @@ def test_val_and_predict_workers_beyond_the_bound_exit_2_before_anything_starts(
     assert err == f"error: ssd {command[0]}: {expected}"
 
 
-# Every option `ssd val|predict|export|benchmark` had before their schemas, with its default then: each still
-# parses, and the schema (ssd.schemas) holds the same default.
+# Every option `ssd val|predict|serve|export|benchmark` had before their schemas, with its default then (git show
+# f1643fa:src/ssd/cli/parsers.py): each still parses, and the schema (ssd.schemas) holds the same default.
 _BEFORE = {
     "val": (["--weights", "w.pt", "--data", "d"], dict(
         split="val", metric="voc07", batch_size=16, workers=0, recheck=False, device="auto", score_threshold=0.01,
@@ -110,6 +110,9 @@ _BEFORE = {
         score_threshold=None, iou_threshold=0.45, max_detections=100, batch_size=8, device="auto", half=False,
         exist_ok=False, fmt="json", save_images=True, save_txt=False, save_conf=False, save_crop=False, classes=None,
         workers=2, track=False, tracker=None, show=False, tile=None, tile_overlap=0.2)),
+    "serve": (["--weights", "w.pt"], dict(
+        weights=Path("w.pt"), host="127.0.0.1", port=8000, device="cpu", half=False, score_threshold=None,
+        iou_threshold=0.45, max_detections=100, max_batch=8, max_wait_ms=5.0, samples=None, threads=1)),
     "export": (["--weights", "w.pt"], dict(
         fmt="onnx", output=None, opset=18, dynamic_batch=False, nms=False, score_threshold=0.25, iou_threshold=0.45,
         max_detections=100, int8=False, data=None, calib_images=None, check=True, exist_ok=False)),
@@ -124,12 +127,15 @@ _OLD_FLAGS = {
     "predict": ["--weights", "--source", "--conf", "--iou", "--max-det", "--batch-size", "--device", "--half",
                 "--save-dir", "--exist-ok", "--format", "--no-save-images", "--save-txt", "--save-conf", "--save-crop",
                 "--classes", "--workers", "--track", "--tracker", "--show", "--tile", "--tile-overlap", "--quiet"],
+    "serve": ["--weights", "--host", "--port", "--device", "--half", "--conf", "--iou", "--max-det", "--max-batch",
+              "--max-wait-ms", "--samples", "--threads", "--quiet"],
     "export": ["--weights", "--format", "--output", "--opset", "--dynamic-batch", "--nms", "--conf", "--iou",
                "--max-det", "--int8", "--data", "--calib-images", "--no-check", "--exist-ok", "--quiet"],
     "benchmark": ["--weights", "--data", "--formats", "--artifacts", "--batch-sizes", "--floor", "--device",
                   "--calib-images", "--runs", "--skip-invalid", "--project", "--name", "--quiet"],
 }
-_SCHEMAS = {"val": ValConfig, "predict": PredictConfig, "export": ExportConfig, "benchmark": BenchmarkConfig}
+_SCHEMAS = {"val": ValConfig, "predict": PredictConfig, "serve": ServeConfig, "export": ExportConfig,
+            "benchmark": BenchmarkConfig}
 
 
 def _schema(argv: list[str]):
@@ -159,19 +165,12 @@ def test_lists_take_space_or_comma_separated_values_and_booleans_their_old_negat
     assert _schema(["val", "--weights", "w", "--data", "d", "--no-save"]).save is False
 
 
-def _checked(argv: list[str]):
-    """What ``ssd ARGV`` checks its options with: the command's schema, or for serve (no schema) the same rule."""
-    from ssd.cli.options import thresholds
-
-    return thresholds(parse(build_parser(), argv)) if argv[0] == "serve" else _schema(argv)
-
-
 @pytest.mark.parametrize("argv", [["val", "--weights", "w", "--data", "d"], ["predict", "--weights", "w", "--source",
                                   "s"], ["export", "--weights", "w", "--nms"], ["serve", "--weights", "w"]])
 def test_conf_1_is_accepted_and_above_1_refused_alike_on_every_command(argv):
-    _checked([*argv, "--conf", "1"])
-    with pytest.raises((ConfigError, UsageError), match=r"--conf must be a number in \[0, 1\], got 1.01"):
-        _checked([*argv, "--conf", "1.01"])
+    _schema([*argv, "--conf", "1"])
+    with pytest.raises(ConfigError, match=r"--conf must be a number in \[0, 1\], got 1.01"):
+        _schema([*argv, "--conf", "1.01"])
     assert TrainConfig(score_threshold=1).score_threshold == 1
     with pytest.raises(ConfigError, match=r"^score_threshold \(--conf\) must be a number in \[0, 1\], got 1.01$"):
         TrainConfig(score_threshold=1.01)
@@ -187,6 +186,12 @@ def test_conf_1_is_accepted_and_above_1_refused_alike_on_every_command(argv):
     (["benchmark", "--weights", "w", "--data", "d", "--runs", "0"], "--runs must be a positive integer, got 0"),
     (["benchmark", "--weights", "w", "--data", "d", "--floor", "nan"], "--floor must be mAP50 points in [0, 100]"),
     (["benchmark", "--weights", "w", "--data", "d", "--batch-sizes", "0"], "--batch-sizes must be positive integers"),
+    (["serve", "--weights", "w", "--port", "65536"], "--port must be in 0..65535 (0: a free port), got 65536"),
+    (["serve", "--weights", "w", "--max-batch", "0"], "--max-batch must be a positive integer, got 0"),
+    (["serve", "--weights", "w", "--max-wait-ms", "-1"], "--max-wait-ms must be in [0, 10000] milliseconds, got -1.0"),
+    (["serve", "--weights", "w", "--max-wait-ms", "nan"], "--max-wait-ms must be in [0, 10000] milliseconds, got nan"),
+    (["serve", "--weights", "w", "--threads", "-1"], "--threads must be a whole number, 0 or more (0: one per core), "
+                                                     "got -1"),
 ])
 def test_schema_errors_name_the_flag_and_exit_2(capsys, argv, message):
     with pytest.raises(ConfigError) as info:
@@ -194,6 +199,18 @@ def test_schema_errors_name_the_flag_and_exit_2(capsys, argv, message):
     assert str(info.value).startswith(message)
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith(f"error: ssd {argv[0]}: {message}")
+
+
+def test_serve_python_entry_takes_its_schema_defaults_and_checks_alike():
+    import inspect
+
+    from ssd.serve.server import serve
+
+    signature = inspect.signature(serve).parameters
+    assert {k: signature[k].default for k in signature if k != "weights"} == ServeConfig(weights="w").values("weights")
+    with pytest.raises(ConfigError, match=r"^--port must be in 0..65535 \(0: a free port\), got -1$"):
+        serve("w", port=-1)  # before the model is opened or a port taken
+    assert ServeConfig(weights="w", threads=None).threads is None  # the Python spelling of --threads 0
 
 
 def test_predict_save_dir_is_project_and_name_in_one_path():

@@ -313,7 +313,8 @@ def test_ssd_serve_refuses_a_bad_option_in_one_line(tiny_checkpoint, capsys):
         assert main(["serve", "--weights", str(tiny_checkpoint), "--port", str(port)]) == 1
         assert capsys.readouterr().err == (f"error: --host 127.0.0.1 --port {port}: cannot listen there "
                                            "(Address already in use)\n")
-    assert main(["serve", "--weights", str(tiny_checkpoint), "--port", "0", "--max-batch", "0"]) == 1
-    assert capsys.readouterr().err == "error: max_batch must be a positive integer, got 0\n"
-    assert main(["serve", "--weights", str(tiny_checkpoint), "--threads", "-1"]) == 1
-    assert capsys.readouterr().err == "error: --threads must be a positive integer, got -1\n"
+    assert main(["serve", "--weights", str(tiny_checkpoint), "--port", "0", "--max-batch", "0"]) == 2
+    assert capsys.readouterr().err == "error: ssd serve: --max-batch must be a positive integer, got 0\n"
+    assert main(["serve", "--weights", str(tiny_checkpoint), "--threads", "-1"]) == 2
+    assert capsys.readouterr().err == ("error: ssd serve: --threads must be a whole number, 0 or more (0: one per "
+                                       "core), got -1\n")

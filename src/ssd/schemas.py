@@ -1,5 +1,5 @@
-"""One schema per command: the options of ``ssd val``, ``ssd predict``, ``ssd export`` and ``ssd benchmark``
-(``ssd train``'s is :class:`ssd.training.config.TrainConfig`).
+"""One schema per command: the options of ``ssd val``, ``ssd predict``, ``ssd serve``, ``ssd export`` and
+``ssd benchmark`` (``ssd train``'s is :class:`ssd.training.config.TrainConfig`).
 
 Each schema is a frozen dataclass with a field per option: its type, its default and its help text, written once.
 The command line generates the command's options from the fields (:func:`ssd.cli.options.add_config_options`;
@@ -25,7 +25,11 @@ from ssd.errors import ConfigError
 from ssd.limits import MAX_WORKERS, value_text
 from ssd.settings import EVALUATE, PREDICT, THRESHOLD_OPTIONS, TILE_OVERLAP, check_thresholds, check_tile
 
-__all__ = ["ValConfig", "PredictConfig", "ExportConfig", "BenchmarkConfig", "option", "option_flag", "run_name_problem"]
+__all__ = ["ValConfig", "PredictConfig", "ServeConfig", "ExportConfig", "BenchmarkConfig", "MAX_WAIT_MS", "option",
+           "option_flag", "run_name_problem"]
+
+MAX_WAIT_MS = 10_000
+"""The longest ``ssd serve --max-wait-ms`` (:class:`ssd.serve.batching.Batcher` applies it too)."""
 
 
 def option(help: str, default: Any = dataclasses.MISSING, *, flag: str | None = None,
@@ -183,6 +187,41 @@ class PredictConfig(_Schema):
         """Where the run writes: ``save_dir``, else ``project/name`` (``name2``, ... when taken, unless
         ``exist_ok``)."""
         return self.save_dir if self.save_dir is not None else self.project / self.name
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig(_Schema):
+    """``ssd serve``: serve a model over HTTP (:func:`ssd.serve.server.serve`, whose keyword defaults these are)."""
+
+    weights: Path = option("anything ssd predict takes")
+    host: str = option("address to listen on (a loopback address: this machine only)", "127.0.0.1")
+    port: int = option("port to listen on", 8000)
+    device: str = option("cpu, cuda, cuda:N or auto", "cpu")
+    half: bool = option("half precision (CUDA only)", False)
+    score_threshold: float | None = option("requests' default score threshold in [0, 1] (default: the model's "
+                                           f"best-F1 confidence, else {PREDICT.score_threshold})", None)
+    iou_threshold: float = option("requests' default NMS IoU threshold in [0, 1]", PREDICT.iou_threshold)
+    max_detections: int = option("requests' default detections kept per image", PREDICT.max_detections,
+                                 metavar="N")
+    max_batch: int = option("most concurrent requests run as one batch (1: no batching)", 8)
+    max_wait_ms: float = option("how long the first request of a batch waits for others, in ms", 5.0)
+    samples: Path | None = option("folder of example images the page at / offers", None)
+    threads: int | None = option("PyTorch threads of the server: pre-/post-processing, a .pt network (0: one per "
+                                 "core)", 1)
+
+    def __post_init__(self) -> None:
+        self._check_common()
+        self._require("port", _whole(self.port) and 0 <= self.port <= 65535, "must be in 0..65535 (0: a free port)")
+        self._positive("max_batch")
+        self._require("max_wait_ms", isinstance(self.max_wait_ms, (int, float)) and not isinstance(
+            self.max_wait_ms, bool) and 0 <= self.max_wait_ms <= MAX_WAIT_MS,  # NaN fails the comparison
+            f"must be in [0, {MAX_WAIT_MS}] milliseconds")
+        self._require("threads", self.threads is None or (_whole(self.threads) and self.threads >= 0),
+                      "must be a whole number, 0 or more (0: one per core)")
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True)

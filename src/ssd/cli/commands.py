@@ -8,9 +8,8 @@ import json
 import sys
 from pathlib import Path
 
-from ssd.cli.options import thresholds
 from ssd.errors import ConfigError, UsageError
-from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ValConfig
+from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ServeConfig, ValConfig
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -89,8 +88,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ssd.serve.server import serve
 
-    serve(args.weights, host=args.host, port=args.port, device=args.device, half=args.half, **thresholds(args),
-          max_batch=args.max_batch, max_wait_ms=args.max_wait_ms, samples=args.samples, threads=args.threads or None)
+    serve(**_config(ServeConfig, args).values())  # every option checked (exit 2) before the model is opened
     return 0
 
 

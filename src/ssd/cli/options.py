@@ -1,6 +1,5 @@
-"""Pieces of the ``ssd`` grammar shared by the subcommands: the parser class, option types, the options made
-from a schema's fields (:mod:`ssd.schemas`, :class:`ssd.training.config.TrainConfig`), and the threshold options of
-``ssd serve``, spelled as the schemas spell them."""
+"""Pieces of the ``ssd`` grammar shared by the subcommands: the parser class, option types, and the options made
+from a schema's fields (:mod:`ssd.schemas`, :class:`ssd.training.config.TrainConfig`)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from pathlib import Path
 
 from ssd.errors import UsageError
 from ssd.names import closest_names
-from ssd.settings import THRESHOLD_OPTIONS, Thresholds
 
 EPILOG = "Labels: a dataset with K classes uses labels 0..K-1; the background class is added internally."
 
@@ -131,34 +129,3 @@ def crop_scale_option(text: str):
         return parse_crop_scale(text)
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def add_threshold_options(parser: argparse.ArgumentParser, defaults: Thresholds, use: str,
-                          model_conf: bool = False) -> None:
-    """``--conf``, ``--iou``, ``--max-det`` (:data:`ssd.settings.THRESHOLD_OPTIONS`) with ``defaults``; ``use``:
-    what they are for, in the help. ``model_conf``: ``--conf`` defaults to ``None``, the model's stored best-F1
-    confidence when it has one."""
-    conf, iou, max_det = (THRESHOLD_OPTIONS[k] for k in ("score_threshold", "iou_threshold", "max_detections"))
-    conf_default = f"the model's best-F1 confidence, else {defaults.score_threshold}" if model_conf else (
-        defaults.score_threshold)
-    parser.add_argument(conf, dest="score_threshold", type=float, metavar="CONF",
-                        default=None if model_conf else defaults.score_threshold,
-                        help=f"{use}score threshold in [0, 1] (default: {conf_default})")
-    parser.add_argument(iou, dest="iou_threshold", type=float, metavar="IOU", default=defaults.iou_threshold,
-                        help=f"{use}NMS IoU threshold in [0, 1] (default: {defaults.iou_threshold})")
-    parser.add_argument(max_det, dest="max_detections", type=int, metavar="N", default=defaults.max_detections,
-                        help=f"{use}detections kept per image (default: {defaults.max_detections})")
-
-
-def thresholds(args: argparse.Namespace) -> dict[str, float | int]:
-    """The threshold options of a command, checked (a command-line mistake when out of range, named by flag)."""
-    from ssd.settings import check_thresholds
-
-    options = {key: getattr(args, key) for key in THRESHOLD_OPTIONS}
-    given = {**options, "score_threshold": 0.0} if options["score_threshold"] is None else options  # the model's
-    try:
-        check_thresholds(**given, batch_size=getattr(args, "batch_size", 1),
-                         names={**THRESHOLD_OPTIONS, "batch_size": "--batch-size"})
-    except ValueError as e:
-        raise UsageError(f"ssd {args.command}: {e}") from None
-    return options

@@ -11,14 +11,12 @@ from ssd.cli.options import (
     EPILOG,
     Parser,
     add_config_options,
-    add_threshold_options,
     crop_scale_option,
     image_size_option,
     suggest,
 )
 from ssd.errors import UsageError
-from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ValConfig
-from ssd.settings import PREDICT
+from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ServeConfig, ValConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,20 +58,7 @@ def _add_predict_parser(sub) -> None:
 def _add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over HTTP: POST /predict, /model, /metrics and a page at /",
                        epilog=EPILOG)
-    p.add_argument("--weights", required=True, type=Path, help="anything ssd predict takes")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
-    p.add_argument("--half", action="store_true", help="half precision (CUDA only)")
-    add_threshold_options(p, PREDICT, "requests' default ", model_conf=True)
-    p.add_argument("--max-batch", type=int, default=8,
-                   help="most concurrent requests run as one batch (default: 8; 1: no batching)")
-    p.add_argument("--max-wait-ms", type=float, default=5.0,
-                   help="how long the first request of a batch waits for others, in ms (default: 5)")
-    p.add_argument("--samples", type=Path, help="folder of example images the page at / offers")
-    p.add_argument("--threads", type=int, default=1,
-                   help="PyTorch threads of the server: pre-/post-processing, a .pt network (default: 1; 0: one per "
-                        "core)")
+    add_config_options(p, ServeConfig)
 
 
 def _add_export_parser(sub) -> None:

@@ -28,19 +28,20 @@ from ssd.data.images import decode_image, is_image
 from ssd.errors import ImageError, RequestError
 from ssd.inference.detector import Detector, Result
 from ssd.limits import MAX_UPLOAD_BYTES
+from ssd.schemas import ServeConfig
 from ssd.serve.batching import Batcher
 from ssd.serve.card import model_card
 from ssd.serve.metrics import MetricsMiddleware, ServerMetrics
 from ssd.serve.request import QUERY_OPTIONS, parse_options, read_upload
-from ssd.settings import PREDICT, Thresholds, check_thresholds
+from ssd.settings import Thresholds, check_thresholds
 
 __all__ = ["create_app", "QUERY_OPTIONS"]
 
 
-def create_app(detector: Detector, *, score_threshold: float | None = None,
-               iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
-               max_batch: int = 8, max_wait_ms: float = 5.0, max_upload_bytes: int = MAX_UPLOAD_BYTES,
-               samples: str | Path | None = None) -> FastAPI:
+def create_app(detector: Detector, *, score_threshold: float | None = ServeConfig.score_threshold,
+               iou_threshold: float = ServeConfig.iou_threshold, max_detections: int = ServeConfig.max_detections,
+               max_batch: int = ServeConfig.max_batch, max_wait_ms: float = ServeConfig.max_wait_ms,
+               max_upload_bytes: int = MAX_UPLOAD_BYTES, samples: str | Path | None = ServeConfig.samples) -> FastAPI:
     """The app serving ``detector``.
 
     The thresholds are the defaults of requests that do not give ``conf``, ``iou``, ``max_det``

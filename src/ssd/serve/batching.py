@@ -20,6 +20,7 @@ from torch import Tensor
 
 from ssd.errors import ConfigError
 from ssd.inference.detector import Detector, Result
+from ssd.schemas import MAX_WAIT_MS, ServeConfig
 
 __all__ = ["Batcher"]
 
@@ -38,12 +39,12 @@ class Batcher:
     Use inside a running event loop: :meth:`start`, then :meth:`detect` from any number of tasks, then :meth:`stop`.
     """
 
-    def __init__(self, detector: Detector, max_batch: int = 8, max_wait_ms: float = 5.0,
-                 on_batch: Callable[[int], None] | None = None):
+    def __init__(self, detector: Detector, max_batch: int = ServeConfig.max_batch,
+                 max_wait_ms: float = ServeConfig.max_wait_ms, on_batch: Callable[[int], None] | None = None):
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ConfigError(f"max_batch must be a positive integer, got {max_batch}")
-        if not 0 <= max_wait_ms <= 10_000:
-            raise ConfigError(f"max_wait_ms must be in [0, 10000] milliseconds, got {max_wait_ms}")
+        if not 0 <= max_wait_ms <= MAX_WAIT_MS:
+            raise ConfigError(f"max_wait_ms must be in [0, {MAX_WAIT_MS}] milliseconds, got {max_wait_ms}")
         self.detector, self.max_batch, self.max_wait = detector, max_batch, max_wait_ms / 1000
         self.on_batch = on_batch
         self._queue: asyncio.Queue[_Request] = asyncio.Queue()

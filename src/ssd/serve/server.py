@@ -10,14 +10,14 @@ from pathlib import Path
 
 from ssd.errors import ConfigError
 from ssd.optional import require
-from ssd.settings import PREDICT
+from ssd.schemas import ServeConfig
 
 __all__ = ["ServeWarning", "serve", "exposure_warning", "DEFAULT_HOST", "DEFAULT_PORT"]
 
-DEFAULT_HOST = "127.0.0.1"
+DEFAULT_HOST = ServeConfig.host
 """Only this machine can reach the server unless told otherwise."""
 
-DEFAULT_PORT = 8000
+DEFAULT_PORT = ServeConfig.port
 
 
 class ServeWarning(UserWarning):
@@ -37,30 +37,34 @@ def exposure_warning(host: str) -> str | None:
             f"has no authentication or TLS, so put it behind a proxy that adds them, or bind {DEFAULT_HOST}")
 
 
-def serve(weights: str | Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, device: str = "cpu",
-          half: bool = False, score_threshold: float | None = None, iou_threshold: float = PREDICT.iou_threshold,
-          max_detections: int = PREDICT.max_detections, max_batch: int = 8, max_wait_ms: float = 5.0,
-          samples: str | Path | None = None, threads: int | None = 1) -> None:
+def serve(weights: str | Path, *, host: str = ServeConfig.host, port: int = ServeConfig.port,
+          device: str = ServeConfig.device, half: bool = ServeConfig.half,
+          score_threshold: float | None = ServeConfig.score_threshold, iou_threshold: float = ServeConfig.iou_threshold,
+          max_detections: int = ServeConfig.max_detections, max_batch: int = ServeConfig.max_batch,
+          max_wait_ms: float = ServeConfig.max_wait_ms, samples: str | Path | None = ServeConfig.samples,
+          threads: int | None = ServeConfig.threads) -> None:
     """Serve ``weights`` (anything :func:`ssd.inference.detector.load` opens) on ``host:port`` until interrupted.
 
-    The port is taken before the model is opened (a port in use fails at once; port 0 takes a free one), and the
-    line ``serving ... on http://HOST:PORT ...`` is printed once it accepts connections. See
-    :func:`ssd.serve.app.create_app` for the routes and the other options. A host other than a loopback address is
-    served with a :class:`ServeWarning`.
+    The options are ``ssd serve``'s (:class:`ssd.schemas.ServeConfig`, whose defaults these are), checked before
+    anything starts: a bad one raises :class:`ssd.errors.ConfigError` naming its flag. The port is taken before the
+    model is opened (a port in use fails at once; port 0 takes a free one), and the line ``serving ... on
+    http://HOST:PORT ...`` is printed once it accepts connections. See :func:`ssd.serve.app.create_app` for the routes
+    and the other options. A host other than a loopback address is served with a :class:`ServeWarning`.
 
     ``threads``: PyTorch's intra-op threads in this process (pre- and post-processing, and the layers of a ``.pt``
-    network; ``None`` leaves PyTorch's default, one per core). The default 1 is set because a server's concurrent
-    requests already keep the cores busy, and PyTorch's thread pool costs several times the work of one small image
-    in waits (``benchmarks/serve.py``); ONNX Runtime and OpenVINO keep their own threads."""
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ConfigError(f"--threads must be a positive integer, got {threads}")
+    network; ``0`` or ``None`` leaves PyTorch's default, one per core). The default 1 is set because a server's
+    concurrent requests already keep the cores busy, and PyTorch's thread pool costs several times the work of one
+    small image in waits (``benchmarks/serve.py``); ONNX Runtime and OpenVINO keep their own threads."""
+    ServeConfig(weights=weights, host=host, port=port, device=device, half=half, score_threshold=score_threshold,
+                iou_threshold=iou_threshold, max_detections=max_detections, max_batch=max_batch,
+                max_wait_ms=max_wait_ms, samples=samples, threads=threads)  # raises for a bad value, naming its flag
     uvicorn = require("uvicorn", "serve", "ssd serve")
     require("fastapi", "serve", "ssd serve")
     from ssd.inference.detector import load
     from ssd.serve.app import create_app
 
     with _listen(host, port) as sock:
-        if threads is not None:
+        if threads:  # 0 or None: PyTorch's default
             import torch
 
             torch.set_num_threads(threads)
@@ -81,9 +85,8 @@ def serve(weights: str | Path, *, host: str = DEFAULT_HOST, port: int = DEFAULT_
 
 
 def _listen(host: str, port: int) -> socket.socket:
-    """A socket listening on ``host:port`` (connections wait in its backlog until the server accepts them)."""
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"--port must be in 0..65535 (0: a free port), got {port}")
+    """A socket listening on ``host:port`` (connections wait in its backlog until the server accepts them; the port
+    checked by :class:`ssd.schemas.ServeConfig`)."""
     try:
         return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET,
                                     backlog=2048)
