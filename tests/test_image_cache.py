@@ -201,3 +201,17 @@ def test_cache_images_takes_ram_disk_or_off_and_older_configs_true_or_false():
     assert parse(parser, ["train", "--cache-images", "--epochs", "2"]).cache_images == "ram"
     assert parse(parser, ["train", "--cache-images", "disk"]).cache_images == "disk"
     assert parse(parser, ["train", "--cache-images", "off"]).cache_images == "off"
+
+
+def test_a_rebuild_decodes_again_a_kept_image_whose_pixels_are_damaged(dataset):
+    records, names = dataset
+    path = _disk(records, names).path
+    with open(path, "r+b") as f:  # image 2 damaged, then image 5 changed: the rebuild must not keep image 2
+        f.seek(3 * 48 * 48 * 2 + 7)
+        f.write(b"\x00\xff\x00")
+    Image.new("RGB", (96, 96), (200, 10, 10)).save(records[5].path)
+    os.utime(records[5].path, ns=(OLD_NS + 10**9, OLD_NS + 10**9))
+    rebuilt = _disk(records, names)
+    assert rebuilt.decoded == 2
+    plain = DetectionDataset(records, names, image_size=48)
+    assert torch.equal(rebuilt.read(2, lambda i: pytest.fail("decoded when read")), plain._decode(2))

@@ -13,7 +13,7 @@ requested size and its source file's ``(size, mtime_ns, inode)``), then a 16-byt
 - **Written once, reused**: built under the folder's :class:`~ssd.files.DirectoryLock` and replaced atomically
   (temporary file and rename), so two processes never corrupt it; a later run maps it as it is. An image whose
   source file changed (or whose requested size did) is decoded again when the file is rewritten, the others are
-  copied. Under torchrun rank 0 builds it while the other ranks wait, then every rank maps the same file.
+  copied (checked against their CRC: a damaged one is decoded again too). Under torchrun rank 0 builds it while the other ranks wait, then every rank maps the same file.
 - **Shared, not copied**: DataLoader workers read the mapping (forked workers inherit it, spawned ones map the file
   again and refuse one replaced meanwhile); each read copies one image out of the page cache.
 - **Checked**: a file whose trailer or header does not read (truncated, edited) is rebuilt with a one-line notice;
@@ -267,13 +267,17 @@ def _build(path: Path, key: str, sizes: np.ndarray, states: np.ndarray, decode: 
     shapes, crc = np.zeros((len(sizes), 2), np.int64), np.zeros(len(sizes), np.uint32)
     offsets = np.zeros(len(sizes) + 1, np.int64)
     todo = np.flatnonzero(~kept).tolist()
+    damaged = 0  # kept images whose stored pixels fail their CRC: decoded again, never copied with a new CRC
     try:
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool, atomic_write(path) as f:
             decoded = pool.map(decode, todo)  # in order, as they are written
             for i in range(len(sizes)):
                 data = stored.pixels(i) if kept[i] else next(decoded).contiguous().numpy()
-                shapes[i] = stored.shapes[i] if kept[i] else data.shape[-2:]
-                crc[i], offsets[i + 1] = zlib.crc32(data), offsets[i] + data.size
+                crc[i], shapes[i] = zlib.crc32(data), stored.shapes[i] if kept[i] else data.shape[-2:]
+                if kept[i] and crc[i] != stored.crc[i]:
+                    data, damaged = decode(i).contiguous().numpy(), damaged + 1
+                    crc[i], shapes[i] = zlib.crc32(data), data.shape[-2:]
+                offsets[i + 1] = offsets[i] + data.size
                 f.write(memoryview(data).cast("B"))
             header = io.BytesIO()
             meta = np.frombuffer(json.dumps({"version": IMAGE_CACHE_VERSION, "key": key}).encode(), np.uint8)
@@ -283,7 +287,7 @@ def _build(path: Path, key: str, sizes: np.ndarray, states: np.ndarray, decode: 
     except OutputError as e:
         LOGGER.warning(f"image cache: {e}; this run decodes the images when it reads them")
         return None
-    LOGGER.info(f"image cache: {len(todo):,} of {len(sizes):,} images decoded into {path} "
+    LOGGER.info(f"image cache: {len(todo) + damaged:,} of {len(sizes):,} images decoded into {path} "
                 f"({offsets[-1] / 2**20:,.1f} MB)")
     return DiskImages(path, {"shapes": shapes, "offsets": offsets, "crc": crc, "sizes": sizes, "states": states},
-                      decoded=len(todo))
+                      decoded=len(todo) + damaged)
