@@ -36,6 +36,7 @@ def _config(schema, args: argparse.Namespace):
 
 
 def _cmd_val(args: argparse.Namespace) -> int:
+    from ssd.distributed import DistInfo
     from ssd.evaluation.evaluator import evaluate, format_table
     from ssd.evaluation.report import format_report
     from ssd.evaluation.results import evaluate_detections
@@ -44,6 +45,8 @@ def _cmd_val(args: argparse.Namespace) -> int:
     saving = dict(report=True, project=config.project if config.save else None, name=config.name,
                   exist_ok=config.exist_ok)
     if config.detections is not None:
+        if not DistInfo.from_env().is_main:  # a file of detections is scored once, by rank 0 under torchrun
+            return 0
         result = evaluate_detections(config.detections, config.data, metric=config.metric, split=config.split,
                                      **saving)
     else:
@@ -58,14 +61,17 @@ def _cmd_val(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
+    from ssd.device import resolve_device
     from ssd.distributed import DistInfo
     from ssd.inference.detector import load
     from ssd.inference.sources import predict_source
 
     config = _config(PredictConfig, args)
-    detector = load(config.weights, device=config.device, half=config.half)
+    info = DistInfo.from_env()  # under torchrun each rank on its own GPU (cuda: cuda:LOCAL_RANK)
+    device = resolve_device(config.device, info.local_rank if info.enabled else None)
+    detector = load(config.weights, device=device, half=config.half)
     conf, origin = detector.confidence(config.score_threshold, "--conf")
-    if DistInfo.from_env().is_main:  # under torchrun, rank 0 speaks for the run
+    if info.is_main:  # under torchrun, rank 0 speaks for the run
         print(f"conf {conf:g} ({origin})")
     summary = predict_source(detector, config.source, config.run_dir, score_threshold=conf,
                              **config.values("weights", "source", "device", "half", "project", "name", "save_dir",
