@@ -282,6 +282,11 @@ def test_val_run_directories_exp_exp2_exist_ok_and_the_same_files_as_the_python_
     assert main(args) == 0 and main(args) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"report: {tmp_path / 'val' / 'exp2' / 'report.html'}"
     cli_files = sorted(p.name for p in (tmp_path / "val" / "exp2").iterdir())
+    (tmp_path / "val" / "exp" / "report.html").write_text("stale")
+    assert main([*args, "--exist-ok"]) == 0  # into exp again (the first free name is not taken), rewritten
+    assert capsys.readouterr().out.splitlines()[-1] == f"report: {tmp_path / 'val' / 'exp' / 'report.html'}"
+    assert (tmp_path / "val" / "exp" / "report.html").read_text() != "stale"
+    assert sorted(p.name for p in (tmp_path / "val").iterdir()) == ["exp", "exp2"]
     for path in (tmp_path / "val" / "exp").iterdir():
         path.unlink() if path.is_file() else shutil.rmtree(path)
     written = evaluate_detections(results, shapes, project=tmp_path / "val", exist_ok=True)["run_dir"]

@@ -187,6 +187,7 @@ def test_save_crop_is_bounded_and_reports_the_rest(detector, folder, tmp_path, m
 def test_class_folders_are_safe_and_distinct():
     assert class_folders(["cat", "a/b", "..", "", "Cat", "x\ud800", "é t"]) == [
         "cat", "a_b", "class2", "class3", "Cat_4", "x", "é t"]
+    assert class_folders(["A", "a", "a_1", "a/1"]) == ["A", "a_1", "a_1_2", "a_1_3"]  # a suffixed name is taken too
     long = class_folders(["é" * 300, "é" * 300])
     assert long[0] != long[1] and all(len(name.encode()) <= 255 for name in long)
 

@@ -78,11 +78,12 @@ def test_a_box_below_the_confidence_continues_its_track_but_starts_none():
     tracker = Tracker(score_threshold=0.5)  # ByteTrack's defaults: tracks start at 0.7, a second pass below 0.6
     box, elsewhere = [10.0, 10, 40, 40], [120.0, 5, 150, 35]
     frames = [result([box], [0.9], [0])] * 3 + [result([box, elsewhere], [0.2, 0.2], [0, 0]),
-                                                 result([box, elsewhere], [0.2, 0.55], [0, 0])]
+                                                 result([box, elsewhere], [0.2, 0.55], [0, 0]),
+                                                 result([box, elsewhere], [0.2, 0.5], [0, 0])]
     out = [tracker.update(r, i) for i, r in enumerate(frames)]
-    assert [r.track_ids.tolist() for r in out] == [[-1], [0], [0], [0], [0, -1]]
+    assert [r.track_ids.tolist() for r in out] == [[-1], [0], [0], [0], [0, -1], [0]]  # 0.5: not above the conf
     # the box scored 0.2 keeps its track and is written; the one elsewhere is written only at 0.55 (>= 0.5), untracked
-    assert [r.scores.tolist() for r in out[3:]] == [[pytest.approx(0.2)], [pytest.approx(0.2), pytest.approx(0.55)]]
+    assert [r.scores.tolist() for r in out[3:5]] == [[pytest.approx(0.2)], [pytest.approx(0.2), pytest.approx(0.55)]]
     assert out[4].boxes.tolist() == [box, elsewhere] and out[4].names == ["c0", "c0"]
 
 

@@ -25,13 +25,16 @@ __all__ = ["CropWriter", "class_folders"]
 
 def class_folders(class_names: list[str]) -> list[str]:
     """A distinct, file-system-safe folder name for each class (label ``k`` -> ``folders[k]``,
-    :func:`ssd.files.safe_name`; a name taken already, whatever its case, gets ``_<label>``)."""
+    :func:`ssd.files.safe_name`; a name taken already, whatever its case, gets ``_<label>``, then ``_<label>_2``,
+    ... until it is free)."""
     folders: list[str] = []
     seen: set[str] = set()
     for label, name in enumerate(class_names):
-        folder = safe_name(str(name), fallback=f"class{label}")
-        folders.append(safe_name(str(name), f"_{label}", fallback=f"class{label}") if folder.lower() in seen
-                       else folder)
+        folder, tries = safe_name(str(name), fallback=f"class{label}"), 1
+        while folder.lower() in seen:
+            folder = safe_name(str(name), f"_{label}" if tries == 1 else f"_{label}_{tries}", fallback=f"class{label}")
+            tries += 1
+        folders.append(folder)
         seen.add(folder.lower())
     return folders
 

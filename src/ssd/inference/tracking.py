@@ -151,7 +151,7 @@ class Tracker:
             ids[found] = [t if t < 0 or label == -1 else self._ids.setdefault((label, t), len(self._ids))
                           for t in tracked.tracker_id.tolist()]
         self._frame = frame_index
-        keep = torch.from_numpy((result.scores.numpy() >= self.score_threshold) | (ids >= 0))
+        keep = torch.from_numpy((result.scores.numpy() > self.score_threshold) | (ids >= 0))  # strictly above, as NMS
         result = replace(result, boxes=result.boxes[keep], scores=result.scores[keep], labels=result.labels[keep],
                          names=[name for name, kept in zip(result.names, keep.tolist()) if kept],
                          track_ids=torch.from_numpy(ids)[keep])
