@@ -147,7 +147,6 @@ def test_predict_writes_detections_and_refuses_a_corrupt_png(weights, tmp_path, 
     assert captured.err.splitlines()[-1] == "error: none of the 1 inputs could be read"  # after the progress bar
 
 
-
 def test_predict_project_name_and_save_dir_follow_one_run_directory_rule(weights, tmp_path):
     image = tmp_path / "in" / "a.png"
     image.parent.mkdir()
@@ -158,6 +157,8 @@ def test_predict_project_name_and_save_dir_follow_one_run_directory_rule(weights
     assert main([*base, "--save-dir", str(runs / "n")]) == 0  # the same folder in one path: taken, so n2
     assert main([*base, "--project", str(runs), "--name", "n", "--exist-ok"]) == 0  # n again
     assert sorted(p.name for p in runs.iterdir()) == ["n", "n2"]
+
+
 @pytest.mark.slow
 def test_export_writes_an_onnx_file_and_names_the_missing_extra(weights, tmp_path, capsys, monkeypatch):
     onnx_file = tmp_path / "tiny.onnx"

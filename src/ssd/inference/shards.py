@@ -57,8 +57,18 @@ class Shard(ddp.DistInfo):
         return units[self.rank * len(units) // self.world_size:(self.rank + 1) * len(units) // self.world_size]
 
     def run_dir(self, make) -> Path:
-        """``make()`` (the run's fresh save folder) called on rank 0 only, its result on every rank."""
-        return ddp.broadcast_object(make() if self.is_main else None)
+        """``make()`` (the run's fresh save folder) called on rank 0 only, its result on every rank; its error (an
+        output refused) raised on every rank, which would otherwise wait for a folder until the timeout."""
+        outcome = None
+        if self.is_main:
+            try:
+                outcome = make()
+            except (OSError, ValueError) as e:
+                outcome = e
+        outcome = ddp.broadcast_object(outcome)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
 
     def part_dir(self, save_dir: Path) -> Path | None:
         """Where a rank other than 0 writes what rank 0 merges at the end (``None`` on rank 0, which writes in
@@ -71,12 +81,12 @@ class Shard(ddp.DistInfo):
         ``writer`` and ``summary`` counting the whole run. The other ranks keep their own counts."""
         if not self.enabled:
             return
-        stats = ddp.all_gather_objects(writer.counts())
+        gathered = ddp.all_gather_objects((writer.counts(), summary.counts()))
+        stats = [written for written, _ in gathered]
         before = stats[:self.rank]
         if writer.crops is not None:
             writer.crops.place(offset=sum(s["results"] for s in before),
                                room=writer.crops.max_crops - sum(s["crops"] for s in before))
-        parts = ddp.gather_objects(summary.counts())
         ddp.barrier()  # every rank's crops are in place: its part folder may go
         if not self.is_main:
             return
@@ -87,4 +97,4 @@ class Shard(ddp.DistInfo):
                     shutil.copyfileobj(part, out)
                 shutil.rmtree(folder)
         writer.set_totals(stats)
-        summary.add_counts(parts[1:])
+        summary.add_counts([counted for _, counted in gathered[1:]])
