@@ -13,7 +13,8 @@ requested size and its source file's ``(size, mtime_ns, inode)``), then a 16-byt
 - **Written once, reused**: built under the folder's :class:`~ssd.files.DirectoryLock` and replaced atomically
   (temporary file and rename), so two processes never corrupt it; a later run maps it as it is. An image whose
   source file changed (or whose requested size did) is decoded again when the file is rewritten, the others are
-  copied (checked against their CRC: a damaged one is decoded again too). Under torchrun rank 0 builds it while the other ranks wait, then every rank maps the same file.
+  copied (checked against their CRC: a damaged one is decoded again too). Under torchrun rank 0 builds it while
+  the other ranks wait, then every rank maps the same file.
 - **Shared, not copied**: DataLoader workers read the mapping (forked workers inherit it, spawned ones map the file
   again and refuse one replaced meanwhile); each read copies one image out of the page cache.
 - **Checked**: a file whose trailer or header does not read (truncated, edited) is rebuilt with a one-line notice;
