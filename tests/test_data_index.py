@@ -330,7 +330,13 @@ def test_training_tables_leave_the_message_columns_in_the_index_file(tmp_path):
     assert train.detail._columns is None
     spawned = pickle.loads(pickle.dumps(train.take([1])))  # as a worker started by spawn receives it
     assert spawned[0].objects[0].where == load_dataset(data).records("train")[1].objects[0].where
-    index_dataset(data, recheck=True)  # the file replaced under a table that has not read its details yet
+    index_dataset(data, recheck=True)  # the file rewritten, the split's message columns unchanged: still read
+    assert train.take([1])[0].objects[0].where == spawned[0].objects[0].where
+    extra = "<object><name>circle</name><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>9</xmax><ymax>9</ymax></bndbox>"
+    for xml in (data / "Annotations").glob("*.xml"):  # one more object each: the message columns change
+        xml.write_text(xml.read_text().replace("</annotation>", extra + "</object></annotation>"))
+    settle(data)
+    index_dataset(data)  # the file replaced under a table that has not read its details yet
     with pytest.raises(DataError, match="changed while this run used it"):
         train[0]
 

@@ -88,14 +88,15 @@ class _Damaged(ValueError):
 def read_group(path: Path, group: str, digests: dict | None = None) -> dict[str, np.ndarray]:
     """The arrays of ``group`` in the index file ``path``, checked against their digest in ``digests`` (the
     file's own when None). Raises :class:`_Damaged` for a group that fails the digest of its file, ``ValueError``
-    (and what ``np.load`` raises) for a file that is not the one of ``digests``."""
+    (and what ``np.load`` raises) for a file whose ``group`` is not the one of ``digests`` (a file rewritten by
+    another run with this group unchanged still answers: only the group's own digest is compared)."""
     with np.load(path, allow_pickle=False) as z:
         held = json.loads(z["digests"].tobytes())
         if not isinstance(held, dict):
             raise ValueError("it has no digests")
         names = _groups(z.files).get(group, [])
         arrays = {name: z[name] for name in names}
-    if digests is not None and held != digests:
+    if digests is not None and held.get(group) != digests.get(group):
         raise ValueError("another index replaced it")
     if group not in held or _digest(arrays, names) != held[group]:
         what = _GROUP_TEXT.get(group, f"message columns of split {group[6:]}")
