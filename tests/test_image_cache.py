@@ -161,6 +161,9 @@ from ssd.data.load import load_dataset
 from ssd.data.loader import build_dataloader
 dist.init_process_group("gloo")
 spec = load_dataset(sys.argv[1])
+if dist.get_rank() == 0:  # changed just now: -1 in rank 0's file, which rank 1 must map as it is all the same
+    os.utime(spec.records("train")[3].path)
+dist.barrier()
 out = {}
 for cache in ("disk", "ram"):
     loader = build_dataloader(spec.records("train"), spec.class_names, 48, (0.5,) * 3, (0.25,) * 3, train=True,
@@ -215,3 +218,16 @@ def test_a_rebuild_decodes_again_a_kept_image_whose_pixels_are_damaged(dataset):
     assert rebuilt.decoded == 2
     plain = DetectionDataset(records, names, image_size=48)
     assert torch.equal(rebuilt.read(2, lambda i: pytest.fail("decoded when read")), plain._decode(2))
+
+
+def test_a_rank_after_the_first_maps_the_file_rank_0_built_even_with_an_image_changed_just_now(dataset, monkeypatch):
+    records, names = dataset
+    os.utime(records[3].path)  # too recent to be trusted: stored as -1 by rank 0, never fresh for a later check
+    first = _disk(records, names)
+    assert first.decoded == 12 and first.states[3].tolist() == [-1, -1, -1]
+    monkeypatch.setattr("ssd.distributed.rank", lambda: 1)
+    monkeypatch.setattr("ssd.distributed.broadcast_object", lambda obj: first.inode)  # what rank 0 sent
+    other = _disk(records, names)
+    assert other.decoded == 0 and other.inode == first.inode == first.path.stat().st_ino
+    monkeypatch.setattr("ssd.distributed.broadcast_object", lambda obj: first.inode + 1)  # replaced meanwhile
+    assert _disk(records, names) is None

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 from ssd.device import resolve_device
 from ssd.log import quiet_other_ranks
 
-__all__ = ["DistInfo", "setup", "cleanup", "steps_per_epoch", "broadcast_object", "all_gather_objects", "any_true",
-           "broadcast_buffers", "barrier", "gather_objects", "gather_tensors", "main_first"]
+__all__ = ["DistInfo", "setup", "cleanup", "steps_per_epoch", "rank", "broadcast_object", "all_gather_objects",
+           "any_true", "broadcast_buffers", "barrier", "gather_objects", "gather_tensors", "main_first"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,11 @@ def steps_per_epoch(num_images: int, batch_size: int, world_size: int) -> int:
 
 def _active() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    """This process's rank in the process group (0 without one)."""
+    return dist.get_rank() if _active() else 0
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:

@@ -126,14 +126,15 @@ class DiskImages:
     """The images of one cache file, mapped read-only (see the module docstring).
 
     Attributes:
-        path: the file. decoded: the images this process decoded to build it (0: the file was reused as it was).
+        path: the file. inode: its inode (the file this process maps). decoded: the images this process decoded
+        to build it (0: the file was reused as it was).
     """
 
     def __init__(self, path: Path, header: dict[str, np.ndarray], decoded: int = 0) -> None:
         self.path, self.decoded = path, decoded
         self.shapes, self.offsets, self.crc = header["shapes"], header["offsets"], header["crc"]
         self.sizes, self.states = header["sizes"], header["states"]
-        self._inode = os.stat(path).st_ino
+        self.inode = os.stat(path).st_ino
         self._verified = np.zeros(len(self.shapes), bool)
         self._map: np.ndarray | None = None
         self._mapped()
@@ -146,7 +147,7 @@ class DiskImages:
 
     def _mapped(self) -> np.ndarray:
         if self._map is None:
-            if os.stat(self.path).st_ino != self._inode:
+            if os.stat(self.path).st_ino != self.inode:
                 raise DataError(f"the image cache {self.path} changed while this run used it (rebuilt by another "
                                 "run?): run again")
             total = int(self.offsets[-1])
@@ -172,7 +173,7 @@ class DiskImages:
         data = image.contiguous().numpy().tobytes()
         try:
             with open(self.path, "r+b") as f:  # the file this run mapped (a rebuilt one is another inode): in place
-                if os.fstat(f.fileno()).st_ino == self._inode and len(data) == len(self.pixels(index)):
+                if os.fstat(f.fileno()).st_ino == self.inode and len(data) == len(self.pixels(index)):
                     os.pwrite(f.fileno(), data, int(self.offsets[index]))
             done = "written back"
         except OSError as e:
@@ -207,29 +208,44 @@ def disk_images(paths: Sequence[str], sizes: np.ndarray, tag: str, decode: Decod
         raise ConfigError(f"cache_images=disk: {len(sizes):,} images ({tag}) take {nbytes / 2**20:,.2f} MB, more "
                           f"than ssd.limits.MAX_DISK_CACHE_BYTES ({MAX_DISK_CACHE_BYTES / 2**20:,.2f} MB); use "
                           "--cache-images off, a smaller input or fewer images")
-    with ddp.main_first():
-        since = time.time_ns() - RACY_NS
-        states = np.array([state if (state := file_state(p)) and state[1] < since else (-1, -1, -1)
-                           for p in absolute], np.int64).reshape(-1, 3)
-        stored = _stored(folder / CACHE_FILE, key)
-        if stored is not None and stored.fresh(sizes, states).all():
-            return stored
-        lock = cache_lock(folder)
-        if lock is None:
-            if os.access(folder, os.W_OK):
-                LOGGER.warning(f"image cache: {folder} is being built by another process; this run decodes the "
-                               "images when it reads them")
-            return None
-        try:
-            return _build(folder / CACHE_FILE, key, sizes, states, decode, _stored(folder / CACHE_FILE, key))
-        finally:
-            lock.release()
+    images = None
+    try:
+        if ddp.rank() == 0:
+            images = _built_or_fresh(folder, key, absolute, sizes, decode)
+    finally:  # the other ranks wait here for rank 0's file (an image changed just now is -1 there, not fresh here)
+        inode = ddp.broadcast_object(None if images is None else images.inode)
+    if ddp.rank() == 0 or inode is None:
+        return images
+    return _stored(folder / CACHE_FILE, key, inode)  # as rank 0 built or validated it
 
 
-def _stored(path: Path, key: str) -> DiskImages | None:
-    """The cache file at ``path`` if it reads as one of ``key``; None when absent, or invalid (said: rebuilt)."""
+def _built_or_fresh(folder: Path, key: str, paths: list[str], sizes: np.ndarray, decode: Decode) -> DiskImages | None:
+    """The cache file in ``folder``: reused when fresh for ``paths`` and ``sizes``, else built under its lock."""
+    since = time.time_ns() - RACY_NS
+    states = np.array([state if (state := file_state(p)) and state[1] < since else (-1, -1, -1)
+                       for p in paths], np.int64).reshape(-1, 3)
+    stored = _stored(folder / CACHE_FILE, key)
+    if stored is not None and stored.fresh(sizes, states).all():
+        return stored
+    lock = cache_lock(folder)
+    if lock is None:
+        if os.access(folder, os.W_OK):
+            LOGGER.warning(f"image cache: {folder} is being built by another process; this run decodes the "
+                           "images when it reads them")
+        return None
+    try:
+        return _build(folder / CACHE_FILE, key, sizes, states, decode, _stored(folder / CACHE_FILE, key))
+    finally:
+        lock.release()
+
+
+def _stored(path: Path, key: str, inode: int | None = None) -> DiskImages | None:
+    """The cache file at ``path`` if it reads as one of ``key`` (and is the file ``inode`` when given); None when
+    absent, or invalid (said: rebuilt)."""
     try:
         with open(path, "rb") as f:
+            if inode is not None and os.fstat(f.fileno()).st_ino != inode:
+                return None  # replaced since rank 0 validated it: this rank decodes the images when it reads them
             end = f.seek(0, os.SEEK_END)
             if end < _TRAILER.size:
                 raise ValueError(f"{end} bytes, shorter than its trailer")
