@@ -299,7 +299,13 @@ DDP_SCRIPT = """
 import os, sys
 import torch.distributed as dist
 from ssd.data.index import index_dataset
+import ssd.data.index
 dist.init_process_group("gloo")
+if dist.get_rank() == 0:  # changed just now: -1 in rank 0's index
+    os.utime(os.path.join(sys.argv[1], "Annotations", "synth_000001.xml"))
+else:  # rank 1 as if it came more than RACY_NS later: it must take rank 0's index as it is all the same
+    ssd.data.index.RACY_NS = 0
+dist.barrier()
 reads = len(index_dataset(sys.argv[1]).reads)
 with open(os.path.join(sys.argv[2], os.environ["RANK"]), "w") as f:
     f.write(str(reads))
@@ -319,6 +325,20 @@ def test_torchrun_two_ranks_build_the_index_once(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     # rank 0: 8 headers and annotations, the 6 train images decoded; rank 1 found its index
     assert int((out / "0").read_text()) == 2 * 8 + 6 and int((out / "1").read_text()) == 0
+
+
+def test_a_rank_after_the_first_takes_the_index_rank_0_wrote_even_with_a_file_changed_just_now(tmp_path,
+                                                                                               monkeypatch):
+    data = voc(tmp_path)
+    os.utime(data / "Annotations" / "synth_000001.xml")  # too recent to be trusted: -1 in rank 0's index
+    first = index_dataset(data)
+    assert first.stored and first.digest and len(first.reads) == 2 * 8 + 6
+    monkeypatch.setattr("ssd.distributed.rank", lambda: 1)
+    monkeypatch.setattr("ssd.distributed.broadcast_object", lambda obj: first.digest)  # what rank 0 sent
+    monkeypatch.setattr("ssd.data.index.RACY_NS", 0)  # this rank came later: the file's state is known now
+    other = index_dataset(data)
+    assert other.reads == [] and other.digest == first.digest and other.spec.records("train")[1].path == \
+        first.spec.records("train")[1].path
 
 
 def test_training_tables_leave_the_message_columns_in_the_index_file(tmp_path):

@@ -14,8 +14,9 @@ A warm start reads and checks only what training uses; a file that fails a diges
 does not load is rebuilt with a one-line notice (message columns found damaged while a run uses them: the file is
 removed and the run told to run again). Two processes never write one index at once
 (:class:`~ssd.files.DirectoryLock`; the second builds without storing) and the file is replaced atomically. Under
-torchrun rank 0 builds first while the others wait. A cache folder that cannot be written is said once; the data is
-then read as without an index.
+torchrun rank 0 builds or validates it first while the others wait, then they take that file as it is (not
+fingerprinted again: a file changed just before the run differs between ranks). A cache folder that cannot be
+written is said once; the data is then read as without an index.
 """
 
 from __future__ import annotations
@@ -69,13 +70,14 @@ def cache_root() -> Path:
 @dataclass
 class Indexed:
     """What :func:`index_dataset` gives: ``spec`` (splits as tables), ``issues`` (the check of the splits asked
-    for), ``reads`` (the files read in this run, ``(kind, path)``: none when the index was reused) and ``stored``
-    (whether an index file now holds it)."""
+    for), ``reads`` (the files read in this run, ``(kind, path)``: none when the index was reused), ``stored``
+    (whether an index file now holds it) and ``digest`` (that file's digest of what training reads, when stored)."""
 
     spec: DatasetSpec
     issues: list[Issue]
     reads: list[tuple[str, str]] = field(default_factory=list)
     stored: bool = False
+    digest: str | None = None
 
 
 class _Fingerprint:
@@ -181,14 +183,40 @@ def index_dataset(data: str | Path, *, class_names: list[str] | None = None, spl
     """
     key = _key(data, class_names)
     folder = cache_root() / "datasets" / _hash([FOLDER_SCHEME, key["data"]])
-    with ddp.main_first():
-        lock = cache_lock(folder)
-        try:
-            return _indexed(data, key, class_names, None if splits is None else list(splits), recheck,
-                            folder / INDEX_FILE.format(_hash(class_names)), lock)
-        finally:
-            if lock is not None:
-                lock.release()
+    path, wanted = folder / INDEX_FILE.format(_hash(class_names)), None if splits is None else list(splits)
+    indexed = None
+    try:
+        if ddp.rank() == 0:
+            indexed = _locked(data, key, class_names, wanted, recheck, path)
+    finally:  # the other ranks wait for rank 0's index, then take it as it is (a file changed just now is -1 there)
+        digest = ddp.broadcast_object(None if indexed is None else indexed.digest)
+    return indexed or _follow(path, key, wanted, digest) or _locked(data, key, class_names, wanted, recheck, path)
+
+
+def _locked(data, key: dict, class_names, splits: list[str] | None, recheck: bool, path: Path) -> Indexed:
+    lock = cache_lock(path.parent)
+    try:
+        return _indexed(data, key, class_names, splits, recheck, path, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _follow(path: Path, key: dict, splits: list[str] | None, digest: str | None) -> Indexed | None:
+    """The index rank 0 wrote or validated (``digest``: of what training reads), as it is; None when there is none
+    (or another run replaced it since)."""
+    try:
+        stored = None if digest is None else StoredIndex(path, key)
+    except INDEX_ERRORS:
+        return None
+    if stored is None or stored.digests["index"] != digest:
+        return None
+    spec = stored.spec()
+    checked = stored.meta["checks"].get(",".join(_used(spec, splits)))
+    if checked is None:
+        return None
+    _first_split(spec, splits)
+    return Indexed(spec, issues_from(checked), [], True, digest)
 
 
 def release_freed_heap() -> None:
@@ -220,7 +248,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
         checked = stored.meta["checks"].get(",".join(_used(spec, splits)))
         if unchanged and checked is not None:
             _first_split(spec, splits)
-            return Indexed(spec, issues_from(checked), [], True)
+            return Indexed(spec, issues_from(checked), [], True, stored.digests["index"])
     memo = FileMemo(stored.memo() if stored is not None else None if recheck else _sibling_memo(path))
     with memo.active():
         spec = load_dataset(data, class_names=class_names)
@@ -244,7 +272,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
     except OutputError as e:
         LOGGER.warning(f"dataset cache: {e}; working without a cache")
         return Indexed(spec, issues, memo.reads)
-    return Indexed(stored.spec(), issues, memo.reads, True)  # as a later run reads it: details left in the file
+    return Indexed(stored.spec(), issues, memo.reads, True, stored.digests["index"])  # as a later run reads it
 
 
 def _sibling_memo(path: Path) -> dict | None:
