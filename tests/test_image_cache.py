@@ -7,6 +7,7 @@ import os
 import pickle
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -15,10 +16,10 @@ from PIL import Image
 from builders import make_dataset
 from ssd.cli.parsers import build_parser, parse
 from ssd.data.crops import CropScale
-from ssd.data.image_cache import CACHE_FILE, DiskImages
+from ssd.data.image_cache import CACHE_FILE, DiskImages, _in_order
 from ssd.data.load import load_dataset
 from ssd.data.loader import DetectionDataset, build_dataloader
-from ssd.errors import ConfigError
+from ssd.errors import ConfigError, DataError
 from ssd.files import DirectoryLock
 from ssd.training.config import TrainConfig
 
@@ -231,3 +232,19 @@ def test_a_rank_after_the_first_maps_the_file_rank_0_built_even_with_an_image_ch
     assert other.decoded == 0 and other.inode == first.inode == first.path.stat().st_ino
     monkeypatch.setattr("ssd.distributed.broadcast_object", lambda obj: first.inode + 1)  # replaced meanwhile
     assert _disk(records, names) is None
+
+
+def test_a_build_decodes_at_most_a_window_ahead_of_the_writer_and_cancels_the_rest_at_an_error():
+    started = []
+
+    def decode(i):
+        started.append(i)
+        if i == 3:
+            raise DataError("image 3 does not decode")
+        return i
+    with ThreadPoolExecutor(max_workers=1) as pool:  # not all 100 submitted at once, nor decoded after the error
+        images = _in_order(pool, decode, list(range(100)), 8)
+        assert next(images) == 0
+        with pytest.raises(DataError, match="image 3 does not decode"):
+            list(images)
+    assert started == list(range(len(started))) and 4 <= len(started) <= 11

@@ -38,8 +38,10 @@ import struct
 import time
 import zipfile
 import zlib
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +72,8 @@ CACHE_FILE = "images.bin"
 _MAGIC = b"SSDIMG01"
 _TRAILER = struct.Struct("<Q8s")  # header length, magic
 _HEADER = ("shapes", "offsets", "crc", "sizes", "states", "meta")
+_AHEAD = 4
+"""Decodes a rebuild runs ahead of the writer, per thread: what waits to be written stays bounded."""
 
 Decode = Callable[[int], Tensor]
 """The dataset's decoder: item index -> ``uint8 [3, h, w]`` at the size the cache holds."""
@@ -285,9 +289,10 @@ def _build(path: Path, key: str, sizes: np.ndarray, states: np.ndarray, decode: 
     offsets = np.zeros(len(sizes) + 1, np.int64)
     todo = np.flatnonzero(~kept).tolist()
     damaged = 0  # kept images whose stored pixels fail their CRC: decoded again, never copied with a new CRC
+    workers = os.cpu_count() or 1
     try:
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool, atomic_write(path) as f:
-            decoded = pool.map(decode, todo)  # in order, as they are written
+        with ThreadPoolExecutor(max_workers=workers) as pool, atomic_write(path) as f, \
+                closing(_in_order(pool, decode, todo, _AHEAD * workers)) as decoded:
             for i in range(len(sizes)):
                 data = stored.pixels(i) if kept[i] else next(decoded).contiguous().numpy()
                 crc[i], shapes[i] = zlib.crc32(data), stored.shapes[i] if kept[i] else data.shape[-2:]
@@ -308,3 +313,19 @@ def _build(path: Path, key: str, sizes: np.ndarray, states: np.ndarray, decode: 
                 f"({offsets[-1] / 2**20:,.1f} MB)")
     return DiskImages(path, {"shapes": shapes, "offsets": offsets, "crc": crc, "sizes": sizes, "states": states},
                       decoded=len(todo) + damaged)
+
+
+def _in_order(pool: ThreadPoolExecutor, decode: Decode, items: list[int], ahead: int) -> Iterator[Tensor]:
+    """``decode(i)`` for each of ``items``, in order, at most ``ahead`` submitted and not yet taken; those still
+    pending are cancelled when it stops (an image that does not decode, the writer failing)."""
+    pending: deque[Future] = deque()
+    try:
+        for i in items:
+            pending.append(pool.submit(decode, i))
+            if len(pending) >= ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
