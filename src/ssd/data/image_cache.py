@@ -237,15 +237,18 @@ def _built_or_fresh(folder: Path, key: str, paths: list[str], sizes: np.ndarray,
             LOGGER.warning(f"image cache: {folder} is being built by another process; this run decodes the "
                            "images when it reads them")
         return None
-    try:
-        return _build(folder / CACHE_FILE, key, sizes, states, decode, _stored(folder / CACHE_FILE, key))
+    try:  # read again under the lock (another process may have just built it); a damaged file was said above
+        stored = _stored(folder / CACHE_FILE, key, say=False)
+        if stored is not None and stored.fresh(sizes, states).all():
+            return stored
+        return _build(folder / CACHE_FILE, key, sizes, states, decode, stored)
     finally:
         lock.release()
 
 
-def _stored(path: Path, key: str, inode: int | None = None) -> DiskImages | None:
+def _stored(path: Path, key: str, inode: int | None = None, say: bool = True) -> DiskImages | None:
     """The cache file at ``path`` if it reads as one of ``key`` (and is the file ``inode`` when given); None when
-    absent, or invalid (said: rebuilt)."""
+    absent, or invalid (said when ``say``: rebuilt)."""
     try:
         with open(path, "rb") as f:
             if inode is not None and os.fstat(f.fileno()).st_ino != inode:
@@ -270,8 +273,9 @@ def _stored(path: Path, key: str, inode: int | None = None) -> DiskImages | None
     except (FileNotFoundError, NotADirectoryError):  # none yet, or no cache folder at all (said by cache_lock)
         return None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # npz, npy and JSON errors
-        reason = (str(e) or type(e).__name__).splitlines()[0][:120]
-        LOGGER.warning(f"image cache: {path} is not a valid cache ({reason}): rebuilding it")
+        if say:
+            reason = (str(e) or type(e).__name__).splitlines()[0][:120]
+            LOGGER.warning(f"image cache: {path} is not a valid cache ({reason}): rebuilding it")
         return None
 
 
