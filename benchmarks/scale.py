@@ -18,6 +18,9 @@ Run: ``.venv/bin/python benchmarks/scale.py --before /tmp/before`` (about 10 min
 each process start costs a few seconds of imports, part of the train figures). ``--warm`` (no ``--before``): the
 index built once, then the warm gate and the warm ``ssd.train`` start alone, split into its parts (e.g. at
 ``--images 100000``: the sets are written in about a minute, the index built in several).
+``--check`` (no ``--before``): ``ssd check`` on the VOC set as a user runs it, a fresh process each time: cold
+(an empty cache folder: the index built) once, then warm (index present) 3 times; the whole command's time (imports
+included) and its peak RSS (``os.wait4``), each run bounded by ``--timeout`` seconds.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +215,35 @@ def row(name: str, before: dict, cold: dict, warm: dict, key: str) -> str:
     return f"| {name} | {b:.2f} | {c:.2f} ({b / c:.2f}x) | {w:.2f} ({b / w:.1f}x) |"
 
 
+def command_run(data: Path, cache: Path, log: Path, timeout: float) -> dict:
+    """``ssd check data`` in a fresh process (its report to ``log``): wall seconds, peak RSS MB (``os.wait4``),
+    exit code; killed after ``timeout`` seconds (code -9)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "SSD_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        start = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "ssd", "check", str(data)], env=env, stdout=out,
+                                stderr=subprocess.STDOUT)
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.monotonic() - start
+        timer.cancel()
+    proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+    return {"seconds": seconds, "peak_rss_mb": usage.ru_maxrss / 1024, "code": proc.returncode}
+
+
+def check_runs(root: Path, data: Path, images: int, timeout: float) -> None:
+    """``ssd check`` cold (the index built) once, then warm 3 times (medians)."""
+    cache = root / "cache-check"
+    cold = command_run(data, cache, root / "check-cold.txt", timeout)
+    warm = [command_run(data, cache, root / f"check-warm{i}.txt", timeout) for i in range(3)]
+    print(f"`ssd check` on {images:,} VOC images of 96 px, {BOXES} boxes each (whole command, imports included)\n\n"
+          "| | seconds | peak RSS MB | exit code |\n|---|---|---|---|")
+    print(f"| cold (no index) | {cold['seconds']:.1f} | {cold['peak_rss_mb']:.0f} | {cold['code']} |")
+    print(f"| warm (index present, median of 3) | {statistics.median(w['seconds'] for w in warm):.2f} | "
+          f"{statistics.median(w['peak_rss_mb'] for w in warm):.0f} | {warm[-1]['code']} |")
+
+
 def warm_starts(root: Path, sets: dict[str, Path], images: int) -> None:
     """The index built once per set (the cold gate, timed), then 3 warm gates and 3 warm ``ssd.train`` starts
     (medians), the train start split into imports, the time to the training loop (the gate, the model, the
@@ -235,6 +269,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, help="a checkout of the code before the index (not with --warm)")
     parser.add_argument("--warm", action="store_true", help="only today's code: the index built, then warm starts")
+    parser.add_argument("--check", action="store_true", help="only today's code: `ssd check` cold, then warm")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds each `ssd check` may run (--check)")
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "ssd-scale")
     parser.add_argument("--images", type=int, default=10_000)
     parser.add_argument("--annotations", type=int, default=1_000_000)
@@ -242,16 +278,17 @@ def main() -> None:
     parser.add_argument("--sets", nargs="*", default=["voc", "yolo", "coco"], choices=["voc", "yolo", "coco"],
                         help="the formats timed from the start of ssd.train (default: all three)")
     args = parser.parse_args()
-    if (args.before is None) != args.warm:
-        parser.error("give --before DIR, or --warm")
+    if (args.before is not None) + args.warm + args.check != 1:
+        parser.error("give one of --before DIR, --warm or --check")
     shutil.rmtree(args.root, ignore_errors=True)
     args.root.mkdir(parents=True)
     pictures = make_pictures(args.root / "pictures")
     makers = {"voc": make_voc, "yolo": make_yolo, "coco": make_coco}  # VOC: the gate and check; COCO's images: the JSON
-    wanted = dict.fromkeys(["voc", *args.sets] if args.warm else ["voc", "coco", *args.sets])
+    wanted = dict.fromkeys(["voc"] if args.check else ["voc", *args.sets] if args.warm else
+                           ["voc", "coco", *args.sets])
     made = {name: makers[name](args.root / name, args.images, pictures) for name in wanted}
-    sets = {name: made[name] for name in dict.fromkeys(["voc", *args.sets])}
-    if not args.warm:
+    sets = {name: made[name] for name in dict.fromkeys(["voc", *args.sets]) if name in made}
+    if not args.warm and not args.check:
         sets["voc-tenth"] = make_voc(args.root / "voc-tenth", args.images // 10, pictures)
     past = 10**9 * (int(os.stat(pictures[0]).st_mtime) - 3600)  # the index never trusts files changed seconds ago
     for folder, _, files in os.walk(args.root):
@@ -259,6 +296,8 @@ def main() -> None:
             os.utime(os.path.join(folder, name), ns=(past, past))
     if args.warm:
         return warm_starts(args.root, sets, args.images)
+    if args.check:
+        return check_runs(args.root, sets["voc"], args.images, args.timeout)
     after, before = REPO / "src", args.before / "src"
     print(f"{args.images:,} images of 96 px, {BOXES} boxes each; seconds (after: ratio before / after)\n")
     results: dict = {}

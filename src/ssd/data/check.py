@@ -20,6 +20,7 @@ import math
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,8 @@ TINY_PIXELS = 2.0
 DUPLICATE_CHUNK = 1 << 20
 """IoU values the duplicate check computes at once: its memory is bounded for any number of boxes."""
 DUPLICATE_IOU = 0.9
+DECODE_CHUNK = 64
+"""Images one task of the decode check's thread pool decodes (a future per image cost more than a small decode)."""
 BORDER_TOLERANCE = 1.0
 """Pixels a box may extend past the image border before a warning."""
 
@@ -236,10 +239,21 @@ def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
             return Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=path)
         return None
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        found = progress(pool.map(probe, records), total=len(records), desc="checking images", unit="image",
-                         disable=None, leave=False)  # None: shown on a terminal only
-        return [i for i in found if i is not None]
+    def probe_chunk(paths: list[Path]) -> list[Issue | None]:
+        return [probe(path) for path in paths]
+
+    # the cores this process may run on (taskset, cgroups' cpusets), not the machine's; the images in chunks: a
+    # small image decodes in less time than a future per image costs
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    paths = list(records)
+    chunks = [paths[i:i + DECODE_CHUNK] for i in range(0, len(paths), DECODE_CHUNK)]
+    found: list[Issue] = []
+    with (progress(total=len(paths), desc="checking images", unit="image", disable=None, leave=False) as bar,
+          ThreadPoolExecutor(max_workers=cores) if cores > 1 else nullcontext() as pool):  # bar: on a terminal only
+        for part in map(probe_chunk, chunks) if pool is None else pool.map(probe_chunk, chunks):
+            found += [issue for issue in part if issue is not None]
+            bar.update(len(part))
+    return found
 
 
 def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = None, *, split: str | None = None,

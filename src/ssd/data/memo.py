@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import operator
 import os
 import threading
 import time
@@ -116,16 +117,16 @@ def remembered(kind: str, encode: Callable[[Any], Any] = lambda v: v, decode: Ca
 
 _OBJECT_FIELDS = [f.name for f in dataclasses.fields(ObjectRecord)]
 _ISSUE_FIELDS = [f.name for f in dataclasses.fields(Issue)]
+_OBJECT_GETTER, _ISSUE_GETTER = operator.attrgetter(*_OBJECT_FIELDS), operator.attrgetter(*_ISSUE_FIELDS)
 
 
 def encode_parsed(parsed: tuple[list[ObjectRecord], list[Issue]]) -> list:
     """An annotation file's ``(objects, issues)`` as JSON-able lists (paths as text)."""
     objects, issues = parsed
 
-    def row(record: Any, names: list[str]) -> list:
-        values = [getattr(record, n) for n in names]
-        return [str(v) if isinstance(v, Path) else v for v in values]
-    return [[row(o, _OBJECT_FIELDS) for o in objects], [row(i, _ISSUE_FIELDS) for i in issues]]
+    def row(record: Any, fields: operator.attrgetter) -> list:  # one attrgetter call: a file's objects are many
+        return [str(v) if isinstance(v, Path) else v for v in fields(record)]
+    return [[row(o, _OBJECT_GETTER) for o in objects], [row(i, _ISSUE_GETTER) for i in issues]]
 
 
 def decode_parsed(stored: list) -> tuple[list[ObjectRecord], list[Issue]]:
