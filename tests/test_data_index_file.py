@@ -11,7 +11,9 @@ import pytest
 
 import ssd.data.index as index_module
 from builders import make_dataset
-from ssd.data.index import index_dataset
+from ssd.data.image_cache import disk_images
+from ssd.data.index import index_dataset, json_hash, stable_state
+from ssd.data.index_file import damage_reason
 from ssd.errors import DataError
 from test_data_index import index_file, messages, reads, settle, voc
 
@@ -87,3 +89,16 @@ def test_the_per_file_results_name_their_arguments_by_a_digest(tmp_path):
     memo = json.loads(np.load(index_file(yaml))["memo"].tobytes())
     keys = [key.split("\0") for key in memo if key.startswith("yolo\0")]
     assert len(keys) == 16 and all(len(parts) == 3 and len(parts[2]) == 24 for parts in keys)  # no class list
+
+
+def test_the_index_and_the_image_cache_share_their_names_file_states_and_notices(tmp_path):
+    assert disk_images.__globals__["json_hash"] is json_hash and disk_images.__globals__["damage_reason"] is \
+        damage_reason
+    assert json_hash(["a", 1]) == json_hash(["a", 1]) != json_hash(["a", 2]) and len(json_hash(None)) == 32
+    assert damage_reason(ValueError("first line\nsecond")) == "first line" and damage_reason(EOFError()) == "EOFError"
+    assert damage_reason(ValueError("x" * 300)) == "x" * 120
+    file = tmp_path / "f"
+    file.write_text("ab")
+    st = file.stat()
+    assert stable_state(str(file), st.st_mtime_ns + 1) == (2, st.st_mtime_ns, st.st_ino)
+    assert stable_state(str(file), st.st_mtime_ns) == stable_state(str(tmp_path / "none"), 0) == (-1, -1, -1)

@@ -29,14 +29,12 @@ size makes another file, and old files stay until the cache folder is cleared.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
 import shutil
 import struct
 import time
-import zipfile
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -50,8 +48,9 @@ from torch import Tensor
 
 import ssd.distributed as ddp
 from ssd.data.crops import fit_in_bytes
-from ssd.data.index import cache_lock, cache_root
-from ssd.data.memo import RACY_NS, file_state
+from ssd.data.index import cache_lock, cache_root, json_hash, stable_state
+from ssd.data.index_file import INDEX_ERRORS, damage_reason
+from ssd.data.memo import RACY_NS
 from ssd.errors import ConfigError, DataError, OutputError
 from ssd.files import atomic_write
 from ssd.limits import MAX_DISK_CACHE_BYTES, value_text
@@ -204,7 +203,7 @@ def disk_images(paths: Sequence[str], sizes: np.ndarray, tag: str, decode: Decod
     ``DataError`` of an image that does not decode.
     """
     absolute = [os.path.abspath(p) for p in paths]
-    key = hashlib.sha256(json.dumps([IMAGE_CACHE_VERSION, tag, absolute]).encode()).hexdigest()[:32]
+    key = json_hash([IMAGE_CACHE_VERSION, tag, absolute])
     folder = cache_root() / "images" / key
     sizes = np.asarray(sizes, np.int64).reshape(-1, 2)
     nbytes = int(3 * sizes.prod(axis=1).sum())
@@ -226,8 +225,7 @@ def disk_images(paths: Sequence[str], sizes: np.ndarray, tag: str, decode: Decod
 def _built_or_fresh(folder: Path, key: str, paths: list[str], sizes: np.ndarray, decode: Decode) -> DiskImages | None:
     """The cache file in ``folder``: reused when fresh for ``paths`` and ``sizes``, else built under its lock."""
     since = time.time_ns() - RACY_NS
-    states = np.array([state if (state := file_state(p)) and state[1] < since else (-1, -1, -1)
-                       for p in paths], np.int64).reshape(-1, 3)
+    states = np.array([stable_state(p, since) for p in paths], np.int64).reshape(-1, 3)
     stored = _stored(folder / CACHE_FILE, key)
     if stored is not None and stored.fresh(sizes, states).all():
         return stored
@@ -272,10 +270,9 @@ def _stored(path: Path, key: str, inode: int | None = None, say: bool = True) ->
         return DiskImages(path, header)
     except (FileNotFoundError, NotADirectoryError):  # none yet, or no cache folder at all (said by cache_lock)
         return None
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as e:  # npz, npy and JSON errors
+    except INDEX_ERRORS as e:  # npz, npy and JSON errors
         if say:
-            reason = (str(e) or type(e).__name__).splitlines()[0][:120]
-            LOGGER.warning(f"image cache: {path} is not a valid cache ({reason}): rebuilding it")
+            LOGGER.warning(f"image cache: {path} is not a valid cache ({damage_reason(e)}): rebuilding it")
         return None
 
 

@@ -35,7 +35,16 @@ import numpy as np
 
 import ssd.distributed as ddp
 from ssd.data.check import find_issues
-from ssd.data.index_file import INDEX_ERRORS, StoredIndex, issue_rows, issues_from, read_group, text_array, write_index
+from ssd.data.index_file import (
+    INDEX_ERRORS,
+    StoredIndex,
+    damage_reason,
+    issue_rows,
+    issues_from,
+    read_group,
+    text_array,
+    write_index,
+)
 from ssd.data.load import load_dataset
 from ssd.data.memo import RACY_NS, FileMemo, file_state
 from ssd.data.records import DatasetSpec, Issue
@@ -44,7 +53,8 @@ from ssd.errors import OutputError
 from ssd.files import DirectoryLock, describe_os_error
 from ssd.log import LOGGER
 
-__all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "cache_lock", "Indexed", "index_dataset", "release_freed_heap"]
+__all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "cache_lock", "Indexed", "index_dataset", "release_freed_heap",
+           "stable_state", "json_hash"]
 
 INDEX_VERSION = 2
 """Changes whenever what an index stores changes: an index of another version is rebuilt (with a notice)."""
@@ -95,7 +105,7 @@ class _Fingerprint:
         self.walked = _walk(Path(spec.root), len(own), since_ns) if walked is None else walked
         states = dict(self.walked)
         for path in own - states.keys():
-            states[path] = _state(path, since_ns)
+            states[path] = stable_state(path, since_ns)
         self.paths = sorted(states)
         self.states = np.array([states[p] for p in self.paths], np.int64).reshape(-1, 3)
 
@@ -121,7 +131,7 @@ def _walk(root: Path, own: int, since_ns: int) -> dict[str, tuple[int, int, int]
                     if entry.is_dir(follow_symlinks=False):
                         folders.append(entry.path)
                     else:
-                        states[entry.path] = _state(entry.path, since_ns)
+                        states[entry.path] = stable_state(entry.path, since_ns)
         except OSError:  # a folder that cannot be listed: its files, if the dataset's, are stat'ed one by one
             continue
         if len(states) > bound:
@@ -129,12 +139,15 @@ def _walk(root: Path, own: int, since_ns: int) -> dict[str, tuple[int, int, int]
     return states
 
 
-def _state(path: str, since_ns: int) -> tuple[int, int, int]:
+def stable_state(path: str, since_ns: int) -> tuple[int, int, int]:
+    """:func:`~ssd.data.memo.file_state` of ``path``; ``(-1, -1, -1)`` when it cannot be stat'ed or was modified at
+    or after ``since_ns`` (too recently to be told from a later edit: never trusted)."""
     state = file_state(path)
     return (-1, -1, -1) if state is None or state[1] >= since_ns else state
 
 
-def _hash(value) -> str:
+def json_hash(value) -> str:
+    """32 hex digits of the SHA-256 of ``value`` as JSON: the name of a cache folder or file."""
     return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:32]
 
 
@@ -182,8 +195,8 @@ def index_dataset(data: str | Path, *, class_names: list[str] | None = None, spl
     :class:`~ssd.errors.DataError` when ``splits[0]`` is missing.
     """
     key = _key(data, class_names)
-    folder = cache_root() / "datasets" / _hash([FOLDER_SCHEME, key["data"]])
-    path, wanted = folder / INDEX_FILE.format(_hash(class_names)), None if splits is None else list(splits)
+    folder = cache_root() / "datasets" / json_hash([FOLDER_SCHEME, key["data"]])
+    path, wanted = folder / INDEX_FILE.format(json_hash(class_names)), None if splits is None else list(splits)
     indexed = None
     try:
         if ddp.rank() == 0:
@@ -234,8 +247,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
         try:
             stored = StoredIndex(path, key)
         except INDEX_ERRORS as e:
-            reason = (str(e) or type(e).__name__).splitlines()[0][:120]
-            LOGGER.warning(f"dataset cache: {path} is not a valid index ({reason}): rebuilding it")
+            LOGGER.warning(f"dataset cache: {path} is not a valid index ({damage_reason(e)}): rebuilding it")
     start_ns = time.time_ns() - RACY_NS
     walked = None  # the dataset folder, walked once in a run
     if stored is not None:

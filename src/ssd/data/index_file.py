@@ -26,10 +26,16 @@ from ssd.errors import DataError
 from ssd.files import atomic_write
 from ssd.log import LOGGER
 
-__all__ = ["StoredIndex", "write_index", "read_group", "issue_rows", "issues_from", "text_array", "INDEX_ERRORS"]
+__all__ = ["StoredIndex", "write_index", "read_group", "issue_rows", "issues_from", "text_array", "INDEX_ERRORS",
+           "damage_reason"]
 
 INDEX_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
-"""What reading a damaged or foreign index file raises (zip, npy and JSON errors)."""
+"""What reading a damaged or foreign index file raises (zip, npy and JSON errors); the image cache's file too."""
+
+
+def damage_reason(error: BaseException) -> str:
+    """One of :data:`INDEX_ERRORS` as the reason of a one-line notice: its first line, at most 120 characters."""
+    return (str(error) or type(error).__name__).splitlines()[0][:120]
 
 
 def issue_rows(issues: Sequence[Issue]) -> list:
