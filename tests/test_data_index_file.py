@@ -13,7 +13,7 @@ import ssd.data.index as index_module
 from builders import make_dataset
 from ssd.data.image_cache import disk_images
 from ssd.data.index import index_dataset, json_hash, stable_state
-from ssd.data.index_file import damage_reason
+from ssd.data.index_file import _digest, damage_reason
 from ssd.errors import DataError
 from test_data_index import index_file, messages, reads, settle, voc
 
@@ -102,3 +102,25 @@ def test_the_index_and_the_image_cache_share_their_names_file_states_and_notices
     st = file.stat()
     assert stable_state(str(file), st.st_mtime_ns + 1) == (2, st.st_mtime_ns, st.st_ino)
     assert stable_state(str(file), st.st_mtime_ns) == stable_state(str(tmp_path / "none"), 0) == (-1, -1, -1)
+
+
+def test_meta_data_or_per_file_results_nested_too_deep_are_rebuilt_not_a_crash(tmp_path, caplog):
+    data = voc(tmp_path)
+    index_dataset(data)
+    path = index_file(data)
+    deep = np.frombuffer(b"[" * 200_000, np.uint8)  # json.loads raises RecursionError
+    rewrite(path, lambda m: m.__setitem__("meta", deep))
+    rebuilt = index_dataset(data)
+    (notice,) = [m for m in messages(caplog) if "dataset cache" in m]
+    assert notice.startswith(f"dataset cache: {path} is not a valid index (") and notice.endswith("): rebuilding it")
+    assert rebuilt.stored and len(rebuilt.reads) == 2 * 8 + 6
+
+    def deep_memo(members):  # their digest made to match: read when a file changed
+        members["memo"] = deep
+        digests = json.loads(members["digests"].tobytes()) | {"memo": _digest(members, ["memo"])}
+        members["digests"] = np.frombuffer(json.dumps(digests).encode(), np.uint8)
+    rewrite(path, deep_memo)
+    xml = data / "Annotations" / "synth_000001.xml"
+    xml.write_text(xml.read_text() + " ")
+    settle(data)
+    assert len(reads(data)) == 2 * 8 + 6 and reads(data) == []  # not trusted: every file read again

@@ -2,13 +2,17 @@
 file is reused, rebuilt where its sources changed or it is damaged, bounded and shared; under DDP the RAM cache holds
 the rank's shard."""
 
+import io
 import json
 import os
 import pickle
+import shutil
+import struct
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -250,3 +254,45 @@ def test_a_build_decodes_at_most_a_window_ahead_of_the_writer_and_cancels_the_re
         with pytest.raises(DataError, match="image 3 does not decode"):
             list(images)
     assert started == list(range(len(started))) and 4 <= len(started) <= 11
+
+
+def test_a_cache_file_whose_header_is_nested_too_deep_or_of_other_lengths_is_rebuilt_not_a_crash(
+        dataset, ssd_messages):
+    records, names = dataset
+    path = _disk(records, names).path
+    blob = path.read_bytes()
+    length = struct.unpack("<Q8s", blob[-16:])[0]
+    pixels = blob[:len(blob) - 16 - length]
+    with np.load(io.BytesIO(blob[len(pixels):-16])) as z:
+        header = dict(z)
+    for change, reason in [({"meta": np.frombuffer(b"[" * 200_000, np.uint8)}, "maximum recursion depth"),
+                           ({"offsets": np.zeros(0, np.int64)}, "its offsets are not 12 rows of integers"),
+                           ({"crc": header["crc"][:5]}, "its shapes are not 5 rows of integers")]:
+        out = io.BytesIO()
+        np.savez(out, **{**header, **change})
+        path.write_bytes(pixels + out.getvalue() + struct.pack("<Q8s", out.tell(), b"SSDIMG01"))
+        before = len(ssd_messages())
+        assert _disk(records, names).decoded == 12
+        notice = ssd_messages()[before]
+        assert notice.startswith(f"image cache: {path} is not a valid cache (") and reason in notice
+
+
+def test_the_file_mapped_is_the_one_whose_header_was_read(dataset, monkeypatch, tmp_path):
+    records, names = dataset
+    first = _disk(records, names)
+    other = tmp_path / "other"
+    shutil.copyfile(first.path, other)
+    with open(other, "r+b") as f:  # same header, other pixels
+        f.write(bytes(3 * 48 * 48))
+    load = np.load
+
+    def replaced_after_reading(*args, **kwargs):  # another run replaces the file between the header and the map
+        loaded = load(*args, **kwargs)
+        if other.exists():
+            os.replace(other, first.path)
+        return loaded
+    monkeypatch.setattr(np, "load", replaced_after_reading)
+    cache = _disk(records, names)
+    assert cache.decoded == 0 and cache.inode == first.inode != first.path.stat().st_ino
+    plain = DetectionDataset(records, names, image_size=48)
+    assert torch.equal(cache.read(0, lambda i: pytest.fail("decoded")), plain._decode(0))

@@ -39,8 +39,9 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import closing
+from contextlib import closing, nullcontext
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
@@ -133,14 +134,17 @@ class DiskImages:
         to build it (0: the file was reused as it was).
     """
 
-    def __init__(self, path: Path, header: dict[str, np.ndarray], decoded: int = 0) -> None:
+    def __init__(self, path: Path, header: dict[str, np.ndarray], decoded: int = 0, file: BinaryIO | None = None
+                 ) -> None:
+        """``file``: ``path`` open, the file ``header`` was read from (mapped, whatever ``path`` names now)."""
         self.path, self.decoded = path, decoded
         self.shapes, self.offsets, self.crc = header["shapes"], header["offsets"], header["crc"]
         self.sizes, self.states = header["sizes"], header["states"]
-        self.inode = os.stat(path).st_ino
         self._verified = np.zeros(len(self.shapes), bool)
         self._map: np.ndarray | None = None
-        self._mapped()
+        with open(path, "rb") if file is None else nullcontext(file) as f:
+            self.inode = os.fstat(f.fileno()).st_ino
+            self._mapped(f)
 
     def __len__(self) -> int:
         return len(self.shapes)
@@ -148,13 +152,15 @@ class DiskImages:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_map": None}  # a spawned worker maps the file again, never receives its pixels
 
-    def _mapped(self) -> np.ndarray:
+    def _mapped(self, file: BinaryIO | None = None) -> np.ndarray:
+        """The pixels, mapped from ``file`` (open) or else from the path (refused when it names another file)."""
         if self._map is None:
-            if os.stat(self.path).st_ino != self.inode:
-                raise DataError(f"the image cache {self.path} changed while this run used it (rebuilt by another "
-                                "run?): run again")
-            total = int(self.offsets[-1])
-            self._map = np.memmap(self.path, np.uint8, "r", shape=(total,)) if total else np.zeros(0, np.uint8)
+            with open(self.path, "rb") if file is None else nullcontext(file) as f:
+                if os.fstat(f.fileno()).st_ino != self.inode:
+                    raise DataError(f"the image cache {self.path} changed while this run used it (rebuilt by "
+                                    "another run?): run again")
+                total = int(self.offsets[-1])
+                self._map = np.memmap(f, np.uint8, "r", shape=(total,)) if total else np.zeros(0, np.uint8)
         return self._map
 
     def pixels(self, index: int) -> np.ndarray:
@@ -261,13 +267,19 @@ def _stored(path: Path, key: str, inode: int | None = None, say: bool = True) ->
             f.seek(end - _TRAILER.size - length)
             with np.load(io.BytesIO(f.read(length)), allow_pickle=False) as z:
                 header = {name: z[name] for name in _HEADER}
-        meta = json.loads(header["meta"].tobytes())
-        shapes, offsets = header["shapes"], header["offsets"]
-        if meta != {"version": IMAGE_CACHE_VERSION, "key": key}:
-            raise ValueError("it was built for other images or by another version")
-        if offsets[-1] != end - _TRAILER.size - length or not np.array_equal(np.diff(offsets), 3 * shapes.prod(1)):
-            raise ValueError("its offsets do not match its images")
-        return DiskImages(path, header)
+            meta = json.loads(header["meta"].tobytes())
+            if meta != {"version": IMAGE_CACHE_VERSION, "key": key}:
+                raise ValueError("it was built for other images or by another version")
+            n = len(header["crc"])
+            for name, shape in (("shapes", (n, 2)), ("offsets", (n + 1,)), ("crc", (n,)), ("sizes", (n, 2)),
+                                ("states", (n, 3))):
+                if header[name].shape != shape or header[name].dtype.kind not in "iu":
+                    raise ValueError(f"its {name} are not {n} rows of integers")
+            shapes, offsets = header["shapes"], header["offsets"]
+            if offsets[-1] != end - _TRAILER.size - length or not np.array_equal(np.diff(offsets),
+                                                                                 3 * shapes.prod(1)):
+                raise ValueError("its offsets do not match its images")
+            return DiskImages(path, header, file=f)  # the file read: one that replaced it since is not mapped
     except (FileNotFoundError, NotADirectoryError):  # none yet, or no cache folder at all (said by cache_lock)
         return None
     except INDEX_ERRORS as e:  # npz, npy and JSON errors

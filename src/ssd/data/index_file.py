@@ -29,8 +29,9 @@ from ssd.log import LOGGER
 __all__ = ["StoredIndex", "write_index", "read_group", "issue_rows", "issues_from", "text_array", "INDEX_ERRORS",
            "damage_reason"]
 
-INDEX_ERRORS = (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile)
-"""What reading a damaged or foreign index file raises (zip, npy and JSON errors); the image cache's file too."""
+INDEX_ERRORS = (OSError, ValueError, KeyError, EOFError, RecursionError, zipfile.BadZipFile)
+"""What reading a damaged or foreign index file raises (zip, npy and JSON errors: a JSON nested too deep is a
+``RecursionError``); the image cache's file too."""
 
 
 def damage_reason(error: BaseException) -> str:
