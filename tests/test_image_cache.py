@@ -296,3 +296,13 @@ def test_the_file_mapped_is_the_one_whose_header_was_read(dataset, monkeypatch, 
     assert cache.decoded == 0 and cache.inode == first.inode != first.path.stat().st_ino
     plain = DetectionDataset(records, names, image_size=48)
     assert torch.equal(cache.read(0, lambda i: pytest.fail("decoded")), plain._decode(0))
+
+
+def test_another_decoder_version_makes_another_file(dataset, monkeypatch):
+    records, names = dataset
+    first = _disk(records, names)
+    assert _disk(records, names).path == first.path
+    for module in ("PIL", "torchvision", "torch", "ssd.data.image_cache"):
+        monkeypatch.setattr(f"{module}.__version__", "0.0.0-other")
+        other = _disk(records, names)
+        assert other.decoded == 12 and other.path != first.path

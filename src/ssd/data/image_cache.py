@@ -5,10 +5,11 @@ Both hold exactly the arrays :class:`ssd.data.loader.DetectionDataset` would dec
 batches are bit-identical with the cache off, in RAM or on disk.
 
 The disk cache is ``images.bin`` in ``<cache folder>/images/<key>/`` (the cache folder of the dataset index,
-:func:`ssd.data.index.cache_root`; ``key`` a hash of :data:`IMAGE_CACHE_VERSION`, the decoding sizes' description
-and the image paths). It holds every image's pixels (``uint8 [3, h, w]``, one after another), then a header (an
-``.npz`` of plain arrays, read with ``allow_pickle=False``, never a pickle: each image's offset, shape, CRC-32,
-requested size and its source file's ``(size, mtime_ns, inode)``), then a 16-byte trailer (header length, magic).
+:func:`ssd.data.index.cache_root`; ``key`` a hash of :data:`IMAGE_CACHE_VERSION`, the versions of ssd, PIL,
+torchvision and torch (they decode and resize), the decoding sizes' description and the image paths). It holds
+every image's pixels (``uint8 [3, h, w]``, one after another), then a header (an ``.npz`` of plain arrays, read
+with ``allow_pickle=False``, never a pickle: each image's offset, shape, CRC-32, requested size and its source
+file's ``(size, mtime_ns, inode)``), then a 16-byte trailer (header length, magic).
 
 - **Written once, reused**: built under the folder's :class:`~ssd.files.DirectoryLock` and replaced atomically
   (temporary file and rename), so two processes never corrupt it; a later run maps it as it is. An image whose
@@ -44,10 +45,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+import PIL
 import torch
+import torchvision
 from torch import Tensor
 
 import ssd.distributed as ddp
+from ssd._version import __version__
 from ssd.data.crops import fit_in_bytes
 from ssd.data.index import cache_lock, cache_root, json_hash, stable_state
 from ssd.data.index_file import INDEX_ERRORS, damage_reason
@@ -209,7 +213,7 @@ def disk_images(paths: Sequence[str], sizes: np.ndarray, tag: str, decode: Decod
     ``DataError`` of an image that does not decode.
     """
     absolute = [os.path.abspath(p) for p in paths]
-    key = json_hash([IMAGE_CACHE_VERSION, tag, absolute])
+    key = json_hash([IMAGE_CACHE_VERSION, _decoders(), tag, absolute])
     folder = cache_root() / "images" / key
     sizes = np.asarray(sizes, np.int64).reshape(-1, 2)
     nbytes = int(3 * sizes.prod(axis=1).sum())
@@ -248,6 +252,12 @@ def _built_or_fresh(folder: Path, key: str, paths: list[str], sizes: np.ndarray,
         return _build(folder / CACHE_FILE, key, sizes, states, decode, stored)
     finally:
         lock.release()
+
+
+def _decoders() -> dict[str, str]:
+    """The versions of what decodes and resizes the images: another one may give other pixels (another file)."""
+    return {"ssd": __version__, "PIL": PIL.__version__, "torchvision": torchvision.__version__,
+            "torch": torch.__version__}
 
 
 def _stored(path: Path, key: str, inode: int | None = None, say: bool = True) -> DiskImages | None:
