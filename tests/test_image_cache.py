@@ -306,3 +306,10 @@ def test_another_decoder_version_makes_another_file(dataset, monkeypatch):
         monkeypatch.setattr(f"{module}.__version__", "0.0.0-other")
         other = _disk(records, names)
         assert other.decoded == 12 and other.path != first.path
+
+
+def test_the_disk_cache_takes_the_table_paths_in_one_list(dataset, monkeypatch):
+    records, names = dataset
+    first = _disk(records, names)
+    monkeypatch.setattr("ssd.data.table.RecordTable.path", lambda self, i: pytest.fail("a path made item by item"))
+    assert _disk(records, names).path == first.path  # the same key: the same paths

@@ -102,8 +102,8 @@ class DetectionDataset(Dataset):
             self._cache = RamImages(cached, self._decode)
         elif mode == "disk":
             tag = (size_text(self._hw) if self._hw else "native") + (f" crops {crop_scale.text}" if crop_scale else "")
-            self._cache = disk_images([str(self.records.path(i)) for i in range(len(self))],
-                                      self._decoded_sizes().numpy(), tag, self._decode)
+            self._cache = disk_images(self.records.paths.tolist(), self._decoded_sizes().numpy(), tag,
+                                      self._decode)
 
     def __len__(self) -> int:
         return len(self.records)
