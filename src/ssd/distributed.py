@@ -6,8 +6,6 @@ Without those variables every helper degrades to the single-process behaviour, s
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +17,7 @@ from ssd.device import resolve_device
 from ssd.log import quiet_other_ranks
 
 __all__ = ["DistInfo", "setup", "cleanup", "steps_per_epoch", "rank", "broadcast_object", "all_gather_objects",
-           "any_true", "broadcast_buffers", "barrier", "gather_objects", "gather_tensors", "main_first"]
+           "any_true", "broadcast_buffers", "barrier", "gather_objects", "gather_tensors"]
 
 
 @dataclass(frozen=True)
@@ -156,17 +154,3 @@ def broadcast_buffers(model: nn.Module, src: int = 0) -> None:
 def barrier() -> None:
     if _active():
         dist.barrier()
-
-
-@contextmanager
-def main_first() -> Iterator[None]:
-    """Under torchrun, rank 0 runs the block first while the other ranks wait, then they run it (and find what rank 0
-    built: a dataset index, an image cache); without a process group, just the block."""
-    main = not _active() or dist.get_rank() == 0
-    if not main:
-        barrier()
-    try:
-        yield
-    finally:
-        if main:
-            barrier()
