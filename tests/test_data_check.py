@@ -273,15 +273,15 @@ def test_image_with_twenty_thousand_boxes_is_refused_by_name(tmp_path):
 def test_duplicate_check_in_chunks_finds_the_same_pairs(monkeypatch):
     import torch
 
-    import ssd.data.check as check
+    import ssd.data.object_rules as rules
 
     boxes = torch.tensor([[0, 0, 10, 10], [0, 0, 10, 10.5], [50, 50, 60, 60], [0, 0, 10, 10], [50, 50, 60, 60.2]],
                          dtype=torch.float64)
     labels = torch.tensor([0, 0, 1, 1, 1])
-    whole = check._duplicate_pairs(boxes, labels)
+    whole = rules.duplicate_pairs(boxes, labels)
     assert [(a, b, round(v, 4)) for a, b, v in whole] == [(0, 1, 0.9524), (2, 4, 0.9804)]
-    monkeypatch.setattr(check, "DUPLICATE_CHUNK", 5)  # one row per chunk
-    assert check._duplicate_pairs(boxes, labels) == whole
+    monkeypatch.setattr(rules, "DUPLICATE_CHUNK", 5)  # one row per chunk
+    assert rules.duplicate_pairs(boxes, labels) == whole
 
 
 def test_split_whose_every_image_is_corrupt_says_so_not_no_images(tmp_path):
