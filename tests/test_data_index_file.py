@@ -11,7 +11,7 @@ import pytest
 
 import ssd.data.index as index_module
 from builders import make_dataset
-from ssd.data.image_cache import disk_images
+from ssd.data.disk_cache import disk_images
 from ssd.data.index import index_dataset, json_hash, stable_state
 from ssd.data.index_file import _digest, damage_reason
 from ssd.errors import DataError

@@ -1,4 +1,4 @@
-"""The image caches of ``--cache-images`` (ssd.data.image_cache): ram and disk give the batches of no cache, the disk
+"""The image caches of ``--cache-images``: ram and disk give the batches of no cache, the disk
 file is reused, rebuilt where its sources changed or it is damaged, bounded and shared; under DDP the RAM cache holds
 the rank's shard."""
 
@@ -20,7 +20,7 @@ from PIL import Image
 from builders import make_dataset
 from ssd.cli.parsers import build_parser, parse
 from ssd.data.crops import CropScale
-from ssd.data.image_cache import CACHE_FILE, DiskImages, _in_order
+from ssd.data.disk_cache import CACHE_FILE, DiskImages, _in_order
 from ssd.data.load import load_dataset
 from ssd.data.loader import DetectionDataset, build_dataloader
 from ssd.errors import ConfigError, DataError
@@ -112,7 +112,7 @@ def test_the_disk_cache_is_bounded_and_shared_with_workers_without_its_pixels(da
     assert len(pickle.dumps(data._cache)) < 3 * 48 * 48
     for i in (0, 11):
         assert torch.equal(copy[i][0], data[i][0]) and torch.equal(copy[i][1]["boxes"], data[i][1]["boxes"])
-    monkeypatch.setattr("ssd.data.image_cache.MAX_DISK_CACHE_BYTES", 2**18)
+    monkeypatch.setattr("ssd.data.disk_cache.MAX_DISK_CACHE_BYTES", 2**18)
     with pytest.raises(ConfigError, match=r"^cache_images=disk: 12 images \(native\) take 0\.32 MB, more than ssd\."
                                           r"limits\.MAX_DISK_CACHE_BYTES \(0\.25 MB\); use --cache-images off"):
         DetectionDataset(records, names, cache_images="disk")  # native 96 px: 331,776 bytes
@@ -302,7 +302,7 @@ def test_another_decoder_version_makes_another_file(dataset, monkeypatch):
     records, names = dataset
     first = _disk(records, names)
     assert _disk(records, names).path == first.path
-    for module in ("PIL", "torchvision", "torch", "ssd.data.image_cache"):
+    for module in ("PIL", "torchvision", "torch", "ssd.data.disk_cache"):
         monkeypatch.setattr(f"{module}.__version__", "0.0.0-other")
         other = _disk(records, names)
         assert other.decoded == 12 and other.path != first.path

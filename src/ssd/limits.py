@@ -50,7 +50,7 @@ native resolution): larger caches are downscaled by one common factor, reported 
 and refused below :data:`ssd.data.image_cache.MIN_CACHE_DOWNSCALE`."""
 
 MAX_DISK_CACHE_BYTES = 256 * 2**30
-"""Largest file ``--cache-images disk`` may write (the decoded images, :mod:`ssd.data.image_cache`): larger caches
+"""Largest file ``--cache-images disk`` may write (the decoded images, :mod:`ssd.data.disk_cache`): larger caches
 are refused, naming their size (a typo in ``--image-size`` or ``--crop-scale native`` on huge photos)."""
 
 MAX_SAVED_CROPS = 100_000

@@ -26,7 +26,8 @@ from torchvision import tv_tensors
 from torchvision.transforms.v2 import functional as F
 
 from ssd.data.crops import CachePlan, CropScale, decode_sizes
-from ssd.data.image_cache import DiskImages, RamImages, cache_mode, disk_images, ram_sizes
+from ssd.data.disk_cache import DiskImages, disk_images
+from ssd.data.image_cache import RamImages, cache_mode, ram_sizes
 from ssd.data.images import read_image, read_image_size
 from ssd.data.mosaic import Mosaic
 from ssd.data.records import ImageRecord
