@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import ssd.data.index as index_module
+import ssd.data.memo as memo_module
 from builders import make_dataset
 from ssd.data.disk_cache import disk_images
 from ssd.data.index import index_dataset, json_hash, stable_state
@@ -90,6 +91,20 @@ def test_the_per_file_results_name_their_arguments_by_a_digest(tmp_path):
     keys = [key.split("\0") for key in memo if key.startswith("yolo\0")]
     assert len(keys) == 16 and all(len(parts) == 3 and len(parts[2]) == 24 for parts in keys)  # no class list
 
+
+
+def test_the_per_file_results_are_written_as_json_dumps_writes_them(tmp_path, monkeypatch):
+    data = voc(tmp_path)
+    index_dataset(data, splits=("train", "val"))
+    xml = data / "Annotations" / "synth_000001.xml"
+    xml.write_text(xml.read_text() + " ")
+    settle(data)
+    stats, stat = [], memo_module.file_state
+    monkeypatch.setattr(memo_module, "file_state", lambda path: stats.append(path) or stat(path))
+    index_dataset(data, splits=("train", "val"))  # entries kept from the file and new ones, in one memo
+    stored = np.load(index_file(data))["memo"].tobytes()
+    assert stored == json.dumps(json.loads(stored)).encode()
+    assert len(stats) == len(set(stats)) > 0  # an image's header and decode steps share one stat
 
 def test_the_index_and_the_image_cache_share_their_names_file_states_and_notices(tmp_path):
     assert disk_images.__globals__["json_hash"] is json_hash and disk_images.__globals__["damage_reason"] is \

@@ -94,18 +94,20 @@ class _Fingerprint:
     """The dataset's files and their states: ``paths`` sorted, ``states`` int64 ``[F, 3]`` (see
     :func:`~ssd.data.memo.file_state`; ``-1`` for a file that cannot be stat'ed or changed too recently)."""
 
-    def __init__(self, spec: DatasetSpec, since_ns: int, walked: dict[str, tuple[int, int, int]] | None = None
-                 ) -> None:
+    def __init__(self, spec: DatasetSpec, since_ns: int, walked: dict[str, tuple[int, int, int]] | None = None,
+                 known: dict[str, tuple[int, int, int] | None] | None = None) -> None:
         """``spec``'s splits are tables; ``walked``: the states of the dataset folder's files, taken earlier in this
-        run (a file changed since then is read again next time: the older state is kept)."""
+        run, ``known``: states of some files taken earlier (:attr:`FileMemo.states`; a file changed since then is read
+        again next time: the older state is kept)."""
         own = {os.fspath(p) for p in spec.sources.values()}
         for table in spec.splits.values():
             own.update(table.paths.tolist(), table.annotations.tolist())
         own.discard("")  # an image without annotation file
-        self.walked = _walk(Path(spec.root), len(own), since_ns) if walked is None else walked
+        known = known or {}
+        self.walked = _walk(Path(spec.root), len(own), since_ns, known) if walked is None else walked
         states = dict(self.walked)
         for path in own - states.keys():
-            states[path] = stable_state(path, since_ns)
+            states[path] = _known_state(path, since_ns, known)
         self.paths = sorted(states)
         self.states = np.array([states[p] for p in self.paths], np.int64).reshape(-1, 3)
 
@@ -119,8 +121,10 @@ class _NotIndexed(Exception):
     """Why this dataset is read without an index (said once)."""
 
 
-def _walk(root: Path, own: int, since_ns: int) -> dict[str, tuple[int, int, int]]:
-    """The states of the files under ``root`` (a dataset of ``own`` files), by path."""
+def _walk(root: Path, own: int, since_ns: int, known: dict | None = None) -> dict[str, tuple[int, int, int]]:
+    """The states of the files under ``root`` (a dataset of ``own`` files), by path (``known``: see
+    :class:`_Fingerprint`)."""
+    known = known or {}
     states: dict[str, tuple[int, int, int]] = {}
     bound = EXTRA_FILES_FACTOR * own + EXTRA_FILES
     folders = [os.fspath(root)] if root.is_dir() else []
@@ -131,7 +135,7 @@ def _walk(root: Path, own: int, since_ns: int) -> dict[str, tuple[int, int, int]
                     if entry.is_dir(follow_symlinks=False):
                         folders.append(entry.path)
                     else:
-                        states[entry.path] = stable_state(entry.path, since_ns)
+                        states[entry.path] = _known_state(entry.path, since_ns, known)
         except OSError:  # a folder that cannot be listed: its files, if the dataset's, are stat'ed one by one
             continue
         if len(states) > bound:
@@ -143,6 +147,14 @@ def stable_state(path: str, since_ns: int) -> tuple[int, int, int]:
     """:func:`~ssd.data.memo.file_state` of ``path``; ``(-1, -1, -1)`` when it cannot be stat'ed or was modified at
     or after ``since_ns`` (too recently to be told from a later edit: never trusted)."""
     state = file_state(path)
+    return (-1, -1, -1) if state is None or state[1] >= since_ns else state
+
+
+def _known_state(path: str, since_ns: int, known: dict) -> tuple[int, int, int]:
+    """:func:`stable_state` of ``path``, from its state in ``known`` when there is one (no second stat)."""
+    if path not in known:
+        return stable_state(path, since_ns)
+    state = known[path]
     return (-1, -1, -1) if state is None or state[1] >= since_ns else state
 
 
@@ -160,7 +172,7 @@ def _save(path: Path, key: dict, spec: DatasetSpec, checks: dict, memo: FileMemo
     meta = {"key": key, "root": str(spec.root), "format": spec.format, "class_names": spec.class_names,
             "category_ids": spec.category_ids, "sources": {k: str(v) for k, v in spec.sources.items()},
             "splits": list(spec.splits), "issues": issue_rows(spec.issues), "checks": checks}
-    arrays = {"meta": text_array(meta), "memo": text_array(memo.used), "files.state": files.states,
+    arrays = {"meta": text_array(meta), "memo": np.frombuffer(memo.used_json(), np.uint8), "files.state": files.states,
               **Strings.pack(files.paths).arrays("files")}
     for i, table in enumerate(spec.splits.values()):
         arrays |= table.arrays(f"split{i}.")
@@ -272,7 +284,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
     if lock is None:
         return Indexed(spec, issues, memo.reads)
     try:
-        files = _Fingerprint(spec, start_ns, walked)
+        files = _Fingerprint(spec, start_ns, walked, memo.states)
     except _NotIndexed as e:
         LOGGER.warning(f"dataset cache: {e}: not indexed")
         return Indexed(spec, issues, memo.reads)

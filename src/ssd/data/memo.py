@@ -32,6 +32,15 @@ RACY_NS = 2_000_000_000
 """A file younger than this (nanoseconds) at the start of a run is read every time (see the module docstring)."""
 
 _active: FileMemo | None = None  # a global, not a ContextVar: the check decodes on a thread pool
+_UNSEEN = object()
+
+
+def _args_digest(args: tuple) -> str:
+    """The arguments by a digest: a YOLO label file's are the whole class list, which every key would repeat."""
+    return hashlib.blake2b(json.dumps(args).encode(), digest_size=12).hexdigest()
+
+
+_NO_ARGS = _args_digest(((), []))  # the image steps' (most keys'): computed once
 
 
 def file_state(path: str | os.PathLike) -> tuple[int, int, int] | None:
@@ -47,16 +56,25 @@ class FileMemo:
     """Remembered results by ``kind``, path and arguments; ``entries`` as stored (:attr:`used` after a run).
 
     Attributes:
-        used: the entries met or made in this run (what an index saves: files no longer read are forgotten).
+        used: the entries met or made in this run (what an index saves: files no longer read are forgotten); those
+            made are kept as their JSON text (see :meth:`used_json`).
         reads: ``(kind, path)`` of every step that ran (a miss).
+        states: the :func:`file_state` of every file looked up in this run (taken once, before its first read).
     """
 
     def __init__(self, entries: dict[str, list] | None = None) -> None:
         self.entries = entries or {}
-        self.used: dict[str, list] = {}
+        self.used: dict[str, list | str] = {}
         self.reads: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._stable_before = time.time_ns() - RACY_NS
+        self.states: dict[str, tuple[int, int, int] | None] = {}
+
+    def used_json(self) -> bytes:
+        """:attr:`used` as ``json.dumps(used).encode()`` would write it (new entries are kept as their JSON text)."""
+        parts = (f"{json.dumps(key)}: {entry if isinstance(entry, str) else json.dumps(entry)}"
+                 for key, entry in self.used.items())
+        return ("{" + ", ".join(parts) + "}").encode()
 
     @contextmanager
     def active(self) -> Iterator[FileMemo]:
@@ -70,9 +88,11 @@ class FileMemo:
 
     def lookup(self, kind: str, path: str | os.PathLike, args: tuple, compute: Callable[[], Any],
                encode: Callable[[Any], Any], decode: Callable[[Any], Any], error: type[Exception] | None) -> Any:
-        # the arguments by a digest: a YOLO label file's are the whole class list, which every key would repeat
-        key = "\0".join((kind, os.fspath(path), hashlib.blake2b(json.dumps(args).encode(), digest_size=12).hexdigest()))
-        state = file_state(path)
+        path = os.fspath(path)
+        key = "\0".join((kind, path, _NO_ARGS if args == ((), []) else _args_digest(args)))
+        state = self.states.get(path, _UNSEEN)
+        if state is _UNSEEN:  # one stat per file and run: a state taken before reading is safe to store with the result
+            state = self.states[path] = file_state(path)
         entry = self.entries.get(key)
         if state is not None and entry is not None and tuple(entry[:3]) == state:
             with self._lock:
@@ -82,7 +102,7 @@ class FileMemo:
                 raise error(*stored["raise"])
             return decode(stored)
         with self._lock:
-            self.reads.append((kind, os.fspath(path)))
+            self.reads.append((kind, path))
         try:
             value = compute()
             stored = encode(value)
@@ -91,8 +111,9 @@ class FileMemo:
                 raise
             value, stored = e, {"raise": [str(e), getattr(e, "code", None), getattr(e, "reason", None)]}
         if state is not None and state[1] < self._stable_before:
+            text = json.dumps([*state, stored])  # as text at once: no long-lived lists for the garbage collector
             with self._lock:
-                self.used[key] = [*state, stored]
+                self.used[key] = text
         if isinstance(value, Exception):
             raise value
         return value
