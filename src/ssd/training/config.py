@@ -25,8 +25,8 @@ from ssd.errors import ConfigError
 from ssd.files import write_text
 from ssd.limits import MAX_EPOCHS, MAX_TRAIN_MINUTES, MAX_WORKERS, value_text
 from ssd.names import did_you_mean
-from ssd.schemas import run_name_problem
-from ssd.settings import EVALUATE, THRESHOLD_OPTIONS, check_thresholds
+from ssd.schemas import option_flag, run_name_problem
+from ssd.settings import EVALUATE, check_thresholds
 from ssd.sizes import parse_image_size
 from ssd.yamlfile import safe_load
 
@@ -293,9 +293,9 @@ def default_milestones(length: int) -> list[int]:
 
 
 def option_name(field_name: str) -> str:
-    """The ``ssd train`` option of a field: ``--batch-size`` for ``batch_size``; thresholds are spelled as on every
-    command (:data:`ssd.settings.THRESHOLD_OPTIONS`: ``--conf``, ``--iou``)."""
-    return THRESHOLD_OPTIONS.get(field_name, "--" + field_name.replace("_", "-"))
+    """The ``ssd train`` option of a field, as its ``--help`` spells it (:func:`ssd.schemas.option_flag`, the rule of
+    every command): ``--batch-size`` for ``batch_size``; ``--conf`` and ``--iou`` for the thresholds."""
+    return option_flag(TrainConfig.__dataclass_fields__[field_name])
 
 
 _CHOICES = {name: typing.get_args(typing.get_args(hint)[0] if typing.get_origin(hint) is not Literal else hint)
