@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from contextlib import AbstractContextManager
 
@@ -10,10 +11,16 @@ from torch import nn
 
 from ssd.errors import ConfigError
 
-__all__ = ["DEVICES", "resolve_device", "amp_dtype", "autocast", "prepare_model"]
+__all__ = ["DEVICES", "resolve_device", "usable_cores", "amp_dtype", "autocast", "prepare_model"]
 
 DEVICES = "cpu, cuda, cuda:N (N = CUDA device index), mps or auto (cuda when available, else cpu)"
 _DEVICE = re.compile(r"(cpu|mps|auto|cuda(:\d+)?)")
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (taskset, a cgroup's cpuset), not the machine's: how many threads a
+    decoding pool should start."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def resolve_device(name: str | torch.device, local_rank: int | None = None) -> torch.device:

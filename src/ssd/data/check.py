@@ -15,7 +15,6 @@ objects, train/val overlap). With a ``model`` it adds default-box coverage
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
@@ -31,6 +30,7 @@ from ssd.data.object_rules import object_issues
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
 from ssd.data.table import RecordTable
+from ssd.device import usable_cores
 from ssd.errors import DataError, ImageError
 from ssd.log import progress
 from ssd.matching import MATCH_IOU
@@ -130,9 +130,8 @@ def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     def probe_chunk(paths: list[Path]) -> list[Issue | None]:
         return [probe(path) for path in paths]
 
-    # the cores this process may run on (taskset, cgroups' cpusets), not the machine's; the images in chunks: a
-    # small image decodes in less time than a future per image costs
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    # the images in chunks: a small image decodes in less time than a future per image costs
+    cores = usable_cores()
     paths = list(records)
     chunks = [paths[i:i + DECODE_CHUNK] for i in range(0, len(paths), DECODE_CHUNK)]
     found: list[Issue] = []

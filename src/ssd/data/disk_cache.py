@@ -55,6 +55,7 @@ from ssd.data.image_cache import Decode
 from ssd.data.index import cache_lock, cache_root, json_hash, stable_state
 from ssd.data.index_file import INDEX_ERRORS, damage_reason
 from ssd.data.memo import RACY_NS
+from ssd.device import usable_cores
 from ssd.errors import ConfigError, DataError, OutputError
 from ssd.files import atomic_write
 from ssd.limits import MAX_DISK_CACHE_BYTES
@@ -255,7 +256,7 @@ def _build(path: Path, key: str, sizes: np.ndarray, states: np.ndarray, decode: 
     offsets = np.zeros(len(sizes) + 1, np.int64)
     todo = np.flatnonzero(~kept).tolist()
     damaged = 0  # kept images whose stored pixels fail their CRC: decoded again, never copied with a new CRC
-    workers = os.cpu_count() or 1
+    workers = usable_cores()
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool, atomic_write(path) as f, \
                 closing(_in_order(pool, decode, todo, _AHEAD * workers)) as decoded:

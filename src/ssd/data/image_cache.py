@@ -5,13 +5,13 @@ with the cache off, in RAM or on disk."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from torch import Tensor
 
 from ssd.data.crops import fit_in_bytes
+from ssd.device import usable_cores
 from ssd.errors import ConfigError
 from ssd.limits import value_text
 from ssd.log import LOGGER
@@ -63,10 +63,10 @@ def ram_sizes(wanted: Tensor, cached: list[int], hw: tuple[int, int] | None, max
 
 
 class RamImages(dict[int, Tensor]):
-    """The images of the items ``cached`` by index, decoded once up front (one thread per core)."""
+    """The images of the items ``cached`` by index, decoded once up front (one thread per usable core)."""
 
     def __init__(self, cached: Sequence[int], decode: Decode) -> None:
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        with ThreadPoolExecutor(max_workers=usable_cores()) as pool:
             super().__init__(zip(cached, pool.map(decode, cached)))
 
     def read(self, index: int, decode: Decode) -> Tensor:
