@@ -12,12 +12,7 @@ from ssd.errors import ConfigError
 from ssd.optional import require
 from ssd.schemas import ServeConfig
 
-__all__ = ["ServeWarning", "serve", "exposure_warning", "DEFAULT_HOST", "DEFAULT_PORT"]
-
-DEFAULT_HOST = ServeConfig.host
-"""Only this machine can reach the server unless told otherwise."""
-
-DEFAULT_PORT = ServeConfig.port
+__all__ = ["ServeWarning", "serve", "exposure_warning"]
 
 
 class ServeWarning(UserWarning):
@@ -34,7 +29,7 @@ def exposure_warning(host: str) -> str | None:
     except ValueError:  # a host name: it may resolve to any interface
         pass
     return (f"serving on {host}: other machines that reach it can send images and read the model card; the server "
-            f"has no authentication or TLS, so put it behind a proxy that adds them, or bind {DEFAULT_HOST}")
+            f"has no authentication or TLS, so put it behind a proxy that adds them, or bind {ServeConfig.host}")
 
 
 def serve(weights: str | Path, *, host: str = ServeConfig.host, port: int = ServeConfig.port,
