@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -33,9 +34,74 @@ def test_single_process_helpers_are_identity():
     assert ddp.any_true(True, torch.device("cpu")) is True
 
 
+def test_rank_device_puts_each_torchrun_rank_on_its_own_gpu(monkeypatch):
+    set_to = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the rule only: no GPU is touched
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", set_to.append)
+    second_of_two, alone = ddp.DistInfo(rank=1, world_size=2, local_rank=1), ddp.DistInfo(local_rank=3)
+    assert [str(ddp.rank_device(name, second_of_two)) for name in ("cuda", "auto", "cuda:2", "cpu")] == [
+        "cuda:1", "cuda:1", "cuda:2", "cpu"]
+    assert [str(ddp.rank_device(name, alone)) for name in ("cuda", "auto", "cuda:2")] == ["cuda:0", "cuda:0", "cuda:2"]
+    assert [str(d) for d in set_to] == ["cuda:1", "cuda:1", "cuda:2", "cuda:0", "cuda:0", "cuda:2"]
+
+
 def test_steps_per_epoch_equal_on_every_rank():
     assert ddp.steps_per_epoch(49, 8, 2) == 3  # ranks hold 25 and 24 images: both run 3 full batches
     assert ddp.steps_per_epoch(48, 8, 1) == 6
+
+
+def test_leader_first_builds_in_the_only_process_and_sends_the_token_even_when_the_build_raises(monkeypatch):
+    follow = lambda token: pytest.fail(f"followed {token}")  # noqa: E731
+    assert ddp.leader_first(lambda: {"id": 7}, lambda made: made["id"], follow) == {"id": 7}
+    assert ddp.leader_first(lambda: None, lambda made: pytest.fail("token of None"), follow) is None
+    sent = []
+    monkeypatch.setattr("ssd.distributed.broadcast_object", lambda obj: sent.append(obj) or obj)
+    with pytest.raises(KeyError, match="'id'"):
+        ddp.leader_first(lambda: {}["id"], lambda made: pytest.fail("token of a failed build"), follow)
+    assert sent == [None]
+    monkeypatch.setattr("ssd.distributed.rank", lambda: 1)  # another rank: follows what rank 0 sent
+    monkeypatch.setattr("ssd.distributed.broadcast_object", lambda obj: sent.append(obj) or 7)
+    assert ddp.leader_first(lambda: pytest.fail("built"), lambda made: 0, lambda token: ("followed", token)) == (
+        "followed", 7)
+    assert sent == [None, None]
+
+
+LEADER_SCRIPT = """
+import json, os, sys
+import torch.distributed as dist
+import ssd.distributed as ddp
+dist.init_process_group("gloo")
+built, out = [], []
+def build(fail):
+    built.append(fail)
+    if fail:
+        raise RuntimeError("rank 0 failed")
+    return {"id": 7}
+for fail in (False, True):  # the second call: rank 0 raises, rank 1 follows None and both go on in step
+    try:
+        out.append(ddp.leader_first(lambda: build(fail), lambda made: made["id"], lambda token: ["followed", token]))
+    except RuntimeError as e:
+        out.append(str(e))
+dist.barrier()
+with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as f:
+    json.dump({"built": built, "out": out}, f)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_leader_first_builds_on_rank_0_and_the_other_follows_its_token(tmp_path):
+    script, out = tmp_path / "leader.py", tmp_path / "out"
+    script.write_text(LEADER_SCRIPT)
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), str(out)]
+    proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((out / str(rank)).read_text()) for rank in (0, 1)]
+    assert ranks == [{"built": [False, True], "out": [{"id": 7}, "rank 0 failed"]},
+                     {"built": [], "out": [["followed", 7], ["followed", None]]}]
 
 
 @pytest.mark.slow

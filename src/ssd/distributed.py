@@ -6,8 +6,9 @@ Without those variables every helper degrades to the single-process behaviour, s
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -17,7 +18,8 @@ from ssd.device import resolve_device
 from ssd.log import quiet_other_ranks
 
 __all__ = ["DistInfo", "setup", "cleanup", "steps_per_epoch", "rank", "broadcast_object", "all_gather_objects",
-           "any_true", "broadcast_buffers", "barrier", "gather_objects", "gather_tensors"]
+           "any_true", "broadcast_buffers", "barrier", "gather_objects", "gather_tensors",
+           "leader_first"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,26 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
+
+
+T = TypeVar("T")
+
+
+def leader_first(build: Callable[[], T], token: Callable[[T], Any], follow: Callable[[Any], T]) -> T:
+    """Rank 0 makes something the other ranks then reuse (a file it builds or validates under its lock).
+
+    Rank 0 runs ``build()`` while the other ranks wait, then sends them ``token(result)`` (picklable: what they need
+    to find that result, e.g. a digest or an inode), or None when ``build`` returned None or raised: the token is sent
+    even then, so the other ranks never hang, and rank 0 raises after sending it. Every other rank returns
+    ``follow(token)``. Rank 0 (or the only process, without a process group) returns ``build()``'s result.
+    """
+    made = None
+    try:
+        if rank() == 0:
+            made = build()
+    finally:
+        sent = broadcast_object(None if made is None else token(made))
+    return made if rank() == 0 else follow(sent)
 
 
 def all_gather_objects(obj: Any) -> list[Any]:

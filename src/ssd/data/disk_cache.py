@@ -165,15 +165,9 @@ def disk_images(paths: Sequence[str], sizes: np.ndarray, tag: str, decode: Decod
         raise ConfigError(f"cache_images=disk: {len(sizes):,} images ({tag}) take {nbytes / 2**20:,.2f} MB, more "
                           f"than ssd.limits.MAX_DISK_CACHE_BYTES ({MAX_DISK_CACHE_BYTES / 2**20:,.2f} MB); use "
                           "--cache-images off, a smaller input or fewer images")
-    images = None
-    try:
-        if ddp.rank() == 0:
-            images = _built_or_fresh(folder, key, absolute, sizes, decode)
-    finally:  # the other ranks wait here for rank 0's file (an image changed just now is -1 there, not fresh here)
-        inode = ddp.broadcast_object(None if images is None else images.inode)
-    if ddp.rank() == 0 or inode is None:
-        return images
-    return _stored(folder / CACHE_FILE, key, inode)  # as rank 0 built or validated it
+    # the other ranks map rank 0's file as it is (an image changed just now is -1 there, not fresh here)
+    return ddp.leader_first(lambda: _built_or_fresh(folder, key, absolute, sizes, decode), lambda images: images.inode,
+                            lambda inode: None if inode is None else _stored(folder / CACHE_FILE, key, inode))
 
 
 def _built_or_fresh(folder: Path, key: str, paths: list[str], sizes: np.ndarray, decode: Decode) -> DiskImages | None:

@@ -209,13 +209,13 @@ def index_dataset(data: str | Path, *, class_names: list[str] | None = None, spl
     key = _key(data, class_names)
     folder = cache_root() / "datasets" / json_hash([FOLDER_SCHEME, key["data"]])
     path, wanted = folder / INDEX_FILE.format(json_hash(class_names)), None if splits is None else list(splits)
-    indexed = None
-    try:
-        if ddp.rank() == 0:
-            indexed = _locked(data, key, class_names, wanted, recheck, path)
-    finally:  # the other ranks wait for rank 0's index, then take it as it is (a file changed just now is -1 there)
-        digest = ddp.broadcast_object(None if indexed is None else indexed.digest)
-    return indexed or _follow(path, key, wanted, digest) or _locked(data, key, class_names, wanted, recheck, path)
+
+    def build() -> Indexed:
+        return _locked(data, key, class_names, wanted, recheck, path)
+
+    # the other ranks take rank 0's index as it is (a file changed just now is -1 there), else build their own
+    return ddp.leader_first(build, lambda indexed: indexed.digest,
+                            lambda digest: _follow(path, key, wanted, digest) or build())
 
 
 def _locked(data, key: dict, class_names, splits: list[str] | None, recheck: bool, path: Path) -> Indexed:
