@@ -121,6 +121,10 @@ def predict_frames(detector: Detector, batches: Iterable[list[Frame]], fps: list
     (each result an image's, drawn into an image file, all shown in one window). Returns the number of frames
     done."""
     videos, count = {}, 0
+    if outputs is not None and fps is None:  # looked up once per run, not per drawn frame
+        from ssd.plots import save_image
+    elif outputs is not None:
+        cv2 = require("cv2", "video", "writing video")
     try:
         for result, frame, tracker in track_frames(detector, batches, settings, **options):
             results.write(result, frame.image, None if fps is None else frame.index)
@@ -133,11 +137,8 @@ def predict_frames(detector: Detector, batches: Iterable[list[Frame]], fps: list
             if window is not None:
                 window.show("images" if fps is None else frame.source, drawn)
             if outputs is not None and fps is None:
-                from ssd.plots import save_image
-
                 save_image(drawn, outputs[Path(frame.source)])
             elif outputs is not None:
-                cv2 = require("cv2", "video", "writing video")
                 if frame.stream not in videos:
                     out = outputs[frame.source] if frame.source in outputs else outputs[Path(frame.source)]
                     out.parent.mkdir(parents=True, exist_ok=True)
