@@ -22,7 +22,7 @@ from ssd.evaluation.evaluator import evaluate
 from ssd.inference.crop_files import CropWriter
 from ssd.inference.detector import Result, load
 from ssd.inference.shards import Shard
-from ssd.inference.sources import predict_source
+from ssd.inference.sources import PredictSummary, predict_source
 
 OPTIONS = dict(save_txt=True, save_crop=True, fmt="csv", progress=False, score_threshold=0.3, max_detections=5)
 
@@ -99,6 +99,18 @@ def test_shard_slices_are_contiguous_and_cover_the_inputs():
     assert slices == [[0, 1], [2, 3], [4, 5, 6]]
     assert Shard().take(units) == units and Shard().part_dir(Path("run")) is None
     assert Shard(2, 3).part_dir(Path("run")) == Path("run/.rank2")
+
+
+def test_rank_0_summary_adds_every_count_of_the_other_ranks_in_rank_order():
+    def summary(images, videos, frames, detections, skipped):
+        return PredictSummary(Path("run"), Path("run/predictions.json"), images=images, videos=videos, frames=frames,
+                              detections=detections, skipped=skipped, streams=9, live_frames=9, dropped=9)
+
+    main = summary(2, 1, 30, 7, [("a.jpg", "truncated")])
+    main.add_counts([summary(3, 0, 0, 4, []).counts(), summary(0, 2, 11, 5, [("b.mp4", "no frames")]).counts()])
+    assert (main.images, main.videos, main.frames, main.detections) == (5, 3, 41, 16)
+    assert main.skipped == [("a.jpg", "truncated"), ("b.mp4", "no frames")]
+    assert (main.streams, main.live_frames, main.dropped) == (9, 9, 9)  # live runs are never sharded
 
 
 def test_live_sources_are_not_sharded(monkeypatch):

@@ -18,6 +18,7 @@ import os
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from tqdm import tqdm
 
@@ -76,17 +77,18 @@ class PredictSummary:
             lines += [f"  {name}: {reason}" for name, reason in self.skipped]
         return "\n".join(lines)
 
+    SHARDED: ClassVar[tuple[str, ...]] = ("images", "videos", "frames", "detections", "skipped")
+    """The fields a sharded run's ranks add up (a count, or the list of skipped inputs)."""
+
     def counts(self) -> dict:
-        """What a sharded run's rank adds to rank 0's summary (:meth:`add_counts`)."""
-        return {"images": self.images, "videos": self.videos, "frames": self.frames, "detections": self.detections,
-                "skipped": self.skipped}
+        """What a sharded run's rank adds to rank 0's summary (:meth:`add_counts`): its :attr:`SHARDED` fields."""
+        return {name: getattr(self, name) for name in self.SHARDED}
 
     def add_counts(self, ranks: list[dict]) -> None:
         """Add the :meth:`counts` of the other ranks of a sharded run (in rank order: the inputs' order)."""
         for counts in ranks:
-            self.images, self.videos = self.images + counts["images"], self.videos + counts["videos"]
-            self.frames, self.detections = self.frames + counts["frames"], self.detections + counts["detections"]
-            self.skipped += counts["skipped"]
+            for name in self.SHARDED:
+                setattr(self, name, getattr(self, name) + counts[name])
 
     def skip(self, path: Path, error: Exception, bar: tqdm | None = None) -> None:
         """Record an unreadable input and say so now (image errors name the file themselves: their reason only)."""
