@@ -17,8 +17,8 @@ from torch import Tensor, nn
 from ssd.device import resolve_device
 from ssd.log import quiet_other_ranks
 
-__all__ = ["DistInfo", "setup", "cleanup", "steps_per_epoch", "rank", "broadcast_object", "all_gather_objects",
-           "any_true", "broadcast_buffers", "barrier", "gather_objects", "gather_tensors",
+__all__ = ["DistInfo", "rank_device", "setup", "cleanup", "steps_per_epoch", "rank", "broadcast_object",
+           "all_gather_objects", "any_true", "broadcast_buffers", "barrier", "gather_objects", "gather_tensors",
            "leader_first"]
 
 
@@ -45,6 +45,12 @@ class DistInfo:
         return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
 
 
+def rank_device(device_name: str, info: DistInfo) -> torch.device:
+    """This process's device (:func:`ssd.device.resolve_device`): under torchrun plain ``cuda`` (or ``auto`` on a
+    CUDA machine) is ``cuda:LOCAL_RANK``, each rank on its own GPU; a device with an index is taken as it is."""
+    return resolve_device(device_name, info.local_rank if info.enabled else None)
+
+
 def setup(device_name: str) -> tuple[DistInfo, torch.device, bool]:
     """Read the torchrun environment, silence the messages of ranks other than 0 (:func:`ssd.log.quiet_other_ranks`),
     pick the device (:func:`ssd.device.resolve_device`) and join the process group (gloo on CPU, nccl on CUDA).
@@ -54,7 +60,7 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device, bool]:
     """
     info = DistInfo.from_env()
     quiet_other_ranks(info.rank)
-    device = resolve_device(device_name, info.local_rank if info.enabled else None)
+    device = rank_device(device_name, info)
     created = False
     if info.enabled and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=info.rank,

@@ -61,15 +61,13 @@ def _cmd_val(args: argparse.Namespace) -> int:
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
-    from ssd.device import resolve_device
-    from ssd.distributed import DistInfo
+    from ssd.distributed import DistInfo, rank_device
     from ssd.inference.detector import load
     from ssd.inference.sources import predict_source
 
     config = _config(PredictConfig, args)
-    info = DistInfo.from_env()  # under torchrun each rank on its own GPU (cuda: cuda:LOCAL_RANK)
-    device = resolve_device(config.device, info.local_rank if info.enabled else None)
-    detector = load(config.weights, device=device, half=config.half)
+    info = DistInfo.from_env()
+    detector = load(config.weights, device=rank_device(config.device, info), half=config.half)
     conf, origin = detector.confidence(config.score_threshold, "--conf")
     if info.is_main:  # under torchrun, rank 0 speaks for the run
         print(f"conf {conf:g} ({origin})")
