@@ -201,6 +201,20 @@ def test_torchrun_two_ranks_build_the_disk_cache_once_and_each_caches_its_shard_
     assert sorted(ranks[0]["disk items"] + ranks[1]["disk items"]) == list(range(12))
 
 
+def test_mosaic_partners_come_from_the_whole_split_without_the_ram_cache_and_from_the_rank_shard_with_it(dataset):
+    records, names = dataset
+    odd = list(range(1, 12, 2))  # rank 1's shard
+    cases = [(None, True, list(range(12)), None), (None, False, list(range(12)), list(range(12))),
+             ("ram", True, odd, []), ("ram", False, odd, [])]
+    for cache, shuffle, pool, decoded in cases:
+        loader = build_dataloader(records, names, 48, MEAN, STD, train=True, batch_size=2, cache_images=cache,
+                                  shuffle=shuffle, rank=1, world_size=2, mosaic=1.0)
+        data, read = loader.dataset.dataset, set()
+        data._decode = lambda i, decode=data._decode, read=read: read.add(i) or decode(i)
+        list(loader)  # unshuffled, rank 1 reads the odd items: the even ones it decodes are their partners
+        assert data._pool.tolist() == pool and (decoded is None or sorted(read) == decoded), (cache, shuffle)
+
+
 def test_cache_images_takes_ram_disk_or_off_and_older_configs_true_or_false():
     assert [TrainConfig(cache_images=v).cache_images for v in (True, False, "off", "ram", "disk", None)] == [
         "ram", None, None, "ram", "disk", None]

@@ -89,7 +89,10 @@ class DetectionDataset(Dataset):
         self.keep_difficult = keep_difficult
         self.mosaic = mosaic
         self._cache: RamImages | DiskImages | None = None
-        self._pool = cached = range(len(self.records)) if cached is None else cached
+        cached = range(len(self.records)) if cached is None else cached
+        self._pool = np.asarray(cached, np.int64)  # mosaic partners of the items in it are drawn in it
+        self._place = np.full(len(self.records), -1, np.int64)  # item -> its position in the pool (-1: not in it)
+        self._place[self._pool] = np.arange(len(self._pool))
         mode = cache_mode(cache_images)
         self.decode_plan: CachePlan | None = None
         self._sizes: Tensor | None = None  # [N, 2] (h, w) to decode each image at, when not image_size
@@ -156,11 +159,12 @@ class DetectionDataset(Dataset):
             if self.mosaic is None:
                 raise ValueError(f"item {key}: a mosaic probability {mosaic} was given to a dataset built without "
                                  "the mosaic step (DetectionDataset(mosaic=Mosaic(...)))")
-            pool = self._pool if index in self._pool else range(len(self))
-            plan = self.mosaic.plan(pool.index(index), len(pool), seed, mosaic)
+            place = int(self._place[index])
+            pool, place = (self._pool, place) if place >= 0 else (range(len(self)), index)
+            plan = self.mosaic.plan(place, len(pool), seed, mosaic)
             if plan is not None:
                 orig_size = target["orig_size"]  # the item's own image, as without the mosaic
-                partners = [self._sample(pool[j]) for j in plan.partners]
+                partners = [self._sample(int(pool[j])) for j in plan.partners]
                 image, target = self.mosaic([(image, target), *partners], plan.centre)
                 target["orig_size"] = orig_size
         image = tv_tensors.Image(image)
@@ -292,9 +296,9 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
     and shuffling, and by default leaves difficult/crowd objects out (``keep_difficult`` overrides). Without
     shuffling (evaluation) each rank reads a fixed share; ``cache_images``: ``ram`` (or True), ``disk`` or off (see
     :class:`DetectionDataset`). ``ram`` keeps only the rank's share: under torchrun a shuffling rank then reads a
-    fixed shard in a new order each epoch (:class:`SeededSampler` ``fixed_shard``, which says the trade-off);
-    ``disk`` keeps one file that every rank maps, and the shuffle stays global. The same ``seed`` gives the same
-    batches, with any ``workers``.
+    fixed shard in a new order each epoch (:class:`SeededSampler` ``fixed_shard``, which says the trade-off), and
+    draws mosaic partners in that share; ``disk`` keeps one file that every rank maps, and the shuffle and the
+    partners stay global (as without a cache). The same ``seed`` gives the same batches, with any ``workers``.
     ``crop_scale`` (training): native-resolution crops (:mod:`ssd.data.crops`); the dataset's ``decode_plan``
     is ``loader.dataset.dataset.decode_plan``.
     ``loader.sampler.set_epoch(e)`` jumps to epoch ``e`` (resume). ``mosaic``: the probability of the mosaic step
@@ -305,8 +309,11 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
     crop_scale = crop_scale if train else None
     transform = build_transform(image_size, mean, std, train=train, augment=augment, crop=crop_scale)
     shuffle = train if shuffle is None else shuffle
-    fixed = world_size > 1 and shuffle and cache_mode(cache_images) == "ram"  # a rank caches only its shard
-    shard = range(rank, len(records), world_size) if fixed or not shuffle else None  # the same items every pass
+    ram = cache_mode(cache_images) == "ram"
+    fixed = world_size > 1 and shuffle and ram  # a rank caches only its shard
+    # the RAM cache holds the rank's items when they are the same every pass; without it, mosaic partners come
+    # from the whole split
+    shard = range(rank, len(records), world_size) if ram and (fixed or not shuffle) else None
     dataset = DetectionDataset(records, class_names, transform, image_size=image_size,
                                keep_difficult=(not train) if keep_difficult is None else keep_difficult,
                                cache_images=cache_images, mosaic=Mosaic(image_size, mean) if train else None,
