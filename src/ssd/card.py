@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ssd._version import __version__
-from ssd.limits import MAX_DETECTIONS, MAX_INPUT_SIDE, value_text
+from ssd.limits import MAX_DETECTIONS, MAX_INPUT_SIDE, is_real, is_whole, value_text
 from ssd.names import class_names_problem
 from ssd.settings import PREDICT, Thresholds
 from ssd.sizes import as_hw, compact_size
@@ -71,7 +71,7 @@ def check_category_ids(ids: Any, num_classes: int, source: str, error: type[Exce
         return None
     values = ids.tolist() if isinstance(ids, Tensor) else ids
     if (not isinstance(values, Sequence) or isinstance(values, str) or len(values) != num_classes
-            or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)):
+            or not all(map(is_whole, values))):
         raise error(f"{source}: category_ids must be {num_classes} integers (one per class), got {value_text(ids)}")
     return list(values)
 
@@ -94,7 +94,7 @@ def _shown(value: Any) -> str:
 
 
 def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return is_real(v) and math.isfinite(v)
 
 
 def _numbers(count: int, positive: bool = False):
@@ -103,7 +103,7 @@ def _numbers(count: int, positive: bool = False):
 
 
 def _side(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_INPUT_SIDE
+    return is_whole(v) and 0 < v <= MAX_INPUT_SIDE
 
 
 # field -> (test of the JSON value, the rule in words)
@@ -119,8 +119,7 @@ _RULES = {
     "nms": (lambda v: isinstance(v, bool), "true or false"),
     "score_threshold": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "iou_threshold": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "max_det": (lambda v: isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_DETECTIONS,
-                f"an integer from 1 to {MAX_DETECTIONS}"),
+    "max_det": (lambda v: is_whole(v) and 0 < v <= MAX_DETECTIONS, f"an integer from 1 to {MAX_DETECTIONS}"),
     "precision": (lambda v: v in PRECISIONS, " or ".join(map(json.dumps, PRECISIONS))),
     "category_ids": (lambda v: True, ""),  # check_category_ids
     "operating_point": (lambda v: True, ""),  # check_operating_point

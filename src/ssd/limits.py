@@ -2,11 +2,12 @@
 
 Each bound protects the machine from a value that is valid in type but absurd in size (a typo, an edited file, a
 hostile input). A check that fails raises the caller's error type with a message that names the option or file, the
-value and the bound.
+value and the bound. The type tests those checks share are here too: :func:`is_whole`, :func:`is_real`.
 """
 
 from __future__ import annotations
 
+import numbers
 import reprlib
 from typing import Any
 
@@ -15,7 +16,7 @@ __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MIN_TILE", "M
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
            "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE", "MAX_NAME_CHARS", "MAX_GLOB_PATHS",
            "MAX_WORKERS", "MAX_DISK_CACHE_BYTES",
-           "MAX_UPLOAD_BYTES", "value_text"]
+           "MAX_UPLOAD_BYTES", "value_text", "is_whole", "is_real"]
 
 MAX_INPUT_SIDE = 4096
 """Largest side of the network input in pixels (``--image-size``, a checkpoint's ``image_size``)."""
@@ -101,3 +102,16 @@ def value_text(value: Any) -> str:
     formatting (:mod:`reprlib`), so a huge or deeply nested value costs no more than a short one."""
     text = _SHORT.repr(value)
     return text if len(text) <= MAX_VALUE_CHARS else text[:MAX_VALUE_CHARS - 3] + "..."
+
+
+def is_whole(value: Any, *, integral: bool = False) -> bool:
+    """Whether ``value`` is a whole number: an ``int`` that is not a ``bool`` (``True`` is an ``int`` to Python, never
+    a count to a user). ``integral``: any :class:`numbers.Integral` (NumPy's integers too), where such values are
+    taken (an input size); otherwise they are refused, as the JSON and YAML values checked are plain ints."""
+    return isinstance(value, numbers.Integral if integral else int) and not isinstance(value, bool)
+
+
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is an ``int`` or a ``float`` (NumPy's floats too) that is not a ``bool``; NaN and infinity
+    are, for the caller's range check to refuse."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

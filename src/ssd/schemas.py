@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from ssd.artifacts import BENCHMARK_ROWS, EXPORT_FORMATS
 from ssd.errors import ConfigError
-from ssd.limits import MAX_WORKERS, value_text
+from ssd.limits import MAX_WORKERS, is_real, is_whole, value_text
 from ssd.settings import EVALUATE, PREDICT, THRESHOLD_OPTIONS, TILE_OVERLAP, check_thresholds, check_tile
 
 __all__ = ["ValConfig", "PredictConfig", "ServeConfig", "ExportConfig", "BenchmarkConfig", "MAX_WAIT_MS", "option",
@@ -82,8 +82,7 @@ class _Schema:
                          getattr(self, "max_detections", EVALUATE.max_detections),
                          getattr(self, "batch_size", 1), names=flags)
         if "workers" in fields:
-            self._require("workers", not isinstance(self.workers, bool) and isinstance(self.workers, int)
-                          and 0 <= self.workers <= MAX_WORKERS,
+            self._require("workers", is_whole(self.workers) and 0 <= self.workers <= MAX_WORKERS,
                           f"must be a whole number from 0 to {MAX_WORKERS} (ssd.limits.MAX_WORKERS)")
         if "tile" in fields:  # stored as check_tile returns it: None, "auto" or (height, width)
             object.__setattr__(self, "tile", check_tile(self.tile, self.tile_overlap, names=flags))
@@ -94,8 +93,7 @@ class _Schema:
     def _positive(self, *names: str) -> None:
         for name in names:
             value = getattr(self, name)
-            self._require(name, value is None or (isinstance(value, int) and not isinstance(value, bool)
-                                                  and value >= 1), "must be a positive integer")
+            self._require(name, value is None or (is_whole(value) and value >= 1), "must be a positive integer")
 
 
 _WEIGHTS = "checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml or its folder, .pt2 (torch.export)"
@@ -211,17 +209,12 @@ class ServeConfig(_Schema):
 
     def __post_init__(self) -> None:
         self._check_common()
-        self._require("port", _whole(self.port) and 0 <= self.port <= 65535, "must be in 0..65535 (0: a free port)")
+        self._require("port", is_whole(self.port) and 0 <= self.port <= 65535, "must be in 0..65535 (0: a free port)")
         self._positive("max_batch")
-        self._require("max_wait_ms", isinstance(self.max_wait_ms, (int, float)) and not isinstance(
-            self.max_wait_ms, bool) and 0 <= self.max_wait_ms <= MAX_WAIT_MS,  # NaN fails the comparison
-            f"must be in [0, {MAX_WAIT_MS}] milliseconds")
-        self._require("threads", self.threads is None or (_whole(self.threads) and self.threads >= 0),
+        self._require("max_wait_ms", is_real(self.max_wait_ms) and 0 <= self.max_wait_ms <= MAX_WAIT_MS,  # not NaN
+                      f"must be in [0, {MAX_WAIT_MS}] milliseconds")
+        self._require("threads", self.threads is None or (is_whole(self.threads) and self.threads >= 0),
                       "must be a whole number, 0 or more (0: one per core)")
-
-
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -276,9 +269,8 @@ class BenchmarkConfig(_Schema):
     def __post_init__(self) -> None:
         self._check_common()
         self._positive("runs", "calib_images")
-        self._require("batch_sizes", len(self.batch_sizes) > 0 and all(
-            isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in self.batch_sizes),
-            "must be positive integers, such as 1,8")
+        positive = all(is_whole(b) and b >= 1 for b in self.batch_sizes)
+        self._require("batch_sizes", len(self.batch_sizes) > 0 and positive, "must be positive integers, such as 1,8")
         if self.floor is not None:  # nan would never be missed
             self._require("floor", isinstance(self.floor, (int, float)) and math.isfinite(self.floor)
                           and 0 <= self.floor <= 100, "must be mAP50 points in [0, 100]")

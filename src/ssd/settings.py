@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ssd.errors import ConfigError
-from ssd.limits import MIN_TILE
+from ssd.limits import MIN_TILE, is_real, is_whole
 from ssd.sizes import as_hw
 
 __all__ = ["Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds", "TILE_OVERLAP", "check_tile"]
@@ -55,10 +55,10 @@ def check_thresholds(score_threshold: float, iou_threshold: float, max_detection
     flags, e.g. :data:`THRESHOLD_OPTIONS`)."""
     names = names or {}
     for key, value in (("score_threshold", score_threshold), ("iou_threshold", iou_threshold)):
-        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1):  # NaN too
+        if not (is_real(value) and 0 <= value <= 1):  # NaN too
             raise ConfigError(f"{names.get(key, key)} must be a number in [0, 1], got {value}")
     for key, value in (("max_detections", max_detections), ("batch_size", batch_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        if not is_whole(value) or value < 1:
             raise ConfigError(f"{names.get(key, key)} must be a positive integer, got {value}")
 
 
@@ -69,7 +69,7 @@ def check_tile(tile: int | str | Sequence[int] | None, overlap: float = TILE_OVE
     ``(height, width)``; raises :class:`ConfigError` naming the bad value and the rule (``names`` renames ``tile``
     and ``tile_overlap`` in the message, as in :func:`check_thresholds`)."""
     names = names or {}
-    if not (isinstance(overlap, (int, float)) and not isinstance(overlap, bool) and 0 <= overlap < 1):
+    if not (is_real(overlap) and 0 <= overlap < 1):
         raise ConfigError(f"{names.get('tile_overlap', 'tile_overlap')} must be a number in [0, 1) (the share of a "
                           f"tile its neighbour also covers), got {overlap!r}")
     if tile is None or (isinstance(tile, str) and tile.strip().lower() == "auto"):

@@ -11,12 +11,11 @@ This module imports only the lowest layer (any layer may import it).
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
 from ssd.errors import ConfigError, PriorConfigError
-from ssd.limits import MAX_INPUT_SIDE, value_text
+from ssd.limits import MAX_INPUT_SIDE, is_whole, value_text
 
 __all__ = ["as_hw", "compact_size", "size_text", "input_size", "parse_image_size"]
 
@@ -32,10 +31,10 @@ def as_hw(size: int | Sequence[int] | str) -> tuple[int, int]:
         pair = [int(p) if p.strip().isdigit() else None for p in parts]
         if len(pair) == 1:
             pair = pair * 2
-    elif isinstance(size, numbers.Integral) and not isinstance(size, bool):
+    elif is_whole(size, integral=True):
         pair = (size, size)
     if (isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2
-            or not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in pair)):
+            or not all(is_whole(v, integral=True) and v >= 1 for v in pair)):
         raise ConfigError(f"image_size={value_text(size)} is invalid: give N for a square N x N input or HxW "
                           "(height x width, e.g. 512x288), or a (height, width) pair of positive ints")
     return int(pair[0]), int(pair[1])

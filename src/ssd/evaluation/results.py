@@ -17,7 +17,7 @@ from ssd.errors import DetectionsError
 from ssd.evaluation.evaluator import check_metric, score_detections
 from ssd.evaluation.report import attach_report
 from ssd.jsonfile import read_json
-from ssd.limits import MAX_DETECTIONS_FILE_BYTES, MAX_DETECTIONS_PER_IMAGE, value_text
+from ssd.limits import MAX_DETECTIONS_FILE_BYTES, MAX_DETECTIONS_PER_IMAGE, is_whole, value_text
 from ssd.schemas import ValConfig
 from ssd.text import few
 
@@ -61,9 +61,9 @@ class _Detections:
             raise self.error(index, f"{value_text(item)} is not a COCO result dict(image_id, category_id, bbox=[x, "
                              "y, width, height], score) (a nested object counts as one)")
         image_id, category, bbox, score = (item[k] for k in ("image_id", "category_id", "bbox", "score"))
-        if isinstance(image_id, bool) or not isinstance(image_id, (int, str)):
+        if not (is_whole(image_id) or isinstance(image_id, str)):
             raise self.error(index, f"image_id {value_text(image_id)} must be an integer or a string")
-        if isinstance(category, bool) or not isinstance(category, int) or not -2**63 <= category < 2**63:
+        if not is_whole(category) or not -2**63 <= category < 2**63:
             raise self.error(index, f"category_id {value_text(category)} must be an integer")
         if not (isinstance(bbox, list) and len(bbox) == 4 and all(_is_number(v) for v in bbox)):
             raise self.error(index, f"bbox {value_text(bbox)} must be a list of exactly 4 finite numbers [x, y, "
@@ -89,7 +89,7 @@ class _Detections:
 
 def _is_number(value: Any) -> bool:
     """A JSON number that fits a float (infinity is refused later, with the others out of range)."""
-    return isinstance(value, float) or (isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**1023)
+    return isinstance(value, float) or (is_whole(value) and abs(value) < 2**1023)
 
 
 def detections_from_coco_results(results: str | Path | Sequence[Mapping[str, Any]], records: Sequence[ImageRecord],

@@ -31,6 +31,7 @@ from ssd.export import export
 from ssd.export.timing import time_backends
 from ssd.files import write_text
 from ssd.inference.backends import Backend, backend_kind, folder_kind, open_backend
+from ssd.limits import is_whole
 from ssd.log import progress as progress_bar
 from ssd.names import did_you_mean
 from ssd.schemas import BenchmarkConfig
@@ -157,10 +158,9 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     from ssd.weights.resolve import resolve_weights
 
     names, given = parse_formats(formats), artifact_rows(artifacts)
-    if not batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batch_sizes):
+    if not batch_sizes or any(not is_whole(b) or b < 1 for b in batch_sizes):
         raise ValueError(f"--batch-sizes must be positive integers, got {list(batch_sizes)}")
-    if calib_images is not None and (isinstance(calib_images, bool) or not isinstance(calib_images, int)
-                                     or calib_images < 1):
+    if calib_images is not None and (not is_whole(calib_images) or calib_images < 1):
         raise ValueError(f"--calib-images must be a positive integer, got {calib_images}")
     weights, out_dir = resolve_weights(weights), Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not exist_ok:

@@ -50,7 +50,7 @@ from ssd.errors import ExportCheckError
 from ssd.export.parity import check_onnx
 from ssd.files import check_output, write_bytes
 from ssd.inference.backends.onnx import graph_digest
-from ssd.limits import MAX_DETECTIONS
+from ssd.limits import MAX_DETECTIONS, is_whole
 from ssd.models.load import model_from_checkpoint
 from ssd.nn import unwrap_model
 from ssd.optional import require
@@ -135,7 +135,7 @@ def check_opset(opset: int) -> None:
     """Refuse an opset ``torch.onnx`` cannot write (``ValueError`` naming the range), before any work is done."""
     from torch.onnx._constants import ONNX_MAX_OPSET, ONNX_MIN_OPSET
 
-    if isinstance(opset, bool) or not isinstance(opset, int) or not ONNX_MIN_OPSET <= opset <= ONNX_MAX_OPSET:
+    if not is_whole(opset) or not ONNX_MIN_OPSET <= opset <= ONNX_MAX_OPSET:
         raise ValueError(f"opset {opset} cannot be written: torch.onnx writes opsets {ONNX_MIN_OPSET} to "
                          f"{ONNX_MAX_OPSET} (18 and newer natively, lower ones by down-conversion); default 18")
 

@@ -24,6 +24,7 @@ from ssd.data.load import load_dataset
 from ssd.export.onnx import onnx_metadata
 from ssd.files import write_bytes
 from ssd.inference.backends.onnx import OnnxBackend, graph_digest
+from ssd.limits import is_whole
 from ssd.log import LOGGER
 from ssd.preprocess import preprocess
 
@@ -43,7 +44,7 @@ def calibration_paths(data: str | Path | None, count: int | None = None) -> list
     has fewer images than a ``count`` given (saying how many it has)."""
     if data is None:
         raise ValueError("INT8 calibration needs images: give a dataset with --data DATA (its training split is used)")
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+    if count is not None and (not is_whole(count) or count < 1):
         raise ValueError(f"--calib-images must be a positive integer, got {count}")
     records = load_dataset(data).records("train")
     if not records:

@@ -15,6 +15,7 @@ import math
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -23,7 +24,7 @@ import yaml
 
 from ssd.errors import ConfigError
 from ssd.files import write_text
-from ssd.limits import MAX_EPOCHS, MAX_TRAIN_MINUTES, MAX_WORKERS, value_text
+from ssd.limits import MAX_EPOCHS, MAX_TRAIN_MINUTES, MAX_WORKERS, is_real, is_whole, value_text
 from ssd.names import did_you_mean
 from ssd.schemas import option_flag, run_name_problem
 from ssd.settings import EVALUATE, check_thresholds
@@ -258,18 +259,18 @@ def _require(config: TrainConfig, name: str, ok: bool, rule: str) -> None:
                           f"({option_name(name)})")
 
 
-def _type_rule(hint: typing.Any) -> tuple[tuple[type, ...], str] | None:
-    """The accepted Python types of a field and the words for them (``None`` for Literal fields, checked by choice)."""
+def _type_rule(hint: typing.Any) -> tuple[Callable[[typing.Any], bool], str] | None:
+    """The test of a field's value type and the words for it (``None`` for Literal fields, checked by choice)."""
     args = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) in (
         typing.Union, types.UnionType) else [hint]
     if any(typing.get_origin(a) is Literal for a in args):
         return None
     if list[int] in args:
-        return (list,), "a list of whole numbers"
+        return lambda v: isinstance(v, list), "a list of whole numbers"
     if str in args:
-        return (str, os.PathLike), "text"
-    return {int: ((int,), "a whole number"), float: ((int, float), "a finite number"),
-            bool: ((bool,), "true or false")}[args[0]]
+        return lambda v: isinstance(v, (str, os.PathLike)), "text"
+    return {int: (is_whole, "a whole number"), float: (is_real, "a finite number"),
+            bool: (lambda v: isinstance(v, bool), "true or false")}[args[0]]
 
 
 def _check_types(config: TrainConfig) -> None:
@@ -278,12 +279,12 @@ def _check_types(config: TrainConfig) -> None:
         value, rule = getattr(config, name), _type_rule(hint)
         if value is None or rule is None or name in ("image_size", "crop_scale"):  # their parsers' rules
             continue
-        types_, words = rule
-        ok = isinstance(value, types_) and (bool in types_ or not isinstance(value, bool))
+        test, words = rule
+        ok = test(value)
         if ok and isinstance(value, float):
             ok = math.isfinite(value)
         if ok and name == "milestones":
-            ok = all(isinstance(m, int) and not isinstance(m, bool) for m in value)
+            ok = all(map(is_whole, value))
         _require(config, name, ok, f"must be {words}")
 
 
