@@ -18,7 +18,7 @@ from ssd.evaluation.evaluator import (
     save_coco_json,
     score_detections,
 )
-from ssd.evaluation.gather import gather_on_main, merge_results
+from ssd.evaluation.gather import gather_on_main, merge_results, pack_results, unpack_results
 from ssd.export.onnx import export_onnx
 from ssd.settings import EVALUATE
 from ssd.weights.checkpoint import save_checkpoint
@@ -97,15 +97,33 @@ def test_merge_results_and_scoring_split_ranks():
     merged_d = merge_results([dets[0::2], dets[1::2]])
     merged_g = merge_results([gts[0::2], gts[1::2]])
     assert [d["path"] for d in merged_d] == [d["path"] for d in dets]
-    # without a process group, the packing into tensors and back gives the same lists
-    packed_d, packed_g = gather_on_main(dets, gts)
-    for got, want in zip(packed_d + packed_g, dets + gts):
-        assert got.keys() == want.keys()
-        assert all(torch.equal(got[k], want[k]) if isinstance(want[k], torch.Tensor) else got[k] == want[k]
-                   for k in want)
     assert score_detections(merged_d, merged_g, CLASS_NAMES, "voc")["map"] == pytest.approx(1.0)
     with pytest.raises(ValueError, match="unknown metric 'map50'"):
         score_detections(merged_d, merged_g, CLASS_NAMES, "map50")
+
+
+def test_packing_into_tensors_and_back_gives_the_same_results():
+    result = evaluate_split(FakeDetector(), _loader(1), progress=False)
+    dets, gts = result["detections"], result["ground_truths"]
+    packed = pack_results(dets, gts)
+    assert packed["counts"].tolist() == [[2, 2, 100, 200], [2, 3, 50, 50]]
+    assert packed["gt_difficult"].tolist() == [False, False, False, False, True]
+    got_d, got_g = unpack_results(packed, [(d["image_id"], d["path"]) for d in dets])
+    for got, want in zip(got_d + got_g, dets + gts):
+        assert got.keys() == want.keys()
+        for key in want:
+            if isinstance(want[key], torch.Tensor):
+                assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key])
+            else:
+                assert got[key] == want[key]
+    assert unpack_results(pack_results([], []), []) == ([], [])
+
+
+def test_without_a_process_group_the_results_are_returned_as_they_are():
+    result = evaluate_split(FakeDetector(), _loader(1), progress=False)
+    dets, gts = result["detections"], result["ground_truths"]
+    got_d, got_g = gather_on_main(dets, gts)
+    assert got_d is dets and got_g is gts
 
 
 def test_format_table_and_coco_json(tmp_path):

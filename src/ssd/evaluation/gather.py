@@ -17,7 +17,7 @@ from torch import Tensor
 
 import ssd.distributed as ddp
 
-__all__ = ["gather_on_main", "merge_results"]
+__all__ = ["gather_on_main", "merge_results", "pack_results", "unpack_results"]
 
 _GAP = object()
 
@@ -31,30 +31,46 @@ def merge_results(parts: Sequence[Sequence[Any]]) -> list[Any]:
 def gather_on_main(detections: list[dict[str, Any]], ground_truths: list[dict[str, Tensor]]
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Tensor]]] | None:
     """Every rank's per-image results (those of :func:`ssd.evaluation.evaluator.predict_dataset`) on rank 0, in the
-    split's order (see :func:`merge_results`): boxes, scores, labels and objects as tensors, the image ids and paths
-    as objects; ``None`` on the other ranks. Without a process group, the same lists (through the same packing)."""
-    ids = [(d["image_id"], d["path"]) for d in detections]
-    packed = {"boxes": _cat([d["boxes"] for d in detections], (0, 4)),
-              "scores": _cat([d["scores"] for d in detections]),
-              "labels": _cat([d["labels"] for d in detections], dtype=torch.int64),
-              "gt_boxes": _cat([g["boxes"] for g in ground_truths], (0, 4)),
-              "gt_labels": _cat([g["labels"] for g in ground_truths], dtype=torch.int64),
-              "gt_difficult": _cat([g["difficult"] for g in ground_truths], dtype=torch.bool),
-              "counts": torch.tensor([[len(d["scores"]), len(g["labels"]), *g["image_size"]]
-                                      for d, g in zip(detections, ground_truths)], dtype=torch.int64).view(-1, 4)}
-    parts, names = ddp.gather_tensors(packed), ddp.gather_objects(ids)
+    split's order (see :func:`merge_results`): boxes, scores, labels and objects as tensors
+    (:func:`pack_results`), the image ids and paths as objects; ``None`` on the other ranks. Without a process group,
+    the same lists, as they are."""
+    names = ddp.gather_objects([(d["image_id"], d["path"]) for d in detections])
+    if names is not None and len(names) == 1:  # one process: nothing to send, nothing to pack
+        return detections, ground_truths
+    parts = ddp.gather_tensors(pack_results(detections, ground_truths))
     if parts is None:
         return None
-    ranks_detections, ranks_truths = [], []
-    for part, rank_ids in zip(parts, names):
-        found, objects, *size = part["counts"].T.tolist() if len(part["counts"]) else ([], [], [], [])
-        ranks_detections.append([{"boxes": b, "scores": s, "labels": lab, "image_id": i, "path": p}
-                                 for b, s, lab, (i, p) in zip(part["boxes"].split(found), part["scores"].split(found),
-                                        part["labels"].split(found), rank_ids)])
-        ranks_truths.append([{"boxes": b, "labels": lab, "difficult": dif, "image_size": hw} for b, lab, dif, hw
-                             in zip(part["gt_boxes"].split(objects), part["gt_labels"].split(objects),
-                                    part["gt_difficult"].split(objects), zip(*size))])
-    return merge_results(ranks_detections), merge_results(ranks_truths)
+    unpacked = [unpack_results(part, rank_names) for part, rank_names in zip(parts, names)]
+    return merge_results([d for d, _ in unpacked]), merge_results([g for _, g in unpacked])
+
+
+def pack_results(detections: Sequence[dict[str, Any]], ground_truths: Sequence[dict[str, Tensor]]
+                 ) -> dict[str, Tensor]:
+    """The tensors of ``N`` images' results, concatenated: ``boxes [D, 4]``, ``scores [D]``, ``labels [D]`` (their
+    ``D`` detections), ``gt_boxes [M, 4]``, ``gt_labels [M]``, ``gt_difficult [M]`` (their ``M`` objects) and
+    ``counts [N, 4]`` int64 (per image: detections, objects, height, width). Image ids and paths are not packed."""
+    return {"boxes": _cat([d["boxes"] for d in detections], (0, 4)),
+            "scores": _cat([d["scores"] for d in detections]),
+            "labels": _cat([d["labels"] for d in detections], dtype=torch.int64),
+            "gt_boxes": _cat([g["boxes"] for g in ground_truths], (0, 4)),
+            "gt_labels": _cat([g["labels"] for g in ground_truths], dtype=torch.int64),
+            "gt_difficult": _cat([g["difficult"] for g in ground_truths], dtype=torch.bool),
+            "counts": torch.tensor([[len(d["scores"]), len(g["labels"]), *g["image_size"]]
+                                    for d, g in zip(detections, ground_truths)], dtype=torch.int64).view(-1, 4)}
+
+
+def unpack_results(packed: dict[str, Tensor], names: Sequence[tuple[Any, str]]
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Tensor]]]:
+    """The per-image detections and ground truths of :func:`pack_results`'s tensors, the ``(image_id, path)`` of
+    each image from ``names``; the tensors are views of ``packed``'s."""
+    found, objects, *size = packed["counts"].T.tolist() if len(packed["counts"]) else ([], [], [], [])
+    detections = [{"boxes": b, "scores": s, "labels": lab, "image_id": i, "path": p}
+                  for b, s, lab, (i, p) in zip(packed["boxes"].split(found), packed["scores"].split(found),
+                                               packed["labels"].split(found), names)]
+    truths = [{"boxes": b, "labels": lab, "difficult": dif, "image_size": hw} for b, lab, dif, hw
+              in zip(packed["gt_boxes"].split(objects), packed["gt_labels"].split(objects),
+                     packed["gt_difficult"].split(objects), zip(*size))]
+    return detections, truths
 
 
 def _cat(tensors: list[Tensor], empty: tuple[int, ...] = (0,), dtype: torch.dtype = torch.float32) -> Tensor:
