@@ -11,6 +11,7 @@ sources, and :meth:`StreamGroup.close` stops the readers (what ``ssd predict`` d
 from __future__ import annotations
 
 import glob
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ RECONNECT_DELAY = 0.5
 """Seconds before the first reconnection attempt; each further attempt waits twice as long."""
 TIMEOUT_MS = 5000
 """How long OpenCV may take to open a URL or to read one frame of it before the read counts as failed."""
+_FFMPEG_LOG = "OPENCV_FFMPEG_LOGLEVEL"
 
 
 @dataclass
@@ -96,11 +98,19 @@ def stream_name(source: str, suffix: str = "") -> str:
 
 
 def _open(source: str):
-    """An opened ``cv2.VideoCapture``, or ``None``. OpenCV's own log is silent meanwhile: a failure is reported
-    once, by :func:`_cannot_open`, not also as OpenCV's raw ``[ERROR:0@0.025] ...`` lines."""
+    """An opened ``cv2.VideoCapture``, or ``None``. OpenCV's own log is silent meanwhile, and FFmpeg's: a failure is
+    reported once, by :func:`_cannot_open`, not also as OpenCV's raw ``[ERROR:0@0.025] ...`` lines or FFmpeg's
+    ``[tcp @ 0x...] Connection to tcp://... failed`` ones.
+
+    OpenCV sets FFmpeg's log level once, from ``OPENCV_FFMPEG_LOGLEVEL``, when the process first uses FFmpeg (no
+    call changes it later): that variable is set to quiet for the open (unless the user set it) and removed after,
+    so FFmpeg stays quiet when a stream is the first thing it opens, as in ``ssd predict`` on streams."""
     cv2 = require("cv2", "video", "reading cameras and streams")
     level = cv2.utils.logging.getLogLevel()
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    ours = _FFMPEG_LOG not in os.environ
+    if ours:
+        os.environ[_FFMPEG_LOG] = "-8"  # AV_LOG_QUIET
     try:
         if source.isdigit():
             capture = cv2.VideoCapture(int(source))
@@ -109,6 +119,8 @@ def _open(source: str):
                                                                 cv2.CAP_PROP_READ_TIMEOUT_MSEC, TIMEOUT_MS])
     finally:
         cv2.utils.logging.setLogLevel(level)
+        if ours:
+            del os.environ[_FFMPEG_LOG]
     if capture.isOpened():
         return capture
     capture.release()
