@@ -271,15 +271,19 @@ def test_image_with_twenty_thousand_boxes_is_refused_by_name(tmp_path):
 
 
 def test_duplicate_check_in_chunks_finds_the_same_pairs(monkeypatch):
+    import numpy as np
     import torch
+    from torchvision.ops import box_iou
 
     import ssd.data.object_rules as rules
 
-    boxes = torch.tensor([[0, 0, 10, 10], [0, 0, 10, 10.5], [50, 50, 60, 60], [0, 0, 10, 10], [50, 50, 60, 60.2]],
-                         dtype=torch.float64)
-    labels = torch.tensor([0, 0, 1, 1, 1])
+    boxes = np.array([[0, 0, 10, 10], [0, 0, 10, 10.5], [50, 50, 60, 60], [0, 0, 10, 10], [50, 50, 60, 60.2],
+                      [55, 55, 70, 70]], np.float64)
+    labels = np.array([0, 0, 1, 1, 1, 1])
     whole = rules.duplicate_pairs(boxes, labels)
     assert [(a, b, round(v, 4)) for a, b, v in whole] == [(0, 1, 0.9524), (2, 4, 0.9804)]
+    iou = box_iou(torch.from_numpy(boxes), torch.from_numpy(boxes))  # torchvision's IoU, bit for bit
+    assert [v for _, _, v in whole] == [iou[0, 1].item(), iou[2, 4].item()]
     monkeypatch.setattr(rules, "DUPLICATE_CHUNK", 5)  # one row per chunk
     assert rules.duplicate_pairs(boxes, labels) == whole
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import torch
-from torch import Tensor
-from torchvision.ops import box_iou
+import numpy as np
 
 from ssd.data.images import exif_transposed
 from ssd.data.records import ImageRecord, Issue, relative_path
@@ -103,8 +101,8 @@ def object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) ->
                     f"{TINY_PIXELS:g} px; probably a stray click)")
             valid.append(idx)
     if len(valid) > 1:
-        boxes = torch.tensor([rec.objects[i].box for i in valid], dtype=torch.float64)
-        labels = torch.tensor([rec.objects[i].label for i in valid])
+        boxes = np.array([rec.objects[i].box for i in valid], np.float64)
+        labels = np.array([rec.objects[i].label for i in valid])
         for a, b, overlap in duplicate_pairs(boxes, labels):
             first, second = rec.objects[valid[a]], rec.objects[valid[b]]
             issues.append(Issue("warning", "duplicate_box", f"{second.where}: box {_box_text(second.box)} nearly "
@@ -114,15 +112,20 @@ def object_issues(rec: ImageRecord, split: str, names: list[str], root: Path) ->
     return issues
 
 
-def duplicate_pairs(boxes: Tensor, labels: Tensor) -> list[tuple[int, int, float]]:
-    """``(a, b, IoU)`` for ``a < b`` of the same label with IoU above :data:`DUPLICATE_IOU`; ``boxes [N, 4]``,
-    ``labels [N]``. Rows are compared in chunks, so memory stays near ``DUPLICATE_CHUNK`` values for any N."""
+def duplicate_pairs(boxes: np.ndarray, labels: np.ndarray) -> list[tuple[int, int, float]]:
+    """``(a, b, IoU)`` for ``a < b`` of the same label with IoU above :data:`DUPLICATE_IOU`; ``boxes [N, 4]`` float64
+    ``(x1, y1, x2, y2)`` of positive area, ``labels [N]``. Rows are compared in chunks, so memory stays near
+    ``DUPLICATE_CHUNK`` values for any N. In numpy, not ``torchvision.ops.box_iou`` (the same arithmetic): an image's
+    few boxes cost less than torch's per-call overhead, and the check runs it for every image."""
     found = []
-    rows, index = max(1, DUPLICATE_CHUNK // len(boxes)), torch.arange(len(boxes))
+    rows, area = max(1, DUPLICATE_CHUNK // len(boxes)), (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
     for start in range(0, len(boxes), rows):
-        iou = box_iou(boxes[start:start + rows], boxes)  # [rows, N]
-        later = index[start:start + rows, None] < index[None, :]
-        same = labels[start:start + rows, None] == labels[None, :]
-        pairs = ((iou > DUPLICATE_IOU) & same & later).nonzero().tolist()
+        part = boxes[start:start + rows, None]  # [rows, 1, 4] against [N, 4]
+        sides = (np.minimum(part[..., 2:], boxes[:, 2:]) - np.maximum(part[..., :2], boxes[:, :2])).clip(min=0)
+        inter = sides[..., 0] * sides[..., 1]
+        iou = inter / (area[start:start + rows, None] + area - inter)  # [rows, N]
+        later = np.arange(start, start + len(iou))[:, None] < np.arange(len(boxes))
+        same = labels[start:start + rows, None] == labels
+        pairs = np.argwhere((iou > DUPLICATE_IOU) & same & later).tolist()
         found += [(start + i, j, float(iou[i, j])) for i, j in pairs]
     return found
