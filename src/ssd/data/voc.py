@@ -49,8 +49,8 @@ def find_voc_root(folder: Path) -> Path | None:
     return None
 
 
-def _number(obj: ET.Element, tag: str) -> float:
-    text = obj.findtext(f"bndbox/{tag}")
+def _number(bndbox: ET.Element | None, tag: str) -> float:
+    text = None if bndbox is None else bndbox.findtext(tag)  # a plain tag: found in C, no path parsed
     if text is None:
         raise ValueError(f"missing <bndbox><{tag}>")
     try:
@@ -92,7 +92,8 @@ def parse_voc_xml(xml_path: Path, rel: str, width: int | None = None,
         name = (obj.findtext("name") or "").strip()
         where = f"{rel} object {index} ({name or 'no name'})"
         try:
-            values = [_number(obj, t) for t in ("xmin", "ymin", "xmax", "ymax")]
+            bndbox = obj.find("bndbox")
+            values = [_number(bndbox, t) for t in ("xmin", "ymin", "xmax", "ymax")]
         except ValueError as e:
             issues.append(Issue("error", "parse_error", f"{where}: {e} (VOC boxes need numeric xmin ymin xmax ymax)",
                                 rel, index))
