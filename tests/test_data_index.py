@@ -213,6 +213,43 @@ def test_recheck_reads_and_decodes_everything_again(tmp_path):
     assert {kind for kind, _ in everything} == {"decode", "size", "voc"}
 
 
+def test_the_decode_check_on_worker_processes_finds_and_remembers_what_it_does_here(tmp_path, monkeypatch):
+    import ssd.data.check as check
+
+    data = voc(tmp_path, train=8)
+    image = data / "JPEGImages" / "synth_000002.jpg"
+    image.write_bytes(image.read_bytes()[:-400])  # truncated: its header reads, its decode fails
+    settle(data)
+    here = index_dataset(data, splits=("train", "val"))
+    monkeypatch.setattr(check, "PROCESS_MIN_IMAGES", 1)  # 10 images: 2 processes, chunks of 3
+    monkeypatch.setattr(check, "DECODE_CHUNK", 3)
+    monkeypatch.setattr(check, "usable_cores", lambda: 2)
+    forked = index_dataset(data, splits=("train", "val"), recheck=True)
+    assert forked.issues == here.issues and sorted(forked.reads) == sorted(here.reads)
+    assert [(i.code, i.message) for i in forked.issues if i.code == "corrupt_image"] == [
+        ("corrupt_image", "JPEGImages/synth_000002.jpg: image does not decode (OSError: image file is truncated "
+                          "(120 bytes not processed))")]
+    assert reads(data, splits=("train", "val")) == []  # the workers' decodes came back and were stored
+
+
+def _warn_and_square(values: list[int]) -> list[int]:
+    import warnings
+
+    from ssd.data.images import ImageWarning
+
+    warnings.warn(ImageWarning(f"chunk {values[0]}"), stacklevel=1)
+    return [v * v for v in values]
+
+
+def test_steps_on_worker_processes_give_their_results_in_order_and_their_warnings_here():
+    from ssd.data.images import ImageWarning
+    from ssd.data.memo import map_in_processes
+
+    with pytest.warns(ImageWarning) as caught:
+        assert list(map_in_processes(_warn_and_square, [[1, 2], [3], [4, 5]], 2)) == [[1, 4], [9], [16, 25]]
+    assert [str(w.message) for w in caught] == ["chunk 1", "chunk 3", "chunk 4"]
+
+
 def test_the_gate_refuses_and_skips_the_same_from_the_index(tmp_path):
     data = voc(tmp_path)
     xml = data / "Annotations" / "synth_000001.xml"

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +24,7 @@ import numpy as np
 from ssd.data.check_report import CheckReport
 from ssd.data.images import verify_image
 from ssd.data.load import load_dataset
+from ssd.data.memo import map_in_processes
 from ssd.data.object_rules import object_issues
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
@@ -43,7 +42,10 @@ if TYPE_CHECKING:
 __all__ = ["check_dataset", "find_issues", "screen"]
 
 DECODE_CHUNK = 64
-"""Images one task of the decode check's thread pool decodes (a future per image cost more than a small decode)."""
+"""Images one task of the decode check decodes (a task per image would cost more than a small decode)."""
+PROCESS_MIN_IMAGES = 1000
+"""Images per worker process the decode check needs before it starts one (a worker costs a fork and its results'
+transfer): fewer are decoded here."""
 
 
 def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
@@ -114,33 +116,32 @@ def _invalid(issues: list[Issue]) -> tuple[set, set]:
 
 def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     """Corrupt/truncated images of ``splits``: a full but cheap decode of each image once (JPEG DCT scaling; a
-    truncated file fails it), on a thread pool of one thread per core (the decoder releases the GIL), with a progress
-    bar on a terminal."""
-    records = {r.path: (split, r) for split in splits for r in spec.splits[split]}
-
-    def probe(path: Path) -> Issue | None:
-        try:
-            verify_image(path)
-        except ImageError as e:  # names the file its own way: the reason alone
-            split, _ = records[path]
-            rel = relative_path(path, spec.root)
-            return Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=path)
-        return None
-
-    def probe_chunk(paths: list[Path]) -> list[Issue | None]:
-        return [probe(path) for path in paths]
-
-    # the images in chunks: a small image decodes in less time than a future per image costs
-    cores = usable_cores()
+    truncated file fails it), in chunks on worker processes, one per core, when there are enough images to pay for
+    starting them (small images are decoded in less time than the Python around the decode, which holds the GIL:
+    threads would not help), with a progress bar on a terminal."""
+    records = {r.path: split for split in splits for r in spec.splits[split]}
     paths = list(records)
     chunks = [paths[i:i + DECODE_CHUNK] for i in range(0, len(paths), DECODE_CHUNK)]
+    processes = min(usable_cores(), len(paths) // PROCESS_MIN_IMAGES)
     found: list[Issue] = []
-    with (progress(total=len(paths), desc="checking images", unit="image", disable=None, leave=False) as bar,
-          ThreadPoolExecutor(max_workers=cores) if cores > 1 else nullcontext() as pool):  # bar: on a terminal only
-        for part in map(probe_chunk, chunks) if pool is None else pool.map(probe_chunk, chunks):
-            found += [issue for issue in part if issue is not None]
-            bar.update(len(part))
+    with progress(total=len(paths), desc="checking images", unit="image", disable=None, leave=False) as bar:
+        for chunk, failed in zip(chunks, map_in_processes(_failed_decodes, chunks, processes)):
+            for path, code, reason in failed:  # ImageError names the file its own way: the reason alone
+                rel = relative_path(path, spec.root)
+                found.append(Issue("error", code, f"{rel}: {reason}", rel, split=records[path], image=path))
+            bar.update(len(chunk))
     return found
+
+
+def _failed_decodes(paths: list[Path]) -> list[tuple[Path, str, str]]:
+    """``(path, code, reason)`` of the images of ``paths`` that :func:`~ssd.data.images.verify_image` refuses."""
+    failed = []
+    for path in paths:
+        try:
+            verify_image(path)
+        except ImageError as e:
+            failed.append((path, e.code, e.reason))
+    return failed
 
 
 def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = None, *, split: str | None = None,

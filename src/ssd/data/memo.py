@@ -15,18 +15,23 @@ import dataclasses
 import functools
 import hashlib
 import json
+import multiprocessing
 import operator
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ssd.data.records import Issue, ObjectRecord
 
-__all__ = ["FileMemo", "remembered", "file_state", "RACY_NS", "encode_parsed", "decode_parsed"]
+__all__ = ["FileMemo", "remembered", "map_in_processes", "file_state", "RACY_NS", "encode_parsed", "decode_parsed"]
+
+T, R = TypeVar("T"), TypeVar("R")
 
 RACY_NS = 2_000_000_000
 """A file younger than this (nanoseconds) at the start of a run is read every time (see the module docstring)."""
@@ -76,6 +81,21 @@ class FileMemo:
                  for key, entry in self.used.items())
         return ("{" + ", ".join(parts) + "}").encode()
 
+    def forked(self) -> FileMemo:
+        """A memo for a worker process: the same stored entries and run start, nothing used, read or stat'ed yet."""
+        child = FileMemo(self.entries)
+        child._stable_before = self._stable_before
+        return child
+
+    def absorb(self, used: dict[str, list | str], reads: list[tuple[str, str]],
+               states: dict[str, tuple[int, int, int] | None]) -> None:
+        """Take what a :meth:`forked` memo met, read and stat'ed (in a worker process) as this memo's own."""
+        with self._lock:
+            self.used.update(used)
+            self.reads += reads
+            for path, state in states.items():
+                self.states.setdefault(path, state)  # a state taken first stays: it was read after it
+
     @contextmanager
     def active(self) -> Iterator[FileMemo]:
         """Make this memo the one the :func:`remembered` steps consult (restores the previous one on exit)."""
@@ -117,6 +137,45 @@ class FileMemo:
         if isinstance(value, Exception):
             raise value
         return value
+
+
+def _in_worker(step: Callable[[T], R], chunk: T) -> tuple[R, tuple | None, list]:
+    """``step(chunk)`` in a worker process of :func:`map_in_processes`, under a :meth:`~FileMemo.forked` copy of the
+    memo active when the workers were forked; what that copy met, read and stat'ed and the warnings raised go back
+    with the result."""
+    parent = _active
+    with warnings.catch_warnings(record=True) as caught:  # the filters stay the parent's: recorded, not shown here
+        if parent is None:
+            return step(chunk), None, _sendable(caught)
+        memo = parent.forked()
+        with memo.active():
+            result = step(chunk)
+    return result, (memo.used, memo.reads, memo.states), _sendable(caught)
+
+
+def _sendable(caught: list[warnings.WarningMessage]) -> list[tuple]:
+    return [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
+
+
+def map_in_processes(step: Callable[[T], R], chunks: Sequence[T], processes: int) -> Iterator[R]:
+    """``step`` over ``chunks`` in ``processes`` forked worker processes, results in order, for per-file work that
+    holds the GIL (small images: Pillow's header parsing, the rules), which threads cannot spread over cores. The
+    workers inherit the active :class:`FileMemo` (forked: nothing is sent to them) and send back, with each result,
+    the per-file results they met or made and the warnings they raised: the active memo absorbs the first and the
+    second are raised again here, as if the steps had run here. ``step`` must
+    be a module-level function (pickled by name) and must not use torch (a forked child must not start its thread
+    pools). Where processes cannot be forked (Windows), the steps run here."""
+    if processes < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        yield from map(step, chunks)
+        return
+    context = multiprocessing.get_context("fork")  # "spawn" would import torch again in every worker: seconds
+    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        for result, made, warned in pool.map(functools.partial(_in_worker, step), chunks):
+            if made is not None and _active is not None:
+                _active.absorb(*made)
+            for message, category, filename, line in warned:  # shown (or caught) here, as if raised here
+                warnings.warn_explicit(message, category, filename, line)
+            yield result
 
 
 def remembered(kind: str, encode: Callable[[Any], Any] = lambda v: v, decode: Callable[[Any], Any] = lambda v: v,
