@@ -354,6 +354,28 @@ def test_max_det_of_an_nms_export_is_bounded_before_anything_is_written(tiny, tm
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
 
 
+def test_export_options_are_checked_before_the_calibration_data_is_read(tiny, tmp_path, capsys):
+    weights, missing = save_checkpoint(tmp_path / "best.pt", tiny), tmp_path / "no-such-data"
+    with pytest.raises(ValueError, match=r"^--max-det 1000000 is above 10000 \(limits\.MAX_DETECTIONS\)"):
+        export(weights, nms=True, max_detections=10**6, int8=True, data=missing)
+    with pytest.raises(ValueError, match=r"^opset 99 cannot be written: torch\.onnx writes opsets 7 to 2\d"):
+        export(weights, opset=99, int8=True, data=missing)
+    assert main(["export", "--weights", str(weights), "--nms", "--max-det", "1000000", "--int8", "--data",
+                 str(missing)]) == 2
+    assert capsys.readouterr().err.startswith("error: ssd export: --max-det 1000000 is above 10000 (limits.")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
+
+
+def test_export_onnx_checks_its_own_options(tiny, tmp_path):
+    with pytest.raises(ValueError, match=r"^--max-det 1000000 is above 10000"):
+        export_onnx(tiny, tmp_path / "nms.onnx", nms=True, max_detections=10**6)
+    with pytest.raises(ValueError, match=r"^opset 6 cannot be written"):
+        export_onnx(tiny, tmp_path / "old.onnx", opset=6)
+    with pytest.raises(ValueError, match=r"^score_threshold must be a number in \[0, 1\], got 1\.5"):
+        export_onnx(tiny, tmp_path / "conf.onnx", score_threshold=1.5)
+    assert not list(tmp_path.iterdir())
+
+
 def test_a_valid_onnx_file_given_to_export_says_what_it_is(tiny_onnx, tmp_path, capsys):
     assert main(["export", "--weights", str(tiny_onnx), "--output", str(tmp_path / "again.onnx")]) == 1
     assert "is not PyTorch weights: it is an ONNX model: ONNX exports of this library run as they are" in (

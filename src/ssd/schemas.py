@@ -23,7 +23,15 @@ from typing import Any, Literal
 from ssd.artifacts import BENCHMARK_ROWS, EXPORT_FORMATS
 from ssd.errors import ConfigError
 from ssd.limits import MAX_WORKERS, is_real, is_whole, value_text
-from ssd.settings import EVALUATE, PREDICT, THRESHOLD_OPTIONS, TILE_OVERLAP, check_thresholds, check_tile
+from ssd.settings import (
+    EVALUATE,
+    PREDICT,
+    THRESHOLD_OPTIONS,
+    TILE_OVERLAP,
+    check_onnx_options,
+    check_thresholds,
+    check_tile,
+)
 
 __all__ = ["ValConfig", "PredictConfig", "ServeConfig", "ExportConfig", "BenchmarkConfig", "MAX_WAIT_MS", "option",
            "option_flag", "run_name_problem"]
@@ -243,6 +251,7 @@ class ExportConfig(_Schema):
     def __post_init__(self) -> None:
         self._check_common()
         self._positive("opset", "calib_images")
+        check_onnx_options(self.opset, self.nms, self.max_detections)  # before any calibration data is read
 
 
 @dataclass(frozen=True, kw_only=True)

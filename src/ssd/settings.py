@@ -9,8 +9,9 @@ Thresholds use one vocabulary everywhere: ``score_threshold`` (keep scores stric
 - ``EVALUATE``: what is scored (``ssd val``, ``ssd.evaluate``, training's validation): a low confidence and many
   detections per image, as mAP needs the whole precision-recall curve.
 
-The tile options of tiled prediction (``--tile``, ``--tile-overlap``) have one rule too, :func:`check_tile`. The
-options of each command are in :mod:`ssd.schemas`.
+The tile options of tiled prediction (``--tile``, ``--tile-overlap``) have one rule too, :func:`check_tile`, and so
+do an ONNX export's opset and NMS output size, :func:`check_onnx_options`. The options of each command are in
+:mod:`ssd.schemas`.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ssd.errors import ConfigError
-from ssd.limits import MIN_TILE, is_real, is_whole
+from ssd.limits import MAX_DETECTIONS, MIN_TILE, is_real, is_whole
 from ssd.sizes import as_hw
 
-__all__ = ["Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds", "TILE_OVERLAP", "check_tile"]
+__all__ = ["Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds", "TILE_OVERLAP", "check_tile",
+           "check_onnx_options"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +84,18 @@ def check_tile(tile: int | str | Sequence[int] | None, overlap: float = TILE_OVE
         raise ConfigError(f"{names.get('tile', 'tile')} must be 'auto', a side N or 'HxW' (height x width) in pixels, "
                           f"each at least {MIN_TILE}, got {tile!r}")
     return shape
+
+
+def check_onnx_options(opset: int, nms: bool, max_detections: int) -> None:
+    """Raise :class:`ConfigError` for an ONNX ``opset`` that ``torch.onnx`` cannot write and, with ``nms``, a
+    ``max_detections`` above :data:`ssd.limits.MAX_DETECTIONS` (the graph's output ``[B, max_det, 6]`` is allocated
+    whatever the image holds): the options of an ONNX export, checked before any work is done."""
+    from torch.onnx._constants import ONNX_MAX_OPSET, ONNX_MIN_OPSET
+
+    if not is_whole(opset) or not ONNX_MIN_OPSET <= opset <= ONNX_MAX_OPSET:
+        raise ConfigError(f"opset {opset} cannot be written: torch.onnx writes opsets {ONNX_MIN_OPSET} to "
+                          f"{ONNX_MAX_OPSET} (18 and newer natively, lower ones by down-conversion); default 18")
+    if nms and max_detections > MAX_DETECTIONS:
+        raise ConfigError(f"--max-det {max_detections} is above {MAX_DETECTIONS} (limits.MAX_DETECTIONS), the most "
+                          "detections per image an exported NMS graph returns: its output [B, max_det, 6] is "
+                          "allocated whatever the image holds")

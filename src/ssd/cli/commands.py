@@ -97,10 +97,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from ssd.export import export
+    from ssd.export import run_export
 
-    config = _config(ExportConfig, args)
-    out = export(**config.values("output"), out_path=config.output)
+    out = run_export(_config(ExportConfig, args))
     print(f"exported: {out}")
     return 0
 

@@ -1,9 +1,10 @@
 """Export: ONNX (FP32, INT8), OpenVINO and torch.export artifacts, the parity check against PyTorch, and
 ``ssd benchmark`` over every format.
 
-:func:`export` is the one entry of ``ssd export`` for every artifact format (the kinds of
-:data:`ssd.artifacts.ARTIFACTS` with an exporter), its options checked before any work is done; it imports each
-format's exporter (and its runtime: ONNX, OpenVINO) only when called, so ``import ssd.export`` loads none of them.
+:func:`run_export` is the one entry of ``ssd export`` for every artifact format (the kinds of
+:data:`ssd.artifacts.ARTIFACTS` with an exporter), its options checked by :class:`ssd.schemas.ExportConfig` before
+any work is done (:func:`export`: the same from keyword arguments); it imports each format's exporter (and its
+runtime: ONNX, OpenVINO) only when called, so ``import ssd.export`` loads none of them.
 
 | format       | artifact                                        | loaded by                |
 |--------------|-------------------------------------------------|--------------------------|
@@ -15,16 +16,16 @@ format's exporter (and its runtime: ONNX, OpenVINO) only when called, so ``impor
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from ssd.artifacts import ARTIFACTS, EXPORT_FORMATS, resolve
 from ssd.errors import OutputError
 from ssd.files import check_output
 from ssd.schemas import ExportConfig
-from ssd.settings import PREDICT, check_thresholds
 from ssd.text import few
 
-__all__ = ["FORMATS", "default_output", "check_export_folder", "export"]
+__all__ = ["FORMATS", "default_output", "check_export_folder", "export", "run_export"]
 
 FORMATS = {name: (ARTIFACTS[name].output_suffix, ARTIFACTS[name].folder) for name in EXPORT_FORMATS}
 """Format -> (the end of the artifact's name, whether it is a folder)."""
@@ -86,50 +87,55 @@ def _is_card(path: Path) -> bool:
 
 
 def export(weights: str | Path, fmt: str = ExportConfig.fmt, out_path: str | Path | None = None, *,
-           int8: bool = False, data: str | Path | None = None, calib_images: int | None = None,
-           opset: int = ExportConfig.opset,
-           nms: bool = False, dynamic_batch: bool = False, score_threshold: float = PREDICT.score_threshold,
-           iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
-           exist_ok: bool = False, **onnx_options) -> Path:
+           sample_images: Sequence | None = None, **options) -> Path:
     """Export a checkpoint or run directory (its best checkpoint) to ``fmt`` and return the artifact's path.
 
-    ``out_path`` defaults to :func:`default_output`; it is never one of the inputs, and an existing folder (OpenVINO)
+    ``options`` are the other fields of :class:`ssd.schemas.ExportConfig`, checked by it as on the command line:
+    ``int8``, ``data``, ``calib_images``, ``opset``, ``nms``, ``dynamic_batch``, the thresholds, ``check`` and
+    ``exist_ok``; ``sample_images``: see :func:`ssd.export.onnx.export_onnx`. Then :func:`run_export`.
+    """
+    output = None if out_path is None else Path(out_path)
+    return run_export(ExportConfig(weights=weights, fmt=fmt, output=output, **options), sample_images)
+
+
+def run_export(config: ExportConfig, sample_images: Sequence | None = None) -> Path:
+    """The export ``config`` describes (``ssd export``), its options checked by the schema; returns the artifact.
+
+    The output defaults to :func:`default_output`; it is never one of the inputs, and an existing folder (OpenVINO)
     is replaced only with ``exist_ok`` and when it holds an OpenVINO export of this library. ``int8`` quantizes on
     ``calib_images`` images of ``data``'s training split (default: 300, or all of them when it has fewer;
-    :mod:`ssd.export.quantize`, OpenVINO: NNCF). ``opset``,
-    ``nms``, ``dynamic_batch``, the thresholds and ``onnx_options`` (``check``, ``sample_images``): see
-    :func:`ssd.export.onnx.export_onnx`. Every option is checked, and the calibration images counted, before
-    anything is written.
+    :mod:`ssd.export.quantize`, OpenVINO: NNCF). ``opset``, ``nms``, ``dynamic_batch``, the thresholds, ``check``
+    and ``sample_images``: see :func:`ssd.export.onnx.export_onnx`. The options that depend on the format are
+    checked, and the calibration images counted, before anything is written.
     """
-    from ssd.export.onnx import check_opset, export_onnx
+    from ssd.export.onnx import write_onnx
     from ssd.export.quantize import calibration_paths
     from ssd.weights.resolve import resolve_weights
 
+    fmt, int8 = config.fmt, config.int8
     if fmt == "torchscript":
         raise ValueError("TorchScript export is retired (torch.jit is deprecated by PyTorch): use --format pt2 "
                          "(torch.export), the same network any batch size, loaded by PyTorch")
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(FORMATS)})")
-    weights = resolve_weights(weights)
-    out_path = Path(out_path) if out_path else default_output(weights, fmt, int8)
-    check_output(out_path, inputs=[weights, data], kind="dir" if FORMATS[fmt][1] else "file",
+    weights = resolve_weights(config.weights)
+    out_path = config.output or default_output(weights, fmt, int8)
+    check_output(out_path, inputs=[weights, config.data], kind="dir" if FORMATS[fmt][1] else "file",
                  what="--output")
     if FORMATS[fmt][1]:
-        check_export_folder(out_path, exist_ok)
-    _check_options(fmt, out_path, int8=int8, nms=nms, dynamic_batch=dynamic_batch)
-    check_thresholds(score_threshold, iou_threshold, max_detections)
-    check_opset(opset)
-    if calib_images is not None and not int8:
+        check_export_folder(out_path, config.exist_ok)
+    _check_options(fmt, out_path, int8=int8, nms=config.nms, dynamic_batch=config.dynamic_batch)
+    if config.calib_images is not None and not int8:
         raise ValueError("--calib-images applies to INT8 exports: add --int8 --data DATA")
-    calibration = calibration_paths(data, calib_images) if int8 else None
+    calibration = calibration_paths(config.data, config.calib_images) if int8 else None
     if fmt == "pt2":
         return resolve(ARTIFACTS[fmt].exporter)(weights, out_path)
-    onnx_args = dict(opset=opset, nms=nms, dynamic_batch=dynamic_batch, score_threshold=score_threshold,
-                     iou_threshold=iou_threshold, max_detections=max_detections, **onnx_options)
+    onnx_args = dict(config.values("weights", "fmt", "output", "int8", "data", "calib_images", "exist_ok"),
+                     sample_images=sample_images)
     if fmt == "onnx" and not int8:
-        return export_onnx(weights, out_path, **onnx_args)
+        return write_onnx(weights, out_path, **onnx_args)
     with tempfile.TemporaryDirectory(prefix="ssd-export-") as work:
-        fp32 = export_onnx(weights, Path(work) / "model.onnx", **onnx_args)
+        fp32 = write_onnx(weights, Path(work) / "model.onnx", **onnx_args)
         if fmt == "openvino":  # converted from the FP32 graph
             return resolve(ARTIFACTS[fmt].exporter)(fp32, out_path, calibration)
         from ssd.export.quantize import quantize_onnx

@@ -50,16 +50,15 @@ from ssd.errors import ExportCheckError
 from ssd.export.parity import check_onnx
 from ssd.files import check_output, write_bytes
 from ssd.inference.backends.onnx import graph_digest
-from ssd.limits import MAX_DETECTIONS, is_whole
 from ssd.models.load import model_from_checkpoint
 from ssd.nn import unwrap_model
 from ssd.optional import require
 from ssd.postprocess import CANDIDATES_PER_CLASS
 from ssd.schemas import ExportConfig
-from ssd.settings import PREDICT, Thresholds, check_thresholds
+from ssd.settings import PREDICT, Thresholds, check_onnx_options, check_thresholds
 from ssd.sizes import as_hw
 
-__all__ = ["export_onnx", "check_opset", "check_onnx", "as_model", "onnx_metadata"]
+__all__ = ["export_onnx", "write_onnx", "check_onnx", "as_model", "onnx_metadata"]
 
 
 # --- ONNX NonMaxSuppression as a PyTorch op: eager (torchvision) for tracing, NonMaxSuppression in the graph ---
@@ -131,15 +130,6 @@ class _ExportGraph(nn.Module):
         return detections, valid.sum(dim=1)
 
 
-def check_opset(opset: int) -> None:
-    """Refuse an opset ``torch.onnx`` cannot write (``ValueError`` naming the range), before any work is done."""
-    from torch.onnx._constants import ONNX_MAX_OPSET, ONNX_MIN_OPSET
-
-    if not is_whole(opset) or not ONNX_MIN_OPSET <= opset <= ONNX_MAX_OPSET:
-        raise ValueError(f"opset {opset} cannot be written: torch.onnx writes opsets {ONNX_MIN_OPSET} to "
-                         f"{ONNX_MAX_OPSET} (18 and newer natively, lower ones by down-conversion); default 18")
-
-
 def as_model(weights_or_model, out_path: Path) -> nn.Module:
     """A CPU copy in eval mode of the model (unwrapped from DDP), or the model of a checkpoint path (a foreign
     detector imported), its card the checkpoint's. Refuses an ``out_path`` that is the checkpoint itself."""
@@ -179,17 +169,25 @@ def export_onnx(
         max_detections: the same.
 
     Raises:
+        ConfigError: a threshold, the opset or (with NMS) ``max_detections`` out of bounds
+            (:func:`ssd.settings.check_onnx_options`), before any work is done.
         ExportCheckError: ONNX Runtime and PyTorch disagree beyond the tolerances.
     """
+    check_thresholds(score_threshold, iou_threshold, max_detections)
+    check_onnx_options(opset, nms, max_detections)
+    return write_onnx(weights_or_model, out_path, opset=opset, dynamic_batch=dynamic_batch, nms=nms, check=check,
+                      sample_images=sample_images, score_threshold=score_threshold, iou_threshold=iou_threshold,
+                      max_detections=max_detections)
+
+
+def write_onnx(weights_or_model, out_path: str | Path, *, opset: int, dynamic_batch: bool, nms: bool, check: bool,
+               sample_images: Sequence | None, score_threshold: float, iou_threshold: float,
+               max_detections: int) -> Path:
+    """:func:`export_onnx` for a caller whose options are already checked (:func:`ssd.export.run_export`: by
+    :class:`ssd.schemas.ExportConfig`)."""
     onnx = require("onnx", "export", "ONNX export")
     require("onnxscript", "export", "ONNX export")  # torch.onnx.export writes the graph with it
 
-    check_thresholds(score_threshold, iou_threshold, max_detections)
-    if nms and max_detections > MAX_DETECTIONS:
-        raise ValueError(f"--max-det {max_detections} is above {MAX_DETECTIONS} (limits.MAX_DETECTIONS), the most "
-                         "detections per image an exported NMS graph returns: its output [B, max_det, 6] is "
-                         "allocated whatever the image holds")
-    check_opset(opset)
     out_path = Path(out_path)
     model = as_model(weights_or_model, out_path)
     size = model.config.image_size
