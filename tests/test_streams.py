@@ -188,13 +188,13 @@ def test_bad_sources_say_what_is_wrong(tmp_path):
 def test_an_unreachable_stream_is_reported_once_without_ffmpegs_own_log_line(tiny_checkpoint, tmp_path, capfd,
                                                                               monkeypatch):
     # a process of its own: FFmpeg takes its log level when the process first uses it, as `ssd predict` does here
+    monkeypatch.delenv("OPENCV_FFMPEG_LOGLEVEL", raising=False)  # a level the user set would be kept
     done = subprocess.run([sys.executable, "-m", "ssd", "predict", "--weights", str(tiny_checkpoint), "--source",
                            "rtsp://127.0.0.1:9/none", "--project", str(tmp_path)], timeout=60)  # port 9: discard
     err = capfd.readouterr().err
     assert done.returncode == 1
     assert "cannot open 'rtsp://127.0.0.1:9/none': unreachable, not a stream OpenCV's FFmpeg reads" in err
     assert "[tcp @" not in err and "Connection refused" not in err
-    monkeypatch.delenv("OPENCV_FFMPEG_LOGLEVEL", raising=False)
     with pytest.raises(StreamError, match="unreachable"):
         StreamGroup(["rtsp://127.0.0.1:9/none"])
     assert "OPENCV_FFMPEG_LOGLEVEL" not in os.environ  # the environment as it was
