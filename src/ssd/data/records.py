@@ -19,7 +19,7 @@ from ssd.errors import DataError
 __all__ = ["ObjectRecord", "ImageRecord", "DatasetSpec", "Issue"]
 
 
-@dataclass
+@dataclass(slots=True)
 class ObjectRecord:
     """One annotated object.
 
@@ -54,7 +54,7 @@ class ObjectRecord:
         return self.difficult or self.iscrowd
 
 
-@dataclass
+@dataclass(slots=True)
 class ImageRecord:
     """One image and its objects; ``width``/``height`` are those of the decoded, EXIF-rotated image."""
 
@@ -70,7 +70,7 @@ class ImageRecord:
             self.image_id = self.path.stem
 
 
-@dataclass
+@dataclass(slots=True)
 class Issue:
     """A problem found in a dataset.
 
