@@ -19,7 +19,7 @@ from ssd.log import quiet_other_ranks
 
 __all__ = ["DistInfo", "rank_device", "setup", "cleanup", "steps_per_epoch", "rank", "broadcast_object",
            "all_gather_objects", "any_true", "broadcast_buffers", "barrier", "gather_objects", "gather_tensors",
-           "leader_first"]
+           "leader_first", "is_distributed"]
 
 
 @dataclass(frozen=True)
@@ -79,18 +79,19 @@ def steps_per_epoch(num_images: int, batch_size: int, world_size: int) -> int:
     return (num_images // world_size) // batch_size
 
 
-def _active() -> bool:
+def is_distributed() -> bool:
+    """Whether this process is one of several in a process group (False alone, or in a group of one)."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def rank() -> int:
     """This process's rank in the process group (0 without one)."""
-    return dist.get_rank() if _active() else 0
+    return dist.get_rank() if is_distributed() else 0
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """``obj`` of rank ``src`` on every rank (picklable objects)."""
-    if not _active():
+    if not is_distributed():
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=src)
@@ -119,7 +120,7 @@ def leader_first(build: Callable[[], T], token: Callable[[T], Any], follow: Call
 
 def all_gather_objects(obj: Any) -> list[Any]:
     """One entry per rank, in rank order (``[obj]`` without a process group)."""
-    if not _active():
+    if not is_distributed():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
@@ -129,7 +130,7 @@ def all_gather_objects(obj: Any) -> list[Any]:
 def gather_objects(obj: Any, dst: int = 0) -> list[Any] | None:
     """One entry per rank, in rank order, on rank ``dst`` only (``None`` on the others; ``[obj]`` without a process
     group): the other ranks never hold what they did not make."""
-    if not _active():
+    if not is_distributed():
         return [obj]
     out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
     dist.gather_object(obj, out, dst=dst)
@@ -141,7 +142,7 @@ def gather_tensors(tensors: dict[str, Tensor], dst: int = 0) -> list[dict[str, T
     trailing shapes on every rank) on rank ``dst``, one dict per rank in rank order, on the CPU; ``None`` on the other
     ranks, ``[tensors]`` without a process group. They travel as tensors (one gather each, padded to the largest
     ``N``), not pickled."""
-    if not _active():
+    if not is_distributed():
         return [tensors]
     world, main = dist.get_world_size(), dist.get_rank() == dst
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -164,7 +165,7 @@ def gather_tensors(tensors: dict[str, Tensor], dst: int = 0) -> list[dict[str, T
 
 def any_true(flag: bool, device: torch.device) -> bool:
     """True on every rank when ``flag`` is true on any rank (keeps ranks in step when one must skip a step)."""
-    if not _active():
+    if not is_distributed():
         return flag
     t = torch.tensor([int(flag)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -174,11 +175,11 @@ def any_true(flag: bool, device: torch.device) -> bool:
 def broadcast_buffers(model: nn.Module, src: int = 0) -> None:
     """Copy rank ``src``'s buffers (BatchNorm running statistics) to every rank: DDP syncs them only at the start
     of each forward, so after an epoch each rank holds the statistics of its own last batch."""
-    if _active():
+    if is_distributed():
         for buffer in model.buffers():
             dist.broadcast(buffer, src=src)
 
 
 def barrier() -> None:
-    if _active():
+    if is_distributed():
         dist.barrier()

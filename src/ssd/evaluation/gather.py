@@ -34,11 +34,11 @@ def gather_on_main(detections: list[dict[str, Any]], ground_truths: list[dict[st
     split's order (see :func:`merge_results`): boxes, scores, labels and objects as tensors
     (:func:`pack_results`), the image ids and paths as objects; ``None`` on the other ranks. Without a process group,
     the same lists, as they are."""
-    names = ddp.gather_objects([(d["image_id"], d["path"]) for d in detections])
-    if names is not None and len(names) == 1:  # one process: nothing to send, nothing to pack
+    if not ddp.is_distributed():  # one process: nothing to send, nothing to pack
         return detections, ground_truths
     parts = ddp.gather_tensors(pack_results(detections, ground_truths))
-    if parts is None:
+    names = ddp.gather_objects([(d["image_id"], d["path"]) for d in detections])
+    if parts is None or names is None:
         return None
     unpacked = [unpack_results(part, rank_names) for part, rank_names in zip(parts, names)]
     return merge_results([d for d, _ in unpacked]), merge_results([g for _, g in unpacked])
