@@ -26,6 +26,12 @@ def test_is_real_is_an_int_or_float_that_is_not_a_bool():
     assert [is_real(v) for v in CASES] == [False, False, True, True, False, False, False, True, True, True, True]
 
 
+def test_is_real_any_real_also_takes_numpy_float32_and_integers():
+    assert [is_real(v, any_real=True) for v in [*CASES, np.float32(0.5)]] == [
+        False, False, True, True, True, False, False, True, True, True, True, True]
+    assert not is_real(np.float32(0.5))
+
+
 def test_numpy_integers_are_input_sizes_but_not_option_counts():
     assert as_hw(np.int64(300)) == (300, 300)
     with pytest.raises(ConfigError, match="max_detections must be a positive integer, got 5"):

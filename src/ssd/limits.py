@@ -111,7 +111,8 @@ def is_whole(value: Any, *, integral: bool = False) -> bool:
     return isinstance(value, numbers.Integral if integral else int) and not isinstance(value, bool)
 
 
-def is_real(value: Any) -> bool:
-    """Whether ``value`` is an ``int`` or a ``float`` (NumPy's floats too) that is not a ``bool``; NaN and infinity
-    are, for the caller's range check to refuse."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def is_real(value: Any, *, any_real: bool = False) -> bool:
+    """Whether ``value`` is an ``int`` or a ``float`` (NumPy's ``float64`` too) that is not a ``bool``; NaN and
+    infinity are, for the caller's range check to refuse. ``any_real``: any :class:`numbers.Real` (NumPy's other
+    floats and its integers too), where such values are taken (a prior setting computed with NumPy)."""
+    return isinstance(value, numbers.Real if any_real else (int, float)) and not isinstance(value, bool)

@@ -31,6 +31,7 @@ from ssd.data.images import read_image_size
 from ssd.data.records import DatasetSpec, Issue
 from ssd.data.table import CROWD, Detail, RecordTable, Strings
 from ssd.errors import DataError, ImageError
+from ssd.limits import is_whole
 
 __all__ = ["read_coco", "split_name"]
 
@@ -55,10 +56,6 @@ def _find_image(file_name: str, json_path: Path, image_root: Path | None) -> Pat
         if (base / file_name).is_file():
             return base / file_name
     return bases[0] / file_name
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @contextmanager
@@ -99,7 +96,7 @@ def _categories(data: dict, json_path: Path) -> tuple[list[int], list[str]]:
     """Category ids in ascending order and their names; each needs an integer ``id`` (unique) and a ``name``."""
     seen: dict[int, int] = {}
     for i, cat in enumerate(data["categories"]):
-        if not _is_int(cat.get("id")) or not isinstance(cat.get("name"), str) or not cat["name"].strip():
+        if not is_whole(cat.get("id")) or not isinstance(cat.get("name"), str) or not cat["name"].strip():
             raise DataError(f"{json_path}: categories[{i}] {cat!r:.80} needs an integer 'id' and a 'name'")
         if cat["id"] in seen:
             raise DataError(f"{json_path}: category id {cat['id']} is listed twice (categories[{seen[cat['id']]}] "
@@ -134,7 +131,7 @@ def _images(data: dict, json_path: Path, image_root: Path | None, split: str, is
     by_path: dict[Path, int | str] = {}
     for i, img in enumerate(data["images"]):
         image_id, file_name = img.get("id"), img.get("file_name")
-        if not (_is_int(image_id) or isinstance(image_id, str)) or not isinstance(file_name, str) or not file_name:
+        if not (is_whole(image_id) or isinstance(image_id, str)) or not isinstance(file_name, str) or not file_name:
             raise DataError(f"{json_path}: images[{i}] {img!r:.80} needs an 'id' (integer or string) and a "
                             "'file_name'")
         if image_id in first:
@@ -161,7 +158,7 @@ def _images(data: dict, json_path: Path, image_root: Path | None, split: str, is
             issues.append(Issue("error", e.code, f"{rel} image id {image_id!r}: {e}", rel, split=split, image=path))
             continue
         listed = (img.get("width"), img.get("height"))
-        if listed not in ((width, height), (height, width)) and all(_is_int(v) and v > 0 for v in listed):
+        if listed not in ((width, height), (height, width)) and all(is_whole(v) and v > 0 for v in listed):
             issues.append(Issue("warning", "size_mismatch", f"{rel} image id {image_id!r}: listed as "
                                 f"{listed[0]}x{listed[1]} but {path.name} is {width}x{height} (bboxes are read in "
                                 "the image's pixels; if they were drawn on another version of the picture they are "
@@ -254,11 +251,11 @@ def _add_objects(data: dict, json_path: Path, images: _Images, label_of: dict[in
 
 
 def _where(rel: str, ann_id, index: int) -> str:
-    return f"{rel} annotation id {ann_id}" if _is_int(ann_id) else f"{rel} annotations[{index}]"
+    return f"{rel} annotation id {ann_id}" if is_whole(ann_id) else f"{rel} annotations[{index}]"
 
 
 def _line(ann_id) -> int | None:
-    return ann_id if _is_int(ann_id) else None
+    return ann_id if is_whole(ann_id) else None
 
 
 def _texts(prefix: str, texts: list[str], count: int | None = None) -> Strings:

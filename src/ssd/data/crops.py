@@ -38,7 +38,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from ssd.errors import ConfigError
-from ssd.limits import MAX_CROP_CACHE_BYTES, value_text
+from ssd.limits import MAX_CROP_CACHE_BYTES, is_real, value_text
 from ssd.sizes import as_hw, size_text
 
 __all__ = ["MIN_VISIBLE", "NATIVE", "CachePlan", "CropScale", "NativeCrop", "crop_rule", "decode_sizes",
@@ -84,10 +84,9 @@ def parse_crop_scale(value: object, option: str = "--crop-scale") -> CropScale |
         return value
     if isinstance(value, str) and value.strip().lower() == NATIVE:
         return CropScale(None)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if is_real(value):
         parts = [float(value)]
-    elif isinstance(value, (list, tuple)) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                                  for v in value):
+    elif isinstance(value, (list, tuple)) and all(is_real(v) for v in value):
         parts = [float(v) for v in value]
     elif isinstance(value, str) and re.fullmatch(f"{_NUMBER}(?:,{_NUMBER})?", value):
         parts = [float(v) for v in value.split(",")]

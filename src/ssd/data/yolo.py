@@ -24,7 +24,7 @@ from ssd.data.memo import decode_parsed, encode_parsed, remembered
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
 from ssd.data.voc import read_class_file, read_lines
 from ssd.errors import DataError, ImageError
-from ssd.limits import value_text
+from ssd.limits import is_whole, value_text
 from ssd.text import few
 from ssd.yamlfile import safe_load
 
@@ -48,7 +48,7 @@ def _names(raw, source: Path) -> list[str]:
         for key, value in raw.items():  # whole numbers only: 1.5 or True would be cut to a class id silently
             if isinstance(key, str) and key.isdigit() and key.isascii():
                 key = int(key)
-            if not isinstance(key, int) or isinstance(key, bool):
+            if not is_whole(key):
                 raise DataError(f"{source}: 'names' key {value_text(key)} is not a class id (keys must be whole "
                                 "numbers 0, 1, ...)")
             if key in by_id:
@@ -86,7 +86,7 @@ def _resolve(root: Path, entry: str) -> Path:
 def _images(entries, root: Path, source: Path, split: str) -> list[Path]:
     images: list[Path] = []
     for entry in entries if isinstance(entries, (list, tuple)) else [entries]:
-        if not isinstance(entry, (str, int)) or isinstance(entry, bool):  # a folder may be named 2017
+        if not (isinstance(entry, str) or is_whole(entry)):  # a folder may be named 2017
             raise DataError(f"{source}: split {split!r} must name image folders or .txt lists of images (text), "
                             f"got {value_text(entry)}")
         try:
@@ -233,7 +233,7 @@ def read_yolo_yaml(yaml_path: Path) -> DatasetSpec:
                         "('train', 'val', optionally 'test')")
     names = _names(desc["names"], yaml_path)
     nc = desc.get("nc", len(names))
-    if not isinstance(nc, int) or isinstance(nc, bool) or nc != len(names):
+    if not is_whole(nc) or nc != len(names):
         raise DataError(f"{yaml_path}: nc: {value_text(nc)} disagrees with the {len(names)} names {names} (nc is the "
                         "number of names; it may be left out)")
     if not isinstance(desc.get("path") or "", str):

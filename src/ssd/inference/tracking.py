@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from ssd.errors import ConfigError
-from ssd.limits import value_text
+from ssd.limits import is_real, value_text
 from ssd.names import did_you_mean
 from ssd.optional import require
 
@@ -99,8 +99,7 @@ def tracker_settings(path: str | Path | None) -> dict:
             known = ["tracker_type", "per_class", *TRACKER_SETTINGS]
             raise ConfigError(f"{where} is not a setting{did_you_mean(str(key), known)}")
         kind, rule, check = TRACKER_SETTINGS[key]
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not number or (kind is int and value != int(value)) or not math.isfinite(value) or not check(value):
+        if not is_real(value) or (kind is int and value != int(value)) or not math.isfinite(value) or not check(value):
             raise ConfigError(f"{where} = {value_text(value)}: must be {'an integer' if kind is int else 'a number'} "
                               f"{rule}")
         settings[key] = kind(value)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ssd.errors import BackboneWeightsError, PriorConfigError
+from ssd.limits import is_whole
 from ssd.log import LOGGER
 from ssd.models import mobilenet, tiny, vgg
 from ssd.models.architecture import Architecture
@@ -179,8 +180,7 @@ def _probe_cached(name: str, options: tuple, size: tuple[int, int]) -> tuple[tup
 
 def checked_class_names(num_classes: int | None, class_names: Sequence[str] | None) -> list[str]:
     """Validated class names: ``class_names`` (non-empty distinct strings), else ``class0 .. class{K-1}``."""
-    if num_classes is not None and (isinstance(num_classes, bool) or not isinstance(num_classes, int)
-                                    or num_classes < 1):
+    if num_classes is not None and (not is_whole(num_classes) or num_classes < 1):
         raise ValueError(f"num_classes must be an int >= 1 (object classes, background excluded), got {num_classes!r}")
     if class_names is None:
         if num_classes is None:

@@ -13,7 +13,6 @@ original SSD does (bit for bit).
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -22,7 +21,7 @@ import torch
 from torch import Tensor
 
 from ssd.errors import PriorConfigError
-from ssd.limits import MAX_INPUT_SIDE, MAX_PRIORS, MAX_VALUE_CHARS
+from ssd.limits import MAX_INPUT_SIDE, MAX_PRIORS, MAX_VALUE_CHARS, is_real, is_whole
 from ssd.sizes import as_hw, input_size
 
 __all__ = ["PRIOR_CONFIGS", "PriorConfig", "default_boxes"]
@@ -172,11 +171,11 @@ def default_boxes(image_size: int | Sequence[int] | str, feature_maps: Sequence[
 
 
 def _is_positive(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and 0 < value < math.inf
+    return is_real(value, any_real=True) and 0 < value < math.inf
 
 
 def _is_cell_count(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and 1 <= value <= MAX_INPUT_SIDE
+    return is_whole(value, integral=True) and 1 <= value <= MAX_INPUT_SIDE
 
 
 def _checked(value: Any, name: str, valid: Any, rule: str) -> Any:
