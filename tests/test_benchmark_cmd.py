@@ -3,13 +3,17 @@ made to fail at validation), the CSV and JSON beside the table, a new run direct
 
 import csv
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
 
 import ssd.export.benchmark as benchmark
 from ssd.cli import main
+from ssd.errors import ConfigError
 from ssd.inference.backends import open_backend
+from ssd.schemas import BenchmarkConfig
 
 
 def failing_export(*_args):
@@ -73,6 +77,11 @@ def test_benchmark_floor_of_nan_or_out_of_range_exits_2_before_any_folder_is_mad
                  floor]) == 2
     assert f"--floor must be mAP50 points in [0, 100], got {float(floor)!r}" in capsys.readouterr().err
     assert not (tmp_path / "runs").exists()
+
+
+def test_benchmark_floor_refuses_a_bool_like_every_numeric_option():
+    with pytest.raises(ConfigError, match=re.escape("--floor must be mAP50 points in [0, 100], got True")):
+        BenchmarkConfig(weights=Path("w.pt"), data="d", floor=True)
 
 
 def test_benchmark_unknown_format_names_the_closest_before_any_folder_is_made(tiny_checkpoint, synthetic_voc,
