@@ -13,10 +13,13 @@ from ssd.boxes import decode
 from ssd.cli import main
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
+from ssd.errors import ConfigError
 from ssd.export import export
+from ssd.export.benchmark import run_benchmark
 from ssd.export.quantize import calibration_paths, network_nodes, quantize_onnx
 from ssd.inference.backends.onnx import OnnxBackend, graph_digest
 from ssd.preprocess import preprocess
+from ssd.schemas import BenchmarkConfig, ExportConfig
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +150,16 @@ def test_calib_images_0_is_refused_not_taken_as_the_default(weights, synthetic_v
                  "--calib-images", "0"]) == 2  # a usage error, refused before any work
     assert "error: ssd export: --calib-images must be a positive integer, got 0" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("count", [0, True, 2.0])
+def test_calib_images_rule_is_the_same_in_the_schemas_and_the_api(tmp_path, count):
+    """One rule (settings.check_calib_images), checked before any file is read (none of these exists)."""
+    message = f"^--calib-images must be a positive integer, got {count!r}$"
+    for call in (lambda: calibration_paths(tmp_path / "data", count),
+                 lambda: run_benchmark(tmp_path / "w.pt", tmp_path / "data", tmp_path / "out", calib_images=count),
+                 lambda: ExportConfig(weights=tmp_path / "w.pt", int8=True, calib_images=count),
+                 lambda: BenchmarkConfig(weights=tmp_path / "w.pt", data="d", calib_images=count)):
+        with pytest.raises(ConfigError, match=message):
+            call()
+    assert not (tmp_path / "out").exists()

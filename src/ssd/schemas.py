@@ -28,6 +28,7 @@ from ssd.settings import (
     PREDICT,
     THRESHOLD_OPTIONS,
     TILE_OVERLAP,
+    check_calib_images,
     check_onnx_options,
     check_thresholds,
     check_tile,
@@ -250,7 +251,8 @@ class ExportConfig(_Schema):
 
     def __post_init__(self) -> None:
         self._check_common()
-        self._positive("opset", "calib_images")
+        self._positive("opset")
+        check_calib_images(self.calib_images)
         check_onnx_options(self.opset, self.nms, self.max_detections)  # before any calibration data is read
 
 
@@ -277,7 +279,8 @@ class BenchmarkConfig(_Schema):
 
     def __post_init__(self) -> None:
         self._check_common()
-        self._positive("runs", "calib_images")
+        self._positive("runs")
+        check_calib_images(self.calib_images)
         positive = all(is_whole(b) and b >= 1 for b in self.batch_sizes)
         self._require("batch_sizes", len(self.batch_sizes) > 0 and positive, "must be positive integers, such as 1,8")
         if self.floor is not None:  # nan would never be missed

@@ -10,8 +10,8 @@ Thresholds use one vocabulary everywhere: ``score_threshold`` (keep scores stric
   detections per image, as mAP needs the whole precision-recall curve.
 
 The tile options of tiled prediction (``--tile``, ``--tile-overlap``) have one rule too, :func:`check_tile`, and so
-do an ONNX export's opset and NMS output size, :func:`check_onnx_options`. The options of each command are in
-:mod:`ssd.schemas`.
+do an ONNX export's opset and NMS output size, :func:`check_onnx_options`, and INT8's calibration images,
+:func:`check_calib_images`. The options of each command are in :mod:`ssd.schemas`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ssd.errors import ConfigError
-from ssd.limits import MAX_DETECTIONS, MIN_TILE, is_real, is_whole
+from ssd.limits import MAX_DETECTIONS, MIN_TILE, is_real, is_whole, value_text
 from ssd.sizes import as_hw
 
 __all__ = ["Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds", "TILE_OVERLAP", "check_tile",
-           "check_onnx_options"]
+           "check_onnx_options", "check_calib_images"]
 
 
 @dataclass(frozen=True)
@@ -99,3 +99,10 @@ def check_onnx_options(opset: int, nms: bool, max_detections: int) -> None:
         raise ConfigError(f"--max-det {max_detections} is above {MAX_DETECTIONS} (limits.MAX_DETECTIONS), the most "
                           "detections per image an exported NMS graph returns: its output [B, max_det, 6] is "
                           "allocated whatever the image holds")
+
+
+def check_calib_images(count: int | None) -> None:
+    """Raise :class:`ConfigError` unless ``count`` (``--calib-images``, the INT8 calibration images) is ``None`` (the
+    default number) or a positive integer: the rule of ``ssd export``, ``ssd benchmark`` and their API."""
+    if count is not None and (not is_whole(count) or count < 1):
+        raise ConfigError(f"--calib-images must be a positive integer, got {value_text(count)}")

@@ -35,6 +35,7 @@ from ssd.limits import is_whole
 from ssd.log import progress as progress_bar
 from ssd.names import did_you_mean
 from ssd.schemas import BenchmarkConfig
+from ssd.settings import check_calib_images
 from ssd.text import render_table
 
 __all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format_benchmark", "parse_formats",
@@ -160,8 +161,7 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     names, given = parse_formats(formats), artifact_rows(artifacts)
     if not batch_sizes or any(not is_whole(b) or b < 1 for b in batch_sizes):
         raise ValueError(f"--batch-sizes must be positive integers, got {list(batch_sizes)}")
-    if calib_images is not None and (not is_whole(calib_images) or calib_images < 1):
-        raise ValueError(f"--calib-images must be a positive integer, got {calib_images}")
+    check_calib_images(calib_images)
     weights, out_dir = resolve_weights(weights), Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not exist_ok:
         raise ValueError(f"benchmark folder {out_dir} is not empty: the benchmark writes into a new folder")

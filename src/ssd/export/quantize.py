@@ -24,9 +24,9 @@ from ssd.data.load import load_dataset
 from ssd.export.onnx import onnx_metadata
 from ssd.files import write_bytes
 from ssd.inference.backends.onnx import OnnxBackend, graph_digest
-from ssd.limits import is_whole
 from ssd.log import LOGGER
 from ssd.preprocess import preprocess
+from ssd.settings import check_calib_images
 
 __all__ = ["CALIBRATION_IMAGES", "calibration_paths", "calibration_input", "calibration_inputs", "network_nodes",
            "quantize_onnx"]
@@ -44,8 +44,7 @@ def calibration_paths(data: str | Path | None, count: int | None = None) -> list
     has fewer images than a ``count`` given (saying how many it has)."""
     if data is None:
         raise ValueError("INT8 calibration needs images: give a dataset with --data DATA (its training split is used)")
-    if count is not None and (not is_whole(count) or count < 1):
-        raise ValueError(f"--calib-images must be a positive integer, got {count}")
+    check_calib_images(count)
     records = load_dataset(data).records("train")
     if not records:
         raise ValueError(f"INT8 calibration needs training images, but the training split of {data} has none")
