@@ -37,6 +37,7 @@ RECONNECT_DELAY = 0.5
 TIMEOUT_MS = 5000
 """How long OpenCV may take to open a URL or to read one frame of it before the read counts as failed."""
 _FFMPEG_LOG = "OPENCV_FFMPEG_LOGLEVEL"
+_OPENING = threading.Lock()
 
 
 @dataclass
@@ -106,21 +107,22 @@ def _open(source: str):
     call changes it later): that variable is set to quiet for the open (unless the user set it) and removed after,
     so FFmpeg stays quiet when a stream is the first thing it opens, as in ``ssd predict`` on streams."""
     cv2 = require("cv2", "video", "reading cameras and streams")
-    level = cv2.utils.logging.getLogLevel()
-    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
-    ours = _FFMPEG_LOG not in os.environ
-    if ours:
-        os.environ[_FFMPEG_LOG] = "-8"  # AV_LOG_QUIET
-    try:
-        if source.isdigit():
-            capture = cv2.VideoCapture(int(source))
-        else:
-            capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, TIMEOUT_MS,
-                                                                cv2.CAP_PROP_READ_TIMEOUT_MSEC, TIMEOUT_MS])
-    finally:
-        cv2.utils.logging.setLogLevel(level)
+    with _OPENING:  # the log level and the variable are the process's: one open at a time (readers reconnect)
+        level = cv2.utils.logging.getLogLevel()
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+        ours = _FFMPEG_LOG not in os.environ
         if ours:
-            del os.environ[_FFMPEG_LOG]
+            os.environ[_FFMPEG_LOG] = "-8"  # AV_LOG_QUIET
+        try:
+            if source.isdigit():
+                capture = cv2.VideoCapture(int(source))
+            else:
+                capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, TIMEOUT_MS,
+                                                                    cv2.CAP_PROP_READ_TIMEOUT_MSEC, TIMEOUT_MS])
+        finally:
+            cv2.utils.logging.setLogLevel(level)
+            if ours:
+                del os.environ[_FFMPEG_LOG]
     if capture.isOpened():
         return capture
     capture.release()
