@@ -1,6 +1,7 @@
 """ONNX export: parity with PyTorch (ssd_tiny and SSD300, batch 1 and dynamic batch), in-graph NMS against
 ``postprocess_detections``, metadata, the parity check failing loudly, torch.export."""
 
+import inspect
 import json
 
 import numpy as np
@@ -11,7 +12,7 @@ import torch
 
 from builders import biased_model, random_images
 from ssd.cli import main
-from ssd.errors import ExportCheckError, OnnxModelError, OutputError
+from ssd.errors import ConfigError, ExportCheckError, OnnxModelError, OutputError
 from ssd.export import check_export_folder, export
 from ssd.export.onnx import export_onnx
 from ssd.export.parity import check_onnx
@@ -20,6 +21,7 @@ from ssd.inference.backends.onnx import OnnxBackend
 from ssd.inference.backends.pt2 import ExportedProgramBackend
 from ssd.inference.detector import Detector, load
 from ssd.postprocess import CANDIDATES_PER_CLASS, postprocess_detections
+from ssd.schemas import ExportConfig
 from ssd.weights.checkpoint import save_checkpoint
 
 
@@ -352,6 +354,15 @@ def test_max_det_of_an_nms_export_is_bounded_before_anything_is_written(tiny, tm
                                          r"detections per image an exported NMS graph returns"):
         export(weights, nms=True, max_detections=10**6)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
+
+
+def test_export_python_entry_takes_its_schema_defaults_and_checks_alike(tmp_path):
+    parameters = inspect.signature(export).parameters
+    defaults = {k: p.default for k, p in parameters.items() if k not in ("weights", "sample_images")}
+    defaults["output"] = defaults.pop("out_path")
+    assert defaults == ExportConfig(weights="w").values("weights")
+    with pytest.raises(ConfigError, match=r"^--calib-images must be a positive integer, got 0$"):
+        export(tmp_path / "missing.pt", int8=True, calib_images=0)  # the schema's, before the weights are read
 
 
 def test_export_options_are_checked_before_the_calibration_data_is_read(tiny, tmp_path, capsys):

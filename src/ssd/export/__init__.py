@@ -87,15 +87,28 @@ def _is_card(path: Path) -> bool:
 
 
 def export(weights: str | Path, fmt: str = ExportConfig.fmt, out_path: str | Path | None = None, *,
-           sample_images: Sequence | None = None, **options) -> Path:
-    """Export a checkpoint or run directory (its best checkpoint) to ``fmt`` and return the artifact's path.
+           int8: bool = ExportConfig.int8, data: str | Path | None = ExportConfig.data,
+           calib_images: int | None = ExportConfig.calib_images, opset: int = ExportConfig.opset,
+           nms: bool = ExportConfig.nms, dynamic_batch: bool = ExportConfig.dynamic_batch,
+           score_threshold: float = ExportConfig.score_threshold, iou_threshold: float = ExportConfig.iou_threshold,
+           max_detections: int = ExportConfig.max_detections, check: bool = ExportConfig.check,
+           exist_ok: bool = ExportConfig.exist_ok, sample_images: Sequence | None = None) -> Path:
+    """Export a checkpoint or run directory (its best checkpoint) to ``fmt`` and return the artifact's path:
+    ``ssd export`` as a function, whose defaults are those of :class:`ssd.schemas.ExportConfig`, which checks every
+    option as on the command line before :func:`run_export` does the work.
 
-    ``options`` are the other fields of :class:`ssd.schemas.ExportConfig`, checked by it as on the command line:
-    ``int8``, ``data``, ``calib_images``, ``opset``, ``nms``, ``dynamic_batch``, the thresholds, ``check`` and
-    ``exist_ok``; ``sample_images``: see :func:`ssd.export.onnx.export_onnx`. Then :func:`run_export`.
+    ``out_path``: the artifact (default: :func:`default_output`, next to the weights). ``int8``: quantize, calibrated
+    on ``calib_images`` images of ``data``'s training split (default: 300, or all of them when it has fewer).
+    ``opset``, ``nms``, ``dynamic_batch``, the thresholds (of ``nms``), ``check`` (against PyTorch with ONNX
+    Runtime) and ``sample_images``: see :func:`ssd.export.onnx.export_onnx`. ``exist_ok``: replace an OpenVINO
+    export of this library in an existing ``out_path`` folder.
     """
     output = None if out_path is None else Path(out_path)
-    return run_export(ExportConfig(weights=weights, fmt=fmt, output=output, **options), sample_images)
+    config = ExportConfig(weights=weights, fmt=fmt, output=output, int8=int8, data=data, calib_images=calib_images,
+                          opset=opset, nms=nms, dynamic_batch=dynamic_batch, score_threshold=score_threshold,
+                          iou_threshold=iou_threshold, max_detections=max_detections, check=check,
+                          exist_ok=exist_ok)
+    return run_export(config, sample_images)
 
 
 def run_export(config: ExportConfig, sample_images: Sequence | None = None) -> Path:
