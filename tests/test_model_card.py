@@ -65,6 +65,7 @@ def test_a_card_reads_back_from_its_dict_and_its_strings_field_for_field():
     ("class_names", [], "a non-empty list of strings"),
     ("image_size", [64, 0], "a side S or \\[H, W\\], each from 1 to 4096"),
     ("mean", [0.5, "x", 0.5], "a list of 3 finite numbers"),
+    ("mean", [10**400, 0.5, 0.5], "a list of 3 finite numbers"),  # a JSON integer no float holds
     ("std", [1.0, 0.0, 1.0], "a list of 3 positive numbers"),
     ("variances", [0.1, float("inf")], "a list of 2 positive numbers"),
     ("max_det", 10**9, "an integer from 1 to 10000"),

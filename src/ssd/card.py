@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -94,7 +94,7 @@ def _shown(value: Any) -> str:
 
 
 def _number(v: Any) -> bool:
-    return is_real(v) and math.isfinite(v)
+    return is_real(v) and abs(v) <= sys.float_info.max  # finite, and an int a float can hold (exact comparison)
 
 
 def _numbers(count: int, positive: bool = False):
