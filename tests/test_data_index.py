@@ -232,13 +232,13 @@ def test_the_decode_check_on_worker_processes_finds_and_remembers_what_it_does_h
     assert reads(data, splits=("train", "val")) == []  # the workers' decodes came back and were stored
 
 
-def _warn_and_square(values: list[int]) -> list[int]:
+def _warn_and_square(values: list[int]) -> tuple[list[int], int]:
     import warnings
 
     from ssd.data.images import ImageWarning
 
     warnings.warn(ImageWarning(f"chunk {values[0]}"), stacklevel=1)
-    return [v * v for v in values]
+    return [v * v for v in values], os.getpid()
 
 
 def test_steps_on_worker_processes_give_their_results_in_order_and_their_warnings_here():
@@ -246,8 +246,22 @@ def test_steps_on_worker_processes_give_their_results_in_order_and_their_warning
     from ssd.data.memo import map_in_processes
 
     with pytest.warns(ImageWarning) as caught:
-        assert list(map_in_processes(_warn_and_square, [[1, 2], [3], [4, 5]], 2)) == [[1, 4], [9], [16, 25]]
+        results = list(map_in_processes(_warn_and_square, [[1, 2], [3], [4, 5]], 2))
+    assert [squares for squares, _ in results] == [[1, 4], [9], [16, 25]]
+    assert os.getpid() not in {pid for _, pid in results}  # each ran in a worker
     assert [str(w.message) for w in caught] == ["chunk 1", "chunk 3", "chunk 4"]
+
+
+def _in_a_pool_worker(chunks: list) -> list:
+    from ssd.data.memo import map_in_processes
+
+    return list(map_in_processes(_warn_and_square, chunks, 2))
+
+
+def test_steps_run_in_the_process_itself_inside_a_daemonic_worker_which_may_not_start_processes():
+    with multiprocessing.get_context("fork").Pool(1) as pool:  # its worker is daemonic
+        (results,) = pool.map(_in_a_pool_worker, [[[1], [2]]])
+    assert [squares for squares, _ in results] == [[1], [4]] and len({pid for _, pid in results}) == 1
 
 
 def test_the_gate_refuses_and_skips_the_same_from_the_index(tmp_path):

@@ -55,7 +55,7 @@ _CONVERTED = ("1", "LA", "La", "PA", "RGBX", "RGBa", "CMYK", "YCbCr")
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 _REFUSED = {"F": "32-bit float pixels (mode F)", "I": "32-bit integer pixels (mode I)"}
 _JPEG = ("JPEG", "MPO")  # the formats with a reduced-scale (draft) decode
-_METADATA_LOCK = threading.Lock()  # catch_warnings is process-wide: one header read at a time (check uses threads)
+_METADATA_LOCK = threading.Lock()  # catch_warnings is process-wide: one header read at a time (caches use threads)
 
 
 class ImageWarning(UserWarning):

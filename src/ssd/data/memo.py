@@ -18,6 +18,8 @@ import json
 import multiprocessing
 import operator
 import os
+import signal
+import sys
 import threading
 import time
 import warnings
@@ -36,7 +38,7 @@ T, R = TypeVar("T"), TypeVar("R")
 RACY_NS = 2_000_000_000
 """A file younger than this (nanoseconds) at the start of a run is read every time (see the module docstring)."""
 
-_active: FileMemo | None = None  # a global, not a ContextVar: the check decodes on a thread pool
+_active: FileMemo | None = None  # a global, not a ContextVar: the image caches decode on thread pools
 _UNSEEN = object()
 
 
@@ -73,6 +75,7 @@ class FileMemo:
         self.reads: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._stable_before = time.time_ns() - RACY_NS
+        self._seen: dict[str, tuple[int, int, int] | None] = {}  # a forked memo's parent's states (not sent back)
         self.states: dict[str, tuple[int, int, int] | None] = {}
 
     def used_json(self) -> bytes:
@@ -86,9 +89,10 @@ class FileMemo:
         return b"".join(parts)
 
     def forked(self) -> FileMemo:
-        """A memo for a worker process: the same stored entries and run start, nothing used, read or stat'ed yet."""
+        """A memo for a worker process: the same stored entries, run start and files stat'ed so far (never stat'ed
+        again), nothing used, read or stat'ed of its own yet."""
         child = FileMemo(self.entries)
-        child._stable_before = self._stable_before
+        child._stable_before, child._seen = self._stable_before, self.states
         return child
 
     def absorb(self, used: dict[str, list | bytes], reads: list[tuple[str, str]],
@@ -114,7 +118,7 @@ class FileMemo:
                encode: Callable[[Any], Any], decode: Callable[[Any], Any], error: type[Exception] | None) -> Any:
         path = os.fspath(path)
         key = "\0".join((kind, path, _NO_ARGS if args == ((), []) else _args_digest(args)))
-        state = self.states.get(path, _UNSEEN)
+        state = self.states.get(path, self._seen.get(path, _UNSEEN))
         if state is _UNSEEN:  # one stat per file and run: a state taken before reading is safe to store with the result
             state = self.states[path] = file_state(path)
         entry = self.entries.get(key)
@@ -166,14 +170,16 @@ def map_in_processes(step: Callable[[T], R], chunks: Sequence[T], processes: int
     holds the GIL (small images: Pillow's header parsing, the rules), which threads cannot spread over cores. The
     workers inherit the active :class:`FileMemo` (forked: nothing is sent to them) and send back, with each result,
     the per-file results they met or made and the warnings they raised: the active memo absorbs the first and the
-    second are raised again here, as if the steps had run here. ``step`` must
-    be a module-level function (pickled by name) and must not use torch (a forked child must not start its thread
-    pools). Where processes cannot be forked (Windows), the steps run here."""
-    if processes < 2 or "fork" not in multiprocessing.get_all_start_methods():
+    second are raised again here, as if the steps had run here. ``step`` must be a module-level function (pickled
+    by name) and must not use torch (a forked child must not start its thread pools). The workers ignore Ctrl-C
+    (this process stops them). The steps run here instead on one process, off Linux (no fork on Windows; an unsafe
+    one on macOS) and in a daemonic process (a ``multiprocessing`` worker, which may not start processes)."""
+    if processes < 2 or not sys.platform.startswith("linux") or multiprocessing.current_process().daemon:
         yield from map(step, chunks)
         return
     context = multiprocessing.get_context("fork")  # "spawn" would import torch again in every worker: seconds
-    with ProcessPoolExecutor(processes, mp_context=context) as pool:
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=signal.signal,
+                             initargs=(signal.SIGINT, signal.SIG_IGN)) as pool:
         for result, made, warned in pool.map(functools.partial(_in_worker, step), chunks):
             if made is not None and _active is not None:
                 _active.absorb(*made)
