@@ -66,6 +66,7 @@ def _nan_loss_on(monkeypatch, steps: set[int]) -> None:
     monkeypatch.setattr(trainer.MultiBoxLoss, "forward", forward)
 
 
+@pytest.mark.filterwarnings("error:Detected call of `lr_scheduler")  # skipped steps keep the schedule
 def test_skip_nonfinite_every_step_fails_and_saves_nothing(yolo, tmp_path, monkeypatch):
     _nan_loss_on(monkeypatch, {1, 2, 3})
     with pytest.raises(NonFiniteLossError, match=r"3 of 3 steps \(100.0%\) had a non-finite loss and were skipped, "
@@ -74,6 +75,7 @@ def test_skip_nonfinite_every_step_fails_and_saves_nothing(yolo, tmp_path, monke
     assert not list(tmp_path.glob("*/weights/*.pt"))
 
 
+@pytest.mark.filterwarnings("error:Detected call of `lr_scheduler")  # skipped steps keep the schedule
 def test_skip_nonfinite_more_than_a_small_share_fails(yolo, tmp_path, monkeypatch):
     _nan_loss_on(monkeypatch, {1, 3})  # 2 of 3 steps: more than one step and more than 5 %
     with pytest.raises(NonFiniteLossError, match=r"2 of 3 steps \(66.7%\).*more than the 5% skip_nonfinite"):

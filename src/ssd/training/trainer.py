@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -315,7 +316,9 @@ class Trainer:
                 raise nonfinite_loss_error(where, loss.item(), batch["paths"])
             self.state.nonfinite_skipped += 1
             LOGGER.info(f"skipped a non-finite loss at {where} ({self.state.nonfinite_skipped} so far)")
-            self.scheduler.step()
+            with warnings.catch_warnings():  # the schedule counts skipped steps on purpose: no optimizer step is due
+                warnings.filterwarnings("ignore", r"Detected call of `lr_scheduler\.step\(\)` before", UserWarning)
+                self.scheduler.step()
             return None
         self.scaler.scale(loss).backward()
         if self.config.grad_clip > 0:
