@@ -200,6 +200,45 @@ def test_an_unreachable_stream_is_reported_once_without_ffmpegs_own_log_line(tin
     assert "OPENCV_FFMPEG_LOGLEVEL" not in os.environ  # the environment as it was
 
 
+class _FakeLogging:
+    LOG_LEVEL_SILENT = 0
+
+    def __init__(self):
+        self.level, self.set = 3, []
+
+    def getLogLevel(self):  # OpenCV's names
+        return self.level
+
+    def setLogLevel(self, level):
+        self.level = level
+        self.set.append(level)
+
+
+def test_opens_at_once_silence_opencv_until_the_last_ends_and_set_ffmpegs_variable_around_its_first_open_only(
+        monkeypatch):
+    from types import SimpleNamespace
+
+    from ssd.inference.streams import _QuietOpens
+
+    logging = _FakeLogging()
+    cv2 = SimpleNamespace(utils=SimpleNamespace(logging=logging))
+    for name in ("OPENCV_FFMPEG_LOGLEVEL", "OPENCV_FFMPEG_DEBUG"):
+        monkeypatch.delenv(name, raising=False)
+    quiet = _QuietOpens()
+    with quiet(cv2, ffmpeg=False):  # a camera: no FFmpeg
+        assert "OPENCV_FFMPEG_LOGLEVEL" not in os.environ and logging.level == 0
+        with quiet(cv2, ffmpeg=True):  # a stream opening meanwhile (a reader reconnecting)
+            assert os.environ["OPENCV_FFMPEG_LOGLEVEL"] == "-8"
+        assert "OPENCV_FFMPEG_LOGLEVEL" not in os.environ and logging.level == 0  # the camera still opens
+    assert logging.set == [0, 3]  # silenced once, restored once, by the last
+    with quiet(cv2, ffmpeg=True):  # FFmpeg read its level at its first open: never set again
+        assert "OPENCV_FFMPEG_LOGLEVEL" not in os.environ
+    debug = _QuietOpens()
+    monkeypatch.setenv("OPENCV_FFMPEG_DEBUG", "1")  # the user asked for FFmpeg's log
+    with debug(cv2, ffmpeg=True):
+        assert "OPENCV_FFMPEG_LOGLEVEL" not in os.environ
+
+
 def test_predict_on_a_streams_file_writes_each_stream(tiny_checkpoint, tmp_path):
     write_video(tmp_path / "a.avi", 8)
     write_video(tmp_path / "b.avi", 5)

@@ -15,6 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,45 @@ RECONNECT_DELAY = 0.5
 """Seconds before the first reconnection attempt; each further attempt waits twice as long."""
 TIMEOUT_MS = 5000
 """How long OpenCV may take to open a URL or to read one frame of it before the read counts as failed."""
-_FFMPEG_LOG = "OPENCV_FFMPEG_LOGLEVEL"
-_OPENING = threading.Lock()
+_FFMPEG_LOG, _FFMPEG_DEBUG = "OPENCV_FFMPEG_LOGLEVEL", "OPENCV_FFMPEG_DEBUG"
+
+
+class _QuietOpens:
+    """Silence OpenCV's log while any source opens, and FFmpeg's for the process from its first open on.
+
+    OpenCV's log level is the process's: the first of the opens in progress (streams reconnect from their reader
+    threads) silences it and the last restores it, so opens run at once and none restores it early. FFmpeg takes
+    its level once, from ``OPENCV_FFMPEG_LOGLEVEL``, when the process first uses it (no call changes it later): the
+    variable is set to quiet around the first FFmpeg open only, unless the user set it or ``OPENCV_FFMPEG_DEBUG``,
+    and removed after; FFmpeg then stays quiet in this process (ssd reports what fails)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._opening, self._level, self._ffmpeg_seen = 0, None, False
+
+    @contextmanager
+    def __call__(self, cv2, ffmpeg: bool) -> Iterator[None]:
+        with self._lock:
+            if self._opening == 0:
+                self._level = cv2.utils.logging.getLogLevel()
+                cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+            self._opening += 1
+            first = ffmpeg and not self._ffmpeg_seen and not {_FFMPEG_LOG, _FFMPEG_DEBUG} & os.environ.keys()
+            self._ffmpeg_seen |= ffmpeg
+            if first:
+                os.environ[_FFMPEG_LOG] = "-8"  # AV_LOG_QUIET
+        try:
+            yield
+        finally:
+            with self._lock:
+                if first:
+                    del os.environ[_FFMPEG_LOG]
+                self._opening -= 1
+                if self._opening == 0:
+                    cv2.utils.logging.setLogLevel(self._level)
+
+
+_QUIET_OPENS = _QuietOpens()
 
 
 @dataclass
@@ -99,30 +137,16 @@ def stream_name(source: str, suffix: str = "") -> str:
 
 
 def _open(source: str):
-    """An opened ``cv2.VideoCapture``, or ``None``. OpenCV's own log is silent meanwhile, and FFmpeg's: a failure is
-    reported once, by :func:`_cannot_open`, not also as OpenCV's raw ``[ERROR:0@0.025] ...`` lines or FFmpeg's
-    ``[tcp @ 0x...] Connection to tcp://... failed`` ones.
-
-    OpenCV sets FFmpeg's log level once, from ``OPENCV_FFMPEG_LOGLEVEL``, when the process first uses FFmpeg (no
-    call changes it later): that variable is set to quiet for the open (unless the user set it) and removed after,
-    so FFmpeg stays quiet when a stream is the first thing it opens, as in ``ssd predict`` on streams."""
+    """An opened ``cv2.VideoCapture``, or ``None``. OpenCV's own log and FFmpeg's are silent meanwhile
+    (:class:`_QuietOpens`): a failure is reported once, by :func:`_cannot_open`, not also as OpenCV's raw
+    ``[ERROR:0@0.025] ...`` lines or FFmpeg's ``[tcp @ 0x...] Connection to tcp://... failed`` ones."""
     cv2 = require("cv2", "video", "reading cameras and streams")
-    with _OPENING:  # the log level and the variable are the process's: one open at a time (readers reconnect)
-        level = cv2.utils.logging.getLogLevel()
-        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
-        ours = _FFMPEG_LOG not in os.environ
-        if ours:
-            os.environ[_FFMPEG_LOG] = "-8"  # AV_LOG_QUIET
-        try:
-            if source.isdigit():
-                capture = cv2.VideoCapture(int(source))
-            else:
-                capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, TIMEOUT_MS,
-                                                                    cv2.CAP_PROP_READ_TIMEOUT_MSEC, TIMEOUT_MS])
-        finally:
-            cv2.utils.logging.setLogLevel(level)
-            if ours:
-                del os.environ[_FFMPEG_LOG]
+    with _QUIET_OPENS(cv2, ffmpeg=not source.isdigit()):
+        if source.isdigit():
+            capture = cv2.VideoCapture(int(source))
+        else:
+            capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, TIMEOUT_MS,
+                                                                cv2.CAP_PROP_READ_TIMEOUT_MSEC, TIMEOUT_MS])
     if capture.isOpened():
         return capture
     capture.release()
