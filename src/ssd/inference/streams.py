@@ -41,13 +41,11 @@ _FFMPEG_LOG, _FFMPEG_DEBUG = "OPENCV_FFMPEG_LOGLEVEL", "OPENCV_FFMPEG_DEBUG"
 
 
 class _QuietOpens:
-    """Silence OpenCV's log while any source opens, and FFmpeg's for the process from its first open on.
-
-    OpenCV's log level is the process's: the first of the opens in progress (streams reconnect from their reader
-    threads) silences it and the last restores it, so opens run at once and none restores it early. FFmpeg takes
-    its level once, from ``OPENCV_FFMPEG_LOGLEVEL``, when the process first uses it (no call changes it later): the
-    variable is set to quiet around the first FFmpeg open only, unless the user set it or ``OPENCV_FFMPEG_DEBUG``,
-    and removed after; FFmpeg then stays quiet in this process (ssd reports what fails)."""
+    """Silence OpenCV's log while any source opens, and FFmpeg's for the process from its first open on. OpenCV's
+    log level is the process's: the first of the opens in progress (streams reconnect from their reader threads)
+    silences it and the last restores it. FFmpeg takes its level once, from ``OPENCV_FFMPEG_LOGLEVEL``, when the
+    process first uses it: the variable is set to quiet around the first FFmpeg open only, unless the user set it
+    or ``OPENCV_FFMPEG_DEBUG``, and removed after; FFmpeg then stays quiet in this process (ssd reports failures)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
