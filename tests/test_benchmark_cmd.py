@@ -79,9 +79,10 @@ def test_benchmark_floor_of_nan_or_out_of_range_exits_2_before_any_folder_is_mad
     assert not (tmp_path / "runs").exists()
 
 
-def test_benchmark_floor_refuses_a_bool_like_every_numeric_option():
-    with pytest.raises(ConfigError, match=re.escape("--floor must be mAP50 points in [0, 100], got True")):
-        BenchmarkConfig(weights=Path("w.pt"), data="d", floor=True)
+@pytest.mark.parametrize("floor", [True, 10**400])  # a bool, and an int no float holds (no OverflowError)
+def test_benchmark_floor_refuses_a_bool_like_every_numeric_option(floor):
+    with pytest.raises(ConfigError, match=re.escape("--floor must be mAP50 points in [0, 100], got ")):
+        BenchmarkConfig(weights=Path("w.pt"), data="d", floor=floor)
 
 
 def test_benchmark_unknown_format_names_the_closest_before_any_folder_is_made(tiny_checkpoint, synthetic_voc,

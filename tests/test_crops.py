@@ -170,6 +170,8 @@ def test_pipeline_order_replaces_zoom_out_and_iou_crop():
           "(--crop-scale)"),
     (1.5, "crop_scale=1.5 is invalid: crop scales are fractions of the image side in (0, 1] (1 is the whole image) "
           "(--crop-scale)"),
+    ([0.5, 10**400], "crop_scale=[0.5, 100000000000000000...0000000000000000000] is invalid: crop scales are "
+                     "fractions of the image side in (0, 1] (1 is the whole image) (--crop-scale)"),
     ("0.8,0.2", "crop_scale='0.8,0.2' is invalid: MIN 0.8 is larger than MAX 0.2 (--crop-scale MIN,MAX)"),
     ("nativ", "crop_scale='nativ' is invalid: give native, MIN or MIN,MAX (fractions of the image side, e.g. 0.25 "
               "or 0.25,1) (--crop-scale)"),

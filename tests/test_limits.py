@@ -32,6 +32,12 @@ def test_is_real_any_real_also_takes_numpy_float32_and_integers():
     assert not is_real(np.float32(0.5))
 
 
+def test_is_real_finite_is_a_number_a_float_can_hold_exactly_compared():
+    values = [*CASES, math.inf, -math.inf, 10**400, -(10**308), 1.7976931348623157e308]
+    assert [is_real(v, finite=True) for v in values] == [
+        False, False, True, True, False, False, False, True, True, True, False, False, False, False, True, True]
+
+
 def test_numpy_integers_are_input_sizes_but_not_option_counts():
     assert as_hw(np.int64(300)) == (300, 300)
     with pytest.raises(ConfigError, match="max_detections must be a positive integer, got 5"):

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -57,7 +56,7 @@ def check_operating_point(value: Any, source: str, error: type[Exception] = Valu
     if not isinstance(value, Mapping) or set(value) != set(OPERATING_POINT_KEYS):
         raise error(f"{source}: operating_point must be {rule}, got {_shown(value)}")
     numbers = [value[k] for k in OPERATING_POINT_KEYS[:4]]
-    if (not all(_number(v) and 0 <= v <= 1 for v in numbers) or not value["score_threshold"] < 1
+    if (not all(_finite(v) and 0 <= v <= 1 for v in numbers) or not value["score_threshold"] < 1
             or not isinstance(value["split"], str)):
         raise error(f"{source}: operating_point must be {rule}, got {_shown(value)}")
     return {**{k: float(value[k]) for k in OPERATING_POINT_KEYS[:4]}, "split": value["split"]}
@@ -93,13 +92,13 @@ def _shown(value: Any) -> str:
     return value_text(value)
 
 
-def _number(v: Any) -> bool:
-    return is_real(v) and abs(v) <= sys.float_info.max  # finite, and an int a float can hold (exact comparison)
+def _finite(v: Any) -> bool:
+    return is_real(v, finite=True)
 
 
 def _numbers(count: int, positive: bool = False):
     return lambda v: (isinstance(v, (list, tuple)) and len(v) == count
-                      and all(_number(x) and (x > 0 or not positive) for x in v))
+                      and all(_finite(x) and (x > 0 or not positive) for x in v))
 
 
 def _side(v: Any) -> bool:
@@ -117,8 +116,8 @@ _RULES = {
     "std": (_numbers(3, positive=True), "a list of 3 positive numbers"),
     "variances": (_numbers(2, positive=True), "a list of 2 positive numbers"),
     "nms": (lambda v: isinstance(v, bool), "true or false"),
-    "score_threshold": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
-    "iou_threshold": (lambda v: _number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "score_threshold": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "iou_threshold": (lambda v: _finite(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "max_det": (lambda v: is_whole(v) and 0 < v <= MAX_DETECTIONS, f"an integer from 1 to {MAX_DETECTIONS}"),
     "precision": (lambda v: v in PRECISIONS, " or ".join(map(json.dumps, PRECISIONS))),
     "category_ids": (lambda v: True, ""),  # check_category_ids

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numbers
 import reprlib
+import sys
 from typing import Any
 
 __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MIN_TILE", "MAX_STREAMS", "MAX_BOXES_PER_IMAGE",
@@ -111,8 +112,11 @@ def is_whole(value: Any, *, integral: bool = False) -> bool:
     return isinstance(value, numbers.Integral if integral else int) and not isinstance(value, bool)
 
 
-def is_real(value: Any, *, any_real: bool = False) -> bool:
+def is_real(value: Any, *, any_real: bool = False, finite: bool = False) -> bool:
     """Whether ``value`` is an ``int`` or a ``float`` (NumPy's ``float64`` too) that is not a ``bool``; NaN and
-    infinity are, for the caller's range check to refuse. ``any_real``: any :class:`numbers.Real` (NumPy's other
-    floats and its integers too), where such values are taken (a prior setting computed with NumPy)."""
-    return isinstance(value, numbers.Real if any_real else (int, float)) and not isinstance(value, bool)
+    infinity are, for the caller's range check to refuse, unless ``finite``: then only finite values a float can
+    hold (an int of 400 digits is not: ``math.isfinite`` and ``float`` would raise ``OverflowError`` on it).
+    ``any_real``: any :class:`numbers.Real` (NumPy's other floats and its integers too), where such values are taken
+    (a prior setting computed with NumPy)."""
+    return (isinstance(value, numbers.Real if any_real else (int, float)) and not isinstance(value, bool)
+            and (not finite or abs(value) <= sys.float_info.max))  # exact: no conversion to float

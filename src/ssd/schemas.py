@@ -15,7 +15,6 @@ The commands that write a run directory take ``project`` / ``name`` / ``exist_ok
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -284,5 +283,5 @@ class BenchmarkConfig(_Schema):
         positive = all(is_whole(b) and b >= 1 for b in self.batch_sizes)
         self._require("batch_sizes", len(self.batch_sizes) > 0 and positive, "must be positive integers, such as 1,8")
         if self.floor is not None:  # nan would never be missed
-            self._require("floor", is_real(self.floor) and math.isfinite(self.floor)
-                          and 0 <= self.floor <= 100, "must be mAP50 points in [0, 100]")
+            self._require("floor", is_real(self.floor, finite=True) and 0 <= self.floor <= 100,
+                          "must be mAP50 points in [0, 100]")

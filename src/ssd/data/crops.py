@@ -85,21 +85,21 @@ def parse_crop_scale(value: object, option: str = "--crop-scale") -> CropScale |
     if isinstance(value, str) and value.strip().lower() == NATIVE:
         return CropScale(None)
     if is_real(value):
-        parts = [float(value)]
+        parts = [value]
     elif isinstance(value, (list, tuple)) and all(is_real(v) for v in value):
-        parts = [float(v) for v in value]
+        parts = list(value)
     elif isinstance(value, str) and re.fullmatch(f"{_NUMBER}(?:,{_NUMBER})?", value):
         parts = [float(v) for v in value.split(",")]
     else:
         raise ConfigError(f"crop_scale={value_text(value)} is invalid: give native, MIN or MIN,MAX (fractions of "
                           f"the image side, e.g. 0.25 or 0.25,1) ({option})")
-    if len(parts) not in (1, 2) or not all(math.isfinite(p) and 0 < p <= 1 for p in parts):
+    if len(parts) not in (1, 2) or not all(is_real(p, finite=True) and 0 < p <= 1 for p in parts):
         raise ConfigError(f"crop_scale={value_text(value)} is invalid: crop scales are fractions of the image side "
                           f"in (0, 1] (1 is the whole image) ({option})")
     if len(parts) == 2 and parts[0] > parts[1]:
         raise ConfigError(f"crop_scale={value_text(value)} is invalid: MIN {parts[0]:g} is larger than MAX "
                           f"{parts[1]:g} ({option} MIN,MAX)")
-    return CropScale(parts[0], parts[1] if len(parts) == 2 else 1.0)
+    return CropScale(float(parts[0]), float(parts[1]) if len(parts) == 2 else 1.0)
 
 
 def crop_rule(xyxy: Tensor, window: Tensor, min_visible: float = MIN_VISIBLE) -> tuple[Tensor, Tensor]:

@@ -23,7 +23,6 @@ Ultralytics) read by :func:`tracker_settings`; the defaults::
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
@@ -99,7 +98,7 @@ def tracker_settings(path: str | Path | None) -> dict:
             known = ["tracker_type", "per_class", *TRACKER_SETTINGS]
             raise ConfigError(f"{where} is not a setting{did_you_mean(str(key), known)}")
         kind, rule, check = TRACKER_SETTINGS[key]
-        if not is_real(value) or (kind is int and value != int(value)) or not math.isfinite(value) or not check(value):
+        if not is_real(value, finite=True) or (kind is int and value != int(value)) or not check(value):
             raise ConfigError(f"{where} = {value_text(value)}: must be {'an integer' if kind is int else 'a number'} "
                               f"{rule}")
         settings[key] = kind(value)
