@@ -214,8 +214,7 @@ class _FakeLogging:
         self.set.append(level)
 
 
-def test_opens_at_once_silence_opencv_until_the_last_ends_and_set_ffmpegs_variable_around_its_first_open_only(
-        monkeypatch):
+def test_opens_at_once_keep_opencv_and_ffmpeg_silent_until_the_last_ends(monkeypatch):
     from types import SimpleNamespace
 
     from ssd.inference.streams import _QuietOpens
@@ -228,14 +227,16 @@ def test_opens_at_once_silence_opencv_until_the_last_ends_and_set_ffmpegs_variab
     with quiet(cv2, ffmpeg=False):  # a camera: no FFmpeg
         assert "OPENCV_FFMPEG_LOGLEVEL" not in os.environ and logging.level == 0
         with quiet(cv2, ffmpeg=True):  # a stream opening meanwhile (a reader reconnecting)
-            assert os.environ["OPENCV_FFMPEG_LOGLEVEL"] == "-8"
+            with quiet(cv2, ffmpeg=True):  # and another
+                assert os.environ["OPENCV_FFMPEG_LOGLEVEL"] == "-8"
+            assert os.environ["OPENCV_FFMPEG_LOGLEVEL"] == "-8"  # the first still opens
         assert "OPENCV_FFMPEG_LOGLEVEL" not in os.environ and logging.level == 0  # the camera still opens
     assert logging.set == [0, 3]  # silenced once, restored once, by the last
-    with quiet(cv2, ffmpeg=True):  # FFmpeg read its level at its first open: never set again
-        assert "OPENCV_FFMPEG_LOGLEVEL" not in os.environ
-    debug = _QuietOpens()
+    with quiet(SimpleNamespace(getLogLevel=logging.getLogLevel, setLogLevel=logging.setLogLevel), ffmpeg=True):
+        assert logging.level == 0 and os.environ["OPENCV_FFMPEG_LOGLEVEL"] == "-8"  # a wheel without cv2.utils.logging
+    assert logging.level == 3 and "OPENCV_FFMPEG_LOGLEVEL" not in os.environ
     monkeypatch.setenv("OPENCV_FFMPEG_DEBUG", "1")  # the user asked for FFmpeg's log
-    with debug(cv2, ffmpeg=True):
+    with quiet(cv2, ffmpeg=True):
         assert "OPENCV_FFMPEG_LOGLEVEL" not in os.environ
 
 

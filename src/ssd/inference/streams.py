@@ -41,36 +41,37 @@ _FFMPEG_LOG, _FFMPEG_DEBUG = "OPENCV_FFMPEG_LOGLEVEL", "OPENCV_FFMPEG_DEBUG"
 
 
 class _QuietOpens:
-    """Silence OpenCV's log while any source opens, and FFmpeg's for the process from its first open on. OpenCV's
-    log level is the process's: the first of the opens in progress (streams reconnect from their reader threads)
-    silences it and the last restores it. FFmpeg takes its level once, from ``OPENCV_FFMPEG_LOGLEVEL``, when the
-    process first uses it: the variable is set to quiet around the first FFmpeg open only, unless the user set it
-    or ``OPENCV_FFMPEG_DEBUG``, and removed after; FFmpeg then stays quiet in this process (ssd reports failures)."""
+    """Silence OpenCV's log and FFmpeg's while sources open (ssd reports what fails). Both are the process's, and
+    streams reconnect from their reader threads: the first open in progress silences OpenCV (``cv2.utils.logging``,
+    or ``cv2``'s own functions in wheels without it) and the last restores it; the first FFmpeg open in progress sets
+    ``OPENCV_FFMPEG_LOGLEVEL`` to quiet (OpenCV reads it as it opens through FFmpeg: once per process in 5.x, at each
+    open in 4.x) and the last removes it, unless the user set it or ``OPENCV_FFMPEG_DEBUG``."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._opening, self._level, self._ffmpeg_seen = 0, None, False
+        self._lock, self._opening, self._ffmpeg, self._level, self._ours = threading.Lock(), 0, 0, None, False
 
     @contextmanager
     def __call__(self, cv2, ffmpeg: bool) -> Iterator[None]:
+        log = getattr(getattr(cv2, "utils", None), "logging", cv2)  # getLogLevel / setLogLevel in both
         with self._lock:
             if self._opening == 0:
-                self._level = cv2.utils.logging.getLogLevel()
-                cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+                self._level = log.getLogLevel()
+                log.setLogLevel(0)  # silent
             self._opening += 1
-            first = ffmpeg and not self._ffmpeg_seen and not {_FFMPEG_LOG, _FFMPEG_DEBUG} & os.environ.keys()
-            self._ffmpeg_seen |= ffmpeg
-            if first:
-                os.environ[_FFMPEG_LOG] = "-8"  # AV_LOG_QUIET
+            if ffmpeg and self._ffmpeg == 0 and not {_FFMPEG_LOG, _FFMPEG_DEBUG} & os.environ.keys():
+                os.environ[_FFMPEG_LOG], self._ours = "-8", True  # AV_LOG_QUIET
+            self._ffmpeg += ffmpeg
         try:
             yield
         finally:
             with self._lock:
-                if first:
-                    del os.environ[_FFMPEG_LOG]
+                self._ffmpeg -= ffmpeg
+                if self._ffmpeg == 0 and self._ours:
+                    os.environ.pop(_FFMPEG_LOG, None)
+                    self._ours = False
                 self._opening -= 1
                 if self._opening == 0:
-                    cv2.utils.logging.setLogLevel(self._level)
+                    log.setLogLevel(self._level)
 
 
 _QUIET_OPENS = _QuietOpens()
