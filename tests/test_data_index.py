@@ -29,6 +29,9 @@ from ssd.data.load import load_dataset
 from ssd.data.table import RecordTable
 from ssd.errors import ConfigError, DataError
 
+LINUX_FORK = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="worker processes are forked on Linux "
+                                "only (elsewhere map_in_processes runs the steps in the process itself)")
+
 
 def messages(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "ssd"]
@@ -213,6 +216,7 @@ def test_recheck_reads_and_decodes_everything_again(tmp_path):
     assert {kind for kind, _ in everything} == {"decode", "size", "voc"}
 
 
+@LINUX_FORK
 def test_the_decode_check_on_worker_processes_finds_and_remembers_what_it_does_here(tmp_path, monkeypatch):
     import ssd.data.check as check
 
@@ -232,6 +236,18 @@ def test_the_decode_check_on_worker_processes_finds_and_remembers_what_it_does_h
     assert reads(data, splits=("train", "val")) == []  # the workers' decodes came back and were stored
 
 
+def test_the_memo_joined_for_the_index_is_what_json_dumps_writes():
+    from ssd.data.memo import FileMemo
+
+    memo = FileMemo()
+    memo.used = {"size\0/d/é.jpg\0k": [1, 2, 3, [64, 48]], "voc\0/d/a.xml\0k": b'[4, 5, 6, {"raise": ["x", null]}]',
+                 "decode\0/d/b\\c.png\0k": [7, 2**70, 9, None], "size\0/d/inf\0k": [1, 2, 3, float("inf")]}
+    expected = {k: json.loads(v) if isinstance(v, bytes) else v for k, v in memo.used.items()}
+    assert memo.used_json() == json.dumps(expected).encode()
+    memo.used = {}
+    assert memo.used_json() == b"{}"
+
+
 def _warn_and_square(values: list[int]) -> tuple[list[int], int]:
     import warnings
 
@@ -241,6 +257,7 @@ def _warn_and_square(values: list[int]) -> tuple[list[int], int]:
     return [v * v for v in values], os.getpid()
 
 
+@LINUX_FORK
 def test_steps_on_worker_processes_give_their_results_in_order_and_their_warnings_here():
     from ssd.data.images import ImageWarning
     from ssd.data.memo import map_in_processes
@@ -258,6 +275,7 @@ def _in_a_pool_worker(chunks: list) -> list:
     return list(map_in_processes(_warn_and_square, chunks, 2))
 
 
+@LINUX_FORK
 def test_steps_run_in_the_process_itself_inside_a_daemonic_worker_which_may_not_start_processes():
     with multiprocessing.get_context("fork").Pool(1) as pool:  # its worker is daemonic
         (results,) = pool.map(_in_a_pool_worker, [[[1], [2]]])
