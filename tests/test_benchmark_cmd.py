@@ -85,6 +85,16 @@ def test_benchmark_floor_refuses_a_bool_like_every_numeric_option(floor):
         BenchmarkConfig(weights=Path("w.pt"), data="d", floor=floor)
 
 
+@pytest.mark.parametrize("sizes", [(), (0,), (1, True), (2.0,)])
+def test_batch_sizes_rule_is_one_for_the_schema_and_the_api(sizes, tmp_path):
+    message = re.escape(f"--batch-sizes must be positive integers, such as 1,8, got {list(sizes)!r}")
+    with pytest.raises(ConfigError, match=message):
+        BenchmarkConfig(weights=Path("w.pt"), data="d", batch_sizes=sizes)
+    with pytest.raises(ConfigError, match=message):
+        benchmark.run_benchmark("w.pt", "d", tmp_path / "out", batch_sizes=sizes)
+    assert not (tmp_path / "out").exists()
+
+
 def test_benchmark_unknown_format_names_the_closest_before_any_folder_is_made(tiny_checkpoint, synthetic_voc,
                                                                                tmp_path, capsys):
     assert main(["benchmark", "--weights", str(tiny_checkpoint), "--data", str(synthetic_voc), "--formats",

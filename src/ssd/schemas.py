@@ -27,6 +27,7 @@ from ssd.settings import (
     PREDICT,
     THRESHOLD_OPTIONS,
     TILE_OVERLAP,
+    check_batch_sizes,
     check_calib_images,
     check_onnx_options,
     check_thresholds,
@@ -280,8 +281,7 @@ class BenchmarkConfig(_Schema):
         self._check_common()
         self._positive("runs")
         check_calib_images(self.calib_images)
-        positive = all(is_whole(b) and b >= 1 for b in self.batch_sizes)
-        self._require("batch_sizes", len(self.batch_sizes) > 0 and positive, "must be positive integers, such as 1,8")
+        check_batch_sizes(self.batch_sizes)
         if self.floor is not None:  # nan would never be missed
             self._require("floor", is_real(self.floor, finite=True) and 0 <= self.floor <= 100,
                           "must be mAP50 points in [0, 100]")

@@ -24,7 +24,7 @@ from ssd.limits import MAX_DETECTIONS, MIN_TILE, is_real, is_whole, value_text
 from ssd.sizes import as_hw
 
 __all__ = ["Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds", "TILE_OVERLAP", "check_tile",
-           "check_onnx_options", "check_calib_images"]
+           "check_onnx_options", "check_calib_images", "check_batch_sizes"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +99,13 @@ def check_onnx_options(opset: int, nms: bool, max_detections: int) -> None:
         raise ConfigError(f"--max-det {max_detections} is above {MAX_DETECTIONS} (limits.MAX_DETECTIONS), the most "
                           "detections per image an exported NMS graph returns: its output [B, max_det, 6] is "
                           "allocated whatever the image holds")
+
+
+def check_batch_sizes(batch_sizes: Sequence[int]) -> None:
+    """Raise :class:`ConfigError` unless ``batch_sizes`` (``ssd benchmark --batch-sizes``) are one or more positive
+    integers: the rule of the command and its API."""
+    if not batch_sizes or not all(is_whole(b) and b >= 1 for b in batch_sizes):
+        raise ConfigError(f"--batch-sizes must be positive integers, such as 1,8, got {value_text(list(batch_sizes))}")
 
 
 def check_calib_images(count: int | None) -> None:

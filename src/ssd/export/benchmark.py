@@ -31,11 +31,10 @@ from ssd.export import export
 from ssd.export.timing import time_backends
 from ssd.files import write_text
 from ssd.inference.backends import Backend, backend_kind, folder_kind, open_backend
-from ssd.limits import is_whole
 from ssd.log import progress as progress_bar
 from ssd.names import did_you_mean
 from ssd.schemas import BenchmarkConfig
-from ssd.settings import check_calib_images
+from ssd.settings import check_batch_sizes, check_calib_images
 from ssd.text import render_table
 
 __all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format_benchmark", "parse_formats",
@@ -159,8 +158,7 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     from ssd.weights.resolve import resolve_weights
 
     names, given = parse_formats(formats), artifact_rows(artifacts)
-    if not batch_sizes or any(not is_whole(b) or b < 1 for b in batch_sizes):
-        raise ValueError(f"--batch-sizes must be positive integers, got {list(batch_sizes)}")
+    check_batch_sizes(batch_sizes)
     check_calib_images(calib_images)
     weights, out_dir = resolve_weights(weights), Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not exist_ok:
