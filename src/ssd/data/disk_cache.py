@@ -52,7 +52,7 @@ from torch import Tensor
 import ssd.distributed as ddp
 from ssd._version import __version__
 from ssd.data.image_cache import Decode
-from ssd.data.index import cache_lock, cache_root, json_hash, stable_state
+from ssd.data.index import cache_lock, cache_root, json_hash, stable_state, state_array
 from ssd.data.index_file import INDEX_ERRORS, damage_reason
 from ssd.data.memo import RACY_NS
 from ssd.device import usable_cores
@@ -173,7 +173,7 @@ def disk_images(paths: Sequence[str], sizes: np.ndarray, tag: str, decode: Decod
 def _built_or_fresh(folder: Path, key: str, paths: list[str], sizes: np.ndarray, decode: Decode) -> DiskImages | None:
     """The cache file in ``folder``: reused when fresh for ``paths`` and ``sizes``, else built under its lock."""
     since = time.time_ns() - RACY_NS
-    states = np.array([stable_state(p, since) for p in paths], np.int64).reshape(-1, 3)
+    states = state_array((stable_state(p, since) for p in paths), len(paths))
     stored = _stored(folder / CACHE_FILE, key)
     if stored is not None and stored.fresh(sizes, states).all():
         return stored

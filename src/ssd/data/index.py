@@ -22,12 +22,13 @@ written is said once; the data is then read as without an index.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import itertools
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,7 @@ from ssd.files import DirectoryLock, describe_os_error
 from ssd.log import LOGGER
 
 __all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "cache_lock", "Indexed", "index_dataset", "release_freed_heap",
-           "stable_state", "json_hash"]
+           "stable_state", "state_array", "json_hash"]
 
 INDEX_VERSION = 2
 """Changes whenever what an index stores changes: an index of another version is rebuilt (with a notice)."""
@@ -104,19 +105,20 @@ class _Fingerprint:
         for table in spec.splits.values():
             own.update(table.paths.tolist(), table.annotations.tolist())
         own.discard("")  # an image without annotation file
-        known = known or {}
         self.walked = _walk(Path(spec.root), len(own), since_ns, known) if walked is None else walked
         states = dict(self.walked)
         for path in own - states.keys():
-            states[path] = _known_state(path, since_ns, known)
+            states[path] = stable_state(path, since_ns, known)
         self.paths = sorted(states)
-        # from an iterator, not a list of tuples: np.array's coercion of 20k tuples leaves the small-object heap it
-        # used held (about 2 MB per 10k images, in the trainer to its end)
-        self.states = np.fromiter(itertools.chain.from_iterable(map(states.__getitem__, self.paths)), np.int64,
-                                  3 * len(self.paths)).reshape(-1, 3)
+        self.states = state_array(map(states.__getitem__, self.paths), len(self.paths))
+
+    @functools.cached_property
+    def packed(self) -> Strings:
+        """:attr:`paths` packed, as the index stores them (compared, then written: packed once)."""
+        return Strings.pack(self.paths)
 
     def same(self, paths: Strings, states: np.ndarray) -> bool:
-        packed = Strings.pack(self.paths)
+        packed = self.packed
         return (np.array_equal(states, self.states) and np.array_equal(paths.offsets, packed.offsets)
                 and paths.prefix == packed.prefix and np.array_equal(paths.blob, packed.blob))
 
@@ -128,7 +130,6 @@ class _NotIndexed(Exception):
 def _walk(root: Path, own: int, since_ns: int, known: dict | None = None) -> dict[str, tuple[int, int, int]]:
     """The states of the files under ``root`` (a dataset of ``own`` files), by path (``known``: see
     :class:`_Fingerprint`)."""
-    known = known or {}
     states: dict[str, tuple[int, int, int]] = {}
     bound = EXTRA_FILES_FACTOR * own + EXTRA_FILES
     folders = [os.fspath(root)] if root.is_dir() else []
@@ -139,7 +140,7 @@ def _walk(root: Path, own: int, since_ns: int, known: dict | None = None) -> dic
                     if entry.is_dir(follow_symlinks=False):
                         folders.append(entry.path)
                     else:
-                        states[entry.path] = _known_state(entry.path, since_ns, known)
+                        states[entry.path] = stable_state(entry.path, since_ns, known)
         except OSError:  # a folder that cannot be listed: its files, if the dataset's, are stat'ed one by one
             continue
         if len(states) > bound:
@@ -147,19 +148,20 @@ def _walk(root: Path, own: int, since_ns: int, known: dict | None = None) -> dic
     return states
 
 
-def stable_state(path: str, since_ns: int) -> tuple[int, int, int]:
-    """:func:`~ssd.data.memo.file_state` of ``path``; ``(-1, -1, -1)`` when it cannot be stat'ed or was modified at
-    or after ``since_ns`` (too recently to be told from a later edit: never trusted)."""
-    state = file_state(path)
+def stable_state(path: str, since_ns: int, known: Mapping[str, tuple[int, int, int] | None] | None = None
+                 ) -> tuple[int, int, int]:
+    """:func:`~ssd.data.memo.file_state` of ``path`` (its state in ``known`` when there is one: no second stat);
+    ``(-1, -1, -1)`` when it cannot be stat'ed or was modified at or after ``since_ns`` (too recently to be told
+    from a later edit: never trusted)."""
+    state = known[path] if known is not None and path in known else file_state(path)
     return (-1, -1, -1) if state is None or state[1] >= since_ns else state
 
 
-def _known_state(path: str, since_ns: int, known: dict) -> tuple[int, int, int]:
-    """:func:`stable_state` of ``path``, from its state in ``known`` when there is one (no second stat)."""
-    if path not in known:
-        return stable_state(path, since_ns)
-    state = known[path]
-    return (-1, -1, -1) if state is None or state[1] >= since_ns else state
+def state_array(states: Iterable[tuple[int, int, int]], count: int) -> np.ndarray:
+    """``count`` file states as int64 ``[count, 3]``, from an iterator, not a list of tuples: ``np.array``'s
+    coercion of many tuples leaves the small-object heap it used held (about 2 MB per 10k images, in the trainer
+    to its end)."""
+    return np.fromiter(itertools.chain.from_iterable(states), np.int64, 3 * count).reshape(-1, 3)
 
 
 def json_hash(value) -> str:
@@ -177,7 +179,7 @@ def _save(path: Path, key: dict, spec: DatasetSpec, checks: dict, memo: FileMemo
             "category_ids": spec.category_ids, "sources": {k: str(v) for k, v in spec.sources.items()},
             "splits": list(spec.splits), "issues": issue_rows(spec.issues), "checks": checks}
     arrays = {"meta": text_array(meta), "memo": np.frombuffer(memo.used_json(), np.uint8), "files.state": files.states,
-              **Strings.pack(files.paths).arrays("files")}
+              **files.packed.arrays("files")}
     for i, table in enumerate(spec.splits.values()):
         arrays |= table.arrays(f"split{i}.")
     return write_index(path, meta, arrays)
@@ -240,12 +242,16 @@ def _follow(path: Path, key: dict, splits: list[str] | None, digest: str | None)
         return None
     if stored is None or stored.digests["index"] != digest:
         return None
-    spec = stored.spec()
-    checked = stored.meta["checks"].get(",".join(_used(spec, splits)))
+    return _as_stored(stored, stored.spec(), splits)
+
+
+def _as_stored(stored: StoredIndex, spec: DatasetSpec, splits: list[str] | None) -> Indexed | None:
+    """The stored index as it is (``spec``: its splits), when it holds the check of ``splits``; else None."""
+    checked = stored.meta["checks"].get(_checked_key(spec, splits))
     if checked is None:
         return None
     _first_split(spec, splits)
-    return Indexed(spec, issues_from(checked), [], True, digest)
+    return Indexed(spec, issues_from(checked), [], True, stored.digests["index"])
 
 
 def release_freed_heap() -> None:
@@ -273,10 +279,8 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
             walked, unchanged = files.walked, files.same(stored.files, stored.arrays["files.state"])
         except _NotIndexed:
             unchanged = False
-        checked = stored.meta["checks"].get(",".join(_used(spec, splits)))
-        if unchanged and checked is not None:
-            _first_split(spec, splits)
-            return Indexed(spec, issues_from(checked), [], True, stored.digests["index"])
+        if unchanged and (reused := _as_stored(stored, spec, splits)) is not None:
+            return reused
     memo = FileMemo(stored.memo() if stored is not None else None if recheck else _sibling_memo(path))
     with memo.active():
         spec = load_dataset(data, class_names=class_names)
@@ -292,7 +296,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
     except _NotIndexed as e:
         LOGGER.warning(f"dataset cache: {e}: not indexed")
         return Indexed(spec, issues, memo.reads)
-    checks = {",".join(_used(spec, splits)): issue_rows(issues)}
+    checks = {_checked_key(spec, splits): issue_rows(issues)}
     if stored is not None and files.same(stored.files, stored.arrays["files.state"]):
         checks = stored.meta["checks"] | checks  # the same files: the other checks still hold
     try:
@@ -315,8 +319,9 @@ def _sibling_memo(path: Path) -> dict | None:
     return None
 
 
-def _used(spec: DatasetSpec, splits: list[str] | None) -> list[str]:
-    return list(spec.splits) if splits is None else [s for s in splits if s in spec.splits]
+def _checked_key(spec: DatasetSpec, splits: list[str] | None) -> str:
+    """The key of the check of ``splits`` (those ``spec`` has; None: all) among an index's checks."""
+    return ",".join(list(spec.splits) if splits is None else [s for s in splits if s in spec.splits])
 
 
 def _first_split(spec: DatasetSpec, splits: list[str] | None) -> None:
