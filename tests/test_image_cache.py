@@ -20,11 +20,12 @@ from PIL import Image
 from builders import make_dataset
 from ssd.cli.parsers import build_parser, parse
 from ssd.data.crops import CropScale
-from ssd.data.disk_cache import CACHE_FILE, DiskImages, _in_order
+from ssd.data.disk_cache import CACHE_FILE, DiskImages
 from ssd.data.load import load_dataset
 from ssd.data.loader import DetectionDataset, build_dataloader
 from ssd.errors import ConfigError, DataError
 from ssd.files import DirectoryLock
+from ssd.pools import map_ahead
 from ssd.training.config import TrainConfig
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
@@ -263,7 +264,7 @@ def test_a_build_decodes_at_most_a_window_ahead_of_the_writer_and_cancels_the_re
             raise DataError("image 3 does not decode")
         return i
     with ThreadPoolExecutor(max_workers=1) as pool:  # not all 100 submitted at once, nor decoded after the error
-        images = _in_order(pool, decode, list(range(100)), 8)
+        images = map_ahead(pool, decode, list(range(100)), 8)
         assert next(images) == 0
         with pytest.raises(DataError, match="image 3 does not decode"):
             list(images)

@@ -36,9 +36,8 @@ import shutil
 import struct
 import time
 import zlib
-from collections import deque
-from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing, nullcontext
 from pathlib import Path
 from typing import BinaryIO
@@ -60,6 +59,7 @@ from ssd.errors import ConfigError, DataError, OutputError
 from ssd.files import atomic_write
 from ssd.limits import MAX_DISK_CACHE_BYTES
 from ssd.log import LOGGER
+from ssd.pools import map_ahead
 
 __all__ = ["IMAGE_CACHE_VERSION", "CACHE_FILE", "DiskImages", "disk_images"]
 
@@ -253,7 +253,7 @@ def _build(path: Path, key: str, sizes: np.ndarray, states: np.ndarray, decode: 
     workers = usable_cores()
     try:
         with ThreadPoolExecutor(max_workers=workers) as pool, atomic_write(path) as f, \
-                closing(_in_order(pool, decode, todo, _AHEAD * workers)) as decoded:
+                closing(map_ahead(pool, decode, todo, _AHEAD * workers)) as decoded:
             for i in range(len(sizes)):
                 data = stored.pixels(i) if kept[i] else next(decoded).contiguous().numpy()
                 crc[i], shapes[i] = zlib.crc32(data), stored.shapes[i] if kept[i] else data.shape[-2:]
@@ -275,18 +275,3 @@ def _build(path: Path, key: str, sizes: np.ndarray, states: np.ndarray, decode: 
     return DiskImages(path, {"shapes": shapes, "offsets": offsets, "crc": crc, "sizes": sizes, "states": states},
                       decoded=len(todo) + damaged)
 
-
-def _in_order(pool: ThreadPoolExecutor, decode: Decode, items: list[int], ahead: int) -> Iterator[Tensor]:
-    """``decode(i)`` for each of ``items``, in order, at most ``ahead`` submitted and not yet taken; those still
-    pending are cancelled when it stops (an image that does not decode, the writer failing)."""
-    pending: deque[Future] = deque()
-    try:
-        for i in items:
-            pending.append(pool.submit(decode, i))
-            if len(pending) >= ahead:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        for future in pending:
-            future.cancel()

@@ -7,15 +7,14 @@ bounded whatever the number of files, and they come out in the order of the file
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from itertools import islice
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from torch import Tensor
 
 from ssd.data.images import read_image
+from ssd.pools import map_ahead
 from ssd.schemas import PredictConfig
 
 __all__ = ["decode_files"]
@@ -40,13 +39,4 @@ def decode_files(paths: Iterable[Path], workers: int = PredictConfig.workers, ah
         yield from ((path, _decode(path)) for path in paths)
         return
     with ThreadPoolExecutor(workers, thread_name_prefix="ssd-decode") as pool:
-        pending: deque[tuple[Path, Future]] = deque((p, pool.submit(_decode, p)) for p in islice(paths, ahead))
-        try:
-            while pending:
-                path, future = pending.popleft()
-                for following in islice(paths, 1):
-                    pending.append((following, pool.submit(_decode, following)))
-                yield path, future.result()
-        finally:  # the consumer stopped early (an error, Ctrl-C): drop what has not started
-            for _, future in pending:
-                future.cancel()
+        yield from map_ahead(pool, lambda path: (path, _decode(path)), paths, ahead)
