@@ -39,7 +39,7 @@ from ssd.priors import PriorConfig
 if TYPE_CHECKING:
     from ssd.data.crops import CropScale
 
-__all__ = ["check_dataset", "find_issues", "screen"]
+__all__ = ["check_dataset", "find_issues", "screen", "used_splits"]
 
 DECODE_CHUNK = 64
 """Images one task of the decode check decodes (a task per image would cost more than a small decode)."""
@@ -75,12 +75,17 @@ def find_issues(spec: DatasetSpec, splits: Sequence[str] | None = None, *, decod
     """All problems of ``spec`` (or of its ``splits`` only): those found while parsing, the per-object and
     per-image rules, corrupt images (``decode_images``), then the split, class and train/val overlap rules
     (see :mod:`ssd.data.rules`), which count only the objects and images free of errors."""
-    used = list(spec.splits) if splits is None else [s for s in splits if s in spec.splits]
+    used = used_splits(spec, splits)
     issues = [i for i in spec.issues if i.split is None or i.split in used]
     issues += _record_issues(spec, used)
     if decode_images:
         issues += _decode_issues(spec, used)
     return issues + dataset_issues(spec, used, *_invalid(issues))
+
+
+def used_splits(spec: DatasetSpec, splits: Sequence[str] | None) -> list[str]:
+    """Those of ``splits`` that ``spec`` has, in their order (None: all of ``spec``'s)."""
+    return list(spec.splits) if splits is None else [s for s in splits if s in spec.splits]
 
 
 def _stats(spec: DatasetSpec) -> dict[str, dict]:

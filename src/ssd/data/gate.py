@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ssd.data.check import screen
+from ssd.data.check import screen, used_splits
 from ssd.data.index import index_dataset, release_freed_heap
 from ssd.data.records import DatasetSpec
 from ssd.errors import DataError
@@ -41,7 +41,7 @@ def load_training_data(data: str | Path | None, *, skip_invalid: bool = False, c
         raise DataError("no dataset given: set data (--data DATA: a data.yaml, dataset folder or COCO JSON)")
     indexed = index_dataset(data, class_names=class_names, splits=splits, recheck=recheck)
     spec = indexed.spec
-    clean, report = screen(spec, [s for s in splits if s in spec.splits], skip_invalid=skip_invalid,
+    clean, report = screen(spec, used_splits(spec, splits), skip_invalid=skip_invalid,
                            issues=indexed.issues)
     dropped = report.dropped
     if dropped:

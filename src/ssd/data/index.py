@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 import ssd.distributed as ddp
-from ssd.data.check import find_issues
+from ssd.data.check import find_issues, used_splits
 from ssd.data.index_file import (
     INDEX_ERRORS,
     StoredIndex,
@@ -321,7 +321,7 @@ def _sibling_memo(path: Path) -> dict | None:
 
 def _checked_key(spec: DatasetSpec, splits: list[str] | None) -> str:
     """The key of the check of ``splits`` (those ``spec`` has; None: all) among an index's checks."""
-    return ",".join(list(spec.splits) if splits is None else [s for s in splits if s in spec.splits])
+    return ",".join(used_splits(spec, splits))
 
 
 def _first_split(spec: DatasetSpec, splits: list[str] | None) -> None:
