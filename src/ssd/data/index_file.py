@@ -137,8 +137,9 @@ class StoredIndex:
     held."""
 
     def __init__(self, path: Path, key: dict) -> None:
-        with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(z["meta"].tobytes())
+        with np.load(path, allow_pickle=False) as z:  # each z[name] reads its member again: read once
+            meta_text = z["meta"]
+            meta = json.loads(meta_text.tobytes())  # the version first: an older index says so, not "damaged"
             if _version(meta) != key["version"]:
                 raise ValueError(f"it was written for index version {_version(meta)}, this ssd reads version "
                                  f"{key['version']}")
@@ -146,10 +147,9 @@ class StoredIndex:
             groups = _groups(z.files)
             if not isinstance(digests, dict) or set(digests) != set(groups):
                 raise ValueError("its members do not match its digests (edited or damaged)")
-            arrays = {name: z[name] for name in groups["index"]}
-        if _digest(arrays, arrays) != digests["index"]:
+            arrays = {name: meta_text if name == "meta" else z[name] for name in groups["index"]}
+        if _digest(arrays, arrays) != digests["index"]:  # meta's among them: parsed from what is checked
             raise ValueError("its digest does not match its content (edited or damaged)")
-        meta = json.loads(arrays["meta"].tobytes())  # as checked
         if meta.get("key") != key:
             raise ValueError("it was built for another dataset or class list")
         self._hold(path, meta, arrays, digests)
