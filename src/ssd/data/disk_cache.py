@@ -132,7 +132,9 @@ class DiskImages:
             with open(self.path, "r+b") as f:  # the file this run mapped (a rebuilt one is another inode): in place
                 if os.fstat(f.fileno()).st_ino == self.inode and len(data) == len(self.pixels(index)):
                     os.pwrite(f.fileno(), data, int(self.offsets[index]))
-            done = "written back"
+                    done = "written back"
+                else:
+                    done = "not written back (the file was replaced since this run mapped it)"
         except OSError as e:
             done = f"not written back ({e.strerror or e})"
         LOGGER.warning(f"image cache: image {index} of {self.path} does not match its checksum (damaged): decoded "
