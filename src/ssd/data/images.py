@@ -144,11 +144,7 @@ def _orientation(im: Image.Image, path: Path) -> int | None:
 
 def pil_to_rgb(im: Image.Image) -> Tensor:
     """A Pillow image (of a mode the rules accept) to ``uint8 [3, H, W]`` RGB, EXIF orientation applied."""
-    return _to_rgb(im, _orientation(im, Path(getattr(im, "filename", "") or "<image>")))
-
-
-def _to_rgb(im: Image.Image, orientation: int | None) -> Tensor:
-    return pil_to_tensor(_upright_rgb(im, orientation))
+    return pil_to_tensor(_upright_rgb(im, _orientation(im, Path(getattr(im, "filename", "") or "<image>"))))
 
 
 def _upright_rgb(im: Image.Image, orientation: int | None) -> Image.Image:
