@@ -13,7 +13,7 @@ import sys
 from typing import Any
 
 __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MIN_TILE", "MAX_STREAMS", "MAX_BOXES_PER_IMAGE",
-           "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS", "MAX_DETECTIONS", "MAX_ONNX_RUNTIME_BYTES",
+           "MAX_WAIT_MS", "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS", "MAX_DETECTIONS", "MAX_ONNX_RUNTIME_BYTES",
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
            "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE", "MAX_NAME_CHARS", "MAX_GLOB_PATHS",
            "MAX_WORKERS", "MAX_DISK_CACHE_BYTES",
@@ -31,6 +31,8 @@ MAX_TILES_PER_IMAGE = 1024
 MIN_TILE = 32
 """Smallest tile side in pixels of ``--tile`` (smaller ones would cut an image into thousands of crops)."""
 
+MAX_WAIT_MS = 10_000
+"""The longest ``ssd serve --max-wait-ms``: how long a request may wait for others to batch with."""
 MAX_STREAMS = 64
 """Most live sources one ``ssd predict`` reads at once (the lines of a ``.streams`` file), each with its thread."""
 

@@ -28,17 +28,16 @@ from ssd.settings import (
     THRESHOLD_OPTIONS,
     TILE_OVERLAP,
     check_batch_sizes,
+    check_batching,
     check_calib_images,
     check_onnx_options,
     check_thresholds,
     check_tile,
 )
 
-__all__ = ["ValConfig", "PredictConfig", "ServeConfig", "ExportConfig", "BenchmarkConfig", "MAX_WAIT_MS", "option",
+__all__ = ["ValConfig", "PredictConfig", "ServeConfig", "ExportConfig", "BenchmarkConfig", "option",
            "option_flag", "run_name_problem"]
 
-MAX_WAIT_MS = 10_000
-"""The longest ``ssd serve --max-wait-ms`` (:class:`ssd.serve.batching.Batcher` applies it too)."""
 
 
 def option(help: str, default: Any = dataclasses.MISSING, *, flag: str | None = None,
@@ -219,9 +218,7 @@ class ServeConfig(_Schema):
     def __post_init__(self) -> None:
         self._check_common()
         self._require("port", is_whole(self.port) and 0 <= self.port <= 65535, "must be in 0..65535 (0: a free port)")
-        self._positive("max_batch")
-        self._require("max_wait_ms", is_real(self.max_wait_ms) and 0 <= self.max_wait_ms <= MAX_WAIT_MS,  # not NaN
-                      f"must be in [0, {MAX_WAIT_MS}] milliseconds")
+        check_batching(self.max_batch, self.max_wait_ms)
         self._require("threads", self.threads is None or (is_whole(self.threads) and self.threads >= 0),
                       "must be a whole number, 0 or more (0: one per core)")
 

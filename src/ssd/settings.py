@@ -20,11 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ssd.errors import ConfigError
-from ssd.limits import MAX_DETECTIONS, MIN_TILE, is_real, is_whole, value_text
+from ssd.limits import MAX_DETECTIONS, MAX_WAIT_MS, MIN_TILE, is_real, is_whole, value_text
 from ssd.sizes import as_hw
 
 __all__ = ["Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds", "TILE_OVERLAP", "check_tile",
-           "check_onnx_options", "check_calib_images", "check_batch_sizes"]
+           "check_onnx_options", "check_calib_images", "check_batch_sizes",
+           "check_batching"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,16 @@ def check_onnx_options(opset: int, nms: bool, max_detections: int) -> None:
         raise ConfigError(f"--max-det {max_detections} is above {MAX_DETECTIONS} (limits.MAX_DETECTIONS), the most "
                           "detections per image an exported NMS graph returns: its output [B, max_det, 6] is "
                           "allocated whatever the image holds")
+
+
+def check_batching(max_batch: int, max_wait_ms: float) -> None:
+    """Raise :class:`ConfigError` unless ``max_batch`` (``ssd serve --max-batch``) is a positive integer and
+    ``max_wait_ms`` (``--max-wait-ms``) a number of milliseconds in ``[0, MAX_WAIT_MS]``: the rule of the command and
+    of :class:`ssd.serve.batching.Batcher`."""
+    if not is_whole(max_batch) or max_batch < 1:
+        raise ConfigError(f"--max-batch must be a positive integer, got {value_text(max_batch)}")
+    if not is_real(max_wait_ms, finite=True) or not 0 <= max_wait_ms <= MAX_WAIT_MS:  # NaN too
+        raise ConfigError(f"--max-wait-ms must be in [0, {MAX_WAIT_MS}] milliseconds, got {value_text(max_wait_ms)}")
 
 
 def check_batch_sizes(batch_sizes: Sequence[int]) -> None:

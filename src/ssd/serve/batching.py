@@ -18,10 +18,9 @@ from typing import Any
 
 from torch import Tensor
 
-from ssd.errors import ConfigError
 from ssd.inference.detector import Detector, Result
-from ssd.limits import is_real, is_whole
-from ssd.schemas import MAX_WAIT_MS, ServeConfig
+from ssd.schemas import ServeConfig
+from ssd.settings import check_batching
 
 __all__ = ["Batcher"]
 
@@ -42,10 +41,7 @@ class Batcher:
 
     def __init__(self, detector: Detector, max_batch: int = ServeConfig.max_batch,
                  max_wait_ms: float = ServeConfig.max_wait_ms, on_batch: Callable[[int], None] | None = None):
-        if not is_whole(max_batch) or max_batch < 1:
-            raise ConfigError(f"max_batch must be a positive integer, got {max_batch}")
-        if not is_real(max_wait_ms, finite=True) or not 0 <= max_wait_ms <= MAX_WAIT_MS:
-            raise ConfigError(f"max_wait_ms must be in [0, {MAX_WAIT_MS}] milliseconds, got {max_wait_ms}")
+        check_batching(max_batch, max_wait_ms)
         self.detector, self.max_batch, self.max_wait = detector, max_batch, max_wait_ms / 1000
         self.on_batch = on_batch
         self._queue: asyncio.Queue[_Request] = asyncio.Queue()
