@@ -119,6 +119,12 @@ def test_a_card_stored_as_json_must_be_an_object_of_strings(text, message):
         strings_from_json(text, "m.json")
 
 
+def test_a_metadata_value_nested_deeper_than_json_decodes_is_not_json():
+    strings = {**CARD.to_strings(), "mean": "[" * 200_000}  # an ONNX metadata value of a tampered file
+    with pytest.raises(ValueError, match=r"^m\.onnx: metadata mean='\[\[\[.* is not JSON; export the model again$"):
+        ModelCard.from_strings(strings, "m.onnx")
+
+
 @pytest.mark.parametrize("attribute, value, message", [
     ("operating_point", 0.3, r"^operating_point: operating_point must be a dict of score_threshold .*, got 0\.3$"),
     ("category_ids", 5, r"^category_ids: category_ids must be 2 integers \(one per class\), got 5$"),

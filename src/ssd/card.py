@@ -251,7 +251,7 @@ class ModelCard:
                 continue
             try:
                 values[key] = json.loads(text)
-            except (json.JSONDecodeError, TypeError):
+            except (json.JSONDecodeError, TypeError, RecursionError):  # RecursionError: nested deeper than decoded
                 raise error(f"{source}: metadata {key}={value_text(text)} is not JSON; export the model again"
                             ) from None
         return cls.from_dict(values, source, error)
