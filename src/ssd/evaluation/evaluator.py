@@ -162,14 +162,15 @@ def evaluate_split(network: nn.Module | Backend, loader: Iterable[dict[str, Any]
                                                 iou_threshold=iou_threshold, max_detections=max_detections,
                                                 channels_last=channels_last, amp_dtype=amp_dtype, progress=progress,
                                                 tile=tile, tile_overlap=tile_overlap)
-    gathered = gather_on_main(detections, ground_truths)
-    if gathered is None:  # not rank 0: its scores, once they are computed
-        return ddp.broadcast_object(None)
-    result = score_detections(gathered[0], gathered[1], names, metric)
-    result = {**result, "ground_truths": gathered[1], "score_threshold": float(score_threshold),
-              "nms_iou_threshold": float(iou_threshold), "max_detections": max_detections}
-    ddp.broadcast_object({**result, "detections": [], "ground_truths": []})
-    return result
+    gathered = gather_on_main(detections, ground_truths)  # on rank 0; None on the others
+
+    def score() -> dict[str, Any]:
+        return {**score_detections(gathered[0], gathered[1], names, metric), "ground_truths": gathered[1],
+                "score_threshold": float(score_threshold), "nms_iou_threshold": float(iou_threshold),
+                "max_detections": max_detections}
+
+    # the other ranks get rank 0's scores without the per-image results (and are not left waiting if it fails)
+    return ddp.leader_first(score, lambda result: {**result, "detections": [], "ground_truths": []}, lambda sent: sent)
 
 
 def predict_dataset(network: nn.Module | Backend, loader: Iterable[dict[str, Any]], *,
