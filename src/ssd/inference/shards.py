@@ -73,7 +73,7 @@ class Shard(ddp.DistInfo):
     def part_dir(self, save_dir: Path) -> Path | None:
         """Where a rank other than 0 writes what rank 0 merges at the end (``None`` on rank 0, which writes in
         ``save_dir`` itself)."""
-        return save_dir / f".rank{self.rank}" if self.rank else None
+        return _part_dir(save_dir, self.rank) if self.rank else None
 
     def merge(self, writer: PredictionWriter, summary: PredictSummary) -> None:
         """After every rank wrote its results (a collective: every rank calls it): crops moved into place, and on
@@ -92,9 +92,14 @@ class Shard(ddp.DistInfo):
             return
         with open(writer.jsonl_file, "a", encoding="utf-8") as out:
             for rank in range(1, self.world_size):
-                folder = writer.save_dir / f".rank{rank}"
+                folder = _part_dir(writer.save_dir, rank)
                 with open(folder / writer.jsonl_file.name, encoding="utf-8") as part:
                     shutil.copyfileobj(part, out)
                 shutil.rmtree(folder)
         writer.set_totals(stats)
         summary.add_counts([counted for _, counted in gathered[1:]])
+
+
+def _part_dir(save_dir: Path, rank: int) -> Path:
+    """The folder in ``save_dir`` where rank ``rank`` (not 0) writes its part of a sharded run."""
+    return save_dir / f".rank{rank}"
