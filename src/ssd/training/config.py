@@ -11,7 +11,7 @@ VGG/MobileNet configurations.
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 import os
 import types
 import typing
@@ -269,7 +269,7 @@ def _type_rule(hint: typing.Any) -> tuple[Callable[[typing.Any], bool], str] | N
         return lambda v: isinstance(v, list), "a list of whole numbers"
     if str in args:
         return lambda v: isinstance(v, (str, os.PathLike)), "text"
-    return {int: (is_whole, "a whole number"), float: (is_real, "a finite number"),
+    return {int: (is_whole, "a whole number"), float: (functools.partial(is_real, finite=True), "a finite number"),
             bool: (lambda v: isinstance(v, bool), "true or false")}[args[0]]
 
 
@@ -281,8 +281,6 @@ def _check_types(config: TrainConfig) -> None:
             continue
         test, words = rule
         ok = test(value)
-        if ok and isinstance(value, float):
-            ok = math.isfinite(value)
         if ok and name == "milestones":
             ok = all(map(is_whole, value))
         _require(config, name, ok, f"must be {words}")
