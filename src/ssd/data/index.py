@@ -43,7 +43,7 @@ from ssd.data.index_file import (
     damage_reason,
     issue_rows,
     issues_from,
-    read_group,
+    read_memo,
     text_array,
     write_index,
 )
@@ -313,7 +313,7 @@ def _sibling_memo(path: Path) -> dict | None:
     for other in sorted(path.parent.glob(INDEX_FILE.format("*"))):
         try:
             if other != path:
-                return json.loads(read_group(other, "memo")["memo"].tobytes())
+                return read_memo(other)
         except INDEX_ERRORS:
             continue
     return None

@@ -26,8 +26,8 @@ from ssd.errors import DataError
 from ssd.files import atomic_write
 from ssd.log import LOGGER
 
-__all__ = ["StoredIndex", "write_index", "read_group", "issue_rows", "issues_from", "text_array", "INDEX_ERRORS",
-           "damage_reason"]
+__all__ = ["StoredIndex", "write_index", "read_group", "read_memo", "issue_rows", "issues_from", "text_array",
+           "INDEX_ERRORS", "damage_reason"]
 
 INDEX_ERRORS = (OSError, ValueError, KeyError, EOFError, RecursionError, zipfile.BadZipFile)
 """What reading a damaged or foreign index file raises (zip, npy and JSON errors: a JSON nested too deep is a
@@ -111,6 +111,12 @@ def read_group(path: Path, group: str, digests: dict | None = None) -> dict[str,
     return arrays
 
 
+def read_memo(path: Path, digests: dict | None = None) -> dict:
+    """The per-file results (:mod:`ssd.data.memo`) stored in the index file ``path``, checked as
+    :func:`read_group` checks a group."""
+    return json.loads(read_group(path, "memo", digests)["memo"].tobytes())
+
+
 class _IndexFile:
     """Reads ``group`` from the index file again (a split's message columns, on first use), provided the file is
     still the one of ``digests``; a group damaged in place is said, and its file removed (the next run rebuilds)."""
@@ -169,7 +175,7 @@ class StoredIndex:
     def memo(self) -> dict | None:
         """The per-file results; None (said when damaged) when they cannot be trusted: every file is read."""
         try:
-            return json.loads(read_group(self.path, "memo", self.digests)["memo"].tobytes())
+            return read_memo(self.path, self.digests)
         except _Damaged as e:
             LOGGER.warning(f"dataset cache: {self.path} is not a valid index ({e}): rebuilding it")
         except INDEX_ERRORS:
