@@ -179,11 +179,9 @@ def _built_or_fresh(folder: Path, key: str, paths: list[str], sizes: np.ndarray,
     stored = _stored(folder / CACHE_FILE, key)
     if stored is not None and stored.fresh(sizes, states).all():
         return stored
-    lock = cache_lock(folder)
+    lock = cache_lock(folder, "image cache", busy=f"image cache: {folder} is being built by another process; this "
+                      "run decodes the images when it reads them")
     if lock is None:
-        if os.access(folder, os.W_OK):
-            LOGGER.warning(f"image cache: {folder} is being built by another process; this run decodes the "
-                           "images when it reads them")
         return None
     try:  # read again under the lock (another process may have just built it); a damaged file was said above
         stored = _stored(folder / CACHE_FILE, key, say=False)

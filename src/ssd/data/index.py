@@ -185,16 +185,19 @@ def _save(path: Path, key: dict, spec: DatasetSpec, checks: dict, memo: FileMemo
     return write_index(path, meta, arrays)
 
 
-def cache_lock(folder: Path) -> DirectoryLock | None:
-    """The index folder's lock; None (said once) when the folder cannot be written, or held by another process."""
+def cache_lock(folder: Path, what: str = "dataset index", busy: str | None = None) -> DirectoryLock | None:
+    """The lock of the cache folder of ``what``; None when the folder cannot be written (said once) or another
+    process holds the lock (``busy`` said, when given)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        return DirectoryLock(folder, what="dataset index")
+        return DirectoryLock(folder, what=what)
     except OSError as e:
         reason = describe_os_error(e, folder)
     except OutputError as e:
-        if os.access(folder, os.W_OK):
-            return None  # another process builds it now: this one builds without storing
+        if os.access(folder, os.W_OK):  # another process builds it now
+            if busy is not None:
+                LOGGER.warning(busy)
+            return None
         reason = str(e)
     if str(folder.parent) not in _told:
         _told.add(str(folder.parent))
@@ -225,7 +228,7 @@ def index_dataset(data: str | Path, *, class_names: list[str] | None = None, spl
 
 
 def _locked(data, key: dict, class_names, splits: list[str] | None, recheck: bool, path: Path) -> Indexed:
-    lock = cache_lock(path.parent)
+    lock = cache_lock(path.parent)  # held by another run: this one builds without storing
     try:
         return _indexed(data, key, class_names, splits, recheck, path, lock)
     finally:
