@@ -284,7 +284,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
             unchanged = False
         if unchanged and (reused := _as_stored(stored, spec, splits)) is not None:
             return reused
-    memo = FileMemo(stored.memo() if stored is not None else None if recheck else _sibling_memo(path))
+    memo = FileMemo(stored.memo() if stored is not None else None if recheck else _sibling_memo(path), start_ns)
     with memo.active():
         spec = load_dataset(data, class_names=class_names)
         _first_split(spec, splits)

@@ -69,12 +69,14 @@ class FileMemo:
         states: the :func:`file_state` of every file looked up in this run (taken once, before its first read).
     """
 
-    def __init__(self, entries: dict[str, list] | None = None) -> None:
+    def __init__(self, entries: dict[str, list] | None = None, stable_before: int | None = None) -> None:
+        """``stable_before``: files modified at or after it (nanoseconds) are not remembered (default: :data:`RACY_NS`
+        before now; the dataset index gives its run's own)."""
         self.entries = entries or {}
         self.used: dict[str, list | bytes] = {}
         self.reads: list[tuple[str, str]] = []
         self._lock = threading.Lock()
-        self._stable_before = time.time_ns() - RACY_NS
+        self._stable_before = time.time_ns() - RACY_NS if stable_before is None else stable_before
         self._seen: dict[str, tuple[int, int, int] | None] = {}  # a forked memo's parent's states (not sent back)
         self.states: dict[str, tuple[int, int, int] | None] = {}
 
@@ -91,8 +93,8 @@ class FileMemo:
     def forked(self) -> FileMemo:
         """A memo for a worker process: the same stored entries, run start and files stat'ed so far (never stat'ed
         again), nothing used, read or stat'ed of its own yet."""
-        child = FileMemo(self.entries)
-        child._stable_before, child._seen = self._stable_before, self.states
+        child = FileMemo(self.entries, self._stable_before)
+        child._seen = self.states
         return child
 
     def absorb(self, used: dict[str, list | bytes], reads: list[tuple[str, str]],
