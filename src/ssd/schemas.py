@@ -15,6 +15,7 @@ The commands that write a run directory take ``project`` / ``name`` / ``exist_ok
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -41,11 +42,17 @@ __all__ = ["ValConfig", "PredictConfig", "ServeConfig", "ExportConfig", "Benchma
 
 
 def option(help: str, default: Any = dataclasses.MISSING, *, flag: str | None = None,
-           choices: tuple[str, ...] | None = None, metavar: str | None = None) -> Any:
-    """A schema field: ``help`` for ``--help``; ``flag`` when the option is not spelled after the field (``fmt`` is
-    ``--format``); ``choices`` when they are not a ``Literal``; ``metavar``: the value's name in ``--help``."""
-    metadata = {"help": help, "flag": flag, "choices": choices, "metavar": metavar}
-    return field(default=default, metadata={k: v for k, v in metadata.items() if v is not None})
+           choices: tuple[str, ...] | None = None, metavar: str | None = None, const: Any = None,
+           default_factory: Callable[[], Any] | None = None) -> Any:
+    """A schema field (the commands' and :class:`ssd.training.config.TrainConfig`'s): ``help`` for ``--help``;
+    ``flag`` when the option is not spelled after the field (``fmt`` is ``--format``); ``choices`` when they are not
+    a ``Literal``; ``metavar``: the value's name in ``--help``; ``const``: the value of the option given alone;
+    ``default_factory`` instead of ``default`` for a mutable default."""
+    metadata = {k: v for k, v in {"help": help, "flag": flag, "choices": choices, "metavar": metavar,
+                                  "const": const}.items() if v is not None}
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 def option_flag(f: dataclasses.Field) -> str:

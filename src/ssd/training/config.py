@@ -16,7 +16,7 @@ import os
 import types
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -26,7 +26,7 @@ from ssd.errors import ConfigError
 from ssd.files import write_text
 from ssd.limits import MAX_EPOCHS, MAX_TRAIN_MINUTES, MAX_WORKERS, is_real, is_whole, value_text
 from ssd.names import did_you_mean
-from ssd.schemas import option_flag, run_name_problem
+from ssd.schemas import option, option_flag, run_name_problem
 from ssd.settings import EVALUATE, check_thresholds
 from ssd.sizes import parse_image_size
 from ssd.yamlfile import safe_load
@@ -45,95 +45,91 @@ MAX_LR = 10.0
 """Largest peak learning rate accepted (SGD's usual ones are 1e-3 to 1e-1; beyond this every step diverges)."""
 
 
-def _help(text: str, **kwargs) -> typing.Any:
-    return field(metadata={"help": text}, **kwargs)
-
-
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run needs; written to ``config.yaml`` in the run directory to reproduce it."""
 
-    data: str | None = _help("data.yaml (YOLO), dataset folder (VOC/YOLO) or COCO JSON", default=None)
-    model: str = _help("model name (see ssd.models.list_models())", default="ssdlite320_mobilenet_v3_large")
-    epochs: int = _help("number of training epochs", default=50)
-    batch_size: int = _help("images per batch (per process under torchrun)", default=16)
-    optimizer: Literal["sgd", "adamw"] | None = _help("sgd or adamw (default: per model)", default=None)
-    lr: float | None = _help("peak learning rate (default: per model and optimizer)", default=None)
-    momentum: float = _help("SGD momentum / AdamW beta1", default=0.9)
-    weight_decay: float | None = _help("weight decay, not applied to norms and biases (default: per optimizer)",
+    data: str | None = option("data.yaml (YOLO), dataset folder (VOC/YOLO) or COCO JSON", default=None)
+    model: str = option("model name (see ssd.models.list_models())", default="ssdlite320_mobilenet_v3_large")
+    epochs: int = option("number of training epochs", default=50)
+    batch_size: int = option("images per batch (per process under torchrun)", default=16)
+    optimizer: Literal["sgd", "adamw"] | None = option("sgd or adamw (default: per model)", default=None)
+    lr: float | None = option("peak learning rate (default: per model and optimizer)", default=None)
+    momentum: float = option("SGD momentum / AdamW beta1", default=0.9)
+    weight_decay: float | None = option("weight decay, not applied to norms and biases (default: per optimizer)",
                                        default=None)
-    warmup_epochs: float = _help("linear warmup length in epochs", default=1.0)
-    warmup_iters: int | None = _help("linear warmup length in iterations (wins over --warmup-epochs)", default=None)
-    scheduler: Literal["cosine", "multistep"] = _help("decay after warmup", default="cosine")
-    milestones: list[int] = field(default_factory=list, metadata={
-        "help": "multistep: epochs where the lr is multiplied by --gamma (default: 2/3 and 8/9 of the epochs)"})
-    gamma: float = _help("multistep decay factor", default=0.1)
-    final_lr_ratio: float = _help("cosine: final lr as a fraction of the peak", default=0.01)
-    schedule_epochs: int | None = _help("length of the lr schedule in epochs (default: epochs); later epochs keep "
+    warmup_epochs: float = option("linear warmup length in epochs", default=1.0)
+    warmup_iters: int | None = option("linear warmup length in iterations (wins over --warmup-epochs)", default=None)
+    scheduler: Literal["cosine", "multistep"] = option("decay after warmup", default="cosine")
+    milestones: list[int] = option("multistep: epochs where the lr is multiplied by --gamma (default: 2/3 and 8/9 of "
+                                   "the epochs)", default_factory=list)
+    gamma: float = option("multistep decay factor", default=0.1)
+    final_lr_ratio: float = option("cosine: final lr as a fraction of the peak", default=0.01)
+    schedule_epochs: int | None = option("length of the lr schedule in epochs (default: epochs); later epochs keep "
                                         "its final lr (set when a resumed run is extended)", default=None)
-    grad_clip: float = _help("max gradient norm (0 disables clipping)", default=10.0)
-    device: str = _help("cpu, cuda, cuda:N, mps or auto", default="auto")
-    amp: bool = _help("mixed precision: CUDA bf16 where supported, else fp16 with a gradient scaler; "
+    grad_clip: float = option("max gradient norm (0 disables clipping)", default=10.0)
+    device: str = option("cpu, cuda, cuda:N, mps or auto", default="auto")
+    amp: bool = option("mixed precision: CUDA bf16 where supported, else fp16 with a gradient scaler; "
                       "CPU bf16 where it has native bf16 kernels (AVX512-BF16/AMX)", default=False)
-    channels_last: bool | None = _help("channels_last memory format (default: as the model configuration says)",
+    channels_last: bool | None = option("channels_last memory format (default: as the model configuration says)",
                                        default=None)
-    compile: bool = _help("torch.compile the model", default=False)
-    workers: int = _help("data loading worker processes", default=2)
-    seed: int = _help("random seed (data order, augmentation, initialization)", default=0)
-    image_size: int | str | None = _help("network input size: N (square) or HxW, height x width, e.g. 512x288 "
+    compile: bool = option("torch.compile the model", default=False)
+    workers: int = option("data loading worker processes", default=2)
+    seed: int = option("random seed (data order, augmentation, initialization)", default=0)
+    image_size: int | str | None = option("network input size: N (square) or HxW, height x width, e.g. 512x288 "
                                          "(default: the model's)", default=None)
-    priors: str | None = _help("default boxes: a YAML file written by `ssd check DATA --model NAME --fit-priors`, "
+    priors: str | None = option("default boxes: a YAML file written by `ssd check DATA --model NAME --fit-priors`, "
                                "or auto to fit them to the training split (default: the model's)", default=None)
-    augment: Literal["ssd", "light", "none"] = _help("training augmentation: ssd (photometric, zoom out, IoU crop, "
+    augment: Literal["ssd", "light", "none"] = option("training augmentation: ssd (photometric, zoom out, IoU crop, "
                                                      "flip), light (flip, mild jitter) or none", default="ssd")
-    mosaic: float = _help("probability that a training image becomes a mosaic of it and three others (0: off)",
+    mosaic: float = option("probability that a training image becomes a mosaic of it and three others (0: off)",
                           default=0.0)
-    close_mosaic: int | None = _help("switch --mosaic off for the last N epochs (default: a tenth of --epochs, "
+    close_mosaic: int | None = option("switch --mosaic off for the last N epochs (default: a tenth of --epochs, "
                                      "rounded)", default=None)
-    crop_scale: str | None = _help("native-resolution training crops: native (crops from the whole image down to "
+    crop_scale: str | None = option("native-resolution training crops: native (crops from the whole image down to "
                                    "the network input's size in original pixels), MIN or MIN,MAX (crop side as a "
                                    "fraction of the image side, in (0, 1], MAX 1 by default); replaces the zoom out "
                                    "and IoU crop of --augment ssd; predict / val with --tile to match (default: off)",
                                    default=None)
-    cache_images: Literal["ram", "disk"] | None = field(default=None, metadata={
-        "const": "ram", "choices": ("ram", "disk", "off"), "help": "decode every image once: ram keeps them in "
-        "memory (the option alone), disk in one memory-mapped file of the cache folder ($SSD_CACHE_DIR), reused by "
-        "later runs; off (default) decodes each image when read"})
-    skip_invalid: bool = _help("drop invalid objects/images (reported) instead of refusing the data", default=False)
-    recheck: bool = _help("read and decode the whole dataset again instead of trusting its index (rebuilt)",
+    cache_images: Literal["ram", "disk"] | None = option(
+        "decode every image once: ram keeps them in memory (the option alone), disk in one memory-mapped file of the "
+        "cache folder ($SSD_CACHE_DIR), reused by later runs; off (default) decodes each image when read", None,
+        const="ram", choices=("ram", "disk", "off"))
+    skip_invalid: bool = option("drop invalid objects/images (reported) instead of refusing the data", default=False)
+    recheck: bool = option("read and decode the whole dataset again instead of trusting its index (rebuilt)",
                           default=False)
-    skip_nonfinite: bool = _help("skip and count steps with a non-finite loss instead of stopping", default=False)
-    val_fraction: float | None = _help("for data without a val split: hold out this share of the training images "
+    skip_nonfinite: bool = option("skip and count steps with a non-finite loss instead of stopping", default=False)
+    val_fraction: float | None = option("for data without a val split: hold out this share of the training images "
                                        "(seeded by --seed, reported) to validate on", default=None)
-    val_interval: int = _help("validate every N epochs (and always after the last)", default=1)
-    metric: Literal["voc07", "voc", "coco"] = _help("validation metric: voc07 11-point, voc area, coco",
+    val_interval: int = option("validate every N epochs (and always after the last)", default=1)
+    metric: Literal["voc07", "voc", "coco"] = option("validation metric: voc07 11-point, voc area, coco",
                                                     default="voc07")
-    score_threshold: float = _help("validation score threshold in [0, 1]", default=EVALUATE.score_threshold)
-    iou_threshold: float = _help("validation NMS IoU threshold in [0, 1]", default=EVALUATE.iou_threshold)
-    project: str = _help("parent folder of run directories", default="runs/train")
-    name: str = _help("run directory name (auto-incremented: exp, exp2, ...)", default="exp")
-    exist_ok: bool = _help("reuse PROJECT/NAME instead of incrementing", default=False)
-    resume: str | None = _help("run directory or last.pt to continue", default=None)
-    weights: str | None = _help("checkpoint to start from: an ssd checkpoint or run directory (its best.pt), an "
+    score_threshold: float = option("validation score threshold in [0, 1]", default=EVALUATE.score_threshold)
+    iou_threshold: float = option("validation NMS IoU threshold in [0, 1]", default=EVALUATE.iou_threshold)
+    project: str = option("parent folder of run directories", default="runs/train")
+    name: str = option("run directory name (auto-incremented: exp, exp2, ...)", default="exp")
+    exist_ok: bool = option("reuse PROJECT/NAME instead of incrementing", default=False)
+    resume: str | None = option("run directory or last.pt to continue", default=None)
+    weights: str | None = option("checkpoint to start from: an ssd checkpoint or run directory (its best.pt), an "
                                 "ssd.pytorch / torchvision / lufficc detector, or a known name (`ssd weights`, e.g. "
                                 "ssd300_vgg16_coco, downloaded once); classes named as the data's carry over, "
                                 "the others start afresh", default=None)
-    backbone_weights: str | None = _help("backbone weights: imagenet (torchvision's, downloaded once), a known name "
+    backbone_weights: str | None = option("backbone weights: imagenet (torchvision's, downloaded once), a known name "
                                          "(`ssd weights`) or a torchvision backbone state dict file (.pth)",
                                          default=None)
-    freeze: Literal["none", "backbone"] = _help("backbone: freeze the base network (VGG16 up to conv7, the "
+    freeze: Literal["none", "backbone"] = option("backbone: freeze the base network (VGG16 up to conv7, the "
                                                 "MobileNet / ssd_tiny stages); extra layers and heads train",
                                                 default="none")
-    freeze_epochs: int | None = _help("with --freeze backbone: epochs it stays frozen, then everything trains "
+    freeze_epochs: int | None = option("with --freeze backbone: epochs it stays frozen, then everything trains "
                                       "(default: all epochs)", default=None)
-    sync_bn: bool = _help("SyncBatchNorm under torchrun", default=False)
-    quiet: bool = _help("no progress bars, one line per epoch", default=False)
-    num_plot_images: int = _help("validation images drawn with predictions", default=4)
-    ema: bool = _help("evaluate and save an exponential moving average of the weights (last.pt keeps the raw "
+    sync_bn: bool = option("SyncBatchNorm under torchrun", default=False)
+    quiet: bool = option("no progress bars, one line per epoch", default=False)
+    num_plot_images: int = option("validation images drawn with predictions", default=4)
+    ema: bool = option("evaluate and save an exponential moving average of the weights (last.pt keeps the raw "
                       "weights too, for --resume)", default=False)
-    ema_decay: float = _help("EMA decay, reached after a warm-up of a few thousand steps", default=0.9999)
-    patience: int = _help("stop after N epochs without a better validation mAP (0: never)", default=0)
-    time: float | None = _help("training budget in minutes, validation included: after every epoch the epochs "
+    ema_decay: float = option("EMA decay, reached after a warm-up of a few thousand steps", default=0.9999)
+    patience: int = option("stop after N epochs without a better validation mAP (0: never)", default=0)
+    time: float | None = option("training budget in minutes, validation included: after every epoch the epochs "
                                "that fit are estimated (overriding --epochs) and the lr schedule is sized to them; "
                                "the run stops when the next epoch would not fit. With --resume the time already "
                                "trained counts (a new --time sets the run's whole budget)", default=None)
