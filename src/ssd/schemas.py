@@ -116,6 +116,7 @@ _DATA = "data.yaml, dataset folder or COCO JSON"
 _TILE = ("also detect on overlapping tiles of N (or HxW) pixels of each image, or auto (images more than twice the "
          "network input, tiles of the input size), and merge (default: off)")
 _TILE_OVERLAP = "share of a tile its neighbours also cover, in [0, 1)"
+MAX_RECONNECT_S = 7 * 24 * 3600.0
 _EXIST_OK = "write into --project/--name when it exists instead of a new name2, name3, ..."
 
 
@@ -185,11 +186,17 @@ class PredictConfig(_Schema):
     tracker: Path | None = option("ByteTrack settings for --track (keys: see ssd.inference.tracking)", None,
                                   metavar="YAML")
     show: bool = option("show the drawn frames in a window (needs a display)", False)
+    reconnect: float = option("seconds a live stream that stops (or gives no frame) is reopened, with a doubling delay "
+                              "capped at 5 s, before it counts as failed (0: never)", 3.5, metavar="SECONDS")
+    fail_fast: bool = option("stop every live stream when one fails (default: the others go on, and the run exits 1 "
+                             "at the end)", False)
     tile: str | tuple[int, int] | None = option(_TILE, None)
     tile_overlap: float = option(_TILE_OVERLAP, TILE_OVERLAP)
 
     def __post_init__(self) -> None:
         self._check_common()
+        self._require("reconnect", is_real(self.reconnect) and 0 <= self.reconnect <= MAX_RECONNECT_S,
+                      f"must be a number of seconds from 0 to {MAX_RECONNECT_S:g} (a week)")
         moved = [k for k in ("project", "name") if getattr(self, k) != getattr(PredictConfig, k)]
         if self.save_dir is not None and moved:
             raise ConfigError(f"--save-dir is --project and --name in one path: give either, not --save-dir with "

@@ -1,11 +1,13 @@
-"""Plain text for messages and reports: tables (:func:`render_table`) and shortened lists (:func:`few`)."""
+"""Plain text for messages and reports: tables (:func:`render_table`), shortened lists (:func:`few`) and URLs with
+their secrets hidden (:func:`redact_url`)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["render_table", "few"]
+__all__ = ["render_table", "few", "redact_url"]
 
 
 def render_table(header: Sequence[Any], rows: Iterable[Sequence[Any]]) -> list[str]:
@@ -20,3 +22,27 @@ def few(items: Sequence[str], limit: int = 5) -> str:
     """The first ``limit`` items joined by commas, then how many more there are."""
     shown = ", ".join(items[:limit])
     return shown + (f", ... ({len(items) - limit} more)" if len(items) > limit else "")
+
+
+_SECRET = "***"
+
+
+def redact_url(text: str) -> str:
+    """``text`` with a URL's secrets hidden: the user and password before ``@`` and every query and fragment value
+    (``rtsp://user:pass@cam/live?token=abc`` -> ``rtsp://***@cam/live?token=***``); text that is not a URL is returned
+    as it is. The one way a source's name is made for outputs, titles, logs and messages (a camera's URL is kept
+    only to open it)."""
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        return text
+    end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
+    host, tail = rest[:end], rest[end:]
+    if "@" in host:
+        host = f"{_SECRET}@{host.rsplit('@', 1)[1]}"
+    path, query_sep, query = tail.partition("?")
+    if not query_sep:
+        path, query_sep, query = tail.partition("#")
+    if query_sep:
+        query = re.sub(r"(^|[&;#])([^&;#=]*)=[^&;#]*", rf"\1\2={_SECRET}", query)
+        query = re.sub(r"(^|[&;#])([^&;#=]+)(?=[&;#]|$)", rf"\1{_SECRET}", query)  # a bare value: ?abc123
+    return f"{scheme}{sep}{host}{path}{query_sep}{query}"

@@ -184,6 +184,8 @@ def predict_source(
     track: bool = False,
     tracker: str | Path | None = None,
     show: bool = False,
+    reconnect: float = PredictConfig.reconnect,
+    fail_fast: bool = PredictConfig.fail_fast,
 ) -> PredictSummary:
     """Predict on an image, a folder, a glob, a video file or live streams and write the results to ``save_dir``.
 
@@ -212,7 +214,10 @@ def predict_source(
     counted; each stream drawn as ``<stream_name>.mp4``. ``track``: ByteTrack ids (``tracker``: its YAML settings,
     :func:`~ssd.inference.tracking.tracker_settings`), one tracker per video or stream, and the images of a folder
     tracked as one sequence in name order (a single image has nothing to track: ``ConfigError``); ids go in every
-    output (``track_id``) and in the drawn frames, with a trail. ``show``: each drawn image or frame in a window
+    output (``track_id``) and in the drawn frames, with a trail. ``reconnect``: seconds a live stream that stopped is
+    reopened before it fails; ``fail_fast``: one that fails stops the others (else they go on, and the run fails at
+    the end). A stream's URL is named everywhere with its secrets hidden (:func:`ssd.text.redact_url`).
+    ``show``: each drawn image or frame in a window
     (:mod:`ssd.inference.display`; ``ConfigError`` when no window can open).
 
     Under ``torchrun`` each process predicts a contiguous slice of the files (a video whole; with ``track``, the
@@ -251,8 +256,9 @@ def predict_source(
     try:
         window = open_window() if show else None
         # live sources open first: one that cannot be opened stops the run before anything is written
-        with StreamGroup(live) if live is not None else nullcontext() as group:
-            plan, writer = _prepare(files, Path(save_dir), exist_ok, detector,
+        streams = StreamGroup(live, reconnect=reconnect, fail_fast=fail_fast) if live is not None else nullcontext()
+        with streams as group:
+            plan, writer = _prepare(group.names if group is not None else files, Path(save_dir), exist_ok, detector,
                                     dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop), shard)
             summary = PredictSummary(writer.save_dir, writer.results_file)
             run = dict(outputs=plan if save_images else None, options=options, results=writer, summary=summary,

@@ -1,21 +1,23 @@
 """Live sources for ``ssd predict``: a camera index (``0``), an ``rtsp://`` / ``rtmp://`` / ``http(s)://`` URL, or a
 ``.streams`` text file naming several of them (one a line), read concurrently.
 
-Each source has a reader thread (:class:`LiveStream`, OpenCV ``VideoCapture``) that keeps only the newest frame: a
-model slower than the camera skips frames instead of falling behind, and every frame replaced before it was taken
-is counted in ``dropped``. A source that stops reconnects with a doubling delay, :data:`RECONNECT_ATTEMPTS` times,
-and then fails with a :class:`StreamError` naming it. :class:`StreamGroup` batches the newest frames of all its
-sources, and :meth:`StreamGroup.close` stops the readers (what ``ssd predict`` does on Ctrl-C).
+Each source has a reader thread (:class:`LiveStream`, OpenCV ``VideoCapture``). A live one keeps only the newest
+frame: a model slower than the camera skips frames instead of falling behind, and every frame replaced before it was
+taken is counted in ``dropped``. A video (a file, or a URL whose frame count is known: a video file served over HTTP)
+gives every frame, in order, and ends after its last. A live source that stops (a failed read: OpenCV gives up after
+:data:`~ssd.inference.capture.TIMEOUT_MS`) is reopened with a doubling delay capped at :data:`MAX_RECONNECT_DELAY`
+until it gives a frame again or ``reconnect`` seconds have passed, and then fails with a :class:`StreamError` naming
+it; a reader that fails in any other way fails so too. :class:`StreamGroup` batches the newest frames of all its
+sources (the others go on when one fails, unless ``fail_fast``), and :meth:`StreamGroup.close` stops the readers
+(what ``ssd predict`` does on Ctrl-C). A source's URL is used only to open it: frames, outputs and messages name it
+with its secrets hidden (:func:`ssd.text.redact_url`).
 """
 
 from __future__ import annotations
 
-import glob
-import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,57 +26,25 @@ from torch import Tensor
 from ssd.errors import StreamError
 from ssd.files import safe_name
 from ssd.inference.bgr import from_bgr
+from ssd.inference.capture import QUIET, TIMEOUT_MS, cannot_open, open_capture
 from ssd.limits import MAX_STREAMS, value_text
+from ssd.log import LOGGER
 from ssd.optional import require
+from ssd.schemas import PredictConfig
+from ssd.text import redact_url
 
-__all__ = ["LIVE_SCHEMES", "RECONNECT_ATTEMPTS", "RECONNECT_DELAY", "STREAMS_SUFFIX", "Frame", "LiveStream",
-           "StreamGroup", "is_live", "live_sources", "source_frames", "stream_name", "VideoFile", "video_frames"]
+__all__ = ["LIVE_SCHEMES", "MAX_RECONNECT_DELAY", "RECONNECT", "RECONNECT_DELAY", "STREAMS_SUFFIX", "Frame",
+           "LiveStream", "StreamGroup", "is_live", "live_sources", "source_frames", "stream_name", "VideoFile",
+           "video_frames"]
 
 LIVE_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "tcp://", "udp://", "srt://")
 STREAMS_SUFFIX = ".streams"
-RECONNECT_ATTEMPTS = 3
+RECONNECT = PredictConfig.reconnect
+"""Seconds a live source that stopped is reopened before it counts as failed (``ssd predict --reconnect``)."""
 RECONNECT_DELAY = 0.5
-"""Seconds before the first reconnection attempt; each further attempt waits twice as long."""
-TIMEOUT_MS = 5000
-"""How long OpenCV may take to open a URL or to read one frame of it before the read counts as failed."""
-_FFMPEG_LOG, _FFMPEG_DEBUG = "OPENCV_FFMPEG_LOGLEVEL", "OPENCV_FFMPEG_DEBUG"
-
-
-class _QuietOpens:
-    """Silence OpenCV's log and FFmpeg's while sources open (ssd reports what fails). Both are the process's, and
-    streams reconnect from their reader threads: the first open in progress silences OpenCV (``cv2.utils.logging``,
-    or ``cv2``'s own functions in wheels without it) and the last restores it; the first FFmpeg open in progress sets
-    ``OPENCV_FFMPEG_LOGLEVEL`` to quiet (OpenCV reads it as it opens through FFmpeg: once per process in 5.x, at each
-    open in 4.x) and the last removes it, unless the user set it or ``OPENCV_FFMPEG_DEBUG``."""
-
-    def __init__(self) -> None:
-        self._lock, self._opening, self._ffmpeg, self._level, self._ours = threading.Lock(), 0, 0, None, False
-
-    @contextmanager
-    def __call__(self, cv2, ffmpeg: bool) -> Iterator[None]:
-        log = getattr(getattr(cv2, "utils", None), "logging", cv2)  # getLogLevel / setLogLevel in both
-        with self._lock:
-            if self._opening == 0:
-                self._level = log.getLogLevel()
-                log.setLogLevel(0)  # silent
-            self._opening += 1
-            if ffmpeg and self._ffmpeg == 0 and not {_FFMPEG_LOG, _FFMPEG_DEBUG} & os.environ.keys():
-                os.environ[_FFMPEG_LOG], self._ours = "-8", True  # AV_LOG_QUIET
-            self._ffmpeg += ffmpeg
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._ffmpeg -= ffmpeg
-                if self._ffmpeg == 0 and self._ours:
-                    os.environ.pop(_FFMPEG_LOG, None)
-                    self._ours = False
-                self._opening -= 1
-                if self._opening == 0:
-                    log.setLogLevel(self._level)
-
-
-_QUIET_OPENS = _QuietOpens()
+"""Seconds before the first reconnection attempt; each further attempt waits twice as long, up to
+:data:`MAX_RECONNECT_DELAY`."""
+MAX_RECONNECT_DELAY = 5.0
 
 
 @dataclass
@@ -97,15 +67,16 @@ def is_live(source: str | Path) -> bool:
 
 
 def live_sources(source: str | Path) -> list[str]:
-    """The sources a live ``source`` names: itself, or the lines of a ``.streams`` file (blank lines and ``#``
-    comments skipped; each line a camera index, a URL or a video file). Raises :class:`StreamError` naming the file
-    and line for an empty file, a missing file, a line that is none of these, or more than :data:`MAX_STREAMS`."""
+    """The sources a live ``source`` names: itself, or the lines of a ``.streams`` file (UTF-8, a byte-order mark
+    allowed; blank lines and ``#`` comments skipped; each line a camera index, a URL or a video file, a relative path
+    taken from the file's folder). Raises :class:`StreamError` naming the file and line for an empty file, a missing
+    file, a line that is none of these, or more than :data:`MAX_STREAMS`."""
     text = str(source)
     if not text.lower().endswith(STREAMS_SUFFIX):
         return [text]
     path = Path(text)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # Notepad's files begin with a BOM
     except (OSError, UnicodeDecodeError) as e:
         raise StreamError(f"{path}: cannot read the streams file ({e})") from None
     sources = []
@@ -113,8 +84,10 @@ def live_sources(source: str | Path) -> list[str]:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
+        if not is_live(line):
+            line = str(path.parent / line)  # an absolute line stays itself
         if not (is_live(line) or Path(line).is_file()) or line.lower().endswith(STREAMS_SUFFIX):
-            raise StreamError(f"{path}, line {number}: {value_text(line)} is not a camera index, a URL "
+            raise StreamError(f"{path}, line {number}: {value_text(redact_url(line))} is not a camera index, a URL "
                               f"({', '.join(LIVE_SCHEMES)}) or a video file")
         sources.append(line)
     if not sources:
@@ -135,64 +108,44 @@ def stream_name(source: str, suffix: str = "") -> str:
     return safe_name(place, suffix, fallback="stream")
 
 
-def _open(source: str):
-    """An opened ``cv2.VideoCapture``, or ``None``. OpenCV's own log and FFmpeg's are silent meanwhile
-    (:class:`_QuietOpens`): a failure is reported once, by :func:`_cannot_open`, not also as OpenCV's raw
-    ``[ERROR:0@0.025] ...`` lines or FFmpeg's ``[tcp @ 0x...] Connection to tcp://... failed`` ones."""
-    cv2 = require("cv2", "video", "reading cameras and streams")
-    with _QUIET_OPENS(cv2, ffmpeg=not source.isdigit()):
-        if source.isdigit():
-            capture = cv2.VideoCapture(int(source))
-        else:
-            capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, TIMEOUT_MS,
-                                                                cv2.CAP_PROP_READ_TIMEOUT_MSEC, TIMEOUT_MS])
-    if capture.isOpened():
-        return capture
-    capture.release()
-    return None
-
-
-def _cannot_open(source: str) -> StreamError:
-    if source.isdigit():
-        cameras = sorted(glob.glob("/dev/video*"))
-        found = f"cameras here: {', '.join(cameras)}" if cameras else "no /dev/video* device here"
-        return StreamError(f"camera {source} cannot be opened: no such camera, or another program uses it ({found})")
-    return StreamError(f"cannot open {value_text(source)}: unreachable, not a stream OpenCV's FFmpeg reads, or "
-                       f"no answer within {TIMEOUT_MS / 1000:g} s")
-
-
 class LiveStream:
-    """One source read by a thread that keeps only the newest frame (see the module docstring).
+    """One source read by a thread (see the module docstring): a live one keeps only the newest frame, a video gives
+    every frame.
 
-    Opened at once (a source that cannot be opened raises :class:`StreamError`); ``frames`` counts the frames read,
-    ``dropped`` those replaced before :meth:`take` got them; ``fps`` is what the source announces (``0`` when it
-    does not). ``condition`` is shared by the streams of a :class:`StreamGroup` and notified at each new frame and
-    at the end. A source with a known frame count (a video file) ends after it; any other ends only by failing."""
+    Opened at once (a source that cannot be opened raises :class:`StreamError`); ``source`` is its name (its URL
+    with the secrets hidden), ``frames`` counts the frames read, ``dropped`` those replaced before :meth:`take` got
+    them; ``fps`` is what the source announces (``0`` when it does not); ``error`` is why it failed. ``condition`` is
+    shared by the streams of a :class:`StreamGroup` and notified at each new frame, each frame taken and at the end.
+    ``reconnect``: seconds a live source that stopped is reopened (:data:`RECONNECT` when ``None``; ``0`` never)."""
 
     def __init__(self, source: str, stream: int = 0, condition: threading.Condition | None = None, *,
-                 reconnect_attempts: int | None = None, reconnect_delay: float | None = None):
+                 reconnect: float | None = None):
         cv2 = require("cv2", "video", "reading cameras and streams")
-        self.source, self.stream = source, stream
-        self.reconnect_attempts = RECONNECT_ATTEMPTS if reconnect_attempts is None else reconnect_attempts
-        self.reconnect_delay = RECONNECT_DELAY if reconnect_delay is None else reconnect_delay
+        self.source, self.stream, self._url = redact_url(source), stream, source
+        self.reconnect = RECONNECT if reconnect is None else reconnect
         self.condition = condition or threading.Condition()
         self.frames = self.dropped = 0
         self.error: StreamError | None = None
         self.ended = False
         self._latest: Frame | None = None
         self._stop = threading.Event()
-        self._capture = _open(source)
+        self._outage: float | None = None  # when the source stopped giving frames, while it does not
+        self._capture = open_capture(source)
         if self._capture is None:
-            raise _cannot_open(source)
+            raise cannot_open(source)
         self.fps = self._capture.get(cv2.CAP_PROP_FPS) or 0.0
         count = self._capture.get(cv2.CAP_PROP_FRAME_COUNT)
-        self._length = int(count) if 0 < count < 2**31 else None
-        self._thread = threading.Thread(target=self._run, name=f"ssd-stream-{stream}", daemon=True)
+        self.length = int(count) if 0 < count < 2**31 else None
+        """The frame count a video announces (a file, or a video file served over HTTP); ``None`` when live."""
+        self._live = self.length is None and is_live(source)  # a local file of unknown length ends at its end
+        self._thread = threading.Thread(target=self._run, args=(cv2,), name=f"ssd-stream-{stream}", daemon=True)
         self._thread.start()
 
     def take(self) -> Frame | None:
         """The newest frame not taken yet, or ``None``; call with :attr:`condition` held."""
         frame, self._latest = self._latest, None
+        if frame is not None:
+            self.condition.notify_all()  # a video's reader waits for its frame to be taken
         return frame
 
     @property
@@ -205,50 +158,73 @@ class LiveStream:
         """Ended (or failed) and nothing left to take; read with :attr:`condition` held."""
         return self.ended and self._latest is None
 
-    def close(self) -> None:
-        """Stop the reader and release the source (the reader exits after its current read)."""
+    def stop(self) -> None:
+        """Ask the reader to stop (it exits after its current read): :meth:`close` then waits for it."""
         self._stop.set()
+        with self.condition:
+            self.condition.notify_all()
+
+    def close(self) -> None:
+        """Stop the reader and release the source."""
+        self.stop()
         self._thread.join(timeout=2 * TIMEOUT_MS / 1000)
 
-    def _run(self) -> None:
+    def _run(self, cv2) -> None:
         capture = self._capture
         try:
-            while not self._stop.is_set():
-                ok, image = capture.read()
-                if not ok:
-                    if self._length is not None and self.frames >= self._length:
-                        break
+            with QUIET(cv2, ffmpeg=not self._url.isdigit()):  # a read that times out logs OpenCV's own WARN line
+                while not self._stop.is_set():
+                    ok, image = capture.read()
+                    if ok:
+                        self._put(from_bgr(image))
+                        continue
                     capture.release()
-                    capture = self._reconnect()
+                    capture = self._reconnect() if self._live else None
                     if capture is None:
                         break
-                    continue
-                tensor = from_bgr(image)
-                with self.condition:
-                    self.dropped += self._latest is not None
-                    self._latest = Frame(tensor, self.stream, self.frames, time.perf_counter(), self.source)
-                    self.frames += 1
-                    self.condition.notify_all()
+        except Exception as e:  # whatever stops a reader stops its stream, and is said
+            self.error = StreamError(f"{self.source}: reading failed after {self.frames} frames "
+                                     f"({type(e).__name__}: {redact_url(str(e))})")
         finally:
             if capture is not None:
                 capture.release()
+            if self.error is None and not self._live and self.frames == 0 and not self._stop.is_set():
+                self.error = StreamError(
+                    f"{self.source}: opened, but no frame could be read (OpenCV cannot read a video whose index is "
+                    f"at its end from a server without range requests, such as python -m http.server: download it, "
+                    f"or serve it with range requests)" if is_live(self._url) else
+                    f"{self.source}: cannot read any frame (not a video OpenCV can decode)")
             with self.condition:
                 self.ended = True
                 self.condition.notify_all()
 
+    def _put(self, image: Tensor) -> None:
+        """Offer a frame: a live one replaces the one not taken yet (dropped), a video's waits until it is taken."""
+        with self.condition:
+            if not self._live:
+                self.condition.wait_for(lambda: self._latest is None or self._stop.is_set())
+            self.dropped += self._latest is not None
+            self._latest = Frame(image, self.stream, self.frames, time.perf_counter(), self.source)
+            self.frames += 1
+            self.condition.notify_all()
+        self._outage = None
+
     def _reconnect(self):
-        """A reopened capture, or ``None`` (and :attr:`error` set) after the bounded attempts or a stop."""
-        delay = self.reconnect_delay
-        for _ in range(self.reconnect_attempts):
-            if self._stop.wait(delay):
+        """A reopened capture, or ``None`` after a stop or :attr:`reconnect` seconds of outage (:attr:`error` set).
+        The outage lasts until a frame comes: a source that reopens and then gives no frame is not retried forever."""
+        self._outage = time.monotonic() if self._outage is None else self._outage
+        deadline, delay, attempts = self._outage + self.reconnect, RECONNECT_DELAY, 0
+        while (left := deadline - time.monotonic()) > 0:
+            if self._stop.wait(min(delay, left)):
                 return None
-            delay *= 2
-            if (capture := _open(self.source)) is not None:
+            delay = min(2 * delay, MAX_RECONNECT_DELAY)
+            if (left := deadline - time.monotonic()) <= 0:
+                break
+            attempts += 1
+            if (capture := open_capture(self._url, min(TIMEOUT_MS, 1000 * left))) is not None:
                 return capture
-        attempts = self.reconnect_attempts
-        self.error = StreamError(f"{value_text(self.source)} stopped after {self.frames} frames and did not come back "
-                                 f"({attempts} reconnection attempt{'s' * (attempts != 1)} over "
-                                 f"{self.reconnect_delay * (2 ** attempts - 1):g} s)")
+        self.error = StreamError(f"{self.source} stopped after {self.frames} frames and did not come back within "
+                                 f"{self.reconnect:g} s ({attempts} reconnection attempt{'s' * (attempts != 1)})")
         return None
 
 
@@ -300,18 +276,22 @@ def source_frames(source: str | Path, batch_size: int) -> Iterator[list[Frame]]:
 
 class StreamGroup:
     """Live sources read concurrently; iterate for batches of their newest frames (at most one per source, in source
-    order), until every source has ended. A source that failed raises its :class:`StreamError` once the frames it
-    read are taken. Use as a context manager: leaving it (Ctrl-C included) stops every reader."""
+    order), until every source has ended. A source that fails is said at once (a warning) while the others go on,
+    and its :class:`StreamError` raised once all have ended (one line naming each that failed); with ``fail_fast``
+    the first failure is raised at once. ``reconnect``: see :class:`LiveStream`. Use as a context manager: leaving it
+    (Ctrl-C included) stops every reader. :attr:`names`: the sources' names (their URLs with secrets hidden)."""
 
-    def __init__(self, sources: list[str], **reconnect):
+    def __init__(self, sources: list[str], *, reconnect: float | None = None, fail_fast: bool = False):
         self.condition = threading.Condition()
         self.streams: list[LiveStream] = []
+        self.fail_fast = fail_fast
         try:
             for index, source in enumerate(sources):
-                self.streams.append(LiveStream(source, index, self.condition, **reconnect))
+                self.streams.append(LiveStream(source, index, self.condition, reconnect=reconnect))
         except BaseException:
             self.close()
             raise
+        self.names = [s.source for s in self.streams]
 
     def __enter__(self) -> StreamGroup:
         return self
@@ -320,16 +300,25 @@ class StreamGroup:
         self.close()
 
     def __iter__(self) -> Iterator[list[Frame]]:
+        said: set[int] = set()
         while True:
             with self.condition:
                 self.condition.wait_for(self._ready)
                 batch = [frame for stream in self.streams if (frame := stream.take()) is not None]
-                failed = next((s.error for s in self.streams if s.error is not None and s.done), None)
+                failed = [s for s in self.streams if s.error is not None and s.done and s.stream not in said]
+                over = all(s.done for s in self.streams)
             if batch:
                 yield batch
-            if failed is not None:
-                raise failed
-            if not batch:
+            for stream in failed:
+                said.add(stream.stream)
+                if self.fail_fast:
+                    raise stream.error
+                if not over:
+                    LOGGER.warning(f"{stream.error}; the other streams go on")
+            if over and not batch:
+                errors = [str(s.error) for s in self.streams if s.error is not None]
+                if errors:
+                    raise StreamError("; ".join(errors))
                 return
 
     def _ready(self) -> bool:
@@ -345,6 +334,6 @@ class StreamGroup:
 
     def close(self) -> None:
         for stream in self.streams:
-            stream._stop.set()
+            stream.stop()
         for stream in self.streams:
             stream.close()
