@@ -180,7 +180,7 @@ def test_streams_file_with_a_bom_and_relative_paths_from_its_own_folder(tmp_path
     monkeypatch.chdir(tmp_path)  # not the file's folder
     assert live_sources(listing) == [str(tmp_path / "cams" / "a.avi"), "rtsp://127.0.0.1:9/gate"]
     listing.write_text("b.avi\n")
-    with pytest.raises(StreamError, match=r"site.streams, line 1: '.*cams/b.avi' is not a camera index"):
+    with pytest.raises(StreamError, match=r"line 1: 'b.avi' \(no file .*cams/b.avi\) is not a camera"):
         live_sources(listing)
 
 

@@ -27,14 +27,18 @@ def few(items: Sequence[str], limit: int = 5) -> str:
 _SECRET = "***"
 
 
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"]+")
+
+
 def redact_url(text: str) -> str:
-    """``text`` with a URL's secrets hidden: the user and password before ``@`` and every query and fragment value
-    (``rtsp://user:pass@cam/live?token=abc`` -> ``rtsp://***@cam/live?token=***``); text that is not a URL is returned
-    as it is. The one way a source's name is made for outputs, titles, logs and messages (a camera's URL is kept
-    only to open it)."""
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        return text
+    """``text`` with the secrets of every URL in it hidden: the user and password before ``@`` and every query and
+    fragment value (``rtsp://user:pass@cam/live?token=abc`` -> ``rtsp://***@cam/live?token=***``). The one way a
+    source's name is made for outputs, titles, logs and messages (a camera's URL is kept only to open it)."""
+    return _URL.sub(lambda m: _redact_one(m.group()), text)
+
+
+def _redact_one(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
     end = min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))
     host, tail = rest[:end], rest[end:]
     if "@" in host:

@@ -84,12 +84,12 @@ def live_sources(source: str | Path) -> list[str]:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        if not is_live(line):
-            line = str(path.parent / line)  # an absolute line stays itself
-        if not (is_live(line) or Path(line).is_file()) or line.lower().endswith(STREAMS_SUFFIX):
-            raise StreamError(f"{path}, line {number}: {value_text(redact_url(line))} is not a camera index, a URL "
-                              f"({', '.join(LIVE_SCHEMES)}) or a video file")
-        sources.append(line)
+        source = line if is_live(line) else str(path.parent / line)  # an absolute path stays itself
+        if not (is_live(source) or Path(source).is_file()) or source.lower().endswith(STREAMS_SUFFIX):
+            looked = f" (no file {source})" if source != line and "://" not in line else ""
+            raise StreamError(f"{path}, line {number}: {value_text(redact_url(line))}{looked} is not a camera index, a "
+                              f"URL ({', '.join(LIVE_SCHEMES)}) or a video file")
+        sources.append(source)
     if not sources:
         raise StreamError(f"{path}: no sources in the streams file (write one camera index, URL or video file a line)")
     if len(sources) > MAX_STREAMS:
