@@ -36,12 +36,12 @@ def frame_number(image) -> int:
 
 
 class MjpegServer:
-    """Serves ``count`` JPEG frames (:func:`grey` of ``i % GREYS``) as one multipart/x-mixed-replace response to
-    each of ``requests`` requests on 127.0.0.1, then stops listening; each wait for a request gives up after 10 s,
-    and a response ends early when the client leaves or after ``seconds``."""
+    """Serves ``count`` JPEG frames (``frame`` of ``i % GREYS``, :func:`grey` by default) as one
+    multipart/x-mixed-replace response to each of ``requests`` requests on 127.0.0.1, then stops listening; each wait
+    for a request gives up after 10 s, and a response ends early when the client leaves or after ``seconds``."""
 
-    def __init__(self, count: int, requests: int = 1, seconds: float = 30):
-        jpegs = [cv2.imencode(".jpg", grey(i))[1].tobytes() for i in range(min(count, GREYS))]
+    def __init__(self, count: int, requests: int = 1, seconds: float = 30, frame=grey):
+        jpegs = [cv2.imencode(".jpg", frame(i))[1].tobytes() for i in range(min(count, GREYS))]
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
@@ -268,7 +268,7 @@ def test_predict_cli_on_a_stream_that_stops(tiny_checkpoint, tmp_path, capsys, m
     records = json.loads((tmp_path / "out" / "predictions.json").read_text())["images"]  # written all the same
     assert 1 <= len(records) <= 6 and all(r["file"] == server.url for r in records)
     assert all("track_id" in d for r in records for d in r["detections"])
-    assert (tmp_path / "out" / "127.0.0.1_{}_feed.mp4".format(server.url.split(":")[2].split("/")[0])).is_file()
+    assert (tmp_path / "out" / "127.0.0.1_{}_feed.avi".format(server.url.split(":")[2].split("/")[0])).is_file()
 
 
 def test_ctrl_c_stops_a_live_run_with_valid_outputs(tiny_checkpoint, tmp_path):

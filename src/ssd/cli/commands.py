@@ -63,6 +63,7 @@ def _cmd_val(args: argparse.Namespace) -> int:
 def _cmd_predict(args: argparse.Namespace) -> int:
     from ssd.distributed import DistInfo, rank_device
     from ssd.inference.detector import load
+    from ssd.inference.signals import Terminated, sigterm_as_ctrl_c
     from ssd.inference.sources import predict_source
 
     config = _config(PredictConfig, args)
@@ -71,15 +72,20 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     conf, origin = detector.confidence(config.score_threshold, "--conf")
     if info.is_main:  # under torchrun, rank 0 speaks for the run
         print(f"conf {conf:g} ({origin})")
-    summary = predict_source(detector, config.source, config.run_dir, score_threshold=conf,
-                             **config.values("weights", "source", "device", "half", "project", "name", "save_dir",
-                                             "score_threshold"))
+    try:
+        with sigterm_as_ctrl_c():  # docker stop, systemctl stop, kill: the outputs completed as on Ctrl-C
+            summary = predict_source(detector, config.source, config.run_dir, score_threshold=conf,
+                                     **config.values("weights", "source", "device", "half", "project", "name",
+                                                     "save_dir", "score_threshold"))
+    except Terminated:  # a run of files: stopped where it was, its results written
+        print("stopped by SIGTERM; the results so far are written", file=sys.stderr)
+        return 143
     if not summary.main:  # a rank other than 0 under torchrun: rank 0 reports the whole run
         return 0
     print(summary)
-    if summary.stopped == "Ctrl-C":
-        print("stopped by Ctrl-C; the results so far are written", file=sys.stderr)
-        return 130
+    if summary.stopped in ("Ctrl-C", "SIGTERM"):
+        print(f"stopped by {summary.stopped}; the results so far are written", file=sys.stderr)
+        return 130 if summary.stopped == "Ctrl-C" else 143
     if summary.stopped is not None:
         print(f"error: {summary.stopped}", file=sys.stderr)
         return 1

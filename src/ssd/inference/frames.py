@@ -6,8 +6,8 @@ Frames come in batches (:func:`image_frames`: image files decoded ahead in threa
 :class:`ssd.inference.streams.StreamGroup`: the newest frame of each live stream) and go through
 :func:`predict_frames`: detected and, with ``--track``, tracked with one tracker per source
 (:func:`ssd.inference.tracking.track_frames`); each result goes to the run's
-:class:`~ssd.inference.writers.PredictionWriter` as it comes, each drawn frame to its image file or its source's mp4
-and to the ``--show`` window.
+:class:`~ssd.inference.writers.PredictionWriter` as it comes, each drawn frame to its image file or its source's video
+(:class:`~ssd.inference.video_out.VideoOut`) and to the ``--show`` window.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from torch import Tensor
 from tqdm import tqdm
 
 from ssd.errors import StreamError
-from ssd.inference.bgr import to_bgr
 from ssd.inference.prefetch import decode_files
+from ssd.inference.signals import Terminated
 from ssd.inference.streams import Frame, StreamGroup, VideoFile
 from ssd.inference.tracking import Tracker, track_frames
+from ssd.inference.video_out import VideoOut
 from ssd.log import progress as progress_bar
-from ssd.optional import require
 
 if TYPE_CHECKING:
     from ssd.inference.detector import Detector, Result
@@ -96,14 +96,15 @@ def predict_video(detector: Detector, path: Path, batch_size: int, settings: dic
 
 
 def predict_live(detector: Detector, group: StreamGroup, settings: dict | None, progress: bool, run: dict) -> None:
-    """The newest frames of live streams until they end, one fails or Ctrl-C (see :func:`predict_frames`)."""
+    """The newest frames of live streams until they end, one fails, Ctrl-C or SIGTERM (see :func:`predict_frames`;
+    SIGTERM raises :class:`~ssd.inference.signals.Terminated` under ``ssd predict``)."""
     summary = run["summary"]
     summary.streams = len(group.streams)
     bar = progress_bar(total=None, desc="streams", unit="frame", disable=not progress)
     try:
         predict_frames(detector, group, [s.fps for s in group.streams], settings, bar, **run)
-    except KeyboardInterrupt:
-        summary.stopped = "Ctrl-C"
+    except KeyboardInterrupt as e:
+        summary.stopped = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
     except StreamError as e:
         summary.stopped = str(e)
     finally:
@@ -117,14 +118,13 @@ def predict_frames(detector: Detector, batches: Iterable[list[Frame]], fps: list
     """Batches of :class:`~ssd.inference.streams.Frame` (images', a video's or live streams'): detect, and track with
     one tracker per stream when ``settings``; each result written, drawn into ``outputs[source]`` and shown in
     ``window``. ``fps``: each stream's frame rate (a video or a stream: each result written as its frame, ``frame``
-    its index in its source, drawn into an mp4 at ``fps[stream]``, 25 when unknown), or ``None`` for still images
-    (each result an image's, drawn into an image file, all shown in one window). Returns the number of frames
-    done."""
-    videos, count = {}, 0
+    its index in its source, drawn into its video at ``fps[stream]``, 25 when unknown; a change of size said in the
+    summary's notes), or ``None`` for still images (each result an image's, drawn into an image file, all shown in
+    one window). Returns the number of frames done."""
+    videos: dict[int, VideoOut] = {}
+    count = 0
     if outputs is not None and fps is None:  # looked up once per run, not per drawn frame
         from ssd.plots import save_image
-    elif outputs is not None:
-        cv2 = require("cv2", "video", "writing video")
     try:
         for result, frame, tracker in track_frames(detector, batches, settings, **options):
             results.write(result, frame.image, None if fps is None else frame.index)
@@ -141,11 +141,11 @@ def predict_frames(detector: Detector, batches: Iterable[list[Frame]], fps: list
             elif outputs is not None:
                 if frame.stream not in videos:
                     out = outputs[frame.source] if frame.source in outputs else outputs[Path(frame.source)]
-                    out.parent.mkdir(parents=True, exist_ok=True)
-                    videos[frame.stream] = cv2.VideoWriter(str(out), cv2.VideoWriter_fourcc(*"mp4v"),
-                                                           fps[frame.stream] or 25.0, tuple(drawn.shape[:0:-1]))
-                videos[frame.stream].write(to_bgr(drawn))
+                    videos[frame.stream] = VideoOut(out, fps[frame.stream], drawn, frame.source)
+                videos[frame.stream].write(drawn, frame.index)
     finally:
         for video in videos.values():
             video.release()
+            if (note := video.note()) is not None:
+                summary.notes.append(note)
     return count

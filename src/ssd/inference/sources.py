@@ -33,6 +33,7 @@ from ssd.inference.result_files import check_format
 from ssd.inference.shards import Shard
 from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
 from ssd.inference.tracking import tracker_settings
+from ssd.inference.video_out import LIVE_VIDEO_SUFFIX
 from ssd.inference.writers import PredictionWriter, exclude_save_dirs
 from ssd.log import LOGGER
 from ssd.schemas import PredictConfig
@@ -59,7 +60,8 @@ class PredictSummary:
     live_frames: int = 0
     dropped: int = 0
     stopped: str | None = None
-    """Why live streams ended before their end: ``"Ctrl-C"`` or the :class:`StreamError` of the one that failed."""
+    """Why live streams ended before their end: ``"Ctrl-C"``, ``"SIGTERM"`` (under ``ssd predict``) or the
+    :class:`StreamError` of the streams that failed."""
     main: bool = True
     """This summary tells the whole run: ``False`` on the ranks other than 0 of a run under torchrun, which tell
     their own share only (rank 0 tells the whole run)."""
@@ -123,17 +125,19 @@ def resolve_source(source: str | Path) -> list[Path]:
 def output_paths(files: list[Path | str], save_dir: Path) -> dict[Path | str, Path]:
     """Where the drawn copy of each input goes: ``save_dir`` / its path relative to the inputs' common folder
     (videos as ``.mp4``), a live source (a string, :func:`~ssd.inference.streams.is_live`) as
-    ``save_dir / <stream_name>.mp4``; a name taken twice gets ``_2``, ``_3``, ... before its suffix."""
+    ``save_dir / <stream_name>.avi`` (:mod:`ssd.inference.video_out`: readable after a kill); a name taken twice
+    gets ``_2``, ``_3``, ... before its suffix."""
     local = [Path(f) for f in files if not (isinstance(f, str) and is_live(f))]
     root = os.path.commonpath([os.path.abspath(f.parent) for f in local]) if local else ""
     taken: set[Path] = set()
     plan = {}
     for file in files:
         if isinstance(file, str) and is_live(file):
-            relative = Path(stream_name(file, ".mp4"))
+            first = save_dir / stream_name(file, LIVE_VIDEO_SUFFIX)
         else:
             relative = Path(os.path.relpath(os.path.abspath(file), root))
-        first = out = save_dir / (relative.with_suffix(".mp4") if is_video(Path(file)) else relative)
+            first = save_dir / (relative.with_suffix(".mp4") if is_video(Path(file)) else relative)
+        out = first
         index = 1
         while out in taken:  # e.g. clip.avi and clip.mkv, both drawn as clip.mp4
             index += 1
@@ -211,7 +215,7 @@ def predict_source(
     Live sources (a camera index, an ``rtsp://`` / ``http(s)://`` URL, a ``.streams`` file: see
     :mod:`ssd.inference.streams`) run until they end, fail (:attr:`PredictSummary.stopped`, after reconnecting) or
     Ctrl-C (the outputs stay valid): the newest frame of each, frames arriving while the model is busy dropped and
-    counted; each stream drawn as ``<stream_name>.mp4``. ``track``: ByteTrack ids (``tracker``: its YAML settings,
+    counted; each stream drawn as ``<stream_name>.avi``. ``track``: ByteTrack ids (``tracker``: its YAML settings,
     :func:`~ssd.inference.tracking.tracker_settings`), one tracker per video or stream, and the images of a folder
     tracked as one sequence in name order (a single image has nothing to track: ``ConfigError``); ids go in every
     output (``track_id``) and in the drawn frames, with a trail. ``reconnect``: seconds a live stream that stopped is

@@ -1,0 +1,68 @@
+"""``ssd predict``'s drawn videos: :class:`VideoOut`, one per video or live stream.
+
+A video file is drawn as ``.mp4`` (MPEG-4), finished when the run ends (Ctrl-C and SIGTERM included: ``ssd
+predict`` turns SIGTERM into what Ctrl-C does). An MP4 written by OpenCV keeps its index for the end, so a run killed
+outright (``kill -9``, power loss) leaves it unreadable; a live stream, which usually ends that way, is drawn as
+``.avi`` (Motion JPEG by OpenCV's own writer, written frame by frame): readable up to its last frames whatever
+stops the run. A writer OpenCV cannot open (no codec, no space, no permission) is an :class:`OutputError` at the
+first frame, not a video that silently stays empty; a source whose frames change size is drawn at its first size
+and said (:meth:`VideoOut.note`), while each frame's results keep its own size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from torch import Tensor
+
+from ssd.errors import OutputError
+from ssd.inference.bgr import to_bgr
+from ssd.optional import require
+
+__all__ = ["LIVE_VIDEO_SUFFIX", "VideoOut"]
+
+LIVE_VIDEO_SUFFIX = ".avi"
+"""The suffix of a live stream's drawn video: Motion JPEG in AVI, readable after the run is killed."""
+
+
+class VideoOut:
+    """A drawn video at ``path`` (``.avi``: Motion JPEG, any other suffix: MPEG-4), ``fps`` frames a second, sized
+    by its first frame; ``name`` is its source's name (for :meth:`note`)."""
+
+    def __init__(self, path: Path, fps: float, first: Tensor, name: str):
+        cv2 = self._cv2 = require("cv2", "video", "writing video")
+        self.path, self.name, self.size = path, name, (int(first.shape[2]), int(first.shape[1]))
+        self._resized: tuple[int, int, int] | None = None  # the first frame of another size: index, width, height
+        if path.suffix.lower() == LIVE_VIDEO_SUFFIX:
+            codec, args = "MJPG", (cv2.CAP_OPENCV_MJPEG, cv2.VideoWriter_fourcc(*"MJPG"))
+        else:
+            codec, args = "mp4v", (cv2.VideoWriter_fourcc(*"mp4v"),)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._writer = cv2.VideoWriter(str(path), *args, fps or 25.0, self.size)
+        if not self._writer.isOpened():
+            self._writer.release()
+            raise OutputError(f"{path}: OpenCV cannot write this video (its {codec} writer did not open: a codec "
+                              f"this OpenCV lacks, a full disk or a folder it cannot write); run with "
+                              f"--no-save-images to write the results without drawn copies")
+
+    def write(self, image: Tensor, index: int) -> None:
+        """Append ``image`` ``[3, H, W]`` uint8 RGB, frame ``index`` of its source, scaled to the video's size when
+        the source changed size (remembered for :meth:`note`)."""
+        bgr = to_bgr(image)
+        if (size := (bgr.shape[1], bgr.shape[0])) != self.size:
+            if self._resized is None:
+                self._resized = (index, *size)
+            bgr = self._cv2.resize(bgr, self.size)
+        self._writer.write(bgr)
+
+    def note(self) -> str | None:
+        """What the summary says about the drawn frames when the source changed size, else ``None``."""
+        if self._resized is None:
+            return None
+        index, width, height = self._resized
+        return (f"{self.name} changed size from {self.size[0]}x{self.size[1]} to {width}x{height} at frame {index}: "
+                f"{self.path} shows its frames scaled to {self.size[0]}x{self.size[1]} (predictions.jsonl keeps "
+                f"each frame's own size and boxes)")
+
+    def release(self) -> None:
+        self._writer.release()
