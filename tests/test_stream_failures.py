@@ -5,6 +5,8 @@ a fake capture stands in for OpenCV's, so every count is exact and no test waits
 
 import functools
 import http.server
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -16,7 +18,7 @@ from ssd.inference.detector import load
 from ssd.inference.sources import predict_source
 from ssd.inference.streams import StreamGroup, live_sources
 from ssd.inference.writers import read_jsonl
-from test_streams import frame_number, grey, write_video
+from test_streams import MjpegServer, frame_number, grey, write_video
 
 cv2 = pytest.importorskip("cv2")
 
@@ -190,3 +192,18 @@ def test_streams_video_of_unknown_length_ends_at_its_end(monkeypatch, tmp_path):
     with StreamGroup([video]) as group:
         frames = read_all(group)  # it looped forever: each end reopened it
     assert [f.index for f in frames] == [0, 1, 2] and len(opens) == 1
+
+
+@pytest.mark.slow
+def test_a_stream_that_drops_reconnects_quietly_and_fails_in_one_line(tiny_checkpoint, tmp_path, capfd, monkeypatch):
+    # a process of its own, as `ssd predict` runs: OpenCV's WARN lines and FFmpeg's come from C, on its stderr
+    monkeypatch.delenv("OPENCV_FFMPEG_LOGLEVEL", raising=False)
+    server = MjpegServer(5)
+    server.server.timeout = 120  # the run starts Python and torch before it connects
+    with server:
+        done = subprocess.run([sys.executable, "-m", "ssd", "predict", "--weights", str(tiny_checkpoint), "--source",
+                               server.url, "--save-dir", str(tmp_path / "o"), "--reconnect", "0.5"], timeout=120)
+    err = capfd.readouterr().err
+    assert done.returncode == 1
+    assert "/feed stopped after 5 frames and did not come back within 0.5 s (" in err
+    assert not [line for line in err.splitlines() if line.startswith("[")]  # [ WARN:0@...], [http @ 0x...], ...
