@@ -66,7 +66,7 @@ def connect(url: str) -> StreamGroup:
     """The stream once ffmpeg listens (it takes a moment to start)."""
     for _ in range(50):
         try:
-            return StreamGroup([url], reconnect_attempts=0)
+            return StreamGroup([url], reconnect=0)
         except StreamError:
             time.sleep(0.1)
     raise RuntimeError(f"ffmpeg never served {url}")

@@ -207,3 +207,13 @@ def test_a_stream_that_drops_reconnects_quietly_and_fails_in_one_line(tiny_check
     assert done.returncode == 1
     assert "/feed stopped after 5 frames and did not come back within 0.5 s (" in err
     assert not [line for line in err.splitlines() if line.startswith("[")]  # [ WARN:0@...], [http @ 0x...], ...
+
+
+def test_reconnect_takes_seconds_from_zero_to_a_week():
+    from ssd.errors import ConfigError
+    from ssd.schemas import PredictConfig
+
+    assert PredictConfig(weights="w.pt", source="0", reconnect=0).reconnect == 0
+    for bad in (-1, float("nan"), float("inf"), True, "3"):
+        with pytest.raises(ConfigError, match=r"--reconnect must be a number of seconds from 0 to 604800 \(a week\)"):
+            PredictConfig(weights="w.pt", source="0", reconnect=bad)

@@ -51,7 +51,8 @@ MAX_RECONNECT_DELAY = 5.0
 class Frame:
     """One frame: ``image`` ``[3, H, W]`` uint8 RGB, ``stream`` (the source's index in its group), ``index`` (the
     frame's number in its source, dropped frames counted), ``time`` (``time.perf_counter()`` when read) and
-    ``source`` (the source it came from: a file or a stream's name as given, or ``None`` for an in-memory image)."""
+    ``source`` (the source it came from: a file, a stream's name (its URL with the secrets hidden), or ``None`` for
+    an in-memory image)."""
 
     image: Tensor
     stream: int
