@@ -217,3 +217,25 @@ def test_reconnect_takes_seconds_from_zero_to_a_week():
     for bad in (-1, float("nan"), float("inf"), True, "3"):
         with pytest.raises(ConfigError, match=r"--reconnect must be a number of seconds from 0 to 604800 \(a week\)"):
             PredictConfig(weights="w.pt", source="0", reconnect=bad)
+
+
+def test_a_reader_stuck_in_opencv_fails_its_stream(monkeypatch):
+    # a read that neither returns nor times out (a driver or FFmpeg bug): the run must not wait on it forever
+    release = threading.Event()
+
+    class Stuck(FakeCapture):
+        def read(self):
+            if self.left == 0:
+                release.wait(60)
+                return False, None
+            return super().read()
+
+    url = "rtsp://127.0.0.1:9/cam"
+    fake_opens(monkeypatch, {url: [Stuck(2)]})
+    monkeypatch.setattr("ssd.inference.streams.STALL_S", 0.2)
+    with StreamGroup([url]) as group:
+        with pytest.raises(StreamError, match=r"^rtsp://127.0.0.1:9/cam: no frame for 0.2 s \(OpenCV's read neither "
+                                              r"returned nor timed out\)$"):
+            read_all(group)
+        assert group.streams[0].frames == 2
+        release.set()  # the stuck read returns at last: its stream is over, the reader exits

@@ -1,4 +1,4 @@
-"""What a stream's run leaves behind (ssd.inference.video_out, SIGTERM in ssd predict): a writer that cannot write
+"""What a stream's run leaves behind (ssd.inference.videos, SIGTERM in ssd predict): a writer that cannot write
 fails loudly, a stream that changes size is drawn honestly, a killed live run leaves a video that plays, and SIGTERM
 ends a stream or folder run as Ctrl-C does. Streams come from servers on 127.0.0.1 made by the tests (or fake
 captures); runs that are signalled are processes of their own, waited for with bounded polls."""

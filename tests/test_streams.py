@@ -18,7 +18,8 @@ from ssd.cli import main
 from ssd.errors import ConfigError, StreamError
 from ssd.inference.detector import load
 from ssd.inference.sources import predict_source
-from ssd.inference.streams import StreamGroup, is_live, live_sources, source_frames, stream_name, video_frames
+from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
+from ssd.inference.videos import source_frames, video_frames
 from ssd.inference.writers import read_jsonl
 
 cv2 = pytest.importorskip("cv2")

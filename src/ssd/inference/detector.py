@@ -226,8 +226,9 @@ class Detector:
         ``stream``: return a generator instead of a list (a live source never ends: iterate it and stop when
         done). One image has nothing to track across: a single path that is not a video raises ``ValueError``."""
         from ssd.data.images import is_image
-        from ssd.inference.streams import Frame, is_live, source_frames
+        from ssd.inference.streams import Frame, is_live
         from ssd.inference.tracking import track_frames, tracker_settings
+        from ssd.inference.videos import source_frames
 
         options = dict(score_threshold=self.confidence(score_threshold)[0], iou_threshold=iou_threshold,
                        max_detections=max_detections)

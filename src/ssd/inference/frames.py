@@ -2,12 +2,12 @@
 :func:`ssd.inference.sources.predict_source`.
 
 Frames come in batches (:func:`image_frames`: image files decoded ahead in threads, one sequence in name order;
-:func:`ssd.inference.streams.video_frames`: every frame of a file, in order;
+:func:`ssd.inference.videos.video_frames`: every frame of a file, in order;
 :class:`ssd.inference.streams.StreamGroup`: the newest frame of each live stream) and go through
 :func:`predict_frames`: detected and, with ``--track``, tracked with one tracker per source
 (:func:`ssd.inference.tracking.track_frames`); each result goes to the run's
 :class:`~ssd.inference.writers.PredictionWriter` as it comes, each drawn frame to its image file or its source's video
-(:class:`~ssd.inference.video_out.VideoOut`) and to the ``--show`` window.
+(:class:`~ssd.inference.videos.VideoOut`) and to the ``--show`` window.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from tqdm import tqdm
 from ssd.errors import StreamError
 from ssd.inference.prefetch import decode_files
 from ssd.inference.signals import Terminated
-from ssd.inference.streams import Frame, StreamGroup, VideoFile
+from ssd.inference.streams import Frame, StreamGroup
 from ssd.inference.tracking import Tracker, track_frames
-from ssd.inference.video_out import VideoOut
+from ssd.inference.videos import VideoFile, VideoOut
 from ssd.log import progress as progress_bar
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from ssd.inference.result_files import check_format
 from ssd.inference.shards import Shard
 from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
 from ssd.inference.tracking import tracker_settings
-from ssd.inference.video_out import LIVE_VIDEO_SUFFIX
+from ssd.inference.videos import LIVE_VIDEO_SUFFIX
 from ssd.inference.writers import PredictionWriter, exclude_save_dirs
 from ssd.log import LOGGER
 from ssd.schemas import PredictConfig
@@ -125,7 +125,7 @@ def resolve_source(source: str | Path) -> list[Path]:
 def output_paths(files: list[Path | str], save_dir: Path) -> dict[Path | str, Path]:
     """Where the drawn copy of each input goes: ``save_dir`` / its path relative to the inputs' common folder
     (videos as ``.mp4``), a live source (a string, :func:`~ssd.inference.streams.is_live`) as
-    ``save_dir / <stream_name>.avi`` (:mod:`ssd.inference.video_out`: readable after a kill); a name taken twice
+    ``save_dir / <stream_name>.avi`` (:mod:`ssd.inference.videos`: readable after a kill); a name taken twice
     gets ``_2``, ``_3``, ... before its suffix."""
     local = [Path(f) for f in files if not (isinstance(f, str) and is_live(f))]
     root = os.path.commonpath([os.path.abspath(f.parent) for f in local]) if local else ""

@@ -7,7 +7,8 @@ taken is counted in ``dropped``. A video (a file, or a URL whose frame count is 
 gives every frame, in order, and ends after its last. A live source that stops (a failed read: OpenCV gives up after
 :data:`~ssd.inference.capture.TIMEOUT_MS`) is reopened with a doubling delay capped at :data:`MAX_RECONNECT_DELAY`
 until it gives a frame again or ``reconnect`` seconds have passed, and then fails with a :class:`StreamError` naming
-it; a reader that fails in any other way fails so too. :class:`StreamGroup` batches the newest frames of all its
+it; a reader that fails in any other way, or makes no progress for :data:`STALL_S` (a read stuck in OpenCV), fails
+so too. :class:`StreamGroup` batches the newest frames of all its
 sources (the others go on when one fails, unless ``fail_fast``), and :meth:`StreamGroup.close` stops the readers
 (what ``ssd predict`` does on Ctrl-C). A source's URL is used only to open it: frames, outputs and messages name it
 with its secrets hidden (:func:`ssd.text.redact_url`).
@@ -33,9 +34,8 @@ from ssd.optional import require
 from ssd.schemas import PredictConfig
 from ssd.text import redact_url
 
-__all__ = ["LIVE_SCHEMES", "MAX_RECONNECT_DELAY", "RECONNECT", "RECONNECT_DELAY", "STREAMS_SUFFIX", "Frame",
-           "LiveStream", "StreamGroup", "is_live", "live_sources", "source_frames", "stream_name", "VideoFile",
-           "video_frames"]
+__all__ = ["LIVE_SCHEMES", "MAX_RECONNECT_DELAY", "RECONNECT", "RECONNECT_DELAY", "STALL_S", "STREAMS_SUFFIX",
+           "Frame", "LiveStream", "StreamGroup", "is_live", "live_sources", "stream_name"]
 
 LIVE_SCHEMES = ("rtsp://", "rtsps://", "rtmp://", "http://", "https://", "tcp://", "udp://", "srt://")
 STREAMS_SUFFIX = ".streams"
@@ -45,6 +45,9 @@ RECONNECT_DELAY = 0.5
 """Seconds before the first reconnection attempt; each further attempt waits twice as long, up to
 :data:`MAX_RECONNECT_DELAY`."""
 MAX_RECONNECT_DELAY = 5.0
+STALL_S = 3 * TIMEOUT_MS / 1000
+"""Seconds a reader may go without a frame, a reconnection attempt or its frame taken before its stream fails: twice
+the longest an open and a read may take, plus a reconnection delay."""
 
 
 @dataclass
@@ -131,6 +134,7 @@ class LiveStream:
         self._latest: Frame | None = None
         self._stop = threading.Event()
         self._outage: float | None = None  # when the source stopped giving frames, while it does not
+        self.alive = time.monotonic()  # the reader's last sign of progress (a frame, a reopen, a frame taken)
         self._capture = open_capture(source)
         if self._capture is None:
             raise cannot_open(source)
@@ -146,6 +150,7 @@ class LiveStream:
         """The newest frame not taken yet, or ``None``; call with :attr:`condition` held."""
         frame, self._latest = self._latest, None
         if frame is not None:
+            self.alive = time.monotonic()
             self.condition.notify_all()  # a video's reader waits for its frame to be taken
         return frame
 
@@ -204,16 +209,19 @@ class LiveStream:
         with self.condition:
             if not self._live:
                 self.condition.wait_for(lambda: self._latest is None or self._stop.is_set())
+            if self._stop.is_set():  # stopped, or failed as stuck: no frame after its end
+                return
             self.dropped += self._latest is not None
             self._latest = Frame(image, self.stream, self.frames, time.perf_counter(), self.source)
             self.frames += 1
             self.condition.notify_all()
-        self._outage = None
+        self._outage, self.alive = None, time.monotonic()
 
     def _reconnect(self):
         """A reopened capture, or ``None`` after a stop or :attr:`reconnect` seconds of outage (:attr:`error` set).
         The outage lasts until a frame comes: a source that reopens and then gives no frame is not retried forever."""
-        self._outage = time.monotonic() if self._outage is None else self._outage
+        self.alive = time.monotonic()
+        self._outage = self.alive if self._outage is None else self._outage
         deadline, delay, attempts = self._outage + self.reconnect, RECONNECT_DELAY, 0
         while (left := deadline - time.monotonic()) > 0:
             if self._stop.wait(min(delay, left)):
@@ -221,58 +229,12 @@ class LiveStream:
             delay = min(2 * delay, MAX_RECONNECT_DELAY)
             if (left := deadline - time.monotonic()) <= 0:
                 break
-            attempts += 1
+            attempts, self.alive = attempts + 1, time.monotonic()
             if (capture := open_capture(self._url, min(TIMEOUT_MS, 1000 * left))) is not None:
                 return capture
         self.error = StreamError(f"{self.source} stopped after {self.frames} frames and did not come back within "
                                  f"{self.reconnect:g} s ({attempts} reconnection attempt{'s' * (attempts != 1)})")
         return None
-
-
-class VideoFile:
-    """A video file opened once: ``fps`` and ``length`` (frames) as its header announces them (0 when it does not
-    say), and :meth:`batches`, every frame in order."""
-
-    def __init__(self, path: str | Path):
-        cv2 = require("cv2", "video", "reading video")
-        self.path = path
-        self._capture = cv2.VideoCapture(str(path))
-        self.fps = self._capture.get(cv2.CAP_PROP_FPS) or 0.0
-        self.length = max(int(self._capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0), 0)
-
-    def batches(self, batch_size: int, stream: int = 0) -> Iterator[list[Frame]]:
-        """Every frame, in order (none dropped), ``batch_size`` at a time, the file closed at the end;
-        :class:`StreamError` when OpenCV cannot read a single frame of it."""
-        index = 0
-        try:
-            while True:
-                batch = []
-                while len(batch) < batch_size and (read := self._capture.read())[0]:
-                    batch.append(Frame(from_bgr(read[1]), stream, index + len(batch), time.perf_counter(),
-                                       str(self.path)))
-                if not batch:
-                    break
-                index += len(batch)
-                yield batch
-        finally:
-            self._capture.release()
-        if index == 0:
-            raise StreamError(f"{self.path}: cannot read any frame (not a video OpenCV can decode)")
-
-
-def video_frames(path: str | Path, batch_size: int, stream: int = 0) -> Iterator[list[Frame]]:
-    """Every frame of a video file, in order, ``batch_size`` at a time (:meth:`VideoFile.batches`)."""
-    return VideoFile(path).batches(batch_size, stream)
-
-
-def source_frames(source: str | Path, batch_size: int) -> Iterator[list[Frame]]:
-    """Batches of frames of a live source (:class:`StreamGroup`: the newest frame of each stream, the readers
-    stopped when the iteration ends or is closed) or of a video file (:func:`video_frames`)."""
-    if is_live(source):
-        with StreamGroup(live_sources(source)) as group:
-            yield from group
-    else:
-        yield from video_frames(source, batch_size)
 
 
 class StreamGroup:
@@ -304,7 +266,8 @@ class StreamGroup:
         said: set[int] = set()
         while True:
             with self.condition:
-                self.condition.wait_for(self._ready)
+                while not self.condition.wait_for(self._ready, timeout=STALL_S / 4):
+                    self._fail_stalled()
                 batch = [frame for stream in self.streams if (frame := stream.take()) is not None]
                 failed = [s for s in self.streams if s.error is not None and s.done and s.stream not in said]
                 over = all(s.done for s in self.streams)
@@ -321,6 +284,15 @@ class StreamGroup:
                 if errors:
                     raise StreamError("; ".join(errors))
                 return
+
+    def _fail_stalled(self) -> None:
+        """Fail a stream whose reader is stuck (:data:`STALL_S`); its thread is left to end (a daemon)."""
+        for stream in self.streams:
+            if not stream.ended and not stream.waiting and time.monotonic() - stream.alive > STALL_S:
+                stream.error = StreamError(f"{stream.source}: no frame for {STALL_S:g} s (OpenCV's read neither "
+                                           f"returned nor timed out)")
+                stream.ended = True
+                stream.stop()
 
     def _ready(self) -> bool:
         return any(s.waiting for s in self.streams) or all(s.ended for s in self.streams)

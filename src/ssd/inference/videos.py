@@ -1,4 +1,6 @@
-"""``ssd predict``'s drawn videos: :class:`VideoOut`, one per video or live stream.
+"""Video files for ``ssd predict``: :class:`VideoFile` reads one whole (every frame, in order), :func:`source_frames`
+gives batches of frames of a video file or of live sources (:class:`ssd.inference.streams.StreamGroup`), and
+:class:`VideoOut` writes a drawn video, one per video or live stream.
 
 A video file is drawn as ``.mp4`` (MPEG-4), finished when the run ends (Ctrl-C and SIGTERM included: ``ssd
 predict`` turns SIGTERM into what Ctrl-C does). An MP4 written by OpenCV keeps its index for the end, so a run killed
@@ -11,15 +13,18 @@ and said (:meth:`VideoOut.note`), while each frame's results keep its own size.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from torch import Tensor
 
-from ssd.errors import OutputError
-from ssd.inference.bgr import to_bgr
+from ssd.errors import OutputError, StreamError
+from ssd.inference.bgr import from_bgr, to_bgr
+from ssd.inference.streams import Frame, StreamGroup, is_live, live_sources
 from ssd.optional import require
 
-__all__ = ["LIVE_VIDEO_SUFFIX", "VideoOut"]
+__all__ = ["LIVE_VIDEO_SUFFIX", "VideoFile", "VideoOut", "source_frames", "video_frames"]
 
 LIVE_VIDEO_SUFFIX = ".avi"
 """The suffix of a live stream's drawn video: Motion JPEG in AVI, readable after the run is killed."""
@@ -66,3 +71,49 @@ class VideoOut:
 
     def release(self) -> None:
         self._writer.release()
+
+
+class VideoFile:
+    """A video file opened once: ``fps`` and ``length`` (frames) as its header announces them (0 when it does not
+    say), and :meth:`batches`, every frame in order."""
+
+    def __init__(self, path: str | Path):
+        cv2 = require("cv2", "video", "reading video")
+        self.path = path
+        self._capture = cv2.VideoCapture(str(path))
+        self.fps = self._capture.get(cv2.CAP_PROP_FPS) or 0.0
+        self.length = max(int(self._capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0), 0)
+
+    def batches(self, batch_size: int, stream: int = 0) -> Iterator[list[Frame]]:
+        """Every frame, in order (none dropped), ``batch_size`` at a time, the file closed at the end;
+        :class:`StreamError` when OpenCV cannot read a single frame of it."""
+        index = 0
+        try:
+            while True:
+                batch = []
+                while len(batch) < batch_size and (read := self._capture.read())[0]:
+                    batch.append(Frame(from_bgr(read[1]), stream, index + len(batch), time.perf_counter(),
+                                       str(self.path)))
+                if not batch:
+                    break
+                index += len(batch)
+                yield batch
+        finally:
+            self._capture.release()
+        if index == 0:
+            raise StreamError(f"{self.path}: cannot read any frame (not a video OpenCV can decode)")
+
+
+def video_frames(path: str | Path, batch_size: int, stream: int = 0) -> Iterator[list[Frame]]:
+    """Every frame of a video file, in order, ``batch_size`` at a time (:meth:`VideoFile.batches`)."""
+    return VideoFile(path).batches(batch_size, stream)
+
+
+def source_frames(source: str | Path, batch_size: int) -> Iterator[list[Frame]]:
+    """Batches of frames of a live source (:class:`StreamGroup`: the newest frame of each stream, the readers
+    stopped when the iteration ends or is closed) or of a video file (:func:`video_frames`)."""
+    if is_live(source):
+        with StreamGroup(live_sources(source)) as group:
+            yield from group
+    else:
+        yield from video_frames(source, batch_size)
