@@ -13,7 +13,7 @@ import ssd.data.index as index_module
 import ssd.data.memo as memo_module
 from builders import make_dataset
 from ssd.data.disk_cache import disk_images
-from ssd.data.index import index_dataset, json_hash, stable_state
+from ssd.data.index import INDEX_VERSION, index_dataset, json_hash, stable_state
 from ssd.data.index_file import _digest, damage_reason
 from ssd.errors import DataError
 from test_data_index import index_file, messages, reads, settle, voc
@@ -40,7 +40,7 @@ def test_an_index_of_an_older_version_is_rebuilt_with_a_notice(tmp_path, caplog)
     rebuilt = index_dataset(data)
     (notice,) = [m for m in messages(caplog) if "dataset cache" in m]
     assert notice == (f"dataset cache: {path} is not a valid index (it was written for index version 1, this ssd "
-                      "reads version 2): rebuilding it")
+                      f"reads version {INDEX_VERSION}): rebuilding it")
     assert rebuilt.stored and len(rebuilt.reads) == 2 * 8 + 6 and reads(data) == []
 
 

@@ -28,7 +28,7 @@ from ssd.data.memo import map_in_processes
 from ssd.data.object_rules import object_issues
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
-from ssd.data.table import RecordTable
+from ssd.data.table import IGNORE, RecordTable
 from ssd.device import usable_cores
 from ssd.errors import DataError, ImageError
 from ssd.log import progress
@@ -95,7 +95,7 @@ def _stats(spec: DatasetSpec) -> dict[str, dict]:
             per_class, images_per_class = records.name_counts()
             stats[split] = {"images": len(records), "objects": records.num_objects,
                             "images_without_objects": int((np.diff(records.first) == 0).sum()),
-                            "difficult_or_crowd": int(np.count_nonzero(records.flags)),
+                            "difficult_or_crowd": int(np.count_nonzero(records.flags & IGNORE)),
                             "objects_per_class": per_class, "images_per_class": images_per_class}
             continue
         per_class: dict[str, int] = {}

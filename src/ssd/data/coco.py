@@ -285,7 +285,8 @@ def _table(json_path: Path, images: _Images, found: _Objects, names: list[str]) 
     detail = Detail({"lines": grouped(lines), "names": Strings.pack(names + list(extra)).take(grouped(codes)),
                      "sources": _texts(str(json_path), [], len(owner)),
                      "where": grouped(_texts(f"{json_path.name} annotation id ", list(map(str, found.ids)))),
-                     "raw": grouped(_texts("bbox ", list(map(str, found.bboxes))))})
+                     "raw": grouped(_texts("bbox ", list(map(str, found.bboxes)))),
+                     "z_order": np.zeros(len(owner), np.int64)})
     return RecordTable(detail, paths=Strings.pack(images.paths, share_prefix=True),
                        annotations=_texts(str(json_path), [], len(images.paths)),
                        image_ids=Strings.pack(list(map(str, images.ids))),

@@ -58,7 +58,7 @@ from ssd.log import LOGGER
 __all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "cache_lock", "Indexed", "index_dataset", "release_freed_heap",
            "stable_state", "state_array", "json_hash"]
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 """Changes whenever what an index stores changes: an index of another version is rebuilt (with a notice)."""
 FOLDER_SCHEME = 1
 """The index folder is named by a hash of this and the data path: it stays, so an older index is found and rebuilt."""

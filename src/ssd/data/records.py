@@ -36,6 +36,8 @@ class ObjectRecord:
         raw: the box as written in the file (``xmin=1 ymin=1 xmax=9 ymax=9``, ``cx cy w h`` text,
             ``bbox [x, y, w, h]``),
             quoted in messages so users find the bad value they wrote.
+        occluded: CVAT's ``occluded`` flag (kept for conversions; trained on like any object).
+        z_order: CVAT's ``z_order`` (drawing order; kept for conversions).
     """
 
     box: tuple[float, float, float, float]
@@ -47,6 +49,8 @@ class ObjectRecord:
     source: Path | None = None
     where: str = ""
     raw: str = ""
+    occluded: bool = False
+    z_order: int = 0
 
     @property
     def ignore(self) -> bool:
@@ -96,7 +100,8 @@ class Issue:
 
 @dataclass
 class DatasetSpec:
-    """A parsed dataset: ``format`` is ``"voc"``, ``"coco"`` or ``"yolo"``; ``splits`` maps split names to records.
+    """A parsed dataset: ``format`` is ``"voc"``, ``"coco"``, ``"yolo"``, ``"labelme"``, ``"cvat"`` or
+    ``"labelstudio"``; ``splits`` maps split names to records.
 
     ``issues`` holds problems found while parsing (unparseable files, missing images); ``check_dataset`` adds the
     rest. ``sources`` maps a split to the file that describes it (``data.yaml``, a COCO JSON), for messages; a split

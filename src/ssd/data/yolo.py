@@ -28,7 +28,7 @@ from ssd.limits import is_whole, value_text
 from ssd.text import few
 from ssd.yamlfile import safe_load
 
-__all__ = ["read_yolo_yaml", "read_yolo_folder", "label_path"]
+__all__ = ["read_yolo_yaml", "read_yolo_folder", "label_path", "read_description", "parse_names"]
 
 _SPLITS = {"train": "train", "val": "val", "valid": "val", "test": "test"}
 
@@ -42,7 +42,8 @@ def label_path(image: Path) -> Path:
     return Path(*parts).with_suffix(".txt")
 
 
-def _names(raw, source: Path) -> list[str]:
+def parse_names(raw, source: Path) -> list[str]:
+    """The class names of a YAML's ``names`` (a list, or a dict ``{id: name}`` of ids 0..K-1), checked."""
     if isinstance(raw, dict):
         by_id: dict[int, object] = {}
         for key, value in raw.items():  # whole numbers only: 1.5 or True would be cut to a class id silently
@@ -218,8 +219,8 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
     return records
 
 
-def read_yolo_yaml(yaml_path: Path) -> DatasetSpec:
-    """Read a YOLO dataset described by ``data.yaml`` (splits named there; ``valid`` is renamed ``val``)."""
+def read_description(yaml_path: Path):
+    """The parsed YAML of a data description; ``DataError`` naming the file (and line) when it cannot be read."""
     try:
         desc = safe_load(yaml_path.read_bytes())  # bytes: PyYAML detects the encoding and skips a BOM
     except yaml.YAMLError as e:
@@ -228,10 +229,17 @@ def read_yolo_yaml(yaml_path: Path) -> DatasetSpec:
         raise DataError(f"{yaml_path}{line}: YAML does not parse ({e})") from e
     except (OSError, RecursionError) as e:
         raise DataError(f"{yaml_path}: cannot read ({type(e).__name__}: {e})") from e
+    return desc
+
+
+def read_yolo_yaml(yaml_path: Path, desc=None) -> DatasetSpec:
+    """Read a YOLO dataset described by ``data.yaml`` (splits named there; ``valid`` is renamed ``val``); ``desc``:
+    its :func:`read_description` when already read."""
+    desc = read_description(yaml_path) if desc is None else desc
     if not isinstance(desc, dict) or "names" not in desc:
         raise DataError(f"{yaml_path}: a YOLO data.yaml needs 'names' (a list of class names) and split folders "
                         "('train', 'val', optionally 'test')")
-    names = _names(desc["names"], yaml_path)
+    names = parse_names(desc["names"], yaml_path)
     nc = desc.get("nc", len(names))
     if not is_whole(nc) or nc != len(names):
         raise DataError(f"{yaml_path}: nc: {value_text(nc)} disagrees with the {len(names)} names {names} (nc is the "
