@@ -141,8 +141,9 @@ def _annotation(task: dict, where: str, rel: str, issues: list[Issue]) -> dict |
 
 
 def read_labelstudio_split(json_path: Path, root: Path, split: str, issues: list[Issue],
-                           image_root: Path | None = None) -> list[ImageRecord]:
-    """The annotated tasks of one export as split ``split`` (see the module docstring)."""
+                           image_root: Path | None = None) -> tuple[list[ImageRecord], None]:
+    """The annotated tasks of one export as split ``split`` (see the module docstring), and None: an export declares
+    no class list."""
     rel = relative_path(json_path, root)
     bases = [image_root] if image_root else list(dict.fromkeys([json_path.parent, json_path.parent / "images", root,
                                                                 root / "images"]))
@@ -200,5 +201,5 @@ def read_labelstudio_split(json_path: Path, root: Path, split: str, issues: list
         raise DataError(f"{json_path}: none of its {len(unannotated)} task(s) has an annotation (predictions, as "
                         "ssd predict --format labelstudio writes them, are not ground truth: import the file into "
                         "Label Studio, correct and submit the tasks, then export them as JSON)")
-    return records
+    return records, None
 

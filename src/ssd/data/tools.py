@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 from ssd.data.coco import split_name
+from ssd.data.cvat import is_cvat, read_cvat_split
 from ssd.data.labelme import is_labelme, read_labelme_split
 from ssd.data.labelstudio import read_labelstudio_split
 from ssd.data.records import DatasetSpec, ImageRecord, Issue
@@ -29,16 +30,19 @@ from ssd.text import few
 
 __all__ = ["TOOL_FORMATS", "tool_format", "tool_splits", "read_tools", "read_tool_file", "read_tool_yaml"]
 
-TOOL_FORMATS = ("labelme", "labelstudio")
+TOOL_FORMATS = ("labelme", "labelstudio", "cvat")
 """The tools' formats: class names come from ``classes.txt``, else the annotations (as VOC's)."""
 _ALIASES = {"valid": "val", "validation": "val"}
 _YAML_SPLITS = {"train": "train", "val": "val", "valid": "val", "test": "test"}
-_SPLIT_READERS = {"labelstudio": read_labelstudio_split}
-"""The formats of one file per split, and their readers ``(file, root, split, issues, image folder) -> records``."""
+_SPLIT_READERS = {"labelstudio": read_labelstudio_split, "cvat": read_cvat_split}
+"""The formats of one file per split, and their readers ``(file, root, split, issues, image folder) -> (records, the
+class names the file declares or None)``."""
 
 
 def _file_format(path: Path) -> str | None:
     """The tool whose export file ``path`` is, by its first bytes (None: another file)."""
+    if path.suffix.lower() == ".xml":
+        return "cvat" if is_cvat(peek(path)) else None
     if path.suffix.lower() != ".json":
         return None
     head = peek(path)
@@ -47,13 +51,16 @@ def _file_format(path: Path) -> str | None:
 
 def _export(folder: Path) -> tuple[str, list[Path]] | None:
     """``(format, its files)`` of the export directly in ``folder`` (LabelMe: the folder itself), else None."""
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".json" and p.is_file())
-    for path in files:
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".json", ".xml") and p.is_file())
+    jsons = [p for p in files if p.suffix.lower() == ".json"]
+    xmls = [p for p in files if p.suffix.lower() == ".xml"]
+    xml = [folder / "annotations.xml"] if folder / "annotations.xml" in xmls else xmls[:1]  # one, not every VOC file
+    for path in jsons + xml:
         fmt = _file_format(path)
         if fmt == "labelme":
             return fmt, [folder]
         if fmt is not None:
-            return fmt, [p for p in files if _file_format(p) == fmt]
+            return fmt, [p for p in (jsons if fmt == "labelstudio" else xmls) if _file_format(p) == fmt]
     return None
 
 
@@ -87,6 +94,17 @@ def _files_by_split(split: str, part: Path, files: list[Path], top: bool) -> dic
     return by_split
 
 
+def _declared_names(declared: dict[Path, list[str] | None]) -> list[str] | None:
+    """The class names the export files declare (CVAT's labels); files that declare different lists are refused."""
+    lists = {path: names for path, names in declared.items() if names is not None}
+    first = next(iter(lists.items()), None)
+    for path, names in lists.items():
+        if names != first[1]:
+            raise DataError(f"{first[0]} and {path} declare different labels: {first[1]} vs {names} (the splits of "
+                            "one dataset share one class list)")
+    return None if first is None else first[1]
+
+
 def read_tools(folder: Path, parts: dict[str, Path]) -> DatasetSpec:
     """The splits ``parts`` (split name -> the folder holding its export; the dataset's own folder for a dataset
     without split folders) as one dataset: class names from a ``classes.txt`` in ``folder``, else the sorted names of
@@ -95,6 +113,7 @@ def read_tools(folder: Path, parts: dict[str, Path]) -> DatasetSpec:
     splits: dict[str, list[ImageRecord]] = {}
     sources: dict[str, Path] = {}
     formats = set()
+    declared: dict[Path, list[str] | None] = {}
     for split, part in parts.items():
         fmt, files = _export(part) or ("", [])
         formats.add(fmt)
@@ -102,9 +121,9 @@ def read_tools(folder: Path, parts: dict[str, Path]) -> DatasetSpec:
             splits[split] = read_labelme_split(part, folder, split, issues)
             continue
         for name, path in _files_by_split(split, part, files, part == folder).items():
-            splits[name] = _SPLIT_READERS[fmt](path, folder, name, issues)
+            splits[name], declared[path] = _SPLIT_READERS[fmt](path, folder, name, issues)
             sources[name] = path
-    spec = tool_dataset(folder, "+".join(sorted(formats)), splits, issues)
+    spec = tool_dataset(folder, "+".join(sorted(formats)), splits, issues, names=_declared_names(declared))
     spec.sources = sources
     return spec
 
@@ -119,7 +138,8 @@ def read_tool_file(path: Path) -> DatasetSpec | None:
         return None
     issues: list[Issue] = []
     split = split_name(path)
-    spec = tool_dataset(path.parent, fmt, {split: _SPLIT_READERS[fmt](path, path.parent, split, issues)}, issues)
+    records, names = _SPLIT_READERS[fmt](path, path.parent, split, issues)
+    spec = tool_dataset(path.parent, fmt, {split: records}, issues, names=names)
     spec.sources = {split: path}
     return spec
 
@@ -148,6 +168,7 @@ def read_tool_yaml(desc, yaml_path: Path) -> DatasetSpec | None:
     splits: dict[str, list[ImageRecord]] = {}
     sources: dict[str, Path] = {}
     formats = set()
+    declared: dict[Path, list[str] | None] = {}
     for split, entry in entries.items():
         path = Path(os.path.abspath(root / entry))
         fmt = _file_format(path) if path.is_file() else None
@@ -155,9 +176,9 @@ def read_tool_yaml(desc, yaml_path: Path) -> DatasetSpec | None:
             raise DataError(f"{yaml_path}: split {split!r} names {path}, which is not a Label Studio JSON export or "
                             f"a CVAT XML file{'' if path.is_file() else ' (it does not exist)'}")
         formats.add(fmt)
-        splits[split] = _SPLIT_READERS[fmt](path, root, split, issues, image_root)
+        splits[split], declared[path] = _SPLIT_READERS[fmt](path, root, split, issues, image_root)
         sources[split] = path
-    names = parse_names(desc["names"], yaml_path) if "names" in desc else None
+    names = parse_names(desc["names"], yaml_path) if "names" in desc else _declared_names(declared)
     spec = tool_dataset(root, "+".join(sorted(formats)), splits, issues, names=names)
     spec.sources = sources
     return spec

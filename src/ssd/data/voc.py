@@ -22,7 +22,8 @@ from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, brok
 from ssd.errors import DataError, ImageError
 from ssd.text import few
 
-__all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "read_class_file", "xml_files", "CLASS_FILE"]
+__all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "read_class_file", "xml_files", "CLASS_FILE",
+           "xml_problem"]
 
 CLASS_FILE = "classes.txt"
 _SPLIT_ALIASES = {"valid": "val", "validation": "val"}
@@ -47,6 +48,16 @@ def find_voc_root(folder: Path) -> Path | None:
         if (c / "Annotations").is_dir():
             return c
     return None
+
+
+def xml_problem(error: ET.ParseError) -> str:
+    """What a parse error says, with the rule when it is an entity: an external one (another file, a URL) is
+    never fetched and a nested expansion (a "billion laughs") never made, so such a file cannot be read."""
+    text = str(error)
+    if "entity" in text or "amplification" in text:
+        return (f"XML does not parse ({text}): XML entities are not read (an external entity is never fetched, nor "
+                "an entity expansion made): write the values themselves, without <!ENTITY> declarations")
+    return f"XML does not parse ({text})"
 
 
 def _number(bndbox: ET.Element | None, tag: str) -> float:
@@ -84,7 +95,7 @@ def parse_voc_xml(xml_path: Path, rel: str, width: int | None = None,
         root = ET.parse(xml_path).getroot()
     except ET.ParseError as e:
         line = e.position[0] if e.position else None
-        return [], [Issue("error", "parse_error", f"{rel}:{line}: XML does not parse ({e})", rel, line)]
+        return [], [Issue("error", "parse_error", f"{rel}:{line}: {xml_problem(e)}", rel, line)]
     except OSError as e:
         return [], [Issue("error", "parse_error", f"{rel}: cannot read annotation ({e})", rel)]
     objects, issues = [], _size_issue(root, rel, width, height)
