@@ -63,8 +63,9 @@ def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
                 issues.append(Issue("error", "invalid_file_name", f"{where}: the file name {problem}", where,
                                     split=split, image=rec.path))
             issues += object_issues(rec, split, spec.class_names, spec.root)
-            if not rec.objects and rec.path not in failed:
-                where = relative_path(rec.annotation or rec.path, spec.root)
+            if not rec.objects and rec.path not in failed:  # named by the image when its file holds others too
+                own = rec.annotation if rec.annotation is not None and rec.annotation.stem == rec.path.stem else None
+                where = relative_path(own or rec.path, spec.root)
                 issues.append(Issue("warning", "no_objects", f"{where}: image without objects (kept as a "
                                     "background-only image)", where, split=split, image=rec.path))
     return issues

@@ -67,6 +67,7 @@ def _read_coco_files(folder: Path, jsons: list[Path]) -> DatasetSpec:
         first.splits.update(other.splits)
         first.sources.update(other.sources)
         first.issues += other.issues
+        first.watched += other.watched
     first.root = folder
     return first
 
@@ -141,8 +142,10 @@ def _no_classes(spec: DatasetSpec) -> str:
     if spec.format == "coco":
         return f"{source}: 'categories' is empty: list the object classes (each with an 'id' and a 'name')"
     images = sum(len(r) for r in spec.splits.values())
+    unread = [i.message for i in spec.issues if i.code == "parse_error"]
+    why = f"; {len(unread)} annotation problem(s) found, the first: {unread[0]}" if unread else ""
     return (f"{spec.root}: no class names: no classes.txt, and no object in the annotations of the {images} "
-            f"image(s) read ({spec.format})")
+            f"image(s) read ({spec.format}){why}")
 
 
 def _apply_class_names(spec: DatasetSpec, class_names: list[str], declared: bool) -> None:

@@ -108,6 +108,10 @@ class DatasetSpec:
     without an entry was read from folders under ``root``.
     ``category_ids``: the dataset's own category id of each label (COCO: label ``k`` is category
     ``category_ids[k]``), for results written in the dataset's ids; ``None`` for formats without ids.
+    ``watched``: what the reader looked at besides the records' files: the folders it listed and list files it read
+    (a YOLO split, an image folder named), and where a missing image was looked for. The dataset index fingerprints
+    them (folders walked, files stat'ed), so an image added to a split folder outside ``root``, or a missing image put
+    in place, is seen by the next run.
     """
 
     root: Path
@@ -117,6 +121,7 @@ class DatasetSpec:
     issues: list[Issue] = field(default_factory=list)
     category_ids: list[int] | None = None
     sources: dict[str, Path] = field(default_factory=dict)
+    watched: list[Path] = field(default_factory=list)
 
     @property
     def num_classes(self) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ssd.data.images import is_image, read_image_size
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, broken_link, relative_path
-from ssd.data.voc import CLASS_FILE, assign_labels, read_class_file
+from ssd.data.voc import CLASS_FILE, assign_labels, check_class_count, read_class_file
 from ssd.errors import DataError, ImageError
 from ssd.text import few
 
@@ -104,5 +104,6 @@ def tool_dataset(root: Path, fmt: str, splits: dict[str, list[ImageRecord]], iss
     if names is None:
         names = read_class_file(class_file) if class_file.is_file() else sorted({o.name for r in records
                                                                                   for o in r.objects})
+    check_class_count(len(names), root, "different object names")
     assign_labels(records, names)
     return DatasetSpec(root, fmt, names, splits, issues + _polygon_summary(splits, fmt))

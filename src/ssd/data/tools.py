@@ -180,5 +180,5 @@ def read_tool_yaml(desc, yaml_path: Path) -> DatasetSpec | None:
         sources[split] = path
     names = parse_names(desc["names"], yaml_path) if "names" in desc else _declared_names(declared)
     spec = tool_dataset(root, "+".join(sorted(formats)), splits, issues, names=names)
-    spec.sources = sources
+    spec.sources, spec.watched = sources, [image_root] if image_root else []
     return spec

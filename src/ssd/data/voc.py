@@ -20,10 +20,11 @@ from ssd.data.images import is_image, read_image_size
 from ssd.data.memo import decode_parsed, encode_parsed, remembered
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
 from ssd.errors import DataError, ImageError
+from ssd.limits import MAX_CLASSES
 from ssd.text import few
 
 __all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "read_class_file", "xml_files", "CLASS_FILE",
-           "xml_problem"]
+           "xml_problem", "check_class_count"]
 
 CLASS_FILE = "classes.txt"
 _SPLIT_ALIASES = {"valid": "val", "validation": "val"}
@@ -177,13 +178,22 @@ def _read_images(pairs: list[tuple[str, Path | None, Path]], root: Path, split: 
     return records
 
 
+def check_class_count(count: int, source: str | Path, what: str = "class names") -> None:
+    """``DataError`` naming ``source`` when a dataset has more than :data:`~ssd.limits.MAX_CLASSES` classes (checked
+    before the names are looked at one by one)."""
+    if count > MAX_CLASSES:
+        raise DataError(f"{source}: {count:,} {what}; a dataset may have at most {MAX_CLASSES:,} classes (is this "
+                        "the right file?)")
+
+
 def read_class_file(path: Path) -> list[str]:
     """The class names of a ``classes.txt`` (one per line); ``DataError`` when it holds none (an empty file is a
-    mistake to report, never a reason to guess the names)."""
+    mistake to report, never a reason to guess the names) or too many."""
     names = read_lines(path)
     if not names:
         raise DataError(f"{path}: the class file is empty: list one class name per line (or delete it to take the "
                         "names from the annotations)")
+    check_class_count(len(names), path)
     return names
 
 
@@ -210,7 +220,9 @@ def _class_names(root: Path, records: list[ImageRecord]) -> list[str]:
     class_file = root / CLASS_FILE
     if class_file.is_file():
         return read_class_file(class_file)
-    return sorted({o.name for r in records for o in r.objects})
+    names = sorted({o.name for r in records for o in r.objects})
+    check_class_count(len(names), root, "different object names in the annotations")
+    return names
 
 
 def read_voc(folder: Path) -> DatasetSpec:
