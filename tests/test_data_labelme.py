@@ -9,7 +9,9 @@ import pytest
 from builders import write_image
 from ssd.data import check_dataset, load_dataset
 from ssd.data.gate import load_training_data
+from ssd.data.index import index_dataset
 from ssd.data.tools import read_tools
+from test_data_index import reads, settle
 
 FIXTURES = Path(__file__).parent / "data" / "labelme"
 
@@ -97,3 +99,15 @@ def test_labelme_unparseable_file_and_embedded_image(tmp_path):
 def test_labelme_gate_trains_on_it(labelme):
     spec = load_training_data(labelme, splits=("train",), skip_invalid=False)
     assert spec.splits["train"].num_objects == 3
+
+
+def test_labelme_index_reads_only_the_file_that_changed(labelme):
+    settle(labelme.parent)
+    index_dataset(labelme)
+    assert reads(labelme) == []
+    shape = json.loads((labelme / "b.json").read_text())
+    shape["shapes"][0]["label"] = "dog"
+    (labelme / "b.json").write_text(json.dumps(shape))
+    settle(labelme.parent)
+    assert reads(labelme) == [("labelme", "b.json")]
+    assert [o.name for o in index_dataset(labelme).spec.records("train")[1].objects] == ["dog"]

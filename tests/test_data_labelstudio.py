@@ -12,6 +12,7 @@ from builders import write_image
 from ssd.data import check_dataset, load_dataset
 from ssd.data.gate import load_training_data
 from ssd.data.labelstudio import image_names
+from ssd.data.tools import tool_format
 from ssd.errors import DataError
 from ssd.inference.result_files import write_results
 
@@ -136,3 +137,11 @@ def test_labelstudio_images_in_a_folder_the_yaml_names(tmp_path, export):
     description.write_text("train: export.json\nimages: nowhere\n")
     with pytest.raises(DataError, match="data.yaml: 'images' is 'nowhere', not a folder that exists"):
         load_dataset(description)
+
+
+def test_a_list_of_coco_results_is_not_taken_for_a_label_studio_export(tmp_path):
+    (tmp_path / "detections.json").write_text(json.dumps([{"image_id": 1, "category_id": 1, "bbox": [1, 1, 5, 5],
+                                                            "score": 0.9}]))
+    assert tool_format(tmp_path) is None
+    (tmp_path / "tasks.json").write_text(json.dumps([{"data": {"image": "a.jpg"}}]))
+    assert tool_format(tmp_path) == "labelstudio"

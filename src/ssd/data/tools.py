@@ -3,9 +3,9 @@ JSON, a CVAT ``annotations.xml``), and a folder whose split folders (``train/``,
 read as one dataset with those splits.
 
 Told apart by their first bytes (:func:`ssd.data.shapes.peek`), never by parsing a whole file: a Label Studio export
-is a JSON list, a LabelMe file a JSON object with ``shapes``, a CVAT file XML whose root is ``<annotations>``. A folder
-with several Label Studio or CVAT files takes one split per file, named as COCO files are
-(:func:`ssd.data.coco.split_name`); a split folder holds one.
+is a JSON list of tasks (objects with ``data``, ``annotations`` or ``predictions``), a LabelMe file a JSON object
+with ``shapes``, a CVAT file XML whose root is ``<annotations>``. A folder with several Label Studio or CVAT files
+takes one split per file, named as COCO files are (:func:`ssd.data.coco.split_name`); a split folder holds one.
 
 A data YAML may name export files as its splits (``train: train.json``, relative to the YAML's folder), with
 ``images:`` the folder where their images are looked up by file name, and ``names:`` the class list (else
@@ -46,7 +46,8 @@ def _file_format(path: Path) -> str | None:
     if path.suffix.lower() != ".json":
         return None
     head = peek(path)
-    return "labelstudio" if head.startswith("[") else "labelme" if is_labelme(head) else None
+    tasks = head.startswith("[") and any(f'"{key}"' in head for key in ("data", "annotations", "predictions"))
+    return "labelstudio" if tasks else "labelme" if is_labelme(head) else None  # a list of COCO results is neither
 
 
 def _export(folder: Path) -> tuple[str, list[Path]] | None:
