@@ -8,13 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from builders import write_image
+from builders import TINY_TRAIN, write_image
 from ssd.data import check_dataset, load_dataset
 from ssd.data.gate import load_training_data
 from ssd.data.labelstudio import image_names
 from ssd.data.tools import tool_format
 from ssd.errors import DataError
 from ssd.inference.result_files import write_results
+from ssd.training.trainer import train
 
 FIXTURES = Path(__file__).parent / "data" / "labelstudio"
 
@@ -88,10 +89,10 @@ def test_labelstudio_export_of_predictions_only_is_refused(tmp_path):
         load_dataset(tasks)
 
 
-def test_labelstudio_loop_predict_correct_then_train(tmp_path):
+def _corrected_export(tmp_path: Path) -> Path:
     """The file ``ssd predict --format labelstudio`` writes, imported, corrected and exported as Label Studio does
-    (ids added, predictions moved to annotations with one box moved and one added, an upload URL), read by the
-    gate ``ssd train`` uses."""
+    (ids added, predictions moved to annotations with one box moved and renamed, one added, an upload URL), as the
+    train and val splits of a dataset folder."""
     images = tmp_path / "data" / "images"
     for name in ("a.jpg", "b.jpg", "c.jpg"):
         write_image(images / name, 80, 40)
@@ -109,17 +110,27 @@ def test_labelstudio_loop_predict_correct_then_train(tmp_path):
     tasks[1]["annotations"][0]["result"].append({**tasks[1]["annotations"][0]["result"][0], "id": "new"})
     tasks[2]["data"]["image"] = "/data/upload/1/9f8e7d6c-c.jpg"
     data = tmp_path / "data"
-    split = data / "train"
-    split.mkdir(parents=True)
-    (split / "export.json").write_text(json.dumps(tasks))
-    (data / "val").mkdir()
-    (data / "val" / "export.json").write_text(json.dumps(tasks[:1]))
+    for split, part in (("train", tasks), ("val", tasks[:1])):
+        (data / split).mkdir()
+        (data / split / "export.json").write_text(json.dumps(part))
+    return data
+
+
+def test_labelstudio_loop_predict_correct_then_the_training_gate_reads_it(tmp_path):
+    data = _corrected_export(tmp_path)
     spec = load_training_data(data, splits=("train", "val"))
     assert spec.class_names == ["cat", "dog"] and spec.format == "labelstudio"
     train = spec.splits["train"]
     assert len(train) == 3 and train.num_objects == 4 and train.labels.tolist() == [1, 0, 0, 0]
     assert train.boxes[0].tolist() == pytest.approx([40.0, 4.0, 72.0, 20.0])
     assert check_dataset(data).errors == []
+
+
+@pytest.mark.slow
+def test_labelstudio_loop_ssd_train_on_the_corrected_export(tmp_path):
+    result = train(data=str(_corrected_export(tmp_path)), epochs=1, project=str(tmp_path), name="ls",
+                   **{**TINY_TRAIN, "batch_size": 2})
+    assert math.isfinite(result.history[0]["train/loss"]) and (result.run_dir / "weights" / "last.pt").is_file()
 
 
 def test_labelstudio_images_in_a_folder_the_yaml_names(tmp_path, export):
