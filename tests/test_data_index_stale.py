@@ -86,6 +86,12 @@ def test_an_image_added_to_a_split_folder_outside_the_yaml_folder_is_seen_by_the
     settle(tmp_path)
     assert reads(description) == [("decode", "b.jpg"), ("size", "b.jpg"), ("yolo", "b.txt")]
     assert [r.path.name for r in index_dataset(description).spec.records("train")] == ["a.jpg", "b.jpg"]
+    (images / "labels" / "val" / "a.txt").unlink()  # a label file gone, then back: its labels folder is watched
+    settle(tmp_path)
+    assert index_dataset(description).spec.records("val")[0].objects == []
+    (images / "labels" / "val" / "a.txt").write_text("0 0.5 0.5 0.2 0.2\n")
+    settle(tmp_path)
+    assert reads(description) == [("yolo", "a.txt")]
 
 
 def _rewrite_keeping_size_and_mtime(path: Path, data: bytes) -> None:

@@ -260,8 +260,9 @@ def read_yolo_yaml(yaml_path: Path, desc=None) -> DatasetSpec:
     splits, watched = {}, []
     for key, split in _SPLITS.items():
         if desc.get(key):
-            splits[split] = _read_split(_images(desc[key], root, yaml_path, split, watched), split, root, names,
-                                        issues)
+            images = _images(desc[key], root, yaml_path, split, watched)
+            watched += sorted({label_path(image).parent for image in images})  # a label file added later is seen
+            splits[split] = _read_split(images, split, root, names, issues)
     if not splits:
         raise DataError(f"{yaml_path}: no split listed (give at least 'train: images/train')")
     return DatasetSpec(root, "yolo", names, splits, issues, watched=watched)
