@@ -18,7 +18,7 @@ from ssd.data.voc import CLASS_FILE, assign_labels, check_class_count, read_clas
 from ssd.errors import DataError, ImageError
 from ssd.text import few
 
-__all__ = ["POLYGON_RAW", "bounding_box", "find_image", "image_size", "tool_dataset", "peek"]
+__all__ = ["POLYGON_RAW", "bounding_box", "find_image", "image_size", "tool_dataset", "peek", "unlisted_images"]
 
 POLYGON_RAW = "polygon "
 """How the ``raw`` text of an object read from a polygon starts."""
