@@ -44,11 +44,13 @@ INDEX_ERRORS = (OSError, ValueError, KeyError, EOFError, RecursionError, zipfile
 def open_regular(path: str | os.PathLike) -> BinaryIO:
     """``path`` open for reading; ``ValueError`` unless it is a regular file (opened without blocking: a FIFO's
     open would wait for a writer forever)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    nonblock = getattr(os, "O_NONBLOCK", 0)  # POSIX (Windows has no FIFO to open)
+    fd = os.open(path, os.O_RDONLY | nonblock | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("it is not a regular file (a FIFO or a device?)")
-        os.set_blocking(fd, True)
+        if nonblock:
+            os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
