@@ -13,7 +13,7 @@ import ssd.data.index as index_module
 import ssd.data.memo as memo_module
 from builders import make_dataset
 from ssd.data.disk_cache import disk_images
-from ssd.data.index import index_dataset, json_hash, stable_state
+from ssd.data.index import INDEX_VERSION, index_dataset, json_hash, stable_state
 from ssd.data.index_file import _digest, damage_reason
 from ssd.errors import DataError
 from test_data_index import index_file, messages, reads, settle, voc
@@ -40,7 +40,7 @@ def test_an_index_of_an_older_version_is_rebuilt_with_a_notice(tmp_path, caplog)
     rebuilt = index_dataset(data)
     (notice,) = [m for m in messages(caplog) if "dataset cache" in m]
     assert notice == (f"dataset cache: {path} is not a valid index (it was written for index version 1, this ssd "
-                      "reads version 2): rebuilding it")
+                      f"reads version {INDEX_VERSION}): rebuilding it")
     assert rebuilt.stored and len(rebuilt.reads) == 2 * 8 + 6 and reads(data) == []
 
 
@@ -53,11 +53,22 @@ def test_the_message_columns_of_a_split_are_read_and_checked_alone_when_used(tmp
     warm = index_dataset(data, splits=("train", "val"))
     assert warm.reads == [] and not messages(caplog)  # a warm start does not read the message columns
     assert warm.spec.records("train")[0].objects[0].where.startswith("Annotations/")  # train's own, intact
+    assert warm.spec.records("val")[0].objects[0].where.startswith("Annotations/")  # rebuilt in this run
+    assert messages(caplog) == [f"dataset cache: {path} is not a valid index (its message columns of split {val} do "
+                                "not match their digest (edited or damaged)): rebuilding it now"]
+    assert path.exists() and reads(data, splits=("train", "val")) == []
+
+
+def test_message_columns_damaged_while_the_dataset_changed_tell_the_run_to_run_again(tmp_path, caplog):
+    data = voc(tmp_path)
+    index_dataset(data, splits=("train", "val"))
+    path = index_file(data)
+    val = json.loads(np.load(path)["meta"].tobytes())["splits"].index("val")
+    rewrite(path, lambda m: m.__setitem__(f"split{val}.where.blob", m[f"split{val}.where.blob"][::-1].copy()))
+    warm = index_dataset(data, splits=("train", "val"))
+    (data / "JPEGImages" / "synth_000006.jpg").unlink()  # a val image gone: the rebuilt split is another one
     with pytest.raises(DataError, match="changed while this run used it"):
         warm.spec.records("val")[0]
-    assert messages(caplog) == [f"dataset cache: {path} is not a valid index (its message columns of split {val} do "
-                                "not match their digest (edited or damaged)): removed, the next run rebuilds it"]
-    assert not path.exists() and len(reads(data, splits=("train", "val"))) == 3 * 8
 
 
 def test_damaged_per_file_results_are_not_trusted_when_rebuilding(tmp_path, caplog):
@@ -115,8 +126,8 @@ def test_the_index_and_the_image_cache_share_their_names_file_states_and_notices
     file = tmp_path / "f"
     file.write_text("ab")
     st = file.stat()
-    assert stable_state(str(file), st.st_mtime_ns + 1) == (2, st.st_mtime_ns, st.st_ino)
-    assert stable_state(str(file), st.st_mtime_ns) == stable_state(str(tmp_path / "none"), 0) == (-1, -1, -1)
+    assert stable_state(str(file), st.st_mtime_ns + 1) == (2, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+    assert stable_state(str(file), st.st_mtime_ns) == stable_state(str(tmp_path / "none"), 0) == (-1,) * 4
 
 
 def test_meta_data_or_per_file_results_nested_too_deep_are_rebuilt_not_a_crash(tmp_path, caplog):

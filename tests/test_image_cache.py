@@ -138,8 +138,8 @@ def test_without_a_writable_cache_folder_or_while_another_process_builds_the_ima
     for _ in range(2):
         assert DetectionDataset(records, names, image_size=48, cache_images="disk")._cache is None
     (told,) = ssd_messages()[before:]  # said once, and only that
-    assert told.startswith("dataset cache: ") and told.endswith("working without a cache (set SSD_CACHE_DIR to a "
-                                                                 "writable folder)")
+    assert told.startswith("image cache: ") and told.endswith("this run decodes the images when it reads them (set "
+                                                               "SSD_CACHE_DIR to a writable folder)")
     assert str(tmp_path / "a file") in told
 
 
@@ -246,7 +246,7 @@ def test_a_rank_after_the_first_maps_the_file_rank_0_built_even_with_an_image_ch
     records, names = dataset
     os.utime(records[3].path)  # too recent to be trusted: stored as -1 by rank 0, never fresh for a later check
     first = _disk(records, names)
-    assert first.decoded == 12 and first.states[3].tolist() == [-1, -1, -1]
+    assert first.decoded == 12 and first.states[3].tolist() == [-1] * 4
     monkeypatch.setattr("ssd.distributed.rank", lambda: 1)
     monkeypatch.setattr("ssd.distributed.broadcast_object", lambda obj: first.inode)  # what rank 0 sent
     other = _disk(records, names)

@@ -27,7 +27,7 @@ from ssd.errors import OutputError
 
 __all__ = ["check_output", "check_outputs", "atomic_write", "write_text", "write_bytes", "is_temporary",
            "remove_stale_temporaries", "describe_os_error", "make_run_dir", "DirectoryLock", "LOCK_FILE", "NAME_MAX",
-           "fitted_name", "safe_name"]
+           "fitted_name", "safe_name", "LockHeld"]
 
 # Temporaries are ".<name>.<8 characters>.ssdtmp" next to the target: a suffix of the library's own, so that cleaning
 # up never touches a user's ".notes.txt.mynotes1.tmp".
@@ -258,6 +258,10 @@ def make_run_dir(project: str | Path, name: str, exist_ok: bool = False) -> Path
             index += 1
 
 
+class LockHeld(OutputError):
+    """A :class:`DirectoryLock` another process (or another open lock in this one) holds."""
+
+
 class DirectoryLock:
     """An exclusive lock on a folder that one process writes into (a training run directory), held until
     :meth:`release`: a second run into the same folder (``--exist-ok``) is refused instead of mixing its files.
@@ -267,8 +271,12 @@ class DirectoryLock:
     children (data-loader workers still shutting down) do not keep it. Record locks do not exclude the holder itself,
     so the folders this process holds are also remembered here.
 
+    The lock file is opened without following a symbolic link (one that dangles would create its target elsewhere)
+    and must be a regular file: a link, a folder or a FIFO in its place is refused, named.
+
     Raises:
-        OutputError: the folder is locked by another process (or another open lock in this one).
+        LockHeld: the folder is locked by another process (or another open lock in this one).
+        OutputError: the lock file cannot be opened, or is not a regular file.
     """
 
     _held: ClassVar[set[str]] = set()
@@ -283,9 +291,14 @@ class DirectoryLock:
         if key in DirectoryLock._held:
             raise self._in_use(directory, what)
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o666)
         except OSError as error:
-            raise OutputError(describe_os_error(error, self.path, action="locking")) from error
+            kind = "a symbolic link" if self.path.is_symlink() else "a folder" if self.path.is_dir() else None
+            raise OutputError(f"{self.path} is {kind}, not a lock file: remove it" if kind else
+                              describe_os_error(error, self.path, action="locking")) from error
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OutputError(f"{self.path} is not a regular file (a FIFO or a device?), not a lock file: remove it")
         try:
             fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # EACCES or EAGAIN: another process holds it
@@ -294,8 +307,8 @@ class DirectoryLock:
         self._fd, self._key = fd, key
         DirectoryLock._held.add(key)
 
-    def _in_use(self, directory: str | os.PathLike, what: str) -> OutputError:
-        return OutputError(f"{what} {directory} is in use by another run (it holds {self.path}); wait for it to "
+    def _in_use(self, directory: str | os.PathLike, what: str) -> LockHeld:
+        return LockHeld(f"{what} {directory} is in use by another run (it holds {self.path}); wait for it to "
                            "finish or choose another --name")
 
     def release(self) -> None:

@@ -16,7 +16,7 @@ __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MIN_TILE", "M
            "MAX_WAIT_MS", "MAX_CROP_CACHE_BYTES", "MAX_SAVED_CROPS", "MAX_DETECTIONS", "MAX_ONNX_RUNTIME_BYTES",
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
            "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE", "MAX_NAME_CHARS", "MAX_GLOB_PATHS",
-           "MAX_WORKERS", "MAX_DISK_CACHE_BYTES",
+           "MAX_WORKERS", "MAX_DISK_CACHE_BYTES", "MAX_CLASSES",
            "MAX_UPLOAD_BYTES", "value_text", "is_whole", "is_real"]
 
 MAX_INPUT_SIDE = 4096
@@ -94,6 +94,11 @@ MAX_GLOB_PATHS = 1_000_000
 
 MAX_WORKERS = 64
 """Most data-loading processes or decoding threads one command may start (``--workers``)."""
+
+MAX_CLASSES = 10_000
+"""Most object classes a dataset may have (LVIS has 1,203): checked when the names are read (a YAML's ``names``, COCO
+``categories``, ``classes.txt``, the names in the annotations), and a YOLO class id at or beyond it is out of range
+for any dataset."""
 
 
 _SHORT = reprlib.Repr()

@@ -28,7 +28,7 @@ from ssd.data.memo import map_in_processes
 from ssd.data.object_rules import object_issues
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
-from ssd.data.table import RecordTable
+from ssd.data.table import IGNORE, RecordTable
 from ssd.device import usable_cores
 from ssd.errors import DataError, ImageError
 from ssd.log import progress
@@ -63,8 +63,9 @@ def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
                 issues.append(Issue("error", "invalid_file_name", f"{where}: the file name {problem}", where,
                                     split=split, image=rec.path))
             issues += object_issues(rec, split, spec.class_names, spec.root)
-            if not rec.objects and rec.path not in failed:
-                where = relative_path(rec.annotation or rec.path, spec.root)
+            if not rec.objects and rec.path not in failed:  # named by the image when its file holds others too
+                own = rec.annotation if rec.annotation is not None and rec.annotation.stem == rec.path.stem else None
+                where = relative_path(own or rec.path, spec.root)
                 issues.append(Issue("warning", "no_objects", f"{where}: image without objects (kept as a "
                                     "background-only image)", where, split=split, image=rec.path))
     return issues
@@ -95,7 +96,7 @@ def _stats(spec: DatasetSpec) -> dict[str, dict]:
             per_class, images_per_class = records.name_counts()
             stats[split] = {"images": len(records), "objects": records.num_objects,
                             "images_without_objects": int((np.diff(records.first) == 0).sum()),
-                            "difficult_or_crowd": int(np.count_nonzero(records.flags)),
+                            "difficult_or_crowd": int(np.count_nonzero(records.flags & IGNORE)),
                             "objects_per_class": per_class, "images_per_class": images_per_class}
             continue
         per_class: dict[str, int] = {}

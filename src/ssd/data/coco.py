@@ -30,6 +30,7 @@ import numpy as np
 from ssd.data.images import read_image_size
 from ssd.data.records import DatasetSpec, Issue
 from ssd.data.table import CROWD, Detail, RecordTable, Strings
+from ssd.data.voc import check_class_count
 from ssd.errors import DataError, ImageError
 from ssd.limits import is_whole
 
@@ -49,12 +50,15 @@ def split_name(json_path: Path) -> str:
     return next((_SPLIT_WORDS[w] for w in words if w in _SPLIT_WORDS), "train")
 
 
-def _find_image(file_name: str, json_path: Path, image_root: Path | None) -> Path:
+def _find_image(file_name: str, json_path: Path, image_root: Path | None, watched: list[Path]) -> Path:
+    """The image's file (the first place it is found); when it is nowhere, every place it was looked for is
+    appended to ``watched`` (where it may be put later)."""
     bases = [image_root] if image_root else [json_path.parent, json_path.parent / "images",
                                              json_path.parent.parent / "images", json_path.parent.parent]
     for base in bases:
         if (base / file_name).is_file():
             return base / file_name
+    watched += [base / file_name for base in bases]
     return bases[0] / file_name
 
 
@@ -94,6 +98,7 @@ def _load(json_path: Path) -> dict:
 
 def _categories(data: dict, json_path: Path) -> tuple[list[int], list[str]]:
     """Category ids in ascending order and their names; each needs an integer ``id`` (unique) and a ``name``."""
+    check_class_count(len(data["categories"]), json_path, "categories")
     seen: dict[int, int] = {}
     for i, cat in enumerate(data["categories"]):
         if not is_whole(cat.get("id")) or not isinstance(cat.get("name"), str) or not cat["name"].strip():
@@ -123,29 +128,32 @@ class _Images:
         self.sizes.append((width, height))
 
 
-def _images(data: dict, json_path: Path, image_root: Path | None, split: str, issues: list[Issue]) -> _Images:
+def _images(data: dict, json_path: Path, image_root: Path | None, split: str, issues: list[Issue],
+            watched: list[Path]) -> _Images:
     """The readable images (the others become issues). Ids must be unique."""
     rel = json_path.name
     images = _Images()
-    first: dict[int | str, tuple[int, str]] = {}
+    first: dict[str, tuple[int, str, int | str]] = {}  # by the id's text: what evaluation tells images apart by
     by_path: dict[Path, int | str] = {}
     for i, img in enumerate(data["images"]):
         image_id, file_name = img.get("id"), img.get("file_name")
         if not (is_whole(image_id) or isinstance(image_id, str)) or not isinstance(file_name, str) or not file_name:
             raise DataError(f"{json_path}: images[{i}] {img!r:.80} needs an 'id' (integer or string) and a "
                             "'file_name'")
-        if image_id in first:
-            j, other = first[image_id]
-            raise DataError(f"{json_path}: image id {image_id!r} is listed twice: {other!r} (images[{j}]) and "
-                            f"{file_name!r} (images[{i}]); their annotations cannot be told apart (merged files? "
-                            "give every image its own id)")
-        first[image_id] = (i, file_name)
+        if str(image_id) in first:
+            j, other, other_id = first[str(image_id)]
+            twice = (f"image id {image_id!r} is listed twice" if other_id == image_id else
+                     f"image ids {other_id!r} and {image_id!r} are one id as text, which evaluation and results files "
+                     "tell images apart by")
+            raise DataError(f"{json_path}: {twice}: {other!r} (images[{j}]) and {file_name!r} (images[{i}]); their "
+                            "annotations cannot be told apart (merged files? give every image its own id)")
+        first[str(image_id)] = (i, file_name, image_id)
         if Path(file_name).is_absolute() or ".." in Path(file_name).parts:
             issues.append(Issue("error", "outside_root", f"{rel} image id {image_id!r}: file_name {file_name!r} "
                                 "leaves the dataset folder (absolute or ../): images are read from inside it", rel,
                                 split=split))
             continue
-        path = _find_image(file_name, json_path, image_root)
+        path = _find_image(file_name, json_path, image_root, watched)
         if path in by_path:
             issues.append(Issue("error", "duplicate_image", f"{rel} image id {image_id!r}: {file_name!r} is also "
                                 f"image id {by_path[path]!r}; one file under two ids would be counted twice", rel,
@@ -285,7 +293,8 @@ def _table(json_path: Path, images: _Images, found: _Objects, names: list[str]) 
     detail = Detail({"lines": grouped(lines), "names": Strings.pack(names + list(extra)).take(grouped(codes)),
                      "sources": _texts(str(json_path), [], len(owner)),
                      "where": grouped(_texts(f"{json_path.name} annotation id ", list(map(str, found.ids)))),
-                     "raw": grouped(_texts("bbox ", list(map(str, found.bboxes))))})
+                     "raw": grouped(_texts("bbox ", list(map(str, found.bboxes)))),
+                     "z_order": np.zeros(len(owner), np.int64)})
     return RecordTable(detail, paths=Strings.pack(images.paths, share_prefix=True),
                        annotations=_texts(str(json_path), [], len(images.paths)),
                        image_ids=Strings.pack(list(map(str, images.ids))),
@@ -303,8 +312,9 @@ def read_coco(json_path: Path, image_root: Path | None = None, split: str | None
     category_ids, names = _categories(data, json_path)
     split = split or split_name(json_path)
     issues: list[Issue] = []
-    images = _images(data, json_path, image_root, split, issues)
+    watched: list[Path] = []
+    images = _images(data, json_path, image_root, split, issues, watched)
     found = _add_objects(data, json_path, images, {c: i for i, c in enumerate(category_ids)}, split, issues)
     del data  # the parsed file, before the arrays are made
     return DatasetSpec(json_path.parent, "coco", names, {split: _table(json_path, images, found, names)}, issues,
-                       category_ids)
+                       category_ids, watched=watched)

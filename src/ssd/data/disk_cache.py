@@ -8,7 +8,7 @@ The disk cache is ``images.bin`` in ``<cache folder>/images/<key>/`` (the cache 
 torchvision and torch (they decode and resize), the decoding sizes' description and the image paths). It holds
 every image's pixels (``uint8 [3, h, w]``, one after another), then a header (an ``.npz`` of plain arrays, read
 with ``allow_pickle=False``, never a pickle: each image's offset, shape, CRC-32, requested size and its source
-file's ``(size, mtime_ns, inode)``), then a 16-byte trailer (header length, magic).
+file's ``(size, mtime_ns, inode, ctime_ns)``), then a 16-byte trailer (header length, magic).
 
 - **Written once, reused**: built under the folder's :class:`~ssd.files.DirectoryLock` and replaced atomically
   (temporary file and rename), so two processes never corrupt it; a later run maps it as it is. An image whose
@@ -52,7 +52,7 @@ import ssd.distributed as ddp
 from ssd._version import __version__
 from ssd.data.image_cache import Decode
 from ssd.data.index import cache_lock, cache_root, json_hash, stable_state, state_array
-from ssd.data.index_file import INDEX_ERRORS, damage_reason
+from ssd.data.index_file import INDEX_ERRORS, damage_reason, load_npz, open_regular
 from ssd.data.memo import RACY_NS
 from ssd.device import usable_cores
 from ssd.errors import ConfigError, DataError, OutputError
@@ -63,7 +63,7 @@ from ssd.pools import map_ahead
 
 __all__ = ["IMAGE_CACHE_VERSION", "CACHE_FILE", "DiskImages", "disk_images"]
 
-IMAGE_CACHE_VERSION = 1
+IMAGE_CACHE_VERSION = 2
 """Changes whenever the file's layout changes: a file of another version is rebuilt."""
 CACHE_FILE = "images.bin"
 _MAGIC = b"SSDIMG01"
@@ -143,7 +143,7 @@ class DiskImages:
         return image
 
     def fresh(self, sizes: np.ndarray, states: np.ndarray) -> np.ndarray:
-        """``[N]`` bool: the stored images that are still right for ``sizes [N, 2]`` and source ``states [N, 3]``
+        """``[N]`` bool: the stored images that are still right for ``sizes [N, 2]`` and source ``states [N, 4]``
         (a state of ``-1``, a file changed too recently to be told from a later edit, is never right)."""
         if len(sizes) != len(self):
             return np.zeros(len(sizes), bool)
@@ -180,7 +180,8 @@ def _built_or_fresh(folder: Path, key: str, paths: list[str], sizes: np.ndarray,
     if stored is not None and stored.fresh(sizes, states).all():
         return stored
     lock = cache_lock(folder, "image cache", busy=f"image cache: {folder} is being built by another process; this "
-                      "run decodes the images when it reads them")
+                      "run decodes the images when it reads them", notice="image cache",
+                      without="this run decodes the images when it reads them")
     if lock is None:
         return None
     try:  # read again under the lock (another process may have just built it); a damaged file was said above
@@ -202,7 +203,7 @@ def _stored(path: Path, key: str, inode: int | None = None, say: bool = True) ->
     """The cache file at ``path`` if it reads as one of ``key`` (and is the file ``inode`` when given); None when
     absent, or invalid (said when ``say``: rebuilt)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             if inode is not None and os.fstat(f.fileno()).st_ino != inode:
                 return None  # replaced since rank 0 validated it: this rank decodes the images when it reads them
             end = f.seek(0, os.SEEK_END)
@@ -213,14 +214,14 @@ def _stored(path: Path, key: str, inode: int | None = None, say: bool = True) ->
             if magic != _MAGIC or length > end - _TRAILER.size:
                 raise ValueError("no cache trailer at its end (truncated or not a cache file)")
             f.seek(end - _TRAILER.size - length)
-            with np.load(io.BytesIO(f.read(length)), allow_pickle=False) as z:
+            with load_npz(io.BytesIO(f.read(length))) as z:
                 header = {name: z[name] for name in _HEADER}
             meta = json.loads(header["meta"].tobytes())
             if meta != {"version": IMAGE_CACHE_VERSION, "key": key}:
                 raise ValueError("it was built for other images or by another version")
             n = len(header["crc"])
             for name, shape in (("shapes", (n, 2)), ("offsets", (n + 1,)), ("crc", (n,)), ("sizes", (n, 2)),
-                                ("states", (n, 3))):
+                                ("states", (n, 4))):
                 if header[name].shape != shape or header[name].dtype.kind not in "iu":
                     raise ValueError(f"its {name} are not {n} rows of integers")
             shapes, offsets = header["shapes"], header["offsets"]

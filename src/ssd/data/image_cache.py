@@ -62,12 +62,31 @@ def ram_sizes(wanted: Tensor, cached: list[int], hw: tuple[int, int] | None, max
     return wanted
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    """Whether ``error`` is a failed allocation (Python's ``MemoryError``, torch's allocator's ``RuntimeError``)."""
+    return isinstance(error, MemoryError) or (isinstance(error, RuntimeError) and "allocate" in str(error))
+
+
 class RamImages(dict[int, Tensor]):
-    """The images of the items ``cached`` by index, decoded once up front (one thread per usable core)."""
+    """The images of the items ``cached`` by index, decoded once up front (one thread per usable core).
+
+    Raises :class:`ConfigError` (one line) when the machine runs out of memory while filling it, which can happen
+    well below :data:`ssd.limits.MAX_CROP_CACHE_BYTES` on a small machine or beside other processes."""
 
     def __init__(self, cached: Sequence[int], decode: Decode) -> None:
-        with ThreadPoolExecutor(max_workers=usable_cores()) as pool:
-            super().__init__(zip(cached, pool.map(decode, cached)))
+        super().__init__()
+        try:
+            with ThreadPoolExecutor(max_workers=usable_cores()) as pool:
+                for index, image in zip(cached, pool.map(decode, cached)):
+                    self[index] = image
+        except (MemoryError, RuntimeError) as e:
+            if not _out_of_memory(e):
+                raise
+            count, held = len(self), sum(t.numel() for t in self.values())
+            self.clear()
+            raise ConfigError(f"cache_images=ram: out of memory with {count} of {len(cached)} images cached "
+                              f"({held / 2**20:,.0f} MB; {type(e).__name__}): train with --cache-images disk or off, "
+                              "or free memory") from None
 
     def read(self, index: int, decode: Decode) -> Tensor:
         """Item ``index``'s image: the cached tensor, or ``decode(index)`` for an item not cached."""

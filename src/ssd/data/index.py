@@ -4,15 +4,17 @@ unchanged, so that ``ssd train`` / ``ssd val`` on a known dataset read and decod
 What is stored (:mod:`ssd.data.index_file`: plain arrays, never a pickle, in groups checked when read): every split as
 a :class:`~ssd.data.table.RecordTable`, the reader's issues, the check's issues for each set of splits checked so far,
 the per-file results of :mod:`ssd.data.memo` (image sizes, decodes, annotation files) and the dataset's file list
-with each file's size, modification time and inode. Where: ``$SSD_CACHE_DIR``, else ``$XDG_CACHE_HOME/ssd``, else
-``~/.cache/ssd`` (never inside the dataset, which may be read-only), in a folder named by a hash of the data path,
-one file per class list given (a new one starts from the per-file results of another).
+with each file's size, modification and status-change times and inode (a file rewritten in place with its size kept
+and its modification time restored has a new status-change time). Where: ``$SSD_CACHE_DIR``, else
+``$XDG_CACHE_HOME/ssd``, else ``~/.cache/ssd`` (never inside the dataset, which may be read-only), in a folder named
+by a hash of the data path, one file per class list given (a new one starts from the per-file results of another).
 
-Reuse: the file list is taken again (the dataset folder walked once, files elsewhere stat'ed) and must equal the
-stored one; otherwise the readers run again with the stored per-file results, so only the files that changed are read.
-A warm start reads and checks only what training uses; a file that fails a digest, holds another dataset's key or
-does not load is rebuilt with a one-line notice (message columns found damaged while a run uses them: the file is
-removed and the run told to run again). Two processes never write one index at once
+Reuse: the file list is taken again (the dataset folder and the folders the readers watched outside it walked once,
+files elsewhere stat'ed: :attr:`~ssd.data.records.DatasetSpec.watched`) and must equal the stored one; otherwise the
+readers run again with the stored per-file results, so only the files that changed are read. A warm start reads and
+checks only what training uses; a file that fails a digest, holds another dataset's key or does not load is rebuilt
+with a one-line notice (message columns found damaged while a run uses them: rebuilt in that run, which goes on when
+its tables are unchanged, else is told to run again). Two processes never write one index at once
 (:class:`~ssd.files.DirectoryLock`; the second builds without storing) and the file is replaced atomically. Under
 torchrun rank 0 builds or validates it first while the others wait, then they take that file as it is (not
 fingerprinted again: a file changed just before the run differs between ranks). A cache folder that cannot be
@@ -52,13 +54,13 @@ from ssd.data.memo import RACY_NS, FileMemo, file_state
 from ssd.data.records import DatasetSpec, Issue
 from ssd.data.table import RecordTable, Strings
 from ssd.errors import OutputError
-from ssd.files import DirectoryLock, describe_os_error
+from ssd.files import DirectoryLock, LockHeld, describe_os_error, remove_stale_temporaries
 from ssd.log import LOGGER
 
 __all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "cache_lock", "Indexed", "index_dataset", "release_freed_heap",
            "stable_state", "state_array", "json_hash"]
 
-INDEX_VERSION = 2
+INDEX_VERSION = 3
 """Changes whenever what an index stores changes: an index of another version is rebuilt (with a notice)."""
 FOLDER_SCHEME = 1
 """The index folder is named by a hash of this and the data path: it stays, so an older index is found and rebuilt."""
@@ -93,20 +95,26 @@ class Indexed:
 
 
 class _Fingerprint:
-    """The dataset's files and their states: ``paths`` sorted, ``states`` int64 ``[F, 3]`` (see
+    """The dataset's files and their states: ``paths`` sorted, ``states`` int64 ``[F, 4]`` (see
     :func:`~ssd.data.memo.file_state`; ``-1`` for a file that cannot be stat'ed or changed too recently)."""
 
-    def __init__(self, spec: DatasetSpec, since_ns: int, walked: dict[str, tuple[int, int, int]] | None = None,
-                 known: dict[str, tuple[int, int, int] | None] | None = None) -> None:
-        """``spec``'s splits are tables; ``walked``: the states of the dataset folder's files, taken earlier in this
-        run, ``known``: states of some files taken earlier (:attr:`FileMemo.states`; a file changed since then is read
-        again next time: the older state is kept)."""
+    def __init__(self, spec: DatasetSpec, since_ns: int, walked: dict[str, dict] | None = None,
+                 known: dict[str, tuple[int, int, int, int] | None] | None = None) -> None:
+        """``spec``'s splits are tables; ``walked``: the states of the files of folders walked earlier in this run (the
+        dataset folder, the watched folders outside it: :attr:`DatasetSpec.watched`), by folder; ``known``: states of
+        some files taken earlier (:attr:`FileMemo.states`; a file changed since then is read again next time: the
+        older state is kept)."""
         own = {os.fspath(p) for p in spec.sources.values()}
         for table in spec.splits.values():
             own.update(table.paths.tolist(), table.annotations.tolist())
+        own.update(os.fspath(i.image) for i in spec.issues if i.image is not None)  # a missing one put in place
         own.discard("")  # an image without annotation file
-        self.walked = _walk(Path(spec.root), len(own), since_ns, known) if walked is None else walked
-        states = dict(self.walked)
+        root = os.path.join(os.path.abspath(spec.root), "")
+        folders = [p for p in map(os.path.abspath, spec.watched) if os.path.isdir(p) and not p.startswith(root)]
+        own.update(p for p in map(os.path.abspath, spec.watched) if not os.path.isdir(p))
+        self.walked = {folder: (walked or {}).get(folder) or _walk(Path(folder), len(own), since_ns, known)
+                       for folder in [os.fspath(spec.root), *folders]}  # each folder walked once in a run
+        states = {path: state for found in self.walked.values() for path, state in found.items()}
         for path in own - states.keys():
             states[path] = stable_state(path, since_ns, known)
         self.paths = sorted(states)
@@ -127,10 +135,10 @@ class _NotIndexed(Exception):
     """Why this dataset is read without an index (said once)."""
 
 
-def _walk(root: Path, own: int, since_ns: int, known: dict | None = None) -> dict[str, tuple[int, int, int]]:
+def _walk(root: Path, own: int, since_ns: int, known: dict | None = None) -> dict[str, tuple[int, int, int, int]]:
     """The states of the files under ``root`` (a dataset of ``own`` files), by path (``known``: see
     :class:`_Fingerprint`)."""
-    states: dict[str, tuple[int, int, int]] = {}
+    states: dict[str, tuple[int, int, int, int]] = {}
     bound = EXTRA_FILES_FACTOR * own + EXTRA_FILES
     folders = [os.fspath(root)] if root.is_dir() else []
     while folders:
@@ -148,20 +156,20 @@ def _walk(root: Path, own: int, since_ns: int, known: dict | None = None) -> dic
     return states
 
 
-def stable_state(path: str, since_ns: int, known: Mapping[str, tuple[int, int, int] | None] | None = None
-                 ) -> tuple[int, int, int]:
+def stable_state(path: str, since_ns: int, known: Mapping[str, tuple[int, int, int, int] | None] | None = None
+                 ) -> tuple[int, int, int, int]:
     """:func:`~ssd.data.memo.file_state` of ``path`` (its state in ``known`` when there is one: no second stat);
-    ``(-1, -1, -1)`` when it cannot be stat'ed or was modified at or after ``since_ns`` (too recently to be told
-    from a later edit: never trusted)."""
+    ``(-1, -1, -1, -1)`` when it cannot be stat'ed or was modified at or after ``since_ns`` (too recently to be
+    told from a later edit: never trusted)."""
     state = known[path] if known is not None and path in known else file_state(path)
-    return (-1, -1, -1) if state is None or state[1] >= since_ns else state
+    return (-1, -1, -1, -1) if state is None or state[1] >= since_ns else state
 
 
-def state_array(states: Iterable[tuple[int, int, int]], count: int) -> np.ndarray:
-    """``count`` file states as int64 ``[count, 3]``, from an iterator, not a list of tuples: ``np.array``'s
+def state_array(states: Iterable[tuple[int, int, int, int]], count: int) -> np.ndarray:
+    """``count`` file states as int64 ``[count, 4]``, from an iterator, not a list of tuples: ``np.array``'s
     coercion of many tuples leaves the small-object heap it used held (about 2 MB per 10k images, in the trainer
     to its end)."""
-    return np.fromiter(itertools.chain.from_iterable(states), np.int64, 3 * count).reshape(-1, 3)
+    return np.fromiter(itertools.chain.from_iterable(states), np.int64, 4 * count).reshape(-1, 4)
 
 
 def json_hash(value) -> str:
@@ -177,6 +185,7 @@ def _save(path: Path, key: dict, spec: DatasetSpec, checks: dict, memo: FileMemo
           ) -> StoredIndex:
     meta = {"key": key, "root": str(spec.root), "format": spec.format, "class_names": spec.class_names,
             "category_ids": spec.category_ids, "sources": {k: str(v) for k, v in spec.sources.items()},
+            "watched": [str(p) for p in spec.watched],
             "splits": list(spec.splits), "issues": issue_rows(spec.issues), "checks": checks}
     arrays = {"meta": text_array(meta), "memo": np.frombuffer(memo.used_json(), np.uint8), "files.state": files.states,
               **files.packed.arrays("files")}
@@ -185,23 +194,28 @@ def _save(path: Path, key: dict, spec: DatasetSpec, checks: dict, memo: FileMemo
     return write_index(path, meta, arrays)
 
 
-def cache_lock(folder: Path, what: str = "dataset index", busy: str | None = None) -> DirectoryLock | None:
-    """The lock of the cache folder of ``what``; None when the folder cannot be written (said once) or another
-    process holds the lock (``busy`` said, when given)."""
+def cache_lock(folder: Path, what: str = "dataset index", busy: str | None = None,
+               notice: str = "dataset cache", without: str = "working without a cache") -> DirectoryLock | None:
+    """The lock of the cache folder of ``what``; None when the folder cannot be written or its lock file is not one
+    (said once, as ``notice: <reason>; <without>``) or another process holds the lock (``busy`` said, when given).
+    Temporaries a killed writer left in the folder are removed (under the lock no writer is at work)."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        return DirectoryLock(folder, what=what)
+        lock = DirectoryLock(folder, what=what)
+        with suppress(OSError):  # removed next time
+            remove_stale_temporaries(folder)
+        return lock
     except OSError as e:
         reason = describe_os_error(e, folder)
-    except OutputError as e:
-        if os.access(folder, os.W_OK):  # another process builds it now
-            if busy is not None:
-                LOGGER.warning(busy)
-            return None
+    except LockHeld:  # another process builds it now
+        if busy is not None:
+            LOGGER.warning(busy)
+        return None
+    except OutputError as e:  # the folder is not writable, or its lock file is not one
         reason = str(e)
     if str(folder.parent) not in _told:
         _told.add(str(folder.parent))
-        LOGGER.warning(f"dataset cache: {reason}; working without a cache (set {CACHE_ENV} to a writable folder)")
+        LOGGER.warning(f"{notice}: {reason}; {without} (set {CACHE_ENV} to a writable folder)")
     return None
 
 
@@ -268,9 +282,11 @@ def release_freed_heap() -> None:
 def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bool, path: Path,
              lock: DirectoryLock | None) -> Indexed:
     stored = None
+    rebuild = functools.partial(_locked, data, key, class_names, splits, False, path)  # damaged message columns
     if path.is_file() and not recheck:
         try:
             stored = StoredIndex(path, key)
+            stored.rebuild = rebuild
         except INDEX_ERRORS as e:
             LOGGER.warning(f"dataset cache: {path} is not a valid index ({damage_reason(e)}): rebuilding it")
     start_ns = time.time_ns() - RACY_NS
@@ -307,6 +323,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
     except OutputError as e:
         LOGGER.warning(f"dataset cache: {e}; working without a cache")
         return Indexed(spec, issues, memo.reads)
+    stored.rebuild = rebuild
     return Indexed(stored.spec(), issues, memo.reads, True, stored.digests["index"])  # as a later run reads it
 
 

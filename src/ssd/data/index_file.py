@@ -6,16 +6,23 @@ members come in groups, each with its own SHA-256 in the member ``digests``, che
 - ``memo``: the per-file results (:mod:`ssd.data.memo`), read only to rebuild.
 
 So a warm start reads and hashes only the group ``index``. :mod:`ssd.data.index` decides when a file is used.
+
+A cache file is opened only when it is a regular file (a FIFO would block the read forever), and read only when its
+members are stored as ``np.savez`` writes them, uncompressed: a compressed member (a "zip bomb" of gigabytes in a
+few kilobytes) is a damaged file, never inflated.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 import zipfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import suppress
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -27,11 +34,39 @@ from ssd.files import atomic_write
 from ssd.log import LOGGER
 
 __all__ = ["StoredIndex", "write_index", "read_group", "read_memo", "issue_rows", "issues_from", "text_array",
-           "INDEX_ERRORS", "damage_reason"]
+           "INDEX_ERRORS", "damage_reason", "open_regular", "load_npz"]
 
 INDEX_ERRORS = (OSError, ValueError, KeyError, EOFError, RecursionError, zipfile.BadZipFile)
 """What reading a damaged or foreign index file raises (zip, npy and JSON errors: a JSON nested too deep is a
 ``RecursionError``); the image cache's file too."""
+
+
+def open_regular(path: str | os.PathLike) -> BinaryIO:
+    """``path`` open for reading; ``ValueError`` unless it is a regular file (opened without blocking: a FIFO's
+    open would wait for a writer forever)."""
+    nonblock = getattr(os, "O_NONBLOCK", 0)  # POSIX (Windows has no FIFO to open)
+    fd = os.open(path, os.O_RDONLY | nonblock | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("it is not a regular file (a FIFO or a device?)")
+        if nonblock:
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def load_npz(file: BinaryIO) -> np.lib.npyio.NpzFile:
+    """``np.load`` of an ``.npz`` (no pickles) whose members are all stored uncompressed, as ``np.savez`` writes
+    them: their sizes are then bounded by the file's own; ``ValueError`` for a compressed member."""
+    z = np.load(file, allow_pickle=False)
+    for info in z.zip.infolist():
+        if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+            z.close()
+            raise ValueError(f"its member {info.filename} is compressed ({info.compress_size:,} bytes to "
+                             f"{info.file_size:,}), which ssd never writes")
+    return z
 
 
 def damage_reason(error: BaseException) -> str:
@@ -97,7 +132,7 @@ def read_group(path: Path, group: str, digests: dict | None = None) -> dict[str,
     file's own when None). Raises :class:`_Damaged` for a group that fails the digest of its file, ``ValueError``
     (and what ``np.load`` raises) for a file whose ``group`` is not the one of ``digests`` (a file rewritten by
     another run with this group unchanged still answers: only the group's own digest is compared)."""
-    with np.load(path, allow_pickle=False) as z:
+    with open_regular(path) as f, load_npz(f) as z:
         held = json.loads(z["digests"].tobytes())
         if not isinstance(held, dict):
             raise ValueError("it has no digests")
@@ -119,22 +154,36 @@ def read_memo(path: Path, digests: dict | None = None) -> dict:
 
 class _IndexFile:
     """Reads ``group`` from the index file again (a split's message columns, on first use), provided the file is
-    still the one of ``digests``; a group damaged in place is said, and its file removed (the next run rebuilds)."""
+    still the one of ``digests``. A group damaged in place is said and its file removed; with ``rebuild`` (which
+    builds the index again: an :class:`~ssd.data.index.Indexed`) the columns come from the new file in this run,
+    provided its split ``split`` trains on the very arrays ``training`` this run holds."""
 
-    def __init__(self, path: Path, digests: dict, group: str) -> None:
-        self.path, self.digests, self.group = path, digests, group
+    def __init__(self, path: Path, digests: dict, group: str, split: int, training: dict[str, np.ndarray],
+                 rebuild: Callable[[], Any] | None) -> None:
+        self.path, self.digests, self.group, self.split = path, digests, group, split
+        self.training, self.rebuild = training, rebuild
 
     def __call__(self) -> dict:
         try:
             return read_group(self.path, self.group, self.digests)
         except _Damaged as e:
-            LOGGER.warning(f"dataset cache: {self.path} is not a valid index ({e}): removed, the next run rebuilds it")
+            again = "rebuilding it now" if self.rebuild else "removed, the next run rebuilds it"
+            LOGGER.warning(f"dataset cache: {self.path} is not a valid index ({e}): {again}")
             with suppress(OSError):
                 self.path.unlink()
+            with suppress(*INDEX_ERRORS):
+                if self.rebuild is not None and self.rebuild().stored and self._same_split():
+                    return read_group(self.path, self.group)
         except INDEX_ERRORS:
             pass
         raise DataError(f"the dataset index {self.path} changed while this run used it (rebuilt by another run, or "
                         "damaged): run again")
+
+    def _same_split(self) -> bool:
+        """Whether the rebuilt file's split trains on the arrays this run holds (the dataset did not change)."""
+        rebuilt = read_group(self.path, "index")
+        return self.training.keys() == {n for n in rebuilt if n.startswith(f"split{self.split}.")} and all(
+            np.array_equal(rebuilt[name], array) for name, array in self.training.items())
 
 
 class StoredIndex:
@@ -143,7 +192,7 @@ class StoredIndex:
     held."""
 
     def __init__(self, path: Path, key: dict) -> None:
-        with np.load(path, allow_pickle=False) as z:  # each z[name] reads its member again: read once
+        with open_regular(path) as f, load_npz(f) as z:  # each z[name] reads its member again: read once
             meta_text = z["meta"]
             meta = json.loads(meta_text.tobytes())  # the version first: an older index says so, not "damaged"
             if _version(meta) != key["version"]:
@@ -171,6 +220,7 @@ class StoredIndex:
         """Keep what training reads (``arrays``: the group ``index``); the other groups stay in the file."""
         self.path, self.meta, self.arrays, self.digests = path, meta, arrays, digests
         self.files = Strings.from_arrays(arrays, "files")
+        self.rebuild: Callable[[], Any] | None = None  # see _IndexFile; set by the dataset index
 
     def memo(self) -> dict | None:
         """The per-file results; None (said when damaged) when they cannot be trusted: every file is read."""
@@ -184,11 +234,13 @@ class StoredIndex:
 
     def spec(self) -> DatasetSpec:
         m = self.meta
-        splits = {name: RecordTable.from_arrays(self.arrays, f"split{i}.", _IndexFile(self.path, self.digests,
-                                                                                      f"detail{i}"))
+        splits = {name: RecordTable.from_arrays(self.arrays, f"split{i}.", _IndexFile(
+            self.path, self.digests, f"detail{i}", i, {n: a for n, a in self.arrays.items()
+                                                       if n.startswith(f"split{i}.")}, self.rebuild))
                   for i, name in enumerate(m["splits"])}
         return DatasetSpec(Path(m["root"]), m["format"], m["class_names"], splits, issues_from(m["issues"]),
-                           m["category_ids"], {k: Path(v) for k, v in m["sources"].items()})
+                           m["category_ids"], {k: Path(v) for k, v in m["sources"].items()},
+                           [Path(p) for p in m["watched"]])
 
 
 def write_index(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> StoredIndex:

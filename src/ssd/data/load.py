@@ -17,8 +17,9 @@ from pathlib import Path
 from ssd.data.coco import read_coco, split_name
 from ssd.data.records import DatasetSpec, ImageRecord, relative_path
 from ssd.data.table import select
+from ssd.data.tools import TOOL_FORMATS, read_tool_file, read_tool_yaml, read_tools, tool_format, tool_splits
 from ssd.data.voc import assign_labels, find_voc_root, parse_voc_xml, read_voc
-from ssd.data.yolo import read_yolo_folder, read_yolo_yaml
+from ssd.data.yolo import read_description, read_yolo_folder, read_yolo_yaml
 from ssd.errors import DataError
 from ssd.log import LOGGER
 from ssd.names import closest_names
@@ -27,13 +28,18 @@ from ssd.text import few
 __all__ = ["load_dataset", "validation_split"]
 
 _SPLIT_DIRS = ("train", "val", "valid", "validation", "test")
-"""Folder names the flat VOC reader takes as splits."""
+"""Folder names the flat VOC reader and the annotation tools' layouts take as splits."""
 
 
 def _read_file(path: Path) -> DatasetSpec:
-    """A ``data.yaml`` or a COCO JSON; ``spec.sources`` names the file for each split."""
+    """A ``data.yaml``, a COCO JSON or a tool's export file; ``spec.sources`` names the file for each split."""
     if path.suffix in (".yaml", ".yml"):
-        spec = read_yolo_yaml(path)
+        desc = read_description(path)
+        if (tool := read_tool_yaml(desc, path)) is not None:
+            return tool
+        spec = read_yolo_yaml(path, desc)
+    elif (tool := read_tool_file(path)) is not None:
+        return tool
     elif path.suffix == ".json":
         spec = read_coco(path)
     else:
@@ -61,6 +67,7 @@ def _read_coco_files(folder: Path, jsons: list[Path]) -> DatasetSpec:
         first.splits.update(other.splits)
         first.sources.update(other.sources)
         first.issues += other.issues
+        first.watched += other.watched
     first.root = folder
     return first
 
@@ -98,13 +105,18 @@ def _detect(folder: Path) -> DatasetSpec:
         return _read_file(next((p for p in yamls if p.stem == "data"), yamls[0]))
     if any((p / "images").is_dir() and (p / "labels").is_dir() for p in [folder, *folder.iterdir()]):
         return read_yolo_folder(folder)
+    if tool_format(folder) is not None:
+        return read_tools(folder, {"train": folder})
+    if parts := tool_splits(folder, _SPLIT_DIRS):
+        return read_tools(folder, parts)
     jsons = sorted((folder / "annotations").glob("*.json")) or sorted(folder.glob("*.json"))
     if jsons:
         return _read_coco_files(folder, jsons)
     if any(p.suffix.lower() == ".xml" for p in folder.rglob("*")):  # a.XML too
         return _read_xml_folders(folder)
     raise DataError(f"{folder}: no dataset format recognised (expected VOC Annotations/ + JPEGImages/, a YOLO "
-                    "data.yaml or images/ + labels/, or a COCO JSON)")
+                    "data.yaml or images/ + labels/, a COCO JSON, LabelMe JSON files, a CVAT annotations.xml or a "
+                    "Label Studio JSON export; or train/ and val/ folders each holding one of those)")
 
 
 def _read_xml_beside_images(spec: DatasetSpec) -> None:
@@ -130,8 +142,10 @@ def _no_classes(spec: DatasetSpec) -> str:
     if spec.format == "coco":
         return f"{source}: 'categories' is empty: list the object classes (each with an 'id' and a 'name')"
     images = sum(len(r) for r in spec.splits.values())
+    unread = [i.message for i in spec.issues if i.code == "parse_error"]
+    why = f"; {len(unread)} annotation problem(s) found, the first: {unread[0]}" if unread else ""
     return (f"{spec.root}: no class names: no classes.txt, and no object in the annotations of the {images} "
-            f"image(s) read ({spec.format})")
+            f"image(s) read ({spec.format}){why}")
 
 
 def _apply_class_names(spec: DatasetSpec, class_names: list[str], declared: bool) -> None:
@@ -176,7 +190,8 @@ def load_dataset(data: str | Path, split: str | None = None, class_names: list[s
     if not spec.class_names:
         raise DataError(_no_classes(spec))
     if class_names is not None:
-        declared = spec.format != "voc" or (Path(spec.root) / "classes.txt").is_file() or any(
+        from_objects = set(spec.format.split("+")) <= {"voc", *TOOL_FORMATS}
+        declared = not from_objects or (Path(spec.root) / "classes.txt").is_file() or any(
             (p / "classes.txt").is_file() for p in Path(spec.root).iterdir() if p.is_dir())
         _apply_class_names(spec, class_names, declared)
     if split is not None:

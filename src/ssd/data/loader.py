@@ -31,7 +31,7 @@ from ssd.data.image_cache import RamImages, cache_mode, ram_sizes
 from ssd.data.images import read_image, read_image_size
 from ssd.data.mosaic import Mosaic
 from ssd.data.records import ImageRecord
-from ssd.data.table import RecordTable
+from ssd.data.table import IGNORE, RecordTable
 from ssd.data.transforms import build_transform
 from ssd.errors import DataError
 from ssd.limits import MAX_CROP_CACHE_BYTES
@@ -139,7 +139,7 @@ class DetectionDataset(Dataset):
         width, height = (int(v) for v in table.sizes[index])
         h, w = height if height > 0 else image.shape[-2], width if width > 0 else image.shape[-1]
         rows = table.objects(index)
-        ignore = table.flags[rows] != 0  # difficult or crowd
+        ignore = (table.flags[rows] & IGNORE) != 0  # difficult or crowd
         kept = slice(None) if self.keep_difficult else ~ignore
         boxes = torch.tensor(table.boxes[rows][kept]).reshape(-1, 4)
         boxes *= torch.tensor([image.shape[-1] / w, image.shape[-2] / h] * 2)

@@ -3,7 +3,8 @@ files that changed since it was built.
 
 The readers' per-file steps (an image header, an image's full decode, one annotation file) are wrapped by
 :func:`remembered`. Inside ``with memo.active():`` each call looks its file up by path, a digest of its arguments
-and state (size, modification time in nanoseconds, inode): a match returns the stored result (an error is raised
+and state (size, modification and status-change times in nanoseconds, inode): a match returns the stored result (an
+error is raised
 again), anything else runs the step, counted in :attr:`FileMemo.reads`. Outside, the steps just run. A file modified
 less than :data:`RACY_NS` before the run is never remembered: an edit within the file system's timestamp
 granularity could leave its size and time unchanged (git's "racy" rule). Results are stored as JSON, never pickled.
@@ -50,13 +51,15 @@ def _args_digest(args: tuple) -> str:
 _NO_ARGS = _args_digest(((), []))  # the image steps' (most keys'): computed once
 
 
-def file_state(path: str | os.PathLike) -> tuple[int, int, int] | None:
-    """``(size, mtime_ns, inode)`` of ``path`` (links followed), None when it cannot be stat'ed."""
+def file_state(path: str | os.PathLike) -> tuple[int, int, int, int] | None:
+    """``(size, mtime_ns, inode, ctime_ns)`` of ``path`` (links followed), None when it cannot be stat'ed. The status
+    change time is git's answer to a file rewritten in place with its size kept and its modification time restored
+    (``cp -p``, ``touch -r``, ``rsync --inplace -t``): nothing can set it back."""
     try:
         st = os.stat(path)
     except (OSError, ValueError):
         return None
-    return st.st_size, st.st_mtime_ns, st.st_ino
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
 
 
 class FileMemo:
@@ -77,8 +80,8 @@ class FileMemo:
         self.reads: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._stable_before = time.time_ns() - RACY_NS if stable_before is None else stable_before
-        self._seen: dict[str, tuple[int, int, int] | None] = {}  # a forked memo's parent's states (not sent back)
-        self.states: dict[str, tuple[int, int, int] | None] = {}
+        self._seen: dict[str, tuple[int, int, int, int] | None] = {}  # a forked memo's parent's states (not sent back)
+        self.states: dict[str, tuple[int, int, int, int] | None] = {}
 
     def used_json(self) -> bytes:
         """:attr:`used` as ``json.dumps(used).encode()`` would write it (new entries are kept as their JSON text),
@@ -98,7 +101,7 @@ class FileMemo:
         return child
 
     def absorb(self, used: dict[str, list | bytes], reads: list[tuple[str, str]],
-               states: dict[str, tuple[int, int, int] | None]) -> None:
+               states: dict[str, tuple[int, int, int, int] | None]) -> None:
         """Take what a :meth:`forked` memo met, read and stat'ed (in a worker process) as this memo's own."""
         with self._lock:
             self.used.update(used)
@@ -124,10 +127,10 @@ class FileMemo:
         if state is _UNSEEN:  # one stat per file and run: a state taken before reading is safe to store with the result
             state = self.states[path] = file_state(path)
         entry = self.entries.get(key)
-        if state is not None and entry is not None and tuple(entry[:3]) == state:
+        if state is not None and entry is not None and tuple(entry[:4]) == state:
             with self._lock:
                 self.used[key] = entry
-            stored = entry[3]
+            stored = entry[4]
             if isinstance(stored, dict) and "raise" in stored:
                 raise error(*stored["raise"])
             return decode(stored)

@@ -36,6 +36,8 @@ class ObjectRecord:
         raw: the box as written in the file (``xmin=1 ymin=1 xmax=9 ymax=9``, ``cx cy w h`` text,
             ``bbox [x, y, w, h]``),
             quoted in messages so users find the bad value they wrote.
+        occluded: CVAT's ``occluded`` flag (kept for conversions; trained on like any object).
+        z_order: CVAT's ``z_order`` (drawing order; kept for conversions).
     """
 
     box: tuple[float, float, float, float]
@@ -47,6 +49,8 @@ class ObjectRecord:
     source: Path | None = None
     where: str = ""
     raw: str = ""
+    occluded: bool = False
+    z_order: int = 0
 
     @property
     def ignore(self) -> bool:
@@ -96,13 +100,18 @@ class Issue:
 
 @dataclass
 class DatasetSpec:
-    """A parsed dataset: ``format`` is ``"voc"``, ``"coco"`` or ``"yolo"``; ``splits`` maps split names to records.
+    """A parsed dataset: ``format`` is ``"voc"``, ``"coco"``, ``"yolo"``, ``"labelme"``, ``"cvat"`` or
+    ``"labelstudio"``; ``splits`` maps split names to records.
 
     ``issues`` holds problems found while parsing (unparseable files, missing images); ``check_dataset`` adds the
     rest. ``sources`` maps a split to the file that describes it (``data.yaml``, a COCO JSON), for messages; a split
     without an entry was read from folders under ``root``.
     ``category_ids``: the dataset's own category id of each label (COCO: label ``k`` is category
     ``category_ids[k]``), for results written in the dataset's ids; ``None`` for formats without ids.
+    ``watched``: what the reader looked at besides the records' files: the folders it listed and list files it read
+    (a YOLO split, an image folder named), and where a missing image was looked for. The dataset index fingerprints
+    them (folders walked, files stat'ed), so an image added to a split folder outside ``root``, or a missing image put
+    in place, is seen by the next run.
     """
 
     root: Path
@@ -112,6 +121,7 @@ class DatasetSpec:
     issues: list[Issue] = field(default_factory=list)
     category_ids: list[int] | None = None
     sources: dict[str, Path] = field(default_factory=dict)
+    watched: list[Path] = field(default_factory=list)
 
     @property
     def num_classes(self) -> int:

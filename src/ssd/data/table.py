@@ -18,10 +18,12 @@ import numpy as np
 
 from ssd.data.records import ImageRecord, ObjectRecord
 
-__all__ = ["RecordTable", "Strings", "select", "object_arrays"]
+__all__ = ["RecordTable", "Strings", "select", "object_arrays", "DIFFICULT", "CROWD", "OCCLUDED", "IGNORE"]
 
-DIFFICULT, CROWD = 1, 2
+DIFFICULT, CROWD, OCCLUDED = 1, 2, 4
 """Bits of :attr:`RecordTable.flags`."""
+IGNORE = DIFFICULT | CROWD
+"""The bits of objects that training leaves out and evaluation ignores (:attr:`ObjectRecord.ignore`)."""
 _CHUNK = 1024
 """Images whose records iterating a table builds at once (their columns decoded together)."""
 _ENCODING = ("utf-8", "surrogatepass")  # any str round-trips, lone surrogates included
@@ -95,7 +97,7 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 _TEXT = ("paths", "annotations", "image_ids")
 _ARRAYS = ("sizes", "id_is_int", "first", "boxes", "labels", "flags")
 _DETAIL = {"names": Strings, "sources": Strings, "where": Strings, "raw": Strings,
-           "lines": np.ndarray}
+           "lines": np.ndarray, "z_order": np.ndarray}
 """The columns only messages and reports read: kept on disk until one asks (see :class:`Detail`)."""
 
 
@@ -147,9 +149,10 @@ class RecordTable(Sequence[ImageRecord]):
         sizes: int64 ``[N, 2]`` ``(width, height)`` of the decoded image, ``-1`` when unknown.
         first: int64 ``[N + 1]``: image ``i``'s objects are rows ``first[i]:first[i + 1]``.
         boxes: float32 ``[M, 4]`` pixel xyxy (float64 in a reader's table: as
-            written); labels: int64 ``[M]``; flags: uint8 ``[M]`` (bit 1 difficult, 2 crowd);
-        lines: int64 ``[M]``; names, sources, where, raw: :class:`Strings` ``[M]`` (no source: ``""``).
-        The last five are the :class:`Detail`: a table read from an index reads them from its file on first use.
+            written); labels: int64 ``[M]``; flags: uint8 ``[M]`` (bit 1 difficult, 2 crowd,
+            4 occluded);
+        lines, z_order: int64 ``[M]``; names, sources, where, raw: :class:`Strings` ``[M]`` (no source: ``""``).
+        The last six are the :class:`Detail`: a table read from an index reads them from its file on first use.
     """
 
     def __init__(self, detail: Detail, **columns) -> None:
@@ -179,7 +182,8 @@ class RecordTable(Sequence[ImageRecord]):
         detail = Detail({
             "lines": lines, "names": Strings.pack([o.name for o in objects]),
             "sources": Strings.pack(["" if o.source is None else str(o.source) for o in objects], True),
-            "where": Strings.pack([o.where for o in objects], True), "raw": Strings.pack([o.raw for o in objects])})
+            "where": Strings.pack([o.where for o in objects], True), "raw": Strings.pack([o.raw for o in objects]),
+            "z_order": np.array([o.z_order for o in objects], np.int64)})
         return cls(
             detail, paths=Strings.pack([str(r.path) for r in records], share_prefix=True),
             annotations=Strings.pack(["" if r.annotation is None else str(r.annotation) for r in records], True),
@@ -188,7 +192,8 @@ class RecordTable(Sequence[ImageRecord]):
             sizes=sizes, first=first,
             boxes=np.array([o.box for o in objects], np.float32).reshape(-1, 4),
             labels=np.array([o.label for o in objects], np.int64),
-            flags=np.array([DIFFICULT * o.difficult + CROWD * o.iscrowd for o in objects], np.uint8))
+            flags=np.array([DIFFICULT * o.difficult + CROWD * o.iscrowd + OCCLUDED * o.occluded for o in objects],
+                           np.uint8))
 
     def __len__(self) -> int:
         return len(self.first) - 1
@@ -237,7 +242,7 @@ class RecordTable(Sequence[ImageRecord]):
         """The rich records of images ``start:stop``, their columns read at once."""
         lo, hi = int(self.first[start]), int(self.first[stop])
         boxes, labels = self.boxes[lo:hi].tolist(), self.labels[lo:hi].tolist()
-        flags, lines = self.flags[lo:hi].tolist(), self.lines[lo:hi].tolist()
+        flags, lines, z_order = self.flags[lo:hi].tolist(), self.lines[lo:hi].tolist(), self.z_order[lo:hi].tolist()
         names, sources, where, raw = (getattr(self, n).tolist(lo, hi) for n in ("names", "sources", "where", "raw"))
         source = {text: Path(text) for text in set(sources) if text}  # one Path per annotation file
         first = (self.first[start:stop + 1] - lo).tolist()
@@ -247,7 +252,8 @@ class RecordTable(Sequence[ImageRecord]):
                 self.image_ids.tolist(start, stop), self.id_is_int[start:stop].tolist(),
                 self.sizes[start:stop].tolist())):
             objects = [ObjectRecord(tuple(boxes[j]), labels[j], names[j], bool(flags[j] & DIFFICULT),
-                                    bool(flags[j] & CROWD), lines[j], source.get(sources[j]), where[j], raw[j])
+                                    bool(flags[j] & CROWD), lines[j], source.get(sources[j]), where[j], raw[j],
+                                    bool(flags[j] & OCCLUDED), z_order[j])
                        for j in range(first[k], first[k + 1])]
             width, height = (v if v >= 0 else None for v in size)
             records.append(ImageRecord(Path(path), Path(annotation) if annotation else None, objects, width, height,

@@ -20,9 +20,11 @@ from ssd.data.images import is_image, read_image_size
 from ssd.data.memo import decode_parsed, encode_parsed, remembered
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
 from ssd.errors import DataError, ImageError
+from ssd.limits import MAX_CLASSES
 from ssd.text import few
 
-__all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "read_class_file", "xml_files", "CLASS_FILE"]
+__all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "read_class_file", "xml_files", "CLASS_FILE",
+           "xml_problem", "check_class_count"]
 
 CLASS_FILE = "classes.txt"
 _SPLIT_ALIASES = {"valid": "val", "validation": "val"}
@@ -47,6 +49,16 @@ def find_voc_root(folder: Path) -> Path | None:
         if (c / "Annotations").is_dir():
             return c
     return None
+
+
+def xml_problem(error: ET.ParseError) -> str:
+    """What a parse error says, with the rule when it is an entity: an external one (another file, a URL) is
+    never fetched and a nested expansion (a "billion laughs") never made, so such a file cannot be read."""
+    text = str(error)
+    if "entity" in text or "amplification" in text:
+        return (f"XML does not parse ({text}): XML entities are not read (an external entity is never fetched, nor "
+                "an entity expansion made): write the values themselves, without <!ENTITY> declarations")
+    return f"XML does not parse ({text})"
 
 
 def _number(bndbox: ET.Element | None, tag: str) -> float:
@@ -84,7 +96,7 @@ def parse_voc_xml(xml_path: Path, rel: str, width: int | None = None,
         root = ET.parse(xml_path).getroot()
     except ET.ParseError as e:
         line = e.position[0] if e.position else None
-        return [], [Issue("error", "parse_error", f"{rel}:{line}: XML does not parse ({e})", rel, line)]
+        return [], [Issue("error", "parse_error", f"{rel}:{line}: {xml_problem(e)}", rel, line)]
     except OSError as e:
         return [], [Issue("error", "parse_error", f"{rel}: cannot read annotation ({e})", rel)]
     objects, issues = [], _size_issue(root, rel, width, height)
@@ -166,13 +178,22 @@ def _read_images(pairs: list[tuple[str, Path | None, Path]], root: Path, split: 
     return records
 
 
+def check_class_count(count: int, source: str | Path, what: str = "class names") -> None:
+    """``DataError`` naming ``source`` when a dataset has more than :data:`~ssd.limits.MAX_CLASSES` classes (checked
+    before the names are looked at one by one)."""
+    if count > MAX_CLASSES:
+        raise DataError(f"{source}: {count:,} {what}; a dataset may have at most {MAX_CLASSES:,} classes (is this "
+                        "the right file?)")
+
+
 def read_class_file(path: Path) -> list[str]:
     """The class names of a ``classes.txt`` (one per line); ``DataError`` when it holds none (an empty file is a
-    mistake to report, never a reason to guess the names)."""
+    mistake to report, never a reason to guess the names) or too many."""
     names = read_lines(path)
     if not names:
         raise DataError(f"{path}: the class file is empty: list one class name per line (or delete it to take the "
                         "names from the annotations)")
+    check_class_count(len(names), path)
     return names
 
 
@@ -199,7 +220,9 @@ def _class_names(root: Path, records: list[ImageRecord]) -> list[str]:
     class_file = root / CLASS_FILE
     if class_file.is_file():
         return read_class_file(class_file)
-    return sorted({o.name for r in records for o in r.objects})
+    names = sorted({o.name for r in records for o in r.objects})
+    check_class_count(len(names), root, "different object names in the annotations")
+    return names
 
 
 def read_voc(folder: Path) -> DatasetSpec:

@@ -22,13 +22,13 @@ import yaml
 from ssd.data.images import is_image, read_image_size
 from ssd.data.memo import decode_parsed, encode_parsed, remembered
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, broken_link, relative_path
-from ssd.data.voc import read_class_file, read_lines
+from ssd.data.voc import check_class_count, read_class_file, read_lines
 from ssd.errors import DataError, ImageError
-from ssd.limits import is_whole, value_text
+from ssd.limits import MAX_CLASSES, is_whole, value_text
 from ssd.text import few
 from ssd.yamlfile import safe_load
 
-__all__ = ["read_yolo_yaml", "read_yolo_folder", "label_path"]
+__all__ = ["read_yolo_yaml", "read_yolo_folder", "label_path", "read_description", "parse_names"]
 
 _SPLITS = {"train": "train", "val": "val", "valid": "val", "test": "test"}
 
@@ -42,7 +42,10 @@ def label_path(image: Path) -> Path:
     return Path(*parts).with_suffix(".txt")
 
 
-def _names(raw, source: Path) -> list[str]:
+def parse_names(raw, source: Path) -> list[str]:
+    """The class names of a YAML's ``names`` (a list, or a dict ``{id: name}`` of ids 0..K-1), checked."""
+    if isinstance(raw, (dict, list, tuple)):
+        check_class_count(len(raw), source, "'names'")
     if isinstance(raw, dict):
         by_id: dict[int, object] = {}
         for key, value in raw.items():  # whole numbers only: 1.5 or True would be cut to a class id silently
@@ -83,7 +86,8 @@ def _resolve(root: Path, entry: str) -> Path:
     return _absolute(p)
 
 
-def _images(entries, root: Path, source: Path, split: str) -> list[Path]:
+def _images(entries, root: Path, source: Path, split: str, watched: list[Path]) -> list[Path]:
+    """The images a split names (folders, list files); each folder and list file appended to ``watched``."""
     images: list[Path] = []
     for entry in entries if isinstance(entries, (list, tuple)) else [entries]:
         if not (isinstance(entry, str) or is_whole(entry)):  # a folder may be named 2017
@@ -91,6 +95,7 @@ def _images(entries, root: Path, source: Path, split: str) -> list[Path]:
                             f"got {value_text(entry)}")
         try:
             p = _resolve(root, str(entry))
+            watched.append(p)
             if p.is_dir():
                 images += sorted(q for q in p.rglob("*") if is_image(q))
                 continue
@@ -165,6 +170,11 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
             xs, ys = values[0::2], values[1::2]
             box = (min(xs) * width, min(ys) * height, max(xs) * width, max(ys) * height)
         label = int(cls_f)
+        if label >= MAX_CLASSES:  # out of range for any dataset, and it may not even fit the index's int64 labels
+            issues.append(Issue("error", "label_out_of_range", f"{where}: class {tokens[0]} is out of range (class "
+                                f"ids are below {MAX_CLASSES:,}, the most classes a dataset may have; this dataset "
+                                f"has {len(class_names)})", rel, number))
+            continue
         if label < 0:  # a literal -1 would read as the "unknown name" marker, so it is reported here
             issues.append(Issue("error", "label_out_of_range", f"{where}: class {tokens[0]} is out of range for "
                                 f"{len(class_names)} classes {class_names} (classes are 0..{len(class_names) - 1})",
@@ -218,8 +228,8 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
     return records
 
 
-def read_yolo_yaml(yaml_path: Path) -> DatasetSpec:
-    """Read a YOLO dataset described by ``data.yaml`` (splits named there; ``valid`` is renamed ``val``)."""
+def read_description(yaml_path: Path):
+    """The parsed YAML of a data description; ``DataError`` naming the file (and line) when it cannot be read."""
     try:
         desc = safe_load(yaml_path.read_bytes())  # bytes: PyYAML detects the encoding and skips a BOM
     except yaml.YAMLError as e:
@@ -228,10 +238,17 @@ def read_yolo_yaml(yaml_path: Path) -> DatasetSpec:
         raise DataError(f"{yaml_path}{line}: YAML does not parse ({e})") from e
     except (OSError, RecursionError) as e:
         raise DataError(f"{yaml_path}: cannot read ({type(e).__name__}: {e})") from e
+    return desc
+
+
+def read_yolo_yaml(yaml_path: Path, desc=None) -> DatasetSpec:
+    """Read a YOLO dataset described by ``data.yaml`` (splits named there; ``valid`` is renamed ``val``); ``desc``:
+    its :func:`read_description` when already read."""
+    desc = read_description(yaml_path) if desc is None else desc
     if not isinstance(desc, dict) or "names" not in desc:
         raise DataError(f"{yaml_path}: a YOLO data.yaml needs 'names' (a list of class names) and split folders "
                         "('train', 'val', optionally 'test')")
-    names = _names(desc["names"], yaml_path)
+    names = parse_names(desc["names"], yaml_path)
     nc = desc.get("nc", len(names))
     if not is_whole(nc) or nc != len(names):
         raise DataError(f"{yaml_path}: nc: {value_text(nc)} disagrees with the {len(names)} names {names} (nc is the "
@@ -240,13 +257,15 @@ def read_yolo_yaml(yaml_path: Path) -> DatasetSpec:
         raise DataError(f"{yaml_path}: 'path' must be a folder (text), got {value_text(desc['path'])}")
     root = _absolute(yaml_path.parent / desc["path"] if desc.get("path") else yaml_path.parent)
     issues: list[Issue] = []
-    splits = {}
+    splits, watched = {}, []
     for key, split in _SPLITS.items():
         if desc.get(key):
-            splits[split] = _read_split(_images(desc[key], root, yaml_path, split), split, root, names, issues)
+            images = _images(desc[key], root, yaml_path, split, watched)
+            watched += sorted({label_path(image).parent for image in images})  # a label file added later is seen
+            splits[split] = _read_split(images, split, root, names, issues)
     if not splits:
         raise DataError(f"{yaml_path}: no split listed (give at least 'train: images/train')")
-    return DatasetSpec(root, "yolo", names, splits, issues)
+    return DatasetSpec(root, "yolo", names, splits, issues, watched=watched)
 
 
 def read_yolo_folder(folder: Path) -> DatasetSpec:

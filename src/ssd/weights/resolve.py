@@ -42,6 +42,10 @@ def resolve_weights(path: str | Path, purpose: Literal["deploy", "resume"] = "de
         action = "resume from" if purpose == "resume" else "load weights from"
         raise CheckpointError(f"cannot {action} {path}: a folder without {wanted} (give a checkpoint file, an "
                               "exported model or a run directory)")
+    if not path.is_file() and purpose == "resume":
+        raise CheckpointError(f"cannot resume from {path}: no run directory or checkpoint is there (a run stopped "
+                              "before it wrote its first checkpoint has nothing to resume: start it again without "
+                              "--resume)")
     if not path.is_file():
         raise CheckpointError(f"weights file {path} does not exist")
     return path
