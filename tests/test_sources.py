@@ -248,3 +248,17 @@ def test_show_draws_images_as_it_draws_video_frames(weights, tmp_path, monkeypat
     for (_, image), name in zip(shown[:-1], ["a.png", "b.png", "c.png"]):  # what was shown is what was saved
         assert torch.equal(image, read_image(summary.save_dir / name))
         assert not torch.equal(image, read_image(source / name))  # with its boxes drawn
+
+
+@pytest.mark.parametrize("source, message", [
+    ("99999999999999999999", "error: camera 99999999999999999999 cannot be opened: no such camera"),
+    ("²", "error: source ² does not exist (give an image, a folder, a glob or a video file)"),
+])
+def test_a_camera_index_too_large_or_a_unicode_digit_is_one_error_line(weights, source, message, tmp_path, capsys):
+    """OpenCV's camera index is a C int (a larger one raised cv2.error), and "²" is a digit to str.isdigit that int()
+    refuses ("invalid literal for int()"): both are one line, and no save folder is left."""
+    pytest.importorskip("cv2")
+    assert main(["predict", "--weights", str(weights), "--source", source, "--project", str(tmp_path / "p")]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith(message) and "Traceback" not in err
+    assert not (tmp_path / "p").exists()

@@ -129,7 +129,7 @@ def fitted_name(stem: str, suffix: str = "", *, limit: int = NAME_MAX) -> str:
     tag = "~" + hashlib.sha256(stem.encode("utf-8", "surrogatepass")).hexdigest()[:12] + suffix
     room = limit - _name_bytes(tag)
     if room < 0:
-        raise ValueError(f"file name suffix {suffix[:40]!r} is longer than {limit} bytes")
+        raise OutputError(f"file name suffix {suffix[:40]!r} is longer than {limit} bytes")
     cut = stem[:room]  # a character takes at least one byte
     while _name_bytes(cut) > room:
         cut = cut[:-1]

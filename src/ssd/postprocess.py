@@ -10,6 +10,7 @@ from torchvision.ops import batched_nms
 
 from ssd.boxes import VARIANCES, decode
 from ssd.checks import validate_predictions
+from ssd.errors import ConfigError, InputError
 from ssd.settings import EVALUATE
 
 __all__ = ["postprocess_detections", "first_per_image", "CANDIDATES_PER_CLASS"]
@@ -53,8 +54,8 @@ def postprocess_detections(
     loc, logits = loc.float(), logits.float()  # no-op for float32; half-precision heads are scored in float32
     batch, num_priors = logits.shape[:2]
     if max_detections <= 0 or candidates_per_class <= 0:
-        raise ValueError(f"max_detections and candidates_per_class must be positive, got {max_detections} and "
-                         f"{candidates_per_class}")
+        raise ConfigError(f"max_detections and candidates_per_class must be positive, got {max_detections} and "
+                          f"{candidates_per_class}")
     keys, num_valid = _candidates(logits, score_threshold, candidates_per_class)  # [B, W] (see _key), [B]
 
     # Greedy NMS keeps or drops a box looking only at higher scores of its own image and class, so running it on
@@ -119,7 +120,7 @@ def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple
     """
     batch, num_priors, channels = logits.shape
     if (channels - 1) * num_priors >= 2**32:  # see _key
-        raise ValueError(
+        raise InputError(
             f"postprocess takes fewer than 2**32 class scores per image, got {channels - 1} classes x {num_priors}"
             " priors"
         )

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ssd.errors import ConfigError, UsageError
+from ssd.errors import ConfigError, MissingInputError, UsageError
 from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ServeConfig, ValConfig
 
 
@@ -115,7 +115,8 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     artifact_rows(config.artifacts)
     weights = resolve_weights(config.weights)
     if not Path(config.data).exists():
-        raise ValueError(f"dataset {config.data} does not exist (--data: a data.yaml, dataset folder or COCO JSON)")
+        raise MissingInputError(f"dataset {config.data} does not exist (--data: a data.yaml, dataset folder or "
+                                "COCO JSON)")
     run_dir = make_run_dir(config.project, config.name, config.exist_ok)
     rows = run_benchmark(weights, config.data, run_dir, formats=formats,
                          **config.values("weights", "data", "formats", "floor", "project", "name"))

@@ -23,7 +23,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ssd.card import ModelCard
 from ssd.detect import detect_batch
-from ssd.errors import ConfigError
+from ssd.errors import ConfigError, InputError
 from ssd.inference.backends import Backend, open_backend
 from ssd.inference.tiling import detect_tiled
 from ssd.names import did_you_mean
@@ -93,12 +93,12 @@ def to_image(item, index: int = 0) -> Tensor:
         return pil_to_tensor(item.convert("RGB"))
     if isinstance(item, np.ndarray):
         if item.dtype != np.uint8 or item.ndim != 3 or item.shape[2] != 3:
-            raise ValueError(f"input {index}: numpy image must be HWC uint8 RGB (shape [H, W, 3]), "
+            raise InputError(f"input {index}: numpy image must be HWC uint8 RGB (shape [H, W, 3]), "
                              f"got shape {list(item.shape)} dtype {item.dtype}")
         return torch.from_numpy(np.ascontiguousarray(item)).permute(2, 0, 1)
     if isinstance(item, Tensor):
         return item
-    raise ValueError(f"input {index}: unsupported type {type(item).__name__} (give a path, a PIL image, a numpy HWC "
+    raise InputError(f"input {index}: unsupported type {type(item).__name__} (give a path, a PIL image, a numpy HWC "
                      f"uint8 array or a [3, H, W] tensor)")
 
 
@@ -138,7 +138,7 @@ class Detector:
         for item in classes:
             if str(item) in names:
                 labels.append(names.index(str(item)))
-            elif str(item).isdigit():
+            elif str(item).isascii() and str(item).isdigit():  # "²" is a digit int() refuses
                 if int(item) >= len(names):
                     raise ConfigError(f"classes: label {item} is out of range for the model's {len(names)} classes "
                                       f"(labels 0..{len(names) - 1}: {', '.join(names)})")
@@ -241,9 +241,9 @@ class Detector:
         elif is_live(source) or not is_image(Path(source)):
             batches = source_frames(source, batch_size)
         else:
-            raise ValueError(f"track: {source} is one image, and tracking follows objects across frames: give a "
-                             f"video file, a live source or a list of images in frame order (predict detects in "
-                             f"single images)")
+            raise ConfigError(f"track: {source} is one image, and tracking follows objects across frames: give a "
+                              f"video file, a live source or a list of images in frame order (predict detects in "
+                              f"single images)")
         results = (result for result, _, _ in track_frames(self, batches, settings, **options))
         return results if stream else list(results)
 

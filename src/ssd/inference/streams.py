@@ -93,7 +93,7 @@ class Frame:
 def is_live(source: str | Path) -> bool:
     """A camera index, a URL of :data:`LIVE_SCHEMES`, or a ``.streams`` file."""
     text = str(source)
-    return text.isdigit() or text.lower().startswith(LIVE_SCHEMES) or text.lower().endswith(STREAMS_SUFFIX)
+    return text.isdecimal() or text.lower().startswith(LIVE_SCHEMES) or text.lower().endswith(STREAMS_SUFFIX)
 
 
 def live_sources(source: str | Path) -> list[str]:
@@ -141,7 +141,7 @@ def _open(source: str):
     ``[ERROR:0@0.025] ...`` lines or FFmpeg's ``[tcp @ 0x...] Connection to tcp://... failed`` ones."""
     cv2 = require("cv2", "video", "reading cameras and streams")
     with _QUIET_OPENS(cv2, ffmpeg=not source.isdigit()):
-        if source.isdigit():
+        if source.isdigit() and int(source) < 2**31:  # a C int: a larger index is no camera, never an overflow
             capture = cv2.VideoCapture(int(source))
         else:
             capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, TIMEOUT_MS,
