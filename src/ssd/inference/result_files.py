@@ -8,7 +8,8 @@ stays flat in the number of images:
 - ``json``: ``predictions.json``, ``{"class_names": [...], "images": [record, ...]}``.
 - ``coco``: ``predictions_coco.json``, COCO detection results (:func:`~ssd.inference.coco_results.to_coco_detections`;
   ``image_id`` the record's index, ``category_id`` the dataset's id when the model stores them, else the label).
-- ``csv``: ``predictions.csv``, one row per detection (an image without any: one row with empty detection cells).
+- ``csv``: ``predictions.csv``, one row per detection (an image without any: one row with empty detection cells);
+  a file or class name that a spreadsheet would run as a formula starts with ``'`` (:func:`csv_text`).
 - ``labelstudio``: ``predictions_labelstudio.json``, Label Studio tasks to import with their pre-annotations:
   ``data.image`` the file, ``predictions[0].result`` rectangle labels in percent of the image.
 """
@@ -21,19 +22,21 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
 
+from ssd.errors import ConfigError
 from ssd.files import atomic_write
 from ssd.inference.coco_results import to_coco_detections
 
-__all__ = ["FORMATS", "CSV_COLUMNS", "check_format", "write_results"]
+__all__ = ["FORMATS", "CSV_COLUMNS", "check_format", "csv_text", "write_results"]
 
 FORMATS = {"json": "predictions.json", "coco": "predictions_coco.json", "csv": "predictions.csv",
            "labelstudio": "predictions_labelstudio.json"}
 CSV_COLUMNS = ("file", "frame", "width", "height", "label", "name", "score", "x1", "y1", "x2", "y2")
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 def check_format(fmt: str) -> None:
     if fmt not in FORMATS:
-        raise ValueError(f"unknown results format {fmt!r} (choose {', '.join(FORMATS)})")
+        raise ConfigError(f"unknown results format {fmt!r} (choose {', '.join(FORMATS)})")
 
 
 def _json_list(f: IO[str], items: Iterable) -> None:
@@ -63,16 +66,23 @@ def _write_coco(f: IO[str], records: Iterable[dict], category_ids: list[int] | N
     _json_list(f, _coco(records, category_ids))
 
 
+def csv_text(text: str) -> str:
+    """A text cell that a spreadsheet shows as text, never runs as a formula: one that starts with ``=``, ``+``,
+    ``-``, ``@``, a tab or a carriage return gets a leading ``'``, as OWASP's CSV injection page recommends (the
+    csv module quotes the cell as needed)."""
+    return "'" + text if text[:1] in _FORMULA_STARTS else text
+
+
 def _write_csv(f: IO[str], records: Iterable[dict], tracked: bool, **_) -> None:
     writer = csv.writer(f)
     writer.writerow(CSV_COLUMNS + ("track_id",) * tracked)
     for record in records:
-        image = [record["file"], record.get("frame", ""), record["width"], record["height"]]
+        image = [csv_text(record["file"]), record.get("frame", ""), record["width"], record["height"]]
         if not record["detections"]:
             writer.writerow(image + [""] * (len(CSV_COLUMNS) - len(image) + tracked))
         for d in record["detections"]:
             track = [d.get("track_id", "")] if tracked else []
-            writer.writerow(image + [d["label"], d["name"], d["score"], *d["box"], *track])
+            writer.writerow(image + [d["label"], csv_text(d["name"]), d["score"], *d["box"], *track])
 
 
 def _labelstudio_task(record: dict, model_version: str) -> dict:

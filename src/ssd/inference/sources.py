@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import ClassVar
 from tqdm import tqdm
 
 from ssd.data.images import IMAGE_SUFFIXES, is_image
-from ssd.errors import ConfigError
+from ssd.errors import ConfigError, MissingInputError
 from ssd.files import check_output, check_outputs, make_run_dir
 from ssd.inference.detector import Detector
 from ssd.inference.display import open_window
@@ -34,12 +35,14 @@ from ssd.inference.shards import Shard
 from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
 from ssd.inference.tracking import tracker_settings
 from ssd.inference.writers import PredictionWriter, exclude_save_dirs
+from ssd.inference.yolo_labels import frame_source
 from ssd.log import LOGGER
 from ssd.schemas import PredictConfig
 from ssd.settings import PREDICT, TILE_OVERLAP, check_thresholds, check_tile
 
 __all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".webm", ".wmv", ".mpg", ".mpeg")
 
 
@@ -112,9 +115,9 @@ def resolve_source(source: str | Path) -> list[Path]:
     elif glob.has_magic(str(source)):
         files = sorted(f for f in expand_glob(str(source)) if f.is_file())  # links to folders followed once
     else:
-        raise FileNotFoundError(f"source {source} does not exist (give an image, a folder, a glob or a video file)")
+        raise MissingInputError(f"source {source} does not exist (give an image, a folder, a glob or a video file)")
     if not files:
-        raise FileNotFoundError(f"no images or videos in {source} (images: "
+        raise MissingInputError(f"no images or videos in {source} (images: "
                                 f"{', '.join(s[1:] for s in IMAGE_SUFFIXES)}; videos: "
                                 f"{', '.join(s[1:] for s in VIDEO_SUFFIXES)})")
     return files
@@ -123,31 +126,50 @@ def resolve_source(source: str | Path) -> list[Path]:
 def output_paths(files: list[Path | str], save_dir: Path) -> dict[Path | str, Path]:
     """Where the drawn copy of each input goes: ``save_dir`` / its path relative to the inputs' common folder
     (videos as ``.mp4``), a live source (a string, :func:`~ssd.inference.streams.is_live`) as
-    ``save_dir / <stream_name>.mp4``; a name taken twice gets ``_2``, ``_3``, ... before its suffix."""
+    ``save_dir / <stream_name>.mp4``. Every per-image output (drawn copy, ``--save-txt`` image and label, crops) is
+    named after this name, so it is one per input by its stem: control characters become ``_``, and a name whose
+    folder and stem are taken (``x.png`` after ``x.jpg``, ``clip.avi`` and ``clip.mkv``), or that a video's frames
+    take (``clip_000000.jpg`` beside ``clip.avi``: :func:`~ssd.inference.yolo_labels.frame_name`), gets ``_2``,
+    ``_3``, ... before its suffix."""
     local = [Path(f) for f in files if not (isinstance(f, str) and is_live(f))]
     root = os.path.commonpath([os.path.abspath(f.parent) for f in local]) if local else ""
     taken: set[Path] = set()
+    framed: set[Path] = set()  # the stems of videos and streams, whose frames are <stem>_<frame>
     plan = {}
-    for file in files:
+    for file in sorted(files, key=lambda f: not _has_frames(f)):  # frame names reserved before any image's
         if isinstance(file, str) and is_live(file):
             relative = Path(stream_name(file, ".mp4"))
-        else:
-            relative = Path(os.path.relpath(os.path.abspath(file), root))
+        else:  # a name with a newline or a tab is no name a dataset reader takes
+            relative = Path(_CONTROL.sub("_", os.path.relpath(os.path.abspath(file), root)))
         first = out = save_dir / (relative.with_suffix(".mp4") if is_video(Path(file)) else relative)
         index = 1
-        while out in taken:  # e.g. clip.avi and clip.mkv, both drawn as clip.mp4
+        while _clash(out, taken, framed):
             index += 1
             out = first.with_name(f"{first.stem}_{index}{first.suffix}")
-        taken.add(out)
+        taken.add(out.with_suffix(""))
+        if _has_frames(file):
+            framed.add(out.with_suffix(""))
         plan[file] = out
-    return plan
+    return {file: plan[file] for file in files}
+
+
+def _has_frames(file: Path | str) -> bool:
+    return (isinstance(file, str) and is_live(file)) or is_video(Path(file))
+
+
+def _clash(out: Path, taken: set[Path], framed: set[Path]) -> bool:
+    """``out``'s stem is taken in its folder, or is the name of a frame of a video there."""
+    video = frame_source(out.stem)
+    return out.with_suffix("") in taken or (video is not None and out.parent / video in framed)
 
 
 def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: Detector, outputs: dict,
-             shard: Shard) -> tuple[dict[Path | str, Path], PredictionWriter]:
+             shard: Shard, drawn: bool) -> tuple[dict[Path | str, Path], PredictionWriter]:
     """The output of every input and the run's writer in the save directory (a fresh ``name``, ``name2``, ...
     unless ``exist_ok``, made by rank 0 of a sharded run); refuses, before creating anything, a plan in which an
-    output is one of the inputs (the same file: hard links and symlinks included) or ``save_dir`` is a file."""
+    output is one of the inputs (the same file: hard links and symlinks included) or ``save_dir`` is a file, and a
+    ``save_dir`` that this run would write through a link in or mix with an earlier run's files in
+    (:meth:`~ssd.inference.writers.PredictionWriter.check_folder`). ``drawn``: the drawn copies are written."""
     check_output(save_dir, kind="dir", what="--save-dir")
     if not exist_ok:
         save_dir = shard.run_dir(lambda: make_run_dir(save_dir.parent, save_dir.name))
@@ -157,6 +179,8 @@ def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: 
                               model_version=detector.card.model_name or "ssd", part_dir=shard.part_dir(save_dir),
                               **outputs)
     check_outputs([*plan.values(), *writer.fixed_outputs()], inputs=files, what="--save-dir output")
+    if shard.is_main:  # the other ranks come once rank 0 may have begun to write
+        writer.check_folder(plan.values() if drawn else ())
     save_dir.mkdir(parents=True, exist_ok=True)
     return plan, writer
 
@@ -234,7 +258,7 @@ def predict_source(
     for folder in save_dirs:
         LOGGER.info(f"not read: {folder}, a save folder of ssd predict (its files are outputs, never inputs)")
     if not files:
-        raise FileNotFoundError(f"no inputs in {source} outside save folders of ssd predict")
+        raise MissingInputError(f"no inputs in {source} outside save folders of ssd predict")
     score_threshold = detector.confidence(score_threshold)[0]
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections,
@@ -253,7 +277,8 @@ def predict_source(
         # live sources open first: one that cannot be opened stops the run before anything is written
         with StreamGroup(live) if live is not None else nullcontext() as group:
             plan, writer = _prepare(files, Path(save_dir), exist_ok, detector,
-                                    dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop), shard)
+                                    dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop), shard,
+                                    save_images)
             summary = PredictSummary(writer.save_dir, writer.results_file)
             run = dict(outputs=plan if save_images else None, options=options, results=writer, summary=summary,
                        window=window)

@@ -21,11 +21,14 @@ from typing import IO
 
 from torch import Tensor
 
+from ssd.data.yolo import label_path
+from ssd.errors import OutputError
 from ssd.files import write_text
 from ssd.inference.crop_files import CropWriter
 from ssd.inference.detector import Result
 from ssd.inference.result_files import FORMATS, check_format, write_results
 from ssd.inference.yolo_labels import YoloLabelWriter
+from ssd.names import printable
 
 __all__ = ["JSONL_FILE", "SAVE_DIR_MARKER", "PredictionWriter", "exclude_save_dirs", "read_jsonl"]
 
@@ -62,6 +65,12 @@ def exclude_save_dirs(files: Iterable[Path]) -> tuple[list[Path], list[Path]]:
         else:
             found.add(owner)
     return kept, sorted(found)
+
+
+def _entries(folder: Path) -> Iterator[Path]:
+    """Every file and link under ``folder`` (links to folders not followed)."""
+    for root, folders, files in os.walk(folder):
+        yield from (Path(root) / name for name in [*files, *(f for f in folders if os.path.islink(Path(root) / f))])
 
 
 class PredictionWriter:
@@ -101,6 +110,37 @@ class PredictionWriter:
         if self.labels is not None:
             fixed += [self.labels.data_file, *(self.labels.image_link(name) for name in self.names.values())]
         return fixed
+
+    def check_folder(self, drawn: Iterable[Path]) -> None:
+        """Refuse, before anything is written, a save folder (given again with ``exist_ok``) whose content this run
+        would write through or mix with: a symbolic link on the way to any output (its target, maybe outside, would
+        be written), or a file of an earlier run that this one does not replace (crops, frames, the drawn copies or
+        labels of other inputs, a rank's parts): the user's to keep or delete, never mixed with this run's. A rerun
+        over the same inputs replaces its files. ``drawn``: the drawn copies this run writes."""
+        if not self.save_dir.is_dir():
+            return
+        ours = {*drawn, *self.fixed_outputs()}
+        if self.labels is not None:
+            ours |= {label_path(self.labels.image_link(name)) for name in self.names.values()}
+        roots = [self.crops.root] if self.crops is not None else []
+        roots += [self.labels.root] if self.labels is not None else []
+        if (self.save_dir / SAVE_DIR_MARKER).exists():  # an earlier run's folder: every file in it is an output
+            left = sorted(path for path in _entries(self.save_dir) if path not in ours)
+        else:  # the user's folder: only this run's own folders would mix
+            left = [root for root in roots if root.exists() or root.is_symlink()]
+        if left:
+            shown = ", ".join(printable(str(p.relative_to(self.save_dir))) for p in left[:3])
+            raise OutputError(f"{self.save_dir} holds outputs of an earlier run that this one would not replace "
+                              f"({shown}{', ...' if len(left) > 3 else ''}): they would mix; delete them, or give "
+                              "a new --name (without --exist-ok)")
+        links = {self.labels.image_link(name) for name in self.names.values()} if self.labels is not None else set()
+        for path in [*ours, *roots]:
+            for part in [*([path] if path not in links else []), *path.parents]:  # its own link is replaced
+                if part == self.save_dir or self.save_dir not in part.parents:
+                    break
+                if part.is_symlink():
+                    raise OutputError(f"{part} is a symbolic link in the save folder: ssd predict never writes "
+                                      "through one (its target may be anywhere); remove it, or give a new --name")
 
     def __enter__(self) -> PredictionWriter:
         if self.part_dir is None:

@@ -1,0 +1,115 @@
+"""``ssd predict``'s run folders and output names against a hostile audit: one name per input for every per-image
+output, nothing written through a symbolic link, ``--exist-ok`` never mixing two runs, CSV cells no spreadsheet
+runs as formulas."""
+
+import csv
+import os
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from builders import biased_model, random_images
+from ssd.data.check import check_dataset
+from ssd.data.load import load_dataset
+from ssd.errors import OutputError
+from ssd.inference.detector import Detector
+from ssd.inference.sources import output_paths, predict_source
+
+OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=5, progress=False)
+
+
+@pytest.fixture(scope="module")
+def detector():
+    return Detector(biased_model("ssd_tiny"))
+
+
+def save(folder, names, seed=1):
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, image in zip(names, random_images(len(names), seed=seed)):
+        Image.fromarray(image.permute(1, 2, 0).numpy()).save(folder / name)
+    return folder
+
+
+def write_video(path, frames=2, size=64):
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 5.0, (size, size))
+    for i in range(frames):
+        writer.write(np.full((size, size, 3), 40 * i, np.uint8))
+    writer.release()
+
+
+def test_x_jpg_and_x_png_get_a_label_file_each_and_clip_frames_overwrite_no_image(detector, tmp_path):
+    """One name rule for every per-image output: x.jpg and x.png shared labels/x.txt, and frame 0 of clip.avi
+    overwrote clip_000000.jpg; the summary counted label files that did not exist."""
+    source = save(tmp_path / "in", ["x.jpg", "x.png", "clip_000000.jpg"])
+    write_video(source / "clip.avi")
+    summary = predict_source(detector, source, tmp_path / "out", **OPTS, save_txt=True)
+    labels = tmp_path / "out" / "yolo" / "labels"
+    assert sorted(p.name for p in labels.iterdir()) == ["clip_000000.txt", "clip_000000_2.txt", "clip_000001.txt",
+                                                       "x.txt", "x_2.txt"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.suffix in (".jpg", ".png", ".mp4")) == [
+        "clip.mp4", "clip_000000_2.jpg", "x.jpg", "x_2.png"]
+    assert f"YOLO labels: 5 files in {labels}" in str(summary)
+
+
+def test_file_names_with_newline_tab_and_cr_give_a_dataset_ssd_check_accepts(detector, tmp_path):
+    source = save(tmp_path / "in", ["a\nb.png", "c\td.png", "e\rf.png", "a_b.png"])
+    predict_source(detector, source, tmp_path / "out", **OPTS, save_txt=True, save_images=False)
+    images = tmp_path / "out" / "yolo" / "images"
+    assert sorted(p.name for p in images.iterdir()) == ["a_b.png", "a_b_2.png", "c_d.png", "e_f.png"]
+    spec = load_dataset(tmp_path / "out" / "yolo" / "data.yaml")
+    problems = {issue.code for issue in check_dataset(spec).issues if issue.severity == "error"}
+    assert problems <= {"class_without_objects"}  # the biased model finds class0 only: no problem with a name
+
+
+def test_output_names_are_unique_by_stem_whatever_the_order():
+    folder = Path("d")
+    plan = output_paths([folder / "clip_000007.png", folder / "clip.mkv", folder / "clip.avi"], folder)
+    assert [p.name for p in plan.values()] == ["clip_000007_2.png", "clip.mp4", "clip_2.mp4"]
+
+
+@pytest.mark.parametrize("link", ["predictions.jsonl", "crops", "yolo"])
+def test_a_link_inside_an_earlier_run_folder_is_never_written_through(detector, tmp_path, link, capsys):
+    """With --exist-ok, a predictions.jsonl, crops/ or yolo/ link to an outside file or folder was written through
+    (and an outside file replaced by a link)."""
+    source = save(tmp_path / "in", ["a.png"])
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("mine")
+    run = tmp_path / "run"
+    run.mkdir()
+    os.symlink(outside / "keep.txt" if link.endswith(".jsonl") else outside, run / link)
+    with pytest.raises(OutputError, match="symbolic link in the save folder|outputs of an earlier run"):
+        predict_source(detector, source, run, **OPTS, exist_ok=True, save_txt=True, save_crop=True)
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"] and (outside / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in run.iterdir()) == [link]  # nothing written
+
+
+def test_exist_ok_into_an_earlier_run_refuses_to_mix_its_crops_and_copies(detector, tmp_path):
+    source = save(tmp_path / "in", ["a.png"])
+    first = predict_source(detector, source, tmp_path / "run", **OPTS, save_crop=True)
+    with pytest.raises(OutputError, match=r"run holds outputs of an earlier run that this one would not replace "
+                                          r"\(a.png, crops/class0/a_0_0.jpg, crops/class0/a_0_1.jpg, ...\): they "
+                                          r"would mix; delete them, or give a new --name \(without --exist-ok\)"):
+        predict_source(detector, save(tmp_path / "other", ["b.png"]), first.save_dir, **OPTS, exist_ok=True)
+    assert sorted(p.name for p in (first.save_dir / "crops").rglob("*.jpg")) == ["a_0_0.jpg", "a_0_1.jpg",
+                                                                                 "a_0_2.jpg", "a_0_3.jpg",
+                                                                                 "a_0_4.jpg"]
+    lean = predict_source(detector, source, tmp_path / "lean", **OPTS)
+    again = predict_source(detector, source, lean.save_dir, **OPTS, exist_ok=True)
+    assert again.save_dir == lean.save_dir  # the same inputs again: each of its files replaced, none left over
+    with pytest.raises(OutputError, match=r"would not replace \(a.png\)"):  # a drawn copy this run does not write
+        predict_source(detector, source, lean.save_dir, **OPTS, exist_ok=True, save_images=False)
+
+
+def test_csv_cells_a_spreadsheet_would_run_are_escaped(tmp_path, monkeypatch):
+    """OWASP: a cell starting with =, +, -, @ (a file or class name) is prefixed with a quote."""
+    monkeypatch.chdir(save(tmp_path / "in", ["=cmd.png", "@x.png", "-y.png", "+z.png", "plain.png"]))
+    detector = Detector(biased_model("ssd_tiny", class_names=["=HYPERLINK(1)", "-b", "c"]))
+    summary = predict_source(detector, ".", tmp_path / "out", **OPTS, fmt="csv", save_images=False)
+    with open(summary.results_file, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert sorted({r["file"] for r in rows}) == ["'+z.png", "'-y.png", "'=cmd.png", "'@x.png", "plain.png"]
+    assert {r["name"] for r in rows} == {"'=HYPERLINK(1)"}  # the biased model's top class
