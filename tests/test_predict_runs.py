@@ -4,6 +4,7 @@ runs as formulas."""
 
 import csv
 import os
+import re
 from pathlib import Path
 
 import cv2
@@ -12,9 +13,10 @@ import pytest
 from PIL import Image
 
 from builders import biased_model, random_images
+from ssd.cli import main
 from ssd.data.check import check_dataset
 from ssd.data.load import load_dataset
-from ssd.errors import OutputError
+from ssd.errors import ConfigError, InputError, OutputError
 from ssd.inference.detector import Detector
 from ssd.inference.sources import output_paths, predict_source
 
@@ -113,3 +115,52 @@ def test_csv_cells_a_spreadsheet_would_run_are_escaped(tmp_path, monkeypatch):
         rows = list(csv.DictReader(f))
     assert sorted({r["file"] for r in rows}) == ["'+z.png", "'-y.png", "'=cmd.png", "'@x.png", "plain.png"]
     assert {r["name"] for r in rows} == {"'=HYPERLINK(1)"}  # the biased model's top class
+
+
+def test_classes_are_filtered_before_the_max_det_cut_so_a_kept_class_is_never_crowded_out(detector, tmp_path):
+    """The biased model's top detections are all class0: --classes class1 --max-det 5 gave no box at all."""
+    [image] = random_images(1)
+    [every] = detector.predict(image, score_threshold=0.3, iou_threshold=0.45, max_detections=10_000)
+    wanted = every.labels == 1
+    assert every.labels[:5].tolist() == [0] * 5 and int(wanted.sum()) > 5
+    [kept] = detector.detect([image], score_threshold=0.3, iou_threshold=0.45, max_detections=5, classes=[1])
+    assert kept.labels.tolist() == [1] * 5
+    assert kept.boxes.tolist() == every.boxes[wanted][:5].tolist()
+    assert kept.scores.tolist() == every.scores[wanted][:5].tolist()
+
+
+@pytest.mark.parametrize("value, message", [
+    (2**63, "max_detections 9223372036854775808 is above 10000 (limits.MAX_DETECTIONS)"),
+    (100_000_000, "max_detections 100000000 is above 10000 (limits.MAX_DETECTIONS)"),
+])
+def test_a_max_det_of_2_63_or_1e8_is_one_error_in_predict_and_the_api(detector, tmp_path, value, message, capsys):
+    """2**63 gave a traceback and a half-made save folder; 10**8 was accepted by predict although export refuses it."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        detector.predict(random_images(1)[0], max_detections=value)
+    source = save(tmp_path / "in", ["a.png"])
+    code = main(["predict", "--weights", str(tmp_path / "w.pt"), "--source", str(source), "--max-det", str(value),
+                 "--project", str(tmp_path / "runs")])
+    assert code == 2 and capsys.readouterr().err.endswith(f"--max-det {value} is above 10000 "
+                                                          "(limits.MAX_DETECTIONS), the most detections per image "
+                                                          "ssd keeps\n")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("box", [[float("nan"), 0, 4, 4], [5, 0, 4, 4], [0, 0, float("inf"), 4]])
+def test_a_nan_box_through_the_api_is_refused_by_the_crop_and_label_writers(box, tmp_path):
+    """A NaN box made through the API crashed the crop writer (math.floor of NaN)."""
+    import torch
+
+    from ssd.inference.crop_files import CropWriter
+    from ssd.inference.detector import Result
+    from ssd.inference.yolo_labels import YoloLabelWriter
+
+    result = Result(torch.tensor([[0.0, 0, 2, 2], box]), torch.tensor([0.9, 0.8]), torch.tensor([0, 1]),
+                    ["a", "b"], 8, 8, "x.png")
+    image = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    message = re.escape(f"result of x.png: detection 1, box {[float(v) for v in box]} label 1: a box must be finite")
+    with pytest.raises(InputError, match=message):
+        CropWriter(tmp_path, ["a", "b"]).write(result, Path("x.png"), image, 0)
+    with pytest.raises(InputError, match=message):
+        YoloLabelWriter(tmp_path, ["a", "b"]).write(result, Path("x.png"), image, 0)
+    assert list(tmp_path.iterdir()) == []

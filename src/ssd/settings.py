@@ -53,8 +53,9 @@ TILE_OVERLAP = 0.2
 
 def check_thresholds(score_threshold: float, iou_threshold: float, max_detections: int, batch_size: int = 1, *,
                      names: Mapping[str, str] | None = None) -> None:
-    """Raise :class:`ConfigError` for a score or IoU threshold outside ``[0, 1]`` (or NaN), or a ``max_detections``
-    or ``batch_size`` that is not a positive integer. ``names`` renames the options in the message (the CLI's
+    """Raise :class:`ConfigError` for a score or IoU threshold outside ``[0, 1]`` (or NaN), a ``max_detections``
+    or ``batch_size`` that is not a positive integer, or a ``max_detections`` above
+    :data:`ssd.limits.MAX_DETECTIONS`. ``names`` renames the options in the message (the CLI's
     flags, e.g. :data:`THRESHOLD_OPTIONS`)."""
     names = names or {}
     for key, value in (("score_threshold", score_threshold), ("iou_threshold", iou_threshold)):
@@ -63,6 +64,9 @@ def check_thresholds(score_threshold: float, iou_threshold: float, max_detection
     for key, value in (("max_detections", max_detections), ("batch_size", batch_size)):
         if not is_whole(value) or value < 1:
             raise ConfigError(f"{names.get(key, key)} must be a positive integer, got {value}")
+    if max_detections > MAX_DETECTIONS:  # the rule of an exported NMS graph too; 2**63 overflowed a kernel's int64
+        raise ConfigError(f"{names.get('max_detections', 'max_detections')} {max_detections} is above "
+                          f"{MAX_DETECTIONS} (limits.MAX_DETECTIONS), the most detections per image ssd keeps")
 
 
 def check_tile(tile: int | str | Sequence[int] | None, overlap: float = TILE_OVERLAP, *,

@@ -72,6 +72,23 @@ class Result:
                 detection["track_id"] = track_id
         return {"file": self.path, "width": self.width, "height": self.height, "detections": detections}
 
+    def check(self) -> None:
+        """Raise :class:`~ssd.errors.InputError` naming the image and the first bad detection unless ``boxes`` is
+        ``[N, 4]`` of finite ``x1 <= x2``, ``y1 <= y2``, ``labels`` ``[N]`` at least 0 and ``width``, ``height``
+        positive: what the files written from a result (labels, crops) rely on; a result made through the API may
+        hold anything."""
+        boxes, where = self.boxes, self.path or "an in-memory image"
+        if boxes.dim() != 2 or boxes.shape[-1] != 4 or self.labels.shape != boxes.shape[:1] or min(
+                self.width, self.height) < 1:
+            raise InputError(f"result of {where}: boxes {list(boxes.shape)}, labels {list(self.labels.shape)} in a "
+                             f"{self.width}x{self.height} image: expected boxes [N, 4], labels [N], a size >= 1")
+        bad = ~(boxes.isfinite().all(1) & (boxes[:, 2] >= boxes[:, 0]) & (boxes[:, 3] >= boxes[:, 1])) | (
+            self.labels < 0)
+        if bool(bad.any()):
+            k = int(bad.nonzero()[0])
+            raise InputError(f"result of {where}: detection {k}, box {boxes[k].tolist()} label "
+                             f"{int(self.labels[k])}: a box must be finite pixels x1 <= x2, y1 <= y2, a label >= 0")
+
     def to_supervision(self):
         """This result as ``supervision.Detections`` (the optional ``supervision`` extra): ``xyxy [N, 4]`` pixels,
         ``confidence [N]``, ``class_id [N]``, ``tracker_id [N]`` when tracking, ``data["class_name"]`` the names."""
@@ -159,27 +176,23 @@ class Detector:
                classes: Sequence[int] | None = None) -> list[Result]:
         """One batch of ``[3, H, W]`` tensors (uint8 or float in ``0..1``) -> one :class:`Result` per image
         (``score_threshold`` ``None``: :meth:`confidence`); ``classes``: keep only these labels
-        (:meth:`class_indices` reads names), after ``max_detections``.
+        (:meth:`class_indices` reads names), before the ``max_detections`` cut (a kept class is never crowded out).
 
         ``tile``: ``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels: also detect on overlapping tiles of each image
         and merge (:func:`ssd.inference.tiling.detect_tiled`), ``batch_size`` crops at a time (default: as many as
         ``images``)."""
         options = dict(score_threshold=self.confidence(score_threshold)[0], iou_threshold=iou_threshold,
-                       max_detections=max_detections)
+                       max_detections=max_detections, classes=classes)
 
         def run(crops: list[Tensor]) -> list[dict[str, Tensor]]:
             return detect_batch(self.backend, *self.preprocess(crops), **options)
 
         if tile is None:
             detections = run(list(images))
-        else:
+        else:  # each crop's detections are of the wanted classes already
             detections = detect_tiled(run, images, tile=tile, input_size=self.card.image_size, overlap=tile_overlap,
                                       iou_threshold=iou_threshold, max_detections=max_detections,
                                       batch_size=batch_size or len(images))
-        if classes is not None:
-            wanted = torch.as_tensor(list(classes), dtype=torch.int64)
-            detections = [{key: value[torch.isin(d["labels"], wanted.to(d["labels"].device))]
-                           for key, value in d.items()} for d in detections]
         paths = paths if paths is not None else [None] * len(images)
         return [
             Result(d["boxes"].float().cpu(), d["scores"].float().cpu(), d["labels"].cpu(),
@@ -232,7 +245,7 @@ class Detector:
         options = dict(score_threshold=self.confidence(score_threshold)[0], iou_threshold=iou_threshold,
                        max_detections=max_detections)
         check_thresholds(*options.values(), batch_size)
-        settings = tracker if isinstance(tracker, dict) else tracker_settings(tracker)
+        settings = tracker_settings(tracker)  # a dict is checked as a file's settings are
         if isinstance(source, (list, tuple)):
             batches = ([Frame(to_image(item, start + i), 0, start + i, 0.0,
                               str(item) if isinstance(item, (str, Path)) else None)
