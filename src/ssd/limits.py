@@ -92,6 +92,13 @@ MAX_NAME_CHARS = 200
 MAX_GLOB_PATHS = 1_000_000
 """Most paths one glob pattern of ``ssd predict`` may expand to (a symlink loop would otherwise never end)."""
 
+MAX_TRACKER_FILE_BYTES = 64 * 2**10
+"""Largest ``--tracker`` YAML (ten settings take under a kilobyte; a 20 MB file took 73 s to parse). Checked before
+it is read, and before the model loads."""
+
+MAX_TRACK_FRAMES = 100_000
+"""Most frames in a tracker's ``lost_track_buffer`` and ``minimum_consecutive_frames`` (about an hour at 30 fps)."""
+
 MAX_WORKERS = 64
 """Most data-loading processes or decoding threads one command may start (``--workers``)."""
 

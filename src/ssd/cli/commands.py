@@ -67,6 +67,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     config = _config(PredictConfig, args)
     info = DistInfo.from_env()
+    if config.track:  # a bad or huge settings file is refused before the model loads
+        from ssd.inference.tracking import tracker_settings
+
+        tracker_settings(config.tracker)
     detector = load(config.weights, device=rank_device(config.device, info), half=config.half)
     conf, origin = detector.confidence(config.score_threshold, "--conf")
     if info.is_main:  # under torchrun, rank 0 speaks for the run
