@@ -142,7 +142,8 @@ def test_a_max_det_of_2_63_or_1e8_is_one_error_in_predict_and_the_api(detector, 
                  "--project", str(tmp_path / "runs")])
     assert code == 2 and capsys.readouterr().err.endswith(f"--max-det {value} is above 10000 "
                                                           "(limits.MAX_DETECTIONS), the most detections per image "
-                                                          "ssd keeps\n")
+                                                          "ssd keeps (an exported NMS graph allocates its output "
+                                                          "[B, max_det, 6] whatever the image holds)\n")
     assert not (tmp_path / "runs").exists()
 
 
@@ -164,3 +165,13 @@ def test_a_nan_box_through_the_api_is_refused_by_the_crop_and_label_writers(box,
     with pytest.raises(InputError, match=message):
         YoloLabelWriter(tmp_path, ["a", "b"]).write(result, Path("x.png"), image, 0)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_library_use_prints_nothing_on_stdout_or_stderr(detector, tmp_path, capfd):
+    """The docs say library use prints nothing: an unreadable input was printed (on every rank under torchrun)."""
+    source = save(tmp_path / "in", ["a.png"])
+    (source / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    earlier = predict_source(detector, source, source / "out", **OPTS)  # a save folder inside: "not read" is logged
+    summary = predict_source(detector, source, tmp_path / "out", **OPTS, save_txt=True, save_crop=True)
+    assert [name for name, _ in summary.skipped] == [str(source / "broken.jpg")] and earlier.images == 1
+    assert capfd.readouterr() == ("", "")

@@ -257,7 +257,7 @@ class ExportConfig(_Schema):
         self._check_common()
         self._positive("opset")
         check_calib_images(self.calib_images)
-        check_onnx_options(self.opset, self.nms, self.max_detections)  # before any calibration data is read
+        check_onnx_options(self.opset)  # before any calibration data is read
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -169,12 +169,12 @@ def export_onnx(
         max_detections: the same.
 
     Raises:
-        ConfigError: a threshold, the opset or (with NMS) ``max_detections`` out of bounds
-            (:func:`ssd.settings.check_onnx_options`), before any work is done.
+        ConfigError: a threshold, ``max_detections`` or the opset out of bounds (:func:`ssd.settings.check_thresholds`,
+            :func:`~ssd.settings.check_onnx_options`), before any work is done.
         ExportCheckError: ONNX Runtime and PyTorch disagree beyond the tolerances.
     """
     check_thresholds(score_threshold, iou_threshold, max_detections)
-    check_onnx_options(opset, nms, max_detections)
+    check_onnx_options(opset)
     return write_onnx(weights_or_model, out_path, opset=opset, dynamic_batch=dynamic_batch, nms=nms, check=check,
                       sample_images=sample_images, score_threshold=score_threshold, iou_threshold=iou_threshold,
                       max_detections=max_detections)
