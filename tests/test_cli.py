@@ -143,7 +143,7 @@ def test_predict_writes_detections_and_refuses_a_corrupt_png(weights, tmp_path, 
     assert main(["predict", "--weights", str(weights), "--source", str(corrupt), "--save-dir", str(tmp_path / "o2"),
                  "--device", "cpu"]) == 1
     captured = capsys.readouterr()
-    assert f"skipped {corrupt}: image does not decode (OSError: broken data stream" in captured.out
+    assert f"skipped {corrupt}: image does not decode (OSError: broken data stream" in captured.err  # the log
     assert captured.err.splitlines()[-1] == "error: none of the 1 inputs could be read"  # after the progress bar
 
 

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tqdm import tqdm
-
 from ssd.data.images import IMAGE_SUFFIXES, is_image
 from ssd.errors import ConfigError, MissingInputError
 from ssd.files import check_output, check_outputs, make_run_dir
@@ -93,11 +91,12 @@ class PredictSummary:
             for name in self.SHARDED:
                 setattr(self, name, getattr(self, name) + counts[name])
 
-    def skip(self, path: Path, error: Exception, bar: tqdm | None = None) -> None:
-        """Record an unreadable input and say so now (image errors name the file themselves: their reason only)."""
+    def skip(self, path: Path, error: Exception) -> None:
+        """Record an unreadable input and say so now on the ``ssd`` logger (shown by the command, silent in library
+        use and off rank 0); image errors name the file themselves: their reason only."""
         reason = getattr(error, "reason", str(error))
         self.skipped.append((str(path), reason))
-        (bar.write if bar is not None else print)(f"skipped {path}: {reason}")
+        LOGGER.warning(f"skipped {path}: {reason}")
 
 
 def is_video(path: Path) -> bool:
@@ -108,18 +107,23 @@ def resolve_source(source: str | Path) -> list[Path]:
     """Files of a source: the file itself, a folder's images and videos with its subfolders' (sorted), or a glob's
     files (sorted). A link that leads nowhere (dangling, or a loop) is kept, so that reading it skips it by name."""
     path = Path(source)
+    kinds = (f"images: {', '.join(s[1:] for s in IMAGE_SUFFIXES)}; videos: {', '.join(s[1:] for s in VIDEO_SUFFIXES)}")
     if path.is_dir():
         files = sorted(f for f in path.rglob("*") if (is_image(f) or is_video(f)) and not f.is_dir())
     elif path.is_file():
+        if not (is_image(path) or is_video(path)):  # its outputs are named after its kind (/dev/stdin has none)
+            raise ConfigError(f"source {source}: {path.suffix or 'no suffix'} is not an image or video suffix "
+                              f"({kinds})")
         return [path]
+    elif path.exists():
+        raise ConfigError(f"source {source} is not a regular file (a FIFO, a device or a socket: ssd predict reads "
+                          "files, it does not wait on a stream of bytes); give an image, a folder, a glob or a video")
     elif glob.has_magic(str(source)):
         files = sorted(f for f in expand_glob(str(source)) if f.is_file())  # links to folders followed once
     else:
         raise MissingInputError(f"source {source} does not exist (give an image, a folder, a glob or a video file)")
     if not files:
-        raise MissingInputError(f"no images or videos in {source} (images: "
-                                f"{', '.join(s[1:] for s in IMAGE_SUFFIXES)}; videos: "
-                                f"{', '.join(s[1:] for s in VIDEO_SUFFIXES)})")
+        raise MissingInputError(f"no images or videos in {source} ({kinds})")
     return files
 
 
