@@ -322,8 +322,9 @@ def _tag_anchors(font: ImageFont.FreeTypeFont, texts: Sequence[str], corners: Se
     return anchors
 
 
-def save_image(image: Tensor, path: str | Path) -> Path:
-    """Save a ``[3, H, W]`` uint8 RGB tensor (format from the suffix: .jpg, .png, ...), creating parent folders."""
+def save_image(image: Tensor, path: str | Path, *, sync: bool = True) -> Path:
+    """Save a ``[3, H, W]`` uint8 RGB tensor (format from the suffix: .jpg, .png, ...), creating parent folders;
+    ``sync=False``: no fsync (:func:`ssd.files.atomic_write`), for a run's many per-image outputs."""
     if not isinstance(image, Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
         raise InputError(f"save_image: {path}: image must be a uint8 tensor [3, H, W], got "
                          f"{getattr(image, 'dtype', type(image).__name__)} {tuple(getattr(image, 'shape', ()))}")
@@ -331,6 +332,6 @@ def save_image(image: Tensor, path: str | Path) -> Path:
     image_format = Image.registered_extensions().get(path.suffix.lower())
     if image_format is None:
         raise OutputError(f"save_image: {path}: unknown image suffix {path.suffix!r} (use .jpg, .png, ...)")
-    with atomic_write(path) as f:  # never a half-written image, even with the disk full
+    with atomic_write(path, sync=sync) as f:  # never a half-written image, even with the disk full
         Image.fromarray(image.permute(1, 2, 0).cpu().numpy()).save(f, format=image_format)
     return path

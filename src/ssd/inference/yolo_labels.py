@@ -68,7 +68,9 @@ class YoloLabelWriter:
 
     def write(self, result: Result, name: Path, image: Tensor, frame: int | None) -> None:
         """``result``'s label file, and its image: the input linked (copied where links are refused) or, for a
-        video frame, ``image`` ``[3, H, W]`` uint8 saved."""
+        video frame, ``image`` ``[3, H, W]`` uint8 saved; :class:`~ssd.errors.InputError` for a result with a box
+        that is not one (:meth:`Result.check`)."""
+        result.check()
         link = self.image_link(name)
         if frame is None:
             link.parent.mkdir(parents=True, exist_ok=True)
@@ -78,8 +80,8 @@ class YoloLabelWriter:
             except OSError:  # a file system without symbolic links
                 shutil.copyfile(result.path, link)
         else:
-            link = save_image(image, link.with_name(frame_name(link.stem, frame)))
-        write_text(label_path(link), yolo_lines(result, self.save_conf))
+            link = save_image(image, link.with_name(frame_name(link.stem, frame)), sync=False)
+        write_text(label_path(link), yolo_lines(result, self.save_conf), sync=False)  # per image: not synced
         self.files += 1
 
     def report(self) -> list[str]:
