@@ -175,3 +175,32 @@ def test_library_use_prints_nothing_on_stdout_or_stderr(detector, tmp_path, capf
     summary = predict_source(detector, source, tmp_path / "out", **OPTS, save_txt=True, save_crop=True)
     assert [name for name, _ in summary.skipped] == [str(source / "broken.jpg")] and earlier.images == 1
     assert capfd.readouterr() == ("", "")
+
+
+def test_a_torchrun_rank_killed_before_the_merge_leaves_no_part_unmerged(tmp_path, ssd_messages):
+    """A killed rank left .rank1/ parts, unmerged lines and no --format file: rank 0, stopped before the merge,
+    appends the whole lines of every part that exists and says what is missing."""
+    import json
+
+    from ssd.inference.shards import Shard
+    from ssd.inference.writers import PredictionWriter, read_jsonl
+
+    record = {"file": "a.png", "width": 8, "height": 8, "detections": []}
+    writer = PredictionWriter(tmp_path, {}, ["a"], fmt="json")
+    with pytest.raises(KeyboardInterrupt), writer:
+        writer._jsonl.write(json.dumps(record) + "\n")
+        (tmp_path / ".rank1" / "crops").mkdir(parents=True)
+        (tmp_path / ".rank1" / "predictions.jsonl").write_text(
+            json.dumps({**record, "file": "b.png"}) + "\n" + json.dumps({**record, "file": "c.png"}) + "\n{\"fi")
+        try:
+            raise KeyboardInterrupt
+        except BaseException:
+            Shard(0, 3, 0).salvage(writer)
+            raise
+    assert [r["file"] for r in read_jsonl(tmp_path / "predictions.jsonl")] == ["a.png", "b.png", "c.png"]
+    assert [r["file"] for r in json.loads((tmp_path / "predictions.json").read_text())["images"]] == [
+        "a.png", "b.png", "c.png"]
+    assert ssd_messages()[-1] == (f"the sharded run stopped before its ranks merged: rank 1's 2 results appended; "
+                                  f"rank 1's crops left in {tmp_path / '.rank1' / 'crops'} (never placed); rank 2 "
+                                  "wrote no results (its share is missing); the results of a rank that was still "
+                                  "predicting end where it stopped")

@@ -289,14 +289,18 @@ def predict_source(
             if track and len(images) > 1:
                 LOGGER.info(f"--track: the {len(images)} images are tracked as one sequence of frames, in name order")
             with writer:  # also on Ctrl-C: the results so far are in the JSONL and the fmt file
-                if group is not None:
-                    predict_live(detector, group, settings, progress, run)
-                predict_images(detector, [f for f in mine if not is_video(f)], batch_size, workers, settings,
-                               progress, run)
-                for video in (f for f in mine if is_video(f)):
-                    predict_video(detector, video, batch_size, settings, progress, run)
-                writer.close()
-                shard.merge(writer, summary)
+                try:
+                    if group is not None:
+                        predict_live(detector, group, settings, progress, run)
+                    predict_images(detector, [f for f in mine if not is_video(f)], batch_size, workers, settings,
+                                   progress, run)
+                    for video in (f for f in mine if is_video(f)):
+                        predict_video(detector, video, batch_size, settings, progress, run)
+                    writer.close()
+                    shard.merge(writer, summary)
+                except BaseException:
+                    shard.salvage(writer)  # under torchrun, rank 0 keeps the other ranks' parts that exist
+                    raise
     finally:
         if window is not None:
             window.close()
