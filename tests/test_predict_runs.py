@@ -204,3 +204,41 @@ def test_a_torchrun_rank_killed_before_the_merge_leaves_no_part_unmerged(tmp_pat
                                   f"rank 1's crops left in {tmp_path / '.rank1' / 'crops'} (never placed); rank 2 "
                                   "wrote no results (its share is missing); the results of a rank that was still "
                                   "predicting end where it stopped")
+
+
+def test_label_studio_tasks_point_at_files_its_local_storage_serves_and_frames_that_exist(detector, tmp_path):
+    """data.image was a local path Label Studio cannot open, and video frames pointed at the .avi."""
+    import json
+    from urllib.parse import unquote
+
+    source = save(tmp_path / "in", ["a b.png"])
+    write_video(source / "clip.avi", frames=2)
+    summary = predict_source(detector, source, tmp_path / "out", **OPTS, fmt="labelstudio", ls_root=tmp_path)
+    images = [task["data"]["image"] for task in json.loads(summary.results_file.read_text())]
+    assert images == ["/data/local-files/?d=in/a%20b.png", "/data/local-files/?d=out/frames/clip_000000.jpg",
+                      "/data/local-files/?d=out/frames/clip_000001.jpg"]
+    assert all((tmp_path / unquote(image.split("?d=")[1])).is_file() for image in images)
+    with pytest.raises(ConfigError, match=rf"^--ls-root {source}: {tmp_path / 'out2'} is outside it, where Label "
+                                          "Studio's local-files storage cannot serve it"):
+        predict_source(detector, source, tmp_path / "out2", **OPTS, fmt="labelstudio", ls_root=source)
+    assert not (tmp_path / "out2").exists()
+
+
+def test_save_txt_and_label_studio_frames_on_a_live_source_are_capped_as_crops_are(detector, tmp_path, monkeypatch):
+    """--save-txt on a live stream wrote forever while crops were capped: frame files stop at the cap, counted."""
+    import json
+
+    import ssd.inference.writers as writers
+
+    monkeypatch.setattr(writers, "MAX_SAVED_FRAMES", 2)
+    source = tmp_path / "in"
+    source.mkdir()
+    write_video(source / "clip.avi", frames=3)
+    summary = predict_source(detector, source, tmp_path / "out", **OPTS, save_txt=True, fmt="labelstudio",
+                             ls_root=tmp_path)
+    assert sorted(p.name for p in (tmp_path / "out" / "yolo" / "labels").iterdir()) == ["clip_000000.txt",
+                                                                                       "clip_000001.txt"]
+    assert sorted(p.name for p in (tmp_path / "out" / "frames").iterdir()) == ["clip_000000.jpg", "clip_000001.jpg"]
+    assert len(json.loads(summary.results_file.read_text())) == 2 and summary.frames == 3
+    assert ("frames: 1 more video or stream frames have no label file or Label Studio image: a run saves at most 2 "
+            "(limits.MAX_SAVED_FRAMES; their boxes are in predictions.jsonl)") in str(summary)

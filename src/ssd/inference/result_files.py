@@ -11,22 +11,26 @@ stays flat in the number of images:
 - ``csv``: ``predictions.csv``, one row per detection (an image without any: one row with empty detection cells);
   a file or class name that a spreadsheet would run as a formula starts with ``'`` (:func:`csv_text`).
 - ``labelstudio``: ``predictions_labelstudio.json``, Label Studio tasks to import with their pre-annotations:
-  ``data.image`` the file, ``predictions[0].result`` rectangle labels in percent of the image.
+  ``data.image`` what Label Studio's local-files storage serves (:func:`local_files_url`; a video frame's own image
+  file, which the writer saves), ``predictions[0].result`` rectangle labels in percent of the image; a record
+  without an image file (in memory, a frame past ``limits.MAX_SAVED_FRAMES``) has no task.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO
+from urllib.parse import quote
 
 from ssd.errors import ConfigError
 from ssd.files import atomic_write
 from ssd.inference.coco_results import to_coco_detections
 
-__all__ = ["FORMATS", "CSV_COLUMNS", "check_format", "csv_text", "write_results"]
+__all__ = ["FORMATS", "CSV_COLUMNS", "check_format", "csv_text", "local_files_url", "write_results"]
 
 FORMATS = {"json": "predictions.json", "coco": "predictions_coco.json", "csv": "predictions.csv",
            "labelstudio": "predictions_labelstudio.json"}
@@ -85,7 +89,13 @@ def _write_csv(f: IO[str], records: Iterable[dict], tracked: bool, **_) -> None:
             writer.writerow(image + [d["label"], csv_text(d["name"]), d["score"], *d["box"], *track])
 
 
-def _labelstudio_task(record: dict, model_version: str) -> dict:
+def local_files_url(path: str | Path, root: str | Path = "/") -> str:
+    """``path`` as Label Studio's local-files storage serves it, ``/data/local-files/?d=<path relative to root>``:
+    ``root`` is its ``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT`` (``path`` must be inside it)."""
+    return "/data/local-files/?d=" + quote(os.path.relpath(os.path.abspath(path), os.path.abspath(root)))
+
+
+def _labelstudio_task(record: dict, model_version: str, image: Callable[[dict], str | None]) -> dict:
     width, height = record["width"], record["height"]
     results = []
     for index, d in enumerate(record["detections"]):
@@ -97,15 +107,18 @@ def _labelstudio_task(record: dict, model_version: str) -> dict:
         if "track_id" in d:
             result["meta"] = {"track_id": d["track_id"]}
         results.append(result)
-    data = {"image": record["file"]}
+    data = {"image": image(record)}
     if "frame" in record:
         data["frame"] = record["frame"]
     score = min((d["score"] for d in record["detections"]), default=0.0)  # the task is as sure as its least box
     return {"data": data, "predictions": [{"model_version": model_version, "score": score, "result": results}]}
 
 
-def _write_labelstudio(f: IO[str], records: Iterable[dict], model_version: str, **_) -> None:
-    _json_list(f, (_labelstudio_task(record, model_version) for record in records))
+def _write_labelstudio(f: IO[str], records: Iterable[dict], model_version: str,
+                       image: Callable[[dict], str | None] | None, **_) -> None:
+    image = image or (lambda record: record["file"])
+    _json_list(f, (_labelstudio_task(record, model_version, image) for record in records
+                   if image(record) is not None))  # an in-memory image, a frame past the cap: nothing to show
 
 
 _WRITERS: dict[str, Callable[..., None]] = {"json": _write_json, "coco": _write_coco, "csv": _write_csv,
@@ -113,10 +126,11 @@ _WRITERS: dict[str, Callable[..., None]] = {"json": _write_json, "coco": _write_
 
 
 def write_results(fmt: str, records: Iterable[dict], path: Path, *, class_names: list[str],
-                  category_ids: list[int] | None = None, model_version: str = "ssd", tracked: bool = False) -> Path:
+                  category_ids: list[int] | None = None, model_version: str = "ssd", tracked: bool = False,
+                  image: Callable[[dict], str | None] | None = None) -> Path:
     """Write ``records`` to ``path`` in ``fmt`` (a key of :data:`FORMATS`), atomically. ``tracked``: the CSV gets a
-    ``track_id`` column."""
+    ``track_id`` column. ``image``: a record -> its Label Studio ``data.image`` (default: its ``file``)."""
     with atomic_write(path, "w", newline="") as f:  # csv writes its own line ends
         _WRITERS[fmt](f, records, class_names=class_names, category_ids=category_ids, model_version=model_version,
-                      tracked=tracked)
+                      tracked=tracked, image=image)
     return path

@@ -32,7 +32,7 @@ from ssd.inference.result_files import check_format
 from ssd.inference.shards import Shard
 from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
 from ssd.inference.tracking import tracker_settings
-from ssd.inference.writers import PredictionWriter, exclude_save_dirs
+from ssd.inference.writers import PredictionWriter, check_ls_root, exclude_save_dirs
 from ssd.inference.yolo_labels import frame_source
 from ssd.log import LOGGER
 from ssd.schemas import PredictConfig
@@ -175,6 +175,8 @@ def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: 
     ``save_dir`` that this run would write through a link in or mix with an earlier run's files in
     (:meth:`~ssd.inference.writers.PredictionWriter.check_folder`). ``drawn``: the drawn copies are written."""
     check_output(save_dir, kind="dir", what="--save-dir")
+    if outputs["fmt"] == "labelstudio" and outputs["ls_root"] is not None:  # before a save folder is made
+        check_ls_root(outputs["ls_root"], save_dir, files)
     if not exist_ok:
         save_dir = shard.run_dir(lambda: make_run_dir(save_dir.parent, save_dir.name))
     plan = output_paths(files, save_dir)
@@ -200,6 +202,7 @@ def predict_source(
     batch_size: int = PredictConfig.batch_size,
     save_images: bool = True,
     fmt: str = PredictConfig.fmt,
+    ls_root: str | Path | None = None,
     progress: bool = True,
     exist_ok: bool = False,
     tile: int | str | tuple[int, int] | None = None,
@@ -226,7 +229,8 @@ def predict_source(
     end, also after Ctrl-C: ``"json"`` ``predictions.json`` (``{"class_names", "images": [record, ...]}``), ``"coco"``
     ``predictions_coco.json`` (``image_id`` = the running index of the image or frame, ``category_id`` = the dataset's
     category id of the label when the checkpoint stores them (:attr:`Detector.category_ids`), else the label ``0..K-1``,
-    ``bbox`` xywh pixels, ``score``), ``"csv"`` or ``"labelstudio"`` (see :mod:`ssd.inference.result_files`).
+    ``bbox`` xywh pixels, ``score``), ``"csv"`` or ``"labelstudio"`` (see :mod:`ssd.inference.result_files`; ``ls_root``
+    the folder Label Studio serves, see :class:`~ssd.inference.writers.PredictionWriter`).
     ``save_txt`` / ``save_conf``: YOLO label files that ``ssd train`` reads (:mod:`ssd.inference.yolo_labels`);
     ``save_crop``: a crop per detection in a folder per class (:mod:`ssd.inference.crop_files`). ``classes``: keep only
     these classes (names or labels, see :meth:`Detector.class_indices`). An unreadable image or video is reported by
@@ -281,7 +285,8 @@ def predict_source(
         # live sources open first: one that cannot be opened stops the run before anything is written
         with StreamGroup(live) if live is not None else nullcontext() as group:
             plan, writer = _prepare(files, Path(save_dir), exist_ok, detector,
-                                    dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop), shard,
+                                    dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop,
+                                         ls_root=ls_root), shard,
                                     save_images)
             summary = PredictSummary(writer.save_dir, writer.results_file)
             run = dict(outputs=plan if save_images else None, options=options, results=writer, summary=summary,
