@@ -125,7 +125,8 @@ def folder_benchmark(count: int, rounds: int, parts: str, out: str | None) -> No
         tmp = Path(tmp)
         sources = _sources(tmp)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; JPEGs of {sources[0].parent}, ssd_tiny, "
-              f"batch 8, conf 0.05, max-det 20, " + ("every per-image output" if parts == "outputs" else "no drawn copies"))
+              "batch 8, conf 0.05, max-det 20, " + ("every per-image output" if parts == "outputs"
+                                                    else "no drawn copies"))
         if parts in ("speed", "both"):
             _folder_speed(Detector(build_model("ssd_tiny", class_names=names).eval()), _jpegs(tmp, sources, count),
                           count, rounds, tmp)

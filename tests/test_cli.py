@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -339,7 +340,7 @@ def test_an_internal_bug_shows_its_traceback_not_an_error_line(bug, monkeypatch)
 
 def test_the_system_refusing_a_users_path_is_one_line(monkeypatch, capsys):
     def fail(args):
-        open("/nonexistent-folder/x.txt")
+        return Path("/nonexistent-folder/x.txt").read_text()
 
     monkeypatch.setitem(COMMANDS, "check", fail)
     assert main(["check", "data"]) == 1
