@@ -168,7 +168,8 @@ def test_a_nan_box_through_the_api_is_refused_by_the_crop_and_label_writers(box,
 
 
 def test_library_use_prints_nothing_on_stdout_or_stderr(detector, tmp_path, capfd):
-    """The docs say library use prints nothing: an unreadable input was printed (on every rank under torchrun)."""
+    """The docs say library use prints nothing but the progress bars asked for: an unreadable input was printed (on
+    every rank under torchrun)."""
     source = save(tmp_path / "in", ["a.png"])
     (source / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
     earlier = predict_source(detector, source, source / "out", **OPTS)  # a save folder inside: "not read" is logged
