@@ -99,11 +99,11 @@ def test_exist_ok_into_an_earlier_run_refuses_to_mix_its_crops_and_copies(detect
     assert sorted(p.name for p in (first.save_dir / "crops").rglob("*.jpg")) == ["a_0_0.jpg", "a_0_1.jpg",
                                                                                  "a_0_2.jpg", "a_0_3.jpg",
                                                                                  "a_0_4.jpg"]
-    lean = predict_source(detector, source, tmp_path / "lean", **OPTS)
-    again = predict_source(detector, source, lean.save_dir, **OPTS, exist_ok=True)
+    lean = predict_source(detector, source, tmp_path / "lean", **OPTS, save_txt=True)
+    again = predict_source(detector, source, lean.save_dir, **OPTS, exist_ok=True, save_txt=True)
     assert again.save_dir == lean.save_dir  # the same inputs again: each of its files replaced, none left over
     with pytest.raises(OutputError, match=r"would not replace \(a.png\)"):  # a drawn copy this run does not write
-        predict_source(detector, source, lean.save_dir, **OPTS, exist_ok=True, save_images=False)
+        predict_source(detector, source, lean.save_dir, **OPTS, exist_ok=True, save_txt=True, save_images=False)
 
 
 def test_csv_cells_a_spreadsheet_would_run_are_escaped(tmp_path, monkeypatch):

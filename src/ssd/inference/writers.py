@@ -122,10 +122,13 @@ class PredictionWriter:
         self._jsonl: IO[str] | None = None
 
     def fixed_outputs(self) -> list[Path]:
-        """The files this writer creates whatever the results (checked against the inputs before any is written)."""
+        """The files this writer creates whatever the results (checked against the inputs before any is written); an
+        image link of ``--save-txt`` that is a link already (an earlier run's, replaced, never written through) is
+        not one: it leads to the input by design."""
         fixed = [self.save_dir / SAVE_DIR_MARKER, self.jsonl_file, self.results_file]
         if self.labels is not None:
-            fixed += [self.labels.data_file, *(self.labels.image_link(name) for name in self.names.values())]
+            links = (self.labels.image_link(name) for name in self.names.values())
+            fixed += [self.labels.data_file, *(link for link in links if not link.is_symlink())]
         return fixed
 
     def check_folder(self, drawn: Iterable[Path]) -> None:
@@ -138,7 +141,8 @@ class PredictionWriter:
             return
         ours = {*drawn, *self.fixed_outputs()}
         if self.labels is not None:
-            ours |= {label_path(self.labels.image_link(name)) for name in self.names.values()}
+            links = {self.labels.image_link(name) for name in self.names.values()}
+            ours |= links | {label_path(link) for link in links}
         roots = [self.crops.root] if self.crops is not None else []
         roots += [self.labels.root] if self.labels is not None else []
         roots += [self.save_dir / "frames"] if self.ls_root is not None else []
@@ -151,7 +155,7 @@ class PredictionWriter:
             raise OutputError(f"{self.save_dir} holds outputs of an earlier run that this one would not replace "
                               f"({shown}{', ...' if len(left) > 3 else ''}): they would mix; delete them, or give "
                               "a new --name (without --exist-ok)")
-        links = {self.labels.image_link(name) for name in self.names.values()} if self.labels is not None else set()
+        links = links if self.labels is not None else set()
         for path in [*ours, *roots]:
             for part in [*([path] if path not in links else []), *path.parents]:  # its own link is replaced
                 if part == self.save_dir or self.save_dir not in part.parents:
