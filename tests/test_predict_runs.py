@@ -214,15 +214,25 @@ def test_label_studio_tasks_point_at_files_its_local_storage_serves_and_frames_t
 
     source = save(tmp_path / "in", ["a b.png"])
     write_video(source / "clip.avi", frames=2)
-    summary = predict_source(detector, source, tmp_path / "out", **OPTS, fmt="labelstudio", ls_root=tmp_path)
+    summary = predict_source(detector, source, tmp_path / "out", **OPTS, fmt="labelstudio", ls_root=str(tmp_path))
     images = [task["data"]["image"] for task in json.loads(summary.results_file.read_text())]
     assert images == ["/data/local-files/?d=in/a%20b.png", "/data/local-files/?d=out/frames/clip_000000.jpg",
                       "/data/local-files/?d=out/frames/clip_000001.jpg"]
     assert all((tmp_path / unquote(image.split("?d=")[1])).is_file() for image in images)
-    with pytest.raises(ConfigError, match=rf"^--ls-root {source}: {tmp_path / 'out2'} is outside it, where Label "
-                                          "Studio's local-files storage cannot serve it"):
-        predict_source(detector, source, tmp_path / "out2", **OPTS, fmt="labelstudio", ls_root=source)
+    with pytest.raises(ConfigError, match=rf"^--ls-root {source}: {tmp_path / 'out2'} is outside {source}, where "
+                                          "Label Studio cannot read it"):
+        predict_source(detector, source, tmp_path / "out2", **OPTS, fmt="labelstudio", ls_root=str(source))
     assert not (tmp_path / "out2").exists()
+
+
+def test_label_studio_tasks_under_a_url_prefix_that_serves_the_current_directory(detector, tmp_path, monkeypatch):
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    save(tmp_path / "in", ["a.png"])
+    summary = predict_source(detector, "in", "out", **OPTS, fmt="labelstudio", ls_root="http://127.0.0.1:8081/")
+    assert [task["data"]["image"] for task in json.loads(summary.results_file.read_text())] == [
+        "http://127.0.0.1:8081/in/a.png"]
 
 
 def test_save_txt_and_label_studio_frames_on_a_live_source_are_capped_as_crops_are(detector, tmp_path, monkeypatch):
@@ -236,7 +246,7 @@ def test_save_txt_and_label_studio_frames_on_a_live_source_are_capped_as_crops_a
     source.mkdir()
     write_video(source / "clip.avi", frames=3)
     summary = predict_source(detector, source, tmp_path / "out", **OPTS, save_txt=True, fmt="labelstudio",
-                             ls_root=tmp_path)
+                             ls_root=str(tmp_path))
     assert sorted(p.name for p in (tmp_path / "out" / "yolo" / "labels").iterdir()) == ["clip_000000.txt",
                                                                                        "clip_000001.txt"]
     assert sorted(p.name for p in (tmp_path / "out" / "frames").iterdir()) == ["clip_000000.jpg", "clip_000001.jpg"]

@@ -30,7 +30,8 @@ from ssd.errors import ConfigError
 from ssd.files import atomic_write
 from ssd.inference.coco_results import to_coco_detections
 
-__all__ = ["FORMATS", "CSV_COLUMNS", "check_format", "csv_text", "local_files_url", "write_results"]
+__all__ = ["FORMATS", "CSV_COLUMNS", "URL_SCHEMES", "check_format", "csv_text", "local_files_url", "ls_folder",
+           "write_results"]
 
 FORMATS = {"json": "predictions.json", "coco": "predictions_coco.json", "csv": "predictions.csv",
            "labelstudio": "predictions_labelstudio.json"}
@@ -89,10 +90,20 @@ def _write_csv(f: IO[str], records: Iterable[dict], tracked: bool, **_) -> None:
             writer.writerow(image + [d["label"], csv_text(d["name"]), d["score"], *d["box"], *track])
 
 
-def local_files_url(path: str | Path, root: str | Path = "/") -> str:
-    """``path`` as Label Studio's local-files storage serves it, ``/data/local-files/?d=<path relative to root>``:
-    ``root`` is its ``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT`` (``path`` must be inside it)."""
-    return "/data/local-files/?d=" + quote(os.path.relpath(os.path.abspath(path), os.path.abspath(root)))
+URL_SCHEMES = ("http://", "https://")
+
+
+def ls_folder(root: str) -> str:
+    """The local folder a Label Studio root stands for: a URL prefix serves the current directory."""
+    return os.getcwd() if root.startswith(URL_SCHEMES) else root
+
+
+def local_files_url(path: str | Path, root: str = "/") -> str:
+    """``path`` as Label Studio reads it: ``/data/local-files/?d=<path relative to root>`` for its local-files storage
+    (``root`` its ``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``), or ``root`` + the path relative to the current directory
+    when ``root`` is a URL prefix (the current directory served there). ``path`` must be inside that folder."""
+    relative = quote(os.path.relpath(os.path.abspath(path), os.path.abspath(ls_folder(root))))
+    return root.rstrip("/") + "/" + relative if root.startswith(URL_SCHEMES) else "/data/local-files/?d=" + relative
 
 
 def _labelstudio_task(record: dict, model_version: str, image: Callable[[dict], str | None]) -> dict:

@@ -176,7 +176,7 @@ def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: 
     (:meth:`~ssd.inference.writers.PredictionWriter.check_folder`). ``drawn``: the drawn copies are written."""
     check_output(save_dir, kind="dir", what="--save-dir")
     if outputs["fmt"] == "labelstudio" and outputs["ls_root"] is not None:  # before a save folder is made
-        check_ls_root(outputs["ls_root"], save_dir, files)
+        check_ls_root(str(outputs["ls_root"]), save_dir, files)
     if not exist_ok:
         save_dir = shard.run_dir(lambda: make_run_dir(save_dir.parent, save_dir.name))
     plan = output_paths(files, save_dir)
@@ -202,7 +202,7 @@ def predict_source(
     batch_size: int = PredictConfig.batch_size,
     save_images: bool = True,
     fmt: str = PredictConfig.fmt,
-    ls_root: str | Path | None = None,
+    ls_root: str | None = None,
     progress: bool = True,
     exist_ok: bool = False,
     tile: int | str | tuple[int, int] | None = None,

@@ -27,7 +27,7 @@ from ssd.errors import ConfigError, OutputError
 from ssd.files import write_text
 from ssd.inference.crop_files import CropWriter
 from ssd.inference.detector import Result
-from ssd.inference.result_files import FORMATS, check_format, local_files_url, write_results
+from ssd.inference.result_files import FORMATS, check_format, local_files_url, ls_folder, write_results
 from ssd.inference.yolo_labels import YoloLabelWriter, frame_name
 from ssd.limits import MAX_SAVED_FRAMES
 from ssd.names import printable
@@ -76,13 +76,15 @@ def _entries(folder: Path) -> Iterator[Path]:
         yield from (Path(root) / name for name in [*files, *(f for f in folders if os.path.islink(Path(root) / f))])
 
 
-def check_ls_root(ls_root: str | Path, save_dir: Path, inputs: Iterable[Path | str]) -> None:
+def check_ls_root(ls_root: str, save_dir: Path, inputs: Iterable[Path | str]) -> None:
     """Raise :class:`~ssd.errors.ConfigError` unless ``save_dir`` (where video frames are saved) and every image of
-    ``inputs`` are inside ``ls_root``, the folder Label Studio's local-files storage serves."""
+    ``inputs`` are inside the folder ``ls_root`` serves (:func:`~ssd.inference.result_files.ls_folder`)."""
+    folder = ls_folder(ls_root)
     for path in [save_dir, *(p for p in inputs if isinstance(p, Path) and is_image(p))]:
-        if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(ls_root)):
-            raise ConfigError(f"--ls-root {ls_root}: {path} is outside it, where Label Studio's local-files storage "
-                              "cannot serve it (give a folder that holds the inputs and the save folder)")
+        if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder)):
+            raise ConfigError(f"--ls-root {ls_root}: {path} is outside {folder}, where Label Studio cannot read it "
+                              "(give a folder, or the URL of the current directory, that holds the inputs and the "
+                              "save folder)")
 
 
 class PredictionWriter:
@@ -99,17 +101,18 @@ class PredictionWriter:
         part_dir: under torchrun, on a rank other than 0, where its JSONL and crops wait for rank 0's merge
             (:class:`ssd.inference.shards.Shard`); such a writer assembles no ``fmt`` file and writes no marker.
         ls_root: with ``fmt="labelstudio"``, the folder Label Studio's local-files storage serves
-            (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``, default ``/``): ``data.image`` is its URL of each image, and
-            each video or stream frame is saved as ``frames/<name>_<frame>.jpg`` for it (every input and the save
-            folder must be inside it: :func:`check_ls_root`).
+            (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``, default ``/``) or the URL prefix at which the current
+            directory is served (:func:`~ssd.inference.result_files.local_files_url`): ``data.image`` is each image's
+            URL there, and each video or stream frame is saved as ``frames/<name>_<frame>.jpg`` for it (every input
+            and the save folder must be inside that folder: :func:`check_ls_root`).
     """
 
     def __init__(self, save_dir: Path, names: dict[Path, Path], class_names: list[str], *, fmt: str = "json",
                  category_ids: list[int] | None = None, model_version: str = "ssd", save_txt: bool = False,
                  save_conf: bool = False, save_crop: bool = False, max_crops: int | None = None,
-                 part_dir: Path | None = None, ls_root: str | Path | None = None):
+                 part_dir: Path | None = None, ls_root: str | None = None):
         check_format(fmt)
-        self.ls_root = Path(ls_root or "/") if fmt == "labelstudio" else None
+        self.ls_root = str(ls_root or "/") if fmt == "labelstudio" else None
         self.save_dir, self.names, self.class_names = save_dir, names, class_names
         self.fmt, self.category_ids, self.model_version = fmt, category_ids, model_version
         self.part_dir = part_dir
