@@ -142,6 +142,9 @@ class PredictionWriter:
         over the same inputs replaces its files. ``drawn``: the drawn copies this run writes."""
         if not self.save_dir.is_dir():
             return
+        with os.scandir(self.save_dir) as entries:
+            if next(entries, None) is None:
+                return  # a fresh or empty folder holds neither links nor an earlier run
         ours = {*drawn, *self.fixed_outputs()}
         if self.labels is not None:
             links = {self.labels.image_link(name) for name in self.names.values()}
