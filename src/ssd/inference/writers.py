@@ -24,7 +24,7 @@ from torch import Tensor
 from ssd.data.images import is_image
 from ssd.data.yolo import label_path
 from ssd.errors import ConfigError, OutputError
-from ssd.files import write_text
+from ssd.files import safe_name, write_text
 from ssd.inference.crop_files import CropWriter
 from ssd.inference.detector import Result
 from ssd.inference.result_files import FORMATS, check_format, local_files_url, ls_folder, write_results
@@ -219,9 +219,13 @@ class PredictionWriter:
         return local_files_url(path, self.ls_root) if "frame" not in record or path.is_file() else None
 
     def _name(self, path: str | None) -> Path:
-        """The input's name relative to ``save_dir``; an in-memory or live input is named after its index."""
-        name = self.names.get(Path(path)) if path is not None else None
-        return name if name is not None else Path(f"input{self.count}.jpg")
+        """The input's name relative to ``save_dir``; an in-memory input is named after its index, a source outside
+        ``names`` (a stream named otherwise) after its text, so that the name is the same when the results are
+        assembled."""
+        if path is None:
+            return Path(f"input{self.count}.jpg")
+        name = self.names.get(Path(path))
+        return name if name is not None else Path(safe_name(path, ".jpg", fallback="input"))
 
     def close(self) -> None:
         """Close the JSONL (every line is already written): what a sharded run does before its merge."""
