@@ -21,8 +21,12 @@ image: about as many as BCCD has cells), no drawn copies: images/s with files de
 streamed outputs), runs alternating; then the peak RSS of the whole ``ssd predict`` process (its ``ssd_tiny`` at
 128 px, as memory does not depend on the network's input) on 1,000 and on 10,000 images (``os.wait4``).
 
+``--parts outputs``: the same folder with every per-image output (drawn copies, ``--save-txt``, ``--save-crop``)
+written without an fsync each (as shipped) against with one (each output's ``sync=True`` forced), runs
+alternating, in ``--out`` (default: a temporary folder; give one on the disk you care about, /tmp may be memory).
+
 Usage: ``.venv/bin/python benchmarks/predict.py [--rounds N]`` or
-``... predict.py --folder [--images 2000] [--rounds N] [--parts speed|rss|both]``
+``... predict.py --folder [--images 2000] [--rounds N] [--parts speed|rss|both|outputs] [--out DIR]``
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
+from unittest import mock
 
 import torch
 import torchvision
@@ -112,17 +118,21 @@ def _peak_rss_mib(weights: Path, images: Path, save_dir: Path) -> float:
     return usage.ru_maxrss / 1024
 
 
-def folder_benchmark(count: int, rounds: int, parts: str) -> None:
+def folder_benchmark(count: int, rounds: int, parts: str, out: str | None) -> None:
     torch.manual_seed(0)
     names = ["Platelets", "RBC", "WBC"]
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory(dir=out) as tmp:
         tmp = Path(tmp)
         sources = _sources(tmp)
         print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; JPEGs of {sources[0].parent}, ssd_tiny, "
-              f"batch 8, conf 0.05, max-det 20, no drawn copies")
+              "batch 8, conf 0.05, max-det 20, " + ("every per-image output" if parts == "outputs"
+                                                    else "no drawn copies"))
         if parts in ("speed", "both"):
             _folder_speed(Detector(build_model("ssd_tiny", class_names=names).eval()), _jpegs(tmp, sources, count),
                           count, rounds, tmp)
+        if parts == "outputs":
+            _outputs_speed(Detector(build_model("ssd_tiny", class_names=names).eval()), _jpegs(tmp, sources, count),
+                           count, rounds, tmp)
         if parts in ("rss", "both"):  # a 128 px input: the memory of a run does not depend on the network's
             weights = save_checkpoint(tmp / "best.pt", build_model("ssd_tiny", class_names=names, image_size=128))
             for n in (1000, 10000):
@@ -146,15 +156,45 @@ def _folder_speed(detector: Detector, images: Path, count: int, rounds: int, tmp
               + ", ".join(f"{v:.1f}" for v in values))
 
 
+def _outputs_speed(detector: Detector, images: Path, count: int, rounds: int, tmp: Path) -> None:
+    """images/s with every per-image output, without and with an fsync per output file."""
+    import ssd.inference.crop_files as crop_files
+    import ssd.inference.yolo_labels as yolo_labels
+    import ssd.plots as plots
+
+    def synced(function):
+        return lambda *args, **kwargs: function(*args, **{**kwargs, "sync": True})
+
+    forced = [(plots, "save_image"), (crop_files, "save_image"), (yolo_labels, "save_image"),
+              (yolo_labels, "write_text")]
+    speeds: dict[str, list[float]] = {"no fsync per output": [], "fsync per output": []}
+    for index in range(rounds):
+        for variant, values in speeds.items():
+            with ExitStack() as stack:
+                for module, name in forced if variant == "fsync per output" else []:
+                    stack.enter_context(mock.patch.object(module, name, synced(getattr(module, name))))
+                start = time.perf_counter()
+                summary = predict_source(detector, images, tmp / f"out{index}{variant[0]}", score_threshold=0.05,
+                                         max_detections=20, save_txt=True, save_crop=True, progress=False)
+                values.append(count / (time.perf_counter() - start))
+    files = sum(1 for p in summary.save_dir.rglob("*") if p.is_file())
+    print(f"{summary.detections / count:.1f} detections per image; {files:,} files per run (drawn copies, labels, "
+          "crops)")
+    for variant, values in speeds.items():
+        print(f"{variant:<22}{statistics.median(values):7.1f} images/s  runs: " + ", ".join(f"{v:.1f}" for v in values))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per variant and batch size")
     parser.add_argument("--folder", action="store_true", help="ssd predict over a folder of JPEGs instead")
     parser.add_argument("--images", type=int, default=2000, help="--folder: the number of JPEGs timed")
-    parser.add_argument("--parts", choices=["speed", "rss", "both"], default="both", help="--folder: what to measure")
+    parser.add_argument("--parts", choices=["speed", "rss", "both", "outputs"], default="both",
+                        help="--folder: what to measure")
+    parser.add_argument("--out", default=None, help="--folder: where the runs write (default: a temporary folder)")
     args = parser.parse_args()
     if args.folder:
-        return folder_benchmark(args.images, args.rounds, args.parts)
+        return folder_benchmark(args.images, args.rounds, args.parts, args.out)
     generator = torch.Generator().manual_seed(0)
     images = [torch.randint(0, 256, (3, 480, 640), dtype=torch.uint8, generator=generator) for _ in range(8)]
     with tempfile.TemporaryDirectory() as tmp:

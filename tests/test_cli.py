@@ -4,6 +4,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -143,7 +144,7 @@ def test_predict_writes_detections_and_refuses_a_corrupt_png(weights, tmp_path, 
     assert main(["predict", "--weights", str(weights), "--source", str(corrupt), "--save-dir", str(tmp_path / "o2"),
                  "--device", "cpu"]) == 1
     captured = capsys.readouterr()
-    assert f"skipped {corrupt}: image does not decode (OSError: broken data stream" in captured.out
+    assert f"skipped {corrupt}: image does not decode (OSError: broken data stream" in captured.err  # the log
     assert captured.err.splitlines()[-1] == "error: none of the 1 inputs could be read"  # after the progress bar
 
 
@@ -322,3 +323,51 @@ def test_every_error_of_ssd_errors_is_one_error_line(name, monkeypatch, capsys):
     monkeypatch.setitem(COMMANDS, "check", fail)
     assert main(["check", "data"]) == (2 if error is errors.UsageError else 1)
     assert capsys.readouterr().err == f"error: {name} message\n"
+
+
+@pytest.mark.parametrize("bug", [ValueError("int() of a bad literal"), KeyError("boxes"), OSError("no path")])
+def test_an_internal_bug_shows_its_traceback_not_an_error_line(bug, monkeypatch):
+    """Only the project's own errors (and the system refusing a path) become one `error:` line: a bug's ValueError
+    reaches the user with its traceback instead of passing for a mistake of theirs."""
+
+    def fail(args):
+        raise bug
+
+    monkeypatch.setitem(COMMANDS, "check", fail)
+    with pytest.raises(type(bug)):
+        main(["check", "data"])
+
+
+def test_the_system_refusing_a_users_path_is_one_line(monkeypatch, capsys):
+    def fail(args):
+        return Path("/nonexistent-folder/x.txt").read_text()
+
+    monkeypatch.setitem(COMMANDS, "check", fail)
+    assert main(["check", "data"]) == 1
+    assert capsys.readouterr().err == "error: No such file or directory: /nonexistent-folder/x.txt\n"
+
+
+def test_every_project_error_is_an_ssd_error_and_keeps_its_builtin_type():
+    """`except SSDError` catches them all; `except ValueError` callers of old still catch theirs."""
+    for name in errors.__all__:
+        assert issubclass(getattr(errors, name), errors.SSDError), name
+    assert issubclass(errors.ConfigError, ValueError) and issubclass(errors.MissingInputError, FileNotFoundError)
+    assert issubclass(errors.MissingDependencyError, ImportError) and issubclass(errors.CallbackError, TypeError)
+
+
+def test_src_raises_no_bare_builtin_error_for_a_user():
+    """Every `raise ValueError / FileNotFoundError / RuntimeError(...)` in src is a project error, save the few that
+    are caught where they are raised (a parse step's reason) or mark a bug ("internal error")."""
+    import ast
+    from pathlib import Path
+
+    caught_inside = {"jsonfile.py", "voc.py", "cvat.py", "index_file.py", "disk_cache.py", "hub.py", "importers.py"}
+    found = []
+    paths = sorted((Path(__file__).parents[1] / "src" / "ssd").rglob("*.py"))
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and isinstance(node.exc.func, ast.Name)
+                    and node.exc.func.id in ("ValueError", "FileNotFoundError", "RuntimeError")):
+                found.append(f"{path.name}:{node.lineno}")
+    assert [f for f in found if f.split(":")[0] not in caught_inside] == []
+    assert {f.split(":")[0] for f in found} == caught_inside & {p.name for p in paths}  # no stale name

@@ -34,6 +34,31 @@ def test_single_process_helpers_are_identity():
     assert ddp.any_true(True, torch.device("cpu")) is True
 
 
+def test_a_large_datasets_first_index_build_fits_the_process_groups_timeout(monkeypatch):
+    """Rank 0 builds the index while the others wait in a collective: NCCL's default 10 minutes is too short, so the
+    group waits 3 hours (SSD_DIST_TIMEOUT seconds when set), and setup passes it to init_process_group."""
+    from datetime import timedelta
+
+    from ssd.errors import ConfigError
+
+    monkeypatch.delenv("SSD_DIST_TIMEOUT", raising=False)
+    assert ddp.process_group_timeout() == timedelta(hours=3)
+    monkeypatch.setenv("SSD_DIST_TIMEOUT", "7200")
+    assert ddp.process_group_timeout() == timedelta(hours=2)
+    for bad in ("0", "nan", "2h", "1e9"):
+        monkeypatch.setenv("SSD_DIST_TIMEOUT", bad)
+        with pytest.raises(ConfigError, match=rf"^SSD_DIST_TIMEOUT='{bad}': must be a number of seconds in \(0, "):
+            ddp.process_group_timeout()
+    monkeypatch.setenv("SSD_DIST_TIMEOUT", "60")
+    seen = {}
+    monkeypatch.setattr(ddp.dist, "init_process_group", lambda *args, **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(ddp.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(ddp, "quiet_other_ranks", lambda rank: None)  # this test process stays rank 0's
+    for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(key, value)
+    assert ddp.setup("cpu")[2] and seen == {"rank": 1, "world_size": 2, "timeout": timedelta(seconds=60)}
+
+
 def test_rank_device_puts_each_torchrun_rank_on_its_own_gpu(monkeypatch):
     set_to = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the rule only: no GPU is touched

@@ -351,7 +351,7 @@ def test_an_export_whose_parity_check_fails_or_is_killed_leaves_nothing_at_the_o
 def test_max_det_of_an_nms_export_is_bounded_before_anything_is_written(tiny, tmp_path):
     weights = save_checkpoint(tmp_path / "best.pt", tiny)
     with pytest.raises(ValueError, match=r"^--max-det 1000000 is above 10000 \(limits\.MAX_DETECTIONS\), the most "
-                                         r"detections per image an exported NMS graph returns"):
+                                         r"detections per image ssd keeps \(an exported NMS graph allocates"):
         export(weights, nms=True, max_detections=10**6)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pt"]
 
@@ -378,7 +378,7 @@ def test_export_options_are_checked_before_the_calibration_data_is_read(tiny, tm
 
 
 def test_export_onnx_checks_its_own_options(tiny, tmp_path):
-    with pytest.raises(ValueError, match=r"^--max-det 1000000 is above 10000"):
+    with pytest.raises(ValueError, match=r"^max_detections 1000000 is above 10000"):
         export_onnx(tiny, tmp_path / "nms.onnx", nms=True, max_detections=10**6)
     with pytest.raises(ValueError, match=r"^opset 6 cannot be written"):
         export_onnx(tiny, tmp_path / "old.onnx", opset=6)

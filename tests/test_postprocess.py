@@ -251,3 +251,20 @@ def test_too_many_scores_per_image():
 def test_limits_must_be_positive():
     with pytest.raises(ValueError, match="max_detections and candidates_per_class must be positive, got 0 and 400"):
         postprocess_detections(torch.zeros(1, 3, 4), torch.zeros(1, 3, 3), PRIORS, max_detections=0)
+
+
+@pytest.mark.parametrize("score_threshold", [0.0, 0.3])  # every prior scored; only the priors that can pass
+def test_classes_are_kept_before_the_top_k_in_both_candidate_paths(score_threshold):
+    """classes=[1, 3] gives the first max_detections of the unfiltered detections of those classes (none crowded out
+    by the others), with the same scores to the bit."""
+    generator = torch.Generator().manual_seed(0)
+    loc = torch.randn(2, 300, 4, generator=generator) * 0.1
+    logits = torch.randn(2, 300, 5, generator=generator) * 3
+    priors = torch.rand(300, 4, generator=generator) * 0.5 + 0.25
+    every = postprocess_detections(loc, logits, priors, score_threshold, 0.5, max_detections=10_000)
+    kept = postprocess_detections(loc, logits, priors, score_threshold, 0.5, max_detections=7, classes=[1, 3])
+    for full, cut in zip(every, kept):
+        wanted = (full["labels"] == 1) | (full["labels"] == 3)
+        assert int(wanted.sum()) > 7 and not bool(wanted[:7].all())  # the others would have taken places
+        for key in ("boxes", "scores", "labels"):
+            assert torch.equal(cut[key], full[key][wanted][:7])

@@ -156,7 +156,7 @@ def test_every_input_unreadable_exits_non_zero(weights, tmp_path, capsys):
     assert main(args) == 1
     captured = capsys.readouterr()
     assert "error: none of the 2 inputs could be read" in captured.err
-    assert f"skipped {source / 'a.jpg'}: cannot read image (OSError: Truncated" in captured.out
+    assert f"skipped {source / 'a.jpg'}: cannot read image (OSError: Truncated" in captured.err  # as it happens
     assert "b.png" in captured.out
 
     make_images(source, ["c.png"])  # one readable input: the run succeeds and lists the others
@@ -248,3 +248,36 @@ def test_show_draws_images_as_it_draws_video_frames(weights, tmp_path, monkeypat
     for (_, image), name in zip(shown[:-1], ["a.png", "b.png", "c.png"]):  # what was shown is what was saved
         assert torch.equal(image, read_image(summary.save_dir / name))
         assert not torch.equal(image, read_image(source / name))  # with its boxes drawn
+
+
+@pytest.mark.parametrize("source, message", [
+    ("99999999999999999999", "error: camera 99999999999999999999 cannot be opened: no such camera"),
+    ("²", "error: source ² does not exist (give an image, a folder, a glob or a video file)"),
+])
+def test_a_camera_index_too_large_or_a_unicode_digit_is_one_error_line(weights, source, message, tmp_path, capsys):
+    """OpenCV's camera index is a C int (a larger one raised cv2.error), and "²" is a digit to str.isdigit that int()
+    refuses ("invalid literal for int()"): both are one line, and no save folder is left."""
+    pytest.importorskip("cv2")
+    assert main(["predict", "--weights", str(weights), "--source", source, "--project", str(tmp_path / "p")]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1].startswith(message) and "Traceback" not in err
+    assert not (tmp_path / "p").exists()
+
+
+def test_dev_stdin_and_a_fifo_named_x_jpg_are_one_line_errors(weights, tmp_path, capsys):
+    """/dev/stdin ran the detection and then failed with "unknown image suffix ''"; a FIFO named x.jpg "did not
+    exist". Both are refused before any work, saying what they are."""
+    import os
+
+    fifo = tmp_path / "x.jpg"
+    os.mkfifo(fifo)
+    stdin_like = tmp_path / "stdin"
+    make_images(tmp_path / "img", ["a.png"])
+    stdin_like.write_bytes((tmp_path / "img" / "a.png").read_bytes())
+    for source, message in ((fifo, f"error: source {fifo} is not a regular file (a FIFO, a device or a socket"),
+                            (stdin_like, f"error: source {stdin_like}: no suffix is not an image or video suffix "
+                                         "(images: jpg, jpeg, png")):
+        assert main(["predict", "--weights", str(weights), "--source", str(source), "--project",
+                     str(tmp_path / "p")]) == 1
+        assert capsys.readouterr().err.splitlines()[-1].startswith(message)
+    assert not (tmp_path / "p").exists()

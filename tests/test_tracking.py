@@ -146,11 +146,13 @@ def test_tracker_settings_from_yaml(tmp_path):
             ("track_activation_treshold: 0.4\n", r"'track_activation_treshold' is not a setting; did you mean "
                                                  r"'track_activation_threshold'"),
             ("high_conf_det_threshold: 1.5\n", r"high_conf_det_threshold' = 1.5: must be a number in \[0, 1\]"),
-            ("lost_track_buffer: 2.5\n", r"lost_track_buffer' = 2.5: must be an integer at least 0"),
-            ("lost_track_buffer: .inf\n", r"lost_track_buffer' = inf: must be an integer at least 0"),
-            ("lost_track_buffer: .nan\n", r"lost_track_buffer' = nan: must be an integer at least 0"),
-            (f"frame_rate: {10**400}\n", r"'frame_rate' = 10+\.\.\.0+: must be a number above 0"),
-            ("minimum_consecutive_frames: true\n", r"must be an integer at least 1"),
+            ("lost_track_buffer: 2.5\n", r"lost_track_buffer' = 2.5: must be an integer in 0\.\.100000"),
+            ("lost_track_buffer: .inf\n", r"lost_track_buffer' = inf: must be an integer in 0\.\.100000"),
+            ("lost_track_buffer: .nan\n", r"lost_track_buffer' = nan: must be an integer in 0\.\.100000"),
+            ("lost_track_buffer: 1.0e+300\n", r"lost_track_buffer' = 1e\+300: must be an integer in 0\.\.100000"),
+            (f"frame_rate: {10**400}\n", r"'frame_rate' = 10+\.\.\.0+: must be a number in \[1, 1000\] frames"),
+            ("frame_rate: 4.9e-324\n", r"'frame_rate' = 5e-324: must be a number in \[1, 1000\] frames per second"),
+            ("minimum_consecutive_frames: true\n", r"must be an integer in 1\.\.100000"),
             ("tracker_type: botsort\n", r"'botsort' is not a tracker; valid: bytetrack"),
             ("per_class: 1\n", r"'per_class' = 1: must be true or false"),
             ("- 1\n", r"expected a mapping of settings, got list"),
@@ -158,6 +160,27 @@ def test_tracker_settings_from_yaml(tmp_path):
         path.write_text(text)
         with pytest.raises(ConfigError, match=rf"--tracker {path}: .*{message}"):
             tracker_settings(path)
+
+
+def test_tracker_settings_given_as_a_dict_are_checked_as_a_files_are():
+    """Detector.track(tracker={...}) skipped the check: a bad value failed at the first frame, or gave no tracks."""
+    assert tracker_settings({"frame_rate": 25, "per_class": False}) == {"frame_rate": 25.0, "per_class": False}
+    with pytest.raises(ConfigError, match=r"^tracker: 'lost_track_buffer' = 1e\+300: must be an integer in 0\.\."):
+        tracker_settings({"lost_track_buffer": 1e300})
+    with pytest.raises(ConfigError, match=r"^tracker: 'frame_rat' is not a setting; did you mean 'frame_rate'"):
+        Detector(biased_model("ssd_tiny")).track([torch.zeros(3, 32, 32, dtype=torch.uint8)] * 2,
+                                                 tracker={"frame_rat": 5})
+
+
+def test_a_20_mb_tracker_yaml_is_refused_before_it_is_read_and_before_the_model_loads(tmp_path, capsys):
+    """A 20 MB tracker YAML took 73 s and 0.97 GB before it was refused."""
+    path = tmp_path / "huge.yaml"
+    path.write_bytes(b"# x\n" * (20 * 2**20 // 4))
+    code = main(["predict", "--weights", str(tmp_path / "none.pt"), "--source", str(tmp_path), "--track",
+                 "--tracker", str(path)])
+    assert code == 1 and capsys.readouterr().err == (f"error: --tracker {path}: over 65,536 bytes "
+                                                     "(limits.MAX_TRACKER_FILE_BYTES): a tracker's settings take a "
+                                                     "few lines\n")  # not "weights ... does not exist": before it
 
 
 def still_video(path, count=6):

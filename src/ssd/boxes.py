@@ -13,6 +13,8 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_convert
 
+from ssd.errors import ConfigError
+
 __all__ = ["VARIANCES", "xyxy_to_cxcywh", "cxcywh_to_xyxy", "box_iou_batched", "encode", "decode", "pixel_scale"]
 
 VARIANCES: tuple[float, float] = (0.1, 0.2)
@@ -60,7 +62,7 @@ def encode(
         ``[..., P, 4]`` offsets ``(dx, dy, dw, dh)`` (see the module docstring).
     """
     if box_format not in ("xyxy", "cxcywh"):
-        raise ValueError(f'box_format must be "xyxy" or "cxcywh", got {box_format!r}')
+        raise ConfigError(f'box_format must be "xyxy" or "cxcywh", got {box_format!r}')
     g = xyxy_to_cxcywh(matched) if box_format == "xyxy" else matched
     centre = (g[..., :2] - priors[:, :2]) / (variances[0] * priors[:, 2:])
     size = torch.log(g[..., 2:] / priors[:, 2:]) / variances[1]

@@ -8,6 +8,7 @@ its attributes only (``card``, ``priors``, the call, ``nms_detections`` where ``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ def model_input(batch: Tensor, channels_last: bool) -> Tensor:
 
 
 def detect_batch(network: Any, batch: Tensor, sizes: Tensor, *, score_threshold: float, iou_threshold: float,
-                 max_detections: int) -> list[dict[str, Tensor]]:
+                 max_detections: int, classes: Sequence[int] | None = None) -> list[dict[str, Tensor]]:
     """Detections of a preprocessed batch, in pixels of the original images.
 
     Args:
@@ -39,6 +40,8 @@ def detect_batch(network: Any, batch: Tensor, sizes: Tensor, *, score_threshold:
         score_threshold: keep scores strictly above it (see :mod:`ssd.settings`; checked here).
         iou_threshold: per-class NMS overlap (checked here).
         max_detections: detections kept per image (checked here).
+        classes: keep only these labels (``None``: all), before the ``max_detections`` cut; a graph with its own
+            NMS cuts first, so its detections are filtered after it.
 
     Returns:
         One dict per image: ``boxes [N, 4]`` float32 pixel xyxy, ``scores [N]``, ``labels [N]`` int64 ``0..K-1``,
@@ -52,9 +55,15 @@ def detect_batch(network: Any, batch: Tensor, sizes: Tensor, *, score_threshold:
             loc, logits = network(batch)
         priors, variances = model.priors, model.config.variances
     elif network.card.nms is not None:  # the graph ran its own NMS (see ssd.export.onnx)
-        return to_pixels(network.nms_detections(batch, **options), sizes)
+        detections = network.nms_detections(batch, **options)
+        if classes is not None:
+            wanted = torch.as_tensor(list(classes), dtype=torch.int64)
+            detections = [{key: value[torch.isin(d["labels"], wanted.to(d["labels"].device))]
+                           for key, value in d.items()} for d in detections]
+        return to_pixels(detections, sizes)
     else:
         loc, logits = network(batch)
         priors, variances = network.priors, network.card.variances
-    detections = postprocess_detections(loc, logits, priors.to(loc.device), variances=variances, **options)
+    detections = postprocess_detections(loc, logits, priors.to(loc.device), variances=variances, classes=classes,
+                                        **options)
     return to_pixels(detections, sizes)

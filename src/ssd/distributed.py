@@ -1,13 +1,19 @@
 """DistributedDataParallel helpers for runs launched by ``torchrun`` (env ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``).
 
 Without those variables every helper degrades to the single-process behaviour, so the trainer has one code path.
+
+The process group waits :data:`TIMEOUT_ENV` seconds (default :data:`DEFAULT_TIMEOUT_S`, 3 hours as Ultralytics
+sets) for a collective: a large dataset's first run builds its index (and disk cache) on rank 0 while the other ranks
+wait in one, far longer than NCCL's default of 10 minutes allows.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import torch
@@ -15,11 +21,12 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ssd.device import resolve_device
+from ssd.errors import ConfigError
 from ssd.log import quiet_other_ranks
 
-__all__ = ["DistInfo", "rank_device", "setup", "cleanup", "steps_per_epoch", "rank", "broadcast_object",
-           "all_gather_objects", "any_true", "broadcast_buffers", "barrier", "gather_objects", "gather_tensors",
-           "leader_first", "is_distributed"]
+__all__ = ["DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "DistInfo", "rank_device", "process_group_timeout", "setup",
+           "cleanup", "steps_per_epoch", "rank", "broadcast_object", "all_gather_objects", "any_true",
+           "broadcast_buffers", "barrier", "gather_objects", "gather_tensors", "leader_first", "is_distributed"]
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,26 @@ class DistInfo:
         return cls(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0)))
 
 
+TIMEOUT_ENV = "SSD_DIST_TIMEOUT"
+DEFAULT_TIMEOUT_S = 3 * 3600
+
+
+def process_group_timeout() -> timedelta:
+    """How long a rank waits in a collective: ``$SSD_DIST_TIMEOUT`` seconds, else :data:`DEFAULT_TIMEOUT_S`.
+    Raises :class:`~ssd.errors.ConfigError` for a value that is not a number of seconds in ``(0, 7 days]``."""
+    text = os.environ.get(TIMEOUT_ENV)
+    if text is None:
+        return timedelta(seconds=DEFAULT_TIMEOUT_S)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= 7 * 86400:  # NaN too
+        raise ConfigError(f"{TIMEOUT_ENV}={text[:40]!r}: must be a number of seconds in (0, 604800] (default "
+                          f"{DEFAULT_TIMEOUT_S}, 3 hours)")
+    return timedelta(seconds=seconds)
+
+
 def rank_device(device_name: str, info: DistInfo) -> torch.device:
     """This process's device (:func:`ssd.device.resolve_device`): under torchrun plain ``cuda`` (or ``auto`` on a
     CUDA machine) is ``cuda:LOCAL_RANK``, each rank on its own GPU; a device with an index is taken as it is."""
@@ -53,7 +80,8 @@ def rank_device(device_name: str, info: DistInfo) -> torch.device:
 
 def setup(device_name: str) -> tuple[DistInfo, torch.device, bool]:
     """Read the torchrun environment, silence the messages of ranks other than 0 (:func:`ssd.log.quiet_other_ranks`),
-    pick the device (:func:`ssd.device.resolve_device`) and join the process group (gloo on CPU, nccl on CUDA).
+    pick the device (:func:`ssd.device.resolve_device`) and join the process group (gloo on CPU, nccl on CUDA),
+    whose collectives wait :func:`process_group_timeout`.
 
     Returns ``(info, device, created)``; ``created`` says this call initialized the group (so :func:`cleanup`
     should destroy it).
@@ -64,7 +92,7 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device, bool]:
     created = False
     if info.enabled and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=info.rank,
-                                world_size=info.world_size)
+                                world_size=info.world_size, timeout=process_group_timeout())
         created = True
     return info, device, created
 

@@ -1,10 +1,13 @@
-"""Every error ``ssd`` raises for bad input, in one place: catch them by type, the command line prints each as one
-``error: ...`` line (exit code 1; :class:`UsageError` exits 2).
+"""Every error ``ssd`` raises for bad input, in one place: catch them by type (all are :class:`SSDError`), the
+command line prints each as one ``error: ...`` line (exit code 1; :class:`UsageError` exits 2). Any other exception is
+a bug and the command line shows its traceback.
 
-The tree (a subclass is indented under its parent; every message names the file or object, the bad value and the
-rule)::
+Each class is also the built-in type it was before :class:`SSDError` existed (``ValueError`` for bad values,
+``FileNotFoundError`` for a missing input, ``ImportError`` for a missing extra), so ``except ValueError`` code keeps
+working. The tree (a subclass is indented under its parent; every message names the file or object, the bad value
+and the rule)::
 
-    ValueError
+    SSDError, and ValueError
     ├── DataError               a dataset that cannot be read or used (ssd.data)
     │   └── ImageError          an image file that does not decode or is refused by a rule
     ├── CheckpointError         a checkpoint that is missing, truncated, corrupt, foreign or does not fit
@@ -13,6 +16,7 @@ rule)::
     │   ├── OnnxModelError        an exported model that ssd cannot run (ssd.inference.backends)
     │   └── ModelConfigError      a checkpoint's model configuration that lacks a setting or holds a wrong type
     ├── ConfigError             an unknown option or an invalid value (ssd.settings, every command's options)
+    ├── InputError              an argument of the Python API that is not what it takes (a tensor's shape or values)
     ├── PriorConfigError        a default-box configuration or input size that gives no default boxes
     ├── BackboneWeightsError    a backbone weights file that is missing, unreadable or for another architecture
     ├── OutputError             an output that would overwrite an input, has the wrong kind, or failed to write
@@ -25,9 +29,11 @@ rule)::
     ├── ExportCheckError        ONNX Runtime's outputs differ from PyTorch's beyond the tolerances (ssd export)
     ├── NonFiniteLossError      the loss or the weights became NaN/inf during training
     └── CallbackError           a training callback that cannot run as given (a TypeError too)
-    ImportError
+    SSDError, and FileNotFoundError
+    └── MissingInputError       a source, dataset or file the user named that does not exist
+    SSDError, and ImportError
     └── MissingDependencyError  an optional dependency (a pip extra) is not installed; names the pip install
-    Exception
+    SSDError
     └── UsageError              a command-line mistake (ssd.cli; exit code 2)
 
 The YAML reader's own errors (``ssd.yamlfile.YAMLLimitError``, ``YAMLDuplicateKeyError``) are ``yaml.YAMLError``
@@ -38,14 +44,18 @@ This module imports nothing (any layer may import it).
 
 from __future__ import annotations
 
-__all__ = ["DataError", "ImageError", "CheckpointError", "WeightsDownloadError", "WeightsImportError",
+
+class SSDError(Exception):
+    """The base of every error of ``ssd``'s own: what the command line prints as one ``error:`` line."""
+
+__all__ = ["SSDError", "DataError", "ImageError", "CheckpointError", "WeightsDownloadError", "WeightsImportError",
            "OnnxModelError", "ConfigError", "ModelConfigError", "PriorConfigError", "BackboneWeightsError",
-           "OutputError", "JSONInputError", "DetectionsError", "StreamError", "GlobLimitError", "RequestError",
-           "ServerError", "ExportCheckError", "NonFiniteLossError", "CallbackError", "MissingDependencyError",
-           "UsageError"]
+           "InputError", "OutputError", "JSONInputError", "DetectionsError", "StreamError", "GlobLimitError",
+           "RequestError", "ServerError", "ExportCheckError", "NonFiniteLossError", "CallbackError",
+           "MissingDependencyError", "MissingInputError", "UsageError"]
 
 
-class DataError(ValueError):
+class DataError(SSDError, ValueError):
     """A dataset cannot be read or used (the message names the file, the bad value and the rule)."""
 
 
@@ -62,7 +72,7 @@ class ImageError(DataError):
         self.code, self.reason = code, reason or message
 
 
-class CheckpointError(ValueError):
+class CheckpointError(SSDError, ValueError):
     """A checkpoint that is missing, truncated, corrupt, foreign, or does not fit the request."""
 
 
@@ -84,23 +94,28 @@ class ModelConfigError(CheckpointError):
     wrong type."""
 
 
-class ConfigError(ValueError):
+class ConfigError(SSDError, ValueError):
     """An unknown option or an invalid value (the message names the option, the value and the rule)."""
 
 
-class PriorConfigError(ValueError):
+class InputError(SSDError, ValueError):
+    """An argument of the Python API that is not what the function takes: a tensor's shape, dtype or values, an
+    image of the wrong type (the message names the argument, what it got and what it takes)."""
+
+
+class PriorConfigError(SSDError, ValueError):
     """A default-box configuration or input size that cannot give default boxes (the message names the value)."""
 
 
-class BackboneWeightsError(ValueError):
+class BackboneWeightsError(SSDError, ValueError):
     """A backbone weights file that is missing, unreadable or made for another architecture."""
 
 
-class OutputError(ValueError):
+class OutputError(SSDError, ValueError):
     """An output path that would overwrite an input or has the wrong kind, or a write that failed (one line)."""
 
 
-class JSONInputError(ValueError):
+class JSONInputError(SSDError, ValueError):
     """A JSON file a user gave that is too large, too deeply nested, not JSON, or not what it should hold."""
 
 
@@ -108,15 +123,15 @@ class DetectionsError(JSONInputError):
     """A detections list or file (``ssd val --detections``) that is not COCO results of the dataset."""
 
 
-class StreamError(ValueError):
+class StreamError(SSDError, ValueError):
     """A live source that cannot be opened, stopped and did not come back, or a bad ``.streams`` file."""
 
 
-class GlobLimitError(ValueError):
+class GlobLimitError(SSDError, ValueError):
     """A glob pattern that matches more paths than :data:`ssd.limits.MAX_GLOB_PATHS`."""
 
 
-class RequestError(ValueError):
+class RequestError(SSDError, ValueError):
     """A request the server refuses, with its HTTP ``status`` (400 bad value or image, 413 too large, 415 wrong
     content type)."""
 
@@ -125,7 +140,7 @@ class RequestError(ValueError):
         self.status = status
 
 
-class ServerError(ValueError):
+class ServerError(SSDError, ValueError):
     """The server refused a request: ``status`` and its message (the JSON ``error``)."""
 
     def __init__(self, message: str, status: int):
@@ -133,22 +148,26 @@ class ServerError(ValueError):
         self.status = status
 
 
-class ExportCheckError(ValueError):
+class ExportCheckError(SSDError, ValueError):
     """ONNX Runtime's outputs differ from PyTorch's beyond the tolerances (the message says where and by how much)."""
 
 
-class NonFiniteLossError(ValueError):
+class NonFiniteLossError(SSDError, ValueError):
     """The loss or the weights became NaN/inf (the message says where, what was saved and what to try)."""
 
 
-class CallbackError(ValueError, TypeError):
+class CallbackError(SSDError, ValueError, TypeError):
     """A callback that cannot run as given (a ``TypeError`` too, as it was before it had a type of its own)."""
 
 
-class MissingDependencyError(ImportError):
+class MissingDependencyError(SSDError, ImportError):
     """A feature needs an optional dependency (a pip extra of ssd-detect) that is not installed; the message names
     the ``pip install`` that brings it (the CLI prints it as one line)."""
 
 
-class UsageError(Exception):
+class MissingInputError(SSDError, FileNotFoundError):
+    """A source, dataset, folder or file the user named that does not exist (the message names it and what to give)."""
+
+
+class UsageError(SSDError):
     """A command-line mistake (exit code 2)."""

@@ -129,7 +129,7 @@ def fitted_name(stem: str, suffix: str = "", *, limit: int = NAME_MAX) -> str:
     tag = "~" + hashlib.sha256(stem.encode("utf-8", "surrogatepass")).hexdigest()[:12] + suffix
     room = limit - _name_bytes(tag)
     if room < 0:
-        raise ValueError(f"file name suffix {suffix[:40]!r} is longer than {limit} bytes")
+        raise OutputError(f"file name suffix {suffix[:40]!r} is longer than {limit} bytes")
     cut = stem[:room]  # a character takes at least one byte
     while _name_bytes(cut) > room:
         cut = cut[:-1]
@@ -190,8 +190,12 @@ class _WriteRecorder:
 
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: Literal["wb", "w"] = "wb", *,
-                 encoding: str = "utf-8", newline: str | None = None) -> Iterator[IO]:
+                 encoding: str = "utf-8", newline: str | None = None, sync: bool = True) -> Iterator[IO]:
     """Open a temporary file next to ``path`` for writing; on success it is synced and renamed over ``path``.
+
+    ``sync=False`` skips the fsync (the rename stays: never half a file, but a power cut may leave an empty one):
+    for the many small per-image outputs of a run (drawn copies, crops, labels), whose fsync each cost more than the
+    write; a run's own files (checkpoints, the results file) keep it.
 
     ``encoding`` / ``newline``: as for :func:`open` in text mode. Parent directories are created. A replaced
     file's permissions are kept; a new file gets ``0o666`` less the umask. On any error the temporary file is removed
@@ -217,7 +221,8 @@ def atomic_write(path: str | os.PathLike, mode: Literal["wb", "w"] = "wb", *,
             recorder = _WriteRecorder(f)
             yield recorder
             f.flush()
-            os.fsync(f.fileno())
+            if sync:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as error:
         tmp.unlink(missing_ok=True)
@@ -228,9 +233,9 @@ def atomic_write(path: str | os.PathLike, mode: Literal["wb", "w"] = "wb", *,
         raise OutputError(describe_os_error(cause, path) + intact) from error
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically; return the path."""
-    with atomic_write(path, "w") as f:
+def write_text(path: str | os.PathLike, text: str, *, sync: bool = True) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` atomically (``sync``: see :func:`atomic_write`); return the path."""
+    with atomic_write(path, "w", sync=sync) as f:
         f.write(text)
     return Path(path)
 

@@ -92,6 +92,18 @@ MAX_NAME_CHARS = 200
 MAX_GLOB_PATHS = 1_000_000
 """Most paths one glob pattern of ``ssd predict`` may expand to (a symlink loop would otherwise never end)."""
 
+MAX_SAVED_FRAMES = 100_000
+"""Most frame images of videos and live streams one ``ssd predict`` run saves (``--save-txt``'s images and labels,
+Label Studio's frames), as :data:`MAX_SAVED_CROPS` bounds crops: a stream runs for ever. The others are counted and
+reported; their detections stay in the JSONL."""
+
+MAX_TRACKER_FILE_BYTES = 64 * 2**10
+"""Largest ``--tracker`` YAML (ten settings take under a kilobyte; a 20 MB file took 73 s to parse). Checked before
+it is read, and before the model loads."""
+
+MAX_TRACK_FRAMES = 100_000
+"""Most frames in a tracker's ``lost_track_buffer`` and ``minimum_consecutive_frames`` (about an hour at 30 fps)."""
+
 MAX_WORKERS = 64
 """Most data-loading processes or decoding threads one command may start (``--workers``)."""
 

@@ -8,6 +8,7 @@ from torch import Tensor, nn
 
 from ssd.boxes import VARIANCES
 from ssd.checks import validate_predictions, validate_targets
+from ssd.errors import InputError
 from ssd.matching import MATCH_IOU, match
 
 __all__ = ["MultiBoxLoss"]
@@ -47,7 +48,7 @@ class MultiBoxLoss(nn.Module):
         num_classes = validate_predictions(loc, logits, priors)
         validate_targets(gt_boxes, gt_labels, num_classes)
         if gt_boxes.shape[0] != loc.shape[0]:
-            raise ValueError(f"the targets hold {gt_boxes.shape[0]} images but the predictions {loc.shape[0]}")
+            raise InputError(f"the targets hold {gt_boxes.shape[0]} images but the predictions {loc.shape[0]}")
         with torch.no_grad():
             loc_t, cls_t = match(gt_boxes, gt_labels, priors, self.iou_threshold, self.variances, validate=False)
             positive = cls_t > 0  # [B, P]

@@ -29,6 +29,7 @@ from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 from torchvision.utils import draw_bounding_boxes
 
+from ssd.errors import InputError, OutputError
 from ssd.files import atomic_write
 
 __all__ = ["RESULTS_COLUMNS", "PLAIN_TEXT", "class_color", "draw_detections", "font_for", "plot_label_stats",
@@ -191,7 +192,7 @@ def plot_label_stats(boxes: Tensor | np.ndarray, labels: Tensor | np.ndarray, cl
     boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
     labels = np.asarray(labels, dtype=np.int64).reshape(-1)
     if len(boxes) != len(labels):
-        raise ValueError(f"plot_label_stats: {len(boxes)} boxes but {len(labels)} labels")
+        raise InputError(f"plot_label_stats: {len(boxes)} boxes but {len(labels)} labels")
     counts = np.bincount(labels, minlength=len(class_names))[: len(class_names)]
     colors = [np.asarray(class_color(k)) / 255 for k in range(len(class_names))]
     names, font, legend = _class_labels(class_names)
@@ -247,13 +248,13 @@ def draw_detections(image: Tensor, boxes: Tensor, labels: Tensor, scores: Tensor
         A new ``[3, H, W]`` uint8 image.
     """
     if not isinstance(image, Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
-        raise ValueError(f"draw_detections: image must be a uint8 tensor [3, H, W], got "
+        raise InputError(f"draw_detections: image must be a uint8 tensor [3, H, W], got "
                          f"{getattr(image, 'dtype', type(image).__name__)} {tuple(getattr(image, 'shape', ()))}")
     height, width = image.shape[-2:]
     boxes = torch.as_tensor(boxes, dtype=torch.float32).detach().cpu().reshape(-1, 4)
     labels = torch.as_tensor(labels).detach().cpu().reshape(-1).tolist()
     if len(labels) != len(boxes) or (scores is not None and len(scores) != len(boxes)):
-        raise ValueError(f"draw_detections: {len(boxes)} boxes, {len(labels)} labels"
+        raise InputError(f"draw_detections: {len(boxes)} boxes, {len(labels)} labels"
                          f"{'' if scores is None else f', {len(scores)} scores'}: one of each per detection")
     image = image.detach().cpu()
     if len(boxes) == 0:
@@ -321,15 +322,16 @@ def _tag_anchors(font: ImageFont.FreeTypeFont, texts: Sequence[str], corners: Se
     return anchors
 
 
-def save_image(image: Tensor, path: str | Path) -> Path:
-    """Save a ``[3, H, W]`` uint8 RGB tensor (format from the suffix: .jpg, .png, ...), creating parent folders."""
+def save_image(image: Tensor, path: str | Path, *, sync: bool = True) -> Path:
+    """Save a ``[3, H, W]`` uint8 RGB tensor (format from the suffix: .jpg, .png, ...), creating parent folders;
+    ``sync=False``: no fsync (:func:`ssd.files.atomic_write`), for a run's many per-image outputs."""
     if not isinstance(image, Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
-        raise ValueError(f"save_image: {path}: image must be a uint8 tensor [3, H, W], got "
+        raise InputError(f"save_image: {path}: image must be a uint8 tensor [3, H, W], got "
                          f"{getattr(image, 'dtype', type(image).__name__)} {tuple(getattr(image, 'shape', ()))}")
     path = Path(path)
     image_format = Image.registered_extensions().get(path.suffix.lower())
     if image_format is None:
-        raise ValueError(f"save_image: {path}: unknown image suffix {path.suffix!r} (use .jpg, .png, ...)")
-    with atomic_write(path) as f:  # never a half-written image, even with the disk full
+        raise OutputError(f"save_image: {path}: unknown image suffix {path.suffix!r} (use .jpg, .png, ...)")
+    with atomic_write(path, sync=sync) as f:  # never a half-written image, even with the disk full
         Image.fromarray(image.permute(1, 2, 0).cpu().numpy()).save(f, format=image_format)
     return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -10,6 +11,7 @@ from torchvision.ops import batched_nms
 
 from ssd.boxes import VARIANCES, decode
 from ssd.checks import validate_predictions
+from ssd.errors import ConfigError, InputError
 from ssd.settings import EVALUATE
 
 __all__ = ["postprocess_detections", "first_per_image", "CANDIDATES_PER_CLASS"]
@@ -30,6 +32,7 @@ def postprocess_detections(
     max_detections: int = EVALUATE.max_detections,
     candidates_per_class: int = CANDIDATES_PER_CLASS,
     variances: tuple[float, float] = VARIANCES,
+    classes: Sequence[int] | None = None,
 ) -> list[dict[str, Tensor]]:
     """Detections of a batch of head outputs (not differentiable: runs without autograd).
 
@@ -42,6 +45,8 @@ def postprocess_detections(
         max_detections: detections kept per image (the highest scores).
         candidates_per_class: highest-scoring boxes per image and class that enter NMS.
         variances: encoding variances.
+        classes: keep only these labels ``0..K-1`` (``None``: all): the others never become candidates, so they
+            take no place of the ``max_detections``.
 
     Returns:
         One dict per image: ``boxes [N, 4]`` xyxy normalized and clipped to ``[0, 1]``, ``scores [N]`` (float32),
@@ -53,9 +58,13 @@ def postprocess_detections(
     loc, logits = loc.float(), logits.float()  # no-op for float32; half-precision heads are scored in float32
     batch, num_priors = logits.shape[:2]
     if max_detections <= 0 or candidates_per_class <= 0:
-        raise ValueError(f"max_detections and candidates_per_class must be positive, got {max_detections} and "
-                         f"{candidates_per_class}")
-    keys, num_valid = _candidates(logits, score_threshold, candidates_per_class)  # [B, W] (see _key), [B]
+        raise ConfigError(f"max_detections and candidates_per_class must be positive, got {max_detections} and "
+                          f"{candidates_per_class}")
+    wanted = None
+    if classes is not None:
+        wanted = torch.zeros(num_classes, dtype=torch.bool, device=logits.device)
+        wanted[torch.as_tensor(list(classes), dtype=torch.int64, device=logits.device)] = True
+    keys, num_valid = _candidates(logits, score_threshold, candidates_per_class, wanted)  # [B, W] (see _key), [B]
 
     # Greedy NMS keeps or drops a box looking only at higher scores of its own image and class, so running it on
     # the best `limit` candidates of each image is exact for them. Stop once every image has max_detections survivors or
@@ -106,11 +115,13 @@ def _key(score: Tensor, label: Tensor, prior: Tensor, num_classes: int, num_prio
     return (0x7FFFFFFF - score.view(torch.int32)).long() * (num_classes * num_priors) + label * num_priors + prior
 
 
-def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple[Tensor, Tensor]:
+def _candidates(logits: Tensor, score_threshold: float, per_class: int, wanted: Tensor | None = None
+                ) -> tuple[Tensor, Tensor]:
     """The class scores above the threshold, at most ``per_class`` per image and class (the highest).
 
     Args:
         logits: ``[B, P, K+1]`` class logits, index 0 is background.
+        wanted: ``[K]`` bool, the classes that may be candidates (``None``: all); the others' scores count as 0.
 
     Returns:
         ``keys [B, W]``: per image, the :func:`_key` of each candidate, in any order, ``_EMPTY`` in unused slots;
@@ -119,7 +130,7 @@ def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple
     """
     batch, num_priors, channels = logits.shape
     if (channels - 1) * num_priors >= 2**32:  # see _key
-        raise ValueError(
+        raise InputError(
             f"postprocess takes fewer than 2**32 class scores per image, got {channels - 1} classes x {num_priors}"
             " priors"
         )
@@ -134,8 +145,14 @@ def _candidates(logits: Tensor, score_threshold: float, per_class: int) -> tuple
             near = mask.nonzero(as_tuple=True)
     del best  # before the [B, K, P] buffers
     if near is not None:
-        return _few(_scores_at(logits, largest, *near), *near, batch, num_priors, score_threshold, per_class)
-    return _many(_object_scores(logits, largest), score_threshold, per_class)
+        scores = _scores_at(logits, largest, *near)  # [N, K]
+        if wanted is not None:
+            scores.masked_fill_(~wanted, 0.0)  # never above a threshold >= 0: "strictly above"
+        return _few(scores, *near, batch, num_priors, score_threshold, per_class)
+    scores = _object_scores(logits, largest)  # [B, K, P]
+    if wanted is not None:
+        scores.masked_fill_(~wanted.unsqueeze(1), 0.0)
+    return _many(scores, score_threshold, per_class)
 
 
 def _object_scores(logits: Tensor, largest: Tensor) -> Tensor:

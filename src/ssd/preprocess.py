@@ -16,6 +16,7 @@ from torch import Tensor
 from torchvision.transforms.v2 import functional as TF
 
 from ssd.boxes import pixel_scale
+from ssd.errors import InputError
 from ssd.sizes import as_hw
 
 __all__ = ["preprocess", "check_image", "to_pixels"]
@@ -43,7 +44,7 @@ def preprocess(images: Sequence[Tensor] | Tensor, image_size: int | tuple[int, i
     if isinstance(images, Tensor) and images.dim() == 4:
         images = list(images)
     if isinstance(images, Tensor) or len(images) == 0:
-        raise ValueError("images must be a non-empty list of [3, H, W] tensors or a [B, 3, H, W] tensor")
+        raise InputError("images must be a non-empty list of [3, H, W] tensors or a [B, 3, H, W] tensor")
     for index, image in enumerate(images):
         check_image(image, index)
     size = list(as_hw(image_size))
@@ -65,15 +66,15 @@ def _resized(image: Tensor, size: list[int]) -> Tensor:
 def check_image(image: Tensor, index: int) -> None:
     """Raise ``ValueError`` naming image ``index`` unless it is a ``[3, H, W]`` tensor, uint8 or float in ``[0, 1]``."""
     if not isinstance(image, Tensor):
-        raise ValueError(f"image {index} must be a tensor, got {type(image).__name__}")
+        raise InputError(f"image {index} must be a tensor, got {type(image).__name__}")
     if image.dim() != 3 or image.shape[0] != 3:
-        raise ValueError(f"image {index} must have shape [3, H, W] (RGB, channels first), got {list(image.shape)}")
+        raise InputError(f"image {index} must have shape [3, H, W] (RGB, channels first), got {list(image.shape)}")
     if image.dtype != torch.uint8 and not image.is_floating_point():
-        raise ValueError(f"image {index} must be uint8 (0..255) or floating point (0..1), got {image.dtype}")
+        raise InputError(f"image {index} must be uint8 (0..255) or floating point (0..1), got {image.dtype}")
     if image.is_floating_point() and image.numel():
         low, high = (value.item() for value in torch.aminmax(image))
         if not (low >= 0 and high <= 1):  # also refuses NaN
-            raise ValueError(f"image {index} is floating point with values in [{low:.4g}, {high:.4g}]; "
+            raise InputError(f"image {index} is floating point with values in [{low:.4g}, {high:.4g}]; "
                              "floating point images must be scaled to [0, 1] (or pass uint8 0..255)")
 
 

@@ -173,6 +173,9 @@ class PredictConfig(_Schema):
     fmt: Literal["json", "coco", "csv", "labelstudio"] = option(
         "detections file assembled at the end from predictions.jsonl (written as results come)", "json",
         flag="--format")
+    ls_root: str | None = option("--format labelstudio: the folder Label Studio's local-files storage serves "
+                                 "(LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT; default /), or the http(s):// URL at "
+                                 "which the current directory is served", None, metavar="DIR|URL")
     save_images: bool = option("draw the detections on a copy of each image and video (--no-save-images: only the "
                                "detection files)", True)
     save_txt: bool = option("YOLO labels per image in SAVE_DIR/yolo, with data.yaml: a dataset ssd train reads",
@@ -264,7 +267,7 @@ class ExportConfig(_Schema):
         self._check_common()
         self._positive("opset")
         check_calib_images(self.calib_images)
-        check_onnx_options(self.opset, self.nms, self.max_detections)  # before any calibration data is read
+        check_onnx_options(self.opset)  # before any calibration data is read
 
 
 @dataclass(frozen=True, kw_only=True)

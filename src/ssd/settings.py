@@ -10,7 +10,7 @@ Thresholds use one vocabulary everywhere: ``score_threshold`` (keep scores stric
   detections per image, as mAP needs the whole precision-recall curve.
 
 The tile options of tiled prediction (``--tile``, ``--tile-overlap``) have one rule too, :func:`check_tile`, and so
-do an ONNX export's opset and NMS output size, :func:`check_onnx_options`, and INT8's calibration images,
+do an ONNX export's opset, :func:`check_onnx_options`, and INT8's calibration images,
 :func:`check_calib_images`. The options of each command are in :mod:`ssd.schemas`.
 """
 
@@ -53,8 +53,9 @@ TILE_OVERLAP = 0.2
 
 def check_thresholds(score_threshold: float, iou_threshold: float, max_detections: int, batch_size: int = 1, *,
                      names: Mapping[str, str] | None = None) -> None:
-    """Raise :class:`ConfigError` for a score or IoU threshold outside ``[0, 1]`` (or NaN), or a ``max_detections``
-    or ``batch_size`` that is not a positive integer. ``names`` renames the options in the message (the CLI's
+    """Raise :class:`ConfigError` for a score or IoU threshold outside ``[0, 1]`` (or NaN), a ``max_detections``
+    or ``batch_size`` that is not a positive integer, or a ``max_detections`` above
+    :data:`ssd.limits.MAX_DETECTIONS`. ``names`` renames the options in the message (the CLI's
     flags, e.g. :data:`THRESHOLD_OPTIONS`)."""
     names = names or {}
     for key, value in (("score_threshold", score_threshold), ("iou_threshold", iou_threshold)):
@@ -63,6 +64,10 @@ def check_thresholds(score_threshold: float, iou_threshold: float, max_detection
     for key, value in (("max_detections", max_detections), ("batch_size", batch_size)):
         if not is_whole(value) or value < 1:
             raise ConfigError(f"{names.get(key, key)} must be a positive integer, got {value}")
+    if max_detections > MAX_DETECTIONS:  # 2**63 overflowed a kernel's int64; 10**8 an NMS graph's allocation
+        raise ConfigError(f"{names.get('max_detections', 'max_detections')} {max_detections} is above "
+                          f"{MAX_DETECTIONS} (limits.MAX_DETECTIONS), the most detections per image ssd keeps (an "
+                          "exported NMS graph allocates its output [B, max_det, 6] whatever the image holds)")
 
 
 def check_tile(tile: int | str | Sequence[int] | None, overlap: float = TILE_OVERLAP, *,
@@ -87,19 +92,15 @@ def check_tile(tile: int | str | Sequence[int] | None, overlap: float = TILE_OVE
     return shape
 
 
-def check_onnx_options(opset: int, nms: bool, max_detections: int) -> None:
-    """Raise :class:`ConfigError` for an ONNX ``opset`` that ``torch.onnx`` cannot write and, with ``nms``, a
-    ``max_detections`` above :data:`ssd.limits.MAX_DETECTIONS` (the graph's output ``[B, max_det, 6]`` is allocated
-    whatever the image holds): the options of an ONNX export, checked before any work is done."""
+def check_onnx_options(opset: int) -> None:
+    """Raise :class:`ConfigError` for an ONNX ``opset`` that ``torch.onnx`` cannot write: an option of an ONNX
+    export, checked before any work is done (its ``max_detections`` bound is every command's,
+    :func:`check_thresholds`)."""
     from torch.onnx._constants import ONNX_MAX_OPSET, ONNX_MIN_OPSET
 
     if not is_whole(opset) or not ONNX_MIN_OPSET <= opset <= ONNX_MAX_OPSET:
         raise ConfigError(f"opset {opset} cannot be written: torch.onnx writes opsets {ONNX_MIN_OPSET} to "
                           f"{ONNX_MAX_OPSET} (18 and newer natively, lower ones by down-conversion); default 18")
-    if nms and max_detections > MAX_DETECTIONS:
-        raise ConfigError(f"--max-det {max_detections} is above {MAX_DETECTIONS} (limits.MAX_DETECTIONS), the most "
-                          "detections per image an exported NMS graph returns: its output [B, max_det, 6] is "
-                          "allocated whatever the image holds")
 
 
 def check_batching(max_batch: int, max_wait_ms: float) -> None:

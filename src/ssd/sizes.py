@@ -28,7 +28,7 @@ def as_hw(size: int | Sequence[int] | str) -> tuple[int, int]:
     pair: Any = size
     if isinstance(size, str):
         parts = size.strip().lower().split("x")
-        pair = [int(p) if p.strip().isdigit() else None for p in parts]
+        pair = [int(p) if p.strip().isascii() and p.strip().isdigit() else None for p in parts]  # not "²"
         if len(pair) == 1:
             pair = pair * 2
     elif is_whole(size, integral=True):

@@ -3,9 +3,10 @@
 One grammar everywhere: ``--option value`` (``--epochs 50``), booleans as ``--amp`` / ``--no-amp``.
 ``ssd train`` takes every field of :class:`ssd.training.config.TrainConfig` as an option and ``--config FILE.yaml``
 for a file of the same fields; options given on the command line win over the file.
-An unknown option is answered with the closest valid ones. Errors about data, checkpoints or options are
-printed as one readable message (exit code 1 for errors, 2 for command-line mistakes); set ``SSD_DEBUG=1``
-for the full traceback.
+An unknown option is answered with the closest valid ones. The project's own errors (:class:`ssd.errors.SSDError`:
+data, checkpoints, options, a missing extra) and the system's refusal of a path (``No such file or directory: x``)
+are printed as one readable message (exit code 1 for errors, 2 for command-line mistakes); set ``SSD_DEBUG=1`` for
+the full traceback. Anything else is a bug: its traceback is shown.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import warnings
 
 from ssd.cli.commands import COMMANDS
 from ssd.cli.parsers import build_parser, parse
-from ssd.errors import MissingDependencyError, UsageError
+from ssd.errors import SSDError, UsageError
 from ssd.names import printable
 
 __all__ = ["main"]
@@ -92,10 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, FileExistsError,  # the user's paths
-            IsADirectoryError, MissingDependencyError) as e:
-        if debug:
-            raise
+    except (SSDError, OSError) as e:  # the project's own errors (a missing extra too); the system refusing a path
+        if debug or not (isinstance(e, SSDError) or (e.filename is not None and e.strerror)):
+            raise  # anything else is a bug: its traceback is shown
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

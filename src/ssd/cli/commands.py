@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ssd.errors import ConfigError, UsageError
+from ssd.errors import ConfigError, MissingInputError, UsageError
 from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ServeConfig, ValConfig
 
 
@@ -68,6 +68,10 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 
     config = _config(PredictConfig, args)
     info = DistInfo.from_env()
+    if config.track:  # a bad or huge settings file is refused before the model loads
+        from ssd.inference.tracking import tracker_settings
+
+        tracker_settings(config.tracker)
     detector = load(config.weights, device=rank_device(config.device, info), half=config.half)
     conf, origin = detector.confidence(config.score_threshold, "--conf")
     if info.is_main:  # under torchrun, rank 0 speaks for the run
@@ -121,7 +125,8 @@ def _cmd_benchmark(args: argparse.Namespace) -> int:
     artifact_rows(config.artifacts)
     weights = resolve_weights(config.weights)
     if not Path(config.data).exists():
-        raise ValueError(f"dataset {config.data} does not exist (--data: a data.yaml, dataset folder or COCO JSON)")
+        raise MissingInputError(f"dataset {config.data} does not exist (--data: a data.yaml, dataset folder or "
+                                "COCO JSON)")
     run_dir = make_run_dir(config.project, config.name, config.exist_ok)
     rows = run_benchmark(weights, config.data, run_dir, formats=formats,
                          **config.values("weights", "data", "formats", "floor", "project", "name"))

@@ -30,7 +30,7 @@ from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
 from ssd.data.table import IGNORE, RecordTable
 from ssd.device import usable_cores
-from ssd.errors import DataError, ImageError
+from ssd.errors import ConfigError, DataError, ImageError
 from ssd.log import progress
 from ssd.matching import MATCH_IOU
 from ssd.names import name_problem, printable
@@ -166,7 +166,7 @@ def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = N
     index's, :func:`ssd.data.index.index_dataset`), not looked for again.
     """
     if priors is not None and model is None and image_size is None:
-        raise ValueError("check_dataset: priors need the image_size their sizes are pixels of (or a model)")
+        raise ConfigError("check_dataset: priors need the image_size their sizes are pixels of (or a model)")
     if model is not None:  # a bad model name or input size fails before the dataset is read
         from ssd.models.build import MODEL_CONFIGS, default_priors  # the architectures only when asked for
 

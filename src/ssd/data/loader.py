@@ -33,7 +33,7 @@ from ssd.data.mosaic import Mosaic
 from ssd.data.records import ImageRecord
 from ssd.data.table import IGNORE, RecordTable
 from ssd.data.transforms import build_transform
-from ssd.errors import DataError
+from ssd.errors import ConfigError, DataError
 from ssd.limits import MAX_CROP_CACHE_BYTES
 from ssd.sizes import as_hw, size_text
 
@@ -157,8 +157,8 @@ class DetectionDataset(Dataset):
         image, target = self._sample(index)
         if mosaic > 0:
             if self.mosaic is None:
-                raise ValueError(f"item {key}: a mosaic probability {mosaic} was given to a dataset built without "
-                                 "the mosaic step (DetectionDataset(mosaic=Mosaic(...)))")
+                raise ConfigError(f"item {key}: a mosaic probability {mosaic} was given to a dataset built without "
+                                  "the mosaic step (DetectionDataset(mosaic=Mosaic(...)))")
             place = int(self._place[index])
             pool, place = (self._pool, place) if place >= 0 else (range(len(self)), index)
             plan = self.mosaic.plan(place, len(pool), seed, mosaic)
@@ -305,7 +305,7 @@ def build_dataloader(records: Sequence[ImageRecord], class_names: Sequence[str],
     (:mod:`ssd.data.mosaic`; a train loader can change it with ``loader.sampler.set_mosaic(p)`` between epochs).
     """
     if mosaic and not train:
-        raise ValueError(f"mosaic={mosaic}: the mosaic step is a training augmentation (train=True)")
+        raise ConfigError(f"mosaic={mosaic}: the mosaic step is a training augmentation (train=True)")
     crop_scale = crop_scale if train else None
     transform = build_transform(image_size, mean, std, train=train, augment=augment, crop=crop_scale)
     shuffle = train if shuffle is None else shuffle

@@ -29,6 +29,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from ssd.data.transforms import MIN_BOX_SIZE, boxes_labels_difficult
+from ssd.errors import InputError
 from ssd.sizes import as_hw
 
 __all__ = ["Mosaic", "MosaicPlan", "CLOSE_MOSAIC_SHARE", "close_mosaic_epochs", "mosaic_probability"]
@@ -97,7 +98,7 @@ class Mosaic:
         ``difficult`` ``[N]``) around ``centre = (cy, cx)`` on the canvas -> ``(Image uint8 [3, 2Sh, 2Sw], target)``
         with the boxes in canvas pixels (clamped, those left smaller than ``MIN_BOX_SIZE`` dropped)."""
         if len(samples) != 4:
-            raise ValueError(f"a mosaic takes 4 images, got {len(samples)}")
+            raise InputError(f"a mosaic takes 4 images, got {len(samples)}")
         (sh, sw), (cy, cx) = self.hw, centre
         height, width = 2 * sh, 2 * sw
         canvas = self.fill.expand(3, height, width).clone()

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from ssd.errors import ConfigError
+
 __all__ = ["SHAPE_NAMES", "generate_synthetic"]
 
 SHAPE_NAMES = ("circle", "square", "triangle", "star", "diamond", "cross", "hexagon", "ring", "arrow", "trapezoid")
@@ -142,9 +144,10 @@ def generate_synthetic(root: str | Path, *, num_train: int = 400, num_val: int =
         quality: JPEG quality.
     """
     if not 1 <= num_classes <= len(SHAPE_NAMES):
-        raise ValueError(f"num_classes must be 1..{len(SHAPE_NAMES)} (one per shape in SHAPE_NAMES), got {num_classes}")
+        raise ConfigError(f"num_classes must be 1..{len(SHAPE_NAMES)} (one per shape in SHAPE_NAMES), "
+                          f"got {num_classes}")
     if image_size < 32:
-        raise ValueError(f"image_size must be at least 32 pixels, got {image_size}")
+        raise ConfigError(f"image_size must be at least 32 pixels, got {image_size}")
     root = Path(root)
     for sub in ("JPEGImages", "Annotations", "ImageSets/Main"):
         (root / sub).mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from torchvision.transforms.v2 import functional as F
 from torchvision.transforms.v2 import get_bounding_boxes, query_size
 
 from ssd.data.crops import CropScale, NativeCrop
+from ssd.errors import ConfigError
 from ssd.sizes import as_hw
 
 __all__ = ["AUGMENT_LEVELS", "build_transform"]
@@ -97,7 +98,7 @@ def build_transform(image_size: int | tuple[int, int], mean: Sequence[float], st
     never shows).
     """
     if augment not in AUGMENT_LEVELS:
-        raise ValueError(f"augment must be one of {AUGMENT_LEVELS}, got {augment!r}")
+        raise ConfigError(f"augment must be one of {AUGMENT_LEVELS}, got {augment!r}")
     hw = as_hw(image_size)
     fill = {tv_tensors.Image: [round(255 * m) for m in mean], "others": 0}
     crops = train and crop is not None

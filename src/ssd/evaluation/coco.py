@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ssd.errors import ConfigError
 from ssd.evaluation.metrics import check_inputs, concat_rows
 from ssd.priors.coverage import SIZE_BUCKETS
 
@@ -48,7 +49,7 @@ def _cocoeval(backend: str, images: list[dict], annotations: list[dict], detecti
         from pycocotools.coco import COCO
         from pycocotools.cocoeval import COCOeval
     else:
-        raise ValueError(f"unknown COCO backend {backend!r}; choose one of {', '.join(COCO_BACKENDS)}")
+        raise ConfigError(f"unknown COCO backend {backend!r}; choose one of {', '.join(COCO_BACKENDS)}")
 
     def dataset(anns: list[dict]):
         coco = COCO()

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ssd.errors import InputError
 from ssd.evaluation.tide import OBJECT_STATES
 from ssd.matching import MATCH_IOU
 from ssd.priors.coverage import SIZE_BUCKETS, best_iou
@@ -31,7 +32,7 @@ def _normalized(ground_truths: Sequence[Mapping[str, Any]]) -> Tensor:
     parts = []
     for index, truth in enumerate(ground_truths):
         if "image_size" not in truth:
-            raise ValueError(f"ground truth of image {index} has no image_size (h, w): needed to size the objects")
+            raise InputError(f"ground truth of image {index} has no image_size (h, w): needed to size the objects")
         h, w = (float(v) for v in truth["image_size"])
         parts.append(torch.as_tensor(truth["boxes"], dtype=torch.float64).reshape(-1, 4) / torch.tensor([w, h, w, h]))
     return torch.cat(parts) if parts else torch.zeros(0, 4, dtype=torch.float64)

@@ -34,7 +34,7 @@ from ssd.data.images import read_image
 from ssd.data.records import ImageRecord
 from ssd.detect import detect_batch, model_input
 from ssd.device import autocast
-from ssd.errors import CheckpointError
+from ssd.errors import CheckpointError, ConfigError
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
 from ssd.evaluation.gather import gather_on_main
 from ssd.evaluation.metrics import evaluate_voc
@@ -61,7 +61,7 @@ METRICS = {"voc07": "VOC AP@0.5, 2007 11-point interpolation", "voc": "VOC AP@0.
 
 def check_metric(metric: str) -> None:
     if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+        raise ConfigError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
 
 
 def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric: str = ValConfig.metric,

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_area
 
+from ssd.errors import InputError
 from ssd.inference.coco_results import as_tensor
 
 __all__ = ["VOC_IOU", "voc_ap", "evaluate_voc", "voc_from_rows", "match_detections", "check_inputs", "concat_rows",
@@ -56,12 +57,12 @@ def voc_ap(recall: Sequence[float] | np.ndarray, precision: Sequence[float] | np
     rec = np.asarray(recall, dtype=np.float64)
     prec = np.asarray(precision, dtype=np.float64)
     if rec.ndim != 1 or rec.shape != prec.shape:
-        raise ValueError(f"voc_ap: recall {tuple(rec.shape)} and precision {tuple(prec.shape)} must be 1-D arrays "
+        raise InputError(f"voc_ap: recall {tuple(rec.shape)} and precision {tuple(prec.shape)} must be 1-D arrays "
                          f"of the same length")
     if rec.size == 0:
         return 0.0
     if np.any(np.diff(rec) < 0):
-        raise ValueError("voc_ap: recall must be non-decreasing (cumulative over detections sorted by score)")
+        raise InputError("voc_ap: recall must be non-decreasing (cumulative over detections sorted by score)")
     envelope = np.maximum.accumulate(prec[::-1])[::-1]  # best precision at this recall or beyond
     if use_07_metric:
         first = np.searchsorted(rec, np.linspace(0.0, 1.0, 11), side="left")  # first point with recall >= t
@@ -87,7 +88,7 @@ def concat_rows(items: Sequence[Mapping[str, Any]], kind: str, num_classes: int,
                                 else torch.zeros(n, dtype=torch.bool))
         for key, value in row.items():
             if value.shape[0] != n:
-                raise ValueError(f"{kind} of image {index}: {key} has {value.shape[0]} entries but boxes has {n}")
+                raise InputError(f"{kind} of image {index}: {key} has {value.shape[0]} entries but boxes has {n}")
         for key, value in row.items():
             columns[key].append(value)
     empty = {"boxes": torch.zeros(0, 4, dtype=torch.float64), "image": torch.zeros(0, dtype=torch.int64),
@@ -99,7 +100,7 @@ def concat_rows(items: Sequence[Mapping[str, Any]], kind: str, num_classes: int,
         i = int(bad[0])
         image = int(flat["image"][i])
         j = i - int((flat["image"] < image).sum())
-        raise ValueError(f"{kind} of image {image}, object {j}: label {int(flat['labels'][i])} is out of range for "
+        raise InputError(f"{kind} of image {image}, object {j}: label {int(flat['labels'][i])} is out of range for "
                          f"num_classes={num_classes} (labels must be 0..{num_classes - 1})")
     return flat
 
@@ -107,13 +108,13 @@ def concat_rows(items: Sequence[Mapping[str, Any]], kind: str, num_classes: int,
 def check_inputs(detections: Sequence, ground_truths: Sequence, num_classes: int,
                   class_names: Sequence[str] | None) -> list[str]:
     if len(detections) != len(ground_truths):
-        raise ValueError(f"{len(detections)} detection entries but {len(ground_truths)} ground-truth entries "
+        raise InputError(f"{len(detections)} detection entries but {len(ground_truths)} ground-truth entries "
                          f"(one dict per image each, same order)")
     names = list(class_names) if class_names is not None else [f"class{k}" for k in range(num_classes)]
     if len(names) != num_classes:
-        raise ValueError(f"{len(names)} class names for num_classes={num_classes}")
+        raise InputError(f"{len(names)} class names for num_classes={num_classes}")
     if len(set(names)) != len(names):
-        raise ValueError(f"class names must be unique, got {names}")
+        raise InputError(f"class names must be unique, got {names}")
     return names
 
 

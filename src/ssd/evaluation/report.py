@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from ssd.data.images import read_image
+from ssd.errors import DataError
 from ssd.evaluation.coco import COCO_STATS, evaluate_coco
 from ssd.evaluation.confusion import confusion_matrix
 from ssd.evaluation.curves import operating_point
@@ -56,7 +57,7 @@ def build_report(detections: Sequence[Mapping[str, Any]], ground_truths: Sequenc
     split.
     """
     if not ground_truths:
-        raise ValueError(f"split {split or '?'} of {data or 'the dataset'} has no images: nothing to evaluate")
+        raise DataError(f"split {split or '?'} of {data or 'the dataset'} has no images: nothing to evaluate")
     k = len(class_names)
     voc07 = evaluate_voc(detections, ground_truths, k, class_names, use_07_metric=True)
     voc = evaluate_voc(detections, ground_truths, k, class_names)

@@ -13,7 +13,7 @@ import torch
 
 from ssd.data.gate import load_training_data
 from ssd.data.records import ImageRecord
-from ssd.errors import DetectionsError
+from ssd.errors import DetectionsError, InputError
 from ssd.evaluation.evaluator import check_metric, score_detections
 from ssd.evaluation.report import attach_report
 from ssd.jsonfile import read_json
@@ -35,7 +35,7 @@ def ground_truths_from_records(records: Sequence[ImageRecord]) -> list[dict[str,
     out = []
     for record in records:
         if record.width is None or record.height is None:
-            raise ValueError(f"{record.path}: image size unknown (read the dataset with ssd.data.load_dataset)")
+            raise InputError(f"{record.path}: image size unknown (read the dataset with ssd.data.load_dataset)")
         out.append({"boxes": torch.tensor([o.box for o in record.objects], dtype=torch.float32).reshape(-1, 4),
                     "labels": torch.tensor([o.label for o in record.objects], dtype=torch.int64),
                     "difficult": torch.tensor([o.ignore for o in record.objects], dtype=torch.bool),

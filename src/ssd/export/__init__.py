@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ssd.artifacts import ARTIFACTS, EXPORT_FORMATS, resolve
-from ssd.errors import OutputError
+from ssd.errors import ConfigError, OutputError
 from ssd.files import check_output
 from ssd.schemas import ExportConfig
 from ssd.text import few
@@ -45,16 +45,16 @@ def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_b
                                    ("--int8", int8 and not kind.int8)) if on]
     if given:
         verb = "applies" if len(given) == 1 else "apply"
-        raise ValueError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a torch.export program is the "
-                         "network alone (any batch size, post-processing in the library); drop them or use --format "
-                         "onnx")
+        raise ConfigError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a torch.export program is the "
+                          "network alone (any batch size, post-processing in the library); drop them or use --format "
+                          "onnx")
     if fmt == "openvino":
         from ssd.inference.backends.openvino import require_openvino
 
         require_openvino(nncf=int8)
     suffix, folder = FORMATS[fmt]
     if not folder and out_path.suffix.lower() != suffix:
-        raise ValueError(f"the output {out_path} of the {fmt} export must end in {suffix} (--output)")
+        raise ConfigError(f"the output {out_path} of the {fmt} export must end in {suffix} (--output)")
 
 
 def check_export_folder(folder: Path, exist_ok: bool) -> None:
@@ -127,10 +127,10 @@ def run_export(config: ExportConfig, sample_images: Sequence | None = None) -> P
 
     fmt, int8 = config.fmt, config.int8
     if fmt == "torchscript":
-        raise ValueError("TorchScript export is retired (torch.jit is deprecated by PyTorch): use --format pt2 "
-                         "(torch.export), the same network any batch size, loaded by PyTorch")
+        raise ConfigError("TorchScript export is retired (torch.jit is deprecated by PyTorch): use --format pt2 "
+                          "(torch.export), the same network any batch size, loaded by PyTorch")
     if fmt not in FORMATS:
-        raise ValueError(f"unknown export format {fmt!r} (choose one of {', '.join(FORMATS)})")
+        raise ConfigError(f"unknown export format {fmt!r} (choose one of {', '.join(FORMATS)})")
     weights = resolve_weights(config.weights)
     out_path = config.output or default_output(weights, fmt, int8)
     check_output(out_path, inputs=[weights, config.data], kind="dir" if FORMATS[fmt][1] else "file",
@@ -139,7 +139,7 @@ def run_export(config: ExportConfig, sample_images: Sequence | None = None) -> P
         check_export_folder(out_path, config.exist_ok)
     _check_options(fmt, out_path, int8=int8, nms=config.nms, dynamic_batch=config.dynamic_batch)
     if config.calib_images is not None and not int8:
-        raise ValueError("--calib-images applies to INT8 exports: add --int8 --data DATA")
+        raise ConfigError("--calib-images applies to INT8 exports: add --int8 --data DATA")
     calibration = calibration_paths(config.data, config.calib_images) if int8 else None
     if fmt == "pt2":
         return resolve(ARTIFACTS[fmt].exporter)(weights, out_path)

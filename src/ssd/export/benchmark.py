@@ -26,6 +26,7 @@ from ssd.artifacts import BENCHMARK_ROWS, ArtifactKind, BenchmarkVariant
 from ssd.data.gate import load_training_data
 from ssd.data.images import read_image
 from ssd.device import amp_dtype, autocast
+from ssd.errors import ConfigError, MissingInputError, OutputError
 from ssd.evaluation.evaluator import evaluate
 from ssd.export import export
 from ssd.export.timing import time_backends
@@ -133,8 +134,8 @@ def parse_formats(text: str | Sequence[str] | None) -> list[str]:
                                                  (text.split(",") if isinstance(text, str) else text) if n.strip()]
     for name in names:
         if name not in RUNTIMES:
-            raise ValueError(f"unknown benchmark format {name!r}{did_you_mean(name, RUNTIMES)} "
-                             f"(choose from {', '.join(RUNTIMES)})")
+            raise ConfigError(f"unknown benchmark format {name!r}{did_you_mean(name, RUNTIMES)} "
+                              f"(choose from {', '.join(RUNTIMES)})")
     return ["pytorch", *dict.fromkeys(n for n in names if n != "pytorch")]
 
 
@@ -162,7 +163,7 @@ def run_benchmark(weights: str | Path, data: str | Path, out_dir: str | Path, *,
     check_calib_images(calib_images)
     weights, out_dir = resolve_weights(weights), Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not exist_ok:
-        raise ValueError(f"benchmark folder {out_dir} is not empty: the benchmark writes into a new folder")
+        raise OutputError(f"benchmark folder {out_dir} is not empty: the benchmark writes into a new folder")
     eager = open_backend(weights, device)
     spec = load_training_data(data, class_names=list(eager.card.class_names), splits=("val",),
                               skip_invalid=skip_invalid)
@@ -228,8 +229,8 @@ def artifact_rows(paths: Sequence[str | Path]) -> dict[str, Path]:
     kinds = {}
     for path in map(Path, paths):
         if not path.exists():
-            raise ValueError(f"artifact {path} does not exist (--artifacts: exported models: .onnx, OpenVINO .xml or "
-                             "its folder, .pt2)")
+            raise MissingInputError(f"artifact {path} does not exist (--artifacts: exported models: .onnx, "
+                                    "OpenVINO .xml or its folder, .pt2)")
         kinds[path] = folder_kind(path) or backend_kind(path)
     short = {f"{kind}:{path.name}" for path, kind in kinds.items()}
     return {f"{kind}:{path.name}" if len(short) == len(kinds) else f"{kind}:{path}": path

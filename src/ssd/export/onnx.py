@@ -46,7 +46,7 @@ from torchvision.ops import batched_nms
 
 from ssd.boxes import decode
 from ssd.card import ModelCard
-from ssd.errors import ExportCheckError
+from ssd.errors import ConfigError, ExportCheckError
 from ssd.export.parity import check_onnx
 from ssd.files import check_output, write_bytes
 from ssd.inference.backends.onnx import graph_digest
@@ -169,12 +169,12 @@ def export_onnx(
         max_detections: the same.
 
     Raises:
-        ConfigError: a threshold, the opset or (with NMS) ``max_detections`` out of bounds
-            (:func:`ssd.settings.check_onnx_options`), before any work is done.
+        ConfigError: a threshold, ``max_detections`` or the opset out of bounds (:func:`ssd.settings.check_thresholds`,
+            :func:`~ssd.settings.check_onnx_options`), before any work is done.
         ExportCheckError: ONNX Runtime and PyTorch disagree beyond the tolerances.
     """
     check_thresholds(score_threshold, iou_threshold, max_detections)
-    check_onnx_options(opset, nms, max_detections)
+    check_onnx_options(opset)
     return write_onnx(weights_or_model, out_path, opset=opset, dynamic_batch=dynamic_batch, nms=nms, check=check,
                       sample_images=sample_images, score_threshold=score_threshold, iou_threshold=iou_threshold,
                       max_detections=max_detections)
@@ -204,8 +204,8 @@ def write_onnx(weights_or_model, out_path: str | Path, *, opset: int, dynamic_ba
     proto = program.model_proto
     written = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
     if written != opset:
-        raise ValueError(f"cannot export {model.config.name} at opset {opset}: the conversion "
-                         f"from opset {written} failed (use opset {written} or newer)")
+        raise ConfigError(f"cannot export {model.config.name} at opset {opset}: the conversion "
+                          f"from opset {written} failed (use opset {written} or newer)")
     thresholds = Thresholds(float(score_threshold), float(iou_threshold), max_detections) if nms else None
     onnx.helper.set_model_props(proto, onnx_metadata(model.card.replace(nms=thresholds).sealed(graph_digest(proto))))
     data = proto.SerializeToString()

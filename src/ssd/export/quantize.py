@@ -21,6 +21,7 @@ import numpy as np
 
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
+from ssd.errors import ConfigError, DataError
 from ssd.export.onnx import onnx_metadata
 from ssd.files import write_bytes
 from ssd.inference.backends.onnx import OnnxBackend, graph_digest
@@ -43,19 +44,19 @@ def calibration_paths(data: str | Path | None, count: int | None = None) -> list
     Raises ``ValueError`` without ``data``, for a ``count`` below 1, for a split without images, or when the split
     has fewer images than a ``count`` given (saying how many it has)."""
     if data is None:
-        raise ValueError("INT8 calibration needs images: give a dataset with --data DATA (its training split is used)")
+        raise ConfigError("INT8 calibration needs images: give a dataset with --data DATA (its training split is used)")
     check_calib_images(count)
     records = load_dataset(data).records("train")
     if not records:
-        raise ValueError(f"INT8 calibration needs training images, but the training split of {data} has none")
+        raise DataError(f"INT8 calibration needs training images, but the training split of {data} has none")
     if count is None:
         count = min(CALIBRATION_IMAGES, len(records))
         LOGGER.info("INT8 calibration on %d training images of %s (%s)", count, data,
                     "the default" if count == CALIBRATION_IMAGES else f"all of them: fewer than {CALIBRATION_IMAGES}")
     if len(records) < count:
-        raise ValueError(f"INT8 calibration asked for {count} images (--calib-images) but the training split of "
-                         f"{data} has {len(records)}: use --calib-images {len(records)} or fewer, or a dataset with "
-                         "more images")
+        raise ConfigError(f"INT8 calibration asked for {count} images (--calib-images) but the training split of "
+                          f"{data} has {len(records)}: use --calib-images {len(records)} or fewer, or a dataset with "
+                          "more images")
     return [record.path for record in records[:count]]
 
 

@@ -69,7 +69,7 @@ def open_capture(source: str, timeout_ms: float = TIMEOUT_MS):
     cv2 = require("cv2", "video", "reading cameras and streams")
     timeout = max(int(timeout_ms), 1)
     with QUIET(cv2, ffmpeg=not source.isdigit()):
-        if source.isdigit():
+        if source.isdigit() and int(source) < 2**31:  # a C int: a larger index is no camera, never an overflow
             capture = cv2.VideoCapture(int(source))
         else:
             capture = cv2.VideoCapture(source, cv2.CAP_FFMPEG, [cv2.CAP_PROP_OPEN_TIMEOUT_MSEC, timeout,

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ssd.errors import InputError
+
 __all__ = ["to_coco_detections", "as_tensor"]
 
 
@@ -29,7 +31,7 @@ def to_coco_detections(detections: Sequence[Mapping[str, Any]], image_ids: Seque
             itself (``0..K-1``). Pass the dataset's original ids to score with the official annotation file.
     """
     if image_ids is not None and len(image_ids) != len(detections):
-        raise ValueError(f"{len(image_ids)} image ids for {len(detections)} images")
+        raise InputError(f"{len(image_ids)} image ids for {len(detections)} images")
     results = []
     for index, item in enumerate(detections):
         image_id = image_ids[index] if image_ids is not None else item.get("image_id", index)

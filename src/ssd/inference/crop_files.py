@@ -55,7 +55,9 @@ class CropWriter:
         self.staged: list[tuple[Path, int, str, int, int]] = []  # file, label, image stem, index, k
 
     def write(self, result: Result, name: Path, image: Tensor, index: int) -> None:
-        """Save the crops of ``result``'s detections from ``image`` ``[3, H, W]`` uint8 (each at least a pixel)."""
+        """Save the crops of ``result``'s detections from ``image`` ``[3, H, W]`` uint8 (each at least a pixel);
+        :class:`~ssd.errors.InputError` for a result with a box that is not one (:meth:`Result.check`)."""
+        result.check()
         height, width = image.shape[-2:]
         for k, (box, label) in enumerate(zip(result.boxes.tolist(), result.labels.tolist())):
             if self.saved >= self.max_crops:
@@ -65,7 +67,7 @@ class CropWriter:
             x2, y2 = max(min(math.ceil(box[2]), width), x1 + 1), max(min(math.ceil(box[3]), height), y1 + 1)
             crop = image[:, y1:y2, x1:x2].contiguous()
             file = (self.stage or self.root) / self.folders[label] / fitted_name(name.stem, f"_{index}_{k}.jpg")
-            save_image(crop, file)
+            save_image(crop, file, sync=False)  # one of many: the run's results file is the synced one
             if self.stage is not None:
                 self.staged.append((file, label, name.stem, index, k))
             self.saved += 1

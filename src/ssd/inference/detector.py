@@ -23,7 +23,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ssd.card import ModelCard
 from ssd.detect import detect_batch
-from ssd.errors import ConfigError
+from ssd.errors import ConfigError, InputError
 from ssd.inference.backends import Backend, open_backend
 from ssd.inference.tiling import detect_tiled
 from ssd.names import did_you_mean
@@ -72,6 +72,23 @@ class Result:
                 detection["track_id"] = track_id
         return {"file": self.path, "width": self.width, "height": self.height, "detections": detections}
 
+    def check(self) -> None:
+        """Raise :class:`~ssd.errors.InputError` naming the image and the first bad detection unless ``boxes`` is
+        ``[N, 4]`` of finite ``x1 <= x2``, ``y1 <= y2``, ``labels`` ``[N]`` at least 0 and ``width``, ``height``
+        positive: what the files written from a result (labels, crops) rely on; a result made through the API may
+        hold anything."""
+        boxes, where = self.boxes, self.path or "an in-memory image"
+        if boxes.dim() != 2 or boxes.shape[-1] != 4 or self.labels.shape != boxes.shape[:1] or min(
+                self.width, self.height) < 1:
+            raise InputError(f"result of {where}: boxes {list(boxes.shape)}, labels {list(self.labels.shape)} in a "
+                             f"{self.width}x{self.height} image: expected boxes [N, 4], labels [N], a size >= 1")
+        bad = ~(boxes.isfinite().all(1) & (boxes[:, 2] >= boxes[:, 0]) & (boxes[:, 3] >= boxes[:, 1])) | (
+            self.labels < 0)
+        if bool(bad.any()):
+            k = int(bad.nonzero()[0])
+            raise InputError(f"result of {where}: detection {k}, box {boxes[k].tolist()} label "
+                             f"{int(self.labels[k])}: a box must be finite pixels x1 <= x2, y1 <= y2, a label >= 0")
+
     def to_supervision(self):
         """This result as ``supervision.Detections`` (the optional ``supervision`` extra): ``xyxy [N, 4]`` pixels,
         ``confidence [N]``, ``class_id [N]``, ``tracker_id [N]`` when tracking, ``data["class_name"]`` the names."""
@@ -93,12 +110,12 @@ def to_image(item, index: int = 0) -> Tensor:
         return pil_to_tensor(item.convert("RGB"))
     if isinstance(item, np.ndarray):
         if item.dtype != np.uint8 or item.ndim != 3 or item.shape[2] != 3:
-            raise ValueError(f"input {index}: numpy image must be HWC uint8 RGB (shape [H, W, 3]), "
+            raise InputError(f"input {index}: numpy image must be HWC uint8 RGB (shape [H, W, 3]), "
                              f"got shape {list(item.shape)} dtype {item.dtype}")
         return torch.from_numpy(np.ascontiguousarray(item)).permute(2, 0, 1)
     if isinstance(item, Tensor):
         return item
-    raise ValueError(f"input {index}: unsupported type {type(item).__name__} (give a path, a PIL image, a numpy HWC "
+    raise InputError(f"input {index}: unsupported type {type(item).__name__} (give a path, a PIL image, a numpy HWC "
                      f"uint8 array or a [3, H, W] tensor)")
 
 
@@ -138,7 +155,7 @@ class Detector:
         for item in classes:
             if str(item) in names:
                 labels.append(names.index(str(item)))
-            elif str(item).isdigit():
+            elif str(item).isascii() and str(item).isdigit():  # "²" is a digit int() refuses
                 if int(item) >= len(names):
                     raise ConfigError(f"classes: label {item} is out of range for the model's {len(names)} classes "
                                       f"(labels 0..{len(names) - 1}: {', '.join(names)})")
@@ -159,27 +176,23 @@ class Detector:
                classes: Sequence[int] | None = None) -> list[Result]:
         """One batch of ``[3, H, W]`` tensors (uint8 or float in ``0..1``) -> one :class:`Result` per image
         (``score_threshold`` ``None``: :meth:`confidence`); ``classes``: keep only these labels
-        (:meth:`class_indices` reads names), after ``max_detections``.
+        (:meth:`class_indices` reads names), before the ``max_detections`` cut (a kept class is never crowded out).
 
         ``tile``: ``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels: also detect on overlapping tiles of each image
         and merge (:func:`ssd.inference.tiling.detect_tiled`), ``batch_size`` crops at a time (default: as many as
         ``images``)."""
         options = dict(score_threshold=self.confidence(score_threshold)[0], iou_threshold=iou_threshold,
-                       max_detections=max_detections)
+                       max_detections=max_detections, classes=classes)
 
         def run(crops: list[Tensor]) -> list[dict[str, Tensor]]:
             return detect_batch(self.backend, *self.preprocess(crops), **options)
 
         if tile is None:
             detections = run(list(images))
-        else:
+        else:  # each crop's detections are of the wanted classes already
             detections = detect_tiled(run, images, tile=tile, input_size=self.card.image_size, overlap=tile_overlap,
                                       iou_threshold=iou_threshold, max_detections=max_detections,
                                       batch_size=batch_size or len(images))
-        if classes is not None:
-            wanted = torch.as_tensor(list(classes), dtype=torch.int64)
-            detections = [{key: value[torch.isin(d["labels"], wanted.to(d["labels"].device))]
-                           for key, value in d.items()} for d in detections]
         paths = paths if paths is not None else [None] * len(images)
         return [
             Result(d["boxes"].float().cpu(), d["scores"].float().cpu(), d["labels"].cpu(),
@@ -233,7 +246,7 @@ class Detector:
         options = dict(score_threshold=self.confidence(score_threshold)[0], iou_threshold=iou_threshold,
                        max_detections=max_detections)
         check_thresholds(*options.values(), batch_size)
-        settings = tracker if isinstance(tracker, dict) else tracker_settings(tracker)
+        settings = tracker_settings(tracker)  # a dict is checked as a file's settings are
         if isinstance(source, (list, tuple)):
             batches = ([Frame(to_image(item, start + i), 0, start + i, 0.0,
                               str(item) if isinstance(item, (str, Path)) else None)
@@ -242,9 +255,9 @@ class Detector:
         elif is_live(source) or not is_image(Path(source)):
             batches = source_frames(source, batch_size)
         else:
-            raise ValueError(f"track: {source} is one image, and tracking follows objects across frames: give a "
-                             f"video file, a live source or a list of images in frame order (predict detects in "
-                             f"single images)")
+            raise ConfigError(f"track: {source} is one image, and tracking follows objects across frames: give a "
+                              f"video file, a live source or a list of images in frame order (predict detects in "
+                              f"single images)")
         results = (result for result, _, _ in track_frames(self, batches, settings, **options))
         return results if stream else list(results)
 

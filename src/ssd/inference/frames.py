@@ -56,7 +56,7 @@ def image_frames(paths: Iterable[Path], batch_size: int, workers: int, summary: 
         batch = []
         for path, image in chunk:
             if isinstance(image, Exception):
-                summary.skip(path, image, bar)
+                summary.skip(path, image)
                 bar.update()
             else:
                 batch.append(Frame(image, 0, index, time.perf_counter(), str(path)))
@@ -137,7 +137,7 @@ def predict_frames(detector: Detector, batches: Iterable[list[Frame]], fps: list
             if window is not None:
                 window.show("images" if fps is None else frame.source, drawn)
             if outputs is not None and fps is None:
-                save_image(drawn, outputs[Path(frame.source)])
+                save_image(drawn, outputs[Path(frame.source)], sync=False)  # per image: not synced
             elif outputs is not None:
                 if frame.stream not in videos:
                     out = outputs[frame.source] if frame.source in outputs else outputs[Path(frame.source)]

@@ -14,6 +14,7 @@ from pathlib import Path
 from torch import Tensor
 
 from ssd.data.images import read_image
+from ssd.errors import ConfigError
 from ssd.pools import map_ahead
 from ssd.schemas import PredictConfig
 
@@ -33,7 +34,7 @@ def decode_files(paths: Iterable[Path], workers: int = PredictConfig.workers, ah
     (:func:`ssd.data.images.read_image`'s ``ValueError`` / ``OSError``). ``workers`` threads decode up to ``ahead``
     files ahead of the consumer; ``workers=0`` decodes each file when it is asked for, in the calling thread."""
     if workers < 0 or ahead < 1:
-        raise ValueError(f"workers must be >= 0 and ahead >= 1, got workers={workers}, ahead={ahead}")
+        raise ConfigError(f"workers must be >= 0 and ahead >= 1, got workers={workers}, ahead={ahead}")
     paths = iter(paths)
     if workers == 0:
         yield from ((path, _decode(path)) for path in paths)

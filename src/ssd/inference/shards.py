@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import ssd.distributed as ddp
 from ssd.errors import ConfigError
+from ssd.log import LOGGER
 
 if TYPE_CHECKING:
     from ssd.inference.sources import PredictSummary
@@ -98,6 +99,32 @@ class Shard(ddp.DistInfo):
                 shutil.rmtree(folder)
         writer.set_totals(stats)
         summary.add_counts([counted for _, counted in gathered[1:]])
+
+
+    def salvage(self, writer: PredictionWriter) -> None:
+        """On rank 0 of a sharded run stopped before :meth:`merge` (Ctrl-C, a rank killed and the collective
+        failing): append the whole lines of every part JSONL that exists, in rank order, so that the ``--format``
+        file the writer then assembles holds every result written, and say plainly what is missing (a part with
+        none, crops left in a part folder). The other ranks and a single process do nothing."""
+        if not (self.enabled and self.is_main):
+            return
+        writer.close()
+        said = []
+        with open(writer.jsonl_file, "a", encoding="utf-8") as out:
+            for rank in range(1, self.world_size):
+                folder = _part_dir(writer.save_dir, rank)
+                try:
+                    part = open(folder / writer.jsonl_file.name, encoding="utf-8")  # noqa: SIM115 (closed below)
+                except FileNotFoundError:
+                    said.append(f"rank {rank} wrote no results (its share is missing)")
+                    continue
+                with part:
+                    whole = sum(1 for line in part if line.endswith("\n") and out.write(line))  # a torn one is none
+                said.append(f"rank {rank}'s {whole} results appended")
+                if (folder / "crops").is_dir():
+                    said.append(f"rank {rank}'s crops left in {folder / 'crops'} (never placed)")
+        LOGGER.warning(f"the sharded run stopped before its ranks merged: {'; '.join(said)}; the results of a rank "
+                       "that was still predicting end where it stopped")
 
 
 def _part_dir(save_dir: Path, rank: int) -> Path:

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from tqdm import tqdm
-
 from ssd.data.images import IMAGE_SUFFIXES, is_image
-from ssd.errors import ConfigError
+from ssd.errors import ConfigError, MissingInputError
 from ssd.files import check_output, check_outputs, make_run_dir
 from ssd.inference.detector import Detector
 from ssd.inference.display import open_window
@@ -34,13 +33,15 @@ from ssd.inference.shards import Shard
 from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
 from ssd.inference.tracking import tracker_settings
 from ssd.inference.videos import LIVE_VIDEO_SUFFIX
-from ssd.inference.writers import PredictionWriter, exclude_save_dirs
+from ssd.inference.writers import PredictionWriter, check_ls_root, exclude_save_dirs
+from ssd.inference.yolo_labels import frame_source
 from ssd.log import LOGGER
 from ssd.schemas import PredictConfig
 from ssd.settings import PREDICT, TILE_OVERLAP, check_thresholds, check_tile
 
 __all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".webm", ".wmv", ".mpg", ".mpeg")
 
 
@@ -92,11 +93,12 @@ class PredictSummary:
             for name in self.SHARDED:
                 setattr(self, name, getattr(self, name) + counts[name])
 
-    def skip(self, path: Path, error: Exception, bar: tqdm | None = None) -> None:
-        """Record an unreadable input and say so now (image errors name the file themselves: their reason only)."""
+    def skip(self, path: Path, error: Exception) -> None:
+        """Record an unreadable input and say so now on the ``ssd`` logger (shown by the command, silent in library
+        use and off rank 0); image errors name the file themselves: their reason only."""
         reason = getattr(error, "reason", str(error))
         self.skipped.append((str(path), reason))
-        (bar.write if bar is not None else print)(f"skipped {path}: {reason}")
+        LOGGER.warning(f"skipped {path}: {reason}")
 
 
 def is_video(path: Path) -> bool:
@@ -107,52 +109,77 @@ def resolve_source(source: str | Path) -> list[Path]:
     """Files of a source: the file itself, a folder's images and videos with its subfolders' (sorted), or a glob's
     files (sorted). A link that leads nowhere (dangling, or a loop) is kept, so that reading it skips it by name."""
     path = Path(source)
+    kinds = (f"images: {', '.join(s[1:] for s in IMAGE_SUFFIXES)}; videos: {', '.join(s[1:] for s in VIDEO_SUFFIXES)}")
     if path.is_dir():
         files = sorted(f for f in path.rglob("*") if (is_image(f) or is_video(f)) and not f.is_dir())
     elif path.is_file():
+        if not (is_image(path) or is_video(path)):  # its outputs are named after its kind (/dev/stdin has none)
+            raise ConfigError(f"source {source}: {path.suffix or 'no suffix'} is not an image or video suffix "
+                              f"({kinds})")
         return [path]
+    elif path.exists():
+        raise ConfigError(f"source {source} is not a regular file (a FIFO, a device or a socket: ssd predict reads "
+                          "files, it does not wait on a stream of bytes); give an image, a folder, a glob or a video")
     elif glob.has_magic(str(source)):
         files = sorted(f for f in expand_glob(str(source)) if f.is_file())  # links to folders followed once
     else:
-        raise FileNotFoundError(f"source {source} does not exist (give an image, a folder, a glob or a video file)")
+        raise MissingInputError(f"source {source} does not exist (give an image, a folder, a glob or a video file)")
     if not files:
-        raise FileNotFoundError(f"no images or videos in {source} (images: "
-                                f"{', '.join(s[1:] for s in IMAGE_SUFFIXES)}; videos: "
-                                f"{', '.join(s[1:] for s in VIDEO_SUFFIXES)})")
+        raise MissingInputError(f"no images or videos in {source} ({kinds})")
     return files
 
 
 def output_paths(files: list[Path | str], save_dir: Path) -> dict[Path | str, Path]:
     """Where the drawn copy of each input goes: ``save_dir`` / its path relative to the inputs' common folder
     (videos as ``.mp4``), a live source (a string, :func:`~ssd.inference.streams.is_live`) as
-    ``save_dir / <stream_name>.avi`` (:mod:`ssd.inference.videos`: readable after a kill); a name taken twice
-    gets ``_2``, ``_3``, ... before its suffix."""
+    ``save_dir / <stream_name>.avi`` (:mod:`ssd.inference.videos`: readable after a kill). Every per-image output
+    (drawn copy, ``--save-txt`` image and label, crops) is named after this name, so it is one per input by its
+    stem: control characters become ``_``, and a name whose
+    folder and stem are taken (``x.png`` after ``x.jpg``, ``clip.avi`` and ``clip.mkv``), or that a video's frames
+    take (``clip_000000.jpg`` beside ``clip.avi``: :func:`~ssd.inference.yolo_labels.frame_name`), gets ``_2``,
+    ``_3``, ... before its suffix."""
     local = [Path(f) for f in files if not (isinstance(f, str) and is_live(f))]
     root = os.path.commonpath([os.path.abspath(f.parent) for f in local]) if local else ""
     taken: set[Path] = set()
+    framed: set[Path] = set()  # the stems of videos and streams, whose frames are <stem>_<frame>
     plan = {}
-    for file in files:
+    for file in sorted(files, key=lambda f: not _has_frames(f)):  # frame names reserved before any image's
         if isinstance(file, str) and is_live(file):
-            first = save_dir / stream_name(file, LIVE_VIDEO_SUFFIX)
-        else:
-            relative = Path(os.path.relpath(os.path.abspath(file), root))
-            first = save_dir / (relative.with_suffix(".mp4") if is_video(Path(file)) else relative)
-        out = first
+            relative = Path(stream_name(file, LIVE_VIDEO_SUFFIX))
+        else:  # a name with a newline or a tab is no name a dataset reader takes
+            relative = Path(_CONTROL.sub("_", os.path.relpath(os.path.abspath(file), root)))
+        first = out = save_dir / (relative.with_suffix(".mp4") if is_video(Path(file)) else relative)
         index = 1
-        while out in taken:  # e.g. clip.avi and clip.mkv, both drawn as clip.mp4
+        while _clash(out, taken, framed):
             index += 1
             out = first.with_name(f"{first.stem}_{index}{first.suffix}")
-        taken.add(out)
+        taken.add(out.with_suffix(""))
+        if _has_frames(file):
+            framed.add(out.with_suffix(""))
         plan[file] = out
-    return plan
+    return {file: plan[file] for file in files}
+
+
+def _has_frames(file: Path | str) -> bool:
+    return (isinstance(file, str) and is_live(file)) or is_video(Path(file))
+
+
+def _clash(out: Path, taken: set[Path], framed: set[Path]) -> bool:
+    """``out``'s stem is taken in its folder, or is the name of a frame of a video there."""
+    video = frame_source(out.stem)
+    return out.with_suffix("") in taken or (video is not None and out.parent / video in framed)
 
 
 def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: Detector, outputs: dict,
-             shard: Shard) -> tuple[dict[Path | str, Path], PredictionWriter]:
+             shard: Shard, drawn: bool) -> tuple[dict[Path | str, Path], PredictionWriter]:
     """The output of every input and the run's writer in the save directory (a fresh ``name``, ``name2``, ...
     unless ``exist_ok``, made by rank 0 of a sharded run); refuses, before creating anything, a plan in which an
-    output is one of the inputs (the same file: hard links and symlinks included) or ``save_dir`` is a file."""
+    output is one of the inputs (the same file: hard links and symlinks included) or ``save_dir`` is a file, and a
+    ``save_dir`` that this run would write through a link in or mix with an earlier run's files in
+    (:meth:`~ssd.inference.writers.PredictionWriter.check_folder`). ``drawn``: the drawn copies are written."""
     check_output(save_dir, kind="dir", what="--save-dir")
+    if outputs["fmt"] == "labelstudio" and outputs["ls_root"] is not None:  # before a save folder is made
+        check_ls_root(str(outputs["ls_root"]), save_dir, files)
     if not exist_ok:
         save_dir = shard.run_dir(lambda: make_run_dir(save_dir.parent, save_dir.name))
     plan = output_paths(files, save_dir)
@@ -161,6 +188,8 @@ def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: 
                               model_version=detector.card.model_name or "ssd", part_dir=shard.part_dir(save_dir),
                               **outputs)
     check_outputs([*plan.values(), *writer.fixed_outputs()], inputs=files, what="--save-dir output")
+    if shard.is_main:  # the other ranks come once rank 0 may have begun to write
+        writer.check_folder(plan.values() if drawn else ())
     save_dir.mkdir(parents=True, exist_ok=True)
     return plan, writer
 
@@ -176,6 +205,7 @@ def predict_source(
     batch_size: int = PredictConfig.batch_size,
     save_images: bool = True,
     fmt: str = PredictConfig.fmt,
+    ls_root: str | None = None,
     progress: bool = True,
     exist_ok: bool = False,
     tile: int | str | tuple[int, int] | None = None,
@@ -204,7 +234,8 @@ def predict_source(
     end, also after Ctrl-C: ``"json"`` ``predictions.json`` (``{"class_names", "images": [record, ...]}``), ``"coco"``
     ``predictions_coco.json`` (``image_id`` = the running index of the image or frame, ``category_id`` = the dataset's
     category id of the label when the checkpoint stores them (:attr:`Detector.category_ids`), else the label ``0..K-1``,
-    ``bbox`` xywh pixels, ``score``), ``"csv"`` or ``"labelstudio"`` (see :mod:`ssd.inference.result_files`).
+    ``bbox`` xywh pixels, ``score``), ``"csv"`` or ``"labelstudio"`` (see :mod:`ssd.inference.result_files`; ``ls_root``
+    the folder Label Studio serves, see :class:`~ssd.inference.writers.PredictionWriter`).
     ``save_txt`` / ``save_conf``: YOLO label files that ``ssd train`` reads (:mod:`ssd.inference.yolo_labels`);
     ``save_crop``: a crop per detection in a folder per class (:mod:`ssd.inference.crop_files`). ``classes``: keep only
     these classes (names or labels, see :meth:`Detector.class_indices`). An unreadable image or video is reported by
@@ -243,7 +274,7 @@ def predict_source(
     for folder in save_dirs:
         LOGGER.info(f"not read: {folder}, a save folder of ssd predict (its files are outputs, never inputs)")
     if not files:
-        raise FileNotFoundError(f"no inputs in {source} outside save folders of ssd predict")
+        raise MissingInputError(f"no inputs in {source} outside save folders of ssd predict")
     score_threshold = detector.confidence(score_threshold)[0]
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections,
@@ -263,21 +294,26 @@ def predict_source(
         streams = StreamGroup(live, reconnect=reconnect, fail_fast=fail_fast) if live is not None else nullcontext()
         with streams as group:
             plan, writer = _prepare(group.names if group is not None else files, Path(save_dir), exist_ok, detector,
-                                    dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop), shard)
+                                    dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop,
+                                         ls_root=ls_root), shard, save_images)
             summary = PredictSummary(writer.save_dir, writer.results_file)
             run = dict(outputs=plan if save_images else None, options=options, results=writer, summary=summary,
                        window=window)
             if track and len(images) > 1:
                 LOGGER.info(f"--track: the {len(images)} images are tracked as one sequence of frames, in name order")
             with writer:  # also on Ctrl-C: the results so far are in the JSONL and the fmt file
-                if group is not None:
-                    predict_live(detector, group, settings, progress, run)
-                predict_images(detector, [f for f in mine if not is_video(f)], batch_size, workers, settings,
-                               progress, run)
-                for video in (f for f in mine if is_video(f)):
-                    predict_video(detector, video, batch_size, settings, progress, run)
-                writer.close()
-                shard.merge(writer, summary)
+                try:
+                    if group is not None:
+                        predict_live(detector, group, settings, progress, run)
+                    predict_images(detector, [f for f in mine if not is_video(f)], batch_size, workers, settings,
+                                   progress, run)
+                    for video in (f for f in mine if is_video(f)):
+                        predict_video(detector, video, batch_size, settings, progress, run)
+                    writer.close()
+                    shard.merge(writer, summary)
+                except BaseException:
+                    shard.salvage(writer)  # under torchrun, rank 0 keeps the other ranks' parts that exist
+                    raise
     finally:
         if window is not None:
             window.close()

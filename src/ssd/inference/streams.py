@@ -67,7 +67,7 @@ class Frame:
 def is_live(source: str | Path) -> bool:
     """A camera index, a URL of :data:`LIVE_SCHEMES`, or a ``.streams`` file."""
     text = str(source)
-    return text.isdigit() or text.lower().startswith(LIVE_SCHEMES) or text.lower().endswith(STREAMS_SUFFIX)
+    return text.isdecimal() or text.lower().startswith(LIVE_SCHEMES) or text.lower().endswith(STREAMS_SUFFIX)
 
 
 def live_sources(source: str | Path) -> list[str]:

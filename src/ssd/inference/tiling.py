@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 from torchvision.ops import batched_nms, box_area
 
+from ssd.errors import ConfigError
 from ssd.limits import MAX_TILES_PER_IMAGE
 from ssd.postprocess import first_per_image
 from ssd.schemas import PredictConfig
@@ -91,9 +92,9 @@ def tile_windows(image_hw: Sequence[int], tile_hw: Sequence[int], overlap: float
     (height, width), (tile_h, tile_w) = image_hw, tile_hw
     rows, columns = _count(height, tile_h, overlap), _count(width, tile_w, overlap)
     if rows * columns > MAX_TILES_PER_IMAGE:  # checked before anything of that size is allocated
-        raise ValueError(f"--tile {tile_h}x{tile_w} with --tile-overlap {overlap} cuts a {height}x{width} image into "
-                         f"{rows * columns:,} tiles, more than {MAX_TILES_PER_IMAGE} "
-                         "(ssd.limits.MAX_TILES_PER_IMAGE): use larger tiles or less overlap")
+        raise ConfigError(f"--tile {tile_h}x{tile_w} with --tile-overlap {overlap} cuts a {height}x{width} image into "
+                          f"{rows * columns:,} tiles, more than {MAX_TILES_PER_IMAGE} "
+                          "(ssd.limits.MAX_TILES_PER_IMAGE): use larger tiles or less overlap")
     ys, xs = torch.meshgrid(_starts(height, tile_h, rows), _starts(width, tile_w, columns), indexing="ij")
     x0, y0 = xs.reshape(-1), ys.reshape(-1)
     return torch.stack([x0, y0, (x0 + tile_w).clamp(max=width), (y0 + tile_h).clamp(max=height)], dim=1)

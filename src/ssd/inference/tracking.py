@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ssd.errors import ConfigError
-from ssd.limits import is_real, value_text
+from ssd.limits import MAX_TRACK_FRAMES, MAX_TRACKER_FILE_BYTES, is_real, value_text
 from ssd.names import did_you_mean
 from ssd.optional import require
 
@@ -56,35 +56,46 @@ TRACKER_SETTINGS = {  # ByteTrack's argument (and low_conf_det_threshold, the de
     "high_conf_det_threshold": (float, *_UNIT),
     "low_conf_det_threshold": (float, *_UNIT),
     "minimum_iou_threshold": (float, *_UNIT),
-    "minimum_consecutive_frames": (int, "at least 1", lambda v: v >= 1),
-    "lost_track_buffer": (int, "at least 0", lambda v: v >= 0),
-    "frame_rate": (float, "above 0", lambda v: v > 0),
+    "minimum_consecutive_frames": (int, f"in 1..{MAX_TRACK_FRAMES}", lambda v: 1 <= v <= MAX_TRACK_FRAMES),
+    "lost_track_buffer": (int, f"in 0..{MAX_TRACK_FRAMES}", lambda v: 0 <= v <= MAX_TRACK_FRAMES),
+    "frame_rate": (float, "in [1, 1000] frames per second", lambda v: 1 <= v <= 1000),  # 5e-324: no track at all
 }
 
 
-def tracker_settings(path: str | Path | None) -> dict:
-    """:class:`Tracker`'s settings from the YAML file at ``path`` (``None``: the defaults of ``trackers``). Raises
-    :class:`~ssd.errors.ConfigError` naming the file, the key, the value and the rule: an unknown key (with the
+def tracker_settings(tracker: str | Path | dict | None) -> dict:
+    """:class:`Tracker`'s settings from the YAML file ``tracker``, or checked from a dict of the same keys (``None``:
+    the defaults of ``trackers``). Raises :class:`~ssd.errors.ConfigError` naming the file, the key, the value and the
+    rule: a file over :data:`~ssd.limits.MAX_TRACKER_FILE_BYTES` (before it is read), an unknown key (with the
     closest ones), a value of the wrong type or out of range, a ``tracker_type`` other than ``bytetrack``."""
     require("trackers", "track", "tracking")  # before any work, not at the first frame
-    if path is None:
-        return {}
+    if tracker is None or isinstance(tracker, dict):
+        return _checked(tracker or {}, "tracker")
     from ssd.yamlfile import safe_load
 
-    path = Path(path)
+    path = Path(tracker)
     try:
-        values = safe_load(path.read_bytes())
+        with open(path, "rb") as f:
+            data = f.read(MAX_TRACKER_FILE_BYTES + 1)
     except OSError as e:
         raise ConfigError(f"--tracker {path}: cannot read it ({e.strerror or e})") from None
+    if len(data) > MAX_TRACKER_FILE_BYTES:
+        raise ConfigError(f"--tracker {path}: over {MAX_TRACKER_FILE_BYTES:,} bytes (limits.MAX_TRACKER_FILE_BYTES): "
+                          "a tracker's settings take a few lines")
+    try:
+        values = safe_load(data)
     except Exception as e:  # yaml.YAMLError and its bounded-size subclass
         raise ConfigError(f"--tracker {path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if values is None:
         return {}
     if not isinstance(values, dict):
         raise ConfigError(f"--tracker {path}: expected a mapping of settings, got {type(values).__name__}")
+    return _checked(values, f"--tracker {path}")
+
+
+def _checked(values: dict, source: str) -> dict:
     settings = {}
     for key, value in values.items():
-        where = f"--tracker {path}: {value_text(key)}"
+        where = f"{source}: {value_text(key)}"
         if key == "tracker_type":
             if value not in TRACKERS:
                 raise ConfigError(f"{where}: {value_text(value)} is not a tracker{did_you_mean(str(value), TRACKERS)}")
@@ -98,7 +109,8 @@ def tracker_settings(path: str | Path | None) -> dict:
             known = ["tracker_type", "per_class", *TRACKER_SETTINGS]
             raise ConfigError(f"{where} is not a setting{did_you_mean(str(key), known)}")
         kind, rule, check = TRACKER_SETTINGS[key]
-        if not is_real(value, finite=True) or (kind is int and value != int(value)) or not check(value):
+        if (not is_real(value, finite=True) or isinstance(value, bool) or (kind is int and value != int(value))
+                or not check(value)):
             raise ConfigError(f"{where} = {value_text(value)}: must be {'an integer' if kind is int else 'a number'} "
                               f"{rule}")
         settings[key] = kind(value)

@@ -21,13 +21,19 @@ from typing import IO
 
 from torch import Tensor
 
-from ssd.files import write_text
+from ssd.data.images import is_image
+from ssd.data.yolo import label_path
+from ssd.errors import ConfigError, OutputError
+from ssd.files import safe_name, write_text
 from ssd.inference.crop_files import CropWriter
 from ssd.inference.detector import Result
-from ssd.inference.result_files import FORMATS, check_format, write_results
-from ssd.inference.yolo_labels import YoloLabelWriter
+from ssd.inference.result_files import FORMATS, check_format, local_files_url, ls_folder, write_results
+from ssd.inference.yolo_labels import YoloLabelWriter, frame_name
+from ssd.limits import MAX_SAVED_FRAMES
+from ssd.names import printable
+from ssd.plots import save_image
 
-__all__ = ["JSONL_FILE", "SAVE_DIR_MARKER", "PredictionWriter", "exclude_save_dirs", "read_jsonl"]
+__all__ = ["JSONL_FILE", "SAVE_DIR_MARKER", "PredictionWriter", "check_ls_root", "exclude_save_dirs", "read_jsonl"]
 
 JSONL_FILE = "predictions.jsonl"
 SAVE_DIR_MARKER = ".ssd-predict"
@@ -64,6 +70,23 @@ def exclude_save_dirs(files: Iterable[Path]) -> tuple[list[Path], list[Path]]:
     return kept, sorted(found)
 
 
+def _entries(folder: Path) -> Iterator[Path]:
+    """Every file and link under ``folder`` (links to folders not followed)."""
+    for root, folders, files in os.walk(folder):
+        yield from (Path(root) / name for name in [*files, *(f for f in folders if os.path.islink(Path(root) / f))])
+
+
+def check_ls_root(ls_root: str, save_dir: Path, inputs: Iterable[Path | str]) -> None:
+    """Raise :class:`~ssd.errors.ConfigError` unless ``save_dir`` (where video frames are saved) and every image of
+    ``inputs`` are inside the folder ``ls_root`` serves (:func:`~ssd.inference.result_files.ls_folder`)."""
+    folder = ls_folder(ls_root)
+    for path in [save_dir, *(p for p in inputs if isinstance(p, Path) and is_image(p))]:
+        if not Path(os.path.abspath(path)).is_relative_to(os.path.abspath(folder)):
+            raise ConfigError(f"--ls-root {ls_root}: {path} is outside {folder}, where Label Studio cannot read it "
+                              "(give a folder, or the URL of the current directory, that holds the inputs and the "
+                              "save folder)")
+
+
 class PredictionWriter:
     """The outputs of one ``ssd predict`` run in ``save_dir``; a context manager: entering it writes the marker and
     opens the JSONL, leaving it (an error or Ctrl-C included) closes the JSONL and assembles the ``fmt`` file.
@@ -77,13 +100,19 @@ class PredictionWriter:
         save_crop: a crop per detection, see :class:`CropWriter` (``max_crops`` the cap).
         part_dir: under torchrun, on a rank other than 0, where its JSONL and crops wait for rank 0's merge
             (:class:`ssd.inference.shards.Shard`); such a writer assembles no ``fmt`` file and writes no marker.
+        ls_root: with ``fmt="labelstudio"``, the folder Label Studio's local-files storage serves
+            (``LABEL_STUDIO_LOCAL_FILES_DOCUMENT_ROOT``, default ``/``) or the URL prefix at which the current
+            directory is served (:func:`~ssd.inference.result_files.local_files_url`): ``data.image`` is each image's
+            URL there, and each video or stream frame is saved as ``frames/<name>_<frame>.jpg`` for it (every input
+            and the save folder must be inside that folder: :func:`check_ls_root`).
     """
 
     def __init__(self, save_dir: Path, names: dict[Path, Path], class_names: list[str], *, fmt: str = "json",
                  category_ids: list[int] | None = None, model_version: str = "ssd", save_txt: bool = False,
                  save_conf: bool = False, save_crop: bool = False, max_crops: int | None = None,
-                 part_dir: Path | None = None):
+                 part_dir: Path | None = None, ls_root: str | None = None):
         check_format(fmt)
+        self.ls_root = str(ls_root or "/") if fmt == "labelstudio" else None
         self.save_dir, self.names, self.class_names = save_dir, names, class_names
         self.fmt, self.category_ids, self.model_version = fmt, category_ids, model_version
         self.part_dir = part_dir
@@ -91,16 +120,55 @@ class PredictionWriter:
         self.results_file = save_dir / FORMATS[fmt]
         self.labels = YoloLabelWriter(save_dir, class_names, save_conf) if save_txt else None
         self.crops = CropWriter(save_dir, class_names, max_crops, stage=part_dir) if save_crop else None
-        self.count = 0
+        self.count = self.frames_saved = self.frames_over = 0
         self.tracked = False
         self._jsonl: IO[str] | None = None
 
     def fixed_outputs(self) -> list[Path]:
-        """The files this writer creates whatever the results (checked against the inputs before any is written)."""
+        """The files this writer creates whatever the results (checked against the inputs before any is written); an
+        image link of ``--save-txt`` that is a link already (an earlier run's, replaced, never written through) is
+        not one: it leads to the input by design."""
         fixed = [self.save_dir / SAVE_DIR_MARKER, self.jsonl_file, self.results_file]
         if self.labels is not None:
-            fixed += [self.labels.data_file, *(self.labels.image_link(name) for name in self.names.values())]
+            links = (self.labels.image_link(name) for name in self.names.values())
+            fixed += [self.labels.data_file, *(link for link in links if not link.is_symlink())]
         return fixed
+
+    def check_folder(self, drawn: Iterable[Path]) -> None:
+        """Refuse, before anything is written, a save folder (given again with ``exist_ok``) whose content this run
+        would write through or mix with: a symbolic link on the way to any output (its target, maybe outside, would
+        be written), or a file of an earlier run that this one does not replace (crops, frames, the drawn copies or
+        labels of other inputs, a rank's parts): the user's to keep or delete, never mixed with this run's. A rerun
+        over the same inputs replaces its files. ``drawn``: the drawn copies this run writes."""
+        if not self.save_dir.is_dir():
+            return
+        with os.scandir(self.save_dir) as entries:
+            if next(entries, None) is None:
+                return  # a fresh or empty folder holds neither links nor an earlier run
+        ours = {*drawn, *self.fixed_outputs()}
+        if self.labels is not None:
+            links = {self.labels.image_link(name) for name in self.names.values()}
+            ours |= links | {label_path(link) for link in links}
+        roots = [self.crops.root] if self.crops is not None else []
+        roots += [self.labels.root] if self.labels is not None else []
+        roots += [self.save_dir / "frames"] if self.ls_root is not None else []
+        if (self.save_dir / SAVE_DIR_MARKER).exists():  # an earlier run's folder: every file in it is an output
+            left = sorted(path for path in _entries(self.save_dir) if path not in ours)
+        else:  # the user's folder: only this run's own folders would mix
+            left = [root for root in roots if root.exists() or root.is_symlink()]
+        if left:
+            shown = ", ".join(printable(str(p.relative_to(self.save_dir))) for p in left[:3])
+            raise OutputError(f"{self.save_dir} holds outputs of an earlier run that this one would not replace "
+                              f"({shown}{', ...' if len(left) > 3 else ''}): they would mix; delete them, or give "
+                              "a new --name (without --exist-ok)")
+        links = links if self.labels is not None else set()
+        for path in [*ours, *roots]:
+            for part in [*([path] if path not in links else []), *path.parents]:  # its own link is replaced
+                if part == self.save_dir or self.save_dir not in part.parents:
+                    break
+                if part.is_symlink():
+                    raise OutputError(f"{part} is a symbolic link in the save folder: ssd predict never writes "
+                                      "through one (its target may be anywhere); remove it, or give a new --name")
 
     def __enter__(self) -> PredictionWriter:
         if self.part_dir is None:
@@ -121,16 +189,43 @@ class PredictionWriter:
         self._jsonl.flush()  # a kill from now on keeps this line
         self.tracked |= result.track_ids is not None
         name = self._name(result.path)
-        if self.labels is not None:
+        saved = frame is None or self._frame_room()  # a live stream runs for ever: its frame files are capped
+        if self.labels is not None and saved:
             self.labels.write(result, name, image, frame)
         if self.crops is not None:
             self.crops.write(result, name, image, self.count)
+        if self.ls_root is not None and frame is not None and saved:  # a Label Studio task needs its own image
+            save_image(image, self.frame_file(name, frame), sync=False)
         self.count += 1
 
+    def _frame_room(self) -> bool:
+        """Whether one more frame may have its files (:data:`~ssd.limits.MAX_SAVED_FRAMES`), counting it."""
+        if self.labels is None and self.ls_root is None:
+            return True
+        room = self.frames_saved < MAX_SAVED_FRAMES
+        self.frames_saved += room
+        self.frames_over += not room
+        return room
+
+    def frame_file(self, name: Path, frame: int) -> Path:
+        """The image of frame ``frame`` of the video or stream named ``name`` for Label Studio's tasks."""
+        return self.save_dir / "frames" / name.parent / frame_name(name.stem, frame)
+
+    def _ls_image(self, record: dict) -> str | None:
+        """A record's Label Studio ``data.image``: the local-files URL of its image, or of its frame's."""
+        if record["file"] is None:
+            return None
+        path = self.frame_file(self._name(record["file"]), record["frame"]) if "frame" in record else record["file"]
+        return local_files_url(path, self.ls_root) if "frame" not in record or path.is_file() else None
+
     def _name(self, path: str | None) -> Path:
-        """The input's name relative to ``save_dir``; an in-memory or live input is named after its index."""
-        name = self.names.get(Path(path)) if path is not None else None
-        return name if name is not None else Path(f"input{self.count}.jpg")
+        """The input's name relative to ``save_dir``; an in-memory input is named after its index, a source outside
+        ``names`` (a stream named otherwise) after its text, so that the name is the same when the results are
+        assembled."""
+        if path is None:
+            return Path(f"input{self.count}.jpg")
+        name = self.names.get(Path(path))
+        return name if name is not None else Path(safe_name(path, ".jpg", fallback="input"))
 
     def close(self) -> None:
         """Close the JSONL (every line is already written): what a sharded run does before its merge."""
@@ -142,7 +237,8 @@ class PredictionWriter:
         self.close()
         if self.part_dir is None:
             write_results(self.fmt, read_jsonl(self.jsonl_file), self.results_file, class_names=self.class_names,
-                          category_ids=self.category_ids, model_version=self.model_version, tracked=self.tracked)
+                          category_ids=self.category_ids, model_version=self.model_version, tracked=self.tracked,
+                          image=self._ls_image)
 
     def counts(self) -> dict[str, int]:
         """What this writer wrote: ``results`` (JSONL lines), ``tracked``, YOLO ``labels`` files and ``crops``
@@ -168,4 +264,8 @@ class PredictionWriter:
             lines += self.labels.report()
         if self.crops is not None:
             lines += self.crops.report()
+        if self.frames_over:
+            lines.append(f"frames: {self.frames_over} more video or stream frames have no label file or Label Studio "
+                         f"image: a run saves at most {MAX_SAVED_FRAMES:,} (limits.MAX_SAVED_FRAMES; their boxes are "
+                         "in predictions.jsonl)")
         return lines

@@ -11,6 +11,7 @@ a sixth value, as Ultralytics does: pseudo-labels to review, which no YOLO reade
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -23,7 +24,18 @@ from ssd.files import fitted_name, write_text
 from ssd.inference.detector import Result
 from ssd.plots import save_image
 
-__all__ = ["YoloLabelWriter", "yolo_lines"]
+__all__ = ["YoloLabelWriter", "frame_name", "frame_source", "yolo_lines"]
+
+
+def frame_name(stem: str, frame: int) -> str:
+    """The image file name of frame ``frame`` of the video (or stream) whose outputs are named ``stem``."""
+    return fitted_name(stem, f"_{frame:06d}.jpg")
+
+
+def frame_source(stem: str) -> str | None:
+    """The stem of the video whose frame :func:`frame_name` names ``stem`` (the stem of a file), or ``None``."""
+    match = re.fullmatch(r"(.*)_\d{6,}", stem)
+    return match[1] if match else None
 
 
 def yolo_lines(result: Result, save_conf: bool = False) -> str:
@@ -56,7 +68,9 @@ class YoloLabelWriter:
 
     def write(self, result: Result, name: Path, image: Tensor, frame: int | None) -> None:
         """``result``'s label file, and its image: the input linked (copied where links are refused) or, for a
-        video frame, ``image`` ``[3, H, W]`` uint8 saved."""
+        video frame, ``image`` ``[3, H, W]`` uint8 saved; :class:`~ssd.errors.InputError` for a result with a box
+        that is not one (:meth:`Result.check`)."""
+        result.check()
         link = self.image_link(name)
         if frame is None:
             link.parent.mkdir(parents=True, exist_ok=True)
@@ -66,8 +80,8 @@ class YoloLabelWriter:
             except OSError:  # a file system without symbolic links
                 shutil.copyfile(result.path, link)
         else:
-            link = save_image(image, link.with_name(fitted_name(link.stem, f"_{frame:06d}.jpg")))
-        write_text(label_path(link), yolo_lines(result, self.save_conf))
+            link = save_image(image, link.with_name(frame_name(link.stem, frame)), sync=False)
+        write_text(label_path(link), yolo_lines(result, self.save_conf), sync=False)  # per image: not synced
         self.files += 1
 
     def report(self) -> list[str]:

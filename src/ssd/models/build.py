@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ssd.errors import BackboneWeightsError, PriorConfigError
+from ssd.errors import BackboneWeightsError, ConfigError, PriorConfigError
 from ssd.limits import is_whole
 from ssd.log import LOGGER
 from ssd.models import mobilenet, tiny, vgg
@@ -93,7 +93,8 @@ def _options(name: str, options: Mapping[str, Any], backbone_weights: Any,
     unknown = sorted(set(options) - set(arch.options))
     if unknown:
         accepted = ", ".join(arch.options) or "none"
-        raise ValueError(f"unknown option(s) {', '.join(map(repr, unknown))} for model {name!r} (accepted: {accepted})")
+        raise ConfigError(f"unknown option(s) {', '.join(map(repr, unknown))} for model {name!r} "
+                          f"(accepted: {accepted})")
     options = {**arch.options, **options}
     if "reduced_tail" in options and options["reduced_tail"] is None:
         options["reduced_tail"] = backbone_weights is None
@@ -144,8 +145,8 @@ def _assemble(config: ModelConfig, class_names: list[str], backbone_weights: str
                         source, _rounded(config.mean), _rounded(config.std))
     feature_maps, channels = _probe(config.name, config.options, config.image_size)
     if tuple(feature_maps) != config.priors.feature_maps:
-        raise ValueError(f"{config.name} at {size_text(config.image_size)} px has feature maps {feature_maps}, but "
-                         f"the configuration says {list(config.priors.feature_maps)}")
+        raise ConfigError(f"{config.name} at {size_text(config.image_size)} px has feature maps {feature_maps}, but "
+                          f"the configuration says {list(config.priors.feature_maps)}")
     backbone = arch.backbone(dict(config.options), weights, source)
     num_outputs = config.num_classes + 1
     heads = nn.ModuleList([arch.head(c, 2 + 2 * len(ratios), num_outputs)
@@ -173,28 +174,28 @@ def _probe_cached(name: str, options: tuple, size: tuple[int, int]) -> tuple[tup
         try:
             features = backbone(torch.empty(1, 3, *size))
         except RuntimeError as exc:
-            raise ValueError(f"image_size={size_text(size)} is too small for {name} (native size "
-                             f"{arch.image_size}): {str(exc).splitlines()[0]}") from None
+            raise ConfigError(f"image_size={size_text(size)} is too small for {name} (native size "
+                              f"{arch.image_size}): {str(exc).splitlines()[0]}") from None
     return tuple(compact_size(tuple(f.shape[-2:])) for f in features), tuple(f.shape[1] for f in features)
 
 
 def checked_class_names(num_classes: int | None, class_names: Sequence[str] | None) -> list[str]:
     """Validated class names: ``class_names`` (non-empty distinct strings), else ``class0 .. class{K-1}``."""
     if num_classes is not None and (not is_whole(num_classes) or num_classes < 1):
-        raise ValueError(f"num_classes must be an int >= 1 (object classes, background excluded), got {num_classes!r}")
+        raise ConfigError(f"num_classes must be an int >= 1 (object classes, background excluded), got {num_classes!r}")
     if class_names is None:
         if num_classes is None:
-            raise ValueError("give num_classes (K, background excluded) or class_names")
+            raise ConfigError("give num_classes (K, background excluded) or class_names")
         return [f"class{k}" for k in range(num_classes)]
     if isinstance(class_names, str) or not isinstance(class_names, Sequence):
-        raise ValueError(f"class_names must be a list of strings, got {type(class_names).__name__}")
+        raise ConfigError(f"class_names must be a list of strings, got {type(class_names).__name__}")
     names = list(class_names)
     if not names:
-        raise ValueError("class_names is empty: a detector needs at least one object class")
+        raise ConfigError("class_names is empty: a detector needs at least one object class")
     if (problem := class_names_problem(names)) is not None:
-        raise ValueError(problem)
+        raise ConfigError(problem)
     if num_classes is not None and num_classes != len(names):
-        raise ValueError(f"num_classes={num_classes} but {len(names)} class_names were given {_names(names)}")
+        raise ConfigError(f"num_classes={num_classes} but {len(names)} class_names were given {_names(names)}")
     return names
 
 
@@ -205,6 +206,6 @@ def _names(names: list[str], limit: int = 30) -> str:
 
 def _architecture(name: str) -> Architecture:
     if name not in MODEL_CONFIGS:
-        raise ValueError(f"unknown model {name!r}{did_you_mean(name, MODEL_CONFIGS)} (known models: "
-                         f"{', '.join(MODEL_CONFIGS)})")
+        raise ConfigError(f"unknown model {name!r}{did_you_mean(name, MODEL_CONFIGS)} (known models: "
+                          f"{', '.join(MODEL_CONFIGS)})")
     return MODEL_CONFIGS[name]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ssd.errors import WeightsImportError
+from ssd.errors import ConfigError, WeightsImportError
 from ssd.log import LOGGER
 from ssd.models.build import MODEL_CONFIGS, build_from_config
 from ssd.models.finetune import remap_class_rows
@@ -98,15 +98,15 @@ def resolve_class_names(spec: Sequence[str] | str | os.PathLike | None) -> list[
     if isinstance(spec, (str, os.PathLike)):
         path = Path(spec)
         if not path.is_file():
-            raise ValueError(f"class names {str(spec)!r}: not 'voc', 'coco' or an existing text file (one class "
-                             "name per line)")
+            raise ConfigError(f"class names {str(spec)!r}: not 'voc', 'coco' or an existing text file (one class "
+                              "name per line)")
         return [line.strip() for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
     return list(spec)
 
 
 def _recognise(obj: Any, source: str, format: str) -> Identified:
     if format not in FORMAT_CHOICES:
-        raise ValueError(f"format={format!r} is not one of {', '.join(FORMAT_CHOICES)}")
+        raise ConfigError(f"format={format!r} is not one of {', '.join(FORMAT_CHOICES)}")
     found = identify(obj)
     if found.kind == "ours":
         raise WeightsImportError(f"{source} is already a checkpoint of this library: {found.use}")

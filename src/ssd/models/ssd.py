@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from ssd.card import ModelCard, check_category_ids, check_operating_point
 from ssd.detect import detect_batch, model_input
-from ssd.errors import CheckpointError
+from ssd.errors import CheckpointError, ConfigError
 from ssd.models.config import ModelConfig
 from ssd.preprocess import preprocess
 from ssd.settings import PREDICT
@@ -59,7 +59,7 @@ class SSD(nn.Module):
                  class_names: Sequence[str]):
         super().__init__()
         if len(class_names) != config.num_classes:
-            raise ValueError(f"{len(class_names)} class names given for num_classes={config.num_classes}")
+            raise ConfigError(f"{len(class_names)} class names given for num_classes={config.num_classes}")
         self.backbone = backbone
         self.heads = heads
         self.register_buffer("priors", priors)

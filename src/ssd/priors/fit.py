@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ssd.errors import DataError, InputError
 from ssd.matching import MATCH_IOU
 from ssd.priors.config import PriorConfig
 from ssd.priors.coverage import coverage
@@ -163,9 +164,9 @@ def _usable(boxes: Tensor) -> Tensor:
     """The boxes ``[N, 4]`` clipped to the image, without non-finite ones and ones with no area inside it."""
     boxes = torch.as_tensor(boxes, dtype=torch.float64)
     if boxes.ndim != 2 or boxes.shape[-1] != 4:
-        raise ValueError(f"boxes must be [N, 4] xyxy normalized to the image, got shape {list(boxes.shape)}")
+        raise InputError(f"boxes must be [N, 4] xyxy normalized to the image, got shape {list(boxes.shape)}")
     boxes = boxes[torch.isfinite(boxes).all(dim=1)].clamp(0, 1)
     boxes = boxes[(boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])]
     if not len(boxes):
-        raise ValueError("no boxes to fit default boxes to (every box is empty, not finite or outside the image)")
+        raise DataError("no boxes to fit default boxes to (every box is empty, not finite or outside the image)")
     return boxes

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from ssd.errors import PriorConfigError
+from ssd.errors import MissingInputError, PriorConfigError
 from ssd.files import write_text
 from ssd.priors.config import PriorConfig
 from ssd.priors.fit import FitResult
@@ -60,7 +60,7 @@ def load_priors(path: str | Path) -> tuple[PriorConfig, str | None, int | tuple[
     A file that is not one raises ``FileNotFoundError`` or :class:`ssd.errors.PriorConfigError` naming it."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"priors file {path} does not exist (write one with `ssd check DATA --model NAME "
+        raise MissingInputError(f"priors file {path} does not exist (write one with `ssd check DATA --model NAME "
                                 "--fit-priors`, or use --priors auto)")
     try:
         values = safe_load(path.read_text())

@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from ssd.data.images import decode_image, is_image
-from ssd.errors import ImageError, RequestError
+from ssd.errors import ImageError, MissingInputError, RequestError
 from ssd.inference.detector import Detector, Result
 from ssd.limits import MAX_UPLOAD_BYTES
 from ssd.schemas import ServeConfig
@@ -119,7 +119,7 @@ def _samples(folder: str | Path | None) -> dict[str, Path]:
         return {}
     folder = Path(folder)
     if not folder.is_dir():
-        raise FileNotFoundError(f"samples folder {folder} does not exist")
+        raise MissingInputError(f"samples folder {folder} does not exist")
     return {p.name: p for p in folder.iterdir() if p.is_file() and is_image(p)}
 
 

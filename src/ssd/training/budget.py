@@ -20,6 +20,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import ssd.distributed as ddp
+from ssd.errors import ConfigError
 from ssd.limits import MAX_EPOCHS
 from ssd.training.callbacks import Callback
 
@@ -33,7 +34,7 @@ def epochs_that_fit(budget: float, elapsed: float, epoch_cost: float, reserve: f
     """How many more epochs of ``epoch_cost`` seconds fit in ``budget`` after ``elapsed`` seconds and a ``reserve``
     still to spend (the current epoch's validation); 0 when none does, at most :data:`ssd.limits.MAX_EPOCHS`."""
     if epoch_cost <= 0:
-        raise ValueError(f"epoch_cost must be > 0 seconds, got {epoch_cost}")
+        raise ConfigError(f"epoch_cost must be > 0 seconds, got {epoch_cost}")
     return max(0, min(MAX_EPOCHS, math.floor((budget - elapsed - reserve) / epoch_cost)))
 
 

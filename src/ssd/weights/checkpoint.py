@@ -32,7 +32,7 @@ from torch import nn
 from ssd._version import __version__
 from ssd.card import OPERATING_POINT_KEYS, ModelCard, network_digest
 from ssd.card import check_operating_point as _check_point
-from ssd.errors import CheckpointError
+from ssd.errors import CheckpointError, InputError
 from ssd.files import atomic_write
 from ssd.limits import value_text
 from ssd.nn import unwrap_model
@@ -84,7 +84,7 @@ def checkpoint_dict(model: nn.Module, **extra: Any) -> dict[str, Any]:
     model = unwrap_model(model)
     clash = [k for k in extra if k in _RESERVED]
     if clash:
-        raise ValueError(f"save_checkpoint: extra key(s) {clash} are reserved ({', '.join(_RESERVED)})")
+        raise InputError(f"save_checkpoint: extra key(s) {clash} are reserved ({', '.join(_RESERVED)})")
     for key, value in extra.items():
         _check_plain(value, key)
     ckpt = {

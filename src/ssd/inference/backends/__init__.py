@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from ssd.artifacts import ARTIFACTS, resolve
 from ssd.card import ModelCard
+from ssd.errors import ConfigError
 from ssd.names import did_you_mean
 
 __all__ = ["Backend", "BackendKind", "BACKENDS", "DEFAULT_BACKEND", "register_backend", "backend_kind", "folder_kind",
@@ -105,7 +106,7 @@ def register_backend(name: str, suffixes: Sequence[str], opener: Opener | str, f
     for other, kind in BACKENDS.items():
         taken = set(suffixes) & set(kind.suffixes)
         if other != name and taken:
-            raise ValueError(f"backend {name!r}: suffix {sorted(taken)[0]} is already opened by backend {other!r}")
+            raise ConfigError(f"backend {name!r}: suffix {sorted(taken)[0]} is already opened by backend {other!r}")
     BACKENDS[name] = BackendKind(suffixes, opener, folder_file)
 
 
@@ -146,8 +147,8 @@ def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.
     from ssd.weights.resolve import resolve_weights
 
     if runtime is not None and runtime not in BACKENDS:
-        raise ValueError(f"unknown runtime {runtime!r}{did_you_mean(runtime, BACKENDS)} (known: "
-                         f"{', '.join(BACKENDS)})")
+        raise ConfigError(f"unknown runtime {runtime!r}{did_you_mean(runtime, BACKENDS)} (known: "
+                          f"{', '.join(BACKENDS)})")
     torch_device = resolve_device("cpu" if device is None else device)
     name = folder_kind(weights)
     if name is not None:

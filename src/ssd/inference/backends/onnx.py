@@ -20,7 +20,7 @@ from torch import Tensor
 
 import ssd.limits as limits
 from ssd.card import ModelCard
-from ssd.errors import OnnxModelError
+from ssd.errors import ConfigError, InputError, OnnxModelError
 from ssd.optional import require
 
 __all__ = ["OnnxBackend", "graph_digest", "open_onnx"]
@@ -32,7 +32,7 @@ NMS_OUTPUTS = ["detections", "num_detections"]
 def open_onnx(path: Path, device: torch.device, half: bool) -> OnnxBackend:
     """A model written by ``ssd export`` (float32: ``half`` is refused)."""
     if half:
-        raise ValueError(f"half precision applies to PyTorch checkpoints, not to the ONNX model {path}")
+        raise ConfigError(f"half precision applies to PyTorch checkpoints, not to the ONNX model {path}")
     return OnnxBackend(path, device)
 
 
@@ -134,7 +134,7 @@ class OnnxBackend:
             names = [o.name for o in self.session.get_outputs()]
             outputs = [p[0] if name == "priors" else np.concatenate(p) for name, p in zip(names, zip(*parts))]
         else:
-            raise ValueError(f"{self.path} takes batches of exactly {self.fixed_batch} images, got {len(array)}")
+            raise InputError(f"{self.path} takes batches of exactly {self.fixed_batch} images, got {len(array)}")
         return [torch.from_numpy(v) for v in outputs]
 
     def _run(self, array: np.ndarray) -> list[np.ndarray]:
@@ -150,7 +150,7 @@ class OnnxBackend:
     def __call__(self, batch: Tensor) -> tuple[Tensor, Tensor]:
         """``batch [B, 3, S, S]`` -> ``(loc [B, P, 4], logits [B, P, K+1])`` (graphs without NMS)."""
         if self.card.nms is not None:
-            raise ValueError(f"{self.path} has NMS inside: it returns detections (use nms_detections)")
+            raise ConfigError(f"{self.path} has NMS inside: it returns detections (use nms_detections)")
         loc, logits, self._priors = self.run(batch)
         self._check_classes(logits.shape[-1])
         return loc, logits
@@ -171,7 +171,7 @@ class OnnxBackend:
         fixed = self.card.nms
         if (iou_threshold != fixed.iou_threshold or score_threshold < fixed.score_threshold
                 or max_detections > fixed.max_detections):
-            raise ValueError(
+            raise ConfigError(
                 f"{self.path} was exported with NMS at score_threshold={fixed.score_threshold}, iou_threshold="
                 f"{fixed.iou_threshold}, max_detections={fixed.max_detections}; got score_threshold={score_threshold}, "
                 f"iou_threshold={iou_threshold}, max_detections={max_detections} (the score threshold may only be "

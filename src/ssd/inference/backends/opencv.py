@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ssd.errors import OnnxModelError
+from ssd.errors import ConfigError, OnnxModelError
 from ssd.inference.backends.onnx import OnnxBackend
 
 __all__ = ["OpenCvBackend", "open_opencv"]
@@ -46,7 +46,7 @@ class _OpenCvSession:
         try:
             return [np.asarray(v) for v in self.net.forward(self.names)]
         except cv2.error as e:  # not a RuntimeError: callers that report a failed runtime would not catch it
-            raise RuntimeError(f"OpenCV DNN cannot run this graph: {str(e).strip()}") from e
+            raise OnnxModelError(f"OpenCV DNN cannot run this graph: {str(e).strip()}") from e
 
 
 class OpenCvBackend(OnnxBackend):
@@ -60,15 +60,15 @@ class OpenCvBackend(OnnxBackend):
         import onnx
 
         if torch.device(device).type != "cpu":
-            raise ValueError(f"the OpenCV DNN backend runs on the CPU, got device={str(device)!r}")
+            raise ConfigError(f"the OpenCV DNN backend runs on the CPU, got device={str(device)!r}")
         try:
             proto = onnx.load(str(self.path))
         except Exception as e:  # onnx raises DecodeError and others for files it cannot parse
             raise OnnxModelError(f"cannot load ONNX model {self.path}: {e}") from e
         if {p.key: p.value for p in proto.metadata_props}.get("nms") == json.dumps(True):
-            raise ValueError(f"OpenCV DNN cannot run the in-graph NMS of {self.path} (exported with --nms): export "
-                             "the plain graph for OpenCV (`ssd export --weights CKPT --format onnx`, without --nms); "
-                             "the library then runs the post-processing")
+            raise ConfigError(f"OpenCV DNN cannot run the in-graph NMS of {self.path} (exported with --nms): export "
+                              "the plain graph for OpenCV (`ssd export --weights CKPT --format onnx`, without --nms); "
+                              "the library then runs the post-processing")
         try:
             net = cv2.dnn.readNetFromONNX(str(self.path))
         except cv2.error as e:
@@ -79,5 +79,5 @@ class OpenCvBackend(OnnxBackend):
 def open_opencv(path: Path, device: torch.device, half: bool) -> OpenCvBackend:
     """An ``ssd export`` ONNX file on OpenCV DNN (float32: ``half`` is refused)."""
     if half:
-        raise ValueError(f"half precision applies to PyTorch checkpoints, not to OpenCV DNN ({path})")
+        raise ConfigError(f"half precision applies to PyTorch checkpoints, not to OpenCV DNN ({path})")
     return OpenCvBackend(path, device)

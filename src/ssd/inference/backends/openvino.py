@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ssd.card import strings_from_json
-from ssd.errors import OnnxModelError
+from ssd.errors import ConfigError, OnnxModelError
 from ssd.inference.backends.onnx import OnnxBackend
 from ssd.optional import require
 
@@ -91,7 +91,7 @@ class OpenVinoBackend(OnnxBackend):
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu", precision: str = "f32"):
         if precision not in OPENVINO_PRECISIONS:
-            raise ValueError(f"OpenVINO precision must be one of {', '.join(OPENVINO_PRECISIONS)}, got {precision!r}")
+            raise ConfigError(f"OpenVINO precision must be one of {', '.join(OPENVINO_PRECISIONS)}, got {precision!r}")
         path = Path(path)
         self.precision = precision
         super().__init__(path.parent if path.suffix.lower() == ".xml" else path, device)
@@ -99,7 +99,7 @@ class OpenVinoBackend(OnnxBackend):
     def _open_session(self, device: str | torch.device) -> _OpenVinoSession:
         core = openvino_core()
         if torch.device(device).type != "cpu":
-            raise ValueError(f"the OpenVINO backend runs on the CPU, got device={str(device)!r}")
+            raise ConfigError(f"the OpenVINO backend runs on the CPU, got device={str(device)!r}")
         sidecar = self.path / METADATA_FILE
         if not sidecar.is_file():
             raise OnnxModelError(f"{self.path} is not an `ssd export --format openvino` folder (no {METADATA_FILE}); "
@@ -134,7 +134,7 @@ class OpenVinoBackend(OnnxBackend):
 def open_openvino(path: Path, device: torch.device, half: bool, precision: str = "f32") -> OpenVinoBackend:
     """An ``ssd export --format openvino`` folder or its ``model.xml`` (``f32`` precision: ``half`` is refused)."""
     if half:
-        raise ValueError(f"half precision applies to PyTorch checkpoints, not to the OpenVINO model {path}")
+        raise ConfigError(f"half precision applies to PyTorch checkpoints, not to the OpenVINO model {path}")
     return OpenVinoBackend(path, device, precision)
 
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ssd.card import ModelCard, network_digest, strings_from_json
-from ssd.errors import OnnxModelError
+from ssd.errors import ConfigError, OnnxModelError
 
 __all__ = ["METADATA_FILE", "ExportedProgramBackend", "program_digest", "check_archive", "open_pt2"]
 
@@ -120,5 +120,5 @@ class ExportedProgramBackend:
 def open_pt2(path: Path, device: torch.device, half: bool) -> ExportedProgramBackend:
     """A ``.pt2`` file of ``ssd export --format pt2`` (float32: ``half`` is refused)."""
     if half:
-        raise ValueError(f"half precision applies to PyTorch checkpoints, not to the torch.export model {path}")
+        raise ConfigError(f"half precision applies to PyTorch checkpoints, not to the torch.export model {path}")
     return ExportedProgramBackend(path, device)

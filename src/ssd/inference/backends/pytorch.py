@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from ssd.detect import model_input
 from ssd.device import prepare_model
+from ssd.errors import ConfigError
 from ssd.nn import unwrap_model
 
 __all__ = ["TorchBackend", "open_torch"]
@@ -30,7 +31,7 @@ class TorchBackend:
         self.source = source
         self.device = torch.device(device) if device is not None else model.priors.device
         if half and self.device.type != "cuda":
-            raise ValueError(f"half precision needs a CUDA device, got device={str(self.device)!r}")
+            raise ConfigError(f"half precision needs a CUDA device, got device={str(self.device)!r}")
         self.card = model.card
         self.model, self.channels_last = prepare_model(model, self.device, None)
         self.model.eval()
