@@ -18,14 +18,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from ssd.errors import StreamError
 from ssd.files import safe_name
 from ssd.inference.bgr import from_bgr
 from ssd.limits import MAX_STREAMS, value_text
 from ssd.optional import require
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["LIVE_SCHEMES", "RECONNECT_ATTEMPTS", "RECONNECT_DELAY", "STREAMS_SUFFIX", "Frame", "LiveStream",
            "StreamGroup", "is_live", "live_sources", "source_frames", "stream_name", "VideoFile", "video_frames"]

@@ -17,15 +17,16 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO
-
-from torch import Tensor
+from typing import IO, TYPE_CHECKING
 
 from ssd.files import write_text
 from ssd.inference.crop_files import CropWriter
 from ssd.inference.detector import Result
 from ssd.inference.result_files import FORMATS, check_format, write_results
 from ssd.inference.yolo_labels import YoloLabelWriter
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["JSONL_FILE", "SAVE_DIR_MARKER", "PredictionWriter", "exclude_save_dirs", "read_jsonl"]
 

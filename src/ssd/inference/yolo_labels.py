@@ -13,24 +13,28 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import yaml
-from torch import Tensor
 
-from ssd.boxes import xyxy_to_cxcywh
 from ssd.data.yolo import label_path
 from ssd.files import fitted_name, write_text
 from ssd.inference.detector import Result
-from ssd.plots import save_image
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["YoloLabelWriter", "yolo_lines"]
 
 
 def yolo_lines(result: Result, save_conf: bool = False) -> str:
     """``class cx cy w h [score]`` lines of ``result`` (coordinates normalized to its image), newline-terminated."""
-    scale = result.boxes.new_tensor([result.width, result.height] * 2)
+    boxes = np.asarray(result.boxes, dtype=np.float32).reshape(-1, 4) / np.float32(
+        [result.width, result.height, result.width, result.height])
+    centres, sides = (boxes[:, :2] + boxes[:, 2:]) / np.float32(2), boxes[:, 2:] - boxes[:, :2]
     lines = []
-    for label, (cx, cy, w, h), score in zip(result.labels.tolist(), xyxy_to_cxcywh(result.boxes / scale).tolist(),
+    for label, (cx, cy, w, h), score in zip(result.labels.tolist(), np.concatenate([centres, sides], 1).tolist(),
                                             result.scores.tolist()):
         lines.append(f"{label} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}" + (f" {score:.5f}" if save_conf else ""))
     return "".join(line + "\n" for line in lines)
@@ -57,6 +61,8 @@ class YoloLabelWriter:
     def write(self, result: Result, name: Path, image: Tensor, frame: int | None) -> None:
         """``result``'s label file, and its image: the input linked (copied where links are refused) or, for a
         video frame, ``image`` ``[3, H, W]`` uint8 saved."""
+        from ssd.plots import save_image  # matplotlib: loaded when an image is written
+
         link = self.image_link(name)
         if frame is None:
             link.parent.mkdir(parents=True, exist_ok=True)
