@@ -11,6 +11,7 @@ runtime: ONNX, OpenVINO) only when called, so ``import ssd.export`` loads none o
 | ``onnx``     | ``.onnx`` (FP32, or INT8 with ``int8=True``)    | ONNX Runtime, OpenCV DNN |
 | ``openvino`` | a folder: ``model.xml`` + ``.bin`` + metadata   | OpenVINO                 |
 | ``pt2``      | ``.pt2`` (``torch.export`` program + metadata)  | PyTorch                  |
+| ``ncnn``     | a folder: ``model.ncnn.param`` + ``.bin`` + ... | NCNN (FP16 storage)      |
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_b
                                    ("--int8", int8 and not kind.int8)) if on]
     if given:
         verb = "applies" if len(given) == 1 else "apply"
-        raise ValueError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a torch.export program is the "
-                         "network alone (any batch size, post-processing in the library); drop them or use --format "
-                         "onnx")
+        what = ("a torch.export program is the network alone (any batch size" if fmt == "pt2" else
+                f"an {fmt.upper()} export is the network alone (batch 1")
+        raise ValueError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: {what}, post-processing in the "
+                         "library); drop them or use --format onnx")
     if fmt == "openvino":
         from ssd.inference.backends.openvino import require_openvino
 
@@ -63,15 +65,17 @@ def check_export_folder(folder: Path, exist_ok: bool) -> None:
     replaced)."""
     if not folder.is_dir() or not any(folder.iterdir()):
         return
+    from ssd.inference.backends.ncnn import NCNN_FILES
     from ssd.inference.backends.openvino import IR_FILES, METADATA_FILE
 
     names = {entry.name for entry in folder.iterdir()}
-    ours = names <= {*IR_FILES, METADATA_FILE} and _is_card(folder / METADATA_FILE)
-    if not ours:
+    kind = next((kind for kind, files in (("OpenVINO", IR_FILES), ("NCNN", NCNN_FILES))
+                 if names <= {*files, METADATA_FILE} and _is_card(folder / METADATA_FILE)), None)
+    if kind is None:
         raise OutputError(f"--output {folder} is an existing folder that is not an OpenVINO export of ssd (it holds "
                           f"{few(sorted(names))}): choose a new folder")
     if not exist_ok:
-        raise OutputError(f"--output {folder} already holds an OpenVINO export: pass --exist-ok to replace it, or "
+        raise OutputError(f"--output {folder} already holds an {kind} export: pass --exist-ok to replace it, or "
                           "choose a new folder")
 
 
@@ -149,7 +153,7 @@ def run_export(config: ExportConfig, sample_images: Sequence | None = None) -> P
         return write_onnx(weights, out_path, **onnx_args)
     with tempfile.TemporaryDirectory(prefix="ssd-export-") as work:
         fp32 = write_onnx(weights, Path(work) / "model.onnx", **onnx_args)
-        if fmt == "openvino":  # converted from the FP32 graph
+        if ARTIFACTS[fmt].folder:  # OpenVINO, NCNN: converted from the FP32 graph
             return resolve(ARTIFACTS[fmt].exporter)(fp32, out_path, calibration)
         from ssd.export.quantize import quantize_onnx
 
