@@ -41,7 +41,7 @@ def run_without_torch(code: str, cwd: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def exported(tiny_checkpoint, tmp_path_factory):
-    """The tiny checkpoint as ONNX with NMS inside (any batch), and three images."""
+    """The tiny checkpoint as ONNX with NMS inside (any batch), float or uint8 NHWC input, and three images."""
     from PIL import Image
 
     from ssd.export.onnx import export_onnx
@@ -54,7 +54,9 @@ def exported(tiny_checkpoint, tmp_path_factory):
         Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(images / f"im{index}.png")
     nms = export_onnx(tiny_checkpoint, folder / "nms.onnx", nms=True, dynamic_batch=True, check=False,
                       score_threshold=0.05)
-    return {"nms": nms, "images": images, "folder": folder}
+    uint8 = export_onnx(tiny_checkpoint, folder / "uint8.onnx", nms=True, dynamic_batch=True, check=False,
+                        score_threshold=0.05, uint8_input=True)
+    return {"nms": nms, "uint8": uint8, "images": images, "folder": folder}
 
 
 @pytest.mark.slow
@@ -174,3 +176,34 @@ def test_serve_an_onnx_file_on_a_machine_without_pytorch(exported):
     assert report["plain"][0] == 200 and report["plain"][1]["width"] == 160 and report["plain"][1]["detections"]
     assert report["drawn"] == [501, {"error": "draw=1 needs PyTorch, which this server's runtime lacks (ask for the "
                                               "JSON detections, without draw)"}]
+
+
+@pytest.mark.slow
+def test_a_graph_taking_uint8_pixels_detects_as_the_float_graph_on_both_paths(exported):
+    """``--uint8-input``: the numpy path only resizes (no normalization outside the graph), the PyTorch path's
+    normalized batch is turned back into the same pixels; both give the float graph's detections."""
+    import ssd
+    from ssd.inference.backends.onnx import OnnxBackend
+
+    uint8, floating = OnnxBackend(exported["uint8"]), OnnxBackend(exported["nms"])
+    assert uint8.uint8_input and not floating.uint8_input
+    images = [np.asarray(__import__("PIL.Image").Image.open(p)).transpose(2, 0, 1).copy()
+              for p in sorted(exported["images"].glob("*.png"))]
+    options = dict(score_threshold=0.3, iou_threshold=uint8.card.nms.iou_threshold, max_detections=100)
+    for a, b in zip(detect_arrays(uint8, images, **options), detect_arrays(floating, images, **options)):
+        assert a["labels"].tolist() == b["labels"].tolist() and len(a["labels"]) > 0
+        np.testing.assert_allclose(a["scores"], b["scores"], atol=1e-5)
+        np.testing.assert_allclose(a["boxes"], b["boxes"], atol=1e-3)
+    got, expected = (ssd.load(p).predict(sorted(exported["images"].glob("*.png")), score_threshold=0.3)
+                     for p in (exported["uint8"], exported["nms"]))
+    for a, b in zip(got, expected):
+        assert a.labels.tolist() == b.labels.tolist()
+        assert (a.scores - b.scores).abs().max() < 1e-5 and (a.boxes - b.boxes).abs().max() < 1e-3
+
+
+def test_uint8_input_is_refused_outside_fp32_onnx(tiny_checkpoint):
+    from ssd.export import export
+
+    with pytest.raises(ValueError, match=r"^--uint8-input applies to FP32 ONNX exports \(--format onnx, without "
+                                         r"--int8\)$"):
+        export(tiny_checkpoint, "pt2", uint8_input=True)

@@ -41,16 +41,18 @@ def check_array(image: Any, index: int) -> None:
 
 
 def preprocess_arrays(images: Sequence[np.ndarray], image_size: int | tuple[int, int], mean: Sequence[float],
-                      std: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+                      std: Sequence[float], uint8: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Resize (plain, no letterbox) and normalize, as :func:`ssd.preprocess.preprocess`.
 
     Args:
         images: ``uint8 [3, H, W]`` arrays (sizes may differ).
         image_size: the network input, ``S`` or ``(H, W)``.
         mean, std: per channel, of images scaled to ``[0, 1]``.
+        uint8: resize only, for a graph that normalizes itself (``--uint8-input``).
 
     Returns:
-        ``(batch [B, 3, H, W] float32 normalized, sizes [B, 2] int64 (h, w) of the originals)``.
+        ``(batch [B, 3, H, W] float32 normalized, or [B, H, W, 3] uint8 with uint8, sizes [B, 2] int64 (h, w) of
+        the originals)``.
     """
     if len(images) == 0:
         raise ValueError("images must be a non-empty list of uint8 [3, H, W] arrays")
@@ -60,9 +62,11 @@ def preprocess_arrays(images: Sequence[np.ndarray], image_size: int | tuple[int,
     resized = np.stack([np.asarray(Image.fromarray(image.transpose(1, 2, 0)).resize((width, height),
                                                                                   Image.Resampling.BILINEAR))
                         for image in images])  # [B, H, W, 3] uint8
+    sizes = np.array([image.shape[-2:] for image in images], dtype=np.int64)
+    if uint8:
+        return resized, sizes
     scale = np.float32(1 / 255)
     batch = (resized.astype(np.float32) * scale - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
-    sizes = np.array([image.shape[-2:] for image in images], dtype=np.int64)
     return np.ascontiguousarray(batch.transpose(0, 3, 1, 2)), sizes
 
 
@@ -82,7 +86,8 @@ def detect_arrays(network: Any, images: Sequence[np.ndarray], *, score_threshold
             f"{getattr(network, 'source', None) or 'this model'} returns head outputs, whose post-processing needs "
             "PyTorch (not installed): export it with the pipeline in the graph (`ssd export --nms`), or pip install "
             "ssd-detect (with PyTorch)")
-    batch, sizes = preprocess_arrays(images, card.image_size, card.mean, card.std)
+    batch, sizes = preprocess_arrays(images, card.image_size, card.mean, card.std,
+                                     getattr(network, "uint8_input", False))
     detections = network.nms_arrays(batch, score_threshold=score_threshold, iou_threshold=iou_threshold,
                                     max_detections=max_detections)
     for detection, (height, width) in zip(detections, sizes):

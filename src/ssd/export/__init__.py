@@ -40,8 +40,11 @@ def default_output(weights: Path, fmt: str, int8: bool = False) -> Path:
     return weights.with_suffix((".int8" if int8 else "") + suffix)
 
 
-def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_batch: bool) -> None:
+def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_batch: bool,
+                   uint8_input: bool = False) -> None:
     kind = ARTIFACTS[fmt]
+    if uint8_input and (fmt != "onnx" or int8):
+        raise ValueError("--uint8-input applies to FP32 ONNX exports (--format onnx, without --int8)")
     given = [name for name, on in (("--nms", nms and not kind.nms), ("--dynamic-batch", dynamic_batch and not kind.nms),
                                    ("--int8", int8 and not kind.int8)) if on]
     if given:
@@ -96,7 +99,8 @@ def export(weights: str | Path, fmt: str = ExportConfig.fmt, out_path: str | Pat
            nms: bool = ExportConfig.nms, dynamic_batch: bool = ExportConfig.dynamic_batch,
            score_threshold: float = ExportConfig.score_threshold, iou_threshold: float = ExportConfig.iou_threshold,
            max_detections: int = ExportConfig.max_detections, check: bool = ExportConfig.check,
-           exist_ok: bool = ExportConfig.exist_ok, sample_images: Sequence | None = None) -> Path:
+           exist_ok: bool = ExportConfig.exist_ok, sample_images: Sequence | None = None,
+           uint8_input: bool = ExportConfig.uint8_input) -> Path:
     """Export a checkpoint or run directory (its best checkpoint) to ``fmt`` and return the artifact's path:
     ``ssd export`` as a function, whose defaults are those of :class:`ssd.schemas.ExportConfig`, which checks every
     option as on the command line before :func:`run_export` does the work.
@@ -111,7 +115,7 @@ def export(weights: str | Path, fmt: str = ExportConfig.fmt, out_path: str | Pat
     config = ExportConfig(weights=weights, fmt=fmt, output=output, int8=int8, data=data, calib_images=calib_images,
                           opset=opset, nms=nms, dynamic_batch=dynamic_batch, score_threshold=score_threshold,
                           iou_threshold=iou_threshold, max_detections=max_detections, check=check,
-                          exist_ok=exist_ok)
+                          exist_ok=exist_ok, uint8_input=uint8_input)
     return run_export(config, sample_images)
 
 
@@ -141,7 +145,8 @@ def run_export(config: ExportConfig, sample_images: Sequence | None = None) -> P
                  what="--output")
     if FORMATS[fmt][1]:
         check_export_folder(out_path, config.exist_ok)
-    _check_options(fmt, out_path, int8=int8, nms=config.nms, dynamic_batch=config.dynamic_batch)
+    _check_options(fmt, out_path, int8=int8, nms=config.nms, dynamic_batch=config.dynamic_batch,
+                   uint8_input=config.uint8_input)
     if config.calib_images is not None and not int8:
         raise ValueError("--calib-images applies to INT8 exports: add --int8 --data DATA")
     calibration = calibration_paths(config.data, config.calib_images) if int8 else None

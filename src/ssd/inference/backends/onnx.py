@@ -126,10 +126,13 @@ class OnnxBackend:
         """Check the graph's input and outputs against the metadata; returns the fixed batch size (or ``None``)."""
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         shape = inputs[0].shape
-        if len(inputs) != 1 or len(shape) != 4 or shape[1] != 3:
+        self.uint8_input = getattr(inputs[0], "type", None) == "tensor(uint8)"  # [B, S, S, 3] (--uint8-input)
+        sides = shape[1:3] if self.uint8_input else shape[2:]
+        if len(inputs) != 1 or len(shape) != 4 or shape[3 if self.uint8_input else 1] != 3:
             raise OnnxModelError(f"{self.path}: the graph takes {[(i.name, i.shape) for i in inputs]}, not one "
-                                 f"image batch [B, 3, S, S]; it was not written by `ssd export`")
-        if any(isinstance(side, int) and side != want for side, want in zip(shape[2:], self.card.image_size)):
+                                 f"image batch [B, 3, S, S] (or uint8 [B, S, S, 3]); it was not written by "
+                                 "`ssd export`")
+        if any(isinstance(side, int) and side != want for side, want in zip(sides, self.card.image_size)):
             raise OnnxModelError(f"{self.path}: the metadata says image_size={list(self.card.image_size)} but the "
                                  f"graph's input is {shape}; the metadata was edited or belongs to another model")
         names = [o.name for o in outputs]
@@ -154,7 +157,12 @@ class OnnxBackend:
         return [torch.from_numpy(v) for v in self.run_arrays(batch.detach().float().cpu().numpy())]
 
     def run_arrays(self, array: np.ndarray) -> list[np.ndarray]:
-        """The graph's outputs for an input batch (split to the exported batch size if it is fixed)."""
+        """The graph's outputs for an input batch (split to the exported batch size if it is fixed): ``[B, 3, S, S]``
+        float32 normalized, or for a ``--uint8-input`` graph ``[B, S, S, 3]`` uint8 (a normalized batch is turned
+        back into the pixels it was made from)."""
+        if self.uint8_input and array.dtype != np.uint8:
+            pixels = (array * np.float32(self.card.std)[:, None, None] + np.float32(self.card.mean)[:, None, None])
+            array = np.ascontiguousarray(np.clip(np.rint(pixels * 255), 0, 255).astype(np.uint8).transpose(0, 2, 3, 1))
         if self.fixed_batch is None or self.fixed_batch == len(array):
             return self._run(array)
         if self.fixed_batch != 1:
