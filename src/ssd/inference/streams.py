@@ -18,16 +18,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ssd.errors import StreamError
 from ssd.files import safe_name
 from ssd.inference.bgr import from_bgr
 from ssd.limits import MAX_STREAMS, value_text
 from ssd.optional import require
-
-if TYPE_CHECKING:
-    from torch import Tensor
 
 __all__ = ["LIVE_SCHEMES", "RECONNECT_ATTEMPTS", "RECONNECT_DELAY", "STREAMS_SUFFIX", "Frame", "LiveStream",
            "StreamGroup", "is_live", "live_sources", "source_frames", "stream_name", "VideoFile", "video_frames"]
@@ -81,11 +78,12 @@ _QUIET_OPENS = _QuietOpens()
 
 @dataclass
 class Frame:
-    """One frame: ``image`` ``[3, H, W]`` uint8 RGB, ``stream`` (the source's index in its group), ``index`` (the
-    frame's number in its source, dropped frames counted), ``time`` (``time.perf_counter()`` when read) and
-    ``source`` (the source it came from: a file or a stream's name as given, or ``None`` for an in-memory image)."""
+    """One frame: ``image`` ``[3, H, W]`` uint8 RGB (a tensor; numpy without PyTorch), ``stream`` (the source's index
+    in its group), ``index`` (the frame's number in its source, dropped frames counted), ``time``
+    (``time.perf_counter()`` when read) and ``source`` (the source it came from: a file or a stream's name as given,
+    or ``None`` for an in-memory image)."""
 
-    image: Tensor
+    image: Any
     stream: int
     index: int
     time: float
