@@ -47,7 +47,8 @@ def preprocess_arrays(images: Sequence[np.ndarray], image_size: int | tuple[int,
     Args:
         images: ``uint8 [3, H, W]`` arrays (sizes may differ).
         image_size: the network input, ``S`` or ``(H, W)``.
-        mean, std: per channel, of images scaled to ``[0, 1]``.
+        mean: per channel, of images scaled to ``[0, 1]``.
+        std: the same.
         uint8: resize only, for a graph that normalizes itself (``--uint8-input``).
 
     Returns:
