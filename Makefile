@@ -4,7 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The optional dependencies (pyproject extras) each goal installs; append new extras here.
 DEMO_EXTRAS := tensorboard
-TEST_EXTRAS := dev,export,video,tensorboard,eval,openvino,serve,track,supervision,docs
+# The one OpenCV distribution the environment keeps, and those the extras pull in that it replaces.
+CV2 := opencv-contrib-python-headless>=4.9
+CV2_DISTRIBUTIONS := opencv-python opencv-python-headless opencv-contrib-python opencv-contrib-python-headless
+TEST_EXTRAS := dev,export,video,tensorboard,eval,openvino,serve,track,supervision,docs,ncnn
 
 .PHONY: demo test test-fast lint docs install clean
 
@@ -17,6 +20,11 @@ $(VENV)/.installed-%: $(PY) pyproject.toml
 	# torch/torchvision first, pinned to the builds this machine serves from local disk.
 	$(PY) -m pip install "torch==2.14.1" "torchvision==0.29.1"
 	$(PY) -m pip install -e ".[$*]"
+	# One cv2: [video] brings opencv-python-headless, supervision opencv-python, mediapipe opencv-contrib-python, and
+	# each writes the same cv2 folder (uninstalling one deletes the others' files): all go, one superset comes back
+	# (contrib modules, no GUI; tests/test_packaging.py checks that one is left).
+	$(PY) -m pip uninstall -y $(CV2_DISTRIBUTIONS)
+	$(PY) -m pip install "$(CV2)"
 	touch $@
 
 install: $(VENV)/.installed-$(TEST_EXTRAS)

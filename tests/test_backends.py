@@ -183,8 +183,9 @@ def test_torch_export_program_changed_after_export_is_refused(artifacts, tmp_pat
     with pytest.raises(OnnxModelError, match=r"edited\.pt2: the model card has no checksum"):
         ExportedProgramBackend(edited)
     edited.write_bytes(b"not a zip archive")
-    with pytest.raises(OnnxModelError, match=r"edited\.pt2 is refused: it is not a torch\.export archive of ssd that "
-                                             r"loads without running code \(File is not a zip file\)"):
+    with pytest.raises(OnnxModelError, match=r"edited\.pt2 is refused: it is not a zip archive \(BadZipFile\); a "
+                                             r"torch\.export archive of ssd holds only raw tensors, JSON and plain "
+                                             r"tensors, and loads without running code$"):
         open_backend(edited)
 
 

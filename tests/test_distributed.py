@@ -51,8 +51,8 @@ def test_a_large_datasets_first_index_build_fits_the_process_groups_timeout(monk
             ddp.process_group_timeout()
     monkeypatch.setenv("SSD_DIST_TIMEOUT", "60")
     seen = {}
-    monkeypatch.setattr(ddp.dist, "init_process_group", lambda *args, **kwargs: seen.update(kwargs))
-    monkeypatch.setattr(ddp.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda *args, **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     monkeypatch.setattr(ddp, "quiet_other_ranks", lambda rank: None)  # this test process stays rank 0's
     for key, value in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"}.items():
         monkeypatch.setenv(key, value)

@@ -310,7 +310,7 @@ def test_every_list_of_formats_derives_from_the_one_artifact_table():
     from ssd.inference.backends import BACKENDS
 
     assert list(BACKENDS) == [runtime for kind in ARTIFACTS.values() for runtime in kind.runtimes]
-    assert list(FORMATS) == list(EXPORT_FORMATS) == ["pt2", "onnx", "openvino"]
+    assert list(FORMATS) == list(EXPORT_FORMATS) == ["pt2", "onnx", "openvino", "ncnn"]
     assert FORMATS["openvino"] == ("_openvino", True) and BACKENDS["openvino"].folder_file == "model.xml"
     assert list(benchmark.RUNTIMES) == list(BENCHMARK_ROWS)
     assert benchmark.RUNTIMES["opencv"][0] == "onnx" and benchmark.RUNTIMES["openvino-int8"][0] == "openvino-int8"

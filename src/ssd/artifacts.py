@@ -82,6 +82,9 @@ ARTIFACTS: dict[str, ArtifactKind] = {kind.name: kind for kind in (
                  benchmark=(BenchmarkVariant("openvino", "openvino"),
                             BenchmarkVariant("openvino-bf16", "openvino-bf16"),
                             BenchmarkVariant("openvino-int8", "openvino", int8=True))),
+    ArtifactKind("ncnn", (".param",), {"ncnn": "ssd.inference.backends.ncnn:open_ncnn"},
+                 exporter="ssd.export.ncnn:export_ncnn", folder_file="model.ncnn.param",
+                 benchmark=(BenchmarkVariant("ncnn", "ncnn"),)),
     # retired: its files are refused by name, with what to export instead
     ArtifactKind("torchscript", (".torchscript",), {"torchscript": "ssd.inference.backends:refuse_torchscript"}),
 )}

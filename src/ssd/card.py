@@ -23,19 +23,20 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from ssd._version import __version__
 from ssd.limits import MAX_DETECTIONS, MAX_INPUT_SIDE, is_real, is_whole, value_text
+from ssd.log import LOGGER
 from ssd.names import class_names_problem
 from ssd.settings import PREDICT, Thresholds
 from ssd.sizes import as_hw, compact_size
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
 __all__ = ["ModelCard", "OPERATING_POINT_KEYS", "PRECISIONS", "check_operating_point", "check_category_ids",
-           "network_digest", "strings_from_json"]
+           "network_digest", "strings_from_json", "legacy_warning"]
 
 OPERATING_POINT_KEYS = ("score_threshold", "precision", "recall", "f1", "split")
 """The operating point (the optional ``operating_point`` of a card): the best-F1 confidence on a split and its
@@ -68,7 +69,7 @@ def check_category_ids(ids: Any, num_classes: int, source: str, error: type[Exce
     raises ``error`` naming ``source`` otherwise."""
     if ids is None:
         return None
-    values = ids.tolist() if isinstance(ids, Tensor) else ids
+    values = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor or numpy array
     if (not isinstance(values, Sequence) or isinstance(values, str) or len(values) != num_classes
             or not all(map(is_whole, values))):
         raise error(f"{source}: category_ids must be {num_classes} integers (one per class), got {value_text(ids)}")
@@ -78,11 +79,20 @@ def check_category_ids(ids: Any, num_classes: int, source: str, error: type[Exce
 def network_digest(code: str, tensors: Mapping[str, Tensor]) -> str:
     """SHA-256 of a PyTorch network's ``code`` and of its named ``tensors`` (name, dtype, shape, bytes), as hex: the
     network digest of a checkpoint (its state dict, no code) and of a ``torch.export`` program."""
+    import torch
+
     digest = hashlib.sha256(code.encode())
     for name, tensor in sorted(tensors.items()):
         digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)}".encode())
         digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
+
+
+def legacy_warning(source: str, action: str) -> str:
+    """What a file written before model cards does not cover (its network is checked, its fields are not)."""
+    return (f"{source} was written before model cards: its network is checked against the digest stored with it, "
+            "but its fields (class names, input size, normalization, thresholds) are covered by no checksum, and an "
+            f"edit of them, or a newer file stripped to this layout, is not detected; {action} to cover them")
 
 
 def _shown(value: Any) -> str:
@@ -302,6 +312,7 @@ class ModelCard:
                 if raw.get(key) != digest():
                     raise error(f"{source}: the network does not match the checksum stored at export ({key}, missing "
                                 "or different): the file was modified or corrupted after `ssd export`; export it again")
+            LOGGER.warning(legacy_warning(source, "export it again"))
             return card
         card.verify(network(), source, error)
         return card

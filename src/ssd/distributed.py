@@ -5,24 +5,28 @@ Without those variables every helper degrades to the single-process behaviour, s
 The process group waits :data:`TIMEOUT_ENV` seconds (default :data:`DEFAULT_TIMEOUT_S`, 3 hours as Ultralytics
 sets) for a collective: a large dataset's first run builds its index (and disk cache) on rank 0 while the other ranks
 wait in one, far longer than NCCL's default of 10 minutes allows.
+
+torch is imported by the helpers that need it: a process that never imported ``torch.distributed`` is in no
+process group (the runtime install without PyTorch predicts through :class:`DistInfo` and :func:`rank_device`).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import torch
-import torch.distributed as dist
-from torch import Tensor, nn
-
-from ssd.device import resolve_device
 from ssd.errors import ConfigError
 from ssd.log import quiet_other_ranks
+from ssd.optional import has_torch
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
 
 __all__ = ["DEFAULT_TIMEOUT_S", "TIMEOUT_ENV", "DistInfo", "rank_device", "process_group_timeout", "setup",
            "cleanup", "steps_per_epoch", "rank", "broadcast_object", "all_gather_objects", "any_true",
@@ -72,9 +76,14 @@ def process_group_timeout() -> timedelta:
     return timedelta(seconds=seconds)
 
 
-def rank_device(device_name: str, info: DistInfo) -> torch.device:
+def rank_device(device_name: str, info: DistInfo) -> torch.device | str:
     """This process's device (:func:`ssd.device.resolve_device`): under torchrun plain ``cuda`` (or ``auto`` on a
-    CUDA machine) is ``cuda:LOCAL_RANK``, each rank on its own GPU; a device with an index is taken as it is."""
+    CUDA machine) is ``cuda:LOCAL_RANK``, each rank on its own GPU; a device with an index is taken as it is.
+    Without PyTorch, the name as it is (``auto``: ``cpu``) for the exported model's runtime."""
+    if not has_torch():
+        return "cpu" if device_name == "auto" else device_name
+    from ssd.device import resolve_device
+
     return resolve_device(device_name, info.local_rank if info.enabled else None)
 
 
@@ -86,6 +95,8 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device, bool]:
     Returns ``(info, device, created)``; ``created`` says this call initialized the group (so :func:`cleanup`
     should destroy it).
     """
+    import torch.distributed as dist
+
     info = DistInfo.from_env()
     quiet_other_ranks(info.rank)
     device = rank_device(device_name, info)
@@ -98,6 +109,8 @@ def setup(device_name: str) -> tuple[DistInfo, torch.device, bool]:
 
 
 def cleanup(created: bool) -> None:
+    import torch.distributed as dist
+
     if created and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -109,18 +122,24 @@ def steps_per_epoch(num_images: int, batch_size: int, world_size: int) -> int:
 
 def is_distributed() -> bool:
     """Whether this process is one of several in a process group (False alone, or in a group of one)."""
+    if "torch.distributed" not in sys.modules:  # no group without it; do not import torch to say so
+        return False
+    import torch.distributed as dist
+
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def rank() -> int:
     """This process's rank in the process group (0 without one)."""
-    return dist.get_rank() if is_distributed() else 0
+    return sys.modules["torch.distributed"].get_rank() if is_distributed() else 0
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
     """``obj`` of rank ``src`` on every rank (picklable objects)."""
     if not is_distributed():
         return obj
+    import torch.distributed as dist
+
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
@@ -150,6 +169,8 @@ def all_gather_objects(obj: Any) -> list[Any]:
     """One entry per rank, in rank order (``[obj]`` without a process group)."""
     if not is_distributed():
         return [obj]
+    import torch.distributed as dist
+
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
@@ -160,6 +181,8 @@ def gather_objects(obj: Any, dst: int = 0) -> list[Any] | None:
     group): the other ranks never hold what they did not make."""
     if not is_distributed():
         return [obj]
+    import torch.distributed as dist
+
     out: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == dst else None
     dist.gather_object(obj, out, dst=dst)
     return out
@@ -172,6 +195,9 @@ def gather_tensors(tensors: dict[str, Tensor], dst: int = 0) -> list[dict[str, T
     ``N``), not pickled."""
     if not is_distributed():
         return [tensors]
+    import torch
+    import torch.distributed as dist
+
     world, main = dist.get_world_size(), dist.get_rank() == dst
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
     names = sorted(tensors)
@@ -195,6 +221,9 @@ def any_true(flag: bool, device: torch.device) -> bool:
     """True on every rank when ``flag`` is true on any rank (keeps ranks in step when one must skip a step)."""
     if not is_distributed():
         return flag
+    import torch
+    import torch.distributed as dist
+
     t = torch.tensor([int(flag)], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
@@ -205,9 +234,9 @@ def broadcast_buffers(model: nn.Module, src: int = 0) -> None:
     of each forward, so after an epoch each rank holds the statistics of its own last batch."""
     if is_distributed():
         for buffer in model.buffers():
-            dist.broadcast(buffer, src=src)
+            sys.modules["torch.distributed"].broadcast(buffer, src=src)
 
 
 def barrier() -> None:
     if is_distributed():
-        dist.barrier()
+        sys.modules["torch.distributed"].barrier()

@@ -48,6 +48,16 @@ MAX_ONNX_RUNTIME_BYTES = 8 * 2**30
 :class:`ssd.inference.backends.onnx.OnnxBackend`): a graph that asks for more fails with one line instead of taking the
 machine's memory."""
 
+MAX_GRAPH_BYTES = 4 * 2**30
+"""Most memory the tensors of an exported graph may take at batch 1, every intermediate result and weight summed as
+if none were freed (``.pt2`` programs, OpenVINO IR, NCNN graphs; read from the graph's shapes before it runs): a file
+re-sealed to allocate more (one ``[40000, 40000]`` float tensor is 6 GiB) is refused with one line. ``ssd_tiny``
+(128 px) takes about 14 MiB, SSDLite 120 MiB, SSD512 VGG16 720 MiB."""
+
+MAX_ARCHIVE_MEMBER_BYTES = 256 * 2**20
+"""Largest member of a ``.pt2`` archive that is read whole before loading it (its JSON and sample inputs, checked
+by :func:`ssd.inference.backends.pt2.check_archive`), by the size its zip directory states, before reading it."""
+
 MAX_CROP_CACHE_BYTES = 4 * 2**30
 """Most RAM the image cache of ``--cache-images ram`` may take (at the input size, or with ``--crop-scale`` near
 native resolution): larger caches are downscaled by one common factor, reported (:func:`ssd.data.crops.fit_in_bytes`),
@@ -139,3 +149,12 @@ def is_real(value: Any, *, any_real: bool = False, finite: bool = False) -> bool
     (a prior setting computed with NumPy)."""
     return (isinstance(value, numbers.Real if any_real else (int, float)) and not isinstance(value, bool)
             and (not finite or abs(value) <= sys.float_info.max))  # exact: no conversion to float
+
+
+def check_graph_bytes(needed: int, source: str, error: type[Exception] = ValueError) -> None:
+    """Raise ``error`` naming ``source`` when an exported graph's tensors take ``needed`` bytes, more than
+    :data:`MAX_GRAPH_BYTES` (checked before the graph is compiled or run)."""
+    if needed > MAX_GRAPH_BYTES:
+        raise error(f"{source} is refused: its graph's tensors take {needed / 2**30:.1f} GiB at batch 1, more than "
+                    f"limits.MAX_GRAPH_BYTES ({MAX_GRAPH_BYTES / 2**30:g} GiB); an SSD exported by ssd takes far "
+                    "less: export the model again")

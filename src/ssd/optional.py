@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+import importlib.util
 from types import ModuleType
 
 from ssd.errors import MissingDependencyError
 
-__all__ = ["require"]
+__all__ = ["require", "has_torch"]
 
 
 def require(module: str, extra: str, what: str) -> ModuleType:
@@ -20,3 +22,13 @@ def require(module: str, extra: str, what: str) -> ModuleType:
         missing = module if e.name in (None, module) else f"{module} ({e.name} is missing)"
         raise MissingDependencyError(f"{what} needs {missing}, from the optional '{extra}' dependencies: "
                                      f"pip install 'ssd-detect[{extra}]'") from e
+
+
+@functools.cache
+def has_torch() -> bool:
+    """Whether PyTorch can be imported (without importing it): ``False`` on the runtime install
+    (``pip install 'ssd-detect[runtime]'``), where exported files with the pipeline in their graph run on numpy."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # an import hook refusing it, or a half-initialized module
+        return False

@@ -15,22 +15,22 @@ import csv
 import functools
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 import numpy as np
-import torch
 from matplotlib import colormaps, rc_context
 from matplotlib.figure import Figure
 from matplotlib.font_manager import fontManager
 from matplotlib.ft2font import FT2Font
 from matplotlib.patches import Patch
 from PIL import Image, ImageDraw, ImageFont
-from torch import Tensor
-from torchvision.utils import draw_bounding_boxes
 
 from ssd.errors import InputError, OutputError
 from ssd.files import atomic_write
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["RESULTS_COLUMNS", "PLAIN_TEXT", "class_color", "draw_detections", "font_for", "plot_label_stats",
            "plot_pr_curves", "plot_results", "save_image"]
@@ -247,7 +247,10 @@ def draw_detections(image: Tensor, boxes: Tensor, labels: Tensor, scores: Tensor
     Returns:
         A new ``[3, H, W]`` uint8 image.
     """
-    if not isinstance(image, Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
+    import torch
+    from torchvision.utils import draw_bounding_boxes
+
+    if not isinstance(image, torch.Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
         raise InputError(f"draw_detections: image must be a uint8 tensor [3, H, W], got "
                          f"{getattr(image, 'dtype', type(image).__name__)} {tuple(getattr(image, 'shape', ()))}")
     height, width = image.shape[-2:]
@@ -290,6 +293,8 @@ def draw_detections(image: Tensor, boxes: Tensor, labels: Tensor, scores: Tensor
 def _draw_trails(image: Tensor, trails: Sequence[Sequence[tuple[float, float]]], colors: Sequence[tuple[int, int, int]],
                  line_width: int) -> Tensor:
     """``image`` with each trail (points ``(x, y)``) drawn as a line in its colour."""
+    import torch
+
     canvas = Image.fromarray(image.permute(1, 2, 0).numpy())
     pen = ImageDraw.Draw(canvas)
     for points, color in zip(trails, colors):
@@ -323,9 +328,11 @@ def _tag_anchors(font: ImageFont.FreeTypeFont, texts: Sequence[str], corners: Se
 
 
 def save_image(image: Tensor, path: str | Path, *, sync: bool = True) -> Path:
-    """Save a ``[3, H, W]`` uint8 RGB tensor (format from the suffix: .jpg, .png, ...), creating parent folders;
-    ``sync=False``: no fsync (:func:`ssd.files.atomic_write`), for a run's many per-image outputs."""
-    if not isinstance(image, Tensor) or image.dtype != torch.uint8 or image.ndim != 3 or image.shape[0] != 3:
+    """Save a ``[3, H, W]`` uint8 RGB tensor (or numpy array, without PyTorch) (format from the suffix: .jpg, .png,
+    ...), creating parent folders; ``sync=False``: no fsync (:func:`ssd.files.atomic_write`), for a run's many
+    per-image outputs."""
+    array = np.asarray(image.detach().cpu() if hasattr(image, "detach") else image)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[0] != 3:
         raise InputError(f"save_image: {path}: image must be a uint8 tensor [3, H, W], got "
                          f"{getattr(image, 'dtype', type(image).__name__)} {tuple(getattr(image, 'shape', ()))}")
     path = Path(path)
@@ -333,5 +340,5 @@ def save_image(image: Tensor, path: str | Path, *, sync: bool = True) -> Path:
     if image_format is None:
         raise OutputError(f"save_image: {path}: unknown image suffix {path.suffix!r} (use .jpg, .png, ...)")
     with atomic_write(path, sync=sync) as f:  # never a half-written image, even with the disk full
-        Image.fromarray(image.permute(1, 2, 0).cpu().numpy()).save(f, format=image_format)
+        Image.fromarray(np.ascontiguousarray(array.transpose(1, 2, 0))).save(f, format=image_format)
     return path

@@ -30,16 +30,18 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from torch import Tensor
-from torchvision.transforms.v2.functional import pil_to_tensor
 
 from ssd.data.memo import remembered
 from ssd.errors import ImageError
+from ssd.optional import has_torch
 from ssd.sizes import as_hw
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["IMAGE_SUFFIXES", "ImageWarning", "read_image", "decode_image", "read_image_size", "is_image",
            "verify_image", "pil_to_rgb", "exif_transposed"]
@@ -142,9 +144,21 @@ def _orientation(im: Image.Image, path: Path) -> int | None:
         return None
 
 
+def _to_pixels(im: Image.Image) -> Tensor:
+    """An RGB Pillow image -> ``uint8 [3, H, W]``: a tensor, or a numpy array without PyTorch (the runtime
+    install, :mod:`ssd.arrays`)."""
+    if not has_torch():
+        from ssd.arrays import pil_to_array
+
+        return pil_to_array(im)
+    from torchvision.transforms.v2.functional import pil_to_tensor
+
+    return pil_to_tensor(im)
+
+
 def pil_to_rgb(im: Image.Image) -> Tensor:
     """A Pillow image (of a mode the rules accept) to ``uint8 [3, H, W]`` RGB, EXIF orientation applied."""
-    return pil_to_tensor(_upright_rgb(im, _orientation(im, Path(getattr(im, "filename", "") or "<image>"))))
+    return _to_pixels(_upright_rgb(im, _orientation(im, Path(getattr(im, "filename", "") or "<image>"))))
 
 
 def _upright_rgb(im: Image.Image, orientation: int | None) -> Image.Image:
@@ -169,7 +183,7 @@ def read_image(path: str | Path, min_size: int | tuple[int, int] | None = None) 
     gives): 2-4x faster for phone photos fed to a 300 px network, and no detail the resize would keep is lost.
     """
     path = Path(path)
-    return _decode(_file_bytes(path), path, min_size, pil_to_tensor)
+    return _decode(_file_bytes(path), path, min_size, _to_pixels)
 
 
 def _file_bytes(path: Path) -> bytes:
@@ -184,7 +198,7 @@ def _file_bytes(path: Path) -> bytes:
 def decode_image(data: bytes, name: str | Path = "<image>", min_size: int | tuple[int, int] | None = None) -> Tensor:
     """Decode the bytes of an image file (an upload, say) as :func:`read_image` decodes a file, by the same rules;
     :class:`ImageError` messages name it ``name``."""
-    return _decode(data, Path(name), min_size, pil_to_tensor)
+    return _decode(data, Path(name), min_size, _to_pixels)
 
 
 def _decode(data: bytes, path: Path, min_size: int | tuple[int, int] | None, finish: Callable[[Image.Image], Any]):

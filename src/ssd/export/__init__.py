@@ -11,6 +11,7 @@ runtime: ONNX, OpenVINO) only when called, so ``import ssd.export`` loads none o
 | ``onnx``     | ``.onnx`` (FP32, or INT8 with ``int8=True``)    | ONNX Runtime, OpenCV DNN |
 | ``openvino`` | a folder: ``model.xml`` + ``.bin`` + metadata   | OpenVINO                 |
 | ``pt2``      | ``.pt2`` (``torch.export`` program + metadata)  | PyTorch                  |
+| ``ncnn``     | a folder: ``model.ncnn.param`` + ``.bin`` + ... | NCNN (FP16 storage)      |
 """
 
 from __future__ import annotations
@@ -39,15 +40,19 @@ def default_output(weights: Path, fmt: str, int8: bool = False) -> Path:
     return weights.with_suffix((".int8" if int8 else "") + suffix)
 
 
-def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_batch: bool) -> None:
+def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_batch: bool,
+                   uint8_input: bool = False) -> None:
     kind = ARTIFACTS[fmt]
+    if uint8_input and (fmt != "onnx" or int8):
+        raise ConfigError("--uint8-input applies to FP32 ONNX exports (--format onnx, without --int8)")
     given = [name for name, on in (("--nms", nms and not kind.nms), ("--dynamic-batch", dynamic_batch and not kind.nms),
                                    ("--int8", int8 and not kind.int8)) if on]
     if given:
         verb = "applies" if len(given) == 1 else "apply"
-        raise ConfigError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: a torch.export program is the "
-                          "network alone (any batch size, post-processing in the library); drop them or use --format "
-                          "onnx")
+        what = ("a torch.export program is the network alone (any batch size" if fmt == "pt2" else
+                f"an {fmt.upper()} export is the network alone (batch 1")
+        raise ConfigError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: {what}, post-processing in the "
+                          "library); drop them or use --format onnx")
     if fmt == "openvino":
         from ssd.inference.backends.openvino import require_openvino
 
@@ -63,15 +68,17 @@ def check_export_folder(folder: Path, exist_ok: bool) -> None:
     replaced)."""
     if not folder.is_dir() or not any(folder.iterdir()):
         return
+    from ssd.inference.backends.ncnn import NCNN_FILES
     from ssd.inference.backends.openvino import IR_FILES, METADATA_FILE
 
     names = {entry.name for entry in folder.iterdir()}
-    ours = names <= {*IR_FILES, METADATA_FILE} and _is_card(folder / METADATA_FILE)
-    if not ours:
+    kind = next((kind for kind, files in (("OpenVINO", IR_FILES), ("NCNN", NCNN_FILES))
+                 if names <= {*files, METADATA_FILE} and _is_card(folder / METADATA_FILE)), None)
+    if kind is None:
         raise OutputError(f"--output {folder} is an existing folder that is not an OpenVINO export of ssd (it holds "
                           f"{few(sorted(names))}): choose a new folder")
     if not exist_ok:
-        raise OutputError(f"--output {folder} already holds an OpenVINO export: pass --exist-ok to replace it, or "
+        raise OutputError(f"--output {folder} already holds an {kind} export: pass --exist-ok to replace it, or "
                           "choose a new folder")
 
 
@@ -92,7 +99,8 @@ def export(weights: str | Path, fmt: str = ExportConfig.fmt, out_path: str | Pat
            nms: bool = ExportConfig.nms, dynamic_batch: bool = ExportConfig.dynamic_batch,
            score_threshold: float = ExportConfig.score_threshold, iou_threshold: float = ExportConfig.iou_threshold,
            max_detections: int = ExportConfig.max_detections, check: bool = ExportConfig.check,
-           exist_ok: bool = ExportConfig.exist_ok, sample_images: Sequence | None = None) -> Path:
+           exist_ok: bool = ExportConfig.exist_ok, sample_images: Sequence | None = None,
+           uint8_input: bool = ExportConfig.uint8_input) -> Path:
     """Export a checkpoint or run directory (its best checkpoint) to ``fmt`` and return the artifact's path:
     ``ssd export`` as a function, whose defaults are those of :class:`ssd.schemas.ExportConfig`, which checks every
     option as on the command line before :func:`run_export` does the work.
@@ -107,7 +115,7 @@ def export(weights: str | Path, fmt: str = ExportConfig.fmt, out_path: str | Pat
     config = ExportConfig(weights=weights, fmt=fmt, output=output, int8=int8, data=data, calib_images=calib_images,
                           opset=opset, nms=nms, dynamic_batch=dynamic_batch, score_threshold=score_threshold,
                           iou_threshold=iou_threshold, max_detections=max_detections, check=check,
-                          exist_ok=exist_ok)
+                          exist_ok=exist_ok, uint8_input=uint8_input)
     return run_export(config, sample_images)
 
 
@@ -137,7 +145,8 @@ def run_export(config: ExportConfig, sample_images: Sequence | None = None) -> P
                  what="--output")
     if FORMATS[fmt][1]:
         check_export_folder(out_path, config.exist_ok)
-    _check_options(fmt, out_path, int8=int8, nms=config.nms, dynamic_batch=config.dynamic_batch)
+    _check_options(fmt, out_path, int8=int8, nms=config.nms, dynamic_batch=config.dynamic_batch,
+                   uint8_input=config.uint8_input)
     if config.calib_images is not None and not int8:
         raise ConfigError("--calib-images applies to INT8 exports: add --int8 --data DATA")
     calibration = calibration_paths(config.data, config.calib_images) if int8 else None
@@ -149,7 +158,7 @@ def run_export(config: ExportConfig, sample_images: Sequence | None = None) -> P
         return write_onnx(weights, out_path, **onnx_args)
     with tempfile.TemporaryDirectory(prefix="ssd-export-") as work:
         fp32 = write_onnx(weights, Path(work) / "model.onnx", **onnx_args)
-        if fmt == "openvino":  # converted from the FP32 graph
+        if ARTIFACTS[fmt].folder:  # OpenVINO, NCNN: converted from the FP32 graph
             return resolve(ARTIFACTS[fmt].exporter)(fp32, out_path, calibration)
         from ssd.export.quantize import quantize_onnx
 

@@ -96,13 +96,19 @@ class _ExportGraph(nn.Module):
     (its ``CANDIDATES_PER_CLASS``, strict score threshold, per-class NMS); tests check both agree."""
 
     def __init__(self, model: nn.Module, nms: bool, score_threshold: float, iou_threshold: float,
-                 max_detections: int):
+                 max_detections: int, uint8_input: bool = False):
         super().__init__()
-        self.model, self.nms = model, nms
+        self.model, self.nms, self.uint8_input = model, nms, uint8_input
+        card = model.card
+        mean, std = (torch.tensor(values).view(1, 3, 1, 1) for values in (card.mean, card.std))
+        self.register_buffer("scale", 1 / (255 * std), persistent=False)
+        self.register_buffer("shift", mean / std, persistent=False)
         self.score_threshold, self.iou_threshold, self.max_detections = score_threshold, iou_threshold, max_detections
         self.variances = model.config.variances
 
     def forward(self, images: Tensor):
+        if self.uint8_input:  # [B, S, S, 3] uint8 -> what preprocess makes: (x / 255 - mean) / std, channels first
+            images = images.permute(0, 3, 1, 2).float() * self.scale - self.shift
         loc, logits = self.model(images)
         priors = self.model.priors
         if not self.nms:
@@ -151,6 +157,7 @@ def export_onnx(
     score_threshold: float = PREDICT.score_threshold,
     iou_threshold: float = PREDICT.iou_threshold,
     max_detections: int = PREDICT.max_detections,
+    uint8_input: bool = False,
 ) -> Path:
     """Export a checkpoint path or an ``SSD`` to ONNX at ``out_path`` and return the path.
 
@@ -167,6 +174,8 @@ def export_onnx(
         score_threshold: baked into the graph with ``nms=True``, used by the check.
         iou_threshold: the same.
         max_detections: the same.
+        uint8_input: the graph takes ``images [B, S, S, 3]`` uint8 RGB at the network size (NHWC) and normalizes
+            them itself: the caller only resizes.
 
     Raises:
         ConfigError: a threshold, ``max_detections`` or the opset out of bounds (:func:`ssd.settings.check_thresholds`,
@@ -177,12 +186,12 @@ def export_onnx(
     check_onnx_options(opset)
     return write_onnx(weights_or_model, out_path, opset=opset, dynamic_batch=dynamic_batch, nms=nms, check=check,
                       sample_images=sample_images, score_threshold=score_threshold, iou_threshold=iou_threshold,
-                      max_detections=max_detections)
+                      max_detections=max_detections, uint8_input=uint8_input)
 
 
 def write_onnx(weights_or_model, out_path: str | Path, *, opset: int, dynamic_batch: bool, nms: bool, check: bool,
                sample_images: Sequence | None, score_threshold: float, iou_threshold: float,
-               max_detections: int) -> Path:
+               max_detections: int, uint8_input: bool = False) -> Path:
     """:func:`export_onnx` for a caller whose options are already checked (:func:`ssd.export.run_export`: by
     :class:`ssd.schemas.ExportConfig`)."""
     onnx = require("onnx", "export", "ONNX export")
@@ -191,8 +200,9 @@ def write_onnx(weights_or_model, out_path: str | Path, *, opset: int, dynamic_ba
     out_path = Path(out_path)
     model = as_model(weights_or_model, out_path)
     size = model.config.image_size
-    graph = _ExportGraph(model, nms, score_threshold, iou_threshold, max_detections).eval()
-    example = torch.zeros(2 if dynamic_batch else 1, 3, *as_hw(size))
+    graph = _ExportGraph(model, nms, score_threshold, iou_threshold, max_detections, uint8_input).eval()
+    example = (torch.zeros(2 if dynamic_batch else 1, *as_hw(size), 3, dtype=torch.uint8) if uint8_input
+               else torch.zeros(2 if dynamic_batch else 1, 3, *as_hw(size)))
     output_names = ["detections", "num_detections"] if nms else ["loc", "logits", "priors"]
     dynamic_shapes = {"images": {0: torch.export.Dim("batch", min=1)}} if dynamic_batch else None
     with torch.no_grad():

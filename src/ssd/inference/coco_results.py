@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
-from torch import Tensor
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 from ssd.errors import InputError
 
@@ -16,7 +18,15 @@ __all__ = ["to_coco_detections", "as_tensor"]
 
 def as_tensor(value: Any, dtype: torch.dtype) -> Tensor:
     """A tensor, array or list as a CPU tensor of ``dtype`` (detached): what per-image result dicts may hold."""
-    return torch.as_tensor(np.asarray(value) if not isinstance(value, Tensor) else value.detach().cpu(), dtype=dtype)
+    import torch
+
+    return torch.as_tensor(np.asarray(value) if not isinstance(value, torch.Tensor) else value.detach().cpu(),
+                           dtype=dtype)
+
+
+def _array(value: Any, dtype: type) -> np.ndarray:
+    """A tensor, array or list as a numpy array of ``dtype`` (no torch needed for arrays and lists)."""
+    return np.asarray(value.detach().cpu() if hasattr(value, "detach") else value, dtype=dtype)
 
 
 def to_coco_detections(detections: Sequence[Mapping[str, Any]], image_ids: Sequence[Any] | None = None,
@@ -35,10 +45,10 @@ def to_coco_detections(detections: Sequence[Mapping[str, Any]], image_ids: Seque
     results = []
     for index, item in enumerate(detections):
         image_id = image_ids[index] if image_ids is not None else item.get("image_id", index)
-        boxes = as_tensor(item["boxes"], torch.float64).reshape(-1, 4)
-        xywh = torch.cat([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], dim=1).tolist()
-        labels = as_tensor(item["labels"], torch.int64).reshape(-1).tolist()
-        scores = as_tensor(item["scores"], torch.float64).reshape(-1).tolist()
+        boxes = _array(item["boxes"], np.float64).reshape(-1, 4)
+        xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1).tolist()
+        labels = _array(item["labels"], np.int64).reshape(-1).tolist()
+        scores = _array(item["scores"], np.float64).reshape(-1).tolist()
         for box, label, score in zip(xywh, labels, scores):
             category = label if category_ids is None else category_ids[label]
             results.append({"image_id": image_id, "category_id": int(category), "bbox": box, "score": score})

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from ssd.files import fitted_name, safe_name
 from ssd.inference.detector import Result
 from ssd.limits import MAX_SAVED_CROPS
-from ssd.plots import save_image
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["CropWriter", "class_folders"]
 
@@ -57,6 +58,8 @@ class CropWriter:
     def write(self, result: Result, name: Path, image: Tensor, index: int) -> None:
         """Save the crops of ``result``'s detections from ``image`` ``[3, H, W]`` uint8 (each at least a pixel);
         :class:`~ssd.errors.InputError` for a result with a box that is not one (:meth:`Result.check`)."""
+        from ssd.plots import save_image  # matplotlib: loaded when an image is written
+
         result.check()
         height, width = image.shape[-2:]
         for k, (box, label) in enumerate(zip(result.boxes.tolist(), result.labels.tolist())):
@@ -65,7 +68,7 @@ class CropWriter:
                 continue
             x1, y1 = min(max(math.floor(box[0]), 0), width - 1), min(max(math.floor(box[1]), 0), height - 1)
             x2, y2 = max(min(math.ceil(box[2]), width), x1 + 1), max(min(math.ceil(box[3]), height), y1 + 1)
-            crop = image[:, y1:y2, x1:x2].contiguous()
+            crop = image[:, y1:y2, x1:x2]  # a view: save_image copies it
             file = (self.stage or self.root) / self.folders[label] / fitted_name(name.stem, f"_{index}_{k}.jpg")
             save_image(crop, file, sync=False)  # one of many: the run's results file is the synced one
             if self.stage is not None:

@@ -11,26 +11,27 @@ output box is pixel ``xyxy`` of the original image; labels are ``0..K-1``.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from PIL import Image
-from torch import Tensor, nn
-from torchvision.transforms.v2.functional import pil_to_tensor
 
+from ssd.arrays import detect_arrays, pil_to_array
 from ssd.card import ModelCard
-from ssd.detect import detect_batch
-from ssd.errors import ConfigError, InputError
+from ssd.errors import ConfigError, InputError, MissingDependencyError
 from ssd.inference.backends import Backend, open_backend
-from ssd.inference.tiling import detect_tiled
 from ssd.names import did_you_mean
-from ssd.optional import require
-from ssd.preprocess import preprocess
+from ssd.optional import has_torch, require
 from ssd.schemas import PredictConfig
 from ssd.settings import PREDICT, TILE_OVERLAP, check_thresholds, check_tile
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
 
 __all__ = ["Detector", "Result", "load", "to_image"]
 
@@ -38,6 +39,9 @@ __all__ = ["Detector", "Result", "load", "to_image"]
 @dataclass
 class Result:
     """Detections of one image.
+
+    Without PyTorch (the runtime install, :mod:`ssd.arrays`) the arrays are numpy arrays of the same shapes and
+    types.
 
     Attributes:
         boxes: ``[N, 4]`` float32 pixel ``xyxy`` of the original image, sorted by decreasing score.
@@ -77,46 +81,56 @@ class Result:
         ``[N, 4]`` of finite ``x1 <= x2``, ``y1 <= y2``, ``labels`` ``[N]`` at least 0 and ``width``, ``height``
         positive: what the files written from a result (labels, crops) rely on; a result made through the API may
         hold anything."""
-        boxes, where = self.boxes, self.path or "an in-memory image"
-        if boxes.dim() != 2 or boxes.shape[-1] != 4 or self.labels.shape != boxes.shape[:1] or min(
+        # numpy: a result holds tensors, or numpy arrays on the runtime without PyTorch
+        boxes, labels, where = np.asarray(self.boxes), np.asarray(self.labels), self.path or "an in-memory image"
+        if boxes.ndim != 2 or boxes.shape[-1] != 4 or labels.shape != boxes.shape[:1] or min(
                 self.width, self.height) < 1:
-            raise InputError(f"result of {where}: boxes {list(boxes.shape)}, labels {list(self.labels.shape)} in a "
+            raise InputError(f"result of {where}: boxes {list(boxes.shape)}, labels {list(labels.shape)} in a "
                              f"{self.width}x{self.height} image: expected boxes [N, 4], labels [N], a size >= 1")
-        bad = ~(boxes.isfinite().all(1) & (boxes[:, 2] >= boxes[:, 0]) & (boxes[:, 3] >= boxes[:, 1])) | (
-            self.labels < 0)
-        if bool(bad.any()):
-            k = int(bad.nonzero()[0])
+        bad = ~(np.isfinite(boxes).all(1) & (boxes[:, 2] >= boxes[:, 0]) & (boxes[:, 3] >= boxes[:, 1])) | (
+            labels < 0)
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
             raise InputError(f"result of {where}: detection {k}, box {boxes[k].tolist()} label "
-                             f"{int(self.labels[k])}: a box must be finite pixels x1 <= x2, y1 <= y2, a label >= 0")
+                             f"{int(labels[k])}: a box must be finite pixels x1 <= x2, y1 <= y2, a label >= 0")
 
     def to_supervision(self):
         """This result as ``supervision.Detections`` (the optional ``supervision`` extra): ``xyxy [N, 4]`` pixels,
         ``confidence [N]``, ``class_id [N]``, ``tracker_id [N]`` when tracking, ``data["class_name"]`` the names."""
         sv = require("supervision", "supervision", "Result.to_supervision")
-        return sv.Detections(xyxy=self.boxes.numpy(), confidence=self.scores.numpy(), class_id=self.labels.numpy(),
-                             tracker_id=None if self.track_ids is None else self.track_ids.numpy(),
+        return sv.Detections(xyxy=np.asarray(self.boxes), confidence=np.asarray(self.scores),
+                             class_id=np.asarray(self.labels),
+                             tracker_id=None if self.track_ids is None else np.asarray(self.track_ids),
                              data={"class_name": np.array(self.names, dtype=str)})
 
 
 def to_image(item, index: int = 0) -> Tensor:
     """One input -> ``[3, H, W]`` tensor: a path (decoded with :func:`ssd.data.images.read_image`), a PIL image, a
     numpy ``[H, W, 3]`` uint8 RGB array or a tensor (checked by :func:`ssd.preprocess.check_image`); a bad input
-    raises ``ValueError`` naming it by ``index``."""
+    raises ``ValueError`` naming it by ``index``. Without PyTorch: a ``uint8 [3, H, W]`` numpy array."""
     if isinstance(item, (str, Path)):
         from ssd.data.images import read_image
 
         return read_image(item)
     if isinstance(item, Image.Image):
-        return pil_to_tensor(item.convert("RGB"))
+        array = pil_to_array(item)
+        return _tensor(array) if has_torch() else array
     if isinstance(item, np.ndarray):
         if item.dtype != np.uint8 or item.ndim != 3 or item.shape[2] != 3:
             raise InputError(f"input {index}: numpy image must be HWC uint8 RGB (shape [H, W, 3]), "
                              f"got shape {list(item.shape)} dtype {item.dtype}")
-        return torch.from_numpy(np.ascontiguousarray(item)).permute(2, 0, 1)
-    if isinstance(item, Tensor):
+        array = np.ascontiguousarray(item.transpose(2, 0, 1))
+        return _tensor(array) if has_torch() else array
+    if "torch" in sys.modules and isinstance(item, sys.modules["torch"].Tensor):
         return item
     raise InputError(f"input {index}: unsupported type {type(item).__name__} (give a path, a PIL image, a numpy HWC "
                      f"uint8 array or a [3, H, W] tensor)")
+
+
+def _tensor(array: np.ndarray) -> Tensor:
+    import torch
+
+    return torch.from_numpy(array)
 
 
 class Detector:
@@ -166,6 +180,8 @@ class Detector:
 
     def preprocess(self, images: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
         """``[3, H, W]`` tensors -> ``(batch [B, 3, S, S], sizes [B, 2] (h, w))`` for this backend."""
+        from ssd.preprocess import preprocess
+
         card = self.card
         return preprocess(images, card.image_size, card.mean, card.std, device=self.backend.device)
 
@@ -182,7 +198,13 @@ class Detector:
         and merge (:func:`ssd.inference.tiling.detect_tiled`), ``batch_size`` crops at a time (default: as many as
         ``images``)."""
         options = dict(score_threshold=self.confidence(score_threshold)[0], iou_threshold=iou_threshold,
-                       max_detections=max_detections, classes=classes)
+                       max_detections=max_detections)
+        if not has_torch():
+            return self._detect_arrays(images, paths, tile, classes, options)
+        from ssd.detect import detect_batch
+        from ssd.inference.tiling import detect_tiled
+
+        options["classes"] = classes  # kept before the top-k cut (ssd.postprocess)
 
         def run(crops: list[Tensor]) -> list[dict[str, Tensor]]:
             return detect_batch(self.backend, *self.preprocess(crops), **options)
@@ -199,6 +221,22 @@ class Detector:
                    [self.class_names[i] for i in d["labels"].tolist()], image.shape[-1], image.shape[-2], path)
             for d, image, path in zip(detections, images, paths)
         ]
+
+    def _detect_arrays(self, images: Sequence[np.ndarray], paths: Sequence[str | None] | None, tile, classes,
+                       options: dict) -> list[Result]:
+        """:meth:`detect` without PyTorch (:func:`ssd.arrays.detect_arrays`): numpy in, numpy :class:`Result`."""
+        if tile is not None:
+            raise MissingDependencyError("tiled prediction (tile) needs PyTorch, not installed on this runtime: "
+                                         "pip install ssd-detect (with PyTorch)")
+        paths = paths if paths is not None else [None] * len(images)
+        results = []
+        for d, image, path in zip(detect_arrays(self.backend, images, **options), images, paths):
+            if classes is not None:
+                d = {key: value[np.isin(d["labels"], list(classes))] for key, value in d.items()}
+            results.append(Result(d["boxes"].astype(np.float32), d["scores"].astype(np.float32), d["labels"],
+                                  [self.class_names[i] for i in d["labels"].tolist()], image.shape[-1],
+                                  image.shape[-2], path))
+        return results
 
     def predict(self, source, *, score_threshold: float | None = None,
                 iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import sys
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from ssd.errors import ConfigError
 from ssd.inference.bgr import to_bgr
 from ssd.optional import require
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["Window", "open_window"]
 

@@ -18,7 +18,6 @@ from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from torch import Tensor
 from tqdm import tqdm
 
 from ssd.errors import StreamError
@@ -30,6 +29,8 @@ from ssd.inference.videos import VideoFile, VideoOut
 from ssd.log import progress as progress_bar
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from ssd.inference.detector import Detector, Result
     from ssd.inference.sources import PredictSummary
     from ssd.inference.writers import PredictionWriter

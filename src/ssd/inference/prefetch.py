@@ -10,13 +10,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from ssd.data.images import read_image
 from ssd.errors import ConfigError
 from ssd.pools import map_ahead
 from ssd.schemas import PredictConfig
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["decode_files"]
 

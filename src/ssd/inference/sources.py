@@ -36,6 +36,7 @@ from ssd.inference.videos import LIVE_VIDEO_SUFFIX
 from ssd.inference.writers import PredictionWriter, check_ls_root, exclude_save_dirs
 from ssd.inference.yolo_labels import frame_source
 from ssd.log import LOGGER
+from ssd.optional import has_torch
 from ssd.schemas import PredictConfig
 from ssd.settings import PREDICT, TILE_OVERLAP, check_thresholds, check_tile
 
@@ -277,6 +278,10 @@ def predict_source(
         raise MissingInputError(f"no inputs in {source} outside save folders of ssd predict")
     score_threshold = detector.confidence(score_threshold)[0]
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
+    if (save_images or show) and not has_torch():  # the drawing is torchvision's
+        LOGGER.warning("drawn copies (--save-images, --show) need PyTorch, which this runtime lacks: only the results "
+                       "files are written (--no-save-images silences this)")
+        save_images = show = False
     options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections,
                    tile=tile, tile_overlap=tile_overlap, classes=detector.class_indices(classes))
     images = [f for f in files if live is None and not is_video(f)]

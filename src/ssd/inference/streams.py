@@ -21,8 +21,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-from torch import Tensor
+from typing import Any
 
 from ssd.errors import StreamError
 from ssd.files import safe_name
@@ -52,12 +51,12 @@ the longest an open and a read may take, plus a reconnection delay."""
 
 @dataclass
 class Frame:
-    """One frame: ``image`` ``[3, H, W]`` uint8 RGB, ``stream`` (the source's index in its group), ``index`` (the
-    frame's number in its source, dropped frames counted), ``time`` (``time.perf_counter()`` when read) and
-    ``source`` (the source it came from: a file, a stream's name (its URL with the secrets hidden), or ``None`` for
-    an in-memory image)."""
+    """One frame: ``image`` ``[3, H, W]`` uint8 RGB (a tensor; numpy without PyTorch), ``stream`` (the source's index
+    in its group), ``index`` (the frame's number in its source, dropped frames counted), ``time``
+    (``time.perf_counter()`` when read) and ``source`` (the source it came from: a file, a stream's name (its URL
+    with the secrets hidden), or ``None`` for an in-memory image)."""
 
-    image: Tensor
+    image: Any
     stream: int
     index: int
     time: float
@@ -204,7 +203,7 @@ class LiveStream:
                 self.ended = True
                 self.condition.notify_all()
 
-    def _put(self, image: Tensor) -> None:
+    def _put(self, image: Any) -> None:
         """Offer a frame: a live one replaces the one not taken yet (dropped), a video's waits until it is taken."""
         with self.condition:
             if not self._live:

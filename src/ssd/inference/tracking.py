@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ssd.errors import ConfigError
 from ssd.limits import MAX_TRACK_FRAMES, MAX_TRACKER_FILE_BYTES, is_real, value_text
@@ -146,9 +145,9 @@ class Tracker:
         number in its source, increasing; motion is predicted over the frames between two calls (those a live
         stream dropped)."""
         count = len(result.scores)
-        labels = result.labels.numpy()
-        detections = self._sv.Detections(xyxy=result.boxes.numpy().astype(np.float32).reshape(count, 4),
-                                         confidence=result.scores.numpy(), class_id=labels,
+        labels = np.asarray(result.labels)
+        detections = self._sv.Detections(xyxy=np.asarray(result.boxes).astype(np.float32).reshape(count, 4),
+                                         confidence=np.asarray(result.scores), class_id=labels,
                                          data={"index": np.arange(count)})
         if self.per_class:
             for label in np.unique(labels).tolist():
@@ -161,10 +160,14 @@ class Tracker:
             ids[found] = [t if t < 0 or label == -1 else self._ids.setdefault((label, t), len(self._ids))
                           for t in tracked.tracker_id.tolist()]
         self._frame = frame_index
-        keep = torch.from_numpy((result.scores.numpy() > self.score_threshold) | (ids >= 0))  # strictly above, as NMS
+        keep = (np.asarray(result.scores) > self.score_threshold) | (ids >= 0)  # strictly above, as NMS
+        names = [name for name, kept in zip(result.names, keep.tolist()) if kept]
+        if not isinstance(result.scores, np.ndarray):  # tensors (numpy arrays without PyTorch) index tensors
+            import torch
+
+            keep, ids = torch.from_numpy(keep), torch.from_numpy(ids)
         result = replace(result, boxes=result.boxes[keep], scores=result.scores[keep], labels=result.labels[keep],
-                         names=[name for name, kept in zip(result.names, keep.tolist()) if kept],
-                         track_ids=torch.from_numpy(ids)[keep])
+                         names=names, track_ids=ids[keep])
         centres = ((result.boxes[:, :2] + result.boxes[:, 2:]) / 2).tolist()
         for track_id, centre in zip(result.track_ids.tolist(), centres):
             if track_id >= 0:

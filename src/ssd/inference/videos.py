@@ -16,13 +16,15 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-
-from torch import Tensor
+from typing import TYPE_CHECKING
 
 from ssd.errors import OutputError, StreamError
 from ssd.inference.bgr import from_bgr, to_bgr
 from ssd.inference.streams import Frame, StreamGroup, is_live, live_sources
 from ssd.optional import require
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["LIVE_VIDEO_SUFFIX", "VideoFile", "VideoOut", "source_frames", "video_frames"]
 

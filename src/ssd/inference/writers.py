@@ -17,9 +17,7 @@ import json
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO
-
-from torch import Tensor
+from typing import IO, TYPE_CHECKING
 
 from ssd.data.images import is_image
 from ssd.data.yolo import label_path
@@ -31,7 +29,9 @@ from ssd.inference.result_files import FORMATS, check_format, local_files_url, l
 from ssd.inference.yolo_labels import YoloLabelWriter, frame_name
 from ssd.limits import MAX_SAVED_FRAMES
 from ssd.names import printable
-from ssd.plots import save_image
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["JSONL_FILE", "SAVE_DIR_MARKER", "PredictionWriter", "check_ls_root", "exclude_save_dirs", "read_jsonl"]
 
@@ -195,6 +195,8 @@ class PredictionWriter:
         if self.crops is not None:
             self.crops.write(result, name, image, self.count)
         if self.ls_root is not None and frame is not None and saved:  # a Label Studio task needs its own image
+            from ssd.plots import save_image  # matplotlib: loaded when an image is written
+
             save_image(image, self.frame_file(name, frame), sync=False)
         self.count += 1
 

@@ -14,15 +14,17 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import yaml
-from torch import Tensor
 
-from ssd.boxes import xyxy_to_cxcywh
 from ssd.data.yolo import label_path
 from ssd.files import fitted_name, write_text
 from ssd.inference.detector import Result
-from ssd.plots import save_image
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["YoloLabelWriter", "frame_name", "frame_source", "yolo_lines"]
 
@@ -40,9 +42,11 @@ def frame_source(stem: str) -> str | None:
 
 def yolo_lines(result: Result, save_conf: bool = False) -> str:
     """``class cx cy w h [score]`` lines of ``result`` (coordinates normalized to its image), newline-terminated."""
-    scale = result.boxes.new_tensor([result.width, result.height] * 2)
+    boxes = np.asarray(result.boxes, dtype=np.float32).reshape(-1, 4) / np.float32(
+        [result.width, result.height, result.width, result.height])
+    centres, sides = (boxes[:, :2] + boxes[:, 2:]) / np.float32(2), boxes[:, 2:] - boxes[:, :2]
     lines = []
-    for label, (cx, cy, w, h), score in zip(result.labels.tolist(), xyxy_to_cxcywh(result.boxes / scale).tolist(),
+    for label, (cx, cy, w, h), score in zip(result.labels.tolist(), np.concatenate([centres, sides], 1).tolist(),
                                             result.scores.tolist()):
         lines.append(f"{label} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}" + (f" {score:.5f}" if save_conf else ""))
     return "".join(line + "\n" for line in lines)
@@ -70,6 +74,8 @@ class YoloLabelWriter:
         """``result``'s label file, and its image: the input linked (copied where links are refused) or, for a
         video frame, ``image`` ``[3, H, W]`` uint8 saved; :class:`~ssd.errors.InputError` for a result with a box
         that is not one (:meth:`Result.check`)."""
+        from ssd.plots import save_image  # matplotlib: loaded when an image is written
+
         result.check()
         link = self.image_link(name)
         if frame is None:

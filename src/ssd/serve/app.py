@@ -15,8 +15,8 @@ import io
 from contextlib import asynccontextmanager
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
@@ -28,12 +28,16 @@ from ssd.data.images import decode_image, is_image
 from ssd.errors import ImageError, MissingInputError, RequestError
 from ssd.inference.detector import Detector, Result
 from ssd.limits import MAX_UPLOAD_BYTES
+from ssd.optional import has_torch
 from ssd.schemas import ServeConfig
 from ssd.serve.batching import Batcher
 from ssd.serve.card import model_card
 from ssd.serve.metrics import MetricsMiddleware, ServerMetrics
 from ssd.serve.request import QUERY_OPTIONS, parse_options, read_upload
 from ssd.settings import Thresholds, check_thresholds
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["create_app", "QUERY_OPTIONS"]
 
@@ -74,6 +78,9 @@ def create_app(detector: Detector, *, score_threshold: float | None = ServeConfi
     @app.post("/predict")
     async def predict(request: Request) -> Response:
         options = parse_options(request.query_params.multi_items(), detector, defaults)
+        if options.draw and not has_torch():  # the drawing is torchvision's
+            raise RequestError("draw=1 needs PyTorch, which this server's runtime lacks (ask for the JSON "
+                               "detections, without draw)", 501)
         with batcher.arriving():
             data, name = await read_upload(request, max_upload_bytes)
             image = await run_in_threadpool(decode_image, data, name)
@@ -123,7 +130,7 @@ def _samples(folder: str | Path | None) -> dict[str, Path]:
     return {p.name: p for p in folder.iterdir() if p.is_file() and is_image(p)}
 
 
-def _drawn(image: torch.Tensor, result: Result, class_names: list[str]) -> bytes:
+def _drawn(image: Tensor, result: Result, class_names: list[str]) -> bytes:
     """The image with its detections drawn (:func:`ssd.plots.draw_detections`), as PNG bytes."""
     from ssd.plots import draw_detections
 

@@ -14,13 +14,14 @@ import contextlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
-
-from torch import Tensor
+from typing import TYPE_CHECKING, Any
 
 from ssd.inference.detector import Detector, Result
 from ssd.schemas import ServeConfig
 from ssd.settings import check_batching
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["Batcher"]
 

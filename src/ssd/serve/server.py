@@ -9,7 +9,7 @@ import warnings
 from pathlib import Path
 
 from ssd.errors import ConfigError
-from ssd.optional import require
+from ssd.optional import has_torch, require
 from ssd.schemas import ServeConfig
 
 __all__ = ["ServeWarning", "serve", "exposure_warning"]
@@ -59,7 +59,7 @@ def serve(weights: str | Path, *, host: str = ServeConfig.host, port: int = Serv
     from ssd.serve.app import create_app
 
     with _listen(host, port) as sock:
-        if threads:  # 0 or None: PyTorch's default
+        if threads and has_torch():  # 0 or None: PyTorch's default (ONNX Runtime and OpenVINO keep their own)
             import torch
 
             torch.set_num_threads(threads)

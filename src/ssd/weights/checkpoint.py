@@ -30,16 +30,17 @@ import torch
 from torch import nn
 
 from ssd._version import __version__
-from ssd.card import OPERATING_POINT_KEYS, ModelCard, network_digest
+from ssd.card import OPERATING_POINT_KEYS, ModelCard, legacy_warning, network_digest
 from ssd.card import check_operating_point as _check_point
 from ssd.errors import CheckpointError, InputError
 from ssd.files import atomic_write
 from ssd.limits import value_text
+from ssd.log import LOGGER
 from ssd.nn import unwrap_model
 from ssd.weights.identify import file_kind, foreign_format, identify
 
 __all__ = ["FORMAT", "save_checkpoint", "load_checkpoint", "read_file", "checked_checkpoint", "checkpoint_dict",
-           "checkpoint_card", "check_operating_point", "OPERATING_POINT_KEYS", "LEGACY_FORMATS"]
+           "checkpoint_card", "check_operating_point", "OPERATING_POINT_KEYS", "LEGACY_FORMATS", "TORCHSCRIPT_REFUSAL"]
 
 FORMAT = "ssd-checkpoint-v2"
 """Value of the ``format`` key: the checkpoint layout this version reads and writes (see the policy above)."""
@@ -117,6 +118,7 @@ def checkpoint_card(ckpt: Mapping[str, Any], source: str) -> ModelCard:
         CheckpointError: naming ``source`` and the field, or saying that the weights changed."""
     card = _card_of(ckpt, source)
     if ckpt.get("format") in LEGACY_FORMATS:
+        LOGGER.warning(legacy_warning(source, "save the model again"))
         return card
     if "card" not in ckpt:
         raise CheckpointError(f"{source} has no model card (format {FORMAT} stores one): it was removed; save the "
@@ -184,6 +186,21 @@ def checked_checkpoint(ckpt: Any, path: str | os.PathLike) -> dict[str, Any]:
     return dict(ckpt)
 
 
+TORCHSCRIPT_REFUSAL = ("a TorchScript export, which this version of ssd no longer reads (torch.jit is deprecated by "
+                       "PyTorch, and loading TorchScript runs code from the file): export the checkpoint again with "
+                       "`ssd export --weights CKPT --format pt2` (torch.export)")
+"""Why a TorchScript file is refused, whatever its suffix (``.torchscript``, or renamed ``.pt``)."""
+
+
+def _is_torchscript(path: Path) -> bool:
+    """Whether the zip archive ``path`` is TorchScript: its code or constants folder beside the pickled data."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return any(n.partition("/")[2].startswith(("code/", "constants.pkl")) for n in archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
 def _refusal(path: Path, exc: BaseException) -> str:
     """Why ``torch.load`` could not read ``path``, from what the file looks like (torch's own message would advise
     loading a pickle unsafely)."""
@@ -194,6 +211,8 @@ def _refusal(path: Path, exc: BaseException) -> str:
     foreign = foreign_format(head, path.suffix)
     if foreign is not None:
         return f"{path} is not PyTorch weights: it is {foreign}"
+    if kind == "archive" and _is_torchscript(path):
+        return f"{path} is {TORCHSCRIPT_REFUSAL}"
     if kind == "archive" and not zipfile.is_zipfile(path):
         return (f"{path} is truncated ({size} bytes, the end of the archive is missing): the save was interrupted "
                 "or the copy is incomplete")

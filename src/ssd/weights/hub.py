@@ -27,8 +27,6 @@ from pathlib import Path
 from typing import Literal
 from urllib.error import URLError
 
-import torch
-
 from ssd.errors import CheckpointError, WeightsDownloadError
 from ssd.log import LOGGER
 from ssd.names import did_you_mean
@@ -92,6 +90,8 @@ class HubWeights:
 
 def cache_dir() -> Path:
     """torchvision's download folder, ``$TORCH_HOME/hub/checkpoints`` (``~/.cache/torch/hub/checkpoints``)."""
+    import torch  # here: resolving an existing file's path needs no torch (the runtime install)
+
     return Path(torch.hub.get_dir()) / "checkpoints"
 
 
@@ -194,6 +194,8 @@ def fetch(entry: HubWeights, *, progress: bool = True) -> Path:
     LOGGER.info("%s: downloading %s to %s", entry.name, entry.url, path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        import torch
+
         torch.hub.download_url_to_file(entry.url, str(path), hash_prefix=entry.hash_prefix, progress=progress)
     except (OSError, http.client.HTTPException) as exc:  # URLError is an OSError; a cut connection an HTTPException
         reason = exc.reason if isinstance(exc, URLError) else exc

@@ -11,21 +11,23 @@ imported only when a file of its kind is opened.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-
-import torch
-from torch import Tensor, nn
+from typing import TYPE_CHECKING, Protocol
 
 from ssd.artifacts import ARTIFACTS, resolve
 from ssd.card import ModelCard
 from ssd.errors import ConfigError
 from ssd.names import did_you_mean
 
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor, nn
+
 __all__ = ["Backend", "BackendKind", "BACKENDS", "DEFAULT_BACKEND", "register_backend", "backend_kind", "folder_kind",
-           "open_backend", "refuse_torchscript"]
+           "is_module", "open_backend", "refuse_torchscript"]
 
 
 class Backend(Protocol):
@@ -91,10 +93,9 @@ def refuse_torchscript(path: Path, device: torch.device, half: bool) -> Backend:
     """TorchScript is retired (``torch.jit`` is deprecated by PyTorch, and loading a TorchScript file runs its code):
     a ``.torchscript`` file is refused with what to export instead."""
     from ssd.errors import CheckpointError
+    from ssd.weights.checkpoint import TORCHSCRIPT_REFUSAL
 
-    raise CheckpointError(f"{path} is a TorchScript export, which this version of ssd no longer reads (torch.jit is "
-                          "deprecated by PyTorch, and loading TorchScript runs code from the file): export the "
-                          "checkpoint again with `ssd export --weights CKPT --format pt2` (torch.export)")
+    raise CheckpointError(f"{path} is {TORCHSCRIPT_REFUSAL}")
 
 
 def register_backend(name: str, suffixes: Sequence[str], opener: Opener | str, folder_file: str | None = None
@@ -124,6 +125,12 @@ def folder_kind(path: str | Path) -> str | None:
                  if kind.folder_file and folder.is_dir() and (folder / kind.folder_file).is_file()), None)
 
 
+def is_module(value) -> bool:
+    """Whether ``value`` is a ``torch.nn.Module`` (never, when torch was not imported: nothing imports it here)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.nn.Module)
+
+
 def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.device | None = None,
                  half: bool = False, runtime: str | None = None) -> Backend:
     """A :class:`Backend` for ``weights``: a checkpoint, a run directory (its best checkpoint), an exported model
@@ -136,9 +143,8 @@ def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.
     Raises:
         CheckpointError: a missing path, or a file its runtime cannot read (``OnnxModelError`` for ONNX).
     """
-    from ssd.device import resolve_device
-
-    if isinstance(weights, nn.Module):
+    if is_module(weights):
+        from ssd.device import resolve_device
         from ssd.inference.backends.pytorch import TorchBackend
 
         return TorchBackend(weights, None if device is None else resolve_device(device), half)
@@ -149,12 +155,15 @@ def open_backend(weights: str | Path | nn.Module | Backend, device: str | torch.
     if runtime is not None and runtime not in BACKENDS:
         raise ConfigError(f"unknown runtime {runtime!r}{did_you_mean(runtime, BACKENDS)} (known: "
                           f"{', '.join(BACKENDS)})")
-    torch_device = resolve_device("cpu" if device is None else device)
     name = folder_kind(weights)
     if name is not None:
         path = Path(weights) / BACKENDS[name].folder_file
     else:
         path = resolve_weights(weights)
         name = backend_kind(path)
-    return BACKENDS[runtime or name].open(path, torch_device, half)
+    if device not in (None, "cpu"):  # "auto", "cuda:N": torch tells; the CPU needs no torch (the runtime install)
+        from ssd.device import resolve_device
+
+        device = resolve_device(device)
+    return BACKENDS[runtime or name].open(path, device or "cpu", half)
 

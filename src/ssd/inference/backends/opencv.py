@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from ssd.errors import ConfigError, OnnxModelError
 from ssd.inference.backends.onnx import OnnxBackend
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["OpenCvBackend", "open_opencv"]
 
@@ -23,9 +26,6 @@ class _OpenCvSession:
     def __init__(self, net, proto):
         self.net, self.proto = net, proto
         self.names = [o.name for o in proto.graph.output]
-
-    def get_modelmeta(self) -> SimpleNamespace:
-        return SimpleNamespace(custom_metadata_map={p.key: p.value for p in self.proto.metadata_props})
 
     @staticmethod
     def _describe(values) -> list[SimpleNamespace]:
@@ -59,7 +59,7 @@ class OpenCvBackend(OnnxBackend):
         import cv2
         import onnx
 
-        if torch.device(device).type != "cpu":
+        if str(device) != "cpu":
             raise ConfigError(f"the OpenCV DNN backend runs on the CPU, got device={str(device)!r}")
         try:
             proto = onnx.load(str(self.path))

@@ -8,20 +8,25 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
+import ssd.limits as limits
 from ssd.card import strings_from_json
 from ssd.errors import ConfigError, OnnxModelError
 from ssd.inference.backends.onnx import OnnxBackend
 from ssd.optional import require
 
-__all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "ir_digest",
-           "require_openvino", "open_openvino", "open_openvino_bf16"]
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "ir_bytes",
+           "ir_digest", "require_openvino", "open_openvino", "open_openvino_bf16"]
 
 IR_FILES = ("model.xml", "model.bin")
 METADATA_FILE = "metadata.json"
@@ -56,6 +61,16 @@ def ir_digest(folder: Path) -> str:
     return hashlib.sha256(":".join(file_digest(folder / name) for name in IR_FILES).encode()).hexdigest()
 
 
+def ir_bytes(model) -> int:
+    """The bytes of every output of every operation of an ``openvino.Model`` (constants included; not the results,
+    which are their inputs) at batch 1, summed (an upper bound of its memory), from the shapes the IR states: a
+    dynamic dimension counts 1."""
+    return sum(math.prod(d.get_length() if d.is_static else 1 for d in out.get_partial_shape())
+               * out.get_element_type().size
+               for op in model.get_ordered_ops() if op.get_type_name() != "Result"
+               for out in op.outputs() if out.get_partial_shape().rank.is_static)
+
+
 def _ports(ports) -> list[SimpleNamespace]:
     """OpenVINO ports as ONNX Runtime describes its inputs/outputs: ``name``, ``shape`` (a string where dynamic)."""
     return [SimpleNamespace(name=p.get_any_name(), shape=[d.get_length() if d.is_static else "dynamic"
@@ -65,11 +80,8 @@ def _ports(ports) -> list[SimpleNamespace]:
 class _OpenVinoSession:
     """A compiled OpenVINO model behind the ONNX Runtime session methods :class:`OnnxBackend` calls."""
 
-    def __init__(self, compiled, metadata: dict[str, str]):
-        self.compiled, self.metadata = compiled, metadata
-
-    def get_modelmeta(self) -> SimpleNamespace:
-        return SimpleNamespace(custom_metadata_map=self.metadata)
+    def __init__(self, compiled):
+        self.compiled = compiled
 
     def get_inputs(self) -> list[SimpleNamespace]:
         return _ports(self.compiled.inputs)
@@ -96,21 +108,28 @@ class OpenVinoBackend(OnnxBackend):
         self.precision = precision
         super().__init__(path.parent if path.suffix.lower() == ".xml" else path, device)
 
-    def _open_session(self, device: str | torch.device) -> _OpenVinoSession:
-        core = openvino_core()
-        if torch.device(device).type != "cpu":
-            raise ConfigError(f"the OpenVINO backend runs on the CPU, got device={str(device)!r}")
+    def _card_strings(self) -> dict[str, str]:
+        """The card of ``metadata.json``, checked (with the IR files) before OpenVINO reads or compiles anything."""
         sidecar = self.path / METADATA_FILE
         if not sidecar.is_file():
             raise OnnxModelError(f"{self.path} is not an `ssd export --format openvino` folder (no {METADATA_FILE}); "
                                  "export it with `ssd export --weights CKPT --format openvino`")
-        metadata = strings_from_json(sidecar.read_bytes(), str(sidecar), OnnxModelError)
+        return strings_from_json(sidecar.read_bytes(), str(sidecar), OnnxModelError)
+
+    def _open_session(self, device: str | torch.device) -> _OpenVinoSession:
+        if str(device) != "cpu":
+            raise ConfigError(f"the OpenVINO backend runs on the CPU, got device={str(device)!r}")
+        core = openvino_core()
         try:
-            compiled = core.compile_model(str(self.path / IR_FILES[0]), "CPU",
-                                          {"INFERENCE_PRECISION_HINT": self.precision})
+            model = core.read_model(str(self.path / IR_FILES[0]))
         except RuntimeError as e:  # OpenVINO raises RuntimeError subclasses for files it cannot read
             raise OnnxModelError(f"cannot load OpenVINO model {self.path}: {e}") from e
-        return _OpenVinoSession(compiled, metadata)
+        limits.check_graph_bytes(ir_bytes(model), str(self.path), OnnxModelError)  # before compiling
+        try:
+            compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": self.precision})
+        except RuntimeError as e:
+            raise OnnxModelError(f"cannot load OpenVINO model {self.path}: {e}") from e
+        return _OpenVinoSession(compiled)
 
     def _check_files(self) -> None:
         """Refuse a folder that lacks an IR file, by name."""

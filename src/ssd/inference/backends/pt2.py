@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import math
 import re
 import zipfile
 from pathlib import Path
@@ -21,10 +22,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+import ssd.limits as limits
 from ssd.card import ModelCard, network_digest, strings_from_json
 from ssd.errors import ConfigError, OnnxModelError
 
-__all__ = ["METADATA_FILE", "ExportedProgramBackend", "program_digest", "check_archive", "open_pt2"]
+__all__ = ["METADATA_FILE", "ExportedProgramBackend", "program_digest", "program_bytes", "check_archive", "open_pt2"]
 
 METADATA_FILE = "ssd.json"
 
@@ -44,31 +46,65 @@ def program_digest(program: torch.export.ExportedProgram) -> str:
     return network_digest(program.graph_module.code, {**program.state_dict, **constants})
 
 
+def _at_batch_one(size) -> int:
+    """A dimension of a traced shape, its symbols (the dynamic batch) set to 1."""
+    if isinstance(size, int):
+        return size
+    expr = size.node.expr
+    return int(expr.subs(dict.fromkeys(expr.free_symbols, 1)))
+
+
+def program_bytes(program: torch.export.ExportedProgram) -> int:
+    """The bytes of every tensor a program's graph makes or holds, at batch 1, summed (an upper bound of its memory:
+    as if none were freed), from the shapes traced with it: no tensor is allocated."""
+    total = 0
+    for node in program.graph.nodes:
+        values = node.meta.get("val")
+        for value in values if isinstance(values, (list, tuple)) else [values]:
+            if isinstance(value, Tensor):
+                total += math.prod(map(_at_batch_one, value.shape)) * value.element_size()
+    return total
+
+
 def check_archive(path: Path) -> None:
     """Refuse (:class:`~ssd.errors.OnnxModelError`, naming the member) a ``.pt2`` archive that
     would make ``torch.export.load`` unpickle anything: a member that is not raw tensor bytes, JSON or an extra
     file, a weight or constant its configuration marks as pickled, or sample inputs that are not plain tensors (read
-    here with ``torch.load(weights_only=True)``, which runs no code)."""
+    here with ``torch.load(weights_only=True)``, which runs no code). A member read here larger than
+    :data:`ssd.limits.MAX_ARCHIVE_MEMBER_BYTES`, or members larger than :data:`ssd.limits.MAX_GRAPH_BYTES` in all,
+    are refused by the sizes the zip directory states, before reading them (reading stops at the stated size)."""
+    member_name = None
     try:
         with zipfile.ZipFile(path) as archive:
-            for member in archive.infolist():
-                name = member.filename.partition("/")[2]  # under the archive's root folder
-                if member.is_dir():
-                    continue
+            members = [m for m in archive.infolist() if not m.is_dir()]
+            total = sum(m.file_size for m in members)
+            if total > limits.MAX_GRAPH_BYTES:
+                raise OnnxModelError(f"{path} is refused: its members hold {total / 2**30:.1f} GiB unpacked, more than "
+                                     f"a torch.export archive of ssd may (limits.MAX_GRAPH_BYTES, "
+                                     f"{limits.MAX_GRAPH_BYTES / 2**30:g} GiB)")
+            for member in members:
+                name, member_name = member.filename.partition("/")[2], member.filename  # under the root folder
                 if not _MEMBERS.fullmatch(name):
                     raise OnnxModelError(f"{path} is refused: its member {member.filename} is not part of a "
                                          "torch.export archive of ssd (loading it could run code); export the model "
                                          "again with `ssd export --format pt2`")
+                read = name.endswith(".json") or name.startswith("data/sample_inputs/")
+                if read and member.file_size > limits.MAX_ARCHIVE_MEMBER_BYTES:
+                    raise OnnxModelError(f"{path} is refused: its member {member.filename} unpacks to "
+                                         f"{member.file_size / 2**20:.0f} MiB, more than the "
+                                         f"{limits.MAX_ARCHIVE_MEMBER_BYTES / 2**20:g} MiB such a member of ssd's "
+                                         "archives may take (limits.MAX_ARCHIVE_MEMBER_BYTES); it was not read")
                 if name.endswith(("_weights_config.json", "_constants_config.json")):
                     _check_payloads(path, member.filename, json.loads(archive.read(member)))
                 elif name.startswith("data/sample_inputs/"):
                     torch.load(io.BytesIO(archive.read(member)), weights_only=True)
     except OnnxModelError:
         raise
-    except Exception as e:  # zipfile, JSON or the safe unpickler refusing a pickled object
-        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise OnnxModelError(f"{path} is refused: it is not a torch.export archive of ssd that loads without running "
-                             f"code ({reason})") from None
+    except Exception as e:  # zipfile, JSON or the safe unpickler: its message would advise loading unsafely
+        where = f"its member {member_name} cannot be read as plain data ({type(e).__name__})" if member_name else (
+            f"it is not a zip archive ({type(e).__name__})")
+        raise OnnxModelError(f"{path} is refused: {where}; a torch.export archive of ssd holds only raw tensors, "
+                             "JSON and plain tensors, and loads without running code") from None
 
 
 def _check_payloads(path: Path, member: str, config: dict) -> None:
@@ -100,6 +136,7 @@ class ExportedProgramBackend:
         digest = functools.cache(lambda: program_digest(program))  # the card's checksum or the one of before it
         self.card = ModelCard.from_file_strings(raw, digest, {"program_sha256": digest}, str(self.path),
                                                 OnnxModelError)
+        limits.check_graph_bytes(program_bytes(program), str(self.path), OnnxModelError)  # before it runs
         self.module = program.module().to(self.device)
         self._priors: Tensor | None = None
 
