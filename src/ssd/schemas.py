@@ -116,6 +116,8 @@ _DATA = "data.yaml, dataset folder or COCO JSON"
 _TILE = ("also detect on overlapping tiles of N (or HxW) pixels of each image, or auto (images more than twice the "
          "network input, tiles of the input size), and merge (default: off)")
 _TILE_OVERLAP = "share of a tile its neighbours also cover, in [0, 1)"
+_TTA = ("test-time augmentation: also detect on the mirrored image and on the image shrunk to 0.8 of the input, "
+        "and fuse the boxes (weighted box fusion; about 3x the network time)")
 _EXIST_OK = "write into --project/--name when it exists instead of a new name2, name3, ..."
 
 
@@ -144,10 +146,14 @@ class ValConfig(_Schema):
     exist_ok: bool = option(_EXIST_OK, False)
     tile: str | tuple[int, int] | None = option(_TILE, None)
     tile_overlap: float = option(_TILE_OVERLAP, TILE_OVERLAP)
+    tta: bool = option(_TTA, False)
 
     def __post_init__(self) -> None:
         if (self.weights is None) == (self.detections is None):
             raise ConfigError("give one of --weights (a model to evaluate) and --detections (a file of detections)")
+        if self.tta and self.detections is not None:
+            raise ConfigError("--tta augments a model's input, and --detections scores a file of detections: give "
+                              "--weights with --tta")
         self._check_common()
 
 
@@ -187,6 +193,7 @@ class PredictConfig(_Schema):
     show: bool = option("show the drawn frames in a window (needs a display)", False)
     tile: str | tuple[int, int] | None = option(_TILE, None)
     tile_overlap: float = option(_TILE_OVERLAP, TILE_OVERLAP)
+    tta: bool = option(_TTA, False)
 
     def __post_init__(self) -> None:
         self._check_common()

@@ -184,6 +184,7 @@ def predict_source(
     track: bool = False,
     tracker: str | Path | None = None,
     show: bool = False,
+    tta: bool = False,
 ) -> PredictSummary:
     """Predict on an image, a folder, a glob, a video file or live streams and write the results to ``save_dir``.
 
@@ -203,7 +204,8 @@ def predict_source(
     ``save_crop``: a crop per detection in a folder per class (:mod:`ssd.inference.crop_files`). ``classes``: keep only
     these classes (names or labels, see :meth:`Detector.class_indices`). An unreadable image or video is reported by
     name, skipped and listed in the summary. ``tile`` / ``tile_overlap``: tiled prediction of large images and video
-    frames (see :meth:`Detector.predict`). ``score_threshold``: ``None`` is the model's best-F1 confidence, else
+    frames (see :meth:`Detector.predict`). ``tta``: test-time augmentation (:mod:`ssd.inference.tta`).
+    ``score_threshold``: ``None`` is the model's best-F1 confidence, else
     ``settings.PREDICT``'s (:meth:`Detector.confidence`).
 
     Live sources (a camera index, an ``rtsp://`` / ``http(s)://`` URL, a ``.streams`` file: see
@@ -238,7 +240,7 @@ def predict_source(
     score_threshold = detector.confidence(score_threshold)[0]
     check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
     options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections,
-                   tile=tile, tile_overlap=tile_overlap, classes=detector.class_indices(classes))
+                   tile=tile, tile_overlap=tile_overlap, classes=detector.class_indices(classes), tta=tta)
     images = [f for f in files if live is None and not is_video(f)]
     if track and images == files and len(images) == 1:
         raise ConfigError(f"track follows objects across the frames of a video or a stream, and {images[0]} is one "
