@@ -205,6 +205,18 @@ def _cmd_weights(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from ssd.files import make_run_dir
+    from ssd.training.runs import read_run, write_comparison
+
+    runs = [read_run(run) for run in args.runs]  # every run read before an output folder is made
+    output = args.output if args.output is not None else make_run_dir("runs/compare", "exp")
+    table, csv_path, png_path = write_comparison(runs, output)
+    print(table)
+    print(f"written: {csv_path}, {png_path}")
+    return 0
+
+
 COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "serve": _cmd_serve, "export": _cmd_export,
             "benchmark": _cmd_benchmark, "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import,
-            "weights": _cmd_weights}
+            "weights": _cmd_weights, "runs": _cmd_runs}
