@@ -24,6 +24,7 @@ rule)::
     ├── ServerError             a refusal from the server, as the client sees it (ssd.client)
     ├── ExportCheckError        ONNX Runtime's outputs differ from PyTorch's beyond the tolerances (ssd export)
     ├── NonFiniteLossError      the loss or the weights became NaN/inf during training
+    ├── StudyError              a tuning study's database that is corrupt, not Optuna's or another tune's (ssd tune)
     └── CallbackError           a training callback that cannot run as given (a TypeError too)
     ImportError
     └── MissingDependencyError  an optional dependency (a pip extra) is not installed; names the pip install
@@ -41,8 +42,8 @@ from __future__ import annotations
 __all__ = ["DataError", "ImageError", "CheckpointError", "WeightsDownloadError", "WeightsImportError",
            "OnnxModelError", "ConfigError", "ModelConfigError", "PriorConfigError", "BackboneWeightsError",
            "OutputError", "JSONInputError", "DetectionsError", "StreamError", "GlobLimitError", "RequestError",
-           "ServerError", "ExportCheckError", "NonFiniteLossError", "CallbackError", "MissingDependencyError",
-           "UsageError"]
+           "ServerError", "ExportCheckError", "NonFiniteLossError", "StudyError", "CallbackError",
+           "MissingDependencyError", "UsageError"]
 
 
 class DataError(ValueError):
@@ -139,6 +140,11 @@ class ExportCheckError(ValueError):
 
 class NonFiniteLossError(ValueError):
     """The loss or the weights became NaN/inf (the message says where, what was saved and what to try)."""
+
+
+class StudyError(ValueError):
+    """A study database ``ssd tune`` will not use: not SQLite, another program's tables, a study of another model or
+    dataset, or one Optuna cannot open (the message names the database; it is never overwritten)."""
 
 
 class CallbackError(ValueError, TypeError):
