@@ -226,12 +226,12 @@ def test_an_interrupted_tune_resumes(shapes, tmp_path, tune_files, monkeypatch):
     run_dir = tmp_path / "runs" / "exp"
     assert (run_dir / "study.db").is_file() and not (run_dir / "trials.csv").exists()
     monkeypatch.undo()
-    result = run_tune(shapes, tmp_path, tune_files, FakeTrain(), trials=2, resume=run_dir)
+    result = run_tune(shapes, tmp_path, tune_files, FakeTrain(), trials=2, resume=run_dir, name="other")
     assert result.run_dir == run_dir
     rows = read_trials(run_dir)
     assert [(row["trial"], row["state"]) for row in rows] == [("0", "COMPLETE"), ("1", "FAIL"), ("2", "COMPLETE"),
                                                               ("3", "COMPLETE")]
-    assert rows[1]["reason"] == "interrupted (its tune process ended)"
+    assert rows[1]["reason"] == "interrupted (its tune process ended)"  # and the study kept its name, exp
 
 
 @pytest.mark.slow
@@ -245,7 +245,13 @@ def test_two_processes_share_one_sqlite_study(shapes, tmp_path, tune_files):
                                    "--storage", url, "--name", "shared", "--project", str(tmp_path / side)],
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for side in ("a", "b")]
-    outputs = [p.communicate(timeout=240)[0] for p in processes]
+    try:
+        outputs = [p.communicate(timeout=600)[0] for p in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
     assert [p.returncode for p in processes] == [0, 0], outputs
     study = optuna.load_study(study_name="shared", storage=url)
     assert sorted(t.state.name for t in study.trials) == ["COMPLETE", "COMPLETE"]

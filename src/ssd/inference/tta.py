@@ -60,8 +60,10 @@ def detect_tta(detect: DetectFn, batch: Tensor, sizes: Tensor, *, score_threshol
         detect: the pipeline (see :data:`DetectFn`); it applies the thresholds to each view.
         batch: ``[B, 3, S, S]`` normalized network inputs.
         sizes: ``[B, 2]`` ``(h, w)`` of the original images.
-        score_threshold, iou_threshold, max_detections: as everywhere (:mod:`ssd.settings`); the fused scores are
-            thresholded again, ``iou_threshold`` is also the fusion's clustering overlap.
+        score_threshold: keep scores strictly above it (:mod:`ssd.settings`), in each view and after fusion.
+        iou_threshold: per-class NMS overlap of each view, and the fusion's clustering overlap.
+        max_detections: detections kept per image, in each view and after fusion.
+        views: ``(scale, mirrored)`` of each view (:func:`view_batch`).
 
     Returns:
         One dict per image: ``boxes [N, 4]`` float32 pixel xyxy, ``scores [N]``, ``labels [N]`` int64, sorted by
@@ -101,7 +103,10 @@ def fuse_boxes(boxes: Tensor, scores: Tensor, labels: Tensor, owner: Tensor, *, 
     Fused scores not above ``score_threshold`` are dropped, then the ``max_detections`` best of each image kept.
 
     Args:
-        boxes: ``[N, 4]`` pixel xyxy; scores ``[N]``; labels ``[N]`` int64; owner ``[N]`` int64, the image of each.
+        boxes: ``[N, 4]`` pixel xyxy.
+        scores: ``[N]``.
+        labels: ``[N]`` int64.
+        owner: ``[N]`` int64, the image of each box, in ``0..num_images-1``.
 
     Returns:
         One dict per image (``num_images``): ``boxes [M, 4]``, ``scores [M]``, ``labels [M]``, by decreasing score.

@@ -41,7 +41,7 @@ from ssd.training.callbacks import Callback
 from ssd.training.config import TrainConfig
 from ssd.training.trainer import TrainResult, train
 from ssd.training.tune_space import Param, default_space, read_space, space_to_yaml
-from ssd.training.tune_study import OWNER, open_study, sqlite_url, write_trials
+from ssd.training.tune_study import OWNER, check_sqlite, open_study, sqlite_url, write_trials
 
 if TYPE_CHECKING:
     from ssd.training.trainer import Trainer
@@ -118,14 +118,20 @@ def tune(config: TuneConfig, *, train_fn: TrainFn = train, callbacks: Sequence[C
     storage = config.storage or sqlite_url(run_dir / "study.db")
     search_minutes = config.time * (1 - config.final_share)
     trial_minutes = search_minutes / (config.trials or DEFAULT_TRIALS)
-    study = open_study(storage, config.name, {"model": base.model, "classes": list(spec.class_names)},
+    name = config.name
+    if config.resume is not None and config.storage is None:  # the run directory's own study, whatever its name
+        optuna = require("optuna", "tune", "ssd tune")
+        check_sqlite(run_dir / "study.db")  # before Optuna reads it
+        names = optuna.study.get_all_study_names(storage) if (run_dir / "study.db").is_file() else []
+        name = names[0] if len(names) == 1 else name
+    study = open_study(storage, name, {"model": base.model, "classes": list(spec.class_names)},
                        seed=base.seed if config.storage is None else None,
                        startup_trials=max(2, (config.trials or DEFAULT_TRIALS) // 3))
     space_to_yaml(space, run_dir / "space.yaml")
     names = [p.name for p in space]
     LOGGER.info(f"ssd tune: {config.time:g} minutes on {base.model}: trials of {trial_minutes:.2f} min for "
                 f"{search_minutes:.2f} min, then the best trains; searching {', '.join(names)}; study "
-                f"{config.name!r} in {storage} ({len(study.trials)} trials so far)")
+                f"{name!r} in {storage} ({len(study.trials)} trials so far)")
     search_end = start + search_minutes * 60
     overhead = 0.0  # minutes a run spends outside its --time (data, model): the most seen
     count = 0
