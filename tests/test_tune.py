@@ -22,7 +22,7 @@ from ssd.training import tune as tune_module
 from ssd.training.config import TrainConfig
 from ssd.training.trainer import TrainResult
 from ssd.training.tune import TrialPruning, tune
-from ssd.training.tune_space import Param, default_space, parse_space, space_to_yaml
+from ssd.training.tune_space import Param, default_space, parse_space, sample, space_to_yaml
 from ssd.training.tune_study import check_sqlite, open_study, sqlite_url
 
 optuna = pytest.importorskip("optuna")
@@ -65,6 +65,17 @@ def test_the_default_space_fits_the_model_and_reads_back():
                                        "crop_scale", "ema", "priors"]
     assert parse_space(yaml.safe_load(space_to_yaml(space))) == space
     assert all(name in TrainConfig.field_names() for name in (p.name for p in space))
+
+
+@pytest.mark.parametrize("crops, mosaic, sampled", [
+    ("native", None, {"crop_scale": "native"}),  # mosaic is refused with crops: neither it nor its epochs asked
+    (None, 0.0, {"crop_scale": None, "mosaic": 0.0}),  # no mosaic: its closing epochs would not act
+    (None, 0.5, {"crop_scale": None, "mosaic": 0.5, "close_mosaic": 2}),
+])
+def test_a_trial_samples_only_options_that_act(crops, mosaic, sampled):
+    space = [p for p in default_space("ssd_tiny") if p.name in ("mosaic", "close_mosaic", "crop_scale")]
+    fixed = {"crop_scale": crops, "close_mosaic": 2, **({} if mosaic is None else {"mosaic": mosaic})}
+    assert sample(space, optuna.trial.FixedTrial(fixed), TrainConfig()) == sampled
 
 
 def test_a_budget_too_small_for_one_trial_is_said_before_starting():

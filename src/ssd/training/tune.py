@@ -40,7 +40,7 @@ from ssd.schemas import MIN_TRIAL_MINUTES, TuneConfig
 from ssd.training.callbacks import Callback
 from ssd.training.config import TrainConfig
 from ssd.training.trainer import TrainResult, train
-from ssd.training.tune_space import Param, default_space, read_space, space_to_yaml
+from ssd.training.tune_space import Param, default_space, read_space, sample, space_to_yaml
 from ssd.training.tune_study import OWNER, check_sqlite, open_study, sqlite_url, write_trials
 
 if TYPE_CHECKING:
@@ -165,7 +165,7 @@ def _run_trial(study, space: list[Param], base: TrainConfig, run_dir: Path, minu
     state = optuna.trial.TrialState
     trial = study.ask()
     trial.set_user_attr("owner", OWNER)
-    params = {p.name: p.suggest(trial) for p in space}
+    params = sample(space, trial, base)
     trial_dir = run_dir / "trials" / f"trial{trial.number}"
     trial.set_user_attr("run_dir", str(trial_dir))
     pruning = TrialPruning(trial)

@@ -29,7 +29,7 @@ from ssd.names import did_you_mean
 from ssd.training.config import MAX_LR, TrainConfig
 from ssd.yamlfile import safe_load
 
-__all__ = ["TUNABLE", "Param", "default_space", "read_space", "space_to_yaml", "parse_space"]
+__all__ = ["TUNABLE", "Param", "default_space", "read_space", "space_to_yaml", "parse_space", "sample"]
 
 TUNABLE = ("lr", "weight_decay", "momentum", "warmup_epochs", "final_lr_ratio", "grad_clip", "batch_size",
            "optimizer", "scheduler", "augment", "image_size", "mosaic", "close_mosaic", "crop_scale", "ema",
@@ -74,6 +74,21 @@ class Param:
         return {**spec, **({"log": True} if self.log else {}), **({"step": self.step} if self.step else {})}
 
 
+def sample(space: list[Param], trial, base: TrainConfig) -> dict[str, Any]:
+    """One trial's options: each of ``space`` suggested by the Optuna ``trial``, but for the options that would
+    not act: mosaic (and its closing epochs) with native crops (``ssd train`` refuses the two together, and a
+    trial's crops come first), and ``close_mosaic`` without mosaic. ``base``: the value of an option the space
+    does not search."""
+    params: dict[str, Any] = {}
+    for param in sorted(space, key=lambda p: p.name != "crop_scale"):  # stable: the others in the space's order
+        crops = params.get("crop_scale", base.crop_scale) is not None
+        if (param.name in ("mosaic", "close_mosaic") and crops) or (
+                param.name == "close_mosaic" and not params.get("mosaic", base.mosaic)):
+            continue
+        params[param.name] = param.suggest(trial)
+    return params
+
+
 def _round(value: float) -> float:
     return float(f"{value:.2g}")
 
@@ -81,8 +96,9 @@ def _round(value: float) -> float:
 def default_space(model: str) -> list[Param]:
     """The space searched without ``--space``, for ``model``: its learning rate and weight decay (the per-model
     defaults of :meth:`TrainConfig.resolved`) from a fifth to 5x and a tenth to 10x on log scales, its input size
-    and 1.25x of it, augmentation ``ssd`` or ``light``, mosaic off or at 0.5 and its closing epochs, native crops
-    or none, EMA or none, the default boxes of the model or fitted to the data (``priors: auto``)."""
+    and 1.25x of it, augmentation ``ssd`` or ``light``, mosaic off or at 0.5 and its closing epochs (without
+    crops: :func:`sample`), native crops or none, EMA or none, the default boxes of the model or fitted to the data
+    (``priors: auto``)."""
     from ssd.models import MODEL_CONFIGS  # the architectures only when a tune is set up
 
     resolved = TrainConfig(model=model).resolved()
