@@ -223,13 +223,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     result = tune(_config(TuneConfig, args))
     states = ", ".join(f"{count} {state.lower()}" for state, count in sorted(result.states.items()))
     print(f"trials: {states}; best trial mAP {result.best_map:.4f} with {result.best_params}")
-    if result.final is not None:
-        print(f"final training: mAP {result.final.best_map:.4f}; {result.minutes:.1f} minutes in all")
+    print(f"final training: mAP {result.final.best_map:.4f}; {result.minutes:.1f} minutes in all")
     print(f"run directory: {result.run_dir} (weights/best.pt, config.yaml, trials.csv, trials.png)")
     return 0
 
 
 COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "serve": _cmd_serve, "export": _cmd_export,
             "benchmark": _cmd_benchmark, "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import,
-            "weights": _cmd_weights, "runs": _cmd_runs,
-            "tune": _cmd_tune}
+            "weights": _cmd_weights, "runs": _cmd_runs, "tune": _cmd_tune}

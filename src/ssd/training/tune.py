@@ -66,7 +66,7 @@ class TuneResult:
     run_dir: Path
     best_params: dict[str, Any]
     best_map: float
-    final: TrainResult | None = field(repr=False)
+    final: TrainResult = field(repr=False)
     states: dict[str, int]
     minutes: float
 
