@@ -271,3 +271,16 @@ def test_two_processes_share_one_sqlite_study(shapes, tmp_path, tune_files):
     for side in ("a", "b"):
         assert (tmp_path / side / "shared" / "weights" / "best.pt").is_file()
         assert (tmp_path / side / "shared" / "config.yaml").is_file()
+
+
+def test_cli_refuses_a_bad_space_or_budget_before_any_run_directory(shapes, tmp_path, capsys):
+    from ssd.cli import main
+
+    space = tmp_path / "space.yaml"
+    space.write_text("lrr: {low: 0.001, high: 0.1}\n")
+    args = ["tune", "--data", str(shapes), "--model", "ssd_tiny", "--project", str(tmp_path / "runs")]
+    assert main([*args, "--time", "5", "--space", str(space)]) == 1
+    assert f"error: {space}: lrr: not an option ssd tune searches; did you mean 'lr'" in capsys.readouterr().err
+    assert main([*args, "--time", "0.1", "--trials", "5"]) == 2
+    assert "error: ssd tune: --time 0.1 is too short" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
