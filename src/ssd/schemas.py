@@ -1,5 +1,5 @@
-"""One schema per command: the options of ``ssd val``, ``ssd predict``, ``ssd serve``, ``ssd export`` and
-``ssd benchmark`` (``ssd train``'s is :class:`ssd.training.config.TrainConfig`).
+"""One schema per command: the options of ``ssd val``, ``ssd predict``, ``ssd serve``, ``ssd export``,
+``ssd benchmark`` and ``ssd tune`` (``ssd train``'s is :class:`ssd.training.config.TrainConfig`).
 
 Each schema is a frozen dataclass with a field per option: its type, its default and its help text, written once.
 The command line generates the command's options from the fields (:func:`ssd.cli.options.add_config_options`;
