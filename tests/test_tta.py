@@ -158,15 +158,12 @@ def weights(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_val_and_predict_take_tta(weights, synthetic_voc, tmp_path, capsys):
+def test_val_and_predict_take_tta(weights, synthetic_voc, tmp_path):
     plain = evaluate(weights, synthetic_voc, device="cpu")
     augmented = evaluate(weights, synthetic_voc, device="cpu", tta=True)
     assert 0 <= augmented["map"] <= 1 and len(augmented["detections"]) == len(plain["detections"]) == 16
     assert any(a["boxes"].shape != p["boxes"].shape or not torch.equal(a["boxes"], p["boxes"])
                for a, p in zip(augmented["detections"], plain["detections"]))
-    assert main(["val", "--weights", str(weights), "--data", str(synthetic_voc), "--device", "cpu", "--tta",
-                 "--no-save"]) == 0
-    assert f"{augmented['map']:.4f}"[:4] in capsys.readouterr().out
     image = tmp_path / "image.png"
     Image.fromarray(torch.randint(0, 256, (90, 120, 3), dtype=torch.uint8).numpy()).save(image)
     args = ["predict", "--weights", str(weights), "--source", str(image), "--device", "cpu", "--save-dir",
@@ -175,6 +172,20 @@ def test_val_and_predict_take_tta(weights, synthetic_voc, tmp_path, capsys):
     written = json.loads((tmp_path / "out" / "predictions.json").read_text())["images"][0]["detections"]
     api = load(weights, device="cpu").predict(str(image), score_threshold=0.3, tta=True)[0]
     torch.testing.assert_close(torch.tensor([d["box"] for d in written]).reshape(-1, 4), api.boxes)
+
+
+def test_cli_val_passes_tta_on(monkeypatch):
+    import ssd.evaluation.evaluator
+    import ssd.evaluation.report
+
+    calls = []
+    monkeypatch.setattr(ssd.evaluation.evaluator, "evaluate", lambda *args, **kwargs: calls.append(kwargs) or {
+        "map": 0.5, "per_class": {"a": {"ap": 0.5, "num_gt": 2, "num_det": 3}}, "metric": "voc07",
+        "class_names": ["a"], "report": {}})
+    monkeypatch.setattr(ssd.evaluation.report, "format_report", lambda report: "")
+    assert main(["val", "--weights", "w.pt", "--data", "d", "--tta", "--no-save"]) == 0
+    assert main(["val", "--weights", "w.pt", "--data", "d", "--no-save"]) == 0
+    assert [call["tta"] for call in calls] == [True, False]
 
 
 def test_tta_with_a_file_of_detections_is_refused():
