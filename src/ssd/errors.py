@@ -28,6 +28,7 @@ and the rule)::
     ├── ServerError             a refusal from the server, as the client sees it (ssd.client)
     ├── ExportCheckError        ONNX Runtime's outputs differ from PyTorch's beyond the tolerances (ssd export)
     ├── NonFiniteLossError      the loss or the weights became NaN/inf during training
+    ├── StudyError              a tuning study's database that is corrupt, not Optuna's or another tune's (ssd tune)
     └── CallbackError           a training callback that cannot run as given (a TypeError too)
     SSDError, and FileNotFoundError
     └── MissingInputError       a source, dataset or file the user named that does not exist
@@ -51,7 +52,7 @@ class SSDError(Exception):
 __all__ = ["SSDError", "DataError", "ImageError", "CheckpointError", "WeightsDownloadError", "WeightsImportError",
            "OnnxModelError", "ConfigError", "ModelConfigError", "PriorConfigError", "BackboneWeightsError",
            "InputError", "OutputError", "JSONInputError", "DetectionsError", "StreamError", "GlobLimitError",
-           "RequestError", "ServerError", "ExportCheckError", "NonFiniteLossError", "CallbackError",
+           "RequestError", "ServerError", "ExportCheckError", "NonFiniteLossError", "StudyError", "CallbackError",
            "MissingDependencyError", "MissingInputError", "UsageError"]
 
 
@@ -154,6 +155,11 @@ class ExportCheckError(SSDError, ValueError):
 
 class NonFiniteLossError(SSDError, ValueError):
     """The loss or the weights became NaN/inf (the message says where, what was saved and what to try)."""
+
+
+class StudyError(SSDError, ValueError):
+    """A study database ``ssd tune`` will not use: not SQLite, another program's tables, a study of another model or
+    dataset, or one Optuna cannot open (the message names the database; it is never overwritten)."""
 
 
 class CallbackError(SSDError, ValueError, TypeError):

@@ -1,5 +1,5 @@
-"""One schema per command: the options of ``ssd val``, ``ssd predict``, ``ssd serve``, ``ssd export`` and
-``ssd benchmark`` (``ssd train``'s is :class:`ssd.training.config.TrainConfig`).
+"""One schema per command: the options of ``ssd val``, ``ssd predict``, ``ssd serve``, ``ssd export``,
+``ssd benchmark`` and ``ssd tune`` (``ssd train``'s is :class:`ssd.training.config.TrainConfig`).
 
 Each schema is a frozen dataclass with a field per option: its type, its default and its help text, written once.
 The command line generates the command's options from the fields (:func:`ssd.cli.options.add_config_options`;
@@ -36,8 +36,8 @@ from ssd.settings import (
     check_tile,
 )
 
-__all__ = ["ValConfig", "PredictConfig", "ServeConfig", "ExportConfig", "BenchmarkConfig", "option",
-           "option_flag", "run_name_problem"]
+__all__ = ["ValConfig", "PredictConfig", "ServeConfig", "ExportConfig", "BenchmarkConfig", "CommandSchema", "DATA_HELP",
+           "option", "option_flag", "run_name_problem"]
 
 
 
@@ -68,7 +68,7 @@ def run_name_problem(name: str) -> str | None:
     return None
 
 
-class _Schema:
+class CommandSchema:
     """What every command schema does: refuse a bad value naming its flag, and give its fields as keywords."""
 
     @classmethod
@@ -112,22 +112,24 @@ class _Schema:
 
 
 _WEIGHTS = "checkpoint (.pt), run directory, .onnx (FP32 or INT8), OpenVINO .xml or its folder, .pt2 (torch.export)"
-_DATA = "data.yaml, dataset folder or COCO JSON"
+DATA_HELP = "data.yaml, dataset folder or COCO JSON"
 _TILE = ("also detect on overlapping tiles of N (or HxW) pixels of each image, or auto (images more than twice the "
          "network input, tiles of the input size), and merge (default: off)")
 _TILE_OVERLAP = "share of a tile its neighbours also cover, in [0, 1)"
 MAX_RECONNECT_S = 7 * 24 * 3600.0
+_TTA = ("test-time augmentation: also detect on the mirrored image and on the image shrunk to 0.8 of the input, "
+        "and fuse the boxes (weighted box fusion; about 3x the network time)")
 _EXIST_OK = "write into --project/--name when it exists instead of a new name2, name3, ..."
 
 
 @dataclass(frozen=True, kw_only=True)
-class ValConfig(_Schema):
+class ValConfig(CommandSchema):
     """``ssd val``: score a model (or a file of detections) on a dataset split; a report in ``project/name``."""
 
     weights: Path | None = option(f"what to evaluate: {_WEIGHTS}", None)
     detections: Path | None = option("score this COCO results JSON (the dataset's image and category ids) instead "
                                      "of a model", None)
-    data: str = option(_DATA)
+    data: str = option(DATA_HELP)
     split: str = option("dataset split", "val")
     metric: Literal["voc07", "voc", "coco"] = option(
         "voc07: VOC2007 11-point AP@0.5; voc: VOC2010+ area AP@0.5; coco: AP@[.5:.95]", "voc07")
@@ -145,15 +147,19 @@ class ValConfig(_Schema):
     exist_ok: bool = option(_EXIST_OK, False)
     tile: str | tuple[int, int] | None = option(_TILE, None)
     tile_overlap: float = option(_TILE_OVERLAP, TILE_OVERLAP)
+    tta: bool = option(_TTA, False)
 
     def __post_init__(self) -> None:
         if (self.weights is None) == (self.detections is None):
             raise ConfigError("give one of --weights (a model to evaluate) and --detections (a file of detections)")
+        if self.tta and self.detections is not None:
+            raise ConfigError("--tta augments a model's input, and --detections scores a file of detections: give "
+                              "--weights with --tta")
         self._check_common()
 
 
 @dataclass(frozen=True, kw_only=True)
-class PredictConfig(_Schema):
+class PredictConfig(CommandSchema):
     """``ssd predict``: detect objects in images, videos or streams; outputs in ``project/name`` (or ``save_dir``)."""
 
     weights: Path = option(_WEIGHTS)
@@ -195,6 +201,7 @@ class PredictConfig(_Schema):
                              "at the end)", False)
     tile: str | tuple[int, int] | None = option(_TILE, None)
     tile_overlap: float = option(_TILE_OVERLAP, TILE_OVERLAP)
+    tta: bool = option(_TTA, False)
 
     def __post_init__(self) -> None:
         self._check_common()
@@ -213,7 +220,7 @@ class PredictConfig(_Schema):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ServeConfig(_Schema):
+class ServeConfig(CommandSchema):
     """``ssd serve``: serve a model over HTTP (:func:`ssd.serve.server.serve`, whose keyword defaults these are)."""
 
     weights: Path = option("anything ssd predict takes")
@@ -241,7 +248,7 @@ class ServeConfig(_Schema):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ExportConfig(_Schema):
+class ExportConfig(CommandSchema):
     """``ssd export``: a checkpoint to an artifact, next to the weights or at ``output``."""
 
     weights: Path = option("checkpoint (.pt) or run directory (its best.pt)")
@@ -258,7 +265,7 @@ class ExportConfig(_Schema):
     iou_threshold: float = option("with --nms: NMS IoU threshold in [0, 1]", PREDICT.iou_threshold)
     max_detections: int = option("with --nms: detections kept per image", PREDICT.max_detections, metavar="N")
     int8: bool = option("quantize to INT8, calibrated on --data's training images", False)
-    data: str | None = option(f"dataset whose training images calibrate --int8 ({_DATA})", None)
+    data: str | None = option(f"dataset whose training images calibrate --int8 ({DATA_HELP})", None)
     calib_images: int | None = option("calibration images for --int8 (default: 300, or every training image when "
                                       "fewer)", None)
     check: bool = option("check the export against PyTorch with ONNX Runtime (--no-check: skip it)", True)
@@ -273,11 +280,11 @@ class ExportConfig(_Schema):
 
 
 @dataclass(frozen=True, kw_only=True)
-class BenchmarkConfig(_Schema):
+class BenchmarkConfig(CommandSchema):
     """``ssd benchmark``: export to every format, score each on the val split and time it, in ``project/name``."""
 
     weights: Path = option("checkpoint (.pt) or run directory (its best.pt)")
-    data: str = option(f"{_DATA} (val split scored, train split calibrates INT8)")
+    data: str = option(f"{DATA_HELP} (val split scored, train split calibrates INT8)")
     formats: str | None = option(f"comma-separated: {', '.join(BENCHMARK_ROWS)} (default: all; with --artifacts: "
                                  "pytorch)", None)
     artifacts: tuple[Path, ...] = option("also benchmark these exported models as they are (.onnx, OpenVINO .xml or "

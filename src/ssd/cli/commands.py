@@ -216,6 +216,30 @@ def _cmd_weights(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_runs(args: argparse.Namespace) -> int:
+    from ssd.files import make_run_dir
+    from ssd.training.runs import read_run, write_comparison
+
+    runs = [read_run(run) for run in args.runs]  # every run read before an output folder is made
+    output = args.output if args.output is not None else make_run_dir("runs/compare", "exp")
+    table, csv_path, png_path = write_comparison(runs, output)
+    print(table)
+    print(f"written: {csv_path}, {png_path}")
+    return 0
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    from ssd.training.tune import tune
+    from ssd.training.tune_config import TuneConfig
+
+    result = tune(_config(TuneConfig, args))
+    states = ", ".join(f"{count} {state.lower()}" for state, count in sorted(result.states.items()))
+    print(f"trials: {states}; best trial mAP {result.best_map:.4f} with {result.best_params}")
+    print(f"final training: mAP {result.final.best_map:.4f}; {result.minutes:.1f} minutes in all")
+    print(f"run directory: {result.run_dir} (weights/best.pt, config.yaml, trials.csv, trials.png)")
+    return 0
+
+
 COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "serve": _cmd_serve, "export": _cmd_export,
             "benchmark": _cmd_benchmark, "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import,
-            "weights": _cmd_weights}
+            "weights": _cmd_weights, "runs": _cmd_runs, "tune": _cmd_tune}

@@ -17,15 +17,17 @@ from ssd.cli.options import (
 )
 from ssd.errors import UsageError
 from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ServeConfig, ValConfig
+from ssd.training.tune_config import TuneConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="ssd", description="SSD object detection that just works on your own data.", epilog=EPILOG)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", parser_class=Parser,
-                                metavar="{train,val,predict,serve,export,benchmark,check,demo,import,weights}")
+                                metavar="{train,val,predict,serve,export,benchmark,check,demo,import,weights,runs,tune}")
     for add in (_add_train_parser, _add_val_parser, _add_predict_parser, _add_serve_parser, _add_export_parser,
-                _add_benchmark_parser, _add_check_parser, _add_demo_parser, _add_import_parser, _add_weights_parser):
+                _add_benchmark_parser, _add_check_parser, _add_demo_parser, _add_import_parser, _add_weights_parser,
+                _add_runs_parser, _add_tune_parser):
         add(sub)
     for command in sub.choices.values():  # one spelling of "no progress bars" on every command
         if "--quiet" not in command._option_string_actions:
@@ -128,6 +130,24 @@ def _add_weights_parser(sub) -> None:
                                    "checksum verified.", epilog=EPILOG)
     p.add_argument("--download", nargs="+", default=[], metavar="NAME",
                    help="download these now (e.g. before going offline); already cached ones are kept")
+
+
+def _add_runs_parser(sub) -> None:
+    p = sub.add_parser("runs", help="compare training runs: one table and one figure of their metrics",
+                       description="Read each run directory's results.csv and config.yaml; print a table (best and "
+                                   "last mAP, epochs, minutes, the options that differ) and write it as runs.csv with "
+                                   "a figure, runs.png (mAP by epoch and by minute, training loss).", epilog=EPILOG)
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="run directories of ssd train (or ssd tune)")
+    p.add_argument("--output", type=Path, help="folder for runs.csv and runs.png (default: a new runs/compare/exp)")
+
+
+def _add_tune_parser(sub) -> None:
+    p = sub.add_parser("tune", help="search training options within a time budget (Optuna), then train the best",
+                       description="Trials are ssd train runs of sampled options (TPE), pruned on their per-epoch "
+                                   "validation mAP; the rest of --time trains the best configuration. The run "
+                                   "directory holds best.pt, the winning config.yaml (ssd train --config), "
+                                   "trials.csv and trials.png. Needs the tune extra (optuna).", epilog=EPILOG)
+    add_config_options(p, TuneConfig)
 
 
 def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:

@@ -42,6 +42,7 @@ from ssd.files import check_output, write_text
 from ssd.inference.backends import Backend, open_backend
 from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.tiling import detect_tiled
+from ssd.inference.tta import detect_tta
 from ssd.log import progress as progress_bar
 from ssd.models.config import ModelConfig
 from ssd.nn import unwrap_model
@@ -71,7 +72,7 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
              skip_invalid: bool = False, save_json: str | Path | None = None,
              tile: int | str | Sequence[int] | None = None, tile_overlap: float = ValConfig.tile_overlap,
              report: bool = False, project: str | Path | None = None, name: str = ValConfig.name,
-             exist_ok: bool = False, recheck: bool = False) -> dict[str, Any]:
+             exist_ok: bool = False, recheck: bool = False, tta: bool = False) -> dict[str, Any]:
     """Evaluate a network on a dataset split (checked first, like training's data; ``recheck``: every file read and
     decoded again instead of trusting the dataset index).
 
@@ -81,7 +82,8 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
     Returns the dict of :func:`evaluate_split` plus ``class_names``; the numbers equal those of the end of training
     for the same split and thresholds. ``save_json`` also writes the detections in the COCO results format, with
     the dataset's own category ids where it has them (COCO). ``tile`` / ``tile_overlap``: tiled prediction (see
-    :func:`predict_dataset`). ``report`` adds ``report`` (:func:`ssd.evaluation.report.build_report`); ``project``
+    :func:`predict_dataset`). ``tta``: test-time augmentation (:mod:`ssd.inference.tta`).
+    ``report`` adds ``report`` (:func:`ssd.evaluation.report.build_report`); ``project``
     also writes it to a new run directory ``project/name`` (``name2``, ... when taken; ``project/name`` itself with
     ``exist_ok``), returned as ``run_dir``: ``ssd val`` is ``evaluate(..., report=True, project="runs/val")``, with
     the defaults of :class:`ssd.schemas.ValConfig`, which are this function's.
@@ -107,7 +109,7 @@ def evaluate(weights: str | Path | nn.Module | Backend, data: str | Path, metric
                           info=info)
     result = evaluate_split(backend, loader, class_names=class_names, metric=metric, score_threshold=score_threshold,
                             iou_threshold=iou_threshold, max_detections=max_detections, tile=tile,
-                            tile_overlap=tile_overlap)
+                            tile_overlap=tile_overlap, tta=tta)
     category_ids = getattr(spec, "category_ids", None)
     result = {**result, "class_names": class_names}
     if not info.is_main:
@@ -140,7 +142,7 @@ def evaluate_split(network: nn.Module | Backend, loader: Iterable[dict[str, Any]
                    score_threshold: float = EVALUATE.score_threshold, iou_threshold: float = EVALUATE.iou_threshold,
                    max_detections: int = EVALUATE.max_detections, amp_dtype: torch.dtype | None = None,
                    progress: bool = False, tile: int | str | Sequence[int] | None = None,
-                   tile_overlap: float = TILE_OVERLAP) -> dict[str, Any]:
+                   tile_overlap: float = TILE_OVERLAP, tta: bool = False) -> dict[str, Any]:
     """Predict this rank's share of a split (:func:`predict_dataset`), gather every rank's per-image results on rank 0
     in the split's order (rank ``r`` of ``W`` holds images ``r, r + W, ...``, as :func:`split_loader` deals them) and
     score the full set there, once, with ``metric``; the other ranks receive rank 0's numbers (identical metrics on
@@ -148,7 +150,7 @@ def evaluate_split(network: nn.Module | Backend, loader: Iterable[dict[str, Any]
 
     ``network``: an SSD module or a backend. A module may be wrapped (DDP, ``torch.compile``): the plain module
     runs, because a DDP forward syncs buffers, a collective that ranks with different numbers of batches would not
-    all join. ``class_names`` defaults to the network's; ``tile``: see :func:`predict_dataset`.
+    all join. ``class_names`` defaults to the network's; ``tile``, ``tta``: see :func:`predict_dataset`.
 
     Returns the dict of :func:`score_detections` plus ``ground_truths`` (per image, pixels) and the post-processing
     settings: ``score_threshold``, ``nms_iou_threshold``, ``max_detections`` (the metric's own IoU for matching a
@@ -161,7 +163,7 @@ def evaluate_split(network: nn.Module | Backend, loader: Iterable[dict[str, Any]
     detections, ground_truths = predict_dataset(network, loader, device=device, score_threshold=score_threshold,
                                                 iou_threshold=iou_threshold, max_detections=max_detections,
                                                 channels_last=channels_last, amp_dtype=amp_dtype, progress=progress,
-                                                tile=tile, tile_overlap=tile_overlap)
+                                                tile=tile, tile_overlap=tile_overlap, tta=tta)
     gathered = gather_on_main(detections, ground_truths)  # on rank 0; None on the others
 
     def score() -> dict[str, Any]:
@@ -177,8 +179,8 @@ def predict_dataset(network: nn.Module | Backend, loader: Iterable[dict[str, Any
                     device: torch.device | str | None = None, score_threshold: float = EVALUATE.score_threshold,
                     iou_threshold: float = EVALUATE.iou_threshold, max_detections: int = EVALUATE.max_detections,
                     channels_last: bool = False, amp_dtype: torch.dtype | None = None, progress: bool = True,
-                    tile: int | str | Sequence[int] | None = None, tile_overlap: float = TILE_OVERLAP
-                    ) -> tuple[list[dict[str, Any]], list[dict[str, Tensor]]]:
+                    tile: int | str | Sequence[int] | None = None, tile_overlap: float = TILE_OVERLAP,
+                    tta: bool = False) -> tuple[list[dict[str, Any]], list[dict[str, Tensor]]]:
     """Detections and ground truths of every image of ``loader``, in pixel xyxy of the original images, each batch
     through :func:`ssd.detect.detect_batch`.
 
@@ -191,6 +193,7 @@ def predict_dataset(network: nn.Module | Backend, loader: Iterable[dict[str, Any
     ``tile`` (``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels): also predict on overlapping tiles of each original
     image, read from its file (the loader's images are resized), and merge them with the loader batch's detections
     (:func:`ssd.inference.tiling.detect_tiled`); a split none of whose images is tiled gives the plain result.
+    ``tta``: every batch (and tile) also seen mirrored and shrunk, the boxes fused (:mod:`ssd.inference.tta`).
 
     Returns:
         ``(detections, ground_truths)``, one dict per image in loader order, on the CPU. Detections:
@@ -208,7 +211,7 @@ def predict_dataset(network: nn.Module | Backend, loader: Iterable[dict[str, Any
         module.eval()
     run = _BatchRunner(network, device, channels_last, amp_dtype,
                        dict(score_threshold=score_threshold, iou_threshold=iou_threshold,
-                            max_detections=max_detections))
+                            max_detections=max_detections), tta)
     detections: list[dict[str, Any]] = []
     ground_truths: list[dict[str, Tensor]] = []
     try:
@@ -231,9 +234,9 @@ class _BatchRunner:
     """:func:`ssd.detect.detect_batch` of one network with the settings of :func:`predict_dataset`."""
 
     def __init__(self, network: nn.Module | Backend, device: torch.device, channels_last: bool,
-                 amp_dtype: torch.dtype | None, options: dict[str, Any]):
+                 amp_dtype: torch.dtype | None, options: dict[str, Any], tta: bool = False):
         self.network, self.device, self.channels_last, self.amp_dtype = network, device, channels_last, amp_dtype
-        self.options = options
+        self.options, self.tta = options, tta
         self.is_module = isinstance(network, nn.Module)
         self.inputs = network.config if self.is_module else network.card  # image_size, mean, std
 
@@ -243,7 +246,12 @@ class _BatchRunner:
         if self.is_module:
             images = model_input(images, self.channels_last)
         with torch.inference_mode(), autocast(self.device, self.amp_dtype if self.is_module else None):
-            return detect_batch(self.network, images, sizes.to(self.device), **self.options)
+            if self.tta:
+                return detect_tta(self._network, images, sizes.to(self.device), **self.options)
+            return self._network(images, sizes.to(self.device))
+
+    def _network(self, images: Tensor, sizes: Tensor) -> list[dict[str, Tensor]]:
+        return detect_batch(self.network, images, sizes, **self.options)
 
     def add_tiles(self, whole: list[dict[str, Tensor]], paths: Sequence[str], tile: int | str | Sequence[int],
                   overlap: float) -> list[dict[str, Tensor]]:

@@ -189,25 +189,32 @@ class Detector:
                score_threshold: float | None = None, iou_threshold: float = PREDICT.iou_threshold,
                max_detections: int = PREDICT.max_detections, tile: int | str | Sequence[int] | None = None,
                tile_overlap: float = TILE_OVERLAP, batch_size: int | None = None,
-               classes: Sequence[int] | None = None) -> list[Result]:
+               classes: Sequence[int] | None = None, tta: bool = False) -> list[Result]:
         """One batch of ``[3, H, W]`` tensors (uint8 or float in ``0..1``) -> one :class:`Result` per image
         (``score_threshold`` ``None``: :meth:`confidence`); ``classes``: keep only these labels
         (:meth:`class_indices` reads names), before the ``max_detections`` cut (a kept class is never crowded out).
 
         ``tile``: ``None``, ``"auto"``, ``N`` or ``(h, w)`` pixels: also detect on overlapping tiles of each image
         and merge (:func:`ssd.inference.tiling.detect_tiled`), ``batch_size`` crops at a time (default: as many as
-        ``images``)."""
-        options = dict(score_threshold=self.confidence(score_threshold)[0], iou_threshold=iou_threshold,
-                       max_detections=max_detections)
+        ``images``). ``tta``: test-time augmentation of every image or crop (:mod:`ssd.inference.tta`)."""
+        thresholds = dict(score_threshold=self.confidence(score_threshold)[0], iou_threshold=iou_threshold,
+                          max_detections=max_detections)
         if not has_torch():
-            return self._detect_arrays(images, paths, tile, classes, options)
+            if tta:
+                raise MissingDependencyError("test-time augmentation (tta) needs PyTorch, not installed on this "
+                                             "runtime: pip install ssd-detect (with PyTorch)")
+            return self._detect_arrays(images, paths, tile, classes, thresholds)
         from ssd.detect import detect_batch
         from ssd.inference.tiling import detect_tiled
+        from ssd.inference.tta import detect_tta
 
-        options["classes"] = classes  # kept before the top-k cut (ssd.postprocess)
+        def network(batch: Tensor, sizes: Tensor) -> list[dict[str, Tensor]]:
+            # classes kept before the top-k cut (ssd.postprocess)
+            return detect_batch(self.backend, batch, sizes, classes=classes, **thresholds)
 
         def run(crops: list[Tensor]) -> list[dict[str, Tensor]]:
-            return detect_batch(self.backend, *self.preprocess(crops), **options)
+            batch, sizes = self.preprocess(crops)
+            return detect_tta(network, batch, sizes, **thresholds) if tta else network(batch, sizes)
 
         if tile is None:
             detections = run(list(images))
@@ -241,14 +248,16 @@ class Detector:
     def predict(self, source, *, score_threshold: float | None = None,
                 iou_threshold: float = PREDICT.iou_threshold, max_detections: int = PREDICT.max_detections,
                 batch_size: int = PredictConfig.batch_size, tile: int | str | Sequence[int] | None = None,
-                tile_overlap: float = TILE_OVERLAP) -> list[Result]:
+                tile_overlap: float = TILE_OVERLAP, tta: bool = False) -> list[Result]:
         """Detect objects in ``source``: one or a list of paths, PIL images, numpy ``[H, W, 3]`` uint8 RGB arrays,
         tensors ``[3, H, W]`` (uint8, or float in ``0..1``). Returns one :class:`Result` per image, in order;
         inputs are decoded ``batch_size`` at a time (and their crops run ``batch_size`` at a time when tiling).
 
         ``tile``: ``"auto"`` (tile images more than twice the network input along a side), a tile side ``N`` or
         ``(h, w)`` in pixels, or ``None`` (no tiling); ``tile_overlap``: the share of a tile its neighbours also
-        cover. See :mod:`ssd.inference.tiling`. ``score_threshold``: default the model's best-F1 confidence when it
+        cover. See :mod:`ssd.inference.tiling`. ``tta``: also detect on the mirrored and a shrunk copy of each image
+        and fuse the boxes (:mod:`ssd.inference.tta`; about three times the network time).
+        ``score_threshold``: default the model's best-F1 confidence when it
         stores one, else ``settings.PREDICT``'s (:meth:`confidence`); a given value wins."""
         score_threshold = self.confidence(score_threshold)[0]
         check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
@@ -261,7 +270,7 @@ class Detector:
             images = [to_image(item, start + offset) for offset, item in enumerate(chunk)]
             results += self.detect(images, paths, score_threshold=score_threshold, iou_threshold=iou_threshold,
                                    max_detections=max_detections, tile=tile, tile_overlap=tile_overlap,
-                                   batch_size=batch_size)
+                                   batch_size=batch_size, tta=tta)
         return results
 
     def track(self, source, *, tracker: str | Path | dict | None = None, stream: bool = False, batch_size: int = 1,

@@ -221,6 +221,7 @@ def predict_source(
     show: bool = False,
     reconnect: float = PredictConfig.reconnect,
     fail_fast: bool = PredictConfig.fail_fast,
+    tta: bool = False,
 ) -> PredictSummary:
     """Predict on an image, a folder, a glob, a video file or live streams and write the results to ``save_dir``.
 
@@ -241,7 +242,8 @@ def predict_source(
     ``save_crop``: a crop per detection in a folder per class (:mod:`ssd.inference.crop_files`). ``classes``: keep only
     these classes (names or labels, see :meth:`Detector.class_indices`). An unreadable image or video is reported by
     name, skipped and listed in the summary. ``tile`` / ``tile_overlap``: tiled prediction of large images and video
-    frames (see :meth:`Detector.predict`). ``score_threshold``: ``None`` is the model's best-F1 confidence, else
+    frames (see :meth:`Detector.predict`). ``tta``: test-time augmentation (:mod:`ssd.inference.tta`).
+    ``score_threshold``: ``None`` is the model's best-F1 confidence, else
     ``settings.PREDICT``'s (:meth:`Detector.confidence`).
 
     Live sources (a camera index, an ``rtsp://`` / ``http(s)://`` URL, a ``.streams`` file: see
@@ -283,7 +285,7 @@ def predict_source(
                        "files are written (--no-save-images silences this)")
         save_images = show = False
     options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections,
-                   tile=tile, tile_overlap=tile_overlap, classes=detector.class_indices(classes))
+                   tile=tile, tile_overlap=tile_overlap, classes=detector.class_indices(classes), tta=tta)
     images = [f for f in files if live is None and not is_video(f)]
     if track and images == files and len(images) == 1:
         raise ConfigError(f"track follows objects across the frames of a video or a stream, and {images[0]} is one "

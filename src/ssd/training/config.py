@@ -133,6 +133,9 @@ class TrainConfig:
                                "that fit are estimated (overriding --epochs) and the lr schedule is sized to them; "
                                "the run stops when the next epoch would not fit. With --resume the time already "
                                "trained counts (a new --time sets the run's whole budget)", default=None)
+    mlflow: str | None = option("log the options, per-epoch metrics, model card and files to MLflow: a tracking URI "
+                                "or folder (the option alone: ./mlruns; the mlflow extra)", default=None,
+                                const="mlruns", metavar="URI")
 
     def __post_init__(self) -> None:
         if self.image_size is not None:  # stored as an int when square, else "HxW" (YAML and command line alike)

@@ -29,9 +29,10 @@ from ssd.weights.resolve import resolve_weights
 
 __all__ = ["RunPlan", "plan_run", "given_fields", "check_resumed_data", "build_run_model"]
 
-# Options a resumed run may change when given; device, workers and quiet always come from the resuming call.
+# Options a resumed run may change when given; device, workers, quiet and the MLflow store always come from the
+# resuming call (where the run computes and reports, not what it trains).
 _RESUMABLE = ("data", "epochs", "time")
-_CURRENT = ("device", "workers", "quiet")
+_CURRENT = ("device", "workers", "quiet", "mlflow")
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,8 @@ def _plan_resume(config: TrainConfig, given: set[str]) -> RunPlan:
     if refused:
         shown = "; ".join(f"{option_name(k)} {getattr(config, k)} (the run has {getattr(saved, k)})" for k in refused)
         raise ConfigError(f"--resume continues {run_dir} as it was configured, but {shown}: only --data, --epochs, "
-                          "--time, --device, --workers and --quiet may change on resume. To train with other settings, "
-                          f"start a new run from its weights: --weights {path}")
+                          "--time, --device, --workers, --quiet and --mlflow may change on resume. To train with other "
+                          f"settings, start a new run from its weights: --weights {path}")
     updates: dict[str, Any] = {"resume": str(path), **{k: getattr(config, k) for k in _CURRENT}}
     if "data" in changed:
         LOGGER.info(f"resume: reading the dataset from {config.data} (the run started on {saved.data})")

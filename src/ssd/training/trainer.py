@@ -37,6 +37,7 @@ from ssd.models.finetune import set_backbone_trainable
 from ssd.training.budget import TimeBudget
 from ssd.training.callbacks import Callback, EarlyStopping, MosaicSchedule, check_callbacks
 from ssd.training.config import TrainConfig
+from ssd.training.mlflow_log import MLflowLogger
 from ssd.training.optim import batch_loss, build_ema, build_optimization, resize_schedule, validation_loss
 from ssd.training.outputs import output_callbacks, prepare_run_dir
 from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run
@@ -111,7 +112,8 @@ class Trainer:
         self.callbacks = [*(output_callbacks() if info.is_main else []),
                           *([EarlyStopping(config.patience)] if config.patience else []),
                           *([MosaicSchedule()] if config.mosaic else []),
-                          *([TimeBudget(config.time)] if config.time else []), *callbacks]
+                          *([TimeBudget(config.time)] if config.time else []),
+                          *([MLflowLogger(config.mlflow)] if config.mlflow else []), *callbacks]
         seed_everything(config.seed)
         spec = load_training_data(config.data, skip_invalid=config.skip_invalid, recheck=config.recheck)
         self.class_names = list(spec.class_names)
