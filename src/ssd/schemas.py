@@ -144,10 +144,17 @@ class ValConfig(_Schema):
     exist_ok: bool = option(_EXIST_OK, False)
     tile: str | tuple[int, int] | None = option(_TILE, None)
     tile_overlap: float = option(_TILE_OVERLAP, TILE_OVERLAP)
+    track: bool = option("score tracking (HOTA, IDF1, MOTA) on MOT ground truth: --data is a MOTChallenge sequence "
+                         "folder (img1/, gt/gt.txt), a folder of them, or a folder of frames with its gt.txt", False)
+    tracker: Path | None = option("with --track: ByteTrack settings (a YAML file, as ssd predict --tracker)", None)
 
     def __post_init__(self) -> None:
         if (self.weights is None) == (self.detections is None):
             raise ConfigError("give one of --weights (a model to evaluate) and --detections (a file of detections)")
+        if self.track and self.weights is None:
+            raise ConfigError("--track scores a model's tracks: give --weights, not --detections")
+        if self.tracker is not None and not self.track:
+            raise ConfigError("--tracker sets the tracker of --track: add --track")
         self._check_common()
 
 
