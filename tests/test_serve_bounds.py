@@ -101,6 +101,21 @@ def test_a_dead_batcher_fails_the_waiting_request_and_health_says_not_ready(dete
         gated.release.set()
 
 
+def test_a_failing_backend_makes_health_not_ready_until_a_batch_succeeds(detector):
+    gated = Gated(detector)
+    gated.release.set()
+    app = create_app(gated, max_batch=1)
+    with running(app) as (url, _):
+        gated.detect = lambda images, **options: (_ for _ in ()).throw(RuntimeError("device lost"))
+        assert _post(url, _jpeg(64, 48)).status_code == 500
+        health = httpx.get(f"{url}/health")
+        assert health.status_code == 503
+        assert health.json() == {"status": "not ready", "error": "the last batch failed (RuntimeError: device lost)"}
+        del gated.detect  # the backend is back
+        assert _post(url, _jpeg(64, 48)).status_code == 200
+        assert httpx.get(f"{url}/health").json() == {"status": "ok"}
+
+
 def test_idle_and_half_sent_connections_are_closed_and_a_stalled_upload_gets_408(detector, caplog):
     app = create_app(detector, idle_timeout=0.2)
     with running(app) as (url, _):
