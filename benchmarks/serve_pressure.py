@@ -8,8 +8,8 @@ One ``ssd serve`` process on 127.0.0.1 with its default bounds (``--max-pending 
    ``--big-every`` a 16 MB upload, a noise JPEG or a noise PNG just under ``ssd.limits.MAX_UPLOAD_BYTES`` (the PNG
    decodes at full size, the JPEG in draft mode). Printed: the answers by status (200, 503, 504, other), the p50 and
    p99 latency of the accepted ones (200), and the server's peak RSS (``VmHWM``).
-2. ``--requests`` small requests (default 10,000) from 16 clients: the server's RSS (``VmRSS``) before and after, and
-   its peak.
+2. ``--requests`` small requests (default 10,000) from 16 clients: the server's RSS (``VmRSS``) before and after
+   each quarter of them, and its peak (``--requests 0``: not run).
 
 Usage: ``.venv/bin/python benchmarks/serve_pressure.py [--clients 64] [--seconds 30] [--requests 10000]``
 """
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--big-every", type=int, default=16, help="one request in N is a 16 MB upload")
-    parser.add_argument("--requests", type=int, default=10_000, help="small requests of the memory run")
+    parser.add_argument("--requests", type=int, default=10_000, help="small requests of the memory run (0: none)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -110,15 +110,18 @@ def main() -> None:
                   f"answers by status {dict(sorted(counts.items()))}; accepted p50 "
                   f"{1000 * _percentile(latencies, 50):.0f} ms, p99 {1000 * _percentile(latencies, 99):.0f} ms; "
                   f"server peak RSS {rss['VmHWM']} MiB (now {rss['VmRSS']} MiB)")
+        if args.requests == 0:
+            return
         with _server(weights, []) as (url, process):
             asyncio.run(_drive(url, blobs, [], 16, 600, 256, args.big_every))  # warm up: allocator and runtime arenas
-            before = _status(process.pid)
-            start = time.perf_counter()
-            counts, _ = asyncio.run(_drive(url, blobs, [], 16, 3600, args.requests, args.big_every))
-            after = _status(process.pid)
+            readings, start, counts = [_status(process.pid)["VmRSS"]], time.perf_counter(), {}
+            for _ in range(4):  # RSS after each quarter: growth that goes on, or a plateau
+                quarter, _ = asyncio.run(_drive(url, blobs, [], 16, 3600, args.requests // 4, args.big_every))
+                counts = {k: counts.get(k, 0) + quarter.get(k, 0) for k in {*counts, *quarter}}
+                readings.append(_status(process.pid)["VmRSS"])
             print(f"\n{args.requests:,} requests from 16 clients in {time.perf_counter() - start:.0f} s "
-                  f"({dict(sorted(counts.items()))}): server RSS {before['VmRSS']} MiB before, {after['VmRSS']} MiB "
-                  f"after, peak {after['VmHWM']} MiB")
+                  f"({dict(sorted(counts.items()))}): server RSS before and after each quarter "
+                  f"{' / '.join(map(str, readings))} MiB, peak {_status(process.pid)['VmHWM']} MiB")
 
 
 if __name__ == "__main__":

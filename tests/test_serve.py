@@ -181,7 +181,7 @@ def test_bad_requests_get_a_json_reason_and_the_server_keeps_serving(server, ima
 def test_draw_classes_and_metrics(server, detector, images):
     path = images[2]
     expected = detector.predict(path)[0]
-    drawn = httpx.post(f"{server}/predict", params={"draw": "1"}, content=path.read_bytes())
+    drawn = httpx.post(f"{server}/predict", params={"draw": "1"}, content=path.read_bytes(), timeout=60)
     assert drawn.headers["content-type"] == "image/png"
     with Image.open(io.BytesIO(drawn.content)) as image:
         assert image.size == (expected.width, expected.height)
