@@ -95,7 +95,7 @@ def _server(weights: Path, options: list[str]):
             if time.monotonic() > deadline:
                 raise RuntimeError("ssd serve did not answer /health within 120 s")
             time.sleep(0.2)
-        yield url
+        yield url, process
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -185,7 +185,7 @@ def main() -> None:
         figures: dict[tuple, tuple[float, list[float]]] = {}
         checks = {key: [0, 0.0, 0.0, 0, 0] for key in servers}
         with contextlib.ExitStack() as stack:
-            urls = {key: stack.enter_context(_server(weights, options)) for key, options in servers.items()}
+            urls = {key: stack.enter_context(_server(weights, options))[0] for key, options in servers.items()}
             for url in urls.values():
                 asyncio.run(_drive(url, blobs, 4, 0, 0, warm_up=True))
             for clients in (int(c) for c in args.clients.split(",")):

@@ -1,18 +1,13 @@
 """``ssd serve``: a real uvicorn server on a free 127.0.0.1 port (in a thread), driven by real HTTP clients."""
 
 import asyncio
-import contextlib
 import io
-import json
 import re
 import select
 import shutil
 import socket
-import struct
 import subprocess
 import sys
-import threading
-import zlib
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -24,8 +19,8 @@ pytest.importorskip("fastapi", reason="ssd serve needs the [serve] extra: pip in
 pytest.importorskip("uvicorn", reason="ssd serve needs the [serve] extra: pip install 'ssd-detect[serve]'")
 httpx = pytest.importorskip("httpx", reason="ssd.client needs the [serve] extra: pip install 'ssd-detect[serve]'")
 
-import uvicorn  # noqa: E402
 
+from serving import bomb_png, connect, raw_request, read_answer, running, upload_head  # noqa: E402
 from ssd.card import ModelCard  # noqa: E402
 from ssd.cli import main  # noqa: E402
 from ssd.client import Client  # noqa: E402
@@ -39,25 +34,6 @@ from ssd.settings import Thresholds  # noqa: E402
 
 CONCURRENT = 32
 TOP = 3  # detections compared per image in the concurrency test (max_det)
-
-
-@contextlib.contextmanager
-def running(app):
-    """``app`` served by uvicorn in a thread on a free 127.0.0.1 port; yields the base URL. The socket listens before
-    the server starts, so the first request waits in its backlog instead of racing the start."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(128)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
-    assert not thread.is_alive()
 
 
 def _jpeg(image: torch.Tensor) -> bytes:
@@ -92,7 +68,7 @@ def images(tmp_path_factory, detector):
 @pytest.fixture(scope="module")
 def server(detector, images):
     app = create_app(detector, max_batch=8, max_wait_ms=20, samples=images[0].parent)
-    with running(app) as url:
+    with running(app) as (url, _):
         yield url
 
 
@@ -154,38 +130,6 @@ def _metric(url: str, name: str, labels: str = "") -> float:
     return 0.0 if line is None else float(line.rsplit(" ", 1)[1])
 
 
-def _bomb_png(width: int, height: int) -> bytes:
-    """A PNG whose header claims ``width x height`` gray pixels, with one row of data: refused from the header."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * (width + 1)))
-            + chunk(b"IEND", b""))
-
-
-def _raw_request(url: str, head: str, body: bytes) -> tuple[int, dict]:
-    """Send ``head`` and ``body`` on a plain socket, read the answer: for uploads a client would not finish."""
-    host, port = url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(head.encode() + body)
-        answer = b""
-        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
-    status = int(answer.split(b" ", 2)[1])
-    return status, json.loads(answer.split(b"\r\n\r\n", 1)[1])
-
-
-def _length(answer: bytes) -> int:
-    for line in answer.split(b"\r\n\r\n", 1)[0].split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            return int(line.split(b":")[1])
-    return 0
-
-
 @pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")  # Pillow's, before the refusal
 def test_bad_requests_get_a_json_reason_and_the_server_keeps_serving(server, images):
     jpeg = images[1].read_bytes()
@@ -194,8 +138,12 @@ def test_bad_requests_get_a_json_reason_and_the_server_keeps_serving(server, ima
         ("empty body", dict(content=b"", headers=raw), 400, "empty body"),
         ("truncated JPEG", dict(content=jpeg[: len(jpeg) // 2], headers=raw), 400, "upload: image does not decode"),
         ("not an image", dict(content=b"hello, world", headers=raw), 400, "not an image"),
-        ("decompression bomb", dict(content=_bomb_png(10_000, 10_000), headers=raw), 400,
+        ("decompression bomb", dict(content=bomb_png(10_000, 10_000), headers=raw), 400,
          "10000x10000 = 100,000,000 pixels exceed the limit of 89,478,485"),
+        ("81 MP PNG of 300 bytes", dict(content=bomb_png(9_000, 9_000), headers=raw), 413,
+         "9000x9000 = 81,000,000 pixels to decode exceed the limit of 16,777,216 (--max-pixels)"),
+        ("max_det of 2**63", dict(params={"max_det": str(2**63)}, content=jpeg, headers=raw), 400,
+         "max_det must be at most 10,000 (ssd.limits.MAX_DETECTIONS), got 9223372036854775808"),
         ("wrong content type", dict(content=b'{"image": 1}', headers={"Content-Type": "application/json"}), 415,
          "content type 'application/json' is not an upload"),
         ("unknown option", dict(params={"cnf": "0.5"}, content=jpeg, headers=raw), 400,
@@ -214,26 +162,26 @@ def test_bad_requests_get_a_json_reason_and_the_server_keeps_serving(server, ima
         assert httpx.post(f"{server}/predict", content=jpeg, headers=raw).status_code == 200, what
     # 20 MB announced: refused from its Content-Length after 64 KiB were sent, not after 20 MB
     head = f"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nContent-Length: {20_000_000}\r\n\r\n"
-    status, error = _raw_request(server, head, b"\0" * 65536)
+    status, error = raw_request(server, head, b"\0" * 65536)
     assert status == 413 and "upload over the limit of 16,777,216 bytes" in error["error"]
     # a chunked upload with no length is counted as it arrives and refused past the limit
     chunk = b"\0" * 2**20
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(MAX_UPLOAD_BYTES // len(chunk) + 1))
     head = "POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: image/jpeg\r\nTransfer-Encoding: chunked\r\n\r\n"
-    status, error = _raw_request(server, head, chunks)
+    status, error = raw_request(server, head, chunks)
     assert status == 413 and "MAX_UPLOAD_BYTES" in error["error"]
     missing = httpx.get(f"{server}/nowhere")
     assert missing.status_code == 404 and missing.json() == {"error": "Not Found"}
     with Client(server) as client, pytest.raises(ServerError, match="415"):
-        client._json(httpx.post(f"{server}/predict", content=b"x", headers={"Content-Type": "text/plain"}))
+        client._json("POST", "/predict", content=b"x", headers={"Content-Type": "text/plain"})
     assert httpx.post(f"{server}/predict", content=jpeg, headers=raw).status_code == 200
-    assert _metric(server, "ssd_request_errors_total", '{route="/predict",status="413"}') == 2
+    assert _metric(server, "ssd_request_errors_total", '{route="/predict",status="413"}') == 3
 
 
 def test_draw_classes_and_metrics(server, detector, images):
     path = images[2]
     expected = detector.predict(path)[0]
-    drawn = httpx.post(f"{server}/predict", params={"draw": "1"}, content=path.read_bytes())
+    drawn = httpx.post(f"{server}/predict", params={"draw": "1"}, content=path.read_bytes(), timeout=60)
     assert drawn.headers["content-type"] == "image/png"
     with Image.open(io.BytesIO(drawn.content)) as image:
         assert image.size == (expected.width, expected.height)
@@ -268,8 +216,8 @@ def test_page_renders_the_boxes_of_a_sample_in_headless_chromium(server, detecto
 def test_ssd_serve_process_on_a_free_port_answers_as_detector_predict(tiny_checkpoint, detector, images):
     # --threads 0: PyTorch's thread count of this process, which the float sums of a .pt network depend on
     process = subprocess.Popen([sys.executable, "-m", "ssd", "serve", "--weights", str(tiny_checkpoint), "--port", "0",
-                                "--max-batch", "1", "--threads", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
+                                "--max-batch", "1", "--threads", "0", "--idle-timeout", "1"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     try:
         assert select.select([process.stdout], [], [], 120)[0], "no line from ssd serve within 120 s"
         line = process.stdout.readline()  # printed once the socket listens: requests wait in its backlog
@@ -277,9 +225,13 @@ def test_ssd_serve_process_on_a_free_port_answers_as_detector_predict(tiny_check
         assert url is not None and "serving ssd_tiny (torch)" in line and "no batching" in line, line
         with Client(url.group()) as client:
             (result,) = client.predict(images[5])
+        half_sent = connect(url.group())  # an upload that stops after its head: it cannot hold the server up
+        half_sent.sendall(upload_head(1000).encode())
     finally:
         process.terminate()  # uvicorn shuts down, then ends by the signal
         process.wait(timeout=60)
+    status, _, answer = read_answer(half_sent)
+    assert status == 408 and answer == {"error": "upload stalled: no byte for 1 s (--idle-timeout) after 0 bytes"}
     expected = detector.predict(images[5])[0]
     assert all(torch.equal(getattr(result, k), getattr(expected, k)) for k in ("boxes", "scores", "labels"))
     assert process.stderr.read() == ""  # no warning on 127.0.0.1, no traceback
@@ -318,3 +270,5 @@ def test_ssd_serve_refuses_a_bad_option_in_one_line(tiny_checkpoint, capsys):
     assert main(["serve", "--weights", str(tiny_checkpoint), "--threads", "-1"]) == 2
     assert capsys.readouterr().err == ("error: ssd serve: --threads must be a whole number, 0 or more (0: one per "
                                        "core), got -1\n")
+    assert main(["serve", "--weights", str(tiny_checkpoint), "--timeout", "0"]) == 2
+    assert capsys.readouterr().err == "error: ssd serve: --timeout must be a number of seconds in (0, 3600], got 0.0\n"

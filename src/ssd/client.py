@@ -24,6 +24,7 @@ class Client:
         httpx = require("httpx", "serve", "ssd.client.Client")
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=self.url, timeout=timeout)
+        self._transport_error = httpx.TransportError
 
     def __enter__(self) -> Client:
         return self
@@ -40,7 +41,7 @@ class Client:
         """Detections of one image file or a list of them, one :class:`Result` per image in order (``path``: the
         file as given); thresholds not given are the server's defaults; ``classes``: names or labels to keep.
 
-        Raises :class:`ServerError` with the server's reason for a refused request."""
+        Raises :class:`ServerError` with the server's reason for a refused request, or when no answer came."""
         paths = list(source) if isinstance(source, (list, tuple)) else [source]
         query: dict[str, Any] = {key: value for key, value in (("conf", score_threshold), ("iou", iou_threshold),
                                                                ("max_det", max_detections)) if value is not None}
@@ -48,20 +49,25 @@ class Client:
             query["classes"] = ",".join(map(str, classes))
         results = []
         for path in paths:
-            response = self._http.post("/predict", params=query, content=Path(path).read_bytes(),
-                                       headers={"Content-Type": "application/octet-stream"})
-            results.append(_result(self._json(response), str(path)))
+            results.append(_result(self._json("POST", "/predict", params=query, content=Path(path).read_bytes(),
+                                              headers={"Content-Type": "application/octet-stream"}), str(path)))
         return results
 
     def model(self) -> dict[str, Any]:
         """The server's model card (``GET /model``)."""
-        return self._json(self._http.get("/model"))
+        return self._json("GET", "/model")
 
     def health(self) -> dict[str, Any]:
-        return self._json(self._http.get("/health"))
+        return self._json("GET", "/health")
 
-    @staticmethod
-    def _json(response) -> Any:
+    def _json(self, method: str, path: str, **request: Any) -> Any:
+        """The JSON answer of a request; :class:`ServerError` for a refusal, or with status ``None`` when no answer
+        came (the server is down, unreachable or too slow)."""
+        try:
+            response = self._http.request(method, path, **request)
+        except self._transport_error as e:
+            raise ServerError(f"{method} {self.url}{path}: no answer from the server ({type(e).__name__}: "
+                              f"{e or 'no reason given'})", None) from None
         if response.is_success:
             return response.json()
         try:

@@ -64,7 +64,8 @@ class ImageError(DataError):
     """An image file that cannot or will not be decoded; the message starts with the file.
 
     ``code`` is ``missing_image``, ``corrupt_image`` (does not decode) or ``unsupported_image`` (refused by a rule:
-    too many pixels, several frames, a pixel format without an 8-bit meaning); ``reason`` is the message without the
+    too many pixels, several frames, a pixel format without an 8-bit meaning) or ``too_many_pixels`` (over the
+    caller's bound, :func:`ssd.data.images.decode_upload`); ``reason`` is the message without the
     file, for reports that name the file their own way.
     """
 
@@ -142,9 +143,10 @@ class RequestError(SSDError, ValueError):
 
 
 class ServerError(SSDError, ValueError):
-    """The server refused a request: ``status`` and its message (the JSON ``error``)."""
+    """The server refused a request: ``status`` and its message (the JSON ``error``); ``status`` ``None``: no answer
+    came (the server is down or unreachable, or it timed out)."""
 
-    def __init__(self, message: str, status: int):
+    def __init__(self, message: str, status: int | None):
         super().__init__(message)
         self.status = status
 

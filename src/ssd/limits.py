@@ -17,7 +17,7 @@ __all__ = ["MAX_INPUT_SIDE", "MAX_PRIORS", "MAX_TILES_PER_IMAGE", "MIN_TILE", "M
            "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MAX_VALUE_CHARS", "MAX_EPOCHS", "MAX_TRAIN_MINUTES",
            "MAX_DETECTIONS_FILE_BYTES", "MAX_DETECTIONS_PER_IMAGE", "MAX_NAME_CHARS", "MAX_GLOB_PATHS",
            "MAX_WORKERS", "MAX_DISK_CACHE_BYTES", "MAX_CLASSES",
-           "MAX_UPLOAD_BYTES", "value_text", "is_whole", "is_real"]
+           "MAX_UPLOAD_BYTES", "MAX_CONNECTIONS", "value_text", "is_whole", "is_real"]
 
 MAX_INPUT_SIDE = 4096
 """Largest side of the network input in pixels (``--image-size``, a checkpoint's ``image_size``)."""
@@ -73,6 +73,11 @@ MAX_SAVED_CROPS = 100_000
 MAX_UPLOAD_BYTES = 16 * 2**20
 """Largest request body ``ssd serve`` accepts (an image upload): refused with 413 from its ``Content-Length``, or once
 that many bytes have arrived, before the body is read whole."""
+
+MAX_CONNECTIONS = 512
+"""Most connections and requests ``ssd serve`` holds at once (uvicorn's ``limit_concurrency``): a request past it is
+answered 503 by uvicorn itself, before the app, so that idle connections cannot use up the process's file descriptors
+(1024 by default) and starve ``/health``."""
 
 MAX_YAML_ALIASES = 100
 """Most alias references a YAML file may use (an alias bomb expands a dozen lines to billions of items)."""

@@ -148,6 +148,9 @@ class ValConfig(CommandSchema):
     tile: str | tuple[int, int] | None = option(_TILE, None)
     tile_overlap: float = option(_TILE_OVERLAP, TILE_OVERLAP)
     tta: bool = option(_TTA, False)
+    track: bool = option("score tracking (HOTA, IDF1, MOTA) on MOT ground truth: --data is a MOTChallenge sequence "
+                         "folder (img1/, gt/gt.txt), a folder of them, or a folder of frames with its gt.txt", False)
+    tracker: Path | None = option("with --track: ByteTrack settings (a YAML file, as ssd predict --tracker)", None)
 
     def __post_init__(self) -> None:
         if (self.weights is None) == (self.detections is None):
@@ -155,6 +158,10 @@ class ValConfig(CommandSchema):
         if self.tta and self.detections is not None:
             raise ConfigError("--tta augments a model's input, and --detections scores a file of detections: give "
                               "--weights with --tta")
+        if self.track and self.weights is None:
+            raise ConfigError("--track scores a model's tracks: give --weights, not --detections")
+        if self.tracker is not None and not self.track:
+            raise ConfigError("--tracker sets the tracker of --track: add --track")
         self._check_common()
 
 
@@ -238,11 +245,23 @@ class ServeConfig(CommandSchema):
     samples: Path | None = option("folder of example images the page at / offers", None)
     threads: int | None = option("PyTorch threads of the server: pre-/post-processing, a .pt network (0: one per "
                                  "core)", 1)
+    max_pending: int = option("most /predict requests in the server at once (arriving, queued or running); more are "
+                              "answered 503 with Retry-After", 32, metavar="N")
+    timeout: float = option("seconds a request may take from its arrival to its answer: 408 when its upload has not "
+                            "arrived by then, else 504", 30.0, metavar="S")
+    idle_timeout: float = option("seconds a connection may send nothing (before a request, between requests, in the "
+                                 "middle of an upload) before it is closed", 5.0, metavar="S")
+    max_pixels: int = option("most pixels an upload is decoded to (a JPEG is decoded at a reduced scale near the "
+                             "model's input first); larger images are refused with 413", 4096 * 4096, metavar="N")
 
     def __post_init__(self) -> None:
         self._check_common()
         self._require("port", is_whole(self.port) and 0 <= self.port <= 65535, "must be in 0..65535 (0: a free port)")
         check_batching(self.max_batch, self.max_wait_ms)
+        self._positive("max_pending", "max_pixels")
+        for name in ("timeout", "idle_timeout"):
+            self._require(name, is_real(getattr(self, name), finite=True) and 0 < getattr(self, name) <= 3600,
+                          "must be a number of seconds in (0, 3600]")
         self._require("threads", self.threads is None or (is_whole(self.threads) and self.threads >= 0),
                       "must be a whole number, 0 or more (0: one per core)")
 

@@ -42,6 +42,14 @@ def _cmd_val(args: argparse.Namespace) -> int:
     from ssd.evaluation.results import evaluate_detections
 
     config = _config(ValConfig, args)
+    if config.track:
+        from ssd.evaluation.tracking import format_tracking, validate_tracking
+
+        figures, saved = validate_tracking(config)
+        print(format_tracking(figures))
+        if saved is not None:
+            print(f"figures: {saved}")
+        return 0
     saving = dict(report=True, project=config.project if config.save else None, name=config.name,
                   exist_ok=config.exist_ok)
     if config.detections is not None:
@@ -50,7 +58,7 @@ def _cmd_val(args: argparse.Namespace) -> int:
         result = evaluate_detections(config.detections, config.data, metric=config.metric, split=config.split,
                                      **saving)
     else:
-        result = evaluate(**config.values("detections", "save", *saving), **saving)
+        result = evaluate(**config.values("detections", "save", "track", "tracker", *saving), **saving)
     if "report" not in result:  # a rank other than 0 under torchrun: rank 0 reports the whole split
         return 0
     print(format_table(result, result["class_names"]))

@@ -43,8 +43,8 @@ from ssd.sizes import as_hw
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["IMAGE_SUFFIXES", "ImageWarning", "read_image", "decode_image", "read_image_size", "is_image",
-           "verify_image", "pil_to_rgb", "exif_transposed"]
+__all__ = ["IMAGE_SUFFIXES", "ImageWarning", "read_image", "decode_image", "decode_upload", "read_image_size",
+           "is_image", "verify_image", "pil_to_rgb", "exif_transposed"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 _EXIF_ORIENTATION = 0x0112
@@ -183,7 +183,7 @@ def read_image(path: str | Path, min_size: int | tuple[int, int] | None = None) 
     gives): 2-4x faster for phone photos fed to a 300 px network, and no detail the resize would keep is lost.
     """
     path = Path(path)
-    return _decode(_file_bytes(path), path, min_size, _to_pixels)
+    return _decode(_file_bytes(path), path, min_size, _to_pixels)[0]
 
 
 def _file_bytes(path: Path) -> bytes:
@@ -198,24 +198,50 @@ def _file_bytes(path: Path) -> bytes:
 def decode_image(data: bytes, name: str | Path = "<image>", min_size: int | tuple[int, int] | None = None) -> Tensor:
     """Decode the bytes of an image file (an upload, say) as :func:`read_image` decodes a file, by the same rules;
     :class:`ImageError` messages name it ``name``."""
-    return _decode(data, Path(name), min_size, _to_pixels)
+    return _decode(data, Path(name), min_size, _to_pixels)[0]
 
 
-def _decode(data: bytes, path: Path, min_size: int | tuple[int, int] | None, finish: Callable[[Image.Image], Any]):
-    """``finish`` of the decoded picture, upright and RGB (see :func:`read_image`)."""
+def decode_upload(data: bytes, name: str | Path, min_size: int | tuple[int, int],
+                  max_pixels: int) -> tuple[Tensor, tuple[int, int]]:
+    """:func:`decode_image` with ``min_size`` (a JPEG decoded at a reduced scale), and ``(width, height)`` of the
+    whole picture, upright, to scale what is found on the reduced one back. An image that would decode to more than
+    ``max_pixels`` is refused (``ImageError`` code ``too_many_pixels``) from its header, before any pixel is decoded:
+    a JPEG counts at its reduced scale, other formats at full size."""
+    return _decode(data, Path(name), min_size, _to_pixels, max_pixels)
+
+
+def _decode(data: bytes, path: Path, min_size: int | tuple[int, int] | None, finish: Callable[[Image.Image], Any],
+            max_pixels: int | None = None) -> tuple[Any, tuple[int, int]]:
+    """``finish`` of the decoded picture, upright and RGB (see :func:`read_image`), and the whole picture's upright
+    ``(width, height)``."""
     with _open(path, data) as im:
+        if im.format not in _JPEG:  # before _orientation, which decodes a PNG
+            _check_decoded_pixels(im, path, max_pixels)
         try:
             orientation = _orientation(im, path)
+            width, height = im.size
+            whole = (height, width) if orientation in _TRANSPOSED else (width, height)
             if min_size is not None and im.format in _JPEG:
-                height, width = as_hw(min_size)
+                want_h, want_w = as_hw(min_size)
                 if orientation in _TRANSPOSED:  # the file stores the picture transposed: its width is our height
-                    height, width = width, height
-                if im.width >= 2 * width and im.height >= 2 * height:
-                    im.draft("RGB", (width, height))
+                    want_h, want_w = want_w, want_h
+                if width >= 2 * want_w and height >= 2 * want_h:
+                    im.draft("RGB", (want_w, want_h))
+            if im.format in _JPEG:
+                _check_decoded_pixels(im, path, max_pixels)  # at the draft's scale
             im.load()  # decode now: a corrupt or truncated file raises here, never converts to a black picture
-            return finish(_upright_rgb(im, orientation))
+            return finish(_upright_rgb(im, orientation)), whole
+        except ImageError:
+            raise
         except Exception as e:  # Pillow's decoders raise many kinds (OSError, SyntaxError, struct.error, ...)
             raise _error(path, f"image does not decode ({type(e).__name__}: {e})") from e
+
+
+def _check_decoded_pixels(im: Image.Image, path: Path, max_pixels: int | None) -> None:
+    w, h = im.size
+    if max_pixels is not None and w * h > max_pixels:
+        raise _error(path, f"{w}x{h} = {w * h:,} pixels to decode exceed the limit of {max_pixels:,}",
+                     "too_many_pixels")
 
 
 @remembered("decode", error=ImageError)

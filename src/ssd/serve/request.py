@@ -4,6 +4,7 @@ which the app sends as JSON."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,7 +14,7 @@ from starlette.requests import Request
 
 from ssd.errors import ConfigError, RequestError
 from ssd.inference.detector import Detector
-from ssd.limits import value_text
+from ssd.limits import MAX_DETECTIONS, value_text
 from ssd.names import did_you_mean
 from ssd.settings import Thresholds, check_thresholds
 
@@ -63,6 +64,8 @@ def parse_options(items: Sequence[tuple[str, str]], detector: Detector, defaults
     conf = _number(given, "conf", float, defaults.score_threshold)
     iou = _number(given, "iou", float, defaults.iou_threshold)
     max_det = _number(given, "max_det", int, defaults.max_detections)
+    if max_det > MAX_DETECTIONS:  # a top-k of 2**63 would fail inside the network's post-processing: a 500
+        raise RequestError(f"max_det must be at most {MAX_DETECTIONS:,} (ssd.limits.MAX_DETECTIONS), got {max_det}")
     classes = None
     try:
         check_thresholds(conf, iou, max_det, names=_THRESHOLD_NAMES)
@@ -86,11 +89,19 @@ def _number(given: dict[str, str], name: str, kind: type, default: float | int) 
         raise RequestError(f"{name} must be {what}, got {value_text(given[name])}") from None
 
 
-async def _limited(request: Request, limit: int) -> AsyncIterator[bytes]:
+async def _limited(request: Request, limit: int, idle_timeout: float) -> AsyncIterator[bytes]:
     """The request body's chunks, refused with 413 once more than ``limit`` bytes have arrived (a body without a
-    ``Content-Length``, or one longer than it said)."""
-    received = 0
-    async for chunk in request.stream():
+    ``Content-Length``, or one longer than it said), and with 408 when no byte arrives for ``idle_timeout`` s."""
+    received, chunks = 0, request.stream()
+    while True:
+        try:
+            async with asyncio.timeout(idle_timeout):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise RequestError(f"upload stalled: no byte for {idle_timeout:g} s (--idle-timeout) after "
+                               f"{received:,} bytes", 408) from None
         received += len(chunk)
         if received > limit:
             raise RequestError(_too_large(limit), 413)
@@ -101,27 +112,28 @@ def _too_large(limit: int) -> str:
     return f"upload over the limit of {limit:,} bytes (ssd.limits.MAX_UPLOAD_BYTES)"
 
 
-async def read_upload(request: Request, limit: int) -> tuple[bytes, str]:
+async def read_upload(request: Request, limit: int, idle_timeout: float) -> tuple[bytes, str]:
     """The image file a request carries, and its name for messages (the form's file name, else ``upload``).
 
     A ``Content-Length`` over ``limit`` is refused before any of the body is read; a form needs exactly one file
-    part; a body of another content type than :data:`ACCEPTED_TYPES` is refused with 415."""
+    part; a body of another content type than :data:`ACCEPTED_TYPES` is refused with 415; an upload that stalls for
+    ``idle_timeout`` s with 408."""
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > limit:
         raise RequestError(_too_large(limit), 413)
     media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
     if media == "multipart/form-data":
-        return await _form_file(request, limit)
+        return await _form_file(request, limit, idle_timeout)
     if media and not (media.startswith("image/") or media == "application/octet-stream"):
         raise RequestError(f"content type {value_text(media)} is not an upload: send {', '.join(ACCEPTED_TYPES)}", 415)
-    body = b"".join([chunk async for chunk in _limited(request, limit)])
+    body = b"".join([chunk async for chunk in _limited(request, limit, idle_timeout)])
     if not body:
         raise RequestError("empty body: send an image file's bytes, or a multipart form with one file part")
     return body, "upload"
 
 
-async def _form_file(request: Request, limit: int) -> tuple[bytes, str]:
-    parser = MultiPartParser(request.headers, _limited(request, limit), max_files=1, max_fields=0,
+async def _form_file(request: Request, limit: int, idle_timeout: float) -> tuple[bytes, str]:
+    parser = MultiPartParser(request.headers, _limited(request, limit, idle_timeout), max_files=1, max_fields=0,
                              max_part_size=limit)
     try:
         form = await parser.parse()

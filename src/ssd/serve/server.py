@@ -37,7 +37,9 @@ def serve(weights: str | Path, *, host: str = ServeConfig.host, port: int = Serv
           score_threshold: float | None = ServeConfig.score_threshold, iou_threshold: float = ServeConfig.iou_threshold,
           max_detections: int = ServeConfig.max_detections, max_batch: int = ServeConfig.max_batch,
           max_wait_ms: float = ServeConfig.max_wait_ms, samples: str | Path | None = ServeConfig.samples,
-          threads: int | None = ServeConfig.threads) -> None:
+          threads: int | None = ServeConfig.threads, max_pending: int = ServeConfig.max_pending,
+          timeout: float = ServeConfig.timeout, idle_timeout: float = ServeConfig.idle_timeout,
+          max_pixels: int = ServeConfig.max_pixels) -> None:
     """Serve ``weights`` (anything :func:`ssd.inference.detector.load` opens) on ``host:port`` until interrupted.
 
     The options are ``ssd serve``'s (:class:`ssd.schemas.ServeConfig`, whose defaults these are), checked before
@@ -49,14 +51,22 @@ def serve(weights: str | Path, *, host: str = ServeConfig.host, port: int = Serv
     ``threads``: PyTorch's intra-op threads in this process (pre- and post-processing, and the layers of a ``.pt``
     network; ``0`` or ``None`` leaves PyTorch's default, one per core). The default 1 is set because a server's
     concurrent requests already keep the cores busy, and PyTorch's thread pool costs several times the work of one
-    small image in waits (``benchmarks/serve.py``); ONNX Runtime and OpenVINO keep their own threads."""
+    small image in waits (``benchmarks/serve.py``); ONNX Runtime and OpenVINO keep their own threads.
+
+    ``max_pending``, ``timeout``, ``idle_timeout``, ``max_pixels``: the server's bounds (:func:`create_app`,
+    :func:`ssd.serve.connections.uvicorn_config`). On SIGTERM or Ctrl-C it stops accepting, lets the requests in
+    flight finish for up to ``timeout`` s, and returns."""
     ServeConfig(weights=weights, host=host, port=port, device=device, half=half, score_threshold=score_threshold,
                 iou_threshold=iou_threshold, max_detections=max_detections, max_batch=max_batch,
-                max_wait_ms=max_wait_ms, samples=samples, threads=threads)  # raises for a bad value, naming its flag
-    uvicorn = require("uvicorn", "serve", "ssd serve")
+                max_wait_ms=max_wait_ms, samples=samples, threads=threads, max_pending=max_pending, timeout=timeout,
+                idle_timeout=idle_timeout, max_pixels=max_pixels)  # raises for a bad value, naming its flag
+    require("uvicorn", "serve", "ssd serve")
     require("fastapi", "serve", "ssd serve")
+    import uvicorn
+
     from ssd.inference.detector import load
     from ssd.serve.app import create_app
+    from ssd.serve.connections import uvicorn_config
 
     with _listen(host, port) as sock:
         if threads and has_torch():  # 0 or None: PyTorch's default (ONNX Runtime and OpenVINO keep their own)
@@ -66,7 +76,8 @@ def serve(weights: str | Path, *, host: str = ServeConfig.host, port: int = Serv
         detector = load(weights, device=device, half=half)
         app = create_app(detector, score_threshold=score_threshold, iou_threshold=iou_threshold,
                          max_detections=max_detections, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                         samples=samples)
+                         samples=samples, max_pending=max_pending, timeout=timeout, idle_timeout=idle_timeout,
+                         max_pixels=max_pixels)
         warning = exposure_warning(host)
         if warning is not None:
             warnings.warn(ServeWarning(warning), stacklevel=2)
@@ -76,7 +87,7 @@ def serve(weights: str | Path, *, host: str = ServeConfig.host, port: int = Serv
         print(f"serving {detector.card.model_name} ({detector.backend.name}) on "
               f"http://{url_host}:{sock.getsockname()[1]} (conf {conf['conf']:g}: {conf['conf_origin']}; {batching})",
               flush=True)
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+        uvicorn.Server(uvicorn_config(app)).run(sockets=[sock])
 
 
 def _listen(host: str, port: int) -> socket.socket:
