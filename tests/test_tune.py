@@ -21,9 +21,9 @@ from ssd.training import tune as tune_module
 from ssd.training.config import TrainConfig
 from ssd.training.trainer import TrainResult
 from ssd.training.tune import TrialPruning, tune
-from ssd.training.tune_config import TuneConfig
 from ssd.training.tune_space import Param, default_space, parse_space, sample, space_to_yaml
 from ssd.training.tune_study import check_sqlite, open_study, sqlite_url
+from ssd.tune_schema import TuneConfig
 
 optuna = pytest.importorskip("optuna")
 

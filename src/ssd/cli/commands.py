@@ -238,7 +238,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     from ssd.training.tune import tune
-    from ssd.training.tune_config import TuneConfig
+    from ssd.tune_schema import TuneConfig
 
     result = tune(_config(TuneConfig, args))
     states = ", ".join(f"{count} {state.lower()}" for state, count in sorted(result.states.items()))

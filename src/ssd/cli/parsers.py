@@ -17,7 +17,7 @@ from ssd.cli.options import (
 )
 from ssd.errors import UsageError
 from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ServeConfig, ValConfig
-from ssd.training.tune_config import TuneConfig
+from ssd.tune_schema import TuneConfig
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -39,9 +39,9 @@ from ssd.optional import require
 from ssd.training.callbacks import Callback
 from ssd.training.config import TrainConfig
 from ssd.training.trainer import TrainResult, train
-from ssd.training.tune_config import MIN_TRIAL_MINUTES, TuneConfig
 from ssd.training.tune_space import Param, default_space, read_space, sample, space_to_yaml
 from ssd.training.tune_study import OWNER, check_sqlite, open_study, sqlite_url, write_trials
+from ssd.tune_schema import MIN_TRIAL_MINUTES, TuneConfig
 
 if TYPE_CHECKING:
     from ssd.training.trainer import Trainer

@@ -1,4 +1,5 @@
-"""``ssd tune``'s options (:class:`TuneConfig`), read by the command line and :func:`ssd.training.tune.tune` alike."""
+"""``ssd tune``'s options (:class:`TuneConfig`), a command schema like those of :mod:`ssd.schemas`, read by the command
+line and :func:`ssd.training.tune.tune` alike."""
 
 from __future__ import annotations
 
