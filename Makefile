@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # The optional dependencies (pyproject extras) each goal installs; append new extras here.
 DEMO_EXTRAS := tensorboard
-TEST_EXTRAS := dev,export,video,tensorboard,eval,openvino,serve,track,supervision,docs
+TEST_EXTRAS := dev,export,video,tensorboard,eval,openvino,serve,track,supervision,docs,tflite
 
 .PHONY: demo test test-fast lint docs install clean
 

@@ -1,5 +1,6 @@
-"""The export check: an exported ONNX model against the PyTorch model it came from, both run through the same
-inference pipeline (:class:`ssd.inference.detector.Detector`), on raw outputs and on detections."""
+"""The export check: an exported model (ONNX, or any backend: TFLite) against the PyTorch model it came from, both
+run through the same inference pipeline (:class:`ssd.inference.detector.Detector`), on raw outputs and on
+detections."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ssd.inference.backends.pytorch import TorchBackend
 from ssd.inference.detector import Detector, to_image
 from ssd.settings import PREDICT, Thresholds
 
-__all__ = ["check_onnx"]
+__all__ = ["check_onnx", "check_backend"]
 
 
 def check_onnx(
@@ -40,28 +41,34 @@ def check_onnx(
     Raises:
         ExportCheckError: naming the image, the detection and the difference.
     """
+    check_backend(model, OnnxBackend(onnx_path), "ONNX Runtime", sample_images, box_tol, score_tol)
+
+
+def check_backend(model: nn.Module, backend, runtime: str, sample_images: Sequence | None = None,
+                  box_tol: float = 1e-3, score_tol: float = 1e-4) -> None:
+    """:func:`check_onnx` for an opened ``backend`` of any runtime (named ``runtime`` in the messages)."""
     if sample_images is None:
         generator = torch.Generator().manual_seed(0)
         sample_images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator)
                          for h, w in ((240, 320), (300, 200))]
-    ours, reference = Detector(OnnxBackend(onnx_path)), Detector(TorchBackend(model))
+    ours, reference = Detector(backend), Detector(TorchBackend(model))
     images = [to_image(item, index) for index, item in enumerate(sample_images)]
     fixed = ours.card.nms
     if fixed is None:
-        _check_raw(reference, ours, images, box_tol, score_tol)
+        _check_raw(reference, ours, images, box_tol, score_tol, runtime)
     thresholds = fixed or PREDICT
     options = thresholds.as_kwargs()
     expected, got = reference.predict(images, **options), ours.predict(images, **options)
     for index, (a, b) in enumerate(zip(expected, got)):
         scale = torch.tensor([a.width, a.height, a.width, a.height], dtype=torch.float32)
-        for name, side, other in (("ONNX Runtime", a, b), ("PyTorch", b, a)):
+        for name, side, other in ((runtime, a, b), ("PyTorch", b, a)):
             problem = _unmatched(side, other, scale, thresholds, box_tol, score_tol)
             if problem:
-                raise ExportCheckError(f"{onnx_path}: image {index}: {problem} has no counterpart in {name}'s output "
-                                       f"(tolerances: boxes {box_tol} of the image size, scores {score_tol})")
+                raise ExportCheckError(f"{backend.source}: image {index}: {problem} has no counterpart in {name}'s "
+                                       f"output (tolerances: boxes {box_tol} of the image size, scores {score_tol})")
 
 
-def _check_raw(reference, ours, images, box_tol: float, score_tol: float) -> None:
+def _check_raw(reference, ours, images, box_tol: float, score_tol: float, runtime: str) -> None:
     batch, _ = ours.preprocess(images)
     loc, logits = (t.float().cpu() for t in reference.backend(batch))
     got_loc, got_logits = ours.backend(batch)
@@ -70,7 +77,7 @@ def _check_raw(reference, ours, images, box_tol: float, score_tol: float) -> Non
     score_diff = (got_logits.softmax(-1) - logits.softmax(-1)).abs().max().item()
     if not box_diff <= box_tol or not score_diff <= score_tol:  # `not <=` also catches NaN
         raise ExportCheckError(
-            f"ONNX Runtime's raw outputs differ from PyTorch's: largest box difference {box_diff:.3g} of the image "
+            f"{runtime}'s raw outputs differ from PyTorch's: largest box difference {box_diff:.3g} of the image "
             f"size (allowed {box_tol}), largest score difference {score_diff:.3g} (allowed {score_tol})"
         )
 
