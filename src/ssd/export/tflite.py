@@ -20,6 +20,7 @@ integer INT8 (``calibration``: :mod:`ssd.export.tflite_int8`). FP32 and FP16 fil
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import tempfile
 from collections.abc import Sequence
@@ -53,16 +54,21 @@ def require_tflite_export():
 
 
 class EdgeGraph(nn.Module):
-    """``image [1, S, S, 3]`` uint8 -> ``(location [1, P, 4] (y, x, h, w) offsets, scores [1, P, K])``."""
+    """``image [1, S, S, 3]`` uint8 (or float pixel values, traced for INT8) -> ``(location [1, P, 4] (y, x, h, w)
+    offsets, scores [1, P, K])``. The normalization is a per-channel 1x1 convolution, which INT8 quantizes."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
-        self.register_buffer("mean", torch.tensor(model.card.mean).view(1, 3, 1, 1) * 255)
-        self.register_buffer("scale", 1 / (torch.tensor(model.card.std).view(1, 3, 1, 1) * 255))
+        std, mean = torch.tensor(model.card.std), torch.tensor(model.card.mean)
+        self.normalize = nn.Conv2d(3, 3, 1, groups=3)
+        with torch.no_grad():
+            self.normalize.weight.copy_((1 / (255 * std)).view(3, 1, 1, 1))
+            self.normalize.bias.copy_(-mean / std)
 
     def forward(self, image: Tensor) -> tuple[Tensor, Tensor]:
-        loc, logits = self.model((image.permute(0, 3, 1, 2).float() - self.mean) * self.scale)
+        pixels = image.permute(0, 3, 1, 2)
+        loc, logits = self.model(self.normalize(pixels if pixels.is_floating_point() else pixels.float()))
         return loc[..., LOCATION_ORDER], logits.softmax(dim=-1)[..., 1:]
 
 
@@ -76,11 +82,13 @@ def converter_error(error: BaseException, model_name: str | None) -> ExportCheck
 
 @contextlib.contextmanager
 def quiet_converter():
-    """litert-torch's progress lines off while converting (its setting is an environment variable)."""
+    """litert-torch's progress lines off while converting (its setting is an environment variable), and the
+    quantizer's printed summary kept off ``ssd export``'s standard output."""
     before = os.environ.get("LITERT_TORCH_SHOW_PROGRESS")
     os.environ["LITERT_TORCH_SHOW_PROGRESS"] = "n"
     try:
-        yield
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
     finally:
         if before is None:
             os.environ.pop("LITERT_TORCH_SHOW_PROGRESS", None)
@@ -126,9 +134,8 @@ def export_tflite(weights_or_model, out_path: str | Path, calibration: Sequence[
         options = {}
         if fp16:
             from litert_torch.generative.quantize import quant_recipes
-            from litert_torch.quantize.quant_config import QuantConfig
 
-            options["quant_config"] = QuantConfig(generative_recipe=quant_recipes.full_fp16_recipe())
+            options["quant_config"] = quant_recipes.full_fp16_recipe()
             card = card.replace(precision="fp16")
         flatbuffer = convert(EdgeGraph(model).eval(), example, model.config.name, **options)
     data = with_metadata(flatbuffer, card, model.priors.detach().cpu())

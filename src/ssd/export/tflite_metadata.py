@@ -18,6 +18,7 @@ import io
 import zipfile
 
 import flatbuffers
+import numpy as np
 from torch import Tensor
 
 from ssd.card import ModelCard
@@ -84,9 +85,14 @@ def _metadata_buffer(card: ModelCard, priors: Tensor) -> bytes:
 
 
 def _insert(flatbuffer: bytes, metadata: bytes) -> bytes:
-    """The TFLite model ``flatbuffer`` with ``metadata`` as its ``TFLITE_METADATA`` entry."""
+    """The TFLite model ``flatbuffer`` with ``metadata`` as its ``TFLITE_METADATA`` entry; buffers stored after the
+    flatbuffer (``offset``/``size``, as litert-torch's FP16 recipe writes them) are moved inside it."""
     schema = require("mediapipe.tasks.metadata.schema_py_generated", "tflite", "TFLite export")
     model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(flatbuffer, 0))
+    for buffer in model.buffers or []:
+        if buffer.offset > 1:  # 0 and 1: no data outside the flatbuffer
+            buffer.data = np.frombuffer(flatbuffer, np.uint8, buffer.size, buffer.offset)
+            buffer.offset = buffer.size = 0
     buffer = schema.BufferT()
     buffer.data = list(metadata)
     model.buffers = [*(model.buffers or []), buffer]

@@ -1,0 +1,119 @@
+"""Full-integer INT8 TFLite: PyTorch 2 export quantization (litert-torch's ``PT2EQuantizer``: int8 activations per
+tensor, weights per output channel) calibrated on the user's images, converted by litert-torch.
+
+Every tensor of the graph is int8, its input and outputs included, so that an integer-only accelerator (the Edge
+TPU compiler) can map the whole graph:
+
+- the input ``image [1, S, S, 3]`` is int8 with scale 1 and zero point -128: the pixel value minus 128 (no
+  calibration range: every pixel value is exact), the normalization a per-channel 1x1 convolution;
+- ``location`` is int8 with its calibrated range, ``scores`` int8 with the fixed range of a softmax (scale 1/256,
+  zero point -128), as TFLite's integer softmax requires.
+
+Calibration images are decoded and resized as at inference (:func:`ssd.preprocess.preprocess`). After conversion
+the graph's operators are read back from the flatbuffer: any left in float is named on the ``ssd`` logger
+(:func:`float_ops`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ssd.data.images import read_image
+from ssd.log import LOGGER
+from ssd.optional import require
+from ssd.preprocess import preprocess
+
+__all__ = ["quantize_tflite", "float_ops", "calibration_pixels"]
+
+
+def calibration_pixels(path: Path, image_size: tuple[int, int]) -> Tensor:
+    """One calibration image as the float graph's input: ``[1, S, S, 3]`` float32 pixel values ``0..255``."""
+    batch, _ = preprocess([read_image(path)], image_size, (0.0, 0.0, 0.0), (1 / 255,) * 3)
+    return batch.permute(0, 2, 3, 1).contiguous()
+
+
+def _quantizer():
+    """litert-torch's static per-channel quantizer, with the graph's ends fixed (see the module docstring)."""
+    pt2e = require("litert_torch.quantize.pt2e_quantizer", "tflite", "TFLite INT8 export")
+    spec = require("torchao.quantization.pt2e.quantizer", "tflite", "TFLite INT8 export")
+
+    def fixed(scale: float):
+        return spec.FixedQParamsQuantizationSpec(torch.int8, scale=scale, zero_point=-128, quant_min=-128,
+                                                 quant_max=127, qscheme=torch.per_tensor_affine)
+
+    aten = torch.ops.aten
+
+    class FullInteger(pt2e.PT2EQuantizer):
+        def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
+            model = super().annotate(model)
+            for node in model.graph.nodes:
+                if node.op != "call_function":
+                    continue
+                source = node.args[0] if node.args else None
+                if node.target is aten.permute.default and getattr(source, "op", "") == "placeholder":
+                    # the image: pixel - 128 exactly, shared by the layout change and the normalization
+                    node.meta["quantization_annotation"] = spec.QuantizationAnnotation(
+                        input_qspec_map={source: fixed(1.0)}, output_qspec=spec.SharedQuantizationSpec((source, node)),
+                        _annotated=True)
+                    for user in node.users:
+                        user.meta["quantization_annotation"].input_qspec_map[node] = spec.SharedQuantizationSpec(node)
+                elif node.target in (aten.softmax.int, aten._softmax.default):
+                    node.meta["quantization_annotation"] = spec.QuantizationAnnotation(
+                        input_qspec_map={source: self.global_config.input_activation}, output_qspec=fixed(1 / 256),
+                        _annotated=True)
+                elif node.target is aten.slice.Tensor and "quantization_annotation" in source.meta:
+                    shared = spec.SharedQuantizationSpec(source)
+                    node.meta["quantization_annotation"] = spec.QuantizationAnnotation(
+                        input_qspec_map={source: shared}, output_qspec=shared, _annotated=True)
+            return model
+
+    return FullInteger().set_global(pt2e.get_symmetric_quantization_config(is_per_channel=True))
+
+
+def float_ops(flatbuffer: bytes) -> list[str]:
+    """The operators of a TFLite model that read or write a float tensor, as ``"OP (tensor name)"`` (its first float
+    tensor), in graph order."""
+    schema = require("ai_edge_litert.schema_py_generated", "tflite", "reading a TFLite model")
+    names = {value: name for name, value in vars(schema.BuiltinOperator).items() if not name.startswith("_")}
+    model = schema.Model.GetRootAs(flatbuffer, 0)
+    found = []
+    for g in range(model.SubgraphsLength()):
+        graph = model.Subgraphs(g)
+        for i in range(graph.OperatorsLength()):
+            op = graph.Operators(i)
+            code = model.OperatorCodes(op.OpcodeIndex())
+            tensors = [graph.Tensors(t) for t in [*op.InputsAsNumpy(), *op.OutputsAsNumpy()] if t >= 0]
+            floating = [t for t in tensors if t.Type() in (schema.TensorType.FLOAT32, schema.TensorType.FLOAT16)]
+            if floating:
+                name = names.get(max(code.BuiltinCode(), code.DeprecatedBuiltinCode()), "CUSTOM")
+                found.append(f"{name} ({floating[0].Name().decode(errors='replace')})")
+    return found
+
+
+def quantize_tflite(graph: nn.Module, example: Tensor, calibration: Sequence[Path], model_name: str | None) -> bytes:
+    """The full-integer TFLite flatbuffer of ``graph`` (:class:`ssd.export.tflite.EdgeGraph`, traced on ``example``
+    ``[1, S, S, 3]``, fed float pixels here), calibrated on the images ``calibration``. Ops left in float are
+    logged by name (a warning), or that none is (info)."""
+    from ssd.export.tflite import convert
+
+    quantize = require("torchao.quantization.pt2e.quantize_pt2e", "tflite", "TFLite INT8 export")
+    config = require("litert_torch.quantize.quant_config", "tflite", "TFLite INT8 export")
+    pixels = example.float()
+    quantizer = _quantizer()
+    with torch.no_grad():
+        prepared = quantize.prepare_pt2e(torch.export.export(graph, (pixels,)).module(), quantizer)
+        for path in calibration:
+            prepared(calibration_pixels(path, tuple(example.shape[1:3])))
+        quantized = quantize.convert_pt2e(prepared, fold_quantize=False)
+    flatbuffer = convert(quantized, pixels, model_name, quant_config=config.QuantConfig(pt2e_quantizer=quantizer))
+    left = float_ops(flatbuffer)
+    if left:
+        LOGGER.warning("INT8: %d ops are left in float (an integer-only accelerator runs them on the CPU): %s",
+                       len(left), ", ".join(left))
+    else:
+        LOGGER.info("INT8: every op of the graph is integer, its input and outputs included")
+    return flatbuffer
