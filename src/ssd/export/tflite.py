@@ -83,11 +83,12 @@ def converter_error(error: BaseException, model_name: str | None) -> ExportCheck
 @contextlib.contextmanager
 def quiet_converter():
     """litert-torch's progress lines off while converting (its setting is an environment variable), and the
-    quantizer's printed summary kept off ``ssd export``'s standard output."""
+    quantizer's printed summary and progress bar kept off ``ssd export``'s output (a failure's reason is in the
+    exception, :func:`converter_error`)."""
     before = os.environ.get("LITERT_TORCH_SHOW_PROGRESS")
     os.environ["LITERT_TORCH_SHOW_PROGRESS"] = "n"
     try:
-        with contextlib.redirect_stdout(io.StringIO()):
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             yield
     finally:
         if before is None:
