@@ -1,6 +1,7 @@
 """MediaPipe's ``ObjectDetector`` against ``ssd predict`` on the same ``.tflite`` file and the same images: how many of
-MediaPipe's detections are one of ours (same class, IoU above 0.5, matched greedily by score), the smallest IoU and
-the largest score difference of the matched pairs. Two runs: the validation images resized to the network size first
+MediaPipe's detections are one of ours (same class, IoU above 0.5, matched greedily by score), how many of those
+are the same detection (IoU at least 0.9, score within 1e-3), the median and smallest IoU and the largest score
+difference of the matched pairs. Two runs: the validation images resized to the network size first
 (both sides see the same pixels) and as they are (each side resizes its own way: MediaPipe without antialiasing).
 Prints a Markdown table for ``benchmarks/README.md``.
 Run: ``.venv/bin/python benchmarks/mediapipe_vs_predict.py --model best.tflite --data DATA [--images 50]``.
@@ -57,7 +58,9 @@ def compare(model: str, images: list[torch.Tensor], names: list[str]) -> dict:
                     matched += 1
                     ious.append(float(overlap[i, j]))
                     score_diffs.append(abs(float(scores[i] - result.scores[j])))
-    return dict(mediapipe=total, ours=sum(len(r.scores) for r in ours), matched=matched,
+    same = sum(iou >= 0.9 and diff <= 1e-3 for iou, diff in zip(ious, score_diffs))
+    return dict(mediapipe=total, ours=sum(len(r.scores) for r in ours), matched=matched, same=same,
+                median_iou=float(np.median(ious)) if ious else float("nan"),
                 min_iou=min(ious, default=float("nan")), max_score_diff=max(score_diffs, default=float("nan")))
 
 
@@ -70,13 +73,13 @@ def main() -> None:
     card = load(args.model).card
     images = [read_image(r.path) for r in load_dataset(args.data).records("val")[:args.images]]
     resized = [TF.resize(image.unsqueeze(0), list(card.image_size), antialias=True)[0] for image in images]
-    print("| images | MediaPipe detections | ssd predict detections | MediaPipe's matched | smallest IoU | "
-          "largest score difference |")
-    print("|---|---|---|---|---|---|")
+    print("| images | MediaPipe detections | ssd predict detections | MediaPipe's matched (IoU > 0.5) | the same (IoU "
+          ">= 0.9, score within 1e-3) | median IoU | smallest IoU | largest score difference |")
+    print("|---|---|---|---|---|---|---|---|")
     for what, batch in (("at the network size", resized), ("as they are", images)):
         row = compare(args.model, batch, list(card.class_names))
-        print(f"| {len(batch)} {what} | {row['mediapipe']} | {row['ours']} | {row['matched']} | "
-              f"{row['min_iou']:.4f} | {row['max_score_diff']:.2e} |")
+        print(f"| {len(batch)} {what} | {row['mediapipe']} | {row['ours']} | {row['matched']} | {row['same']} | "
+              f"{row['median_iou']:.4f} | {row['min_iou']:.4f} | {row['max_score_diff']:.2e} |")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from ssd.log import LOGGER
 from ssd.optional import require
 from ssd.preprocess import preprocess
 
-__all__ = ["quantize_tflite", "float_ops", "calibration_pixels"]
+__all__ = ["quantized_graph", "report_float_ops", "float_ops", "calibration_pixels"]
 
 
 def calibration_pixels(path: Path, image_size: tuple[int, int]) -> Tensor:
@@ -94,12 +94,11 @@ def float_ops(flatbuffer: bytes) -> list[str]:
     return found
 
 
-def quantize_tflite(graph: nn.Module, example: Tensor, calibration: Sequence[Path], model_name: str | None) -> bytes:
-    """The full-integer TFLite flatbuffer of ``graph`` (:class:`ssd.export.tflite.EdgeGraph`, traced on ``example``
-    ``[1, S, S, 3]``, fed float pixels here), calibrated on the images ``calibration``. Ops left in float are
-    logged by name (a warning), or that none is (info)."""
-    from ssd.export.tflite import convert
-
+def quantized_graph(graph: nn.Module, example: Tensor, calibration: Sequence[Path]
+                    ) -> tuple[nn.Module, Tensor, dict]:
+    """``graph`` (:class:`ssd.export.tflite.EdgeGraph`, traced on float pixels the shape of ``example``
+    ``[1, S, S, 3]``) calibrated on the images ``calibration`` and quantized: ``(module, its example input, the
+    converter's options)`` for :func:`ssd.export.tflite.convert`."""
     quantize = require("torchao.quantization.pt2e.quantize_pt2e", "tflite", "TFLite INT8 export")
     config = require("litert_torch.quantize.quant_config", "tflite", "TFLite INT8 export")
     pixels = example.float()
@@ -109,11 +108,14 @@ def quantize_tflite(graph: nn.Module, example: Tensor, calibration: Sequence[Pat
         for path in calibration:
             prepared(calibration_pixels(path, tuple(example.shape[1:3])))
         quantized = quantize.convert_pt2e(prepared, fold_quantize=False)
-    flatbuffer = convert(quantized, pixels, model_name, quant_config=config.QuantConfig(pt2e_quantizer=quantizer))
+    return quantized, pixels, {"quant_config": config.QuantConfig(pt2e_quantizer=quantizer)}
+
+
+def report_float_ops(flatbuffer: bytes) -> None:
+    """Name on the ``ssd`` logger the ops of a converted INT8 graph left in float (a warning), or say none is."""
     left = float_ops(flatbuffer)
     if left:
         LOGGER.warning("INT8: %d ops are left in float (an integer-only accelerator runs them on the CPU): %s",
                        len(left), ", ".join(left))
     else:
         LOGGER.info("INT8: every op of the graph is integer, its input and outputs included")
-    return flatbuffer

@@ -79,7 +79,8 @@ def tflite_digest(flatbuffer: bytes, files: dict[str, bytes]) -> str:
 
 class TfliteBackend:
     """A ``.tflite`` file of ``ssd export --format tflite`` (see the module docstring), its card checked against the
-    checksum before the interpreter reads the graph. Runs one image at a time (the graph's batch is 1)."""
+    checksum before the interpreter reads the graph. Runs one image at a time (the graph's batch is 1), on
+    ``num_threads`` threads (default: PyTorch's, which ONNX Runtime's default also matches: the physical cores)."""
 
     name = "tflite"
 
@@ -98,7 +99,8 @@ class TfliteBackend:
         self.card = ModelCard.from_file_strings(raw, lambda: tflite_digest(flatbuffer, files), {}, str(self.path),
                                                 OnnxModelError)
         try:
-            self.interpreter = litert.Interpreter(model_content=flatbuffer, num_threads=num_threads)
+            self.interpreter = litert.Interpreter(model_content=flatbuffer,
+                                                  num_threads=num_threads or torch.get_num_threads())
             self.interpreter.allocate_tensors()
         except (RuntimeError, ValueError) as e:  # the interpreter's errors for a graph it cannot build
             raise OnnxModelError(f"cannot load TFLite model {self.path}: {e}") from e
