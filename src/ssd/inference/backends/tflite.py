@@ -108,8 +108,8 @@ class TfliteBackend:
         self._input = self._check_graph()
         self._outputs = [d["index"] for d in self.interpreter.get_output_details()]
         self._dequantize = [_dequantizer(d) for d in self.interpreter.get_output_details()]
-        self._mean = torch.tensor(self.card.mean).view(1, 3, 1, 1)
-        self._std = torch.tensor(self.card.std).view(1, 3, 1, 1)
+        self._mean = np.array(self.card.mean, dtype=np.float32).reshape(1, 3, 1, 1)
+        self._std = np.array(self.card.std, dtype=np.float32).reshape(1, 3, 1, 1)
 
     def _check_graph(self) -> dict:
         """The input's details, checked against the card: one ``[1, H, W, 3]`` uint8 or int8 image at its size, two
@@ -135,14 +135,15 @@ class TfliteBackend:
 
     def pixels(self, batch: Tensor) -> np.ndarray:
         """``batch [B, 3, S, S]`` normalized -> ``[B, S, S, 3]`` uint8: the pixels :func:`ssd.preprocess.preprocess`
-        normalized (its resize rounds to uint8 first, so rounding recovers them exactly)."""
-        pixels = ((batch.detach().float().cpu() * self._std + self._mean) * 255).round_().clamp_(0, 255)
-        array = pixels.to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()
+        normalized (its resize rounds to uint8 first, so rounding recovers them exactly). In numpy: PyTorch's
+        threads would wait here on the cores the interpreter's threads have just used."""
+        values = np.rint((batch.detach().float().cpu().numpy() * self._std + self._mean) * 255).clip(0, 255)
+        array = np.ascontiguousarray(values.astype(np.uint8).transpose(0, 2, 3, 1))
         if self._input["dtype"] == np.int8:  # a full-integer graph's int8 input: the same pixels shifted by 128
             array = (array.astype(np.int16) - 128).astype(np.int8)
         return array
 
-    def run(self, pixels: np.ndarray) -> tuple[Tensor, Tensor]:
+    def run(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``pixels [B, S, S, 3]`` (the graph's input type) -> the graph's ``(location [B, P, 4], scores [B, P, K])``
         as float32, one image per invocation."""
         results: list[list[np.ndarray]] = []
@@ -150,16 +151,17 @@ class TfliteBackend:
             self.interpreter.set_tensor(self._input["index"], image[None])
             self.interpreter.invoke()
             results.append([f(self.interpreter.get_tensor(i)) for i, f in zip(self._outputs, self._dequantize)])
-        location, scores = (torch.from_numpy(np.concatenate(parts)) for parts in zip(*results))
+        location, scores = (np.concatenate(parts) for parts in zip(*results))
         return location, scores
 
     def __call__(self, batch: Tensor) -> tuple[Tensor, Tensor]:
         """``batch [B, 3, S, S]`` normalized -> ``(loc [B, P, 4], logits [B, P, K+1])`` (see the module
-        docstring)."""
+        docstring; in numpy, as :meth:`pixels`)."""
         location, scores = self.run(self.pixels(batch))
-        background = (1 - scores.sum(-1, keepdim=True)).clamp_(min=_BACKGROUND_FLOOR)
-        logits = torch.cat((background, scores.clamp(min=0)), dim=-1).log_()
-        return location[..., LOCATION_ORDER], logits
+        background = np.maximum(1 - scores.sum(-1, keepdims=True), _BACKGROUND_FLOOR)
+        with np.errstate(divide="ignore"):  # a quantized probability of 0: log 0 = -inf, softmax 0
+            logits = np.log(np.concatenate((background, np.maximum(scores, 0)), axis=-1))
+        return torch.from_numpy(np.ascontiguousarray(location[..., LOCATION_ORDER])), torch.from_numpy(logits)
 
 
 def _dequantizer(details: dict):
