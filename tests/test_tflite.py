@@ -182,3 +182,16 @@ def test_int8_with_fewer_images_than_asked_says_how_many_it_found(tiny_checkpoin
         export(tiny_checkpoint, fmt="tflite", out_path=tmp_path / "m.tflite", int8=True, data=synthetic_voc,
                calib_images=100)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_ssd_val_and_predict_take_a_tflite_file(tiny_tflite, synthetic_voc, tmp_path, capsys):
+    from ssd.cli import main
+
+    assert main(["val", "--weights", str(tiny_tflite), "--data", str(synthetic_voc), "--project", str(tmp_path),
+                 "--name", "val"]) == 0
+    image = next((synthetic_voc / "JPEGImages").iterdir())
+    assert main(["predict", "--weights", str(tiny_tflite), "--source", str(image), "--project", str(tmp_path),
+                 "--name", "predict"]) == 0
+    captured = capsys.readouterr()
+    assert "1 image, " in captured.out + captured.err

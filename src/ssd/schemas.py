@@ -251,7 +251,7 @@ class ExportConfig(_Schema):
     data: str | None = option(f"dataset whose training images calibrate --int8 ({_DATA})", None)
     calib_images: int | None = option("calibration images for --int8 (default: 300, or every training image when "
                                       "fewer)", None)
-    check: bool = option("check the export against PyTorch with ONNX Runtime (--no-check: skip it)", True)
+    check: bool = option("check the export against PyTorch with its runtime (--no-check: skip it)", True)
     exist_ok: bool = option("replace an OpenVINO export of ssd in an existing --output folder (other folders are "
                             "refused)", False)
 
