@@ -127,7 +127,7 @@ def export_tflite(weights_or_model, out_path: str | Path, calibration: Sequence[
     example = torch.zeros(1, *as_hw(model.config.image_size), 3, dtype=torch.uint8)
     card = model.card.replace(nms=None)
     if calibration is not None:
-        from ssd.export.tflite_int8 import quantized_graph, report_float_ops
+        from ssd.export.tflite_int8 import quantized_graph, report_float_ops, uint8_interface
 
         try:
             module, pixels, options = quantized_graph(EdgeGraph(model).eval(), example, calibration)
@@ -135,7 +135,7 @@ def export_tflite(weights_or_model, out_path: str | Path, calibration: Sequence[
             raise
         except Exception as e:  # torch.export's and the quantizer's own error types
             raise converter_error(e, model.config.name) from None
-        flatbuffer = convert(module, pixels, model.config.name, **options)
+        flatbuffer = uint8_interface(convert(module, pixels, model.config.name, **options))
         report_float_ops(flatbuffer)
         card = card.replace(precision="int8")
 

@@ -1,13 +1,14 @@
 """Full-integer INT8 TFLite: PyTorch 2 export quantization (litert-torch's ``PT2EQuantizer``: int8 activations per
 tensor, weights per output channel) calibrated on the user's images, converted by litert-torch.
 
-Every tensor of the graph is int8, its input and outputs included, so that an integer-only accelerator (the Edge
-TPU compiler) can map the whole graph:
+Every tensor of the graph is an integer, so that an integer-only accelerator (the Edge TPU compiler) can map the
+whole graph, and its ends are uint8 as MediaPipe requires (:func:`uint8_interface`):
 
-- the input ``image [1, S, S, 3]`` is int8 with scale 1 and zero point -128: the pixel value minus 128 (no
-  calibration range: every pixel value is exact), the normalization a per-channel 1x1 convolution;
-- ``location`` is int8 with its calibrated range, ``scores`` int8 with the fixed range of a softmax (scale 1/256,
-  zero point -128), as TFLite's integer softmax requires.
+- the input ``image [1, S, S, 3]`` is uint8 with scale 1 and zero point 0: the pixels as they are (no calibration
+  range: every pixel value is exact); inside, int8 (the pixel minus 128), the normalization a per-channel 1x1
+  convolution;
+- ``location`` has its calibrated range, ``scores`` the fixed range of a softmax (scale 1/256), as TFLite's integer
+  softmax requires; both int8 inside, uint8 out.
 
 Calibration images are decoded and resized as at inference (:func:`ssd.preprocess.preprocess`). After conversion
 the graph's operators are read back from the flatbuffer: any left in float is named on the ``ssd`` logger
@@ -27,7 +28,7 @@ from ssd.log import LOGGER
 from ssd.optional import require
 from ssd.preprocess import preprocess
 
-__all__ = ["quantized_graph", "report_float_ops", "float_ops", "calibration_pixels"]
+__all__ = ["quantized_graph", "uint8_interface", "report_float_ops", "float_ops", "calibration_pixels"]
 
 
 def calibration_pixels(path: Path, image_size: tuple[int, int]) -> Tensor:
@@ -109,6 +110,50 @@ def quantized_graph(graph: nn.Module, example: Tensor, calibration: Sequence[Pat
             prepared(calibration_pixels(path, tuple(example.shape[1:3])))
         quantized = quantize.convert_pt2e(prepared, fold_quantize=False)
     return quantized, pixels, {"quant_config": config.QuantConfig(pt2e_quantizer=quantizer)}
+
+
+def uint8_interface(flatbuffer: bytes) -> bytes:
+    """The full-integer model with uint8 input and outputs (what MediaPipe and the Edge TPU take) around its int8
+    graph: a ``QUANTIZE`` (an integer requantization, the same scale and the zero point moved by 128) after the
+    input and before each output."""
+    import copy
+
+    import flatbuffers
+
+    schema = require("ai_edge_litert.schema_py_generated", "tflite", "TFLite INT8 export")
+    model = schema.ModelT.InitFromObj(schema.Model.GetRootAsModel(flatbuffer, 0))
+    graph = model.subgraphs[0]
+    codes = [code.builtinCode for code in model.operatorCodes]
+    if schema.BuiltinOperator.QUANTIZE not in codes:
+        quantize = schema.OperatorCodeT()
+        quantize.builtinCode = quantize.deprecatedBuiltinCode = schema.BuiltinOperator.QUANTIZE
+        quantize.version = 2
+        model.operatorCodes.append(quantize)
+        codes.append(schema.BuiltinOperator.QUANTIZE)
+    opcode = codes.index(schema.BuiltinOperator.QUANTIZE)
+
+    def uint8_twin(index: int, suffix: bytes) -> int:
+        tensor = copy.deepcopy(graph.tensors[index])
+        tensor.type, tensor.name, tensor.buffer = schema.TensorType.UINT8, tensor.name + suffix, 0
+        tensor.quantization.zeroPoint = [z + 128 for z in tensor.quantization.zeroPoint]
+        graph.tensors.append(tensor)
+        return len(graph.tensors) - 1
+
+    def requantize(source: int, target: int) -> schema.OperatorT:
+        op = schema.OperatorT()
+        op.opcodeIndex, op.inputs, op.outputs = opcode, [source], [target]
+        return op
+
+    moved = {index: uint8_twin(index, b"_uint8") for index in [*graph.inputs, *graph.outputs]}
+    graph.operators = ([requantize(moved[i], i) for i in graph.inputs] + graph.operators
+                       + [requantize(o, moved[o]) for o in graph.outputs])
+    graph.inputs, graph.outputs = [moved[i] for i in graph.inputs], [moved[o] for o in graph.outputs]
+    for signature in model.signatureDefs or []:
+        for entry in [*signature.inputs, *signature.outputs]:
+            entry.tensorIndex = moved.get(entry.tensorIndex, entry.tensorIndex)
+    builder = flatbuffers.Builder(0)
+    builder.Finish(model.Pack(builder), b"TFL3")
+    return bytes(builder.Output())
 
 
 def report_float_ops(flatbuffer: bytes) -> None:

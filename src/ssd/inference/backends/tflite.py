@@ -112,12 +112,12 @@ class TfliteBackend:
         self._std = np.array(self.card.std, dtype=np.float32).reshape(1, 3, 1, 1)
 
     def _check_graph(self) -> dict:
-        """The input's details, checked against the card: one ``[1, H, W, 3]`` uint8 or int8 image at its size, two
+        """The input's details, checked against the card: one ``[1, H, W, 3]`` uint8 image at its size, two
         outputs ``[1, P, 4]`` and ``[1, P, K]`` for the ``P`` default boxes of ``priors.bin``."""
         inputs, outputs = self.interpreter.get_input_details(), self.interpreter.get_output_details()
         shape = [[int(side) for side in d["shape"]] for d in outputs]
         want = [1, *self.card.image_size, 3]
-        if len(inputs) != 1 or list(inputs[0]["shape"]) != want or inputs[0]["dtype"] not in (np.uint8, np.int8):
+        if len(inputs) != 1 or list(inputs[0]["shape"]) != want or inputs[0]["dtype"] != np.uint8:
             raise OnnxModelError(f"{self.path}: the graph takes {[list(d['shape']) for d in inputs]}, not one uint8 "
                                  f"image {want} as its model card says; the card was edited or belongs to another "
                                  "model")
@@ -138,10 +138,7 @@ class TfliteBackend:
         normalized (its resize rounds to uint8 first, so rounding recovers them exactly). In numpy: PyTorch's
         threads would wait here on the cores the interpreter's threads have just used."""
         values = np.rint((batch.detach().float().cpu().numpy() * self._std + self._mean) * 255).clip(0, 255)
-        array = np.ascontiguousarray(values.astype(np.uint8).transpose(0, 2, 3, 1))
-        if self._input["dtype"] == np.int8:  # a full-integer graph's int8 input: the same pixels shifted by 128
-            array = (array.astype(np.int16) - 128).astype(np.int8)
-        return array
+        return np.ascontiguousarray(values.astype(np.uint8).transpose(0, 2, 3, 1))
 
     def run(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``pixels [B, S, S, 3]`` (the graph's input type) -> the graph's ``(location [B, P, 4], scores [B, P, K])``
