@@ -7,7 +7,7 @@ DEMO_EXTRAS := tensorboard
 # The one OpenCV distribution the environment keeps, and those the extras pull in that it replaces.
 CV2 := opencv-contrib-python-headless>=4.9
 CV2_DISTRIBUTIONS := opencv-python opencv-python-headless opencv-contrib-python opencv-contrib-python-headless
-TEST_EXTRAS := dev,export,video,tensorboard,eval,openvino,serve,track,supervision,docs,ncnn,tune,mlflow
+TEST_EXTRAS := dev,export,video,tensorboard,eval,openvino,serve,track,supervision,docs,ncnn,tune,mlflow,tflite
 
 .PHONY: demo test test-fast lint docs install clean
 

@@ -158,8 +158,8 @@ def test_pytorch_program_exports_refuse_graph_options(tiny, tmp_path):
 
 
 def test_export_rejects_unknown_format(tmp_path):
-    with pytest.raises(ValueError, match="unknown export format 'tflite'"):
-        export(tmp_path / "best.pt", fmt="tflite")
+    with pytest.raises(ValueError, match="unknown export format 'tfjs'"):
+        export(tmp_path / "best.pt", fmt="tfjs")
 
 
 @pytest.mark.slow
@@ -310,7 +310,7 @@ def test_every_list_of_formats_derives_from_the_one_artifact_table():
     from ssd.inference.backends import BACKENDS
 
     assert list(BACKENDS) == [runtime for kind in ARTIFACTS.values() for runtime in kind.runtimes]
-    assert list(FORMATS) == list(EXPORT_FORMATS) == ["pt2", "onnx", "openvino", "ncnn"]
+    assert list(FORMATS) == list(EXPORT_FORMATS) == ["pt2", "onnx", "openvino", "ncnn", "tflite"]
     assert FORMATS["openvino"] == ("_openvino", True) and BACKENDS["openvino"].folder_file == "model.xml"
     assert list(benchmark.RUNTIMES) == list(BENCHMARK_ROWS)
     assert benchmark.RUNTIMES["opencv"][0] == "onnx" and benchmark.RUNTIMES["openvino-int8"][0] == "openvino-int8"

@@ -69,7 +69,7 @@ def test_a_card_reads_back_from_its_dict_and_its_strings_field_for_field():
     ("std", [1.0, 0.0, 1.0], "a list of 3 positive numbers"),
     ("variances", [0.1, float("inf")], "a list of 2 positive numbers"),
     ("max_det", 10**9, "an integer from 1 to 10000"),
-    ("precision", "int4", '"fp32" or "int8"'),
+    ("precision", "int4", '"fp32" or "int8" or "fp16"'),
 ])
 def test_the_validator_names_the_field_the_value_and_the_rule(field, value, rule):
     with pytest.raises(ValueError, match=rf"^card\.json: {field}=.* is not {rule}; export the model again$"):

@@ -22,12 +22,14 @@ __all__ = ["ArtifactKind", "BenchmarkVariant", "ARTIFACTS", "EXPORT_FORMATS", "B
 @dataclass(frozen=True)
 class BenchmarkVariant:
     """One ``ssd benchmark`` row: ``runtime`` (a key of an :class:`ArtifactKind`'s ``runtimes``) on the kind's
-    artifact, exported in INT8 with ``int8``, run under bfloat16 autocast with ``bfloat16`` (PyTorch)."""
+    artifact, exported in INT8 with ``int8``, with float16 weights with ``fp16`` (TFLite), run under bfloat16
+    autocast with ``bfloat16`` (PyTorch)."""
 
     name: str
     runtime: str
     int8: bool = False
     bfloat16: bool = False
+    fp16: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,10 @@ ARTIFACTS: dict[str, ArtifactKind] = {kind.name: kind for kind in (
     ArtifactKind("ncnn", (".param",), {"ncnn": "ssd.inference.backends.ncnn:open_ncnn"},
                  exporter="ssd.export.ncnn:export_ncnn", folder_file="model.ncnn.param",
                  benchmark=(BenchmarkVariant("ncnn", "ncnn"),)),
+    ArtifactKind("tflite", (".tflite",), {"tflite": "ssd.inference.backends.tflite:open_tflite"},
+                 exporter="ssd.export.tflite:export_tflite", int8=True,
+                 benchmark=(BenchmarkVariant("tflite", "tflite"), BenchmarkVariant("tflite-fp16", "tflite", fp16=True),
+                            BenchmarkVariant("tflite-int8", "tflite", int8=True))),
     # retired: its files are refused by name, with what to export instead
     ArtifactKind("torchscript", (".torchscript",), {"torchscript": "ssd.inference.backends:refuse_torchscript"}),
 )}

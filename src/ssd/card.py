@@ -42,7 +42,7 @@ OPERATING_POINT_KEYS = ("score_threshold", "precision", "recall", "f1", "split")
 """The operating point (the optional ``operating_point`` of a card): the best-F1 confidence on a split and its
 precision, recall and F1 there; what predict uses as its default confidence."""
 
-PRECISIONS = ("fp32", "int8")
+PRECISIONS = ("fp32", "int8", "fp16")
 _NMS_KEYS = ("score_threshold", "iou_threshold", "max_det")
 _PLAIN_TEXT = ("model_name",)  # stored as text, not JSON, in the string form
 _CHECKSUM = "checksum"
@@ -151,7 +151,7 @@ class ModelCard:
         operating_point: the stored best-F1 point (:data:`OPERATING_POINT_KEYS`) or ``None``.
         nms: the thresholds fixed in a graph with NMS inside (:class:`ssd.settings.Thresholds`), ``None`` for a
             network that returns head outputs.
-        precision: ``"fp32"`` or ``"int8"``.
+        precision: ``"fp32"``, ``"int8"`` or ``"fp16"`` (float16 weights: TFLite).
         checksum: ``{"sha256", "network", "fields"}`` (:meth:`sealed`), or ``None`` before sealing.
     """
 

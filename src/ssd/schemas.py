@@ -271,7 +271,8 @@ class ExportConfig(CommandSchema):
     """``ssd export``: a checkpoint to an artifact, next to the weights or at ``output``."""
 
     weights: Path = option("checkpoint (.pt) or run directory (its best.pt)")
-    fmt: str = option("onnx (ONNX Runtime, OpenCV DNN), openvino or pt2 (torch.export, TorchScript's successor)",
+    fmt: str = option("onnx (ONNX Runtime, OpenCV DNN), openvino, pt2 (torch.export, TorchScript's successor) or "
+                      "tflite (LiteRT, MediaPipe)",
                       "onnx", flag="--format", choices=EXPORT_FORMATS)
     output: Path | None = option("output file (OpenVINO: folder), not the weights file (default: next to the "
                                  "weights)", None)
@@ -284,10 +285,11 @@ class ExportConfig(CommandSchema):
     iou_threshold: float = option("with --nms: NMS IoU threshold in [0, 1]", PREDICT.iou_threshold)
     max_detections: int = option("with --nms: detections kept per image", PREDICT.max_detections, metavar="N")
     int8: bool = option("quantize to INT8, calibrated on --data's training images", False)
+    fp16: bool = option("tflite: store the weights in float16 (half the size)", False)
     data: str | None = option(f"dataset whose training images calibrate --int8 ({DATA_HELP})", None)
     calib_images: int | None = option("calibration images for --int8 (default: 300, or every training image when "
                                       "fewer)", None)
-    check: bool = option("check the export against PyTorch with ONNX Runtime (--no-check: skip it)", True)
+    check: bool = option("check the export against PyTorch with its runtime (--no-check: skip it)", True)
     exist_ok: bool = option("replace an OpenVINO export of ssd in an existing --output folder (other folders are "
                             "refused)", False)
 

@@ -12,6 +12,8 @@ runtime: ONNX, OpenVINO) only when called, so ``import ssd.export`` loads none o
 | ``openvino`` | a folder: ``model.xml`` + ``.bin`` + metadata   | OpenVINO                 |
 | ``pt2``      | ``.pt2`` (``torch.export`` program + metadata)  | PyTorch                  |
 | ``ncnn``     | a folder: ``model.ncnn.param`` + ``.bin`` + ... | NCNN (FP16 storage)      |
+| ``tflite``   | ``.tflite`` (FP32, FP16 weights, INT8), uint8   | LiteRT, MediaPipe        |
+|              | image in, MediaPipe metadata, card inside       |                          |
 """
 
 from __future__ import annotations
@@ -32,16 +34,17 @@ FORMATS = {name: (ARTIFACTS[name].output_suffix, ARTIFACTS[name].folder) for nam
 """Format -> (the end of the artifact's name, whether it is a folder)."""
 
 
-def default_output(weights: Path, fmt: str, int8: bool = False) -> Path:
-    """``best.pt`` -> ``best.onnx``, ``best.int8.onnx``, ``best_openvino/``, ``best_int8_openvino/``, ..."""
+def default_output(weights: Path, fmt: str, int8: bool = False, fp16: bool = False) -> Path:
+    """``best.pt`` -> ``best.onnx``, ``best.int8.onnx``, ``best_openvino/``, ``best_int8_openvino/``,
+    ``best.fp16.tflite``, ..."""
     suffix, folder = FORMATS[fmt]
     if folder:
         return weights.with_name(weights.stem + ("_int8" if int8 else "") + suffix)
-    return weights.with_suffix((".int8" if int8 else "") + suffix)
+    return weights.with_suffix((".int8" if int8 else ".fp16" if fp16 else "") + suffix)
 
 
 def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_batch: bool,
-                   uint8_input: bool = False) -> None:
+                   uint8_input: bool = False, fp16: bool = False) -> None:
     kind = ARTIFACTS[fmt]
     if uint8_input and (fmt != "onnx" or int8):
         raise ConfigError("--uint8-input applies to FP32 ONNX exports (--format onnx, without --int8)")
@@ -49,10 +52,19 @@ def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_b
                                    ("--int8", int8 and not kind.int8)) if on]
     if given:
         verb = "applies" if len(given) == 1 else "apply"
-        what = ("a torch.export program is the network alone (any batch size" if fmt == "pt2" else
-                f"an {fmt.upper()} export is the network alone (batch 1")
-        raise ConfigError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: {what}, post-processing in the "
-                          "library); drop them or use --format onnx")
+        what = {"tflite": "a TFLite file is the edge pipeline (batch 1, uint8 image in, decoding and NMS by MediaPipe "
+                          "or the library)",
+                "pt2": "a torch.export program is the network alone (any batch size, post-processing in the library)",
+                }.get(fmt, f"an {fmt.upper()} export is the network alone (batch 1, post-processing in the library)")
+        raise ConfigError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: {what}; drop them or use "
+                          "--format onnx")
+    if fp16 and (fmt != "tflite" or int8):
+        raise ConfigError("--fp16 applies to TFLite exports without --int8 (float16 weights): drop it, or use "
+                          "--format tflite without --int8")
+    if fmt == "tflite":
+        from ssd.export.tflite import require_tflite_export
+
+        require_tflite_export()
     if fmt == "openvino":
         from ssd.inference.backends.openvino import require_openvino
 
@@ -95,7 +107,8 @@ def _is_card(path: Path) -> bool:
 
 def export(weights: str | Path, fmt: str = ExportConfig.fmt, out_path: str | Path | None = None, *,
            int8: bool = ExportConfig.int8, data: str | Path | None = ExportConfig.data,
-           calib_images: int | None = ExportConfig.calib_images, opset: int = ExportConfig.opset,
+           calib_images: int | None = ExportConfig.calib_images, fp16: bool = ExportConfig.fp16,
+           opset: int = ExportConfig.opset,
            nms: bool = ExportConfig.nms, dynamic_batch: bool = ExportConfig.dynamic_batch,
            score_threshold: float = ExportConfig.score_threshold, iou_threshold: float = ExportConfig.iou_threshold,
            max_detections: int = ExportConfig.max_detections, check: bool = ExportConfig.check,
@@ -107,13 +120,14 @@ def export(weights: str | Path, fmt: str = ExportConfig.fmt, out_path: str | Pat
 
     ``out_path``: the artifact (default: :func:`default_output`, next to the weights). ``int8``: quantize, calibrated
     on ``calib_images`` images of ``data``'s training split (default: 300, or all of them when it has fewer).
-    ``opset``, ``nms``, ``dynamic_batch``, the thresholds (of ``nms``), ``check`` (against PyTorch with ONNX
-    Runtime) and ``sample_images``: see :func:`ssd.export.onnx.export_onnx`. ``exist_ok``: replace an OpenVINO
-    export of this library in an existing ``out_path`` folder.
+    ``fp16``: float16 weights (TFLite). ``opset``, ``nms``, ``dynamic_batch``, the thresholds (of ``nms``),
+    ``check`` (against PyTorch with the format's runtime) and ``sample_images``: see
+    :func:`ssd.export.onnx.export_onnx`. ``exist_ok``: replace an OpenVINO export of this library in an existing
+    ``out_path`` folder.
     """
     output = None if out_path is None else Path(out_path)
     config = ExportConfig(weights=weights, fmt=fmt, output=output, int8=int8, data=data, calib_images=calib_images,
-                          opset=opset, nms=nms, dynamic_batch=dynamic_batch, score_threshold=score_threshold,
+                          fp16=fp16, opset=opset, nms=nms, dynamic_batch=dynamic_batch, score_threshold=score_threshold,
                           iou_threshold=iou_threshold, max_detections=max_detections, check=check,
                           exist_ok=exist_ok, uint8_input=uint8_input)
     return run_export(config, sample_images)
@@ -140,19 +154,22 @@ def run_export(config: ExportConfig, sample_images: Sequence | None = None) -> P
     if fmt not in FORMATS:
         raise ConfigError(f"unknown export format {fmt!r} (choose one of {', '.join(FORMATS)})")
     weights = resolve_weights(config.weights)
-    out_path = config.output or default_output(weights, fmt, int8)
+    out_path = config.output or default_output(weights, fmt, int8, config.fp16)
     check_output(out_path, inputs=[weights, config.data], kind="dir" if FORMATS[fmt][1] else "file",
                  what="--output")
     if FORMATS[fmt][1]:
         check_export_folder(out_path, config.exist_ok)
     _check_options(fmt, out_path, int8=int8, nms=config.nms, dynamic_batch=config.dynamic_batch,
-                   uint8_input=config.uint8_input)
+                   uint8_input=config.uint8_input, fp16=config.fp16)
     if config.calib_images is not None and not int8:
         raise ConfigError("--calib-images applies to INT8 exports: add --int8 --data DATA")
     calibration = calibration_paths(config.data, config.calib_images) if int8 else None
     if fmt == "pt2":
         return resolve(ARTIFACTS[fmt].exporter)(weights, out_path)
-    onnx_args = dict(config.values("weights", "fmt", "output", "int8", "data", "calib_images", "exist_ok"),
+    if fmt == "tflite":
+        return resolve(ARTIFACTS[fmt].exporter)(weights, out_path, calibration, fp16=config.fp16, check=config.check,
+                                                sample_images=sample_images)
+    onnx_args = dict(config.values("weights", "fmt", "output", "int8", "data", "calib_images", "exist_ok", "fp16"),
                      sample_images=sample_images)
     if fmt == "onnx" and not int8:
         return write_onnx(weights, out_path, **onnx_args)

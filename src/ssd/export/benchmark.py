@@ -43,28 +43,28 @@ __all__ = ["RUNTIMES", "BenchmarkRow", "run_benchmark", "artifact_rows", "format
 
 OK, VALIDATION_FAILED, EXPORT_FAILED, SKIPPED = "ok", "exported but validation failed", "export failed", "skipped"
 
-def _writer(kind: ArtifactKind, int8: bool) -> Callable[[Path, Path, str, int, bool], Path]:
-    """How to write a kind's artifact (INT8 with ``int8``) into the benchmark folder: ``(weights, folder, data,
-    calibration images, exist_ok) -> path`` (the checkpoint itself for ``pt``)."""
+def _writer(kind: ArtifactKind, int8: bool, fp16: bool = False) -> Callable[[Path, Path, str, int, bool], Path]:
+    """How to write a kind's artifact (INT8 with ``int8``, float16 weights with ``fp16``) into the benchmark
+    folder: ``(weights, folder, data, calibration images, exist_ok) -> path`` (the checkpoint itself for ``pt``)."""
     if kind.exporter is None:
         return lambda weights, folder, data, calib, exist_ok: weights
-    tag = ("_int8" if int8 else "") if kind.folder else (".int8" if int8 else "")
+    tag = ("_int8" if int8 else "") if kind.folder else (".int8" if int8 else ".fp16" if fp16 else "")
     name = f"{kind.name}{tag}" if kind.folder else f"model{tag}{kind.output_suffix}"
 
     def write(weights: Path, folder: Path, data: str, calib: int | None, exist_ok: bool) -> Path:
-        quantized = dict(int8=True, data=data, calib_images=calib) if int8 else {}
+        quantized = dict(int8=True, data=data, calib_images=calib) if int8 else dict(fp16=True) if fp16 else {}
         return export(weights, kind.name, folder / name, exist_ok=exist_ok, **quantized)
 
     return write
 
 
 def _artifact(kind: ArtifactKind, row: BenchmarkVariant) -> str:
-    return f"{kind.name}-int8" if row.int8 else kind.name
+    return f"{kind.name}-int8" if row.int8 else f"{kind.name}-fp16" if row.fp16 else kind.name
 
 
 _ARTIFACTS: dict[str, Callable[[Path, Path, str, int, bool], Path]] = {
-    _artifact(kind, row): _writer(kind, row.int8) for kind, row in BENCHMARK_ROWS.values()}
-"""Artifact (a kind, ``-int8`` when quantized) -> its writer (:func:`_writer`), from
+    _artifact(kind, row): _writer(kind, row.int8, row.fp16) for kind, row in BENCHMARK_ROWS.values()}
+"""Artifact (a kind, ``-int8`` when quantized, ``-fp16`` with float16 weights) -> its writer (:func:`_writer`), from
 :data:`ssd.artifacts.ARTIFACTS`."""
 
 

@@ -83,11 +83,10 @@ def export_ncnn(onnx_path: str | Path, out_dir: str | Path, calibration: Sequenc
 
 
 def _check(reference: OnnxBackend, folder: Path, onnx_path: str | Path) -> None:
-    """NCNN against the ONNX graph through the same pipeline (:func:`ssd.export.parity.check_onnx`)."""
-    from ssd.export.parity import check_onnx
+    """NCNN against the ONNX graph through the same pipeline (:func:`ssd.export.parity.check_backend`)."""
+    from ssd.export.parity import check_backend
 
     try:
-        check_onnx(reference, folder, box_tol=NCNN_BOX_TOL, score_tol=NCNN_SCORE_TOL, backend=NcnnBackend,
-                   runtime="NCNN")
+        check_backend(reference, NcnnBackend(folder), "NCNN", box_tol=NCNN_BOX_TOL, score_tol=NCNN_SCORE_TOL)
     except ExportCheckError as e:
         raise ExportCheckError(f"{str(e).replace(str(folder), str(onnx_path))}; nothing was written") from None

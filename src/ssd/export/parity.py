@@ -1,5 +1,6 @@
-"""The export check: an exported ONNX model against the PyTorch model it came from, both run through the same
-inference pipeline (:class:`ssd.inference.detector.Detector`), on raw outputs and on detections."""
+"""The export check: an exported model (ONNX, or any backend: TFLite) against the PyTorch model it came from, both
+run through the same inference pipeline (:class:`ssd.inference.detector.Detector`), on raw outputs and on
+detections."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from ssd.inference.backends.pytorch import TorchBackend
 from ssd.inference.detector import Detector, to_image
 from ssd.settings import PREDICT, Thresholds
 
-__all__ = ["check_onnx"]
+__all__ = ["check_onnx", "check_backend"]
 
 
 def check_onnx(
@@ -26,12 +27,8 @@ def check_onnx(
     sample_images: Sequence | None = None,
     box_tol: float = 1e-3,
     score_tol: float = 1e-4,
-    backend: type = OnnxBackend,
-    runtime: str = "ONNX Runtime",
 ) -> None:
     """Compare ONNX Runtime with PyTorch on ``sample_images`` (default: two seeded random images of different sizes).
-    ``model`` may also be a backend (another export, already checked against PyTorch), ``backend`` the class that
-    opens ``onnx_path`` (another runtime, named ``runtime`` in the messages).
 
     Raw outputs (graphs without NMS): every prior's decoded box within ``box_tol`` (normalized, i.e. of the image size)
     and class scores within ``score_tol``. Detections (the thresholds stored with NMS, else
@@ -44,11 +41,18 @@ def check_onnx(
     Raises:
         ExportCheckError: naming the image, the detection and the difference.
     """
+    check_backend(model, OnnxBackend(onnx_path), "ONNX Runtime", sample_images, box_tol, score_tol)
+
+
+def check_backend(model, backend, runtime: str, sample_images: Sequence | None = None,
+                  box_tol: float = 1e-3, score_tol: float = 1e-4) -> None:
+    """:func:`check_onnx` for an opened ``backend`` of any runtime (named ``runtime`` in the messages); ``model`` is
+    an ``nn.Module``, or a backend (another export, already checked against PyTorch)."""
     if sample_images is None:
         generator = torch.Generator().manual_seed(0)
         sample_images = [torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=generator)
                          for h, w in ((240, 320), (300, 200))]
-    ours = Detector(backend(onnx_path))
+    ours = Detector(backend)
     reference = Detector(TorchBackend(model) if isinstance(model, nn.Module) else model)
     images = [to_image(item, index) for index, item in enumerate(sample_images)]
     fixed = ours.card.nms
@@ -62,8 +66,8 @@ def check_onnx(
         for name, side, other in ((runtime, a, b), ("PyTorch", b, a)):
             problem = _unmatched(side, other, scale, thresholds, box_tol, score_tol)
             if problem:
-                raise ExportCheckError(f"{onnx_path}: image {index}: {problem} has no counterpart in {name}'s output "
-                                       f"(tolerances: boxes {box_tol} of the image size, scores {score_tol})")
+                raise ExportCheckError(f"{backend.source}: image {index}: {problem} has no counterpart in {name}'s "
+                                       f"output (tolerances: boxes {box_tol} of the image size, scores {score_tol})")
 
 
 def _check_raw(reference, ours, images, box_tol: float, score_tol: float, runtime: str) -> None:

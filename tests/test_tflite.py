@@ -1,0 +1,208 @@
+"""TFLite export (litert-torch) and its backend (ai-edge-litert): parity with PyTorch, the model card inside the file
+and its checksum, MediaPipe's ObjectDetector on the same file, and the refusals (options, converter failures, a
+missing runtime)."""
+
+import importlib.util
+import io
+import json
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+import torch
+
+from builders import random_images
+from ssd.boxes import decode
+from ssd.data.images import read_image
+from ssd.data.load import load_dataset
+from ssd.errors import ExportCheckError, MissingDependencyError, OnnxModelError
+from ssd.export import export
+from ssd.inference.backends.tflite import METADATA_FILE, TfliteBackend, split_tflite
+from ssd.inference.detector import Detector, load
+from ssd.models.load import model_from_checkpoint
+
+pytest.importorskip("litert_torch", reason="TFLite export needs litert-torch (pip install 'ssd-detect[tflite]')")
+pytest.importorskip("ai_edge_litert", reason="TFLite inference needs ai-edge-litert (pip install 'ssd-detect[tflite]')")
+
+
+@pytest.fixture(scope="module")
+def tiny_tflite(tiny_checkpoint, tmp_path_factory):
+    """``ssd export --format tflite`` of the tiny checkpoint (checked against PyTorch on two images)."""
+    return export(tiny_checkpoint, fmt="tflite", out_path=tmp_path_factory.mktemp("tflite") / "best.tflite",
+                  sample_images=random_images(2))
+
+
+def rewritten(path, target, **changes):
+    """``path``'s file at ``target`` with associated files replaced (``name=bytes``, ``name=None`` removes it)."""
+    flatbuffer, files = split_tflite(path.read_bytes(), str(path))
+    files.update(changes)
+    archive = io.BytesIO()
+    archive.write(flatbuffer)
+    with zipfile.ZipFile(archive, "a") as zf:
+        for name, data in files.items():
+            if data is not None:
+                zf.writestr(name, data)
+    target.write_bytes(archive.getvalue())
+    return target
+
+
+@pytest.mark.slow
+def test_tflite_export_takes_uint8_nhwc_and_matches_pytorch(tiny_checkpoint, tiny_tflite):
+    backend = load(tiny_tflite).backend
+    assert isinstance(backend, TfliteBackend) and backend.card.precision == "fp32"
+    model = model_from_checkpoint(tiny_checkpoint).eval()
+    assert backend.card.class_names == ("circle", "square", "triangle") and backend.card.image_size == (128, 128)
+    details = backend.interpreter.get_input_details()[0]
+    assert details["dtype"] == np.uint8 and list(details["shape"]) == [1, 128, 128, 3]
+    assert torch.equal(backend.priors, model.priors)
+    images = random_images(3)
+    expected = Detector(model).predict(images, score_threshold=0.3)
+    got = load(tiny_tflite).predict(images, score_threshold=0.3)
+    for a, b in zip(expected, got):
+        assert len(a.scores) == len(b.scores) > 0 and torch.equal(a.labels, b.labels)
+        assert torch.allclose(a.boxes, b.boxes, atol=1e-2) and torch.allclose(a.scores, b.scores, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("member, data, message", [
+    ("labels.txt", b"circle\nsquare\nhexagon", r"the network \(weights or graph\) does not match the checksum"),
+    (METADATA_FILE, "class_names", r"class_names \(\['circle', 'square', 'hexagon'\]\) is not what was written"),
+    (METADATA_FILE, None, r"has no model card \(ssd\.json among its associated files\)"),
+])
+def test_an_edited_tflite_file_is_refused_naming_the_file_and_what_changed(tiny_tflite, tmp_path, member, data,
+                                                                            message):
+    if data == "class_names":
+        card = json.loads(split_tflite(tiny_tflite.read_bytes(), "")[1][METADATA_FILE])
+        data = json.dumps({**card, "class_names": json.dumps(["circle", "square", "hexagon"])}).encode()
+    edited = rewritten(tiny_tflite, tmp_path / "edited.tflite", **{member: data})
+    with pytest.raises(OnnxModelError, match=rf"^{tmp_path}/edited\.tflite.*{message}"):
+        load(edited)
+
+
+@pytest.mark.slow
+def test_flipped_weight_bytes_of_a_tflite_file_fail_the_checksum(tiny_tflite, tmp_path):
+    data = bytearray(tiny_tflite.read_bytes())
+    data[len(data) // 3] ^= 0x10  # inside the flatbuffer's weights (the zip is a few KB at the end)
+    damaged = tmp_path / "damaged.tflite"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(OnnxModelError, match=r"damaged\.tflite: the network \(weights or graph\) does not match"):
+        load(damaged)
+
+
+@pytest.mark.slow
+def test_mediapipe_object_detector_runs_the_file_as_it_is(tiny_tflite):
+    """MediaPipe decodes with the anchors of the metadata, keeps each box's best class and runs its own NMS: each of
+    its detections is one of ours (same class, score, box within its whole-pixel rounding). The images are at the
+    network size: MediaPipe resizes without antialiasing, so other sizes give it other pixels."""
+    pytest.importorskip("mediapipe", reason="MediaPipe is not installed (pip install 'ssd-detect[tflite]')")
+    import mediapipe as mp
+    from mediapipe.tasks.python import BaseOptions, vision
+    from torchvision.ops import box_iou
+
+    options = vision.ObjectDetectorOptions(base_options=BaseOptions(model_asset_path=str(tiny_tflite)),
+                                           score_threshold=0.3, max_results=20)
+    generator = torch.Generator().manual_seed(0)
+    images = [torch.randint(0, 256, (3, 128, 128), dtype=torch.uint8, generator=generator) for _ in range(2)]
+    ours = load(tiny_tflite).predict(images, score_threshold=0.3, max_detections=100)
+    with vision.ObjectDetector.create_from_options(options) as detector:
+        for image, result in zip(images, ours):
+            pixels = np.ascontiguousarray(image.permute(1, 2, 0).numpy())
+            found = detector.detect(mp.Image(image_format=mp.ImageFormat.SRGB, data=pixels)).detections
+            assert len(found) > 0
+            for detection in found:
+                box = detection.bounding_box
+                xyxy = torch.tensor([[box.origin_x, box.origin_y, box.origin_x + box.width,
+                                      box.origin_y + box.height]], dtype=torch.float32)
+                category = detection.categories[0]
+                label = ["circle", "square", "triangle"].index(category.category_name)
+                close = ((result.labels == label) & ((result.scores - category.score).abs() < 1e-4)
+                         & (box_iou(xyxy, result.boxes)[0] > 0.5))
+                assert close.any(), (category, box)
+
+
+def test_tflite_options_are_refused_before_any_work(tiny_checkpoint, tmp_path):
+    with pytest.raises(ValueError, match=r"^--nms applies to ONNX and OpenVINO exports: a TFLite file is the edge "
+                                         r"pipeline"):
+        export(tiny_checkpoint, fmt="tflite", out_path=tmp_path / "m.tflite", nms=True)
+    with pytest.raises(ValueError, match=r"^--fp16 applies to TFLite exports without --int8"):
+        export(tiny_checkpoint, fmt="onnx", out_path=tmp_path / "m.onnx", fp16=True)
+    with pytest.raises(ValueError, match=r"must end in \.tflite"):
+        export(tiny_checkpoint, fmt="tflite", out_path=tmp_path / "m.onnx")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_converter_failure_is_one_line_and_writes_nothing(tiny_checkpoint, tmp_path, monkeypatch):
+    import litert_torch
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("Traceback (most recent call last):\n  File x\nerror: 'tfl.foo' op is not supported")
+
+    monkeypatch.setattr(litert_torch, "convert", crash)
+    with pytest.raises(ExportCheckError, match=r"^litert-torch could not convert ssd_tiny to TFLite \(RuntimeError: "
+                                               r"error: 'tfl\.foo' op is not supported\); nothing was written$"):
+        export(tiny_checkpoint, fmt="tflite", out_path=tmp_path / "m.tflite")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_missing_runtime_names_the_tflite_extra(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ai_edge_litert.interpreter", None)
+    with pytest.raises(MissingDependencyError, match=r"running a TFLite model needs ai_edge_litert\.interpreter, "
+                                                     r"from the optional 'tflite' dependencies: pip install "
+                                                     r"'ssd-detect\[tflite\]'"):
+        TfliteBackend(tmp_path / "m.tflite")
+
+
+@pytest.mark.slow
+def test_int8_export_is_full_integer_and_close_to_fp32(tiny_checkpoint, tiny_tflite, synthetic_voc, tmp_path,
+                                                       ssd_messages):
+    """Every tensor an integer (uint8 pixels in, int8 inside, uint8 out), under a third of the size, on validation
+    images the tolerance stated for ONNX Runtime INT8 (scores within 0.03, decoded boxes within 1% of the image),
+    and MediaPipe runs it too."""
+    from ssd.export.tflite_int8 import float_ops
+
+    path = export(tiny_checkpoint, fmt="tflite", out_path=tmp_path / "m.int8.tflite", int8=True,
+                  data=synthetic_voc, calib_images=8)
+    assert "INT8: every op of the graph is integer, its input and outputs included" in ssd_messages()
+    flatbuffer, _ = split_tflite(path.read_bytes(), str(path))
+    assert float_ops(flatbuffer) == []
+    assert float_ops(split_tflite(tiny_tflite.read_bytes(), "")[0])[0].startswith("CAST (")  # FP32: uint8 -> float
+    int8, fp32 = TfliteBackend(path), TfliteBackend(tiny_tflite)
+    assert int8.card.precision == "int8" and int8.interpreter.get_input_details()[0]["quantization"] == (1.0, 0)
+    assert [d["dtype"] for d in int8.interpreter.get_output_details()] == [np.uint8, np.uint8]
+    assert path.stat().st_size <= 0.3 * tiny_tflite.stat().st_size
+    images = [read_image(record.path) for record in load_dataset(synthetic_voc).records("val")[:8]]
+    batch = Detector(fp32).preprocess(images)[0]
+    (loc, logits), (loc8, logits8) = fp32(batch), int8(batch)
+    assert (logits8.softmax(-1) - logits.softmax(-1)).abs().max() <= 0.03
+    variances = fp32.card.variances
+    assert (decode(loc8, fp32.priors, variances) - decode(loc, fp32.priors, variances)).abs().max() <= 0.01
+    if importlib.util.find_spec("mediapipe") is not None:
+        import mediapipe as mp
+        from mediapipe.tasks.python import BaseOptions, vision
+
+        options = vision.ObjectDetectorOptions(base_options=BaseOptions(model_asset_path=str(path)))
+        with vision.ObjectDetector.create_from_options(options) as detector:
+            pixels = np.ascontiguousarray(images[0].permute(1, 2, 0).numpy())
+            detector.detect(mp.Image(image_format=mp.ImageFormat.SRGB, data=pixels))
+
+
+def test_int8_with_fewer_images_than_asked_says_how_many_it_found(tiny_checkpoint, synthetic_voc, tmp_path):
+    with pytest.raises(ValueError, match=r"^INT8 calibration asked for 100 images \(--calib-images\) but the "
+                                         r"training split of .* has 48"):
+        export(tiny_checkpoint, fmt="tflite", out_path=tmp_path / "m.tflite", int8=True, data=synthetic_voc,
+               calib_images=100)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_ssd_val_and_predict_take_a_tflite_file(tiny_tflite, synthetic_voc, tmp_path, capsys):
+    from ssd.cli import main
+
+    assert main(["val", "--weights", str(tiny_tflite), "--data", str(synthetic_voc), "--project", str(tmp_path),
+                 "--name", "val"]) == 0
+    image = next((synthetic_voc / "JPEGImages").iterdir())
+    assert main(["predict", "--weights", str(tiny_tflite), "--source", str(image), "--project", str(tmp_path),
+                 "--name", "predict"]) == 0
+    captured = capsys.readouterr()
+    assert "1 image, " in captured.out + captured.err
