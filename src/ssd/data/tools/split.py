@@ -41,8 +41,9 @@ def stratified_split(labels: Sequence[set[int]], shares: dict[str, float], seed:
     chosen: dict[str, list[int]] = {s: [] for s in names}
     left = set(order)
 
-    def assign(i: int, key) -> None:
-        best = max(names, key=lambda s: (key(s), wanted_total[s], -names.index(s)))
+    def assign(i: int, rarest: int | None) -> None:  # to the split lacking most of ``rarest``, then most images
+        best = max(names, key=lambda s: (wanted[s][rarest] if rarest is not None else 0, wanted_total[s],
+                                         -names.index(s)))
         chosen[best].append(i)
         left.discard(i)
         wanted_total[best] -= 1
@@ -56,9 +57,9 @@ def stratified_split(labels: Sequence[set[int]], shares: dict[str, float], seed:
                 counts[k] = counts.get(k, 0) + 1
         rarest = min(counts, key=lambda k: (counts[k], k))
         for i in [i for i in order if i in left and rarest in labels[i]]:
-            assign(i, lambda s: wanted[s][rarest])
+            assign(i, rarest)
     for i in [i for i in order if i in left]:  # images without objects: by the splits' sizes alone
-        assign(i, lambda s: 0)
+        assign(i, None)
     return {s: sorted(chosen[s]) for s in names}
 
 
