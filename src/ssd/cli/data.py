@@ -41,6 +41,23 @@ def _config(args: argparse.Namespace):
         raise UsageError(f"ssd data {args.data_command}: {e}") from None
 
 
+def _browse(config: DataBrowseConfig):
+    from ssd.data.tools.browse import batch_thumbs, browse_dataset
+
+    thumbs = []
+    if config.augmented:  # the training layer builds the batches as a run does
+        from ssd.training.config import TrainConfig
+        from ssd.training.preview import training_batches
+
+        try:
+            train = TrainConfig.from_yaml(config.config) if config.config else TrainConfig()
+        except ConfigError as e:
+            raise UsageError(f"ssd data browse --config: {e}") from None
+        batches, _, mean, std = training_batches(train, config.source, config.batches)
+        thumbs = batch_thumbs(batches, mean, std)
+    return browse_dataset(**config.values("augmented", "config", "batches"), batches=thumbs)
+
+
 def run_data(args: argparse.Namespace) -> int:
     if not getattr(args, "data_command", None):
         raise UsageError("ssd data: name a command: convert, split, merge or browse (ssd data --help)")
@@ -59,7 +76,5 @@ def run_data(args: argparse.Namespace) -> int:
         *sources, out = config.sources
         print(merge_datasets(sources, out, **config.values("sources")))
     else:
-        from ssd.data.tools.browse import browse_dataset
-
-        print(f"wrote {browse_dataset(**config.values())}")
+        print(f"wrote {_browse(config)}")
     return 0
