@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 import ssd.distributed as ddp
+from ssd.data.balance import class_counts, class_weights
 from ssd.data.crops import MIN_VISIBLE, describe_plan, parse_crop_scale
 from ssd.data.gate import load_training_data
 from ssd.data.load import validation_split
@@ -144,7 +145,7 @@ class Trainer:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.model, self.channels_last = prepare_model(model, self.device, config.channels_last)
         self.priors = self.model.priors
-        self.loss_fn = MultiBoxLoss(variances=self.model.config.variances)
+        self.loss_fn = MultiBoxLoss(variances=self.model.config.variances, class_weights=self._class_weights())
         mc = self.model.config
         self.train_loader = train_loader(self.train_records, self.class_names, mc, config, info)
         plan = self.train_loader.dataset.dataset.decode_plan
@@ -156,6 +157,14 @@ class Trainer:
         if self.steps == 0:
             raise DataError(f"{config.data}: the train split has {len(self.train_records)} image(s), fewer than one "
                             f"batch of {config.batch_size} per process; lower batch_size")
+
+    def _class_weights(self) -> list[float] | None:
+        """``--class-weights auto``: from the training split's objects (logged), else None."""
+        if self.config.class_weights == "none":
+            return None
+        weights = class_weights(class_counts(self.train_records, len(self.class_names)))
+        LOGGER.info("class weights: " + ", ".join(f"{n} {w:.3g}" for n, w in zip(self.class_names, weights[1:])))
+        return weights
 
     @property
     def eval_model(self) -> nn.Module:
