@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from builders import TINY_TRAIN
 
+from builders import TINY_TRAIN
 from ssd.data.balance import class_counts, class_weights
 from ssd.data.load import load_dataset
 from ssd.data.records import ImageRecord, ObjectRecord

@@ -5,15 +5,15 @@ import shutil
 import subprocess
 
 import pytest
-from builders import TINY_TRAIN
-from test_data_convert import _voc
 
+from builders import TINY_TRAIN
 from ssd.cli import main
 from ssd.data.tools.browse import browse_dataset
 from ssd.data.tools.browse_page import histogram
 from ssd.errors import OutputError
 from ssd.training.config import TrainConfig
 from ssd.training.preview import training_batches
+from test_data_convert import _voc
 
 
 def test_histogram_bins_by_hand():
