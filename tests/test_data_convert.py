@@ -131,5 +131,8 @@ def test_cli_convert(voc, tmp_path, capsys):
     assert main(["data", "convert", str(voc), str(tmp_path / "c"), "--to", "coco", "--images", "copy"]) == 0
     assert "wrote" in capsys.readouterr().out
     assert _records(load_dataset(tmp_path / "c")) == _records(load_dataset(voc))
-    assert main(["data", "convert", str(voc), str(voc / "x"), "--to", "coco"]) == 1
+    assert main(["data", "convert", str(voc), str(voc / "x"), "--to", "coco", "--quiet"]) == 1
     assert "error: OUT" in capsys.readouterr().err
+    assert main(["data"]) == 2
+    assert "ssd data: name a command: convert, split, merge or browse" in capsys.readouterr().err
+    assert main(["data", "convert", str(voc), str(tmp_path / "d"), "--to", "coco", "--images", "move"]) == 2

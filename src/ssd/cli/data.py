@@ -32,12 +32,13 @@ def add_data_parser(sub) -> None:
             many = typing.get_origin(typing.get_type_hints(schema)[positional]) is list
             q.add_argument(positional, nargs="+" if many else None, help=fields[positional].metadata["help"])
         add_config_options(q, schema, [f for f in fields if f not in POSITIONAL[name]])
+        q.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def _config(args: argparse.Namespace):
     try:
         return _SCHEMAS[args.data_command].from_options(vars(args))
-    except (ConfigError, TypeError) as e:
+    except ConfigError as e:
         raise UsageError(f"ssd data {args.data_command}: {e}") from None
 
 
