@@ -25,14 +25,15 @@ _CONVERT = ("import resource, sys; from ssd.data.tools.convert import convert_da
 
 
 def make_coco(root: Path, count: int, classes: int = 20, seed: int = 0) -> Path:
-    """``root/annotations/train.json`` + ``root/images/train/<i>.jpg`` (links), 1-8 boxes an image."""
+    """``root/annotations/train.json`` + ``root/images/train/<i>.jpg`` (links to a few files), 1-8 boxes an image."""
     rng = random.Random(seed)
     (root / "images" / "train").mkdir(parents=True)
     (root / "annotations").mkdir()
-    model = root / "model.jpg"
-    Image.new("RGB", (640, 480), (90, 120, 30)).save(model)
     images, annotations = [], []
     for i in range(count):
+        model = root / f"model{i // 50_000}.jpg"  # a file takes at most 65,000 links on ext4
+        if i % 50_000 == 0:
+            Image.new("RGB", (640, 480), (90, 120, 30)).save(model)
         os.link(model, root / "images" / "train" / f"{i:07d}.jpg")
         images.append({"id": i + 1, "file_name": f"train/{i:07d}.jpg", "width": 640, "height": 480})
         for _ in range(rng.randint(1, 8)):
@@ -43,7 +44,8 @@ def make_coco(root: Path, count: int, classes: int = 20, seed: int = 0) -> Path:
     categories = [{"id": k + 1, "name": f"class{k}"} for k in range(classes)]
     (root / "annotations" / "train.json").write_text(json.dumps(
         {"images": images, "annotations": annotations, "categories": categories}))
-    model.unlink()
+    for model in root.glob("model*.jpg"):
+        model.unlink()
     return root
 
 
