@@ -136,3 +136,23 @@ def test_cli_convert(voc, tmp_path, capsys):
     assert main(["data"]) == 2
     assert "ssd data: name a command: convert, split, merge or browse" in capsys.readouterr().err
     assert main(["data", "convert", str(voc), str(tmp_path / "d"), "--to", "coco", "--images", "move"]) == 2
+
+
+def test_a_trainval_split_is_left_out_where_the_format_cannot_name_it(voc, tmp_path, ssd_messages):
+    """VOC's trainval (= train + val) converts to YOLO as train and val, each image once; a split that holds other
+    images is refused; VOC keeps it, one image file for both lists."""
+    (voc / "ImageSets" / "Main" / "trainval.txt").write_text("a\nb\nünïcödé\nc\n")
+    convert_dataset(voc, tmp_path / "y", "yolo")
+    assert sorted(load_dataset(tmp_path / "y").splits) == ["train", "val"]
+    assert "split 'trainval' left out: each of its 4 images is in train, val" in ssd_messages()[-1]
+    convert_dataset(voc, tmp_path / "v", "voc")
+    assert {s: len(r) for s, r in load_dataset(tmp_path / "v").splits.items()} == {"train": 3, "val": 1,
+                                                                                    "trainval": 4}
+    assert len(list((tmp_path / "v" / "JPEGImages").iterdir())) == 4
+    (voc / "ImageSets" / "Main" / "val.txt").write_text("")
+    (voc / "ImageSets" / "Main" / "test.txt").write_text("c\n")
+    (voc / "ImageSets" / "Main" / "extra.txt").write_text("c\n")
+    (voc / "ImageSets" / "Main" / "train.txt").write_text("a\n")
+    with pytest.raises(DataError, match=r"split 'trainval': a coco dataset names only the splits train, val, test, "
+                                        r"and 2 of its images are in none of them"):
+        convert_dataset(voc, tmp_path / "c", "coco")

@@ -17,6 +17,9 @@ from ssd.text import few
 
 __all__ = ["ConvertSummary", "convert_dataset", "write_dataset", "usable_records"]
 
+_SPLIT_NAMES = ("train", "val", "test")
+"""The splits that COCO, YOLO and Label Studio datasets name (their readers know no others)."""
+
 
 @dataclass
 class ConvertSummary:
@@ -49,11 +52,32 @@ def usable_records(spec: DatasetSpec) -> dict[str, list[ImageRecord]]:
     return splits
 
 
+def _named_splits(splits: dict[str, list[ImageRecord]], to: str) -> dict[str, list[ImageRecord]]:
+    """The splits a ``to`` dataset can name: any for VOC; else train, val and test, and a split beyond them (VOC's
+    ``trainval``) only when each of its images is in one of them: it is left out, and said so."""
+    if to == "voc":
+        return splits
+    kept = {s: r for s, r in splits.items() if s in _SPLIT_NAMES}
+    listed = {r.path for records in kept.values() for r in records}
+    for split, records in splits.items():
+        if split in kept:
+            continue
+        outside = [str(r.path) for r in records if r.path not in listed]
+        if outside:
+            raise DataError(f"split {split!r}: a {to} dataset names only the splits {', '.join(_SPLIT_NAMES)}, and "
+                            f"{len(outside)} of its images are in none of them ({few(outside, 3)}): convert to "
+                            "voc, or make it one of those splits")
+        LOGGER.info(f"split {split!r} left out: each of its {len(records)} images is in {', '.join(kept)} (a {to} "
+                    f"dataset names only {', '.join(_SPLIT_NAMES)})")
+    return kept
+
+
 def write_dataset(splits: dict[str, list[ImageRecord]], class_names: list[str], out: Path, to: str, images: str,
                   category_ids: list[int] | None = None) -> ConvertSummary:
     """Write ``splits`` as a ``to`` dataset in the new folder ``out`` (staged, renamed into place when whole)."""
     if to not in WRITERS:
         raise DataError(f"--to {to!r}: not a format{did_you_mean(to, list(WRITERS))} (choose {', '.join(WRITERS)})")
+    splits = _named_splits(splits, to)
     every = [r for records in splits.values() for r in records]
     if images != "none":
         missing_images(every)

@@ -59,11 +59,16 @@ def staged(out: Path) -> Iterator[Path]:
 
 def unique_names(records: Iterable[ImageRecord], spaces: bool = True) -> list[str]:
     """An output file name per image: its own name, unless its stem is taken (two splits or folders with ``a.jpg``),
-    then ``<stem>_2`` ... (VOC's Annotations/ and YOLO's labels/ pair files by stem). Without ``spaces``, white
+    then ``<stem>_2`` ... (VOC's Annotations/ and YOLO's labels/ pair files by stem); an image listed twice keeps
+    one name. Without ``spaces``, white
     space becomes ``_`` (VOC's ImageSets lists are split at white space)."""
     taken: set[str] = set()
     names = []
+    given: dict[Path, str] = {}
     for record in records:
+        if record.path in given:  # one image in two splits (VOC's trainval): one name
+            names.append(given[record.path])
+            continue
         stem, suffix, n = record.path.stem, record.path.suffix, 1
         stem = stem if spaces else re.sub(r"\s", "_", stem)
         name = fitted_name(stem, suffix)
@@ -72,6 +77,7 @@ def unique_names(records: Iterable[ImageRecord], spaces: bool = True) -> list[st
             name = fitted_name(f"{stem}_{n}", suffix)
         taken.add(Path(name).stem.casefold())
         names.append(name)
+        given[record.path] = name
     return names
 
 
@@ -90,7 +96,7 @@ def place_images(pairs: Iterable[tuple[Path, Path]], mode: str) -> None:
     if mode == "none":
         return
     made: set[Path] = set()
-    for source, dest in pairs:
+    for dest, source in {dest: source for source, dest in pairs}.items():  # an image in two splits: placed once
         if dest.parent not in made:
             dest.parent.mkdir(parents=True, exist_ok=True)
             made.add(dest.parent)

@@ -114,8 +114,8 @@ def _lists_voc(out: Path, spec: DatasetSpec, parts: dict[str, list[ImageRecord]]
 
 def split_dataset(source: str | Path, out: str | Path, val: float = 0.2, test: float = 0.0, seed: int = 0,
                   to: str | None = None, images: str = "link") -> SplitSummary:
-    """Pool every split of ``source`` and deal its images into ``train`` / ``val`` (/ ``test``), stratified by
-    class; write the result to the new folder ``out`` as list files (``to="lists"``, the default for YOLO and VOC)
+    """Pool every split of ``source`` (an image listed in two, as VOC's ``trainval``, once) and deal its images
+    into ``train`` / ``val`` (/ ``test``), stratified by class; write the result to the new folder ``out`` as list files (``to="lists"``, the default for YOLO and VOC)
     or as a dataset in format ``to`` (images linked or copied as ``images`` says).
 
     Raises:
@@ -128,7 +128,7 @@ def split_dataset(source: str | Path, out: str | Path, val: float = 0.2, test: f
     if to == "lists" and spec.format not in ("yolo", "voc"):
         raise DataError(f"--to lists: list files are read for YOLO and VOC datasets, {spec.root} is "
                         f"{spec.format}: give --to {spec.format} (or another format) to write the split dataset")
-    every = [r for records in usable_records(spec).values() for r in records]
+    every = list({r.path: r for records in usable_records(spec).values() for r in records}.values())  # trainval
     shares = {"train": 1 - val - test, "val": val, **({"test": test} if test else {})}
     for name, share in shares.items():
         if round(share * len(every)) < 1 and share > 0:
