@@ -115,8 +115,9 @@ def _lists_voc(out: Path, spec: DatasetSpec, parts: dict[str, list[ImageRecord]]
 def split_dataset(source: str | Path, out: str | Path, val: float = 0.2, test: float = 0.0, seed: int = 0,
                   to: str | None = None, images: str = "link") -> SplitSummary:
     """Pool every split of ``source`` (an image listed in two, as VOC's ``trainval``, once) and deal its images
-    into ``train`` / ``val`` (/ ``test``), stratified by class; write the result to the new folder ``out`` as list files (``to="lists"``, the default for YOLO and VOC)
-    or as a dataset in format ``to`` (images linked or copied as ``images`` says).
+    into ``train`` / ``val`` (/ ``test``), stratified by class; write the result to the new folder ``out`` as list
+    files (``to="lists"``, the default for YOLO and VOC) or as a dataset in format ``to`` (images linked or copied
+    as ``images`` says).
 
     Raises:
         DataError: a share that leaves a split without images, a dataset with errors, lists of a COCO dataset.
