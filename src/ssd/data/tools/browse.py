@@ -69,20 +69,20 @@ def batch_thumbs(batches: Sequence[dict], mean: Sequence[float], std: Sequence[f
     return thumbs
 
 
-def _box_stats(spec: DatasetSpec, splits: list[str]) -> tuple[list[tuple[int, int]], list[float], list[float]]:
+def _box_stats(spec: DatasetSpec, records: list[ImageRecord]) -> tuple[list[tuple[int, int]], list[float],
+                                                                        list[float]]:
     counts = [[0, 0] for _ in spec.class_names]
     sides, aspects = [], []
-    for split in splits:
-        for record in spec.splits[split]:
-            for k in {o.label for o in record.objects if 0 <= o.label < spec.num_classes}:
-                counts[k][1] += 1
-            for o in record.objects:
-                if 0 <= o.label < spec.num_classes:
-                    counts[o.label][0] += 1
-                w, h = o.box[2] - o.box[0], o.box[3] - o.box[1]
-                if w > 0 and h > 0 and record.width and record.height:
-                    sides.append(math.sqrt(w * h / (record.width * record.height)))
-                    aspects.append(math.log2(w / h))
+    for record in records:
+        for k in {o.label for o in record.objects if 0 <= o.label < spec.num_classes}:
+            counts[k][1] += 1
+        for o in record.objects:
+            if 0 <= o.label < spec.num_classes:
+                counts[o.label][0] += 1
+            w, h = o.box[2] - o.box[0], o.box[3] - o.box[1]
+            if w > 0 and h > 0 and record.width and record.height:
+                sides.append(math.sqrt(w * h / (record.width * record.height)))
+                aspects.append(math.log2(w / h))
     return [tuple(c) for c in counts], sides, aspects
 
 
@@ -97,13 +97,16 @@ def browse_dataset(source: str | Path, output: str | Path = "browse.html", split
     for issue in find_issues(spec, splits, decode_images=True):
         if issue.image is not None:
             problems.setdefault(Path(issue.image), []).append(f"{issue.severity}: {issue.message}")
-    every = [(s, r) for s in splits for r in spec.splits[s]]
+    every, seen = [], set()
+    for s in splits:  # an image in two splits (VOC's trainval) once, under the first
+        every += [(s, r) for r in spec.splits[s] if r.path not in seen and not seen.add(r.path)]
     every.sort(key=lambda item: item[1].path not in problems)  # stable: flagged first, then the dataset's order
     unread = sorted(set(problems) - {r.path for _, r in every})  # images a reader could not take: shown, not hidden
     thumbs = [_placeholder(f"{path.name}", problems[path]) for path in unread[:limit]]
     thumbs += [_thumb(r, s, problems.get(r.path, [])) for s, r in every[:limit - len(thumbs)]]
-    counts, sides, aspects = _box_stats(spec, splits)
-    summary = (f"{spec.format}, {', '.join(f'{s}: {len(spec.splits[s])} images' for s in splits)}; "
+    counts, sides, aspects = _box_stats(spec, [r for _, r in every])
+    summary = (f"{spec.format}, {', '.join(f'{s}: {len(spec.splits[s])} images' for s in splits)} ({len(every)} "
+               f"different); "
                f"{len(problems)} image(s) flagged by ssd check; {len(thumbs)} shown")
     page = render_page(f"ssd data browse: {spec.root}", summary, spec.class_names, counts,
                        histogram(sides, 0, 1, 20), histogram(aspects, -4, 4, 16), thumbs, list(batches))
