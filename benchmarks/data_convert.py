@@ -19,7 +19,7 @@ from pathlib import Path
 
 from PIL import Image
 
-_CONVERT = ("import resource, sys; from ssd.data.tools.convert import convert_dataset; "
+_CONVERT = ("import resource, sys; from ssd.data.commands.convert import convert_dataset; "
             "convert_dataset(sys.argv[1], sys.argv[2], sys.argv[3]); "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")  # its own peak, KiB
 

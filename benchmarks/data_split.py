@@ -10,8 +10,8 @@ import os
 import random
 from pathlib import Path
 
+from ssd.data.commands.split import stratified_split
 from ssd.data.load import load_dataset
-from ssd.data.tools.split import stratified_split
 
 SHARES = {"train": 0.7, "val": 0.2, "test": 0.1}
 DATASETS = {"bccd": "bccd/BCCD", "aquarium": "aquarium/data.yaml"}

@@ -8,8 +8,8 @@ import pytest
 
 from builders import TINY_TRAIN
 from ssd.cli import main
-from ssd.data.tools.browse import browse_dataset
-from ssd.data.tools.browse_page import histogram
+from ssd.data.commands.browse import browse_dataset
+from ssd.data.commands.browse_page import histogram
 from ssd.errors import OutputError
 from ssd.training.config import TrainConfig
 from ssd.training.preview import training_batches

@@ -7,8 +7,8 @@ import pytest
 
 from builders import write_image
 from ssd.cli import main
+from ssd.data.commands.convert import convert_dataset
 from ssd.data.load import load_dataset
-from ssd.data.tools.convert import convert_dataset
 from ssd.errors import DataError, OutputError
 
 _OBJECTS = {  # image name -> (class, xmin, ymin, xmax, ymax (VOC, 1-based), difficult, iscrowd)

@@ -5,9 +5,9 @@ import pytest
 import yaml
 
 from ssd.cli import main
+from ssd.data.commands.convert import convert_dataset
+from ssd.data.commands.merge import merge_datasets
 from ssd.data.load import load_dataset
-from ssd.data.tools.convert import convert_dataset
-from ssd.data.tools.merge import merge_datasets
 from ssd.errors import DataError
 from test_data_convert import _voc
 

@@ -4,8 +4,8 @@ dataset in another format, and the shares' rules."""
 import pytest
 
 from ssd.cli import main
+from ssd.data.commands.split import split_dataset, stratified_split
 from ssd.data.load import load_dataset
-from ssd.data.tools.split import split_dataset, stratified_split
 from ssd.errors import DataError
 from test_data_convert import _voc
 

@@ -43,7 +43,7 @@ def _config(args: argparse.Namespace):
 
 
 def _browse(config: DataBrowseConfig):
-    from ssd.data.tools.browse import batch_thumbs, browse_dataset
+    from ssd.data.commands.browse import batch_thumbs, browse_dataset
 
     thumbs = []
     if config.augmented:  # the training layer builds the batches as a run does
@@ -64,15 +64,15 @@ def run_data(args: argparse.Namespace) -> int:
         raise UsageError("ssd data: name a command: convert, split, merge or browse (ssd data --help)")
     config = _config(args)
     if args.data_command == "convert":
-        from ssd.data.tools.convert import convert_dataset
+        from ssd.data.commands.convert import convert_dataset
 
         print(convert_dataset(**config.values()))
     elif args.data_command == "split":
-        from ssd.data.tools.split import split_dataset
+        from ssd.data.commands.split import split_dataset
 
         print(split_dataset(**config.values()))
     elif args.data_command == "merge":
-        from ssd.data.tools.merge import merge_datasets
+        from ssd.data.commands.merge import merge_datasets
 
         *sources, out = config.sources
         print(merge_datasets(sources, out, **config.values("sources")))

@@ -1,4 +1,4 @@
-"""``ssd data browse``: one HTML page of a dataset (:mod:`ssd.data.tools.browse_page`): thumbnails with their boxes,
+"""``ssd data browse``: one HTML page of a dataset (:mod:`ssd.data.commands.browse_page`): thumbnails with their boxes,
 the images ``ssd check`` flags first with its messages, per-class counts, histograms of box sizes and aspect ratios,
 and (``batches``) training batches as the trainer builds them (:func:`ssd.training.preview.training_batches`)."""
 
@@ -14,10 +14,10 @@ import torch
 from PIL import Image
 
 from ssd.data.check import find_issues
+from ssd.data.commands.browse_page import Thumb, histogram, render_page
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.data.records import DatasetSpec, ImageRecord
-from ssd.data.tools.browse_page import Thumb, histogram, render_page
 from ssd.errors import ImageError
 from ssd.files import check_output, write_text
 

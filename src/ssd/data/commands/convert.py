@@ -1,15 +1,15 @@
 """``ssd data convert``: a dataset read by any reader, written in another format with its splits, every object kept
-(see :mod:`ssd.data.tools.formats` for what each format carries)."""
+(see :mod:`ssd.data.commands.formats` for what each format carries)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssd.data.commands.formats import WRITERS, Target
+from ssd.data.commands.output import check_dataset_output, missing_images, place_images, staged, unique_names
 from ssd.data.load import load_dataset
 from ssd.data.records import DatasetSpec, ImageRecord
-from ssd.data.tools.formats import WRITERS, Target
-from ssd.data.tools.output import check_dataset_output, missing_images, place_images, staged, unique_names
 from ssd.errors import DataError
 from ssd.log import LOGGER
 from ssd.names import did_you_mean

@@ -8,11 +8,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssd.data.commands.convert import usable_records, write_dataset
+from ssd.data.commands.formats import WRITERS
+from ssd.data.commands.output import check_dataset_output
 from ssd.data.load import load_dataset
 from ssd.data.records import DatasetSpec, ImageRecord
-from ssd.data.tools.convert import usable_records, write_dataset
-from ssd.data.tools.formats import WRITERS
-from ssd.data.tools.output import check_dataset_output
 from ssd.errors import DataError
 from ssd.names import did_you_mean
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
+from ssd.data.commands.convert import usable_records, write_dataset
+from ssd.data.commands.output import check_dataset_output, staged
 from ssd.data.load import load_dataset
 from ssd.data.records import DatasetSpec, ImageRecord
-from ssd.data.tools.convert import usable_records, write_dataset
-from ssd.data.tools.output import check_dataset_output, staged
 from ssd.errors import DataError
 
 __all__ = ["stratified_split", "split_dataset", "SplitSummary"]
