@@ -102,6 +102,7 @@ def test_labelstudio_tasks_are_what_its_import_takes(voc, tmp_path):
                               "height": 100 * 20 / 48, "rotation": 0, "rectanglelabels": ["zebra"]}
     assert tasks[2]["annotations"] == [{"result": []}]
     assert (tmp_path / "ls" / "train" / "ünïcödé.jpg").is_file()
+    assert (tmp_path / "ls" / "classes.txt").read_text(encoding="utf-8") == "élan\nzebra\n"
 
 
 def test_bad_outputs_are_refused_before_anything_is_written(voc, tmp_path):
@@ -156,3 +157,17 @@ def test_a_trainval_split_is_left_out_where_the_format_cannot_name_it(voc, tmp_p
     with pytest.raises(DataError, match=r"split 'trainval': a coco dataset names only the splits train, val, test, "
                                         r"and 2 of its images are in none of them"):
         convert_dataset(voc, tmp_path / "c", "coco")
+
+
+def test_labelstudio_to_voc_keeps_the_boxes_and_class_order(voc, tmp_path):
+    """Label Studio -> VOC with the Label Studio reader (where it exists): the same boxes, names and labels (the tasks
+    hold no difficult or crowd flag: those are dropped with a warning on the way in)."""
+    pytest.importorskip("ssd.data.labelstudio")
+    convert_dataset(voc, tmp_path / "ls", "labelstudio")
+    convert_dataset(tmp_path / "ls", tmp_path / "back", "voc")
+
+    def plain(spec):
+        names, splits = _records(spec)
+        return names, {s: [(n, w, h, [o[:3] for o in objects]) for n, w, h, objects in r] for s, r in splits.items()}
+
+    assert plain(load_dataset(tmp_path / "back")) == plain(load_dataset(voc))

@@ -147,8 +147,9 @@ def _labelstudio_task(record: ImageRecord, reference: str) -> dict:
 
 
 def write_labelstudio(out: Path, target: Target, named: Named) -> Pairs:
-    """``<split>/<image>`` and ``<split>/tasks.json``: the tasks Label Studio's JSON import takes (``data.image`` a
-    local-files URL, ``annotations[0].result`` rectangle labels in percent of ``original_width/height``)."""
+    """``<split>/<image>``, ``<split>/tasks.json``: the tasks Label Studio's JSON import takes (``data.image`` a
+    local-files URL, ``annotations[0].result`` rectangle labels in percent of ``original_width/height``), and
+    ``classes.txt`` (the class order, which the tasks do not hold)."""
     pairs: Pairs = []
     for split, items in named.items():
         (out / split).mkdir()
@@ -159,6 +160,7 @@ def write_labelstudio(out: Path, target: Target, named: Named) -> Pairs:
                 f.write(("," if index else "") + "\n" + json.dumps(task, ensure_ascii=False))
                 pairs.append((record.path, out / split / name))
             f.write("\n]\n")
+    (out / "classes.txt").write_text("".join(n + "\n" for n in target.class_names), encoding="utf-8")
     return pairs
 
 
