@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from ssd.boxes import VARIANCES
 from ssd.checks import validate_predictions, validate_targets
+from ssd.errors import ConfigError
 from ssd.matching import MATCH_IOU, match
 
 __all__ = ["MultiBoxLoss"]
@@ -55,7 +56,7 @@ class MultiBoxLoss(nn.Module):
         weight = None
         if self.class_weights is not None:
             if self.class_weights.shape != (num_classes + 1,):
-                raise ValueError(f"class_weights has shape {tuple(self.class_weights.shape)}, the classifier "
+                raise ConfigError(f"class_weights has shape {tuple(self.class_weights.shape)}, the classifier "
                                  f"{num_classes + 1} outputs (background first)")
             weight = self.class_weights.to(logits.device)
         if gt_boxes.shape[0] != loc.shape[0]:
