@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ssd.boxes import VARIANCES
 from ssd.checks import validate_predictions, validate_targets
-from ssd.errors import InputError
+from ssd.errors import ConfigError, InputError
 from ssd.matching import MATCH_IOU, match
 
 __all__ = ["MultiBoxLoss"]
@@ -27,6 +29,8 @@ class MultiBoxLoss(nn.Module):
       counts as one positive for this ratio, so background-only images still teach the classifier (the
       original SSD gives them no negatives; every image with an object is unaffected, since it has a forced
       positive);
+    - ``class_weights`` (``[K+1]``, background first; e.g. :func:`ssd.data.balance.class_weights`) scale each
+      chosen prior's cross-entropy by the weight of its target class (hard negatives by the background's);
     - both are divided by the number of positives in the batch, clamped to at least 1, so a batch without any
       object gives a finite loss (0 localization, negatives-only classification) instead of NaN.
 
@@ -35,9 +39,11 @@ class MultiBoxLoss(nn.Module):
     """
 
     def __init__(
-        self, neg_pos_ratio: int = 3, iou_threshold: float = MATCH_IOU, variances: tuple[float, float] = VARIANCES
+        self, neg_pos_ratio: int = 3, iou_threshold: float = MATCH_IOU, variances: tuple[float, float] = VARIANCES,
+        class_weights: Sequence[float] | Tensor | None = None,
     ) -> None:
         super().__init__()
+        self.class_weights = None if class_weights is None else torch.as_tensor(class_weights, dtype=torch.float32)
         self.neg_pos_ratio = neg_pos_ratio
         self.iou_threshold = iou_threshold
         self.variances = tuple(variances)
@@ -47,6 +53,12 @@ class MultiBoxLoss(nn.Module):
     ) -> tuple[Tensor, Tensor]:
         num_classes = validate_predictions(loc, logits, priors)
         validate_targets(gt_boxes, gt_labels, num_classes)
+        weight = None
+        if self.class_weights is not None:
+            if self.class_weights.shape != (num_classes + 1,):
+                raise ConfigError(f"class_weights has shape {tuple(self.class_weights.shape)}, the classifier "
+                                 f"{num_classes + 1} outputs (background first)")
+            weight = self.class_weights.to(logits.device)
         if gt_boxes.shape[0] != loc.shape[0]:
             raise InputError(f"the targets hold {gt_boxes.shape[0]} images but the predictions {loc.shape[0]}")
         with torch.no_grad():
@@ -58,7 +70,7 @@ class MultiBoxLoss(nn.Module):
         pos_index = positive.nonzero(as_tuple=True)
         loc_loss = F.smooth_l1_loss(loc[pos_index].float(), loc_t[pos_index].float(), reduction="sum", beta=1.0)
         chosen = (positive | negative).nonzero(as_tuple=True)
-        cls_loss = F.cross_entropy(logits[chosen].float(), cls_t[chosen], reduction="sum")
+        cls_loss = F.cross_entropy(logits[chosen].float(), cls_t[chosen], weight=weight, reduction="sum")
         total = num_pos.sum().clamp(min=1)
         return loc_loss / total, cls_loss / total
 

@@ -1,4 +1,4 @@
-"""The ``ssd`` command line: ``ssd train|val|predict|export|benchmark|check|demo|import|weights``.
+"""The ``ssd`` command line: ``ssd train|val|predict|export|benchmark|check|demo|import|weights|data``.
 
 One grammar everywhere: ``--option value`` (``--epochs 50``), booleans as ``--amp`` / ``--no-amp``.
 ``ssd train`` takes every field of :class:`ssd.training.config.TrainConfig` as an option and ``--config FILE.yaml``

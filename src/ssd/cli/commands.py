@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from ssd.cli.data import run_data
 from ssd.errors import ConfigError, MissingInputError, UsageError
 from ssd.schemas import BenchmarkConfig, ExportConfig, PredictConfig, ServeConfig, ValConfig
 
@@ -250,4 +251,4 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 COMMANDS = {"train": _cmd_train, "val": _cmd_val, "predict": _cmd_predict, "serve": _cmd_serve, "export": _cmd_export,
             "benchmark": _cmd_benchmark, "check": _cmd_check, "demo": _cmd_demo, "import": _cmd_import,
-            "weights": _cmd_weights, "runs": _cmd_runs, "tune": _cmd_tune}
+            "weights": _cmd_weights, "runs": _cmd_runs, "tune": _cmd_tune, "data": run_data}

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
+from ssd.cli.data import add_data_parser
 from ssd.cli.options import (
     EPILOG,
     Parser,
@@ -24,10 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="ssd", description="SSD object detection that just works on your own data.", epilog=EPILOG)
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", parser_class=Parser,
-                                metavar="{train,val,predict,serve,export,benchmark,check,demo,import,weights,runs,tune}")
+                                metavar="{train,val,predict,serve,export,benchmark,check,demo,import,weights,runs,tune,data}")
     for add in (_add_train_parser, _add_val_parser, _add_predict_parser, _add_serve_parser, _add_export_parser,
                 _add_benchmark_parser, _add_check_parser, _add_demo_parser, _add_import_parser, _add_weights_parser,
-                _add_runs_parser, _add_tune_parser):
+                _add_runs_parser, _add_tune_parser, add_data_parser):
         add(sub)
     for command in sub.choices.values():  # one spelling of "no progress bars" on every command
         if "--quiet" not in command._option_string_actions:

@@ -4,7 +4,8 @@ Categories are mapped to contiguous labels ``0..K-1`` in ascending category id, 
 kept in ``DatasetSpec.category_ids`` (label ``k`` is category ``category_ids[k]``) so results can be written in the
 dataset's own ids. ``bbox`` is ``[x, y, w, h]`` in pixels, converted to ``xyxy``; a bbox that only fits the image
 when read as ``[x1, y1, x2, y2]`` is an error (never clipped and trained on). ``iscrowd`` annotations are kept as
-ignore regions (``ObjectRecord.iscrowd``): never trained on, ignored in evaluation. Image files are looked up
+ignore regions (``ObjectRecord.iscrowd``): never trained on, ignored in evaluation; ``difficult: 1`` (not COCO's own:
+what ``ssd data convert`` writes for VOC's flag) is read as ``ObjectRecord.difficult``. Image files are looked up
 relative to the JSON's folder, its ``images/`` subfolder, or ``../images`` (the usual ``annotations/`` + ``images/``
 layout), or ``image_root`` when given.
 
@@ -29,7 +30,7 @@ import numpy as np
 
 from ssd.data.images import read_image_size
 from ssd.data.records import DatasetSpec, Issue
-from ssd.data.table import CROWD, Detail, RecordTable, Strings
+from ssd.data.table import CROWD, DIFFICULT, Detail, RecordTable, Strings
 from ssd.data.voc import check_class_count
 from ssd.errors import DataError, ImageError
 from ssd.limits import is_whole
@@ -209,11 +210,12 @@ def _float(value: int | float) -> float:
 
 class _Objects:
     """The accepted annotations as columns (raw values, no per-object records): ``owner`` (image row), ``boxes``
-    (xyxy, flat), ``labels``, ``crowd``, ``ids``, ``bboxes`` (as written), ``unknown`` (a label ``-1``'s name)."""
+    (xyxy, flat), ``labels``, ``flags`` (``CROWD`` / ``DIFFICULT`` bits of :mod:`ssd.data.table`), ``ids``,
+    ``bboxes`` (as written), ``unknown`` (a label ``-1``'s name)."""
 
     def __init__(self) -> None:
         self.owner, self.boxes, self.labels = array("q"), array("d"), array("q")
-        self.crowd, self.ids, self.bboxes, self.unknown = bytearray(), [], [], {}
+        self.flags, self.ids, self.bboxes, self.unknown = bytearray(), [], [], {}
 
 
 def _add_objects(data: dict, json_path: Path, images: _Images, label_of: dict[int, int], split: str,
@@ -231,13 +233,14 @@ def _add_objects(data: dict, json_path: Path, images: _Images, label_of: dict[in
                                     f"{image_id!r:.60} is not in 'images'", rel, _line(ann_id), split=split))
             continue
         parsed, (width, height) = _bbox(bbox), images.sizes[row]
-        iscrowd = ann.get("iscrowd", 0)
+        iscrowd, difficult = ann.get("iscrowd", 0), ann.get("difficult", 0)  # difficult: VOC's flag, kept
         problem = (f"bbox {bbox!r:.80} is not [x, y, w, h] numbers" if parsed is None else
                    f"bbox {bbox} passes the {width}x{height} image as [x, y, width, height] but fits it as [x1, y1, "
                    "x2, y2]; COCO bboxes are [x, y, width, height] (write width = x2 - x1, height = y2 - y1)"
                    if _looks_xyxy(parsed, width, height) else
                    f"id {ann_id!r:.60} is not an integer" if type(ann_id) is not int else
                    f"iscrowd {ann.get('iscrowd')!r:.60} is not 0 or 1" if iscrowd not in (0, 1) else
+                   f"difficult {ann.get('difficult')!r:.60} is not 0 or 1" if difficult not in (0, 1) else
                    f"id {ann_id} is also annotations[{seen[ann_id]}] (annotation ids must be unique)"
                    if ann_id in seen else None)
         if problem:
@@ -252,7 +255,7 @@ def _add_objects(data: dict, json_path: Path, images: _Images, label_of: dict[in
         found.owner.append(row)
         found.boxes.extend(parsed)
         found.labels.append(label)
-        found.crowd.append(bool(iscrowd))
+        found.flags.append(CROWD * bool(iscrowd) + DIFFICULT * bool(difficult))
         found.ids.append(ann_id)
         found.bboxes.append(bbox)
     return found
@@ -302,7 +305,7 @@ def _table(json_path: Path, images: _Images, found: _Objects, names: list[str]) 
                        sizes=np.array(images.sizes, np.int64).reshape(-1, 2), first=first,
                        boxes=grouped(np.frombuffer(found.boxes, np.float64).reshape(-1, 4)),
                        labels=grouped(np.frombuffer(found.labels, np.int64)),
-                       flags=grouped(np.frombuffer(found.crowd, np.uint8) * np.uint8(CROWD)))
+                       flags=grouped(np.frombuffer(found.flags, np.uint8).copy()))
 
 
 def read_coco(json_path: Path, image_root: Path | None = None, split: str | None = None) -> DatasetSpec:

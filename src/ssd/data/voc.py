@@ -118,9 +118,10 @@ def parse_voc_xml(xml_path: Path, rel: str, width: int | None = None,
         if difficult.lower() not in _FLAGS:
             issues.append(Issue("warning", "bad_flag", f"{where}: <difficult> is {difficult!r}, read as 0 (not "
                                 "difficult; write 0 or 1)", rel, index, object_index=len(objects)))
+        crowd = (obj.findtext("iscrowd") or "0").strip().lower()  # written by `ssd data convert` for COCO crowds
         objects.append(ObjectRecord(tuple(v - 1.0 for v in values), -1, name,
-                                    difficult=_FLAGS.get(difficult.lower(), False), line=index, source=xml_path,
-                                    where=where, raw=raw))
+                                    difficult=_FLAGS.get(difficult.lower(), False), iscrowd=_FLAGS.get(crowd, False),
+                                    line=index, source=xml_path, where=where, raw=raw))
     return objects, issues
 
 

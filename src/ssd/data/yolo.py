@@ -13,6 +13,7 @@ Paths are made absolute without resolving symbolic links: labels are looked up b
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -265,7 +266,31 @@ def read_yolo_yaml(yaml_path: Path, desc=None) -> DatasetSpec:
             splits[split] = _read_split(images, split, root, names, issues)
     if not splits:
         raise DataError(f"{yaml_path}: no split listed (give at least 'train: images/train')")
+    if desc.get("flags"):
+        _read_flags(yaml_path, root / str(desc["flags"]), root, splits)
+        watched.append(root / str(desc["flags"]))
     return DatasetSpec(root, "yolo", names, splits, issues, watched=watched)
+
+
+def _read_flags(yaml_path: Path, path: Path, root: Path, splits: dict[str, list[ImageRecord]]) -> None:
+    """The ``difficult`` / ``iscrowd`` flags that plain YOLO cannot write, from the ``flags`` file a ``data.yaml``
+    names (``ssd data convert`` writes it): a JSON object a line, ``{"file": label file relative to the root,
+    "line": its line, "difficult": bool, "iscrowd": bool}``."""
+    by_line = {(r.annotation, o.line): o for records in splits.values() for r in records if r.annotation
+               for o in r.objects}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as e:
+        raise DataError(f"{yaml_path}: flags file {path} cannot be read ({e.strerror})") from e
+    for number, text in enumerate(lines, start=1):
+        try:
+            entry = json.loads(text)
+            obj = by_line.get((_absolute(root / entry["file"]), entry["line"]))
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataError(f"{path}:{number}: not a flags line {{\"file\": ..., \"line\": ...}} ({e})") from e
+        if obj is None:
+            raise DataError(f"{path}:{number}: {entry['file']} line {entry['line']} is no object of the dataset")
+        obj.difficult, obj.iscrowd = entry.get("difficult") is True, entry.get("iscrowd") is True
 
 
 def read_yolo_folder(folder: Path) -> DatasetSpec:

@@ -95,6 +95,9 @@ class TrainConfig:
         "decode every image once: ram keeps them in memory (the option alone), disk in one memory-mapped file of the "
         "cache folder ($SSD_CACHE_DIR), reused by later runs; off (default) decodes each image when read", None,
         const="ram", choices=("ram", "disk", "off"))
+    class_weights: Literal["none", "auto"] = option(
+        "weights of the classification loss per class: auto gives rare classes more (inverse frequency of the "
+        "training objects, mean 1 per object, at most 10; background 1); none: all 1", default="none")
     skip_invalid: bool = option("drop invalid objects/images (reported) instead of refusing the data", default=False)
     recheck: bool = option("read and decode the whole dataset again instead of trusting its index (rebuilt)",
                           default=False)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 import ssd.distributed as ddp
-from ssd.data import build_dataloader
+from ssd.data.balance import class_counts, class_weights
 from ssd.data.crops import MIN_VISIBLE, describe_plan, parse_crop_scale
 from ssd.data.gate import load_training_data
 from ssd.data.load import validation_split
@@ -41,6 +41,7 @@ from ssd.training.mlflow_log import MLflowLogger
 from ssd.training.optim import batch_loss, build_ema, build_optimization, resize_schedule, validation_loss
 from ssd.training.outputs import output_callbacks, prepare_run_dir
 from ssd.training.plan import build_run_model, check_resumed_data, given_fields, plan_run
+from ssd.training.preview import train_loader
 from ssd.training.state import (
     TrainState,
     check_finite,
@@ -146,23 +147,26 @@ class Trainer:
             model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
         self.model, self.channels_last = prepare_model(model, self.device, config.channels_last)
         self.priors = self.model.priors
-        self.loss_fn = MultiBoxLoss(variances=self.model.config.variances)
+        self.loss_fn = MultiBoxLoss(variances=self.model.config.variances, class_weights=self._class_weights())
         mc = self.model.config
-        crop_scale = parse_crop_scale(config.crop_scale)
-        self.train_loader = build_dataloader(
-            self.train_records, self.class_names, mc.image_size, mc.mean, mc.std, train=True,
-            batch_size=config.batch_size, workers=config.workers, seed=config.seed, augment=config.augment,
-            cache_images=config.cache_images, crop_scale=crop_scale, drop_last=True,
-            rank=info.rank, world_size=info.world_size, mosaic=config.mosaic)
+        self.train_loader = train_loader(self.train_records, self.class_names, mc, config, info)
         plan = self.train_loader.dataset.dataset.decode_plan
         if plan is not None:
-            LOGGER.info(describe_plan(plan, crop_scale, mc.image_size, config.cache_images))
+            LOGGER.info(describe_plan(plan, parse_crop_scale(config.crop_scale), mc.image_size, config.cache_images))
         self.val_loader = split_loader(self.val_records, self.class_names, mc, batch_size=config.batch_size,
                                        workers=config.workers, cache_images=config.cache_images, info=info)
         self.steps = ddp.steps_per_epoch(len(self.train_records), config.batch_size, info.world_size)
         if self.steps == 0:
             raise DataError(f"{config.data}: the train split has {len(self.train_records)} image(s), fewer than one "
                             f"batch of {config.batch_size} per process; lower batch_size")
+
+    def _class_weights(self) -> list[float] | None:
+        """``--class-weights auto``: from the training split's objects (logged), else None."""
+        if self.config.class_weights == "none":
+            return None
+        weights = class_weights(class_counts(self.train_records, len(self.class_names)))
+        LOGGER.info("class weights: " + ", ".join(f"{n} {w:.3g}" for n, w in zip(self.class_names, weights[1:])))
+        return weights
 
     @property
     def eval_model(self) -> nn.Module:
