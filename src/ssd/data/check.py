@@ -24,7 +24,7 @@ import numpy as np
 from ssd.data.check_report import CheckReport
 from ssd.data.images import verify_image
 from ssd.data.load import load_dataset
-from ssd.data.memo import map_in_processes
+from ssd.data.memo import map_in_processes, unanswered
 from ssd.data.object_rules import object_issues
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
@@ -122,13 +122,14 @@ def _invalid(issues: list[Issue]) -> tuple[set, set]:
 
 def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     """Corrupt/truncated images of ``splits``: a full but cheap decode of each image once (JPEG DCT scaling; a
-    truncated file fails it), in chunks on worker processes, one per core, when there are enough images to pay for
-    starting them (small images are decoded in less time than the Python around the decode, which holds the GIL:
-    threads would not help), with a progress bar on a terminal."""
+    truncated file fails it), in chunks on worker processes, one per core, when there are enough images to decode
+    (those the dataset index's per-file results answer for cost a look-up) to pay for starting them (small images
+    are decoded in less time than the Python around the decode, which holds the GIL: threads would not help),
+    with a progress bar on a terminal."""
     records = {r.path: split for split in splits for r in spec.splits[split]}
     paths = list(records)
     chunks = [paths[i:i + DECODE_CHUNK] for i in range(0, len(paths), DECODE_CHUNK)]
-    processes = min(usable_cores(), len(paths) // PROCESS_MIN_IMAGES)
+    processes = min(usable_cores(), unanswered("decode", paths) // PROCESS_MIN_IMAGES)
     found: list[Issue] = []
     with progress(total=len(paths), desc="checking images", unit="image", disable=None, leave=False) as bar:
         for chunk, failed in zip(chunks, map_in_processes(_failed_decodes, chunks, processes)):

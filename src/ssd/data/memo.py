@@ -32,7 +32,8 @@ from typing import Any, TypeVar
 
 from ssd.data.records import Issue, ObjectRecord
 
-__all__ = ["FileMemo", "remembered", "map_in_processes", "file_state", "RACY_NS", "encode_parsed", "decode_parsed"]
+__all__ = ["FileMemo", "remembered", "map_in_processes", "unanswered", "file_state", "RACY_NS", "encode_parsed",
+           "decode_parsed"]
 
 T, R = TypeVar("T"), TypeVar("R")
 
@@ -119,15 +120,21 @@ class FileMemo:
         finally:
             _active = previous
 
-    def lookup(self, kind: str, path: str | os.PathLike, args: tuple, compute: Callable[[], Any],
-               encode: Callable[[Any], Any], decode: Callable[[Any], Any], error: type[Exception] | None) -> Any:
-        path = os.fspath(path)
+    def _entry(self, kind: str, path: str, args: tuple) -> tuple[str, tuple | None, list | None]:
+        """``(key, state, entry)`` of a step: the file's state (stat'ed once per run) and the stored entry that
+        answers for it, if any."""
         key = "\0".join((kind, path, _NO_ARGS if args == ((), []) else _args_digest(args)))
         state = self.states.get(path, self._seen.get(path, _UNSEEN))
         if state is _UNSEEN:  # one stat per file and run: a state taken before reading is safe to store with the result
             state = self.states[path] = file_state(path)
         entry = self.entries.get(key)
-        if state is not None and entry is not None and tuple(entry[:4]) == state:
+        return key, state, entry if state is not None and entry is not None and tuple(entry[:4]) == state else None
+
+    def lookup(self, kind: str, path: str | os.PathLike, args: tuple, compute: Callable[[], Any],
+               encode: Callable[[Any], Any], decode: Callable[[Any], Any], error: type[Exception] | None) -> Any:
+        path = os.fspath(path)
+        key, state, entry = self._entry(kind, path, args)
+        if entry is not None:
             with self._lock:
                 self.used[key] = entry
             stored = entry[4]
@@ -150,6 +157,15 @@ class FileMemo:
         if isinstance(value, Exception):
             raise value
         return value
+
+
+def unanswered(kind: str, paths: Sequence[str | os.PathLike]) -> int:
+    """How many of ``paths`` the active memo cannot answer for the argument-less step ``kind`` (all of them with no
+    memo active): the work a step over them will really do."""
+    memo = _active
+    if memo is None:
+        return len(paths)
+    return sum(memo._entry(kind, os.fspath(path), ((), []))[2] is None for path in paths)
 
 
 def _in_worker(step: Callable[[T], R], chunk: T) -> tuple[R, tuple | None, list]:
@@ -225,15 +241,19 @@ def encode_parsed(parsed: tuple[list[ObjectRecord], list[Issue]]) -> list:
 
 
 def decode_parsed(stored: list) -> tuple[list[ObjectRecord], list[Issue]]:
-    """The inverse of :func:`encode_parsed`."""
+    """The inverse of :func:`encode_parsed` (one ``Path`` per distinct text: a file's objects share their source,
+    and parsing a path costs more than the rest of a row)."""
     objects, issues = [], []
+    paths: dict[str | None, Path | None] = {None: None}
     for row in stored[0]:
         fields = dict(zip(_OBJECT_FIELDS, row))
         fields["box"] = tuple(fields["box"])
-        fields["source"] = None if fields["source"] is None else Path(fields["source"])
+        source = fields["source"]
+        fields["source"] = paths[source] if source in paths else paths.setdefault(source, Path(source))
         objects.append(ObjectRecord(**fields))
     for row in stored[1]:
         fields = dict(zip(_ISSUE_FIELDS, row))
-        fields["image"] = None if fields["image"] is None else Path(fields["image"])
+        image = fields["image"]
+        fields["image"] = paths[image] if image in paths else paths.setdefault(image, Path(image))
         issues.append(Issue(**fields))
     return objects, issues
