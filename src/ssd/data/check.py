@@ -15,6 +15,7 @@ objects, train/val overlap). With a ``model`` it adds default-box coverage
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +25,7 @@ import numpy as np
 from ssd.data.check_report import CheckReport
 from ssd.data.images import verify_image
 from ssd.data.load import load_dataset
-from ssd.data.memo import map_in_processes, unanswered
+from ssd.data.memo import json_digest, map_in_processes, object_rows, remembered_rules, unanswered
 from ssd.data.object_rules import object_issues
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
@@ -53,6 +54,7 @@ def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     issues = []
     failed = {i.image for i in spec.issues if i.severity == "error"}
     seen: set[Path] = set()
+    given = (json_digest(spec.class_names), str(spec.root))  # a class list once, not in every image's key
     for split in splits:
         for rec in spec.splits[split]:
             if rec.path in seen:  # the same image in two splits (e.g. VOC trainval) is reported once
@@ -62,13 +64,20 @@ def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
                 where = printable(relative_path(rec.path, spec.root))
                 issues.append(Issue("error", "invalid_file_name", f"{where}: the file name {problem}", where,
                                     split=split, image=rec.path))
-            issues += object_issues(rec, split, spec.class_names, spec.root)
+            issues += remembered_rules(rec.path, functools.partial(_rule_inputs, rec, split, given),
+                                       functools.partial(object_issues, rec, split, spec.class_names, spec.root))
             if not rec.objects and rec.path not in failed:  # named by the image when its file holds others too
                 own = rec.annotation if rec.annotation is not None and rec.annotation.stem == rec.path.stem else None
                 where = relative_path(own or rec.path, spec.root)
                 issues.append(Issue("warning", "no_objects", f"{where}: image without objects (kept as a "
                                     "background-only image)", where, split=split, image=rec.path))
     return issues
+
+
+def _rule_inputs(rec: ImageRecord, split: str, given: tuple[str, str]) -> tuple:
+    """What :func:`~ssd.data.object_rules.object_issues` reads of ``rec`` (but its image file: the key's state) and
+    of its arguments (``given``: the class list's digest and the root), as JSON."""
+    return object_rows(rec.objects), str(rec.annotation), rec.width, rec.height, split, *given
 
 
 def find_issues(spec: DatasetSpec, splits: Sequence[str] | None = None, *, decode_images: bool = False
