@@ -291,17 +291,16 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
         except INDEX_ERRORS as e:
             LOGGER.warning(f"dataset cache: {path} is not a valid index ({damage_reason(e)}): rebuilding it")
     start_ns = time.time_ns() - RACY_NS
-    walked = None  # the dataset folder, walked once in a run
+    files = None  # the stored dataset's files, before any read (its folder walked once in a run)
     if stored is not None:
         spec = stored.spec()
-        try:
+        with suppress(_NotIndexed):
             files = _Fingerprint(spec, start_ns)
-            walked, unchanged = files.walked, files.same(stored.files, stored.arrays["files.state"])
-        except _NotIndexed:
-            unchanged = False
-        if unchanged and (reused := _as_stored(stored, spec, splits)) is not None:
+        if files is not None and files.same(stored.files, stored.arrays["files.state"]) and (
+                reused := _as_stored(stored, spec, splits)) is not None:
             return reused
-    memo = FileMemo(stored.memo() if stored is not None else None if recheck else _sibling_memo(path), start_ns)
+    memo = FileMemo(stored.memo() if stored is not None else None if recheck else _sibling_memo(path), start_ns,
+                    () if files is None else zip(files.paths, files.states.tolist()))
     with memo.active():
         spec = load_dataset(data, class_names=class_names)
         _first_split(spec, splits)
@@ -312,7 +311,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
     if lock is None:
         return Indexed(spec, issues, memo.reads)
     try:
-        files = _Fingerprint(spec, start_ns, walked, memo.states)
+        files = _Fingerprint(spec, start_ns, None if files is None else files.walked, memo.states)
     except _NotIndexed as e:
         LOGGER.warning(f"dataset cache: {e}: not indexed")
         return Indexed(spec, issues, memo.reads)

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,16 +90,20 @@ class FileMemo:
         states: the :func:`file_state` of every file looked up in this run (taken once, before its first read).
     """
 
-    def __init__(self, entries: dict[str, list] | None = None, stable_before: int | None = None) -> None:
+    def __init__(self, entries: dict[str, list] | None = None, stable_before: int | None = None,
+                 states: Iterable[tuple[str, Sequence[int]]] = ()) -> None:
         """``stable_before``: files modified at or after it (nanoseconds) are not remembered (default: :data:`RACY_NS`
-        before now; the dataset index gives its run's own)."""
+        before now; the dataset index gives its run's own); ``states``: ``(path, state)`` of files stat'ed earlier in
+        this run, before any read (the index's file list: not stat'ed again), a state of ``-1`` values for a file
+        not to be remembered."""
         self.entries = entries or {}
         self.used: dict[str, list | bytes] = {}
         self.reads: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._stable_before = time.time_ns() - RACY_NS if stable_before is None else stable_before
         self._seen: dict[str, tuple[int, int, int, int] | None] = {}  # a forked memo's parent's states (not sent back)
-        self.states: dict[str, tuple[int, int, int, int] | None] = {}
+        self.states: dict[str, tuple[int, int, int, int] | None] = {
+            path: None if state[0] < 0 else tuple(state) for path, state in states}
 
     def used_json(self) -> bytes:
         """:attr:`used` as ``json.dumps(used).encode()`` would write it (new entries are kept as their JSON text),
