@@ -14,6 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
+import ssd.data.check as check_module
 from builders import make_dataset, write_image
 from ssd.data.check import check_dataset, find_issues
 from ssd.data.disk_cache import disk_images
@@ -184,3 +185,28 @@ def test_one_edited_annotation_costs_that_file_and_the_index_equals_a_cold_build
         assert again.spec.splits[split] == cold.spec.splits[split] and len(records) == len(cold.spec.splits[split])
         assert [r.path for r in again.spec.splits[split]] == [r.path for r in records]
     assert reads(data, splits=splits) == []  # the cold build's index, whole
+
+
+def test_after_one_edit_only_its_image_is_checked_again_unless_the_rules_changed(tmp_path, monkeypatch):
+    """The rules of the images an edit does not touch are their kept results (an edit that leaves the records as
+    they were checks none again), unless another version of the rules kept them (an upgraded ssd): then every
+    image is checked again."""
+    data = settle(make_dataset("voc", tmp_path / "voc", train=6, val=2, size=64, classes=3, seed=1))
+    index_dataset(data, splits=("train", "val"))
+    checked, rules = [], check_module.object_issues
+    monkeypatch.setattr(check_module, "object_issues", lambda rec, *args: checked.append(rec.path.name) or rules(
+        rec, *args))
+    for name, version in (("synth_000001", None), ("synth_000002", "other rules")):
+        xml = data / "Annotations" / f"{name}.xml"
+        xml.write_text(xml.read_text().replace("<difficult>0</difficult>", "<difficult>1</difficult>", 1))
+        settle(data)
+        if version is not None:
+            monkeypatch.setattr(check_module, "_rules_version", lambda version=version: version)
+        checked.clear()
+        index_dataset(data, splits=("train", "val"))
+        assert checked == ([f"{name}.jpg"] if version is None else [f"synth_{i:06d}.jpg" for i in range(8)])
+    xml = data / "Annotations" / "synth_000003.xml"  # read again, its record as it was: no image checked again
+    xml.write_text(xml.read_text() + " ")
+    settle(data)
+    checked.clear()
+    assert reads(data, splits=("train", "val")) == [("voc", "synth_000003.xml")] and checked == []

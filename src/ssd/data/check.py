@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,7 +56,7 @@ def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     issues = []
     failed = {i.image for i in spec.issues if i.severity == "error"}
     seen: set[Path] = set()
-    given = (json_digest(spec.class_names), str(spec.root))  # a class list once, not in every image's key
+    given = (json_digest(spec.class_names), str(spec.root), _rules_version())  # once, not in every image's key
     for split in splits:
         for rec in spec.splits[split]:
             if rec.path in seen:  # the same image in two splits (e.g. VOC trainval) is reported once
@@ -74,9 +76,18 @@ def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     return issues
 
 
-def _rule_inputs(rec: ImageRecord, split: str, given: tuple[str, str]) -> tuple:
+@functools.cache
+def _rules_version() -> str:
+    """A digest of the per-object rules' source: results kept by other rules (another ssd) are never used."""
+    try:
+        return json_digest(Path(inspect.getfile(object_issues)).read_bytes().hex())
+    except (OSError, TypeError):  # no source to tell them by: results kept in this process only
+        return uuid.uuid4().hex
+
+
+def _rule_inputs(rec: ImageRecord, split: str, given: tuple[str, str, str]) -> tuple:
     """What :func:`~ssd.data.object_rules.object_issues` reads of ``rec`` (but its image file: the key's state) and
-    of its arguments (``given``: the class list's digest and the root), as JSON."""
+    of its arguments and code (``given``: the class list's digest, the root, :func:`_rules_version`), as JSON."""
     return object_rows(rec.objects), str(rec.annotation), rec.width, rec.height, split, *given
 
 
