@@ -14,8 +14,9 @@ import pytest
 import torch
 from PIL import Image
 
+import ssd.data.check as check_module
 from builders import make_dataset, write_image
-from ssd.data.check import check_dataset
+from ssd.data.check import check_dataset, find_issues
 from ssd.data.disk_cache import disk_images
 from ssd.data.gate import load_training_data
 from ssd.data.index import index_dataset
@@ -152,3 +153,60 @@ def test_an_image_rewritten_in_place_with_its_mtime_restored_is_decoded_again_by
     _rewrite_keeping_size_and_mtime(image, other.getvalue())
     again = disk_images([str(image)], sizes, "t", decode)
     assert again.decoded == 1 and again.read(0, decode)[:, 0, 0].tolist() == [9, 9, 9]
+
+
+def test_one_edited_annotation_costs_that_file_and_the_index_equals_a_cold_build(tmp_path, monkeypatch):
+    """An edit cost a whole rebuild: every file's results decoded and every image's rules applied again. Now the
+    edited file alone is read, the rules of the images it does not touch are their stored results, and the index
+    (records, reader issues, check) equals a cold build's and a check without any index."""
+    data = settle(make_dataset("voc", tmp_path / "voc", train=6, val=2, size=64, classes=3, seed=1))
+    kept = data / "Annotations" / "synth_000003.xml"  # a near-duplicate and a box past the border: stored rules
+    kept.write_text(kept.read_text().replace("</annotation>", "<object><name>circle</name><bndbox><xmin>3</xmin>"
+                                             "<ymin>3</ymin><xmax>20</xmax><ymax>20</ymax></bndbox></object>" * 2
+                                             + "<object><name>circle</name><bndbox><xmin>50</xmin><ymin>5</ymin>"
+                                             "<xmax>67</xmax><ymax>9</ymax></bndbox></object></annotation>"))
+    settle(data)
+    splits = ("train", "val")
+    assert index_dataset(data, splits=splits).reads and index_dataset(data, splits=None).reads == []
+    edited = data / "Annotations" / "synth_000001.xml"  # one box now outside the image, one class unknown
+    text = edited.read_text().replace("<xmin>25</xmin>", "<xmin>70</xmin>").replace("<xmax>35<", "<xmax>90<")
+    edited.write_text("triangel".join(text.rsplit("triangle", 1)))
+    settle(data)
+    again = index_dataset(data, splits=splits)
+    assert sorted((kind, Path(path).name) for kind, path in again.reads) == [("voc", "synth_000001.xml")]
+    monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path / "cold"))
+    cold = index_dataset(data, splits=splits)
+    unindexed = load_dataset(data)
+    codes = {i.code for i in again.issues if i.image is not None}
+    assert {"outside_image", "unknown_class", "duplicate_box", "beyond_border"} <= codes
+    assert again.issues == cold.issues == find_issues(unindexed, splits, decode_images=True)
+    assert again.spec.issues == cold.spec.issues == unindexed.issues
+    for split, records in unindexed.splits.items():
+        assert again.spec.splits[split] == cold.spec.splits[split] and len(records) == len(cold.spec.splits[split])
+        assert [r.path for r in again.spec.splits[split]] == [r.path for r in records]
+    assert reads(data, splits=splits) == []  # the cold build's index, whole
+
+
+def test_after_one_edit_only_its_image_is_checked_again_unless_the_rules_changed(tmp_path, monkeypatch):
+    """The rules of the images an edit does not touch are their kept results (an edit that leaves the records as
+    they were checks none again), unless another version of the rules kept them (an upgraded ssd): then every
+    image is checked again."""
+    data = settle(make_dataset("voc", tmp_path / "voc", train=6, val=2, size=64, classes=3, seed=1))
+    index_dataset(data, splits=("train", "val"))
+    checked, rules = [], check_module.object_issues
+    monkeypatch.setattr(check_module, "object_issues", lambda rec, *args: checked.append(rec.path.name) or rules(
+        rec, *args))
+    for name, version in (("synth_000001", None), ("synth_000002", "other rules")):
+        xml = data / "Annotations" / f"{name}.xml"
+        xml.write_text(xml.read_text().replace("<difficult>0</difficult>", "<difficult>1</difficult>", 1))
+        settle(data)
+        if version is not None:
+            monkeypatch.setattr(check_module, "_rules_version", lambda version=version: version)
+        checked.clear()
+        index_dataset(data, splits=("train", "val"))
+        assert checked == ([f"{name}.jpg"] if version is None else [f"synth_{i:06d}.jpg" for i in range(8)])
+    xml = data / "Annotations" / "synth_000003.xml"  # read again, its record as it was: no image checked again
+    xml.write_text(xml.read_text() + " ")
+    settle(data)
+    checked.clear()
+    assert reads(data, splits=("train", "val")) == [("voc", "synth_000003.xml")] and checked == []

@@ -15,6 +15,9 @@ objects, train/val overlap). With a ``model`` it adds default-box coverage
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,7 +27,7 @@ import numpy as np
 from ssd.data.check_report import CheckReport
 from ssd.data.images import verify_image
 from ssd.data.load import load_dataset
-from ssd.data.memo import map_in_processes
+from ssd.data.memo import json_digest, map_in_processes, object_rows, remembered_rules, unanswered
 from ssd.data.object_rules import object_issues
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import DATASET_RULES, dataset_issues
@@ -53,6 +56,7 @@ def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     issues = []
     failed = {i.image for i in spec.issues if i.severity == "error"}
     seen: set[Path] = set()
+    given = (json_digest(spec.class_names), str(spec.root), _rules_version())  # once, not in every image's key
     for split in splits:
         for rec in spec.splits[split]:
             if rec.path in seen:  # the same image in two splits (e.g. VOC trainval) is reported once
@@ -62,13 +66,29 @@ def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
                 where = printable(relative_path(rec.path, spec.root))
                 issues.append(Issue("error", "invalid_file_name", f"{where}: the file name {problem}", where,
                                     split=split, image=rec.path))
-            issues += object_issues(rec, split, spec.class_names, spec.root)
+            issues += remembered_rules(rec.path, functools.partial(_rule_inputs, rec, split, given),
+                                       functools.partial(object_issues, rec, split, spec.class_names, spec.root))
             if not rec.objects and rec.path not in failed:  # named by the image when its file holds others too
                 own = rec.annotation if rec.annotation is not None and rec.annotation.stem == rec.path.stem else None
                 where = relative_path(own or rec.path, spec.root)
                 issues.append(Issue("warning", "no_objects", f"{where}: image without objects (kept as a "
                                     "background-only image)", where, split=split, image=rec.path))
     return issues
+
+
+@functools.cache
+def _rules_version() -> str:
+    """A digest of the per-object rules' source: results kept by other rules (another ssd) are never used."""
+    try:
+        return json_digest(Path(inspect.getfile(object_issues)).read_bytes().hex())
+    except (OSError, TypeError):  # no source to tell them by: results kept in this process only
+        return uuid.uuid4().hex
+
+
+def _rule_inputs(rec: ImageRecord, split: str, given: tuple[str, str, str]) -> tuple:
+    """What :func:`~ssd.data.object_rules.object_issues` reads of ``rec`` (but its image file: the key's state) and
+    of its arguments and code (``given``: the class list's digest, the root, :func:`_rules_version`), as JSON."""
+    return object_rows(rec.objects), str(rec.annotation), rec.width, rec.height, split, *given
 
 
 def find_issues(spec: DatasetSpec, splits: Sequence[str] | None = None, *, decode_images: bool = False
@@ -122,13 +142,14 @@ def _invalid(issues: list[Issue]) -> tuple[set, set]:
 
 def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     """Corrupt/truncated images of ``splits``: a full but cheap decode of each image once (JPEG DCT scaling; a
-    truncated file fails it), in chunks on worker processes, one per core, when there are enough images to pay for
-    starting them (small images are decoded in less time than the Python around the decode, which holds the GIL:
-    threads would not help), with a progress bar on a terminal."""
+    truncated file fails it), in chunks on worker processes, one per core, when there are enough images to decode
+    (those the dataset index's per-file results answer for cost a look-up) to pay for starting them (small images
+    are decoded in less time than the Python around the decode, which holds the GIL: threads would not help),
+    with a progress bar on a terminal."""
     records = {r.path: split for split in splits for r in spec.splits[split]}
     paths = list(records)
     chunks = [paths[i:i + DECODE_CHUNK] for i in range(0, len(paths), DECODE_CHUNK)]
-    processes = min(usable_cores(), len(paths) // PROCESS_MIN_IMAGES)
+    processes = min(usable_cores(), unanswered("decode", paths) // PROCESS_MIN_IMAGES)
     found: list[Issue] = []
     with progress(total=len(paths), desc="checking images", unit="image", disable=None, leave=False) as bar:
         for chunk, failed in zip(chunks, map_in_processes(_failed_decodes, chunks, processes)):

@@ -17,18 +17,16 @@ and a ``name``) and ``annotations`` (objects). Defects of single annotations (a 
 
 from __future__ import annotations
 
-import gc
 import json
 import math
 import re
 from array import array
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
 from ssd.data.images import read_image_size
+from ssd.data.memo import cyclic_gc_paused
 from ssd.data.records import DatasetSpec, Issue
 from ssd.data.table import CROWD, DIFFICULT, Detail, RecordTable, Strings
 from ssd.data.voc import check_class_count
@@ -63,23 +61,10 @@ def _find_image(file_name: str, json_path: Path, image_root: Path | None, watche
     return bases[0] / file_name
 
 
-@contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Parsing a large file makes millions of containers, none of them garbage, and every full pass of the cyclic
-    collector walks them all: paused, the parse takes a third of the time in a process that imported torch."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _load(json_path: Path) -> dict:
     """The parsed file, checked to be an object holding the three lists of dicts."""
     try:
-        with _cyclic_gc_paused():
+        with cyclic_gc_paused():
             data = json.loads(json_path.read_text(encoding="utf-8-sig"))
     except json.JSONDecodeError as e:
         raise DataError(f"{json_path}:{e.lineno}: JSON does not parse ({e.msg})") from e

@@ -17,8 +17,8 @@ with a one-line notice (message columns found damaged while a run uses them: reb
 its tables are unchanged, else is told to run again). Two processes never write one index at once
 (:class:`~ssd.files.DirectoryLock`; the second builds without storing) and the file is replaced atomically. Under
 torchrun rank 0 builds or validates it first while the others wait, then they take that file as it is (not
-fingerprinted again: a file changed just before the run differs between ranks). A cache folder that cannot be
-written is said once; the data is then read as without an index.
+fingerprinted again: a file changed just before the run differs between ranks). A cache folder that cannot be written
+is said once; the data is then read as without an index.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from ssd.data.index_file import (
     write_index,
 )
 from ssd.data.load import load_dataset
-from ssd.data.memo import RACY_NS, FileMemo, file_state
+from ssd.data.memo import RACY_NS, FileMemo, cyclic_gc_paused, file_state
 from ssd.data.records import DatasetSpec, Issue
 from ssd.data.table import RecordTable, Strings
 from ssd.errors import OutputError
@@ -244,7 +244,8 @@ def index_dataset(data: str | Path, *, class_names: list[str] | None = None, spl
 def _locked(data, key: dict, class_names, splits: list[str] | None, recheck: bool, path: Path) -> Indexed:
     lock = cache_lock(path.parent)  # held by another run: this one builds without storing
     try:
-        return _indexed(data, key, class_names, splits, recheck, path, lock)
+        with cyclic_gc_paused():  # the per-file results and records: many containers, no garbage
+            return _indexed(data, key, class_names, splits, recheck, path, lock)
     finally:
         if lock is not None:
             lock.release()
@@ -290,17 +291,16 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
         except INDEX_ERRORS as e:
             LOGGER.warning(f"dataset cache: {path} is not a valid index ({damage_reason(e)}): rebuilding it")
     start_ns = time.time_ns() - RACY_NS
-    walked = None  # the dataset folder, walked once in a run
+    files = None  # the stored dataset's files, before any read (its folder walked once in a run)
     if stored is not None:
         spec = stored.spec()
-        try:
+        with suppress(_NotIndexed):
             files = _Fingerprint(spec, start_ns)
-            walked, unchanged = files.walked, files.same(stored.files, stored.arrays["files.state"])
-        except _NotIndexed:
-            unchanged = False
-        if unchanged and (reused := _as_stored(stored, spec, splits)) is not None:
+        if files is not None and files.same(stored.files, stored.arrays["files.state"]) and (
+                reused := _as_stored(stored, spec, splits)) is not None:
             return reused
-    memo = FileMemo(stored.memo() if stored is not None else None if recheck else _sibling_memo(path), start_ns)
+    memo = FileMemo(stored.memo() if stored is not None else None if recheck else _sibling_memo(path), start_ns,
+                    () if files is None else zip(files.paths, files.states.tolist()))
     with memo.active():
         spec = load_dataset(data, class_names=class_names)
         _first_split(spec, splits)
@@ -311,7 +311,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
     if lock is None:
         return Indexed(spec, issues, memo.reads)
     try:
-        files = _Fingerprint(spec, start_ns, walked, memo.states)
+        files = _Fingerprint(spec, start_ns, None if files is None else files.walked, memo.states)
     except _NotIndexed as e:
         LOGGER.warning(f"dataset cache: {e}: not indexed")
         return Indexed(spec, issues, memo.reads)
@@ -330,12 +330,9 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
 def _sibling_memo(path: Path) -> dict | None:
     """The per-file results of an index of the same dataset for another class list (``ssd val`` after ``ssd train``
     gives the model's names): they hold whatever the names (each entry is checked against its file's state)."""
-    for other in sorted(path.parent.glob(INDEX_FILE.format("*"))):
-        try:
-            if other != path:
-                return read_memo(other)
-        except INDEX_ERRORS:
-            continue
+    for other in sorted(set(path.parent.glob(INDEX_FILE.format("*"))) - {path}):
+        with suppress(*INDEX_ERRORS):
+            return read_memo(other)
     return None
 
 

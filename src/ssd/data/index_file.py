@@ -19,15 +19,15 @@ import json
 import os
 import stat
 import zipfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from ssd.data.memo import decode_parsed, encode_parsed
-from ssd.data.records import DatasetSpec, Issue
+from ssd.data.memo import issue_rows, issues_from
+from ssd.data.records import DatasetSpec
 from ssd.data.table import RecordTable, Strings
 from ssd.errors import DataError
 from ssd.files import atomic_write
@@ -72,14 +72,6 @@ def load_npz(file: BinaryIO) -> np.lib.npyio.NpzFile:
 def damage_reason(error: BaseException) -> str:
     """One of :data:`INDEX_ERRORS` as the reason of a one-line notice: its first line, at most 120 characters."""
     return (str(error) or type(error).__name__).splitlines()[0][:120]
-
-
-def issue_rows(issues: Sequence[Issue]) -> list:
-    return encode_parsed(([], list(issues)))[1]
-
-
-def issues_from(rows: list) -> list[Issue]:
-    return decode_parsed([[], rows])[1]
 
 
 def text_array(value) -> np.ndarray:

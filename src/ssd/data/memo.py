@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
 import multiprocessing
@@ -24,7 +25,7 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,7 +33,9 @@ from typing import Any, TypeVar
 
 from ssd.data.records import Issue, ObjectRecord
 
-__all__ = ["FileMemo", "remembered", "map_in_processes", "file_state", "RACY_NS", "encode_parsed", "decode_parsed"]
+__all__ = ["FileMemo", "remembered", "map_in_processes", "unanswered", "file_state", "RACY_NS", "encode_parsed",
+           "decode_parsed", "cyclic_gc_paused", "remembered_rules", "issue_rows", "issues_from", "object_rows",
+           "json_digest"]
 
 T, R = TypeVar("T"), TypeVar("R")
 
@@ -43,12 +46,13 @@ _active: FileMemo | None = None  # a global, not a ContextVar: the image caches 
 _UNSEEN = object()
 
 
-def _args_digest(args: tuple) -> str:
-    """The arguments by a digest: a YOLO label file's are the whole class list, which every key would repeat."""
+def json_digest(args) -> str:
+    """The arguments (JSON-able) by a digest: a YOLO label file's are the whole class list, which every key would
+    repeat."""
     return hashlib.blake2b(json.dumps(args).encode(), digest_size=12).hexdigest()
 
 
-_NO_ARGS = _args_digest(((), []))  # the image steps' (most keys'): computed once
+_NO_ARGS = json_digest(((), []))  # the image steps' (most keys'): computed once
 
 
 def file_state(path: str | os.PathLike) -> tuple[int, int, int, int] | None:
@@ -62,6 +66,20 @@ def file_state(path: str | os.PathLike) -> tuple[int, int, int, int] | None:
     return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
 
 
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """Reading a dataset makes millions of containers, none of them garbage, and every full pass of the cyclic
+    collector walks them all: paused, a large COCO file parses in a third of the time in a process that imported
+    torch, and an index rebuilt from its per-file results in about three quarters."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 class FileMemo:
     """Remembered results by ``kind``, path and arguments; ``entries`` as stored (:attr:`used` after a run).
 
@@ -72,16 +90,20 @@ class FileMemo:
         states: the :func:`file_state` of every file looked up in this run (taken once, before its first read).
     """
 
-    def __init__(self, entries: dict[str, list] | None = None, stable_before: int | None = None) -> None:
+    def __init__(self, entries: dict[str, list] | None = None, stable_before: int | None = None,
+                 states: Iterable[tuple[str, Sequence[int]]] = ()) -> None:
         """``stable_before``: files modified at or after it (nanoseconds) are not remembered (default: :data:`RACY_NS`
-        before now; the dataset index gives its run's own)."""
+        before now; the dataset index gives its run's own); ``states``: ``(path, state)`` of files stat'ed earlier in
+        this run, before any read (the index's file list: not stat'ed again), a state of ``-1`` values for a file
+        not to be remembered."""
         self.entries = entries or {}
         self.used: dict[str, list | bytes] = {}
         self.reads: list[tuple[str, str]] = []
         self._lock = threading.Lock()
         self._stable_before = time.time_ns() - RACY_NS if stable_before is None else stable_before
         self._seen: dict[str, tuple[int, int, int, int] | None] = {}  # a forked memo's parent's states (not sent back)
-        self.states: dict[str, tuple[int, int, int, int] | None] = {}
+        self.states: dict[str, tuple[int, int, int, int] | None] = {
+            path: None if state[0] < 0 else tuple(state) for path, state in states}
 
     def used_json(self) -> bytes:
         """:attr:`used` as ``json.dumps(used).encode()`` would write it (new entries are kept as their JSON text),
@@ -119,23 +141,33 @@ class FileMemo:
         finally:
             _active = previous
 
-    def lookup(self, kind: str, path: str | os.PathLike, args: tuple, compute: Callable[[], Any],
-               encode: Callable[[Any], Any], decode: Callable[[Any], Any], error: type[Exception] | None) -> Any:
-        path = os.fspath(path)
-        key = "\0".join((kind, path, _NO_ARGS if args == ((), []) else _args_digest(args)))
+    def _entry(self, kind: str, path: str, args: tuple) -> tuple[str, tuple | None, list | None]:
+        """``(key, state, entry)`` of a step: the file's state (stat'ed once per run) and the stored entry that
+        answers for it, if any."""
+        key = "\0".join((kind, path, _NO_ARGS if args == ((), []) else json_digest(args)))
         state = self.states.get(path, self._seen.get(path, _UNSEEN))
         if state is _UNSEEN:  # one stat per file and run: a state taken before reading is safe to store with the result
             state = self.states[path] = file_state(path)
         entry = self.entries.get(key)
-        if state is not None and entry is not None and tuple(entry[:4]) == state:
+        return key, state, entry if state is not None and entry is not None and tuple(entry[:4]) == state else None
+
+    def lookup(self, kind: str, path: str | os.PathLike, args: tuple, compute: Callable[[], Any],
+               encode: Callable[[Any], Any], decode: Callable[[Any], Any], error: type[Exception] | None,
+               counted: bool = True) -> Any:
+        """The step's stored result when it answers for ``path``'s state, else ``compute()`` (a read, listed in
+        :attr:`reads` when ``counted``; a rule over results already read is not)."""
+        path = os.fspath(path)
+        key, state, entry = self._entry(kind, path, args)
+        if entry is not None:
             with self._lock:
                 self.used[key] = entry
             stored = entry[4]
             if isinstance(stored, dict) and "raise" in stored:
                 raise error(*stored["raise"])
             return decode(stored)
-        with self._lock:
-            self.reads.append((kind, path))
+        if counted:
+            with self._lock:
+                self.reads.append((kind, path))
         try:
             value = compute()
             stored = encode(value)
@@ -150,6 +182,26 @@ class FileMemo:
         if isinstance(value, Exception):
             raise value
         return value
+
+
+def remembered_rules(path: str | os.PathLike, args: Callable[[], tuple], compute: Callable[[], list[Issue]]
+                     ) -> list[Issue]:
+    """``compute()``'s issues, kept by the active memo (run as they are when none is) against ``path``'s state and
+    ``args()``: JSON-able values that hold everything ``compute`` reads but that file (made only under a memo). The
+    rules of an unchanged image are not applied again when the index is rebuilt for a change elsewhere."""
+    memo = _active
+    if memo is None:
+        return compute()
+    return memo.lookup("rules", path, args(), compute, issue_rows, issues_from, None, counted=False)
+
+
+def unanswered(kind: str, paths: Sequence[str | os.PathLike]) -> int:
+    """How many of ``paths`` the active memo cannot answer for the argument-less step ``kind`` (all of them with no
+    memo active): the work a step over them will really do."""
+    memo = _active
+    if memo is None:
+        return len(paths)
+    return sum(memo._entry(kind, os.fspath(path), ((), []))[2] is None for path in paths)
 
 
 def _in_worker(step: Callable[[T], R], chunk: T) -> tuple[R, tuple | None, list]:
@@ -224,16 +276,35 @@ def encode_parsed(parsed: tuple[list[ObjectRecord], list[Issue]]) -> list:
     return [[row(o, _OBJECT_GETTER) for o in objects], [row(i, _ISSUE_GETTER) for i in issues]]
 
 
+def issue_rows(issues: Sequence[Issue]) -> list:
+    """``issues`` as JSON-able rows (see :func:`encode_parsed`)."""
+    return encode_parsed(([], list(issues)))[1]
+
+
+def issues_from(rows: list) -> list[Issue]:
+    """The inverse of :func:`issue_rows`."""
+    return decode_parsed([[], rows])[1]
+
+
+def object_rows(objects: Sequence[ObjectRecord]) -> list:
+    """``objects`` as JSON-able rows (see :func:`encode_parsed`)."""
+    return encode_parsed((objects, []))[0]
+
+
 def decode_parsed(stored: list) -> tuple[list[ObjectRecord], list[Issue]]:
-    """The inverse of :func:`encode_parsed`."""
+    """The inverse of :func:`encode_parsed` (one ``Path`` per distinct text: a file's objects share their source,
+    and parsing a path costs more than the rest of a row)."""
     objects, issues = [], []
+    paths: dict[str | None, Path | None] = {None: None}
     for row in stored[0]:
         fields = dict(zip(_OBJECT_FIELDS, row))
         fields["box"] = tuple(fields["box"])
-        fields["source"] = None if fields["source"] is None else Path(fields["source"])
+        source = fields["source"]
+        fields["source"] = paths[source] if source in paths else paths.setdefault(source, Path(source))
         objects.append(ObjectRecord(**fields))
     for row in stored[1]:
         fields = dict(zip(_ISSUE_FIELDS, row))
-        fields["image"] = None if fields["image"] is None else Path(fields["image"])
+        image = fields["image"]
+        fields["image"] = paths[image] if image in paths else paths.setdefault(image, Path(image))
         issues.append(Issue(**fields))
     return objects, issues
