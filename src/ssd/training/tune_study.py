@@ -21,6 +21,7 @@ import csv
 import os
 import socket
 import sqlite3
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,10 @@ def check_sqlite(path: str | Path) -> None:
                          f"Optuna study; {keep}")
 
 
+_JOIN_ATTEMPTS = 5
+_START_RACES = {"OperationalError", "IntegrityError", "DuplicatedStudyError"}
+
+
 def open_study(storage: str, name: str, signature: dict[str, Any], *, seed: int | None, startup_trials: int):
     """Create or join the study ``name`` in ``storage`` (maximizing validation mAP; TPE sampler, median pruner on
     the per-epoch mAP), after the checks of the module docstring; ``signature`` (model, classes) must match the
@@ -82,11 +87,17 @@ def open_study(storage: str, name: str, signature: dict[str, Any], *, seed: int 
         check_sqlite(storage.removeprefix("sqlite:///"))
     sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup_trials)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=2)  # from epoch 2: the first is noise
-    try:
-        study = optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True,
-                                    sampler=sampler, pruner=pruner)
-    except Exception as e:  # Optuna's and SQLAlchemy's errors for a storage it cannot use: named, not overwritten
-        raise StudyError(f"{storage}: Optuna cannot open study {name!r} there ({type(e).__name__}: {e})") from None
+    for attempt in range(1, _JOIN_ATTEMPTS + 1):
+        try:
+            study = optuna.create_study(storage=storage, study_name=name, direction="maximize", load_if_exists=True,
+                                        sampler=sampler, pruner=pruner)
+            break
+        except Exception as e:  # Optuna's and SQLAlchemy's errors for a storage it cannot use: named, not overwritten
+            # two tunes starting one new study at once: the later one meets the other's half-made tables or study
+            if type(e).__name__ in _START_RACES and attempt < _JOIN_ATTEMPTS:
+                time.sleep(0.2 * attempt)
+                continue
+            raise StudyError(f"{storage}: Optuna cannot open study {name!r} there ({type(e).__name__}: {e})") from None
     made = study.user_attrs.get("ssd")
     if made is None and study.trials:
         raise StudyError(f"{storage}: study {name!r} was not made by ssd tune (it has {len(study.trials)} trials and "
