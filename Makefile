@@ -40,9 +40,10 @@ lint: $(VENV)/.installed-$(TEST_EXTRAS)
 docs: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(VENV)/bin/mkdocs build --strict --site-dir site
 
-# Everything, with the 20 slowest tests listed; `make test-fast` is the inner loop (no test marked slow).
+# Everything, with the 20 slowest tests listed, on two worker processes (a test file stays on one: its fixtures are
+# built once); `make test-fast` is the inner loop (no test marked slow).
 test: lint docs
-	$(PY) -m pytest -q --durations=20
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20
 
 test-fast: $(VENV)/.installed-$(TEST_EXTRAS)
 	$(PY) -m pytest -q -m "not slow" --durations=10
