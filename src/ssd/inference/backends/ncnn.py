@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ssd.card import strings_from_json
 from ssd.errors import ConfigError, OnnxModelError
 from ssd.inference.backends.onnx import OnnxBackend
-from ssd.inference.backends.openvino import file_digest
+from ssd.inference.backends.openvino import METADATA_FILE, file_digest, sidecar_card
 from ssd.optional import require
 
 if TYPE_CHECKING:
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["NCNN_FILES", "METADATA_FILE", "FILE_DIGESTS", "NcnnBackend", "ncnn_digest", "open_ncnn"]
 
 NCNN_FILES = ("model.ncnn.param", "model.ncnn.bin", "priors.npy")
-METADATA_FILE = "metadata.json"
 FILE_DIGESTS = "_sha256"
 """The suffix of the metadata keys (``model.ncnn.bin_sha256``, ...) storing each file's digest, which name the file
 that was edited."""
@@ -78,11 +76,7 @@ class NcnnBackend(OnnxBackend):
         super().__init__(path.parent if path.suffix.lower() == ".param" else path, device)
 
     def _card_strings(self) -> dict[str, str]:
-        sidecar = self.path / METADATA_FILE
-        if not sidecar.is_file():
-            raise OnnxModelError(f"{self.path} is not an `ssd export --format ncnn` folder (no {METADATA_FILE}); "
-                                 "export it with `ssd export --weights CKPT --format ncnn`")
-        self._stored = strings_from_json(sidecar.read_bytes(), str(sidecar), OnnxModelError)
+        self._stored = sidecar_card(self.path, "ncnn")
         return self._stored
 
     def _open_session(self, device: str | torch.device) -> _NcnnSession:

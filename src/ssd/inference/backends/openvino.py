@@ -25,8 +25,8 @@ from ssd.optional import require
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "ir_bytes",
-           "ir_digest", "require_openvino", "open_openvino", "open_openvino_bf16"]
+__all__ = ["IR_FILES", "METADATA_FILE", "OPENVINO_PRECISIONS", "OpenVinoBackend", "file_digest", "sidecar_card",
+           "ir_bytes", "ir_digest", "require_openvino", "open_openvino", "open_openvino_bf16"]
 
 IR_FILES = ("model.xml", "model.bin")
 METADATA_FILE = "metadata.json"
@@ -47,6 +47,16 @@ def openvino_core():
     process), and a Core destroyed while others' threads live makes a later ``fork`` (a subprocess, data-loader
     workers) crash the process."""
     return require_openvino().Core()
+
+
+def sidecar_card(folder: Path, fmt: str) -> dict[str, str]:
+    """The model card's strings in ``folder``'s ``metadata.json``, the sidecar of a folder export of format ``fmt``
+    (OpenVINO, NCNN); :class:`~ssd.errors.OnnxModelError` when there is none."""
+    sidecar = folder / METADATA_FILE
+    if not sidecar.is_file():
+        raise OnnxModelError(f"{folder} is not an `ssd export --format {fmt}` folder (no {METADATA_FILE}); export it "
+                             f"with `ssd export --weights CKPT --format {fmt}`")
+    return strings_from_json(sidecar.read_bytes(), str(sidecar), OnnxModelError)
 
 
 def file_digest(path: Path) -> str:
@@ -110,11 +120,7 @@ class OpenVinoBackend(OnnxBackend):
 
     def _card_strings(self) -> dict[str, str]:
         """The card of ``metadata.json``, checked (with the IR files) before OpenVINO reads or compiles anything."""
-        sidecar = self.path / METADATA_FILE
-        if not sidecar.is_file():
-            raise OnnxModelError(f"{self.path} is not an `ssd export --format openvino` folder (no {METADATA_FILE}); "
-                                 "export it with `ssd export --weights CKPT --format openvino`")
-        return strings_from_json(sidecar.read_bytes(), str(sidecar), OnnxModelError)
+        return sidecar_card(self.path, "openvino")
 
     def _open_session(self, device: str | torch.device) -> _OpenVinoSession:
         if str(device) != "cpu":
