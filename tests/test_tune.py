@@ -21,7 +21,7 @@ from ssd.training import tune as tune_module
 from ssd.training.config import TrainConfig
 from ssd.training.trainer import TrainResult
 from ssd.training.tune import TrialPruning, tune
-from ssd.training.tune_space import Param, default_space, parse_space, sample, space_to_yaml
+from ssd.training.tune_space import Param, default_params, default_space, parse_space, sample, space_to_yaml
 from ssd.training.tune_study import check_sqlite, open_study, sqlite_url
 from ssd.tune_schema import TuneConfig
 
@@ -212,6 +212,32 @@ def test_a_failed_trial_is_recorded_and_the_search_goes_on(shapes, tmp_path, tun
     assert (winning.project, winning.name, winning.exist_ok) == ("runs/train", "exp", False)
     assert yaml.safe_load((result.run_dir / "space.yaml").read_text()) == SPACE
     assert (result.run_dir / "trials.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_first_trial_of_a_new_study_is_the_defaults(shapes, tmp_path, tune_files, storage):
+    fake = FakeTrain()
+    run_tune(shapes, tmp_path, tune_files, fake, trials=2, storage=storage)
+    defaults = TrainConfig(**TINY_TRAIN).resolved()
+    first, second = fake.calls[:2]
+    assert (first.lr, first.augment) == (defaults.lr, "none")  # both held by SPACE: the trial is ssd train's run
+    assert second.lr != defaults.lr  # then the sampler
+
+
+@pytest.mark.parametrize("param, value, held", [
+    (Param("lr", 0.001, 0.1, log=True), 0.003, True), (Param("lr", 0.001, 0.1), 0.2, False),
+    (Param("close_mosaic", 0, 10, step=2), 4, True), (Param("close_mosaic", 0, 10, step=2), 3, False),
+    (Param("ema", choices=(False, True)), False, True), (Param("mosaic", choices=(0.0, 0.5)), 0.5, True),
+    (Param("augment", choices=("ssd", "light")), "none", False), (Param("priors", choices=(None, "auto")), None, True),
+])
+def test_a_default_the_space_cannot_take_is_left_to_the_sampler(param, value, held):
+    assert param.holds(value) is held
+    assert default_params([param], TrainConfig(model="ssd_tiny", **{param.name: value})) == (
+        {param.name: value} if held else {})
+
+
+def test_a_choice_is_held_by_value_but_a_flag_is_not_a_number():
+    assert Param("mosaic", choices=(0.0, 0.5)).holds(0) and not Param("mosaic", choices=(0.0, 0.5)).holds(False)
+    assert not Param("lr", 0.001, 0.1).holds(True) and not Param("ema", choices=(0, 1)).holds(True)
 
 
 def test_a_trial_below_the_median_at_an_epoch_is_pruned(shapes, tmp_path, tune_files, storage):

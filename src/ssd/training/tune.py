@@ -5,7 +5,8 @@ with them (Optuna: TPE sampling, median pruning on each epoch's validation mAP).
 search part of the budget is spent (``1 - final_share`` of ``--time``; at most ``--trials``): each trial is an
 ``ssd train`` run (:func:`ssd.training.trainer.train`) of the sampled options with its own ``--time``, in
 ``trials/trialN`` of the run directory; it reports its validation mAP after every epoch (:class:`TrialPruning`),
-and a trial whose mAP is below the median of the earlier trials at that epoch is stopped (pruned). A trial that
+the first trial of a new study runs ``ssd train``'s own values of the searched options (the yardstick), and a
+trial whose mAP is below the median of the earlier trials at that epoch is stopped (pruned). A trial that
 fails (a non-finite loss, out of memory, options ``ssd train`` refuses together) is recorded failed with its
 reason, and the search goes on. What is left of the budget trains the best trial's options into the run directory
 itself. The whole budget is wall clock: setting up each run (reading the data, building the model) counts, and is
@@ -39,7 +40,7 @@ from ssd.optional import require
 from ssd.training.callbacks import Callback
 from ssd.training.config import TrainConfig
 from ssd.training.trainer import TrainResult, train
-from ssd.training.tune_space import Param, default_space, read_space, sample, space_to_yaml
+from ssd.training.tune_space import Param, default_params, default_space, read_space, sample, space_to_yaml
 from ssd.training.tune_study import OWNER, check_sqlite, open_study, sqlite_url, write_trials
 from ssd.tune_schema import MIN_TRIAL_MINUTES, TuneConfig
 
@@ -127,6 +128,8 @@ def tune(config: TuneConfig, *, train_fn: TrainFn = train, callbacks: Sequence[C
     study = open_study(storage, name, {"model": base.model, "classes": list(spec.class_names)},
                        seed=base.seed if config.storage is None else None,
                        startup_trials=max(2, (config.trials or DEFAULT_TRIALS) // 3))
+    if not study.trials:  # the first trial is the defaults: the yardstick every other trial is ranked against
+        study.enqueue_trial(default_params(space, base), skip_if_exists=True)
     space_to_yaml(space, run_dir / "space.yaml")
     names = [p.name for p in space]
     LOGGER.info(f"ssd tune: {config.time:g} minutes on {base.model}: trials of {trial_minutes:.2f} min for "

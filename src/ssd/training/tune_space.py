@@ -29,7 +29,8 @@ from ssd.names import did_you_mean
 from ssd.training.config import MAX_LR, TrainConfig
 from ssd.yamlfile import safe_load
 
-__all__ = ["TUNABLE", "Param", "default_space", "read_space", "space_to_yaml", "parse_space", "sample"]
+__all__ = ["TUNABLE", "Param", "default_space", "read_space", "space_to_yaml", "parse_space", "sample",
+           "default_params"]
 
 TUNABLE = ("lr", "weight_decay", "momentum", "warmup_epochs", "final_lr_ratio", "grad_clip", "batch_size",
            "optimizer", "scheduler", "augment", "image_size", "mosaic", "close_mosaic", "crop_scale", "ema",
@@ -67,6 +68,15 @@ class Param:
             return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
         return trial.suggest_float(self.name, float(self.low), float(self.high), log=self.log, step=self.step)
 
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` is one this option can take (a choice, or a number in the range on its step)."""
+        if self.choices is not None:
+            flag = isinstance(value, bool)  # True == 1 in Python, but a flag is not a number here
+            return any(value == choice and flag == isinstance(choice, bool) for choice in self.choices)
+        if not is_real(value) or isinstance(value, bool) or not self.low <= value <= self.high:
+            return False
+        return self.step is None or abs((value - self.low) / self.step - round((value - self.low) / self.step)) < 1e-9
+
     def to_dict(self) -> dict[str, Any]:
         if self.choices is not None:
             return {"choices": list(self.choices)}
@@ -87,6 +97,14 @@ def sample(space: list[Param], trial, base: TrainConfig) -> dict[str, Any]:
             continue
         params[param.name] = param.suggest(trial)
     return params
+
+
+def default_params(space: list[Param], base: TrainConfig) -> dict[str, Any]:
+    """The options of ``space`` at the values ``ssd train`` would use (``base`` with the per-model defaults), for a
+    first trial that measures the defaults: a tune then finds nothing worse than them at its trial length. An option
+    whose default the space cannot take is left to the sampler."""
+    resolved = base.resolved()
+    return {p.name: getattr(resolved, p.name) for p in space if p.holds(getattr(resolved, p.name))}
 
 
 def _round(value: float) -> float:
