@@ -5,6 +5,7 @@ missing runtime)."""
 import importlib.util
 import io
 import json
+import re
 import sys
 import zipfile
 
@@ -18,19 +19,26 @@ from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.errors import ExportCheckError, MissingDependencyError, OnnxModelError
 from ssd.export import export
+from ssd.export import tflite as tflite_export
+from ssd.export.tflite import converter_error
 from ssd.inference.backends.tflite import METADATA_FILE, TfliteBackend, split_tflite
 from ssd.inference.detector import Detector, load
 from ssd.models.load import model_from_checkpoint
 
-pytest.importorskip("litert_torch", reason="TFLite export needs litert-torch (pip install 'ssd-detect[tflite]')")
+if importlib.util.find_spec("litert_torch") is None:  # looked up, not imported: the converter runs in a child process
+    pytest.skip("TFLite export needs litert-torch (pip install 'ssd-detect[tflite]')", allow_module_level=True)
 pytest.importorskip("ai_edge_litert", reason="TFLite inference needs ai-edge-litert (pip install 'ssd-detect[tflite]')")
 
 
 @pytest.fixture(scope="module")
 def tiny_tflite(tiny_checkpoint, tmp_path_factory):
-    """``ssd export --format tflite`` of the tiny checkpoint (checked against PyTorch on two images)."""
-    return export(tiny_checkpoint, fmt="tflite", out_path=tmp_path_factory.mktemp("tflite") / "best.tflite",
+    """``ssd export --format tflite`` of the tiny checkpoint (checked against PyTorch on two images); the converter
+    (and the JAX it imports) ran in a child process, never in this one."""
+    before = set(sys.modules)
+    path = export(tiny_checkpoint, fmt="tflite", out_path=tmp_path_factory.mktemp("tflite") / "best.tflite",
                   sample_images=random_images(2))
+    assert not {name for name in set(sys.modules) - before if name.split(".")[0] in ("litert_torch", "jax")}
+    return path
 
 
 def rewritten(path, target, **changes):
@@ -132,15 +140,25 @@ def test_tflite_options_are_refused_before_any_work(tiny_checkpoint, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-def test_a_converter_failure_is_one_line_and_writes_nothing(tiny_checkpoint, tmp_path, monkeypatch):
-    import litert_torch
+def test_a_converter_failure_is_one_line_and_writes_nothing():
+    error = converter_error(RuntimeError("Traceback (most recent call last):\n  File x\nerror: 'tfl.foo' op is not "
+                                         "supported"), "ssd_tiny")
+    assert str(error) == ("litert-torch could not convert ssd_tiny to TFLite (RuntimeError: error: 'tfl.foo' op is not "
+                          "supported); nothing was written")
 
-    def crash(*args, **kwargs):
-        raise RuntimeError("Traceback (most recent call last):\n  File x\nerror: 'tfl.foo' op is not supported")
 
-    monkeypatch.setattr(litert_torch, "convert", crash)
-    with pytest.raises(ExportCheckError, match=r"^litert-torch could not convert ssd_tiny to TFLite \(RuntimeError: "
-                                               r"error: 'tfl\.foo' op is not supported\); nothing was written$"):
+@pytest.mark.parametrize("script, message", [
+    ("import sys; print('progress'); sys.stderr.write('absl: noise\\nssd-converter-error: litert-torch could not "
+     "convert ssd_tiny (E: x); nothing was written\\n'); sys.exit(1)",
+     "litert-torch could not convert ssd_tiny (E: x); nothing was written"),
+    ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+     "the TFLite converter process was killed by signal 9 before it finished (out of memory?); nothing was written"),
+    ("import sys; sys.exit(3)", "the TFLite converter process exited with code 3 before it finished"),
+])
+def test_the_converter_process_failing_or_killed_is_one_line_and_writes_nothing(tiny_checkpoint, tmp_path,
+                                                                                 monkeypatch, script, message):
+    monkeypatch.setattr(tflite_export, "converter_command", lambda *args: [sys.executable, "-c", script])
+    with pytest.raises(ExportCheckError, match=f"^{re.escape(message)}"):
         export(tiny_checkpoint, fmt="tflite", out_path=tmp_path / "m.tflite")
     assert not list(tmp_path.iterdir())
 

@@ -10,7 +10,7 @@ from types import ModuleType
 
 from ssd.errors import MissingDependencyError
 
-__all__ = ["require", "has_torch"]
+__all__ = ["require", "require_installed", "has_torch"]
 
 
 def require(module: str, extra: str, what: str) -> ModuleType:
@@ -19,9 +19,22 @@ def require(module: str, extra: str, what: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
-        missing = module if e.name in (None, module) else f"{module} ({e.name} is missing)"
-        raise MissingDependencyError(f"{what} needs {missing}, from the optional '{extra}' dependencies: "
-                                     f"pip install 'ssd-detect[{extra}]'") from e
+        raise _missing(module if e.name in (None, module) else f"{module} ({e.name} is missing)", extra, what) from e
+
+
+def _missing(module: str, extra: str, what: str) -> MissingDependencyError:
+    return MissingDependencyError(f"{what} needs {module}, from the optional '{extra}' dependencies: "
+                                  f"pip install 'ssd-detect[{extra}]'")
+
+
+def require_installed(module: str, extra: str, what: str) -> None:
+    """:func:`require`'s check without the import (for a module imported elsewhere, e.g. in a child process)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise _missing(module, extra, what)
 
 
 @functools.cache

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,22 +38,24 @@ from ssd.export.parity import check_backend
 from ssd.export.tflite_metadata import with_metadata
 from ssd.files import write_bytes
 from ssd.inference.backends.tflite import LOCATION_ORDER, TfliteBackend, require_litert
-from ssd.optional import require
+from ssd.optional import require, require_installed
 from ssd.sizes import as_hw
 
-__all__ = ["EdgeGraph", "export_tflite", "require_tflite_export", "converter_error", "FP16_TOLERANCES"]
+__all__ = ["EdgeGraph", "export_tflite", "require_tflite_export", "converter_error", "flatbuffer",
+           "in_converter_process", "converter_command", "CONVERTER_ERROR", "FP16_TOLERANCES"]
 
 FP16_TOLERANCES = (1e-2, 1e-2)
 """``(box_tol, score_tol)`` of the FP16 check: float16 weights move scores by about 1e-3 (FP32: the defaults of
 :func:`ssd.export.parity.check_backend`)."""
 
 
-def require_tflite_export():
-    """``litert_torch``, after checking that the interpreter and MediaPipe's metadata classes are installed; else
-    :class:`ssd.errors.MissingDependencyError` naming the ``tflite`` extra."""
+def require_tflite_export() -> None:
+    """Check that the converter, the interpreter and MediaPipe's metadata classes are installed, else
+    :class:`ssd.errors.MissingDependencyError` naming the ``tflite`` extra. The converter is only looked up: it is
+    imported in the converter process (:func:`in_converter_process`)."""
     require_litert()
     require("mediapipe.tasks.metadata.metadata_schema_py_generated", "tflite", "TFLite export")
-    return require("litert_torch", "tflite", "TFLite export")
+    require_installed("litert_torch", "tflite", "TFLite export")
 
 
 class EdgeGraph(nn.Module):
@@ -100,7 +105,7 @@ def quiet_converter():
 def convert(graph: nn.Module, example: Tensor, model_name: str | None, **options) -> bytes:
     """The TFLite flatbuffer of ``graph`` traced on ``example`` (``options``: litert-torch's, e.g. its
     ``quant_config``); a converter failure is :func:`converter_error`."""
-    litert_torch = require_tflite_export()
+    litert_torch = require("litert_torch", "tflite", "TFLite export")
     try:
         with quiet_converter(), torch.no_grad():
             return bytes(litert_torch.convert(graph, (example,), **options).model_content())
@@ -108,6 +113,65 @@ def convert(graph: nn.Module, example: Tensor, model_name: str | None, **options
         raise
     except Exception as e:  # the converter raises its own and MLIR's error types
         raise converter_error(e, model_name) from None
+
+
+def flatbuffer(model: nn.Module, calibration: Sequence[Path] | None, fp16: bool) -> bytes:
+    """The TFLite model of an SSD's :class:`EdgeGraph`: full-integer INT8 calibrated on ``calibration``
+    (:mod:`ssd.export.tflite_int8`), float16 weights with ``fp16``, else FP32. What the converter process runs."""
+    graph, model_name = EdgeGraph(model).eval(), model.config.name
+    example = torch.zeros(1, *as_hw(model.config.image_size), 3, dtype=torch.uint8)
+    if calibration is not None:
+        from ssd.export.tflite_int8 import quantized_graph, uint8_interface
+
+        try:
+            module, pixels, options = quantized_graph(graph, example, calibration)
+        except (ValueError, MemoryError, KeyboardInterrupt):  # ValueError: a calibration image refused, by name
+            raise
+        except Exception as e:  # torch.export's and the quantizer's own error types
+            raise converter_error(e, model_name) from None
+        return uint8_interface(convert(module, pixels, model_name, **options))
+    options = {}
+    if fp16:
+        recipes = require("litert_torch.generative.quantize.quant_recipes", "tflite", "TFLite FP16 export")
+        options["quant_config"] = recipes.full_fp16_recipe()
+    return convert(graph, example, model_name, **options)
+
+
+CONVERTER_ERROR = "ssd-converter-error: "
+"""The prefix of the line in which the converter process (:mod:`ssd.export.tflite_convert`) gives its error."""
+
+
+def converter_command(folder: Path, int8: bool, fp16: bool) -> list[str]:
+    """The converter process's command line, for the files :func:`in_converter_process` puts in ``folder``."""
+    return [sys.executable, "-m", "ssd.export.tflite_convert", str(folder), *(["--int8"] if int8 else []),
+            *(["--fp16"] if fp16 else [])]
+
+
+def in_converter_process(model: nn.Module, calibration: Sequence[Path] | None, fp16: bool) -> bytes:
+    """:func:`flatbuffer` of ``model`` (an SSD) run by a child Python process, from the model saved as a checkpoint
+    in a private temporary folder. litert-torch, and the JAX it imports, never enter this process, whose later
+    forks (DataLoader workers) JAX warns against; a converter that crashes or is killed (out of memory) ends the
+    child, and ``ssd export`` says so in one line, having written nothing."""
+    from ssd.weights.checkpoint import save_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="ssd-tflite-") as work:
+        folder = Path(work)
+        save_checkpoint(folder / "model.pt", model)
+        if calibration is not None:
+            (folder / "calibration.json").write_text(json.dumps([str(path) for path in calibration]))
+        source = str(Path(__file__).resolve().parents[2])  # the child imports this very ssd package
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (source, os.environ.get("PYTHONPATH"))))}
+        done = subprocess.run(converter_command(folder, calibration is not None, fp16), stdin=subprocess.DEVNULL,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env, check=False)
+        if done.returncode == 0 and (folder / "model.tflite").is_file():
+            return (folder / "model.tflite").read_bytes()
+    said = [line for line in done.stderr.decode(errors="replace").splitlines() if line.startswith(CONVERTER_ERROR)]
+    if said:
+        raise ExportCheckError(said[-1][len(CONVERTER_ERROR):])
+    code = done.returncode
+    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+    raise ExportCheckError(f"the TFLite converter process {how} before it finished (out of memory?); nothing was "
+                           "written")
 
 
 def export_tflite(weights_or_model, out_path: str | Path, calibration: Sequence[Path] | None = None, *,
@@ -124,30 +188,16 @@ def export_tflite(weights_or_model, out_path: str | Path, calibration: Sequence[
     out_path = Path(out_path)
     require_tflite_export()
     model = as_model(weights_or_model, out_path)
-    example = torch.zeros(1, *as_hw(model.config.image_size), 3, dtype=torch.uint8)
     card = model.card.replace(nms=None)
+    converted = in_converter_process(model, calibration, fp16)
     if calibration is not None:
-        from ssd.export.tflite_int8 import quantized_graph, report_float_ops, uint8_interface
+        from ssd.export.tflite_int8 import report_float_ops
 
-        try:
-            module, pixels, options = quantized_graph(EdgeGraph(model).eval(), example, calibration)
-        except (ValueError, MemoryError, KeyboardInterrupt):  # ValueError: a calibration image refused, by name
-            raise
-        except Exception as e:  # torch.export's and the quantizer's own error types
-            raise converter_error(e, model.config.name) from None
-        flatbuffer = uint8_interface(convert(module, pixels, model.config.name, **options))
-        report_float_ops(flatbuffer)
+        report_float_ops(converted)
         card = card.replace(precision="int8")
-
-    else:
-        options = {}
-        if fp16:
-            from litert_torch.generative.quantize import quant_recipes
-
-            options["quant_config"] = quant_recipes.full_fp16_recipe()
-            card = card.replace(precision="fp16")
-        flatbuffer = convert(EdgeGraph(model).eval(), example, model.config.name, **options)
-    data = with_metadata(flatbuffer, card, model.priors.detach().cpu())
+    elif fp16:
+        card = card.replace(precision="fp16")
+    data = with_metadata(converted, card, model.priors.detach().cpu())
     if check and calibration is None:
         with tempfile.TemporaryDirectory(prefix="ssd-check-") as work:
             candidate = Path(work) / out_path.name
