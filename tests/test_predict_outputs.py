@@ -20,7 +20,7 @@ from ssd.errors import ConfigError, MissingDependencyError
 from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.crop_files import class_folders
 from ssd.inference.detector import Detector
-from ssd.inference.prefetch import decode_files
+from ssd.inference.frames import decode_files
 from ssd.inference.result_files import write_results
 from ssd.inference.results import Result
 from ssd.inference.sources import predict_source

@@ -1,19 +1,25 @@
 """``ssd predict``'s one loop over frames: the images, video files and live streams of
 :func:`ssd.inference.sources.predict_source`, as the methods of a :class:`Run`.
 
-Frames come in batches (:func:`image_frames`: image files decoded ahead in threads, one sequence in name order;
+Frames come in batches (:func:`image_frames`: image files decoded ahead in threads by :func:`decode_files`, one
+sequence in name order;
 :class:`ssd.inference.videos.VideoFile`: every frame of a file, in order;
 :class:`ssd.inference.streams.StreamGroup`: the newest frame of each live stream) and go through
 :meth:`Run.frames`: detected and, with ``--track``, tracked with one tracker per source
 (:func:`ssd.inference.tracking.track_frames`); each result goes to the run's
 :class:`~ssd.inference.writers.PredictionWriter` as it comes, each drawn frame to its image file or its source's video
 (:class:`~ssd.inference.videos.VideoOut`) and to the ``--show`` window.
+
+Pillow releases the GIL while it decodes, so a few threads decode the next images while the network runs on the
+current batch, instead of one image at a time between batches. At most ``ahead`` decoded images wait, so memory is
+bounded whatever the number of files, and they come out in the order of the files.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -21,13 +27,14 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from ssd.errors import StreamError
-from ssd.inference.prefetch import decode_files
+from ssd.data.images import read_image
+from ssd.errors import ConfigError, StreamError
 from ssd.inference.results import Frame, PredictSummary
 from ssd.inference.signals import Terminated
 from ssd.inference.tracking import Tracker, track_frames
 from ssd.inference.videos import VideoFile, VideoOut
 from ssd.log import progress as progress_bar
+from ssd.pools import map_ahead
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -38,7 +45,7 @@ if TYPE_CHECKING:
     from ssd.inference.streams import StreamGroup
     from ssd.inference.writers import PredictionWriter
 
-__all__ = ["Run", "draw_result", "image_frames"]
+__all__ = ["Run", "decode_files", "draw_result", "image_frames"]
 
 
 def draw_result(image: Tensor, result: Result, class_names: list[str], tracker: Tracker | None = None) -> Tensor:
@@ -50,10 +57,32 @@ def draw_result(image: Tensor, result: Result, class_names: list[str], tracker: 
                            track_ids=result.track_ids, trails=tracker.trails if tracker is not None else None)
 
 
+def _decode(path: Path) -> Tensor | Exception:
+    try:
+        return read_image(path)
+    except (ValueError, OSError) as e:  # an unreadable file is the caller's to report, in its place
+        return e
+
+
+def decode_files(paths: Iterable[Path], workers: int, ahead: int = 16
+                 ) -> Iterator[tuple[Path, Tensor | Exception]]:
+    """``(path, image [3, H, W] uint8)`` for each path in order, or ``(path, error)`` for a file that cannot be read
+    (:func:`ssd.data.images.read_image`'s ``ValueError`` / ``OSError``). ``workers`` threads decode up to ``ahead``
+    files ahead of the consumer; ``workers=0`` decodes each file when it is asked for, in the calling thread."""
+    if workers < 0 or ahead < 1:
+        raise ConfigError(f"workers must be >= 0 and ahead >= 1, got workers={workers}, ahead={ahead}")
+    paths = iter(paths)
+    if workers == 0:
+        yield from ((path, _decode(path)) for path in paths)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="ssd-decode") as pool:
+        yield from map_ahead(pool, lambda path: (path, _decode(path)), paths, ahead)
+
+
 def image_frames(paths: Iterable[Path], batch_size: int, workers: int, summary: PredictSummary, bar: tqdm
                  ) -> Iterator[list[Frame]]:
     """Image files as batches of frames of one sequence (stream 0, ``index`` the running count of images read),
-    decoded ahead by ``workers`` threads (:func:`ssd.inference.prefetch.decode_files`); an unreadable file is
+    decoded ahead by ``workers`` threads (:func:`decode_files`); an unreadable file is
     skipped and reported in ``summary`` (and counted on ``bar``)."""
     decoded, index = decode_files(paths, workers, ahead=2 * batch_size), 0
     while chunk := list(islice(decoded, batch_size)):

@@ -181,16 +181,15 @@ def predict_source(config: PredictConfig, detector: Detector | None = None, *, p
     ``settings.PREDICT``'s (:meth:`Detector.confidence`).
 
     Live sources (a camera index, an ``rtsp://`` / ``http(s)://`` URL, a ``.streams`` file: see
-    :mod:`ssd.inference.streams`) run until they end, fail (:attr:`PredictSummary.stopped`, after reconnecting) or
-    Ctrl-C (the outputs stay valid): the newest frame of each, frames arriving while the model is busy dropped and
-    counted; each stream drawn as ``<stream_name>.avi``. ``track``: ByteTrack ids (``tracker``: its YAML settings,
-    :func:`~ssd.inference.tracking.tracker_settings`), one tracker per video or stream, and the images of a folder
-    tracked as one sequence in name order (a single image has nothing to track: ``ConfigError``); ids go in every
-    output (``track_id``) and in the drawn frames, with a trail. ``reconnect``: seconds a live stream that stopped is
-    reopened before it fails; ``fail_fast``: one that fails stops the others (else they go on, and the run fails at
-    the end). A stream's URL is named everywhere with its secrets hidden (:func:`ssd.text.redact_url`).
-    ``show``: each drawn image or frame in a window
-    (:mod:`ssd.inference.display`; ``ConfigError`` when no window can open).
+    :mod:`ssd.inference.streams`) run until they end, fail (after reconnecting) or Ctrl-C (the outputs stay valid; why:
+    :attr:`~ssd.inference.results.PredictSummary.stopped`): the newest frame of each, frames arriving while the model is
+    busy dropped and counted; each stream drawn as ``<stream_name>.avi``. ``track``: ByteTrack ids (``tracker``: its
+    YAML settings, :func:`~ssd.inference.tracking.tracker_settings`), one tracker per video or stream, and the images of
+    a folder tracked as one sequence in name order (a single image has nothing to track: ``ConfigError``); ids go in
+    every output (``track_id``) and in the drawn frames, with a trail. ``reconnect``: seconds a live stream that stopped
+    is reopened before it fails; ``fail_fast``: one that fails stops the others (else they go on, and the run fails at
+    the end). A stream's URL is named everywhere with its secrets hidden (:func:`ssd.text.redact_url`). ``show``: each
+    drawn image or frame in a window (:mod:`ssd.inference.display`; ``ConfigError`` when no window can open).
 
     Under ``torchrun`` each process predicts a contiguous slice of the files (a video whole; with ``track``, the
     images as one sequence on one process) and rank 0 merges: every output is the one a single process writes
