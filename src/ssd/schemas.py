@@ -236,7 +236,7 @@ class PredictConfig(CommandSchema):
 
 @dataclass(frozen=True, kw_only=True)
 class ServeConfig(CommandSchema):
-    """``ssd serve``: serve a model over HTTP (:func:`ssd.serve.server.serve`, whose keyword defaults these are)."""
+    """``ssd serve``: serve a model over HTTP (:func:`ssd.serve.server.serve` takes it whole)."""
 
     weights: Path = option("anything ssd predict takes")
     host: str = option("address to listen on (a loopback address: this machine only)", "127.0.0.1")
