@@ -209,6 +209,8 @@ def test_serve_and_predict_source_take_their_schema_which_checks_before_any_work
 
     assert list(inspect.signature(serve).parameters) == ["config"]  # no copy of ServeConfig's fields
     assert list(inspect.signature(predict_source).parameters) == ["config", "detector", "progress"]
+    with pytest.raises(ConfigError, match=r"^predict_source needs a model: give config.weights, or a detector$"):
+        predict_source(PredictConfig(source="nowhere"))  # --weights is required on the command line only
     with pytest.raises(ConfigError, match=r"^--port must be in 0..65535 \(0: a free port\), got -1$"):
         ServeConfig(weights="w", port=-1)  # before the model is opened or a port taken
     assert ServeConfig(weights="w", threads=None).threads is None  # the Python spelling of --threads 0

@@ -197,6 +197,8 @@ def predict_source(config: PredictConfig, detector: Detector | None = None, *, p
     share). Live sources are not sharded (``ConfigError`` under torchrun).
     """
     check_format(config.fmt)  # an API caller's unknown format, before a save folder is made
+    if detector is None and config.weights is None:
+        raise ConfigError("predict_source needs a model: give config.weights, or a detector")
     settings = tracker_settings(config.tracker) if config.track else None
     live = live_sources(config.source) if is_live(config.source) else None
     files = live if live is not None else _local_files(config.source)
@@ -205,8 +207,6 @@ def predict_source(config: PredictConfig, detector: Detector | None = None, *, p
         raise ConfigError(f"track follows objects across the frames of a video or a stream, and {images[0]} is one "
                           f"image (a folder of images is tracked as one sequence, in name order)")
     if detector is None:
-        if config.weights is None:
-            raise ConfigError("predict_source needs a model: give config.weights, or a detector")
         detector = load(config.weights, device=config.device, half=config.half)
     options = dict(score_threshold=detector.confidence(config.score_threshold)[0], iou_threshold=config.iou_threshold,
                    max_detections=config.max_detections, tile=config.tile, tile_overlap=config.tile_overlap,
