@@ -48,6 +48,7 @@ import torchvision
 from ssd.inference.detector import Detector, load
 from ssd.inference.sources import predict_source
 from ssd.models import build_model
+from ssd.schemas import PredictConfig
 from ssd.weights.checkpoint import save_checkpoint
 
 CONF, IOU, MAX_DET, CANDIDATES = 0.25, 0.45, 100, 400
@@ -145,8 +146,9 @@ def _folder_speed(detector: Detector, images: Path, count: int, rounds: int, tmp
     for _ in range(rounds):
         for workers in speeds:
             start = time.perf_counter()
-            summary = predict_source(detector, images, tmp / "out", score_threshold=0.05, max_detections=20,
-                                     save_images=False, progress=False, workers=workers)
+            summary = predict_source(PredictConfig(source=images, save_dir=tmp / "out", score_threshold=0.05,
+                                                   max_detections=20, save_images=False, workers=workers),
+                                     detector, progress=False)
             speeds[workers].append(count / (time.perf_counter() - start))
     print(f"{summary.detections / count:.1f} detections per image")
     serial = statistics.median(speeds[0])
@@ -174,8 +176,9 @@ def _outputs_speed(detector: Detector, images: Path, count: int, rounds: int, tm
                 for module, name in forced if variant == "fsync per output" else []:
                     stack.enter_context(mock.patch.object(module, name, synced(getattr(module, name))))
                 start = time.perf_counter()
-                summary = predict_source(detector, images, tmp / f"out{index}{variant[0]}", score_threshold=0.05,
-                                         max_detections=20, save_txt=True, save_crop=True, progress=False)
+                summary = predict_source(PredictConfig(source=images, save_dir=tmp / f"out{index}{variant[0]}",
+                                                       score_threshold=0.05, max_detections=20, save_txt=True,
+                                                       save_crop=True), detector, progress=False)
                 values.append(count / (time.perf_counter() - start))
     files = sum(1 for p in summary.save_dir.rglob("*") if p.is_file())
     print(f"{summary.detections / count:.1f} detections per image; {files:,} files per run (drawn copies, labels, "

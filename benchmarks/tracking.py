@@ -40,7 +40,8 @@ from torchvision.ops import box_iou
 from ssd.data.mot import read_mot
 from ssd.data.synthetic import _COLOURS, SHAPE_NAMES, _background, _draw
 from ssd.evaluation.tracking import score_tracks
-from ssd.inference.detector import Result, load
+from ssd.inference.detector import load
+from ssd.inference.results import Result
 from ssd.inference.tracking import Tracker
 
 SIZE = 256

@@ -201,15 +201,18 @@ def test_schema_errors_name_the_flag_and_exit_2(capsys, argv, message):
     assert capsys.readouterr().err.startswith(f"error: ssd {argv[0]}: {message}")
 
 
-def test_serve_python_entry_takes_its_schema_defaults_and_checks_alike():
+def test_serve_and_predict_source_take_their_schema_which_checks_before_any_work():
     import inspect
 
+    from ssd.inference.sources import predict_source
     from ssd.serve.server import serve
 
-    signature = inspect.signature(serve).parameters
-    assert {k: signature[k].default for k in signature if k != "weights"} == ServeConfig(weights="w").values("weights")
+    assert list(inspect.signature(serve).parameters) == ["config"]  # no copy of ServeConfig's fields
+    assert list(inspect.signature(predict_source).parameters) == ["config", "detector", "progress"]
+    with pytest.raises(ConfigError, match=r"^predict_source needs a model: give config.weights, or a detector$"):
+        predict_source(PredictConfig(source="nowhere"))  # --weights is required on the command line only
     with pytest.raises(ConfigError, match=r"^--port must be in 0..65535 \(0: a free port\), got -1$"):
-        serve("w", port=-1)  # before the model is opened or a port taken
+        ServeConfig(weights="w", port=-1)  # before the model is opened or a port taken
     assert ServeConfig(weights="w", threads=None).threads is None  # the Python spelling of --threads 0
 
 

@@ -17,6 +17,7 @@ from ssd.export.onnx import export_onnx
 from ssd.inference.backends.onnx import OnnxBackend
 from ssd.inference.detector import Detector, load
 from ssd.inference.sources import predict_source
+from ssd.schemas import PredictConfig
 from ssd.weights.checkpoint import save_checkpoint
 
 CONF, IOU, MAX_DET = 0.3, 0.45, 20
@@ -88,8 +89,8 @@ def test_bad_inputs_are_named(weights):
 
 
 def test_folder_with_corrupt_image_json_equals_model(tiny, weights, folder, tmp_path, capsys, ssd_messages):
-    summary = predict_source(load(weights), folder, tmp_path / "out", **OPTS, batch_size=2,
-                             progress=False)
+    summary = predict_source(PredictConfig(weights=weights, source=folder, save_dir=tmp_path / "out", **OPTS,
+                                           batch_size=2), progress=False)
     assert summary.images == 3
     assert [name for name, _ in summary.skipped] == [str(folder / "broken.jpg")]
     assert "skipped 1 unreadable file" in str(summary) and "broken.jpg" in str(summary)
@@ -117,8 +118,8 @@ def test_folder_with_corrupt_image_json_equals_model(tiny, weights, folder, tmp_
 
 
 def test_coco_format_glob(tiny, weights, folder, tmp_path):
-    summary = predict_source(load(weights), str(folder / "img*.png"), tmp_path, **OPTS, save_images=False,
-                             fmt="coco", progress=False, exist_ok=True)
+    summary = predict_source(PredictConfig(weights=weights, source=str(folder / "img*.png"), save_dir=tmp_path, **OPTS,
+                                           save_images=False, fmt="coco", exist_ok=True), progress=False)
     assert summary.images == 3 and not summary.skipped
     assert not list(tmp_path.glob("*.png"))
     results = json.loads((tmp_path / "predictions_coco.json").read_text())
@@ -142,8 +143,8 @@ def test_onnx_detector_equals_checkpoint(weights, folder, tmp_path):
     assert_same(got, [{"boxes": r.boxes, "scores": r.scores, "labels": r.labels, "names": r.names} for r in want],
                 atol=1e-3)
 
-    summary = predict_source(detector, folder, tmp_path / "onnx", **OPTS, save_images=False,
-                             progress=False)
+    summary = predict_source(PredictConfig(source=folder, save_dir=tmp_path / "onnx", **OPTS, save_images=False),
+                             detector, progress=False)
     assert summary.images == 3 and len(summary.skipped) == 1
 
 
@@ -161,7 +162,8 @@ def test_video_round_trip(weights, tmp_path):
     (tmp_path / "broken.mp4").write_bytes(b"not a video")
     detector = load(weights)
     out = tmp_path / "out"
-    summary = predict_source(detector, str(tmp_path / "*.*"), out, **OPTS, batch_size=2, progress=False)
+    summary = predict_source(PredictConfig(source=str(tmp_path / "*.*"), save_dir=out, **OPTS, batch_size=2),
+                             detector, progress=False)
     assert (summary.videos, summary.frames, summary.images) == (1, 5, 0)
     assert [name for name, _ in summary.skipped] == [str(tmp_path / "broken.mp4")]
 
@@ -194,7 +196,7 @@ def test_missing_and_foreign_weights(tmp_path):
     with pytest.raises(CheckpointError, match="cannot load ONNX model"):
         load(not_onnx)
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        predict_source(None, tmp_path / "nowhere", tmp_path)
+        predict_source(PredictConfig(source=tmp_path / "nowhere", save_dir=tmp_path), None)
 
 
 @requires_cuda

@@ -19,14 +19,16 @@ from ssd.data.yolo import read_yolo_yaml
 from ssd.errors import ConfigError, MissingDependencyError
 from ssd.inference.coco_results import to_coco_detections
 from ssd.inference.crop_files import class_folders
-from ssd.inference.detector import Detector, Result
-from ssd.inference.prefetch import decode_files
+from ssd.inference.detector import Detector
+from ssd.inference.frames import decode_files
 from ssd.inference.result_files import write_results
+from ssd.inference.results import Result
 from ssd.inference.sources import predict_source
 from ssd.inference.writers import SAVE_DIR_MARKER, PredictionWriter, read_jsonl
+from ssd.schemas import PredictConfig
 from ssd.weights.checkpoint import save_checkpoint
 
-OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20, progress=False)
+OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=20)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,8 @@ def image_files(folder):
 
 
 def test_jsonl_is_written_as_results_come_and_every_format_is_assembled_from_it(detector, folder, tmp_path):
-    summary = predict_source(detector, folder, tmp_path / "out", **OPTS, batch_size=3, save_images=False)
+    summary = predict_source(PredictConfig(source=folder, save_dir=tmp_path / "out", **OPTS, batch_size=3,
+                                           save_images=False), detector, progress=False)
     out = summary.save_dir
     records = list(read_jsonl(out / "predictions.jsonl"))
     assert [r["file"] for r in records] == [str(f) for f in image_files(folder)]
@@ -111,8 +114,8 @@ class Interrupted(Detector):
 
 def test_ctrl_c_leaves_valid_outputs(detector, folder, tmp_path):
     with pytest.raises(KeyboardInterrupt):
-        predict_source(Interrupted(detector.backend), folder, tmp_path / "out", **OPTS, batch_size=3,
-                       save_images=False, fmt="csv")
+        predict_source(PredictConfig(source=folder, save_dir=tmp_path / "out", **OPTS, batch_size=3, save_images=False,
+                                     fmt="csv"), Interrupted(detector.backend), progress=False)
     records = list(read_jsonl(tmp_path / "out" / "predictions.jsonl"))  # the first batch: broken.jpg, img0, img1
     assert [r["file"] for r in records] == [str(f) for f in image_files(folder)[:2]]
     rows = list(csv.DictReader((tmp_path / "out" / "predictions.csv").open(newline="")))
@@ -124,17 +127,20 @@ def test_a_save_folder_inside_the_source_is_not_read_back(detector, folder, tmp_
     source.mkdir()
     for file in image_files(folder)[:2]:
         (source / file.name).write_bytes(file.read_bytes())
-    first = predict_source(detector, source, source / "runs", **OPTS, save_txt=True)
-    second = predict_source(detector, source, source / "runs", **OPTS)
+    first = predict_source(PredictConfig(source=source, save_dir=source / "runs", **OPTS, save_txt=True),
+                           detector, progress=False)
+    second = predict_source(PredictConfig(source=source, save_dir=source / "runs", **OPTS), detector, progress=False)
     assert first.images == second.images == 2
     assert second.save_dir == source / "runs2"
     assert any(m.startswith(f"not read: {source / 'runs'}, a save folder of ssd predict") for m in ssd_messages())
     with pytest.raises(FileNotFoundError, match="outside save folders of ssd predict"):
-        predict_source(detector, source / "runs", tmp_path / "elsewhere", **OPTS)
+        predict_source(PredictConfig(source=source / "runs", save_dir=tmp_path / "elsewhere", **OPTS),
+                       detector, progress=False)
 
 
 def test_save_txt_reads_back_as_the_same_boxes(detector, folder, tmp_path):
-    summary = predict_source(detector, folder, tmp_path / "out", **OPTS, save_images=False, save_txt=True)
+    summary = predict_source(PredictConfig(source=folder, save_dir=tmp_path / "out", **OPTS, save_images=False,
+                                           save_txt=True), detector, progress=False)
     assert any("read them as a dataset: ssd check" in line for line in summary.notes)
     spec = read_yolo_yaml(summary.save_dir / "yolo" / "data.yaml")
     assert spec.class_names == detector.class_names and not spec.issues
@@ -148,14 +154,14 @@ def test_save_txt_reads_back_as_the_same_boxes(detector, folder, tmp_path):
         np.testing.assert_allclose([o.box for o in image.objects], [d["box"] for d in record["detections"]],
                                    atol=2e-4)  # 6 decimals of a 160 px side
 
-    conf = predict_source(detector, folder, tmp_path / "conf", **OPTS, save_images=False, save_txt=True,
-                          save_conf=True)
+    conf = predict_source(PredictConfig(source=folder, save_dir=tmp_path / "conf", **OPTS, save_images=False,
+                                        save_txt=True, save_conf=True), detector, progress=False)
     lines = (conf.save_dir / "yolo" / "labels" / "img0.txt").read_text().splitlines()
     assert [float(line.split()[5]) for line in lines] == pytest.approx(
         [d["score"] for d in records[0]["detections"]], abs=1e-5)
     assert not (conf.save_dir / "yolo" / "data.yaml").exists()
-    with pytest.raises(ConfigError, match="save_conf adds confidences to the labels of save_txt"):
-        predict_source(detector, folder, tmp_path / "bad", **OPTS, save_conf=True)
+    with pytest.raises(ConfigError, match="--save-conf adds confidences to the labels of --save-txt"):
+        PredictConfig(source=folder, save_dir=tmp_path / "bad", **OPTS, save_conf=True)  # before the model runs
 
 
 def test_video_frames_become_images_of_the_dataset(detector, tmp_path):
@@ -164,7 +170,8 @@ def test_video_frames_become_images_of_the_dataset(detector, tmp_path):
     for frame in np.random.default_rng(0).integers(0, 256, (3, 64, 96, 3), dtype=np.uint8):
         writer.write(frame)
     writer.release()
-    summary = predict_source(detector, video, tmp_path / "out", **OPTS, save_images=False, save_txt=True)
+    summary = predict_source(PredictConfig(source=video, save_dir=tmp_path / "out", **OPTS, save_images=False,
+                                           save_txt=True), detector, progress=False)
     spec = read_yolo_yaml(summary.save_dir / "yolo" / "data.yaml")
     assert [r.path.name for r in spec.records("train")] == [f"clip_{i:06d}.jpg" for i in range(3)]
     assert [r["frame"] for r in read_jsonl(summary.save_dir / "predictions.jsonl")] == [0, 1, 2]
@@ -172,8 +179,8 @@ def test_video_frames_become_images_of_the_dataset(detector, tmp_path):
 
 def test_save_crop_is_bounded_and_reports_the_rest(detector, folder, tmp_path, monkeypatch):
     monkeypatch.setattr("ssd.inference.crop_files.MAX_SAVED_CROPS", 12)
-    summary = predict_source(detector, image_files(folder)[0], tmp_path / "out", **OPTS, save_images=False,
-                             save_crop=True)
+    summary = predict_source(PredictConfig(source=image_files(folder)[0], save_dir=tmp_path / "out", **OPTS,
+                                           save_images=False, save_crop=True), detector, progress=False)
     [record] = read_jsonl(summary.save_dir / "predictions.jsonl")
     crops = sorted((summary.save_dir / "crops").rglob("*.jpg"))
     assert len(crops) == 12 < len(record["detections"])
@@ -200,8 +207,8 @@ def test_classes_filter_by_name_or_label(detector, folder, tmp_path):
         detector.class_indices([3])
     options = {**OPTS, "max_detections": 1000}  # the biased model's top 20 are all class0
     [every] = detector.predict(image_files(folder)[0], score_threshold=0.3, iou_threshold=0.45, max_detections=1000)
-    summary = predict_source(detector, image_files(folder)[0], tmp_path, **options, exist_ok=True,
-                             save_images=False, classes=["class1", 2])
+    summary = predict_source(PredictConfig(source=image_files(folder)[0], save_dir=tmp_path, **options, exist_ok=True,
+                                           save_images=False, classes=["class1", 2]), detector, progress=False)
     [record] = read_jsonl(summary.results_file.with_suffix(".jsonl"))
     kept = [box for box, label in zip(every.boxes.tolist(), every.labels.tolist()) if label in (1, 2)]
     assert [d["box"] for d in record["detections"]] == kept and 0 < len(kept) < len(every.labels)

@@ -19,8 +19,9 @@ from ssd.data.load import load_dataset
 from ssd.errors import ConfigError, InputError, OutputError
 from ssd.inference.detector import Detector
 from ssd.inference.sources import output_paths, predict_source
+from ssd.schemas import PredictConfig
 
-OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=5, progress=False)
+OPTS = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=5)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,8 @@ def test_x_jpg_and_x_png_get_a_label_file_each_and_clip_frames_overwrite_no_imag
     overwrote clip_000000.jpg; the summary counted label files that did not exist."""
     source = save(tmp_path / "in", ["x.jpg", "x.png", "clip_000000.jpg"])
     write_video(source / "clip.avi")
-    summary = predict_source(detector, source, tmp_path / "out", **OPTS, save_txt=True)
+    summary = predict_source(PredictConfig(source=source, save_dir=tmp_path / "out", **OPTS, save_txt=True),
+                             detector, progress=False)
     labels = tmp_path / "out" / "yolo" / "labels"
     assert sorted(p.name for p in labels.iterdir()) == ["clip_000000.txt", "clip_000000_2.txt", "clip_000001.txt",
                                                        "x.txt", "x_2.txt"]
@@ -58,7 +60,8 @@ def test_x_jpg_and_x_png_get_a_label_file_each_and_clip_frames_overwrite_no_imag
 
 def test_file_names_with_newline_tab_and_cr_give_a_dataset_ssd_check_accepts(detector, tmp_path):
     source = save(tmp_path / "in", ["a\nb.png", "c\td.png", "e\rf.png", "a_b.png"])
-    predict_source(detector, source, tmp_path / "out", **OPTS, save_txt=True, save_images=False)
+    predict_source(PredictConfig(source=source, save_dir=tmp_path / "out", **OPTS, save_txt=True, save_images=False),
+                   detector, progress=False)
     images = tmp_path / "out" / "yolo" / "images"
     assert sorted(p.name for p in images.iterdir()) == ["a_b.png", "a_b_2.png", "c_d.png", "e_f.png"]
     spec = load_dataset(tmp_path / "out" / "yolo" / "data.yaml")
@@ -84,33 +87,40 @@ def test_a_link_inside_an_earlier_run_folder_is_never_written_through(detector, 
     run.mkdir()
     os.symlink(outside / "keep.txt" if link.endswith(".jsonl") else outside, run / link)
     with pytest.raises(OutputError, match="symbolic link in the save folder|outputs of an earlier run"):
-        predict_source(detector, source, run, **OPTS, exist_ok=True, save_txt=True, save_crop=True)
+        predict_source(PredictConfig(source=source, save_dir=run, **OPTS, exist_ok=True, save_txt=True, save_crop=True),
+                       detector, progress=False)
     assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"] and (outside / "keep.txt").read_text() == "mine"
     assert sorted(p.name for p in run.iterdir()) == [link]  # nothing written
 
 
 def test_exist_ok_into_an_earlier_run_refuses_to_mix_its_crops_and_copies(detector, tmp_path):
     source = save(tmp_path / "in", ["a.png"])
-    first = predict_source(detector, source, tmp_path / "run", **OPTS, save_crop=True)
+    first = predict_source(PredictConfig(source=source, save_dir=tmp_path / "run", **OPTS, save_crop=True),
+                           detector, progress=False)
     with pytest.raises(OutputError, match=r"run holds outputs of an earlier run that this one would not replace "
                                           r"\(a.png, crops/class0/a_0_0.jpg, crops/class0/a_0_1.jpg, ...\): they "
                                           r"would mix; delete them, or give a new --name \(without --exist-ok\)"):
-        predict_source(detector, save(tmp_path / "other", ["b.png"]), first.save_dir, **OPTS, exist_ok=True)
+        predict_source(PredictConfig(source=save(tmp_path / "other", ["b.png"]), save_dir=first.save_dir, **OPTS,
+                                     exist_ok=True), detector, progress=False)
     assert sorted(p.name for p in (first.save_dir / "crops").rglob("*.jpg")) == ["a_0_0.jpg", "a_0_1.jpg",
                                                                                  "a_0_2.jpg", "a_0_3.jpg",
                                                                                  "a_0_4.jpg"]
-    lean = predict_source(detector, source, tmp_path / "lean", **OPTS, save_txt=True)
-    again = predict_source(detector, source, lean.save_dir, **OPTS, exist_ok=True, save_txt=True)
+    lean = predict_source(PredictConfig(source=source, save_dir=tmp_path / "lean", **OPTS, save_txt=True),
+                          detector, progress=False)
+    again = predict_source(PredictConfig(source=source, save_dir=lean.save_dir, **OPTS, exist_ok=True, save_txt=True),
+                           detector, progress=False)
     assert again.save_dir == lean.save_dir  # the same inputs again: each of its files replaced, none left over
     with pytest.raises(OutputError, match=r"would not replace \(a.png\)"):  # a drawn copy this run does not write
-        predict_source(detector, source, lean.save_dir, **OPTS, exist_ok=True, save_txt=True, save_images=False)
+        predict_source(PredictConfig(source=source, save_dir=lean.save_dir, **OPTS, exist_ok=True, save_txt=True,
+                                     save_images=False), detector, progress=False)
 
 
 def test_csv_cells_a_spreadsheet_would_run_are_escaped(tmp_path, monkeypatch):
     """OWASP: a cell starting with =, +, -, @ (a file or class name) is prefixed with a quote."""
     monkeypatch.chdir(save(tmp_path / "in", ["=cmd.png", "@x.png", "-y.png", "+z.png", "plain.png"]))
     detector = Detector(biased_model("ssd_tiny", class_names=["=HYPERLINK(1)", "-b", "c"]))
-    summary = predict_source(detector, ".", tmp_path / "out", **OPTS, fmt="csv", save_images=False)
+    summary = predict_source(PredictConfig(source=".", save_dir=tmp_path / "out", **OPTS, fmt="csv", save_images=False),
+                             detector, progress=False)
     with open(summary.results_file, newline="") as f:
         rows = list(csv.DictReader(f))
     assert sorted({r["file"] for r in rows}) == ["'+z.png", "'-y.png", "'=cmd.png", "'@x.png", "plain.png"]
@@ -153,7 +163,7 @@ def test_a_nan_box_through_the_api_is_refused_by_the_crop_and_label_writers(box,
     import torch
 
     from ssd.inference.crop_files import CropWriter
-    from ssd.inference.detector import Result
+    from ssd.inference.results import Result
     from ssd.inference.yolo_labels import YoloLabelWriter
 
     result = Result(torch.tensor([[0.0, 0, 2, 2], box]), torch.tensor([0.9, 0.8]), torch.tensor([0, 1]),
@@ -172,8 +182,10 @@ def test_library_use_prints_nothing_on_stdout_or_stderr(detector, tmp_path, capf
     every rank under torchrun)."""
     source = save(tmp_path / "in", ["a.png"])
     (source / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
-    earlier = predict_source(detector, source, source / "out", **OPTS)  # a save folder inside: "not read" is logged
-    summary = predict_source(detector, source, tmp_path / "out", **OPTS, save_txt=True, save_crop=True)
+    earlier = predict_source(PredictConfig(source=source, save_dir=source / "out", **OPTS),
+                             detector, progress=False)  # a save folder inside: "not read" is logged
+    summary = predict_source(PredictConfig(source=source, save_dir=tmp_path / "out", **OPTS, save_txt=True,
+                                           save_crop=True), detector, progress=False)
     assert [name for name, _ in summary.skipped] == [str(source / "broken.jpg")] and earlier.images == 1
     assert capfd.readouterr() == ("", "")
 
@@ -214,14 +226,16 @@ def test_label_studio_tasks_point_at_files_its_local_storage_serves_and_frames_t
 
     source = save(tmp_path / "in", ["a b.png"])
     write_video(source / "clip.avi", frames=2)
-    summary = predict_source(detector, source, tmp_path / "out", **OPTS, fmt="labelstudio", ls_root=str(tmp_path))
+    summary = predict_source(PredictConfig(source=source, save_dir=tmp_path / "out", **OPTS, fmt="labelstudio",
+                                           ls_root=str(tmp_path)), detector, progress=False)
     images = [task["data"]["image"] for task in json.loads(summary.results_file.read_text())]
     assert images == ["/data/local-files/?d=in/a%20b.png", "/data/local-files/?d=out/frames/clip_000000.jpg",
                       "/data/local-files/?d=out/frames/clip_000001.jpg"]
     assert all((tmp_path / unquote(image.split("?d=")[1])).is_file() for image in images)
     with pytest.raises(ConfigError, match=rf"^--ls-root {source}: {tmp_path / 'out2'} is outside {source}, where "
                                           "Label Studio cannot read it"):
-        predict_source(detector, source, tmp_path / "out2", **OPTS, fmt="labelstudio", ls_root=str(source))
+        predict_source(PredictConfig(source=source, save_dir=tmp_path / "out2", **OPTS, fmt="labelstudio",
+                                     ls_root=str(source)), detector, progress=False)
     assert not (tmp_path / "out2").exists()
 
 
@@ -230,7 +244,8 @@ def test_label_studio_tasks_under_a_url_prefix_that_serves_the_current_directory
 
     monkeypatch.chdir(tmp_path)
     save(tmp_path / "in", ["a.png"])
-    summary = predict_source(detector, "in", "out", **OPTS, fmt="labelstudio", ls_root="http://127.0.0.1:8081/")
+    summary = predict_source(PredictConfig(source="in", save_dir="out", **OPTS, fmt="labelstudio",
+                                           ls_root="http://127.0.0.1:8081/"), detector, progress=False)
     assert [task["data"]["image"] for task in json.loads(summary.results_file.read_text())] == [
         "http://127.0.0.1:8081/in/a.png"]
 
@@ -245,8 +260,8 @@ def test_save_txt_and_label_studio_frames_on_a_live_source_are_capped_as_crops_a
     source = tmp_path / "in"
     source.mkdir()
     write_video(source / "clip.avi", frames=3)
-    summary = predict_source(detector, source, tmp_path / "out", **OPTS, save_txt=True, fmt="labelstudio",
-                             ls_root=str(tmp_path))
+    summary = predict_source(PredictConfig(source=source, save_dir=tmp_path / "out", **OPTS, save_txt=True,
+                                           fmt="labelstudio", ls_root=str(tmp_path)), detector, progress=False)
     assert sorted(p.name for p in (tmp_path / "out" / "yolo" / "labels").iterdir()) == ["clip_000000.txt",
                                                                                        "clip_000001.txt"]
     assert sorted(p.name for p in (tmp_path / "out" / "frames").iterdir()) == ["clip_000000.jpg", "clip_000001.jpg"]

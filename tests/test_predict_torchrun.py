@@ -20,20 +20,22 @@ from builders import make_dataset, random_images
 from ssd.errors import ConfigError
 from ssd.evaluation.evaluator import evaluate
 from ssd.inference.crop_files import CropWriter
-from ssd.inference.detector import Result, load
+from ssd.inference.results import PredictSummary, Result
 from ssd.inference.shards import Shard
-from ssd.inference.sources import PredictSummary, predict_source
+from ssd.inference.sources import predict_source
+from ssd.schemas import PredictConfig
 
-OPTIONS = dict(save_txt=True, save_crop=True, fmt="csv", progress=False, score_threshold=0.3, max_detections=5)
+OPTIONS = dict(save_txt=True, save_crop=True, fmt="csv", score_threshold=0.3, max_detections=5)
 
 SCRIPT = """
 import sys, torch
 from pathlib import Path
 from ssd.evaluation.evaluator import evaluate
-from ssd.inference.detector import load
 from ssd.inference.sources import predict_source
+from ssd.schemas import PredictConfig
 weights, source, data, out = sys.argv[1:5]
-summary = predict_source(load(weights), source, Path(out) / "predict", **{options})
+summary = predict_source(PredictConfig(weights=weights, source=source, save_dir=Path(out) / "predict", **{options}),
+                         progress=False)
 result = evaluate(weights, data, metric="voc", device="cpu", batch_size=2)
 torch.save({{"summary": str(summary), "main": summary.main, "map": result["map"], "per_class": result["per_class"],
             "detections": result["detections"], "ground_truths": result["ground_truths"]}},
@@ -73,7 +75,8 @@ def test_two_ranks_write_and_score_what_one_process_does(tiny_checkpoint, tmp_pa
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    one = predict_source(load(tiny_checkpoint), source, tmp_path / "one" / "predict", **OPTIONS)
+    one = predict_source(PredictConfig(weights=tiny_checkpoint, source=source, save_dir=tmp_path / "one" / "predict",
+                                       **OPTIONS), progress=False)
     sharded = out / "predict"
     assert _tree(sharded) == _tree(one.save_dir)  # JSONL, CSV, drawn copies, video, YOLO labels, crops
     assert (sharded / "predictions.jsonl").read_text().count("\n") == 4 + 5  # no part left behind, none lost

@@ -178,6 +178,34 @@ def test_serve_an_onnx_file_on_a_machine_without_pytorch(exported):
                                               "JSON detections, without draw)"}]
 
 
+def test_the_client_takes_its_results_without_the_detector_or_pytorch(tmp_path):
+    """``ssd.client`` imports the result types (:mod:`ssd.inference.results`), not the detector stack: with PyTorch
+    installed it loads neither ``torch`` nor ``ssd.inference.detector``, and without it a ``/predict`` answer
+    becomes a :class:`Result` of numpy arrays, exactly the values sent."""
+    code = """
+        import json, sys
+        import ssd.client
+
+        loaded = [m for m in ("torch", "ssd.inference.detector", "ssd.inference.backends") if m in sys.modules]
+        answer = {"width": 64, "height": 48, "detections": [{"box": [1.5, 2.0, 30.25, 40.0], "score": 0.75,
+                                                             "label": 2, "name": "c"}]}
+        result = ssd.client._result(answer, "a.png")
+        print(json.dumps({"loaded": loaded, "kind": type(result.boxes).__module__, "result": result.to_dict(),
+                          "dtypes": [str(result.boxes.dtype), str(result.labels.dtype)]}))
+    """
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    with_torch = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                                timeout=60, env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
+    assert with_torch.returncode == 0, with_torch.stderr
+    without = run_without_torch(code, tmp_path)
+    assert without.returncode == 0, without.stderr
+    sent = {"file": "a.png", "width": 64, "height": 48,
+            "detections": [{"box": [1.5, 2.0, 30.25, 40.0], "score": 0.75, "label": 2, "name": "c"}]}
+    assert json.loads(with_torch.stdout)["loaded"] == [] and json.loads(with_torch.stdout)["kind"] == "torch"
+    assert json.loads(without.stdout) == {"loaded": [], "kind": "numpy", "result": sent,
+                                          "dtypes": ["float32", "int64"]}
+
+
 @pytest.mark.slow
 def test_a_graph_taking_uint8_pixels_detects_as_the_float_graph_on_both_paths(exported):
     """``--uint8-input``: the numpy path only resizes (no normalization outside the graph), the PyTorch path's

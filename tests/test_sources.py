@@ -18,6 +18,7 @@ from ssd.errors import CheckpointError, GlobLimitError
 from ssd.export.onnx import export_onnx
 from ssd.inference.detector import load
 from ssd.inference.sources import output_paths, predict_source, resolve_source
+from ssd.schemas import PredictConfig
 from ssd.weights.checkpoint import save_checkpoint
 from ssd.weights.resolve import resolve_weights
 
@@ -46,16 +47,18 @@ def test_save_dir_equal_to_the_source_never_overwrites_inputs(weights, tmp_path,
     detector = load(weights)
     with pytest.raises(ValueError, match=r"--save-dir output .*images/a\.png is the input .*images/a\.png \(the same "
                                          r"file\); choose another --save-dir output so the input is kept"):
-        predict_source(detector, source, source, exist_ok=True, progress=False)
+        predict_source(PredictConfig(source=source, save_dir=source, exist_ok=True), detector, progress=False)
     assert snapshot(source) == before
 
-    summary = predict_source(detector, source, source, progress=False)  # without exist_ok: a fresh folder
+    summary = predict_source(PredictConfig(source=source, save_dir=source),
+                             detector, progress=False)  # without exist_ok: a fresh folder
     assert summary.save_dir == tmp_path / "images2" and (tmp_path / "images2" / "a.png").is_file()
     assert snapshot(source) == before
 
     previous = snapshot(summary.save_dir)  # a re-run on the previous output folder: its files are never inputs
     with pytest.raises(FileNotFoundError, match=r"no inputs in .*images2 outside save folders of ssd predict"):
-        predict_source(detector, summary.save_dir, summary.save_dir, exist_ok=True, progress=False)
+        predict_source(PredictConfig(source=summary.save_dir, save_dir=summary.save_dir, exist_ok=True),
+                       detector, progress=False)
     assert snapshot(summary.save_dir) == previous
 
     args = ["predict", "--weights", str(weights), "--source", str(source), "--save-dir", str(source), "--exist-ok"]
@@ -67,8 +70,10 @@ def test_save_dir_equal_to_the_source_never_overwrites_inputs(weights, tmp_path,
 def test_save_dir_is_incremented_like_training_runs(weights, tmp_path):
     source = make_images(tmp_path / "images", ["a.png"])
     detector = load(weights)
-    runs = [predict_source(detector, source, tmp_path / "predict", progress=False, **OPTS) for _ in range(2)]
-    again = predict_source(detector, source, tmp_path / "predict", progress=False, exist_ok=True, **OPTS)
+    runs = [predict_source(PredictConfig(source=source, save_dir=tmp_path / "predict", **OPTS),
+                           detector, progress=False) for _ in range(2)]
+    again = predict_source(PredictConfig(source=source, save_dir=tmp_path / "predict", exist_ok=True, **OPTS),
+                           detector, progress=False)
     assert [r.save_dir for r in (*runs, again)] == [tmp_path / "predict", tmp_path / "predict2", tmp_path / "predict"]
     assert sorted(p.name for p in (tmp_path / "predict2").iterdir()) == [".ssd-predict", "a.png", "predictions.json",
                                                                           "predictions.jsonl"]
@@ -77,8 +82,8 @@ def test_save_dir_is_incremented_like_training_runs(weights, tmp_path):
 def test_glob_over_folders_with_equal_names_keeps_sub_paths(weights, tmp_path):
     make_images(tmp_path / "src" / "a", ["x.png"], seed=1)
     make_images(tmp_path / "src" / "b", ["x.png"], seed=2)
-    summary = predict_source(load(weights), str(tmp_path / "src" / "*" / "x.png"), tmp_path / "out", progress=False,
-                             **OPTS)
+    summary = predict_source(PredictConfig(weights=weights, source=str(tmp_path / "src" / "*" / "x.png"),
+                                           save_dir=tmp_path / "out", **OPTS), progress=False)
     assert summary.images == 2
     first, second = tmp_path / "out" / "a" / "x.png", tmp_path / "out" / "b" / "x.png"
     assert first.is_file() and second.is_file() and first.read_bytes() != second.read_bytes()
@@ -136,10 +141,12 @@ def test_out_of_range_options_are_named(option, value, message, tmp_path, capsys
 
 
 def test_library_names_its_own_options(weights, tmp_path):
+    """Detector's keywords are named as written; predict_source's options are PredictConfig's, named by their flag
+    as the schema names them, before any folder is made."""
     source = make_images(tmp_path / "images", ["a.png"])
     detector = load(weights)
-    with pytest.raises(ValueError, match=r"^batch_size must be a positive integer, got -1$"):
-        predict_source(detector, source, tmp_path / "out", batch_size=-1, progress=False)
+    with pytest.raises(ValueError, match=r"^--batch-size must be a positive integer, got -1$"):
+        PredictConfig(source=source, save_dir=tmp_path / "out", batch_size=-1)
     with pytest.raises(ValueError, match=r"^max_detections must be a positive integer, got 0$"):
         detector.predict(source / "a.png", max_detections=0)
     with pytest.raises(ValueError, match=r"^score_threshold must be a number in \[0, 1\], got nan$"):
@@ -188,17 +195,20 @@ def test_coco_output_uses_the_checkpoints_category_ids(tmp_path):
             bias[torch.arange(len(bias)), 1 + torch.arange(len(bias)) % 3] = 2.0
     with_ids = save_checkpoint(tmp_path / "ids.pt", model, category_ids=[1, 5, 90])
     source = make_images(tmp_path / "images", ["a.png", "b.png", "c.png"])
-    options = dict(save_images=False, progress=False, score_threshold=0.3, iou_threshold=0.45, max_detections=100)
+    options = dict(save_images=False, score_threshold=0.3, iou_threshold=0.45, max_detections=100)
     detector = load(with_ids)
-    coco = predict_source(detector, source, tmp_path / "coco", fmt="coco", **options)
-    plain = predict_source(detector, source, tmp_path / "json", **options)
+    coco = predict_source(PredictConfig(source=source, save_dir=tmp_path / "coco", fmt="coco", **options), detector,
+                          progress=False)
+    plain = predict_source(PredictConfig(source=source, save_dir=tmp_path / "json", **options), detector,
+                           progress=False)
     labels = [d["label"] for e in json.loads(plain.results_file.read_text())["images"] for d in e["detections"]]
     assert sorted(set(labels)) == [0, 1, 2]
     results = json.loads(coco.results_file.read_text())
     assert [r["category_id"] for r in results] == [[1, 5, 90][label] for label in labels]
 
     no_ids = load(save_checkpoint(tmp_path / "plain.pt", model))  # without ids: the labels 0..K-1
-    summary = predict_source(no_ids, source, tmp_path / "c2", fmt="coco", **options)
+    summary = predict_source(PredictConfig(source=source, save_dir=tmp_path / "c2", fmt="coco", **options), no_ids,
+                             progress=False)
     results = json.loads(summary.results_file.read_text())
     assert [r["category_id"] for r in results] == labels
 
@@ -219,7 +229,7 @@ def test_folder_source_reads_its_subfolders_sorted_and_mirrors_them(tmp_path):
     (source / "a" / "loop1.png").symlink_to("loop2.png")
     (source / "a" / "loop2.png").symlink_to("loop1.png")
     weights = save_checkpoint(tmp_path / "best.pt", biased_model("ssd_tiny"))
-    summary = predict_source(load(weights), source, tmp_path / "out", progress=False)
+    summary = predict_source(PredictConfig(weights=weights, source=source, save_dir=tmp_path / "out"), progress=False)
     assert summary.images == 4
     files = [entry["file"] for entry in json.loads(summary.results_file.read_text())["images"]]
     assert files == [str(source / name) for name in ["a/deeper/y.jpg", "a/x.png", "b.png", "c/z.png"]]
@@ -242,7 +252,8 @@ def test_show_draws_images_as_it_draws_video_frames(weights, tmp_path, monkeypat
 
     monkeypatch.setattr("ssd.inference.sources.open_window", Window)
     source = make_images(tmp_path / "images", ["a.png", "b.png", "c.png"])
-    summary = predict_source(load(weights), source, tmp_path / "out", show=True, progress=False, **OPTS)
+    summary = predict_source(PredictConfig(weights=weights, source=source, save_dir=tmp_path / "out", show=True,
+                                           **OPTS), progress=False)
     assert summary.images == 3 and shown[-1] == "closed"
     assert [name for name, _ in shown[:-1]] == ["images"] * 3
     for (_, image), name in zip(shown[:-1], ["a.png", "b.png", "c.png"]):  # what was shown is what was saved

@@ -14,10 +14,10 @@ import pytest
 
 from ssd.cli import main
 from ssd.errors import StreamError
-from ssd.inference.detector import load
 from ssd.inference.sources import predict_source
 from ssd.inference.streams import StreamGroup, live_sources
 from ssd.inference.writers import read_jsonl
+from ssd.schemas import PredictConfig
 from test_streams import MjpegServer, frame_number, grey, write_video
 
 cv2 = pytest.importorskip("cv2")
@@ -105,7 +105,8 @@ def test_video_url_with_a_frame_count_gives_every_frame_in_order(tiny_checkpoint
     write_video(tmp_path / "clip.avi", 6)
     with FileServer(tmp_path) as server:
         url = f"{server.base}/clip.avi"
-        summary = predict_source(load(tiny_checkpoint), url, tmp_path / "out", progress=False, save_images=False)
+        summary = predict_source(PredictConfig(weights=tiny_checkpoint, source=url, save_dir=tmp_path / "out",
+                                               save_images=False), progress=False)
         with StreamGroup([url]) as group:
             frames = read_all(group)
     # the model is slower than the download: a live stream would drop frames, a video gives each one

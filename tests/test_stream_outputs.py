@@ -17,9 +17,9 @@ import pytest
 
 import ssd
 from ssd.errors import OutputError
-from ssd.inference.detector import load
 from ssd.inference.sources import predict_source
 from ssd.inference.writers import read_jsonl
+from ssd.schemas import PredictConfig
 from test_stream_failures import FakeCapture, fake_opens
 from test_streams import MjpegServer, write_video
 
@@ -48,7 +48,7 @@ def test_a_video_writer_that_cannot_write_fails_loudly(tiny_checkpoint, tmp_path
     clip = write_video(tmp_path / "clip.avi", 2)
     monkeypatch.setattr(cv2, "VideoWriter", NoCodec)
     with pytest.raises(OutputError, match=r"clip.mp4: OpenCV cannot write this video \(its mp4v writer did not open"):
-        predict_source(load(tiny_checkpoint), clip, tmp_path / "out", progress=False)
+        predict_source(PredictConfig(weights=tiny_checkpoint, source=clip, save_dir=tmp_path / "out"), progress=False)
     # the results so far are written all the same
     assert len(list(read_jsonl(tmp_path / "out" / "predictions.jsonl"))) == 1
 
@@ -61,7 +61,8 @@ def test_a_stream_that_changes_size_is_drawn_at_its_first_size_and_said(tiny_che
 
     url = "rtsp://127.0.0.1:9/cam"
     fake_opens(monkeypatch, {url: [Growing(4, count=4)]})  # a frame count: every frame is read
-    summary = predict_source(load(tiny_checkpoint), url, tmp_path / "out", progress=False, reconnect=0)
+    summary = predict_source(PredictConfig(weights=tiny_checkpoint, source=url, save_dir=tmp_path / "out", reconnect=0),
+                             progress=False)
     records = list(read_jsonl(tmp_path / "out" / "predictions.jsonl"))
     drawn = video_frames(tmp_path / "out" / "127.0.0.1_9_cam.avi")
     assert len(drawn) == len(records) and {f.shape for f in drawn} == {(48, 64, 3)}

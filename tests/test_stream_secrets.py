@@ -6,9 +6,9 @@ import pytest
 
 from ssd.cli import main
 from ssd.errors import StreamError
-from ssd.inference.detector import load
 from ssd.inference.sources import predict_source
 from ssd.inference.streams import StreamGroup, live_sources
+from ssd.schemas import PredictConfig
 from ssd.text import redact_url
 from test_streams import MjpegServer
 
@@ -64,8 +64,8 @@ def test_window_titles_and_messages_hide_credentials(tiny_checkpoint, tmp_path, 
 
     monkeypatch.setattr("ssd.inference.sources.open_window", Window)
     with MjpegServer(3) as server:
-        summary = predict_source(load(tiny_checkpoint), secret_url(server.url), tmp_path / "o", progress=False,
-                                 show=True, reconnect=0)
+        summary = predict_source(PredictConfig(weights=tiny_checkpoint, source=secret_url(server.url),
+                                               save_dir=tmp_path / "o", show=True, reconnect=0), progress=False)
     assert titles and not {t for t in titles if leaks(t)}
     assert summary.stopped.startswith("http://***@127.0.0.1:") and not leaks(summary.stopped + str(summary))
     assert not [m for m in ssd_messages() if leaks(m)]

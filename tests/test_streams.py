@@ -21,6 +21,7 @@ from ssd.inference.sources import predict_source
 from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
 from ssd.inference.videos import source_frames, video_frames
 from ssd.inference.writers import read_jsonl
+from ssd.schemas import PredictConfig
 
 cv2 = pytest.importorskip("cv2")
 
@@ -246,7 +247,8 @@ def test_predict_on_a_streams_file_writes_each_stream(tiny_checkpoint, tmp_path)
     write_video(tmp_path / "b.avi", 3)
     listing = tmp_path / "two.streams"
     listing.write_text(f"{tmp_path / 'a.avi'}\n{tmp_path / 'b.avi'}\n")
-    summary = predict_source(load(tiny_checkpoint), listing, tmp_path / "out", progress=False)
+    summary = predict_source(PredictConfig(weights=tiny_checkpoint, source=listing, save_dir=tmp_path / "out"),
+                             progress=False)
     assert summary.stopped is None and summary.streams == 2
     assert (summary.live_frames, summary.dropped) == (7, 0)  # video files give every frame
     records = list(read_jsonl(summary.save_dir / "predictions.jsonl"))
@@ -284,7 +286,7 @@ def test_ctrl_c_stops_a_live_run_with_valid_outputs(tiny_checkpoint, tmp_path):
 
     detector.detect = interrupted
     with MjpegServer(10**9) as server:  # a stream that goes on until the run stops reading it (30 s at most)
-        summary = predict_source(detector, server.url, tmp_path / "out", progress=False)
+        summary = predict_source(PredictConfig(source=server.url, save_dir=tmp_path / "out"), detector, progress=False)
     assert summary.stopped == "Ctrl-C" and summary.live_frames == 2
     assert len(json.loads(summary.results_file.read_text())["images"]) == 2
     assert not [t for t in threading.enumerate() if t.name.startswith("ssd-stream-")]
@@ -293,13 +295,14 @@ def test_ctrl_c_stops_a_live_run_with_valid_outputs(tiny_checkpoint, tmp_path):
 def test_live_source_errors_come_before_any_output(tiny_checkpoint, tmp_path, monkeypatch):
     detector = load(tiny_checkpoint)
     with pytest.raises(StreamError, match="camera 9 cannot be opened"):
-        predict_source(detector, "9", tmp_path / "out", progress=False)
+        predict_source(PredictConfig(source="9", save_dir=tmp_path / "out"), detector, progress=False)
     empty = tmp_path / "empty.streams"
     empty.write_text("")
     with pytest.raises(StreamError, match="no sources in the streams file"):
-        predict_source(detector, empty, tmp_path / "out", progress=False)
+        predict_source(PredictConfig(source=empty, save_dir=tmp_path / "out"), detector, progress=False)
     monkeypatch.delenv("DISPLAY", raising=False)
     monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     with pytest.raises(ConfigError, match="--show needs a display, and there is none here"):
-        predict_source(detector, write_video(tmp_path / "a.avi", 2), tmp_path / "out", show=True)
+        predict_source(PredictConfig(source=write_video(tmp_path / "a.avi", 2), save_dir=tmp_path / "out", show=True),
+                       detector)
     assert not (tmp_path / "out").exists()

@@ -14,7 +14,7 @@ from ssd.cli import main
 from ssd.data.mot import MotFrame, read_mot
 from ssd.errors import DataError
 from ssd.evaluation.tracking import score_tracks
-from ssd.inference.detector import Result
+from ssd.inference.results import Result
 
 A, B = [0.0, 0.0, 10.0, 10.0], [50.0, 50.0, 60.0, 60.0]
 

@@ -10,8 +10,8 @@ import torch
 from builders import biased_model
 from ssd.cli import main
 from ssd.errors import ConfigError
-from ssd.inference.detector import Detector, Result
-from ssd.inference.streams import Frame
+from ssd.inference.detector import Detector
+from ssd.inference.results import Frame, Result
 from ssd.inference.tracking import TRAIL_LENGTH, Tracker, track_frames, tracker_settings
 from ssd.plots import class_color, draw_detections
 
@@ -251,5 +251,5 @@ def test_predict_track_on_a_video_a_folder_and_one_image(tiny_checkpoint, tmp_pa
     assert main(["predict", "--weights", str(tiny_checkpoint), "--source", str(one), "--track"]) == 1
     assert "track follows objects across the frames of a video or a stream, and" in capsys.readouterr().err
     assert main(["predict", "--weights", str(tiny_checkpoint), "--source", str(video), "--tracker",
-                 str(settings)]) == 1
+                 str(settings)]) == 2  # an option mistake, refused before the model loads
     assert "sets up tracking: give track too (--track --tracker" in capsys.readouterr().err

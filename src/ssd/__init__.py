@@ -55,6 +55,7 @@ _EXPORTS: dict[str, str] = {
     "run_benchmark": "ssd.export.benchmark",
     "Detector": "ssd.inference.detector",
     "load": "ssd.inference.detector",
+    "Result": "ssd.inference.results",
     "open_backend": "ssd.inference.backends",
     "register_backend": "ssd.inference.backends",
 }
@@ -90,6 +91,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from ssd.export.onnx import export_onnx
     from ssd.inference.backends import open_backend, register_backend
     from ssd.inference.detector import Detector, load
+    from ssd.inference.results import Result
     from ssd.loss import MultiBoxLoss
     from ssd.matching import match
     from ssd.models import SSD, build_model, list_models

@@ -1,5 +1,6 @@
 """A client of ``ssd serve``: :class:`Client` sends images and returns the same
-:class:`~ssd.inference.detector.Result` objects as ``ssd.load(...).predict`` (httpx, the ``[serve]`` extra)."""
+:class:`~ssd.inference.results.Result` objects as ``ssd.load(...).predict`` (httpx, the ``[serve]`` extra). It loads
+neither the detector nor PyTorch to do so: its results hold tensors when PyTorch is installed, numpy arrays else."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
 from ssd.errors import ServerError
-from ssd.inference.detector import Result
-from ssd.optional import require
+from ssd.inference.results import Result
+from ssd.optional import has_torch, require
 
 __all__ = ["Client"]
 
@@ -80,9 +81,16 @@ class Client:
 
 def _result(answer: dict[str, Any], path: str) -> Result:
     """A ``/predict`` answer (:meth:`Result.to_dict`) back to a :class:`Result`: JSON numbers are the float32 values
-    written exactly, so the tensors are equal to the server's."""
+    written exactly, so the arrays are equal to the server's (tensors when PyTorch is installed, as
+    ``ssd.load(...).predict`` gives)."""
     detections = answer["detections"]
-    return Result(boxes=torch.tensor([d["box"] for d in detections], dtype=torch.float32).reshape(-1, 4),
-                  scores=torch.tensor([d["score"] for d in detections], dtype=torch.float32),
-                  labels=torch.tensor([d["label"] for d in detections], dtype=torch.int64),
-                  names=[d["name"] for d in detections], width=answer["width"], height=answer["height"], path=path)
+    arrays = (np.array([d["box"] for d in detections], dtype=np.float32).reshape(-1, 4),
+              np.array([d["score"] for d in detections], dtype=np.float32),
+              np.array([d["label"] for d in detections], dtype=np.int64))
+    if has_torch():
+        import torch
+
+        arrays = tuple(torch.from_numpy(array) for array in arrays)
+    boxes, scores, labels = arrays
+    return Result(boxes=boxes, scores=scores, labels=labels, names=[d["name"] for d in detections],
+                  width=answer["width"], height=answer["height"], path=path)

@@ -43,13 +43,14 @@ __all__ = ["ValConfig", "PredictConfig", "ServeConfig", "ExportConfig", "Benchma
 
 def option(help: str, default: Any = dataclasses.MISSING, *, flag: str | None = None,
            choices: tuple[str, ...] | None = None, metavar: str | None = None, const: Any = None,
-           default_factory: Callable[[], Any] | None = None) -> Any:
+           default_factory: Callable[[], Any] | None = None, required: bool = False) -> Any:
     """A schema field (the commands' and :class:`ssd.training.config.TrainConfig`'s): ``help`` for ``--help``;
     ``flag`` when the option is not spelled after the field (``fmt`` is ``--format``); ``choices`` when they are not
     a ``Literal``; ``metavar``: the value's name in ``--help``; ``const``: the value of the option given alone;
-    ``default_factory`` instead of ``default`` for a mutable default."""
+    ``default_factory`` instead of ``default`` for a mutable default; ``required``: the command needs the option
+    although the Python API has a default (a ``Detector`` given instead of ``weights``)."""
     metadata = {k: v for k, v in {"help": help, "flag": flag, "choices": choices, "metavar": metavar,
-                                  "const": const}.items() if v is not None}
+                                  "const": const, "required": required or None}.items() if v is not None}
     if default_factory is not None:
         return field(default_factory=default_factory, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -167,9 +168,10 @@ class ValConfig(CommandSchema):
 
 @dataclass(frozen=True, kw_only=True)
 class PredictConfig(CommandSchema):
-    """``ssd predict``: detect objects in images, videos or streams; outputs in ``project/name`` (or ``save_dir``)."""
+    """``ssd predict``: detect objects in images, videos or streams; outputs in ``project/name`` (or ``save_dir``).
+    :func:`ssd.inference.sources.predict_source` takes it (``weights`` ``None`` there: a detector given)."""
 
-    weights: Path = option(_WEIGHTS)
+    weights: Path | None = option(_WEIGHTS, None, required=True)
     source: str = option("image, folder (subfolders included), glob, video file, camera index (0), rtsp:// or "
                          "http(s):// stream, or a .streams file (one camera or URL a line)")
     score_threshold: float | None = option("score threshold in [0, 1] (default: the model's best-F1 confidence, "
@@ -214,6 +216,12 @@ class PredictConfig(CommandSchema):
         self._check_common()
         self._require("reconnect", is_real(self.reconnect) and 0 <= self.reconnect <= MAX_RECONNECT_S,
                       f"must be a number of seconds from 0 to {MAX_RECONNECT_S:g} (a week)")
+        if self.tracker is not None and not self.track:
+            raise ConfigError(f"--tracker {self.tracker} sets up tracking: give track too (--track --tracker "
+                              f"{self.tracker})")
+        if self.save_conf and not self.save_txt:
+            raise ConfigError("--save-conf adds confidences to the labels of --save-txt: give both (--save-txt "
+                              "--save-conf)")
         moved = [k for k in ("project", "name") if getattr(self, k) != getattr(PredictConfig, k)]
         if self.save_dir is not None and moved:
             raise ConfigError(f"--save-dir is --project and --name in one path: give either, not --save-dir with "
@@ -228,7 +236,7 @@ class PredictConfig(CommandSchema):
 
 @dataclass(frozen=True, kw_only=True)
 class ServeConfig(CommandSchema):
-    """``ssd serve``: serve a model over HTTP (:func:`ssd.serve.server.serve`, whose keyword defaults these are)."""
+    """``ssd serve``: serve a model over HTTP (:func:`ssd.serve.server.serve` takes it whole)."""
 
     weights: Path = option("anything ssd predict takes")
     host: str = option("address to listen on (a loopback address: this machine only)", "127.0.0.1")

@@ -87,9 +87,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         print(f"conf {conf:g} ({origin})")
     try:
         with sigterm_as_ctrl_c():  # docker stop, systemctl stop, kill: the outputs completed as on Ctrl-C
-            summary = predict_source(detector, config.source, config.run_dir, score_threshold=conf,
-                                     **config.values("weights", "source", "device", "half", "project", "name",
-                                                     "save_dir", "score_threshold"))
+            summary = predict_source(config, detector)
     except Terminated:  # a run of files: stopped where it was, its results written
         print("stopped by SIGTERM; the results so far are written", file=sys.stderr)
         return 143
@@ -111,7 +109,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from ssd.serve.server import serve
 
-    serve(**_config(ServeConfig, args).values())  # every option checked (exit 2) before the model is opened
+    serve(_config(ServeConfig, args))  # every option checked (exit 2) before the model is opened
     return 0
 
 

@@ -88,7 +88,8 @@ def add_config_options(parser, config_cls, names: typing.Iterable[str] | None = 
             shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
             help_text = f"{help_text} (default: {shown})".strip()
         kwargs = dict(dest=f.name, default=argparse.SUPPRESS, help=help_text)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+        if f.metadata.get("required") or (f.default is dataclasses.MISSING and
+                                          f.default_factory is dataclasses.MISSING):
             kwargs["required"] = True
         choices = f.metadata.get("choices") or (
             typing.get_args(hints[f.name]) if typing.get_origin(hints[f.name]) is typing.Literal else None)

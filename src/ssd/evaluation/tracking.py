@@ -22,7 +22,8 @@ from torchvision.ops import box_iou
 
 from ssd.data.mot import MotFrame, read_mot
 from ssd.errors import InputError
-from ssd.inference.detector import Detector, Result
+from ssd.inference.detector import Detector
+from ssd.inference.results import Result
 from ssd.optional import require
 from ssd.schemas import ValConfig
 from ssd.settings import EVALUATE, PREDICT

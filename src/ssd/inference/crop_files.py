@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ssd.files import fitted_name, safe_name
-from ssd.inference.detector import Result
+from ssd.inference.results import Result
 from ssd.limits import MAX_SAVED_CROPS
 
 if TYPE_CHECKING:

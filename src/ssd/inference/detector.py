@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,8 +23,9 @@ from ssd.arrays import detect_arrays, pil_to_array
 from ssd.card import ModelCard
 from ssd.errors import ConfigError, InputError, MissingDependencyError
 from ssd.inference.backends import Backend, open_backend
+from ssd.inference.results import Result
 from ssd.names import did_you_mean
-from ssd.optional import has_torch, require
+from ssd.optional import has_torch
 from ssd.schemas import PredictConfig
 from ssd.settings import PREDICT, TILE_OVERLAP, check_thresholds, check_tile
 
@@ -33,75 +33,7 @@ if TYPE_CHECKING:
     import torch
     from torch import Tensor, nn
 
-__all__ = ["Detector", "Result", "load", "to_image"]
-
-
-@dataclass
-class Result:
-    """Detections of one image.
-
-    Without PyTorch (the runtime install, :mod:`ssd.arrays`) the arrays are numpy arrays of the same shapes and
-    types.
-
-    Attributes:
-        boxes: ``[N, 4]`` float32 pixel ``xyxy`` of the original image, sorted by decreasing score.
-        scores: ``[N]`` float32.
-        labels: ``[N]`` int64 in ``0..K-1``.
-        names: ``N`` class names (``class_names[label]``).
-        width, height: the original image size in pixels.
-        path: the image file, or ``None`` for in-memory images.
-        track_ids: ``[N]`` int64 track ids when tracking (:meth:`Detector.track`; ``-1``: a detection the tracker
-            has not confirmed as a track yet), else ``None``.
-    """
-
-    boxes: Tensor
-    scores: Tensor
-    labels: Tensor
-    names: list[str]
-    width: int
-    height: int
-    path: str | None = None
-    track_ids: Tensor | None = None
-
-    def to_dict(self) -> dict:
-        """JSON-able: ``file``, ``width``, ``height``, ``detections`` (``box`` xyxy pixels, ``score``, ``label``,
-        ``name``, and ``track_id`` when tracking)."""
-        detections = [
-            {"box": box, "score": score, "label": label, "name": name}
-            for box, score, label, name in zip(self.boxes.tolist(), self.scores.tolist(), self.labels.tolist(),
-                                               self.names)
-        ]
-        if self.track_ids is not None:
-            for detection, track_id in zip(detections, self.track_ids.tolist()):
-                detection["track_id"] = track_id
-        return {"file": self.path, "width": self.width, "height": self.height, "detections": detections}
-
-    def check(self) -> None:
-        """Raise :class:`~ssd.errors.InputError` naming the image and the first bad detection unless ``boxes`` is
-        ``[N, 4]`` of finite ``x1 <= x2``, ``y1 <= y2``, ``labels`` ``[N]`` at least 0 and ``width``, ``height``
-        positive: what the files written from a result (labels, crops) rely on; a result made through the API may
-        hold anything."""
-        # numpy: a result holds tensors, or numpy arrays on the runtime without PyTorch
-        boxes, labels, where = np.asarray(self.boxes), np.asarray(self.labels), self.path or "an in-memory image"
-        if boxes.ndim != 2 or boxes.shape[-1] != 4 or labels.shape != boxes.shape[:1] or min(
-                self.width, self.height) < 1:
-            raise InputError(f"result of {where}: boxes {list(boxes.shape)}, labels {list(labels.shape)} in a "
-                             f"{self.width}x{self.height} image: expected boxes [N, 4], labels [N], a size >= 1")
-        bad = ~(np.isfinite(boxes).all(1) & (boxes[:, 2] >= boxes[:, 0]) & (boxes[:, 3] >= boxes[:, 1])) | (
-            labels < 0)
-        if bad.any():
-            k = int(np.flatnonzero(bad)[0])
-            raise InputError(f"result of {where}: detection {k}, box {boxes[k].tolist()} label "
-                             f"{int(labels[k])}: a box must be finite pixels x1 <= x2, y1 <= y2, a label >= 0")
-
-    def to_supervision(self):
-        """This result as ``supervision.Detections`` (the optional ``supervision`` extra): ``xyxy [N, 4]`` pixels,
-        ``confidence [N]``, ``class_id [N]``, ``tracker_id [N]`` when tracking, ``data["class_name"]`` the names."""
-        sv = require("supervision", "supervision", "Result.to_supervision")
-        return sv.Detections(xyxy=np.asarray(self.boxes), confidence=np.asarray(self.scores),
-                             class_id=np.asarray(self.labels),
-                             tracker_id=None if self.track_ids is None else np.asarray(self.track_ids),
-                             data={"class_name": np.array(self.names, dtype=str)})
+__all__ = ["Detector", "load", "to_image"]
 
 
 def to_image(item, index: int = 0) -> Tensor:
@@ -286,7 +218,8 @@ class Detector:
         ``stream``: return a generator instead of a list (a live source never ends: iterate it and stop when
         done). One image has nothing to track across: a single path that is not a video raises ``ValueError``."""
         from ssd.data.images import is_image
-        from ssd.inference.streams import Frame, is_live
+        from ssd.inference.results import Frame
+        from ssd.inference.streams import is_live
         from ssd.inference.tracking import track_frames, tracker_settings
         from ssd.inference.videos import source_frames
 

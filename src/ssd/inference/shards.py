@@ -25,7 +25,7 @@ from ssd.errors import ConfigError
 from ssd.log import LOGGER
 
 if TYPE_CHECKING:
-    from ssd.inference.sources import PredictSummary
+    from ssd.inference.results import PredictSummary
     from ssd.inference.writers import PredictionWriter
 
 __all__ = ["Shard"]

@@ -17,18 +17,17 @@ import glob
 import os
 import re
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
 
 from ssd.data.images import IMAGE_SUFFIXES, is_image
 from ssd.errors import ConfigError, MissingInputError
 from ssd.files import check_output, check_outputs, make_run_dir
-from ssd.inference.detector import Detector
+from ssd.inference.detector import Detector, load
 from ssd.inference.display import open_window
-from ssd.inference.frames import predict_images, predict_live, predict_video
+from ssd.inference.frames import Run
 from ssd.inference.globs import expand_glob
 from ssd.inference.result_files import check_format
+from ssd.inference.results import PredictSummary
 from ssd.inference.shards import Shard
 from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
 from ssd.inference.tracking import tracker_settings
@@ -38,68 +37,11 @@ from ssd.inference.yolo_labels import frame_source
 from ssd.log import LOGGER
 from ssd.optional import has_torch
 from ssd.schemas import PredictConfig
-from ssd.settings import PREDICT, TILE_OVERLAP, check_thresholds, check_tile
 
-__all__ = ["VIDEO_SUFFIXES", "PredictSummary", "is_video", "output_paths", "predict_source", "resolve_source"]
+__all__ = ["VIDEO_SUFFIXES", "is_video", "output_paths", "predict_source", "resolve_source"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mov", ".mkv", ".m4v", ".webm", ".wmv", ".mpg", ".mpeg")
-
-
-@dataclass
-class PredictSummary:
-    """What :func:`predict_source` did: counts, where it wrote, and the inputs it skipped (name and reason)."""
-
-    save_dir: Path
-    results_file: Path
-    images: int = 0
-    videos: int = 0
-    frames: int = 0
-    detections: int = 0
-    skipped: list[tuple[str, str]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    streams: int = 0
-    live_frames: int = 0
-    dropped: int = 0
-    stopped: str | None = None
-    """Why live streams ended before their end: ``"Ctrl-C"``, ``"SIGTERM"`` (under ``ssd predict``) or the
-    :class:`StreamError` of the streams that failed."""
-    main: bool = True
-    """This summary tells the whole run: ``False`` on the ranks other than 0 of a run under torchrun, which tell
-    their own share only (rank 0 tells the whole run)."""
-
-    def __str__(self) -> str:
-        done = f"{self.images} image{'s' * (self.images != 1)}"
-        if self.videos:
-            done += f", {self.videos} video{'s' * (self.videos != 1)} ({self.frames} frames)"
-        if self.streams:
-            done += (f", {self.live_frames} frames of {self.streams} live stream{'s' * (self.streams != 1)} "
-                     f"({self.dropped} more dropped while the model was busy)")
-        lines = [f"{done}, {self.detections} detections -> {self.results_file}", *self.notes]
-        if self.skipped:
-            lines.append(f"skipped {len(self.skipped)} unreadable file{'s' * (len(self.skipped) != 1)}:")
-            lines += [f"  {name}: {reason}" for name, reason in self.skipped]
-        return "\n".join(lines)
-
-    SHARDED: ClassVar[tuple[str, ...]] = ("images", "videos", "frames", "detections", "skipped")
-    """The fields a sharded run's ranks add up (a count, or the list of skipped inputs)."""
-
-    def counts(self) -> dict:
-        """What a sharded run's rank adds to rank 0's summary (:meth:`add_counts`): its :attr:`SHARDED` fields."""
-        return {name: getattr(self, name) for name in self.SHARDED}
-
-    def add_counts(self, ranks: list[dict]) -> None:
-        """Add the :meth:`counts` of the other ranks of a sharded run (in rank order: the inputs' order)."""
-        for counts in ranks:
-            for name in self.SHARDED:
-                setattr(self, name, getattr(self, name) + counts[name])
-
-    def skip(self, path: Path, error: Exception) -> None:
-        """Record an unreadable input and say so now on the ``ssd`` logger (shown by the command, silent in library
-        use and off rank 0); image errors name the file themselves: their reason only."""
-        reason = getattr(error, "reason", str(error))
-        self.skipped.append((str(path), reason))
-        LOGGER.warning(f"skipped {path}: {reason}")
 
 
 def is_video(path: Path) -> bool:
@@ -171,23 +113,36 @@ def _clash(out: Path, taken: set[Path], framed: set[Path]) -> bool:
     return out.with_suffix("") in taken or (video is not None and out.parent / video in framed)
 
 
-def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: Detector, outputs: dict,
-             shard: Shard, drawn: bool) -> tuple[dict[Path | str, Path], PredictionWriter]:
-    """The output of every input and the run's writer in the save directory (a fresh ``name``, ``name2``, ...
-    unless ``exist_ok``, made by rank 0 of a sharded run); refuses, before creating anything, a plan in which an
-    output is one of the inputs (the same file: hard links and symlinks included) or ``save_dir`` is a file, and a
-    ``save_dir`` that this run would write through a link in or mix with an earlier run's files in
+def _local_files(source: str | Path) -> list[Path]:
+    """The files of a source that is not live (:func:`resolve_source`), but those inside an earlier save folder
+    (said, never read: they are outputs)."""
+    files, save_dirs = exclude_save_dirs(resolve_source(source))
+    for folder in save_dirs:
+        LOGGER.info(f"not read: {folder}, a save folder of ssd predict (its files are outputs, never inputs)")
+    if not files:
+        raise MissingInputError(f"no inputs in {source} outside save folders of ssd predict")
+    return files
+
+
+def _prepare(files: list[Path | str], config: PredictConfig, detector: Detector, shard: Shard, drawn: bool
+             ) -> tuple[dict[Path | str, Path], PredictionWriter]:
+    """The output of every input and the run's writer in the save directory (``config.run_dir``: a fresh ``name``,
+    ``name2``, ... unless ``exist_ok``, made by rank 0 of a sharded run); refuses, before creating anything, a plan in
+    which an output is one of the inputs (the same file: hard links and symlinks included) or the save directory is
+    a file, and one that this run would write through a link in or mix with an earlier run's files in
     (:meth:`~ssd.inference.writers.PredictionWriter.check_folder`). ``drawn``: the drawn copies are written."""
+    save_dir = Path(config.run_dir)
     check_output(save_dir, kind="dir", what="--save-dir")
-    if outputs["fmt"] == "labelstudio" and outputs["ls_root"] is not None:  # before a save folder is made
-        check_ls_root(str(outputs["ls_root"]), save_dir, files)
-    if not exist_ok:
+    if config.fmt == "labelstudio" and config.ls_root is not None:  # before a save folder is made
+        check_ls_root(str(config.ls_root), save_dir, files)
+    if not config.exist_ok:
         save_dir = shard.run_dir(lambda: make_run_dir(save_dir.parent, save_dir.name))
     plan = output_paths(files, save_dir)
     writer = PredictionWriter(save_dir, {Path(file): out.relative_to(save_dir) for file, out in plan.items()},
                               detector.class_names, category_ids=detector.category_ids,
                               model_version=detector.card.model_name or "ssd", part_dir=shard.part_dir(save_dir),
-                              **outputs)
+                              fmt=config.fmt, ls_root=config.ls_root, save_txt=config.save_txt,
+                              save_conf=config.save_conf, save_crop=config.save_crop)
     check_outputs([*plan.values(), *writer.fixed_outputs()], inputs=files, what="--save-dir output")
     if shard.is_main:  # the other ranks come once rank 0 may have begun to write
         writer.check_folder(plan.values() if drawn else ())
@@ -195,38 +150,17 @@ def _prepare(files: list[Path | str], save_dir: Path, exist_ok: bool, detector: 
     return plan, writer
 
 
-def predict_source(
-    detector: Detector,
-    source: str | Path,
-    save_dir: str | Path = PredictConfig.project / PredictConfig.name,
-    *,
-    score_threshold: float | None = None,
-    iou_threshold: float = PREDICT.iou_threshold,
-    max_detections: int = PREDICT.max_detections,
-    batch_size: int = PredictConfig.batch_size,
-    save_images: bool = True,
-    fmt: str = PredictConfig.fmt,
-    ls_root: str | None = None,
-    progress: bool = True,
-    exist_ok: bool = False,
-    tile: int | str | tuple[int, int] | None = None,
-    tile_overlap: float = TILE_OVERLAP,
-    save_txt: bool = False,
-    save_conf: bool = False,
-    save_crop: bool = False,
-    classes: list[int | str] | None = None,
-    workers: int = PredictConfig.workers,
-    track: bool = False,
-    tracker: str | Path | None = None,
-    show: bool = False,
-    reconnect: float = PredictConfig.reconnect,
-    fail_fast: bool = PredictConfig.fail_fast,
-    tta: bool = False,
-) -> PredictSummary:
-    """Predict on an image, a folder, a glob, a video file or live streams and write the results to ``save_dir``.
+def predict_source(config: PredictConfig, detector: Detector | None = None, *, progress: bool = True
+                   ) -> PredictSummary:
+    """Predict on ``config.source`` (an image, a folder, a glob, a video file or live streams) with the options of
+    ``ssd predict`` (:class:`~ssd.schemas.PredictConfig`, checked when it was made) and write the results to
+    ``config.run_dir``. ``detector``: the model, opened already (``ssd predict`` opens it on the rank's device; then
+    ``config.weights`` may be ``None``); ``None`` opens ``config.weights`` on ``config.device``
+    (:func:`~ssd.inference.detector.load`). ``progress``:
+    progress bars on the ``ssd`` logger's stream. The options below are ``config``'s fields.
 
-    ``save_dir`` (``ssd predict``'s ``--project/--name``, ``runs/predict/exp`` by default, or ``--save-dir``) is used as
-    it is with ``exist_ok``, else as a fresh run directory (``save_dir``, or ``save_dir2``, ``save_dir3``, ... when
+    The save directory (``--project/--name``, ``runs/predict/exp`` by default, or ``--save-dir``) is used as
+    it is with ``exist_ok``, else as a fresh run directory (``exp``, or ``exp2``, ``exp3``, ... when
     taken: :func:`ssd.files.make_run_dir`). Images are decoded with :func:`ssd.data.images.read_image` by ``workers``
     threads (0: one at a time between batches) and run ``batch_size`` at a time; videos are read frame by frame with
     OpenCV. Files inside an earlier save folder are not read (reported). With ``save_images``, each image is saved with
@@ -247,83 +181,72 @@ def predict_source(
     ``settings.PREDICT``'s (:meth:`Detector.confidence`).
 
     Live sources (a camera index, an ``rtsp://`` / ``http(s)://`` URL, a ``.streams`` file: see
-    :mod:`ssd.inference.streams`) run until they end, fail (:attr:`PredictSummary.stopped`, after reconnecting) or
-    Ctrl-C (the outputs stay valid): the newest frame of each, frames arriving while the model is busy dropped and
-    counted; each stream drawn as ``<stream_name>.avi``. ``track``: ByteTrack ids (``tracker``: its YAML settings,
-    :func:`~ssd.inference.tracking.tracker_settings`), one tracker per video or stream, and the images of a folder
-    tracked as one sequence in name order (a single image has nothing to track: ``ConfigError``); ids go in every
-    output (``track_id``) and in the drawn frames, with a trail. ``reconnect``: seconds a live stream that stopped is
-    reopened before it fails; ``fail_fast``: one that fails stops the others (else they go on, and the run fails at
-    the end). A stream's URL is named everywhere with its secrets hidden (:func:`ssd.text.redact_url`).
-    ``show``: each drawn image or frame in a window
-    (:mod:`ssd.inference.display`; ``ConfigError`` when no window can open).
+    :mod:`ssd.inference.streams`) run until they end, fail (after reconnecting) or Ctrl-C (the outputs stay valid; why:
+    :attr:`~ssd.inference.results.PredictSummary.stopped`): the newest frame of each, frames arriving while the model is
+    busy dropped and counted; each stream drawn as ``<stream_name>.avi``. ``track``: ByteTrack ids (``tracker``: its
+    YAML settings, :func:`~ssd.inference.tracking.tracker_settings`), one tracker per video or stream, and the images of
+    a folder tracked as one sequence in name order (a single image has nothing to track: ``ConfigError``); ids go in
+    every output (``track_id``) and in the drawn frames, with a trail. ``reconnect``: seconds a live stream that stopped
+    is reopened before it fails; ``fail_fast``: one that fails stops the others (else they go on, and the run fails at
+    the end). A stream's URL is named everywhere with its secrets hidden (:func:`ssd.text.redact_url`). ``show``: each
+    drawn image or frame in a window (:mod:`ssd.inference.display`; ``ConfigError`` when no window can open).
 
     Under ``torchrun`` each process predicts a contiguous slice of the files (a video whole; with ``track``, the
     images as one sequence on one process) and rank 0 merges: every output is the one a single process writes
     (:mod:`ssd.inference.shards`), and rank 0's summary tells the whole run (the others': ``main`` false, their
     share). Live sources are not sharded (``ConfigError`` under torchrun).
     """
-    check_tile(tile, tile_overlap)
-    check_format(fmt)
-    if tracker is not None and not track:
-        raise ConfigError(f"tracker {tracker} sets up tracking: give track too (--track --tracker {tracker})")
-    settings = tracker_settings(tracker) if track else None
-    if save_conf and not save_txt:
-        raise ConfigError("save_conf adds confidences to the labels of save_txt: give both (--save-txt --save-conf)")
-    if workers < 0:
-        raise ConfigError(f"workers must be 0 (decode in this thread) or more, got {workers}")
-    live = live_sources(source) if is_live(source) else None
-    files, save_dirs = (live, []) if live is not None else exclude_save_dirs(resolve_source(source))
-    for folder in save_dirs:
-        LOGGER.info(f"not read: {folder}, a save folder of ssd predict (its files are outputs, never inputs)")
-    if not files:
-        raise MissingInputError(f"no inputs in {source} outside save folders of ssd predict")
-    score_threshold = detector.confidence(score_threshold)[0]
-    check_thresholds(score_threshold, iou_threshold, max_detections, batch_size)
-    if (save_images or show) and not has_torch():  # the drawing is torchvision's
-        LOGGER.warning("drawn copies (--save-images, --show) need PyTorch, which this runtime lacks: only the results "
-                       "files are written (--no-save-images silences this)")
-        save_images = show = False
-    options = dict(score_threshold=score_threshold, iou_threshold=iou_threshold, max_detections=max_detections,
-                   tile=tile, tile_overlap=tile_overlap, classes=detector.class_indices(classes), tta=tta)
+    check_format(config.fmt)  # an API caller's unknown format, before a save folder is made
+    if detector is None and config.weights is None:
+        raise ConfigError("predict_source needs a model: give config.weights, or a detector")
+    settings = tracker_settings(config.tracker) if config.track else None
+    live = live_sources(config.source) if is_live(config.source) else None
+    files = live if live is not None else _local_files(config.source)
     images = [f for f in files if live is None and not is_video(f)]
-    if track and images == files and len(images) == 1:
+    if config.track and images == files and len(images) == 1:
         raise ConfigError(f"track follows objects across the frames of a video or a stream, and {images[0]} is one "
                           f"image (a folder of images is tracked as one sequence, in name order)")
+    if detector is None:
+        detector = load(config.weights, device=config.device, half=config.half)
+    options = dict(score_threshold=detector.confidence(config.score_threshold)[0], iou_threshold=config.iou_threshold,
+                   max_detections=config.max_detections, tile=config.tile, tile_overlap=config.tile_overlap,
+                   classes=detector.class_indices(config.classes), tta=config.tta)
+    drawn, show = config.save_images, config.show
+    if (drawn or show) and not has_torch():  # the drawing is torchvision's
+        LOGGER.warning("drawn copies (--save-images, --show) need PyTorch, which this runtime lacks: only the results "
+                       "files are written (--no-save-images silences this)")
+        drawn = show = False
     # an image a unit of work, a video whole, and images tracked as one sequence whole: the units of the shards
-    units = ([images] if track and images else [[image] for image in images]) + [
+    units = ([images] if config.track and images else [[image] for image in images]) + [
         [video] for video in files if live is None and is_video(video)]
     shard, window = Shard.join(live is not None), None
     mine = [file for unit in shard.take(units) for file in unit]
     try:
         window = open_window() if show else None
         # live sources open first: one that cannot be opened stops the run before anything is written
-        streams = StreamGroup(live, reconnect=reconnect, fail_fast=fail_fast) if live is not None else nullcontext()
+        streams = (StreamGroup(live, reconnect=config.reconnect, fail_fast=config.fail_fast) if live is not None
+                   else nullcontext())
         with streams as group:
-            plan, writer = _prepare(group.names if group is not None else files, Path(save_dir), exist_ok, detector,
-                                    dict(fmt=fmt, save_txt=save_txt, save_conf=save_conf, save_crop=save_crop,
-                                         ls_root=ls_root), shard, save_images)
-            summary = PredictSummary(writer.save_dir, writer.results_file)
-            run = dict(outputs=plan if save_images else None, options=options, results=writer, summary=summary,
-                       window=window)
-            if track and len(images) > 1:
+            plan, writer = _prepare(group.names if group is not None else files, config, detector, shard, drawn)
+            run = Run(detector, options, settings, writer, PredictSummary(writer.save_dir, writer.results_file),
+                      plan if drawn else None, window, config.batch_size, config.workers, progress)
+            if config.track and len(images) > 1:
                 LOGGER.info(f"--track: the {len(images)} images are tracked as one sequence of frames, in name order")
             with writer:  # also on Ctrl-C: the results so far are in the JSONL and the fmt file
                 try:
                     if group is not None:
-                        predict_live(detector, group, settings, progress, run)
-                    predict_images(detector, [f for f in mine if not is_video(f)], batch_size, workers, settings,
-                                   progress, run)
+                        run.live(group)
+                    run.images([f for f in mine if not is_video(f)])
                     for video in (f for f in mine if is_video(f)):
-                        predict_video(detector, video, batch_size, settings, progress, run)
+                        run.video(video)
                     writer.close()
-                    shard.merge(writer, summary)
+                    shard.merge(writer, run.summary)
                 except BaseException:
                     shard.salvage(writer)  # under torchrun, rank 0 keeps the other ranks' parts that exist
                     raise
     finally:
         if window is not None:
             window.close()
-    summary.notes += writer.report()
-    summary.main = shard.is_main
-    return summary
+    run.summary.notes += writer.report()
+    run.summary.main = shard.is_main
+    return run.summary

@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from ssd.errors import StreamError
 from ssd.files import safe_name
 from ssd.inference.bgr import from_bgr
 from ssd.inference.capture import QUIET, TIMEOUT_MS, cannot_open, open_capture
+from ssd.inference.results import Frame
 from ssd.limits import MAX_STREAMS, value_text
 from ssd.log import LOGGER
 from ssd.optional import require
@@ -47,20 +47,6 @@ MAX_RECONNECT_DELAY = 5.0
 STALL_S = 3 * TIMEOUT_MS / 1000
 """Seconds a reader may go without a frame, a reconnection attempt or its frame taken before its stream fails: twice
 the longest an open and a read may take, plus a reconnection delay."""
-
-
-@dataclass
-class Frame:
-    """One frame: ``image`` ``[3, H, W]`` uint8 RGB (a tensor; numpy without PyTorch), ``stream`` (the source's index
-    in its group), ``index`` (the frame's number in its source, dropped frames counted), ``time``
-    (``time.perf_counter()`` when read) and ``source`` (the source it came from: a file, a stream's name (its URL
-    with the secrets hidden), or ``None`` for an in-memory image)."""
-
-    image: Any
-    stream: int
-    index: int
-    time: float
-    source: str | None
 
 
 def is_live(source: str | Path) -> bool:

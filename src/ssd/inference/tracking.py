@@ -1,5 +1,5 @@
 """Track ids across the frames of a video or a live stream: ByteTrack from the ``trackers`` package (the optional
-``track`` extra), fed the :class:`~ssd.inference.detector.Result` of each frame in order.
+``track`` extra), fed the :class:`~ssd.inference.results.Result` of each frame in order.
 
 :class:`Tracker` gives each result its ``track_ids`` (``-1`` for a detection not yet confirmed as a track, in the
 result's order) and keeps each track's recent box centres for drawing its trail. ByteTrack's point is its second
@@ -37,8 +37,8 @@ from ssd.names import did_you_mean
 from ssd.optional import require
 
 if TYPE_CHECKING:
-    from ssd.inference.detector import Detector, Result
-    from ssd.inference.streams import Frame
+    from ssd.inference.detector import Detector
+    from ssd.inference.results import Frame, Result
 
 __all__ = ["LOW_CONF_DET_THRESHOLD", "TRACKERS", "TRACKER_SETTINGS", "TRAIL_LENGTH", "Tracker", "detect_threshold",
            "track_frames", "tracker_settings"]

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 from ssd.errors import OutputError, StreamError
 from ssd.inference.bgr import from_bgr, to_bgr
-from ssd.inference.streams import Frame, StreamGroup, is_live, live_sources
+from ssd.inference.results import Frame
+from ssd.inference.streams import StreamGroup, is_live, live_sources
 from ssd.optional import require
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """``ssd predict``'s outputs, written as the results come: :class:`PredictionWriter`.
 
 Every image or video frame becomes one line of ``predictions.jsonl`` (:meth:`Result.to_dict
-<ssd.inference.detector.Result.to_dict>`, plus ``frame`` for video frames), flushed at once, so a run killed at any
+<ssd.inference.results.Result.to_dict>`, plus ``frame`` for video frames), flushed at once, so a run killed at any
 moment leaves a valid prefix: whole lines, and at most one torn last line, which :func:`read_jsonl` ignores. The
 file of ``--format`` (``predictions.json``, the COCO results, CSV, Label Studio tasks) is assembled from the JSONL
 when the run ends, Ctrl-C included, reading it line by line: no step holds every result in memory. ``--save-txt``
@@ -24,8 +24,8 @@ from ssd.data.yolo import label_path
 from ssd.errors import ConfigError, OutputError
 from ssd.files import safe_name, write_text
 from ssd.inference.crop_files import CropWriter
-from ssd.inference.detector import Result
 from ssd.inference.result_files import FORMATS, check_format, local_files_url, ls_folder, write_results
+from ssd.inference.results import Result
 from ssd.inference.yolo_labels import YoloLabelWriter, frame_name
 from ssd.limits import MAX_SAVED_FRAMES
 from ssd.names import printable

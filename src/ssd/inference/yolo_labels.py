@@ -21,7 +21,7 @@ import yaml
 
 from ssd.data.yolo import label_path
 from ssd.files import fitted_name, write_text
-from ssd.inference.detector import Result
+from ssd.inference.results import Result
 
 if TYPE_CHECKING:
     from torch import Tensor

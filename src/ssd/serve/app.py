@@ -1,7 +1,7 @@
 """The FastAPI app of ``ssd serve`` (:func:`create_app`).
 
 Routes: ``POST /predict`` (an image as the body or a one-file multipart form; query options :data:`QUERY_OPTIONS`)
-answers :meth:`ssd.inference.detector.Result.to_dict` as JSON, or with ``draw=1`` the drawn image (PNG);
+answers :meth:`ssd.inference.results.Result.to_dict` as JSON, or with ``draw=1`` the drawn image (PNG);
 ``GET /model`` the model card, ``GET /health``, ``GET /metrics`` (Prometheus text), ``GET /`` a page to try images
 on, ``GET /samples`` and ``GET /samples/{name}`` the example images of ``samples`` (a folder).
 
@@ -35,7 +35,8 @@ from starlette.requests import ClientDisconnect
 
 from ssd.data.images import decode_upload, is_image
 from ssd.errors import ImageError, MissingInputError, RequestError
-from ssd.inference.detector import Detector, Result
+from ssd.inference.detector import Detector
+from ssd.inference.results import Result
 from ssd.limits import MAX_UPLOAD_BYTES
 from ssd.optional import has_torch
 from ssd.schemas import ServeConfig

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ssd.errors import RequestError
-from ssd.inference.detector import Detector, Result
+from ssd.inference.detector import Detector
+from ssd.inference.results import Result
 from ssd.schemas import ServeConfig
 from ssd.settings import check_batching
 

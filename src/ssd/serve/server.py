@@ -6,7 +6,6 @@ import ipaddress
 import os
 import socket
 import warnings
-from pathlib import Path
 
 from ssd.errors import ConfigError
 from ssd.optional import has_torch, require
@@ -32,18 +31,10 @@ def exposure_warning(host: str) -> str | None:
             f"has no authentication or TLS, so put it behind a proxy that adds them, or bind {ServeConfig.host}")
 
 
-def serve(weights: str | Path, *, host: str = ServeConfig.host, port: int = ServeConfig.port,
-          device: str = ServeConfig.device, half: bool = ServeConfig.half,
-          score_threshold: float | None = ServeConfig.score_threshold, iou_threshold: float = ServeConfig.iou_threshold,
-          max_detections: int = ServeConfig.max_detections, max_batch: int = ServeConfig.max_batch,
-          max_wait_ms: float = ServeConfig.max_wait_ms, samples: str | Path | None = ServeConfig.samples,
-          threads: int | None = ServeConfig.threads, max_pending: int = ServeConfig.max_pending,
-          timeout: float = ServeConfig.timeout, idle_timeout: float = ServeConfig.idle_timeout,
-          max_pixels: int = ServeConfig.max_pixels) -> None:
-    """Serve ``weights`` (anything :func:`ssd.inference.detector.load` opens) on ``host:port`` until interrupted.
-
-    The options are ``ssd serve``'s (:class:`ssd.schemas.ServeConfig`, whose defaults these are), checked before
-    anything starts: a bad one raises :class:`ssd.errors.ConfigError` naming its flag. The port is taken before the
+def serve(config: ServeConfig) -> None:
+    """Serve ``config.weights`` (anything :func:`ssd.inference.detector.load` opens) on ``config.host:port`` until
+    interrupted; ``config``: ``ssd serve``'s options (:class:`ssd.schemas.ServeConfig`, which checked them when it was
+    made: a bad one raised :class:`ssd.errors.ConfigError` naming its flag). The port is taken before the
     model is opened (a port in use fails at once; port 0 takes a free one), and the line ``serving ... on
     http://HOST:PORT ...`` is printed once it accepts connections. See :func:`ssd.serve.app.create_app` for the routes
     and the other options. A host other than a loopback address is served with a :class:`ServeWarning`.
@@ -56,10 +47,6 @@ def serve(weights: str | Path, *, host: str = ServeConfig.host, port: int = Serv
     ``max_pending``, ``timeout``, ``idle_timeout``, ``max_pixels``: the server's bounds (:func:`create_app`,
     :func:`ssd.serve.connections.uvicorn_config`). On SIGTERM or Ctrl-C it stops accepting, lets the requests in
     flight finish for up to ``timeout`` s, and returns."""
-    ServeConfig(weights=weights, host=host, port=port, device=device, half=half, score_threshold=score_threshold,
-                iou_threshold=iou_threshold, max_detections=max_detections, max_batch=max_batch,
-                max_wait_ms=max_wait_ms, samples=samples, threads=threads, max_pending=max_pending, timeout=timeout,
-                idle_timeout=idle_timeout, max_pixels=max_pixels)  # raises for a bad value, naming its flag
     require("uvicorn", "serve", "ssd serve")
     require("fastapi", "serve", "ssd serve")
     import uvicorn
@@ -68,21 +55,20 @@ def serve(weights: str | Path, *, host: str = ServeConfig.host, port: int = Serv
     from ssd.serve.app import create_app
     from ssd.serve.connections import uvicorn_config
 
-    with _listen(host, port) as sock:
-        if threads and has_torch():  # 0 or None: PyTorch's default (ONNX Runtime and OpenVINO keep their own)
+    host = config.host
+    with _listen(host, config.port) as sock:
+        if config.threads and has_torch():  # 0 or None: PyTorch's default (ONNX Runtime and OpenVINO keep their own)
             import torch
 
-            torch.set_num_threads(threads)
-        detector = load(weights, device=device, half=half)
-        app = create_app(detector, score_threshold=score_threshold, iou_threshold=iou_threshold,
-                         max_detections=max_detections, max_batch=max_batch, max_wait_ms=max_wait_ms,
-                         samples=samples, max_pending=max_pending, timeout=timeout, idle_timeout=idle_timeout,
-                         max_pixels=max_pixels)
+            torch.set_num_threads(config.threads)
+        detector = load(config.weights, device=config.device, half=config.half)
+        app = create_app(detector, **config.values("weights", "host", "port", "device", "half", "threads"))
         warning = exposure_warning(host)
         if warning is not None:
             warnings.warn(ServeWarning(warning), stacklevel=2)
         conf = app.state.card["thresholds"]
-        batching = f"batches of up to {max_batch} within {max_wait_ms:g} ms" if max_batch > 1 else "no batching"
+        batching = (f"batches of up to {config.max_batch} within {config.max_wait_ms:g} ms" if config.max_batch > 1
+                    else "no batching")
         url_host = f"[{host}]" if ":" in host else host
         print(f"serving {detector.card.model_name} ({detector.backend.name}) on "
               f"http://{url_host}:{sock.getsockname()[1]} (conf {conf['conf']:g}: {conf['conf_origin']}; {batching})",
