@@ -104,38 +104,57 @@ def postprocess_arrays(loc: np.ndarray, scores: np.ndarray, priors: np.ndarray, 
         passing &= np.isin(np.arange(num_classes), list(classes))
     image, prior, label = passing.nonzero()
     score = scores[image, prior, label]
-    group = image * num_classes + label
-    order = np.lexsort((prior, -score, group))  # by image and class, then decreasing score, then prior
-    order = order[_ranks(group[order]) < candidates_per_class]
-    image, prior, label, score, group = image[order], prior[order], label[order], score[order], group[order]
+    order = np.lexsort((prior, -score, image * num_classes + label))  # by image and class, then score, then prior
+    order = order[_ranks((image * num_classes + label)[order]) < candidates_per_class]
+    order = order[np.lexsort((prior[order], label[order], -score[order], image[order]))]  # the output's order
+    image, prior, label, score = image[order], prior[order], label[order], score[order]
 
     anchor, offsets = priors[prior], loc[image, prior]
     centre = anchor[:, :2] + offsets[:, :2] * variances[0] * anchor[:, 2:]
     size = anchor[:, 2:] * np.exp(offsets[:, 2:] * variances[1])
     boxes = np.concatenate((centre - 0.5 * size, centre + 0.5 * size), axis=1).clip(0, 1)
 
-    # Greedy NMS, every image and class at once: each round keeps the best box left of each group, then drops
-    # those of its group overlapping it by more than the threshold.
-    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
-    alive, kept = np.ones(len(group), bool), np.zeros(len(group), bool)
-    best = np.zeros(batch * num_classes, np.int64)  # the box each group keeps this round
-    while alive.any():
-        left = alive.nonzero()[0]
-        first = left[_ranks(group[left]) == 0]
-        kept[first], alive[first], best[group[first]] = True, False, first
-        left = left[alive[left]]
-        head = best[group[left]]
-        corner = np.minimum(boxes[left, 2:], boxes[head, 2:]) - np.maximum(boxes[left, :2], boxes[head, :2])
-        inter = corner.clip(0).prod(1)
-        with np.errstate(divide="ignore", invalid="ignore"):  # two empty boxes: NaN, not above, kept (as torchvision)
-            alive[left[inter / (area[left] + area[head] - inter) > iou_threshold]] = False
-
-    keep = kept.nonzero()[0]
-    keep = keep[np.lexsort((prior[keep], label[keep], -score[keep], image[keep]))]
+    # Greedy NMS keeps or drops a box looking only at higher scores of its image and class: on the best `limit`
+    # candidates of an image it is exact for them. Widen an image's until it has max_detections or no more.
+    rank, counts = _ranks(image), np.bincount(image, minlength=batch)
+    limit = np.full(batch, 2 * max_detections)
+    while True:
+        chosen = (rank < limit[image]).nonzero()[0]
+        keep = chosen[_greedy_nms(boxes[chosen], image[chosen] * num_classes + label[chosen], iou_threshold)]
+        short = (np.bincount(image[keep], minlength=batch) < max_detections) & (counts > limit)
+        if not short.any():
+            break
+        limit[short] *= 4
     keep = keep[_ranks(image[keep]) < max_detections]
     split = np.searchsorted(image[keep], np.arange(1, batch))
     return [{"boxes": b, "scores": s, "labels": lab} for b, s, lab in
             zip(np.split(boxes[keep], split), np.split(score[keep], split), np.split(label[keep], split))]
+
+
+def _greedy_nms(boxes: np.ndarray, group: np.ndarray, iou_threshold: float) -> np.ndarray:
+    """Greedy NMS within each group: ``boxes [N, 4]`` xyxy by decreasing priority, ``group [N]`` -> kept ``[N]``
+    bool. Every pair of a group overlapping by more than the threshold at once; then rounds: a box that no
+    undecided higher box overlaps is kept, and drops those it overlaps (as many rounds as the longest chain)."""
+    order = np.argsort(group, kind="stable")  # each group together, by priority
+    rank = _ranks(group[order])
+    lower = np.repeat(order, rank)  # each box once per higher box of its group: order[k - rank[k] + t], t < rank[k]
+    higher = order[np.repeat(np.arange(len(order)) - np.cumsum(rank), rank) + np.arange(int(rank.sum()))]
+    x1, y1, x2, y2 = boxes.T.copy()  # columns: contiguous gathers
+    area = (x2 - x1) * (y2 - y1)
+    inter = (np.minimum(x2[lower], x2[higher]) - np.maximum(x1[lower], x1[higher])).clip(0)
+    inter *= (np.minimum(y2[lower], y2[higher]) - np.maximum(y1[lower], y1[higher])).clip(0)
+    with np.errstate(divide="ignore", invalid="ignore"):  # two empty boxes: NaN, not above, kept (as torchvision)
+        overlap = inter / (area[higher] + area[lower] - inter) > iou_threshold
+    lower, higher = lower[overlap], higher[overlap]
+    undecided, kept = np.ones(len(boxes), bool), np.zeros(len(boxes), bool)
+    while undecided.any():
+        threatened = np.zeros(len(boxes), bool)
+        threatened[lower[undecided[higher]]] = True
+        new = undecided & ~threatened
+        kept |= new
+        undecided &= ~new
+        undecided[lower[new[higher]]] = False
+    return kept
 
 
 def _ranks(ids: np.ndarray) -> np.ndarray:

@@ -88,7 +88,7 @@ class TfliteBackend:
     """A ``.tflite`` file of ``ssd export --format tflite`` (see the module docstring), its card checked against the
     checksum before the interpreter reads the graph, its tensors' memory bounded before it allocates them. Runs one
     image at a time (the graph's batch is 1), on ``num_threads`` threads (default: PyTorch's, which ONNX Runtime's
-    default also matches: the physical cores; without PyTorch, the CPUs this process may use)."""
+    default also matches: the physical cores; without PyTorch, the machine's CPUs)."""
 
     name = "tflite"
     uint8_input = True  # :func:`ssd.arrays.detect_arrays` feeds the pixels
@@ -191,12 +191,12 @@ class TfliteBackend:
 
 
 def _threads() -> int:
-    """The interpreter's default thread count: PyTorch's where it is installed, else the CPUs this process may use."""
+    """The interpreter's default thread count: PyTorch's where it is installed, else the machine's CPUs."""
     if has_torch():
         import torch
 
         return torch.get_num_threads()
-    return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _dequantizer(details: dict):
