@@ -155,9 +155,37 @@ def test_a_graph_taking_uint8_pixels_detects_as_the_float_graph_on_both_paths(ex
         assert (a.scores - b.scores).abs().max() < 1e-5 and (a.boxes - b.boxes).abs().max() < 1e-3
 
 
+@pytest.mark.slow
+def test_an_openvino_graph_taking_uint8_pixels_detects_as_the_float_graph(exported, tiny_checkpoint, tmp_path):
+    """``--format openvino --uint8-input``: the IR takes the pixels (NHWC uint8) and normalizes them itself; both
+    paths (numpy's post-processing, PyTorch's) give the detections of the float ONNX graph."""
+    pytest.importorskip("openvino")
+    import ssd
+    from ssd.export import export
+    from ssd.inference.backends.onnx import OnnxBackend
+    from ssd.inference.backends.openvino import OpenVinoBackend
+
+    folder = export(tiny_checkpoint, "openvino", out_path=tmp_path / "uint8_openvino", uint8_input=True)
+    uint8, floating = OpenVinoBackend(folder), OnnxBackend(exported["plain"])
+    assert uint8.uint8_input and not floating.uint8_input
+    assert uint8.session.get_inputs()[0].shape == [1, 128, 128, 3]
+    images = [np.asarray(__import__("PIL.Image").Image.open(p)).transpose(2, 0, 1).copy()
+              for p in sorted(exported["images"].glob("*.png"))]
+    options = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=100)
+    for a, b in zip(detect_arrays(uint8, images, **options), detect_arrays(floating, images, **options)):
+        assert a["labels"].tolist() == b["labels"].tolist() and len(a["labels"]) > 0
+        np.testing.assert_allclose(a["scores"], b["scores"], atol=1e-5)
+        np.testing.assert_allclose(a["boxes"], b["boxes"], atol=1e-3)
+    got, expected = (ssd.load(p).predict(sorted(exported["images"].glob("*.png")), score_threshold=0.3)
+                     for p in (folder, exported["plain"]))
+    for a, b in zip(got, expected):
+        assert a.labels.tolist() == b.labels.tolist()
+        assert (a.scores - b.scores).abs().max() < 1e-5 and (a.boxes - b.boxes).abs().max() < 1e-3
+
+
 def test_uint8_input_is_refused_outside_fp32_onnx(tiny_checkpoint):
     from ssd.export import export
 
-    with pytest.raises(ValueError, match=r"^--uint8-input applies to FP32 ONNX exports \(--format onnx, without "
-                                         r"--int8\)$"):
+    with pytest.raises(ValueError, match=r"^--uint8-input applies to FP32 ONNX and OpenVINO exports \(--format onnx "
+                                         r"or openvino, without --int8\)$"):
         export(tiny_checkpoint, "pt2", uint8_input=True)
