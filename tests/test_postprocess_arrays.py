@@ -82,6 +82,17 @@ def test_numpy_post_processing_of_a_case_computed_by_hand(classes, max_detection
     np.testing.assert_allclose(got["boxes"], [BOX[prior] for _, _, prior in expected], rtol=0, atol=1e-7)
 
 
+def test_a_crowd_of_equal_boxes_widens_the_candidates_that_enter_nms():
+    """Ten copies of one box (scores 0.9 to 0.45) before another box (0.4): the best 2 x max_detections = 4
+    candidates leave one detection, so the image's candidates are widened until the other box is reached."""
+    priors = np.array([[0.3, 0.3, 0.2, 0.2]] * 10 + [[0.7, 0.7, 0.2, 0.2]], np.float32)
+    scores = np.array([0.9 - 0.05 * i for i in range(10)] + [0.4], np.float32).reshape(1, 11, 1)
+    (got,) = postprocess_arrays(np.zeros((1, 11, 4), np.float32), scores, priors, score_threshold=0.1,
+                                iou_threshold=0.5, max_detections=2, variances=VARIANCES)
+    assert got["scores"].tolist() == [np.float32(0.9), np.float32(0.4)] and got["labels"].tolist() == [0, 0]
+    np.testing.assert_allclose(got["boxes"], [[0.2, 0.2, 0.4, 0.4], [0.6, 0.6, 0.8, 0.8]], rtol=0, atol=1e-7)
+
+
 def test_no_score_above_the_threshold_gives_empty_arrays():
     got = postprocess_arrays(*hand_case(), score_threshold=0.95, iou_threshold=0.5, max_detections=10,
                              variances=VARIANCES)

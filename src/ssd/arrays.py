@@ -103,11 +103,11 @@ def postprocess_arrays(loc: np.ndarray, scores: np.ndarray, priors: np.ndarray, 
     if classes is not None:  # before any cut: the other classes take no place
         passing &= np.isin(np.arange(num_classes), list(classes))
     image, prior, label = passing.nonzero()
-    score = scores[image, prior, label]
-    order = np.lexsort((prior, -score, image * num_classes + label))  # by image and class, then score, then prior
-    order = order[_ranks((image * num_classes + label)[order]) < candidates_per_class]
+    score, group = scores[image, prior, label], image * num_classes + label
+    order = np.lexsort((prior, -score, group))  # by image and class, then decreasing score, then prior
+    order = order[_ranks(group[order]) < candidates_per_class]
     order = order[np.lexsort((prior[order], label[order], -score[order], image[order]))]  # the output's order
-    image, prior, label, score = image[order], prior[order], label[order], score[order]
+    image, prior, label, score, group = image[order], prior[order], label[order], score[order], group[order]
 
     anchor, offsets = priors[prior], loc[image, prior]
     centre = anchor[:, :2] + offsets[:, :2] * variances[0] * anchor[:, 2:]
@@ -120,7 +120,7 @@ def postprocess_arrays(loc: np.ndarray, scores: np.ndarray, priors: np.ndarray, 
     limit = np.full(batch, 2 * max_detections)
     while True:
         chosen = (rank < limit[image]).nonzero()[0]
-        keep = chosen[_greedy_nms(boxes[chosen], image[chosen] * num_classes + label[chosen], iou_threshold)]
+        keep = chosen[_greedy_nms(boxes[chosen], group[chosen], iou_threshold)]
         short = (np.bincount(image[keep], minlength=batch) < max_detections) & (counts > limit)
         if not short.any():
             break
