@@ -115,16 +115,15 @@ def postprocess_arrays(loc: np.ndarray, scores: np.ndarray, priors: np.ndarray, 
     boxes = np.concatenate((centre - 0.5 * size, centre + 0.5 * size), axis=1).clip(0, 1)
 
     # Greedy NMS keeps or drops a box looking only at higher scores of its image and class: on the best `limit`
-    # candidates of an image it is exact for them. Widen an image's until it has max_detections or no more.
+    # candidates of an image it is exact for them. Again, wider, on the images left with fewer than max_detections.
     rank, counts = _ranks(image), np.bincount(image, minlength=batch)
-    limit = np.full(batch, 2 * max_detections)
-    while True:
-        chosen = (rank < limit[image]).nonzero()[0]
-        keep = chosen[_greedy_nms(boxes[chosen], group[chosen], iou_threshold)]
-        short = (np.bincount(image[keep], minlength=batch) < max_detections) & (counts > limit)
-        if not short.any():
-            break
-        limit[short] *= 4
+    kept, todo, limit = np.zeros(len(image), bool), np.ones(batch, bool), 2 * max_detections
+    while todo.any():
+        chosen = ((rank < limit) & todo[image]).nonzero()[0]
+        kept[chosen] = _greedy_nms(boxes[chosen], group[chosen], iou_threshold)
+        todo &= (np.bincount(image[kept], minlength=batch) < max_detections) & (counts > limit)
+        limit *= 4
+    keep = kept.nonzero()[0]
     keep = keep[_ranks(image[keep]) < max_detections]
     split = np.searchsorted(image[keep], np.arange(1, batch))
     return [{"boxes": b, "scores": s, "labels": lab} for b, s, lab in
