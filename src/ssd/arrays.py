@@ -143,16 +143,13 @@ def _greedy_nms(boxes: np.ndarray, group: np.ndarray, iou_threshold: float) -> n
     inter = (np.minimum(x2[lower], x2[higher]) - np.maximum(x1[lower], x1[higher])).clip(0)
     inter *= (np.minimum(y2[lower], y2[higher]) - np.maximum(y1[lower], y1[higher])).clip(0)
     with np.errstate(divide="ignore", invalid="ignore"):  # two empty boxes: NaN, not above, kept (as torchvision)
-        overlap = inter / (area[higher] + area[lower] - inter) > iou_threshold
+        overlap = (inter / (area[higher] + area[lower] - inter) > iou_threshold).nonzero()[0]
     lower, higher = lower[overlap], higher[overlap]
     undecided, kept = np.ones(len(boxes), bool), np.zeros(len(boxes), bool)
-    while undecided.any():
-        threatened = np.zeros(len(boxes), bool)
-        threatened[lower[undecided[higher]]] = True
-        new = undecided & ~threatened
+    while undecided.any():  # counts, not masks, of the pairs: boolean indexing is several times slower
+        new = undecided & (np.bincount(lower, weights=undecided[higher], minlength=len(boxes)) == 0)
         kept |= new
-        undecided &= ~new
-        undecided[lower[new[higher]]] = False
+        undecided &= ~new & (np.bincount(lower, weights=new[higher], minlength=len(boxes)) == 0)
     return kept
 
 
