@@ -102,11 +102,11 @@ def postprocess_arrays(loc: np.ndarray, scores: np.ndarray, priors: np.ndarray, 
     passing = scores > score_threshold
     if classes is not None:  # before any cut: the other classes take no place
         passing &= np.isin(np.arange(num_classes), list(classes))
-    image, prior, label = passing.nonzero()
-    score, group = scores[image, prior, label], image * num_classes + label
-    order = np.lexsort((prior, -score, group))  # by image and class, then decreasing score, then prior
+    image, prior, label = passing.nonzero()  # by image, prior, label
+    score, group = scores[image, prior, label].astype(np.float32), image * num_classes + label
+    order = _by_score(group, score)  # by image and class, then decreasing score, then prior
     order = order[_ranks(group[order]) < candidates_per_class]
-    order = order[np.lexsort((prior[order], label[order], -score[order], image[order]))]  # the output's order
+    order = order[_by_score(image[order], score[order])]  # the output's order: equal scores by label, then prior
     image, prior, label, score, group = image[order], prior[order], label[order], score[order], group[order]
 
     anchor, offsets = priors[prior], loc[image, prior]
@@ -151,6 +151,12 @@ def _greedy_nms(boxes: np.ndarray, group: np.ndarray, iou_threshold: float) -> n
         kept |= new
         undecided &= ~new & (np.bincount(lower, weights=new[higher], minlength=len(boxes)) == 0)
     return kept
+
+
+def _by_score(major: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """The stable order by ``major`` (ints), then decreasing ``score`` (float32 > 0, whose bits read as int32 rise
+    with it): one int64 key, several times faster than ``np.lexsort`` over the columns."""
+    return np.argsort(major.astype(np.int64) << 31 | (0x7FFFFFFF - score.view(np.int32)), kind="stable")
 
 
 def _ranks(ids: np.ndarray) -> np.ndarray:
