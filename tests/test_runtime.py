@@ -95,6 +95,39 @@ def test_classes_filter_the_detections_of_a_graph_with_nms():
     assert only["boxes"].tolist() == [[2, 2, 4, 4]]
 
 
+class _HeadOutputs:
+    """A backend returning head outputs for two priors (xyxy [0, 0, 0.5, 0.5] and [0.5, 0.5, 1, 1]), fed pixels."""
+
+    source = "fake.tflite"
+    uint8_input = True
+
+    def __init__(self):
+        self.card = ModelCard(model_name="fake", class_names=("a", "b"), image_size=(4, 4), mean=(0, 0, 0),
+                              std=(1, 1, 1), variances=(0.1, 0.2))
+        self.batches = []
+
+    def head_arrays(self, batch):
+        self.batches.append(batch)
+        scores = np.array([[0.9, 0.05], [0.3, 0.6]], np.float32)  # prior 0: class a; prior 1: class b
+        priors = np.array([[0.25, 0.25, 0.5, 0.5], [0.75, 0.75, 0.5, 0.5]], np.float32)
+        return np.zeros((len(batch), 2, 4), np.float32), np.stack([scores] * len(batch)), priors
+
+
+def test_head_outputs_are_post_processed_in_numpy_and_scaled_to_each_image():
+    """The numpy path: the pixels at the network size in (no normalization), the head outputs post-processed, the
+    classes kept before the max_detections cut, the boxes in each original image's pixels."""
+    network = _HeadOutputs()
+    images = [np.zeros((3, 10, 20), np.uint8), np.zeros((3, 40, 8), np.uint8)]
+    first, second = detect_arrays(network, images, score_threshold=0.1, iou_threshold=0.5, max_detections=1,
+                                  classes=[1])
+    (batch,) = network.batches
+    assert batch.dtype == np.uint8 and batch.shape == (2, 4, 4, 3)
+    assert first["labels"].tolist() == second["labels"].tolist() == [1]
+    assert first["scores"].tolist() == [np.float32(0.6)]
+    assert first["boxes"].tolist() == [[10, 5, 20, 10]]  # width 20, height 10
+    assert second["boxes"].tolist() == [[4, 20, 8, 40]]  # width 8, height 40
+
+
 def test_a_backend_without_arrays_is_refused_before_running():
     """Neither the graph's detections nor head outputs as arrays: a PyTorch-only backend."""
     with pytest.raises(MissingDependencyError, match=r"^fake\.onnx runs with PyTorch only \(not installed\): "
