@@ -3,8 +3,12 @@
 the path as for conftest: ``from builders import make_dataset, TINY_TRAIN``."""
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
+import numpy as np
 import torch
 from PIL import Image, ImageDraw
 from torch import nn
@@ -152,3 +156,81 @@ def make_yolo_folder(root: Path, count: int, splits=("train",)) -> Path:
             (labels / f"{split}{i}.txt").write_text("0 0.5 0.5 0.4 0.3\n")
     (root / "classes.txt").write_text("circle\n")
     return root
+
+
+# Installed first in the subprocess: any import of torch or torchvision fails, as on a machine without them.
+NO_TORCH = textwrap.dedent("""
+    import sys
+
+    class NoTorch:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "torchvision"):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+            return None
+
+    sys.meta_path.insert(0, NoTorch())
+""")
+
+
+def run_without_torch(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``code`` run by Python in ``cwd`` on this tree's sources, where importing torch fails (:data:`NO_TORCH`)."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    return subprocess.run([sys.executable, "-c", NO_TORCH + textwrap.dedent(code)], cwd=cwd, capture_output=True,
+                          text=True, timeout=240, env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"})
+
+
+def write_png_images(folder: Path) -> Path:
+    """Three seeded random RGB images of three sizes, ``folder/images/im{0,1,2}.png``; returns ``folder/images``."""
+    images = folder / "images"
+    images.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    for index, (h, w) in enumerate([(96, 160), (128, 128), (200, 150)]):
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(images / f"im{index}.png")
+    return images
+
+
+def predicts_as_pytorch_without_it(weights: Path, folder: Path, conf: float) -> str:
+    """Assert that `ssd predict` and `ssd.load(weights).predict` on ``folder/images/*.png``, in a process where torch
+    cannot be imported (it must stay out), agree with each other and with the PyTorch path here (:func:`assert_twins`).
+    Returns the process's stderr."""
+    import ssd
+
+    project = f"runs-{Path(weights).name}"
+    code = f"""
+        import glob, json
+        import ssd
+        from ssd.cli import main
+
+        code = main(["predict", "--weights", {str(weights)!r}, "--source", "images", "--project", {project!r},
+                     "--conf", "{conf}", "--quiet"])
+        results = ssd.load({str(weights)!r}).predict(sorted(glob.glob("images/*.png")), score_threshold={conf})
+        print(json.dumps({{"code": code, "torch": "torch" in sys.modules, "api": [r.to_dict() for r in results]}}))
+    """
+    done = run_without_torch(code, folder)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["code"] == 0 and report["torch"] is False
+    lines = (folder / project / "exp" / "predictions.jsonl").read_text().splitlines()
+    cli = sorted((json.loads(line) for line in lines), key=lambda r: r["file"])
+    expected = ssd.load(weights).predict(sorted((folder / "images").glob("*.png")), score_threshold=conf)
+    assert [r["file"] for r in cli] == [f"images/im{i}.png" for i in range(3)]
+    for from_cli, from_api, torch_result in zip(cli, report["api"], expected):
+        assert from_cli["detections"] == from_api["detections"]  # one path, two front ends
+        assert (from_api["width"], from_api["height"]) == (torch_result.width, torch_result.height)
+        assert_twins(from_api["detections"], torch_result)
+    return done.stderr
+
+
+def assert_twins(got: list[dict], expected) -> None:
+    """Detections ``got`` (``Result.to_dict()["detections"]``) are those of the :class:`Result` ``expected`` (the
+    PyTorch path) to within 0.01 in score and a pixel in box: near-equal scores may swap places, so each box has its
+    twin (same label) on the other side, but for those that compete with a score 0.01 away for the last of the 100
+    places (``max_det``)."""
+    assert len(got) == len(expected.scores) > 0
+    scores = np.array([d["score"] for d in got])
+    assert np.abs(scores - expected.scores.numpy()).max() < 0.01
+    boxes, labels = np.array([d["box"] for d in got]), np.array([d["label"] for d in got])
+    twins = np.abs(boxes[:, None] - expected.boxes.numpy()[None]).max(-1) < 1.0
+    twins &= labels[:, None] == expected.labels.numpy()[None]
+    sure = scores > scores[-1] + 0.01 if len(scores) == 100 else np.ones(len(scores), bool)
+    assert sure.sum() >= 5 and twins.any(1)[sure].all() and twins.any(0)[sure].all()

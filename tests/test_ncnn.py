@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from builders import predicts_as_pytorch_without_it, write_png_images
 from ssd.cli import main
 from ssd.errors import OnnxModelError
 from ssd.export import export
@@ -42,6 +43,13 @@ def test_export_ncnn_writes_a_checked_folder_that_predicts_like_pytorch(exported
         assert bool(twins.any(1).all()) and bool(twins.any(0).all())
     assert main(["predict", "--weights", str(folder), "--source", str(images[0]), "--project", str(tmp_path),
                  "--no-save-images", "--quiet"]) == 0
+
+
+@pytest.mark.slow
+def test_an_ncnn_folder_predicts_without_pytorch_as_with_it(exported, tmp_path):
+    """The runtime without PyTorch: NCNN's head outputs post-processed in numpy, torch never imported."""
+    write_png_images(tmp_path)
+    predicts_as_pytorch_without_it(exported["ncnn"], tmp_path, 0.3)
 
 
 @pytest.mark.slow

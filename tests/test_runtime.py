@@ -2,15 +2,12 @@
 runs on numpy and its runtime, in a process where importing torch fails, and gives what the PyTorch path gives."""
 
 import json
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from builders import predicts_as_pytorch_without_it, run_without_torch, write_png_images
 from ssd.arrays import detect_arrays, preprocess_arrays
 from ssd.card import ModelCard
 from ssd.errors import MissingDependencyError
@@ -19,87 +16,34 @@ from ssd.settings import Thresholds
 
 pytest.importorskip("onnxruntime")
 
-# Installed first in the subprocess: any import of torch or torchvision fails, as on a machine without them.
-NO_TORCH = textwrap.dedent("""
-    import sys
-
-    class NoTorch:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in ("torch", "torchvision"):
-                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
-            return None
-
-    sys.meta_path.insert(0, NoTorch())
-""")
-
-
-def run_without_torch(code: str, cwd: Path) -> subprocess.CompletedProcess:
-    src = Path(__file__).resolve().parents[1] / "src"
-    return subprocess.run([sys.executable, "-c", NO_TORCH + textwrap.dedent(code)], cwd=cwd, capture_output=True,
-                          text=True, timeout=240, env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"})
-
-
 @pytest.fixture(scope="module")
 def exported(tiny_checkpoint, tmp_path_factory):
-    """The tiny checkpoint as ONNX with NMS inside (any batch), float or uint8 NHWC input, and three images."""
-    from PIL import Image
-
+    """The tiny checkpoint as ONNX with NMS inside (any batch), float or uint8 NHWC input, without NMS, and three
+    images."""
     from ssd.export.onnx import export_onnx
 
     folder = tmp_path_factory.mktemp("runtime")
-    images = folder / "images"
-    images.mkdir()
-    rng = np.random.default_rng(0)
-    for index, (h, w) in enumerate([(96, 160), (128, 128), (200, 150)]):
-        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(images / f"im{index}.png")
+    images = write_png_images(folder)
     nms = export_onnx(tiny_checkpoint, folder / "nms.onnx", nms=True, dynamic_batch=True, check=False,
                       score_threshold=0.05)
     uint8 = export_onnx(tiny_checkpoint, folder / "uint8.onnx", nms=True, dynamic_batch=True, check=False,
                         score_threshold=0.05, uint8_input=True)
-    return {"nms": nms, "uint8": uint8, "images": images, "folder": folder}
+    plain = export_onnx(tiny_checkpoint, folder / "plain.onnx", dynamic_batch=True, check=False)
+    return {"nms": nms, "uint8": uint8, "plain": plain, "images": images, "folder": folder}
 
 
 @pytest.mark.slow
 def test_predict_an_onnx_file_on_a_machine_without_pytorch(exported):
     """`ssd predict` and `ssd.load(p).predict` on an ONNX file with NMS inside: torch is never imported, and the
     boxes are those of the PyTorch path (same graph; the resize may differ by one pixel level)."""
-    import ssd
+    stderr = predicts_as_pytorch_without_it(exported["nms"], exported["folder"], 0.47)
+    assert "drawn copies (--save-images, --show) need PyTorch" in stderr
 
-    code = f"""
-        import json
-        import ssd
-        from ssd.cli import main
 
-        code = main(["predict", "--weights", {str(exported['nms'])!r}, "--source", "images", "--project", "runs",
-                     "--conf", "0.47", "--quiet"])
-        results = ssd.load({str(exported['nms'])!r}).predict(sorted(__import__("glob").glob("images/*.png")),
-                                                              score_threshold=0.47)
-        print(json.dumps({{"code": code, "torch": "torch" in sys.modules, "api": [r.to_dict() for r in results]}}))
-    """
-    done = run_without_torch(code, exported["folder"])
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["code"] == 0 and report["torch"] is False
-    assert "drawn copies (--save-images, --show) need PyTorch" in done.stderr
-    lines = (exported["folder"] / "runs" / "exp" / "predictions.jsonl").read_text().splitlines()
-    cli = sorted((json.loads(line) for line in lines), key=lambda r: r["file"])
-    api = report["api"]
-    expected = ssd.load(exported["nms"]).predict(sorted(exported["images"].glob("*.png")), score_threshold=0.47)
-    assert [r["file"] for r in cli] == [f"images/im{i}.png" for i in range(3)]
-    for from_cli, from_api, torch_result in zip(cli, api, expected):
-        assert from_cli["detections"] == from_api["detections"]  # one path, two front ends
-        assert (from_api["width"], from_api["height"]) == (torch_result.width, torch_result.height)
-        got = from_api["detections"]
-        assert len(got) == len(torch_result.scores) > 0
-        scores = np.array([d["score"] for d in got])
-        assert np.abs(scores - torch_result.scores.numpy()).max() < 0.01
-        # near-equal scores may swap places: each box has its twin (same label, within a pixel) on the other side,
-        # but for those that compete with a score 0.01 away for the last of the max_det places
-        boxes, labels = np.array([d["box"] for d in got]), np.array([d["label"] for d in got])
-        twins = np.abs(boxes[:, None] - torch_result.boxes.numpy()[None]).max(-1) < 1.0
-        twins &= labels[:, None] == torch_result.labels.numpy()[None]
-        sure = scores > scores[-1] + 0.01 if len(scores) == 100 else np.ones(len(scores), bool)
-        assert sure.sum() >= 5 and twins.any(1)[sure].all() and twins.any(0)[sure].all()
+@pytest.mark.slow
+def test_predict_a_plain_onnx_file_on_a_machine_without_pytorch(exported):
+    """A graph exported without --nms returns head outputs: numpy post-processes them, as PyTorch does."""
+    predicts_as_pytorch_without_it(exported["plain"], exported["folder"], 0.3)
 
 
 def test_numpy_preprocessing_normalizes_as_the_pytorch_path():
@@ -143,9 +87,52 @@ def test_graph_detections_are_scaled_to_each_original_image():
     assert second["boxes"].tolist() == [[0, 0, 4, 10], [4, 20, 8, 40]]  # width 8, height 40
 
 
-def test_graph_without_nms_is_refused_before_running():
-    with pytest.raises(MissingDependencyError, match=r"^fake\.onnx returns head outputs, whose post-processing "
-                                                     r"needs PyTorch \(not installed\)"):
+def test_classes_filter_the_detections_of_a_graph_with_nms():
+    """The graph cut to max_detections already: its detections of other classes are dropped after it."""
+    (only,) = detect_arrays(_GraphWithNms(True), [np.zeros((3, 4, 4), np.uint8)], score_threshold=0.1,
+                            iou_threshold=0.5, max_detections=10, classes=[0])
+    assert only["labels"].tolist() == [0] and only["scores"].tolist() == [np.float32(0.2)]
+    assert only["boxes"].tolist() == [[2, 2, 4, 4]]
+
+
+class _HeadOutputs:
+    """A backend returning head outputs for two priors (xyxy [0, 0, 0.5, 0.5] and [0.5, 0.5, 1, 1]), fed pixels."""
+
+    source = "fake.tflite"
+    uint8_input = True
+
+    def __init__(self):
+        self.card = ModelCard(model_name="fake", class_names=("a", "b"), image_size=(4, 4), mean=(0, 0, 0),
+                              std=(1, 1, 1), variances=(0.1, 0.2))
+        self.batches = []
+
+    def head_arrays(self, batch):
+        self.batches.append(batch)
+        scores = np.array([[0.9, 0.05], [0.3, 0.6]], np.float32)  # prior 0: class a; prior 1: class b
+        priors = np.array([[0.25, 0.25, 0.5, 0.5], [0.75, 0.75, 0.5, 0.5]], np.float32)
+        return np.zeros((len(batch), 2, 4), np.float32), np.stack([scores] * len(batch)), priors
+
+
+def test_head_outputs_are_post_processed_in_numpy_and_scaled_to_each_image():
+    """The numpy path: the pixels at the network size in (no normalization), the head outputs post-processed, the
+    classes kept before the max_detections cut, the boxes in each original image's pixels."""
+    network = _HeadOutputs()
+    images = [np.zeros((3, 10, 20), np.uint8), np.zeros((3, 40, 8), np.uint8)]
+    first, second = detect_arrays(network, images, score_threshold=0.1, iou_threshold=0.5, max_detections=1,
+                                  classes=[1])
+    (batch,) = network.batches
+    assert batch.dtype == np.uint8 and batch.shape == (2, 4, 4, 3)
+    assert first["labels"].tolist() == second["labels"].tolist() == [1]
+    assert first["scores"].tolist() == [np.float32(0.6)]
+    assert first["boxes"].tolist() == [[10, 5, 20, 10]]  # width 20, height 10
+    assert second["boxes"].tolist() == [[4, 20, 8, 40]]  # width 8, height 40
+
+
+def test_a_backend_without_arrays_is_refused_before_running():
+    """Neither the graph's detections nor head outputs as arrays: a PyTorch-only backend."""
+    with pytest.raises(MissingDependencyError, match=r"^fake\.onnx runs with PyTorch only \(not installed\): "
+                                                     r"export it \(`ssd export --format onnx`, tflite, openvino or "
+                                                     r"ncnn\), or pip install ssd-detect \(with PyTorch\)$"):
         detect_arrays(_GraphWithNms(False), [np.zeros((3, 4, 4), np.uint8)], score_threshold=0.1,
                       iou_threshold=0.5, max_detections=10)
 
@@ -229,9 +216,37 @@ def test_a_graph_taking_uint8_pixels_detects_as_the_float_graph_on_both_paths(ex
         assert (a.scores - b.scores).abs().max() < 1e-5 and (a.boxes - b.boxes).abs().max() < 1e-3
 
 
+@pytest.mark.slow
+def test_an_openvino_graph_taking_uint8_pixels_detects_as_the_float_graph(exported, tiny_checkpoint, tmp_path):
+    """``--format openvino --uint8-input``: the IR takes the pixels (NHWC uint8) and normalizes them itself; both
+    paths (numpy's post-processing, PyTorch's) give the detections of the float ONNX graph."""
+    pytest.importorskip("openvino")
+    import ssd
+    from ssd.export import export
+    from ssd.inference.backends.onnx import OnnxBackend
+    from ssd.inference.backends.openvino import OpenVinoBackend
+
+    folder = export(tiny_checkpoint, "openvino", out_path=tmp_path / "uint8_openvino", uint8_input=True, check=False)
+    uint8, floating = OpenVinoBackend(folder), OnnxBackend(exported["plain"])
+    assert uint8.uint8_input and not floating.uint8_input
+    assert uint8.session.get_inputs()[0].shape == [1, 128, 128, 3]
+    images = [np.asarray(__import__("PIL.Image").Image.open(p)).transpose(2, 0, 1).copy()
+              for p in sorted(exported["images"].glob("*.png"))]
+    options = dict(score_threshold=0.3, iou_threshold=0.45, max_detections=100)
+    for a, b in zip(detect_arrays(uint8, images, **options), detect_arrays(floating, images, **options)):
+        assert a["labels"].tolist() == b["labels"].tolist() and len(a["labels"]) > 0
+        np.testing.assert_allclose(a["scores"], b["scores"], atol=1e-5)
+        np.testing.assert_allclose(a["boxes"], b["boxes"], atol=1e-3)
+    got, expected = (ssd.load(p).predict(sorted(exported["images"].glob("*.png")), score_threshold=0.3)
+                     for p in (folder, exported["plain"]))
+    for a, b in zip(got, expected):
+        assert a.labels.tolist() == b.labels.tolist()
+        assert (a.scores - b.scores).abs().max() < 1e-5 and (a.boxes - b.boxes).abs().max() < 1e-3
+
+
 def test_uint8_input_is_refused_outside_fp32_onnx(tiny_checkpoint):
     from ssd.export import export
 
-    with pytest.raises(ValueError, match=r"^--uint8-input applies to FP32 ONNX exports \(--format onnx, without "
-                                         r"--int8\)$"):
+    with pytest.raises(ValueError, match=r"^--uint8-input applies to FP32 ONNX and OpenVINO exports \(--format onnx "
+                                         r"or openvino, without --int8\)$"):
         export(tiny_checkpoint, "pt2", uint8_input=True)

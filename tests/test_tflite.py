@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from builders import random_images
+import ssd.limits as limits
+from builders import predicts_as_pytorch_without_it, random_images, write_png_images
 from ssd.boxes import decode
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
@@ -86,6 +87,29 @@ def test_an_edited_tflite_file_is_refused_naming_the_file_and_what_changed(tiny_
     edited = rewritten(tiny_tflite, tmp_path / "edited.tflite", **{member: data})
     with pytest.raises(OnnxModelError, match=rf"^{tmp_path}/edited\.tflite.*{message}"):
         load(edited)
+
+
+@pytest.mark.slow
+def test_a_tflite_file_predicts_without_pytorch_as_with_it(tiny_tflite, tmp_path):
+    """The runtime without PyTorch: the graph's probabilities post-processed in numpy, torch never imported."""
+    write_png_images(tmp_path)
+    predicts_as_pytorch_without_it(tiny_tflite, tmp_path, 0.3)
+
+
+@pytest.mark.slow
+def test_a_tflite_graph_over_the_memory_bound_is_refused_before_allocating(tiny_tflite, monkeypatch):
+    """The bound is the bytes of every tensor the graph states (shape x dtype size), summed before allocation."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    graph = Interpreter(model_content=split_tflite(tiny_tflite.read_bytes(), "")[0])
+    needed = sum(int(np.prod(d["shape"])) * np.dtype(d["dtype"]).itemsize for d in graph.get_tensor_details())
+    assert 2**20 < needed < 2**24  # ssd_tiny at 128 px: a few MiB
+    monkeypatch.setattr(limits, "MAX_GRAPH_BYTES", needed)
+    TfliteBackend(tiny_tflite)
+    monkeypatch.setattr(limits, "MAX_GRAPH_BYTES", needed - 1)
+    with pytest.raises(OnnxModelError, match=rf"^{re.escape(str(tiny_tflite))} is refused: its graph's tensors take "
+                                             r"0\.0 GiB at batch 1, more than limits\.MAX_GRAPH_BYTES \("):
+        TfliteBackend(tiny_tflite)
 
 
 @pytest.mark.slow

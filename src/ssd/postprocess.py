@@ -12,12 +12,9 @@ from torchvision.ops import batched_nms
 from ssd.boxes import VARIANCES, decode
 from ssd.checks import validate_predictions
 from ssd.errors import ConfigError, InputError
-from ssd.settings import EVALUATE
+from ssd.settings import CANDIDATES_PER_CLASS, EVALUATE
 
 __all__ = ["postprocess_detections", "first_per_image", "CANDIDATES_PER_CLASS"]
-
-CANDIDATES_PER_CLASS = 400
-"""Default of ``candidates_per_class``: the best boxes per image and class that enter NMS (also in exported graphs)."""
 
 _EMPTY = torch.iinfo(torch.int64).max  # the key of an empty candidate slot: after every candidate
 

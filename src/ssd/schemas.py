@@ -287,7 +287,7 @@ class ExportConfig(CommandSchema):
     opset: int = option("ONNX opset (lower ones are down-converted when possible)", 18)
     dynamic_batch: bool = option("allow any batch size", False)
     nms: bool = option("put score filtering and NMS inside the graph", False)
-    uint8_input: bool = option("ONNX: the graph takes uint8 [B, H, W, 3] RGB images at the network size and "
+    uint8_input: bool = option("ONNX, OpenVINO: the graph takes uint8 [B, H, W, 3] RGB images at the network size and "
                                "normalizes them itself", False)
     score_threshold: float = option("with --nms: score threshold in [0, 1]", PREDICT.score_threshold)
     iou_threshold: float = option("with --nms: NMS IoU threshold in [0, 1]", PREDICT.iou_threshold)

@@ -23,7 +23,8 @@ from ssd.errors import ConfigError
 from ssd.limits import MAX_DETECTIONS, MAX_WAIT_MS, MIN_TILE, is_real, is_whole, value_text
 from ssd.sizes import as_hw
 
-__all__ = ["Thresholds", "PREDICT", "EVALUATE", "THRESHOLD_OPTIONS", "check_thresholds", "TILE_OVERLAP", "check_tile",
+__all__ = ["Thresholds", "PREDICT", "EVALUATE", "CANDIDATES_PER_CLASS", "THRESHOLD_OPTIONS", "check_thresholds",
+           "TILE_OVERLAP", "check_tile",
            "check_onnx_options", "check_calib_images", "check_batch_sizes",
            "check_batching"]
 
@@ -43,6 +44,10 @@ class Thresholds:
 
 PREDICT = Thresholds(score_threshold=0.25, iou_threshold=0.45, max_detections=100)
 EVALUATE = Thresholds(score_threshold=0.01, iou_threshold=0.45, max_detections=200)
+
+CANDIDATES_PER_CLASS = 400
+"""The best boxes per image and class that enter NMS: post-processing's default (PyTorch's and numpy's) and exported
+graphs' NMS."""
 
 THRESHOLD_OPTIONS = {"score_threshold": "--conf", "iou_threshold": "--iou", "max_detections": "--max-det"}
 """How the CLI spells each threshold, on every subcommand that takes it."""

@@ -46,8 +46,9 @@ def default_output(weights: Path, fmt: str, int8: bool = False, fp16: bool = Fal
 def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_batch: bool,
                    uint8_input: bool = False, fp16: bool = False) -> None:
     kind = ARTIFACTS[fmt]
-    if uint8_input and (fmt != "onnx" or int8):
-        raise ConfigError("--uint8-input applies to FP32 ONNX exports (--format onnx, without --int8)")
+    if uint8_input and (fmt not in ("onnx", "openvino") or int8):
+        raise ConfigError("--uint8-input applies to FP32 ONNX and OpenVINO exports (--format onnx or openvino, "
+                          "without --int8)")
     given = [name for name, on in (("--nms", nms and not kind.nms), ("--dynamic-batch", dynamic_batch and not kind.nms),
                                    ("--int8", int8 and not kind.int8)) if on]
     if given:

@@ -169,9 +169,7 @@ class Detector:
                                          "pip install ssd-detect (with PyTorch)")
         paths = paths if paths is not None else [None] * len(images)
         results = []
-        for d, image, path in zip(detect_arrays(self.backend, images, **options), images, paths):
-            if classes is not None:
-                d = {key: value[np.isin(d["labels"], list(classes))] for key, value in d.items()}
+        for d, image, path in zip(detect_arrays(self.backend, images, classes=classes, **options), images, paths):
             results.append(Result(d["boxes"].astype(np.float32), d["scores"].astype(np.float32), d["labels"],
                                   [self.class_names[i] for i in d["labels"].tolist()], image.shape[-1],
                                   image.shape[-2], path))

@@ -38,7 +38,9 @@ class Backend(Protocol):
             normalization, variances, operating point (the default confidence), precision, and ``nms``: the
             thresholds fixed in a graph that returns detections itself, not head outputs; such a backend also has
             ``nms_detections(batch, *, score_threshold, iou_threshold, max_detections)`` -> per image ``boxes [N, 4]``
-            xyxy normalized, ``scores [N]``, ``labels [N]`` (and ``__call__`` may refuse).
+            xyxy normalized, ``scores [N]``, ``labels [N]`` (and ``__call__`` may refuse). Without PyTorch,
+            :func:`ssd.arrays.detect_arrays` runs a backend through numpy twins of these: ``nms_arrays``, or
+            ``head_arrays(batch) -> (loc, scores, priors)`` for a graph that returns head outputs.
         priors: ``[P, 4]`` cxcywh normalized default boxes.
         device: where its input batch is made.
 

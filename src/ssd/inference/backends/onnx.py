@@ -3,9 +3,9 @@
 It maps a preprocessed batch ``[B, 3, H, W]`` (float32, normalized) to ``(loc [B, P, 4], logits [B, P, K+1])``; a
 graph exported with NMS inside (``card.nms`` set) returns detections instead (:meth:`OnnxBackend.nms_detections`).
 :class:`OnnxBackend` is also the base of the OpenCV DNN and OpenVINO backends, which run the same checks behind
-their own session. Its core runs on numpy arrays (:meth:`OnnxBackend.run_arrays`, :meth:`OnnxBackend.nms_arrays`):
-without PyTorch (the runtime install), :mod:`ssd.arrays` runs a graph with NMS inside through them, and torch is
-imported only by the tensor methods.
+their own session. Its core runs on numpy arrays (:meth:`OnnxBackend.run_arrays`, :meth:`OnnxBackend.nms_arrays`,
+:meth:`OnnxBackend.head_arrays`): without PyTorch (the runtime install), :mod:`ssd.arrays` runs any graph through
+them, and torch is imported only by the tensor methods.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 import ssd.limits as limits
+from ssd.arrays import object_scores
 from ssd.card import ModelCard
 from ssd.errors import ConfigError, InputError, OnnxModelError
 from ssd.inference.backends.onnx_file import graph_sha256, read_onnx_file
@@ -188,6 +189,14 @@ class OnnxBackend:
         loc, logits, self._priors = self.run(batch)
         self._check_classes(logits.shape[-1])
         return loc, logits
+
+    def head_arrays(self, array: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A graph without NMS on an input batch (see :meth:`run_arrays`) -> ``(loc [B, P, 4], scores [B, P, K]``
+        the object classes' softmax probabilities, ``priors [P, 4])``: what :func:`ssd.arrays.postprocess_arrays`
+        takes."""
+        loc, logits, priors = self.run_arrays(array)
+        self._check_classes(logits.shape[-1])
+        return loc, object_scores(logits), priors
 
     @property
     def priors(self) -> Tensor:

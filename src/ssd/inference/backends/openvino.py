@@ -82,9 +82,11 @@ def ir_bytes(model) -> int:
 
 
 def _ports(ports) -> list[SimpleNamespace]:
-    """OpenVINO ports as ONNX Runtime describes its inputs/outputs: ``name``, ``shape`` (a string where dynamic)."""
+    """OpenVINO ports as ONNX Runtime describes its inputs/outputs: ``name``, ``shape`` (a string where dynamic),
+    ``type`` (``tensor(uint8)`` for the pixels of a ``--uint8-input`` graph)."""
     return [SimpleNamespace(name=p.get_any_name(), shape=[d.get_length() if d.is_static else "dynamic"
-                                                          for d in p.get_partial_shape()]) for p in ports]
+                                                          for d in p.get_partial_shape()],
+                            type=f"tensor({p.get_element_type().to_dtype()})") for p in ports]
 
 
 class _OpenVinoSession:

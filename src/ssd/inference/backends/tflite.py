@@ -12,23 +12,30 @@ made.
 :class:`TfliteBackend` keeps the :class:`~ssd.inference.backends.Backend` contract: it takes the normalized batch of
 :func:`ssd.preprocess.preprocess`, turns it back into the uint8 pixels it came from (exact: the resize rounds to
 uint8 before normalizing), and returns ``loc`` in ``(x, y, w, h)`` order and ``logits`` whose softmax is the
-graph's probabilities (``log p``, the background ``log(1 - sum p)``).
+graph's probabilities (``log p``, the background ``log(1 - sum p)``). Without PyTorch (the runtime install),
+:func:`ssd.arrays.detect_arrays` feeds it the pixels and post-processes :meth:`TfliteBackend.head_arrays` in
+numpy; torch is imported only by the tensor methods.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
+import os
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor
 
+import ssd.limits as limits
 from ssd.card import ModelCard, strings_from_json
 from ssd.errors import ConfigError, OnnxModelError
-from ssd.optional import require
+from ssd.optional import has_torch, require
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 __all__ = ["METADATA_FILE", "LABELS_FILE", "PRIORS_FILE", "LOCATION_ORDER", "TfliteBackend", "tflite_digest",
            "split_tflite", "require_litert", "open_tflite"]
@@ -79,16 +86,17 @@ def tflite_digest(flatbuffer: bytes, files: dict[str, bytes]) -> str:
 
 class TfliteBackend:
     """A ``.tflite`` file of ``ssd export --format tflite`` (see the module docstring), its card checked against the
-    checksum before the interpreter reads the graph. Runs one image at a time (the graph's batch is 1), on
-    ``num_threads`` threads (default: PyTorch's, which ONNX Runtime's default also matches: the physical cores)."""
+    checksum before the interpreter reads the graph, its tensors' memory bounded before it allocates them. Runs one
+    image at a time (the graph's batch is 1), on ``num_threads`` threads (default: PyTorch's, which ONNX Runtime's
+    default also matches: the physical cores; without PyTorch, the machine's CPUs)."""
 
     name = "tflite"
+    uint8_input = True  # :func:`ssd.arrays.detect_arrays` feeds the pixels
 
     def __init__(self, path: str | Path, device: str | torch.device = "cpu", num_threads: int | None = None):
         self.path = self.source = Path(path)
-        if torch.device(device).type != "cpu":
+        if str(device) != "cpu":
             raise ConfigError(f"the TFLite backend runs on the CPU, got device={str(device)!r}")
-        self.device = torch.device("cpu")
         litert = require_litert()
         try:
             data = self.path.read_bytes()
@@ -99,12 +107,16 @@ class TfliteBackend:
         self.card = ModelCard.from_file_strings(raw, lambda: tflite_digest(flatbuffer, files), {}, str(self.path),
                                                 OnnxModelError)
         try:
-            self.interpreter = litert.Interpreter(model_content=flatbuffer,
-                                                  num_threads=num_threads or torch.get_num_threads())
+            self.interpreter = litert.Interpreter(model_content=flatbuffer, num_threads=num_threads or _threads())
+            limits.check_graph_bytes(sum(int(np.prod(d["shape"])) * np.dtype(d["dtype"]).itemsize
+                                         for d in self.interpreter.get_tensor_details()), str(self.path),
+                                     OnnxModelError)
             self.interpreter.allocate_tensors()
+        except OnnxModelError:
+            raise
         except (RuntimeError, ValueError) as e:  # the interpreter's errors for a graph it cannot build
             raise OnnxModelError(f"cannot load TFLite model {self.path}: {e}") from e
-        self._priors = torch.from_numpy(np.frombuffer(files.get(PRIORS_FILE, b""), dtype="<f4").copy()).view(-1, 4)
+        self._priors = np.frombuffer(files.get(PRIORS_FILE, b""), dtype="<f4").astype(np.float32).reshape(-1, 4)
         self._input = self._check_graph()
         self._outputs = [d["index"] for d in self.interpreter.get_output_details()]
         self._dequantize = [_dequantizer(d) for d in self.interpreter.get_output_details()]
@@ -129,9 +141,18 @@ class TfliteBackend:
         return inputs[0]
 
     @property
+    def device(self) -> torch.device:
+        """Where the input batch is made: the CPU."""
+        import torch
+
+        return torch.device("cpu")
+
+    @property
     def priors(self) -> Tensor:
         """``[P, 4]`` cxcywh normalized, the file's ``priors.bin``."""
-        return self._priors
+        import torch
+
+        return torch.from_numpy(self._priors)
 
     def pixels(self, batch: Tensor) -> np.ndarray:
         """``batch [B, 3, S, S]`` normalized -> ``[B, S, S, 3]`` uint8: the pixels :func:`ssd.preprocess.preprocess`
@@ -151,14 +172,31 @@ class TfliteBackend:
         location, scores = (np.concatenate(parts) for parts in zip(*results))
         return location, scores
 
+    def head_arrays(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``pixels [B, S, S, 3]`` uint8 -> ``(loc [B, P, 4]`` in ``(x, y, w, h)`` order, ``scores [B, P, K]`` the
+        graph's probabilities, ``priors [P, 4])``: what :func:`ssd.arrays.postprocess_arrays` takes."""
+        location, scores = self.run(pixels)
+        return np.ascontiguousarray(location[..., LOCATION_ORDER]), scores, self._priors
+
     def __call__(self, batch: Tensor) -> tuple[Tensor, Tensor]:
         """``batch [B, 3, S, S]`` normalized -> ``(loc [B, P, 4], logits [B, P, K+1])`` (see the module
         docstring; in numpy, as :meth:`pixels`)."""
-        location, scores = self.run(self.pixels(batch))
+        import torch
+
+        loc, scores, _ = self.head_arrays(self.pixels(batch))
         background = np.maximum(1 - scores.sum(-1, keepdims=True), _BACKGROUND_FLOOR)
         with np.errstate(divide="ignore"):  # a quantized probability of 0: log 0 = -inf, softmax 0
             logits = np.log(np.concatenate((background, np.maximum(scores, 0)), axis=-1))
-        return torch.from_numpy(np.ascontiguousarray(location[..., LOCATION_ORDER])), torch.from_numpy(logits)
+        return torch.from_numpy(loc), torch.from_numpy(logits)
+
+
+def _threads() -> int:
+    """The interpreter's default thread count: PyTorch's where it is installed, else the machine's CPUs."""
+    if has_torch():
+        import torch
+
+        return torch.get_num_threads()
+    return os.cpu_count() or 1
 
 
 def _dequantizer(details: dict):
