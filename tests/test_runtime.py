@@ -2,6 +2,10 @@
 runs on numpy and its runtime, in a process where importing torch fails, and gives what the PyTorch path gives."""
 
 import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest

@@ -139,8 +139,9 @@ class FakeTrain:
     """A trial function: the run's best mAP is its lr (so the best trial is the largest lr); ``fail`` trial calls
     raise, ``maps`` reports per-epoch values to the callbacks (for pruning); every call's config is kept."""
 
-    def __init__(self, fail=(), maps=None, interrupt=None):
+    def __init__(self, fail=(), maps=None, interrupt=None, epoch_seconds=1.0):
         self.calls, self.fail, self.maps, self.interrupt = [], fail, maps, interrupt
+        self.epoch_seconds = epoch_seconds
 
     def __call__(self, config, callbacks=()):
         index = len(self.calls)
@@ -152,7 +153,7 @@ class FakeTrain:
         trainer, history = FakeTrainer(), []
         for epoch, value in enumerate((self.maps or {}).get(index, [config.lr])):
             trainer.epoch = epoch
-            history.append({"epoch": epoch + 1, "time": 1.0})
+            history.append({"epoch": epoch + 1, "time": (epoch + 1) * self.epoch_seconds})
             for callback in callbacks:
                 if isinstance(callback, TrialPruning):
                     callback.on_val_end(trainer, {"map": value})
@@ -182,9 +183,9 @@ def tune_files(tmp_path):
     return space, base
 
 
-def run_tune(shapes, tmp_path, tune_files, fake, **options):
+def run_tune(shapes, tmp_path, tune_files, fake, time=10, **options):
     space, base = tune_files
-    config = TuneConfig(data=str(shapes), model="ssd_tiny", time=10, space=space, config=base,
+    config = TuneConfig(data=str(shapes), model="ssd_tiny", time=time, space=space, config=base,
                         project=tmp_path / "runs", **options)
     return tune(config, train_fn=fake)
 
@@ -221,6 +222,23 @@ def test_the_first_trial_of_a_new_study_is_the_defaults(shapes, tmp_path, tune_f
     first, second = fake.calls[:2]
     assert (first.lr, first.augment) == (defaults.lr, "none")  # both held by SPACE: the trial is ssd train's run
     assert second.lr != defaults.lr  # then the sampler
+
+
+def test_trials_too_short_for_five_epochs_are_lengthened(shapes, tmp_path, tune_files, storage, ssd_messages):
+    fake = FakeTrain(epoch_seconds=60)  # each trial trains one epoch of a minute
+    run_tune(shapes, tmp_path, tune_files, fake, trials=3, storage=storage)
+    assert [round(c.time, 2) for c in fake.calls[:3]] == [2.33, 5.0, 5.0]  # 10 min * 0.7 / 3, then 5 epochs
+    said = ("ssd tune: an epoch of this data takes 1.00 min, so trials of 2.33 min would be ranked after 2.3 epochs: "
+            "they get 5.00 min (5 epochs) each, fewer of them")
+    assert any(message.startswith(said) for message in ssd_messages())
+
+
+def test_with_no_time_for_a_second_trial_the_defaults_are_trained(shapes, tmp_path, tune_files, storage):
+    fake = FakeTrain(epoch_seconds=60)
+    result = run_tune(shapes, tmp_path, tune_files, fake, storage=storage, time=6)  # 4.2 min of search: one trial
+    first, final = fake.calls
+    assert (final.lr, final.augment) == (first.lr, first.augment) == (TrainConfig(**TINY_TRAIN).resolved().lr, "none")
+    assert result.states == {"COMPLETE": 1} and final.time > 1.5
 
 
 @pytest.mark.parametrize("param, value, held", [

@@ -5,7 +5,8 @@ with them (Optuna: TPE sampling, median pruning on each epoch's validation mAP).
 search part of the budget is spent (``1 - final_share`` of ``--time``; at most ``--trials``): each trial is an
 ``ssd train`` run (:func:`ssd.training.trainer.train`) of the sampled options with its own ``--time``, in
 ``trials/trialN`` of the run directory; it reports its validation mAP after every epoch (:class:`TrialPruning`),
-the first trial of a new study runs ``ssd train``'s own values of the searched options (the yardstick), and a
+the first trial of a new study runs ``ssd train``'s own values of the searched options (the yardstick), trials
+last at least ``MIN_TRIAL_EPOCHS`` epochs (lengthened, fewer of them, once the first shows an epoch's time), and a
 trial whose mAP is below the median of the earlier trials at that epoch is stopped (pruned). A trial that
 fails (a non-finite loss, out of memory, options ``ssd train`` refuses together) is recorded failed with its
 reason, and the search goes on. What is left of the budget trains the best trial's options into the run directory
@@ -54,6 +55,7 @@ TRIAL_ERRORS = (ValueError, RuntimeError, MemoryError)
 on. Anything else (Ctrl-C) stops the tune, and the trial is marked interrupted when the study is opened again."""
 
 DEFAULT_TRIALS = 8  # without --trials, each trial gets this share of the search time (more run when some end early)
+MIN_TRIAL_EPOCHS = 5  # a trial ranked on fewer epochs is ranked on noise: trials are lengthened to this many
 
 TrainFn = Callable[..., TrainResult]
 
@@ -137,14 +139,24 @@ def tune(config: TuneConfig, *, train_fn: TrainFn = train, callbacks: Sequence[C
                 f"{name!r} in {storage} ({len(study.trials)} trials so far)")
     search_end = start + search_minutes * 60
     overhead = 0.0  # minutes a run spends outside its --time (data, model): the most seen
+    shortest = MIN_TRIAL_MINUTES  # a trial's least length: MIN_TRIAL_EPOCHS epochs once an epoch's time is known
     count = 0
     while config.trials is None or count < config.trials:
         left = (search_end - clock()) / 60
-        if left < MIN_TRIAL_MINUTES + overhead and (count or _best(study, storage, quiet=True)):
+        if left < shortest + overhead and (count or _best(study, storage, quiet=True)):
             break  # setting up may have taken the search time: one trial still runs when the study has none done
-        overhead = max(overhead, _run_trial(study, space, base, run_dir, min(trial_minutes, left) - overhead,
-                                            train_fn, callbacks, clock))
+        spent, epoch_minutes = _run_trial(study, space, base, run_dir, min(trial_minutes, left) - overhead,
+                                          train_fn, callbacks, clock)
+        overhead = max(overhead, spent)
         count += 1
+        if count == 1 and epoch_minutes:
+            shortest = MIN_TRIAL_EPOCHS * epoch_minutes
+            if trial_minutes < shortest:
+                LOGGER.warning(f"ssd tune: an epoch of this data takes {epoch_minutes:.2f} min, so trials of "
+                               f"{trial_minutes:.2f} min would be ranked after {trial_minutes / epoch_minutes:.1f} "
+                               f"epochs: they get {shortest:.2f} min ({MIN_TRIAL_EPOCHS} epochs) each, fewer of "
+                               "them (with no time for a second, the defaults of the first are trained)")
+                trial_minutes = shortest
     write_trials(study, names, run_dir)
     best = _best(study, storage)
     final_minutes = max(MIN_TRIAL_MINUTES, (start + config.time * 60 - clock()) / 60 - overhead)
@@ -161,9 +173,9 @@ def tune(config: TuneConfig, *, train_fn: TrainFn = train, callbacks: Sequence[C
 
 
 def _run_trial(study, space: list[Param], base: TrainConfig, run_dir: Path, minutes: float, train_fn: TrainFn,
-               callbacks: Sequence[Callback], clock: Callable[[], float]) -> float:
+               callbacks: Sequence[Callback], clock: Callable[[], float]) -> tuple[float, float | None]:
     """Ask the study for a trial, train it for ``minutes``, tell the study how it ended; returns the minutes the
-    run spent outside its ``--time`` (setting up)."""
+    run spent outside its ``--time`` (setting up) and the minutes of one of its epochs (``None``: it trained none)."""
     optuna = require("optuna", "tune", "ssd tune")
     state = optuna.trial.TrialState
     trial = study.ask()
@@ -182,9 +194,10 @@ def _run_trial(study, space: list[Param], base: TrainConfig, run_dir: Path, minu
         trial.set_user_attr("fail_reason", reason)
         study.tell(trial, state=state.FAIL)
         LOGGER.info(f"trial {trial.number}: failed: {reason}")
-        return 0.0
+        return 0.0, None
     trained = result.history[-1]["time"] / 60 if result.history else 0.0
     trial.set_user_attr("epochs", len(result.history))
+    epoch_minutes = trained / len(result.history) if result.history else None
     if pruning.pruned is not None:
         trial.set_user_attr("pruned", pruning.pruned)
         study.tell(trial, state=state.PRUNED)
@@ -195,7 +208,7 @@ def _run_trial(study, space: list[Param], base: TrainConfig, run_dir: Path, minu
     else:
         study.tell(trial, result.best_map)
         LOGGER.info(f"trial {trial.number}: mAP {result.best_map:.4f} in {len(result.history)} epochs: {params}")
-    return max(0.0, (clock() - began) / 60 - trained)
+    return max(0.0, (clock() - began) / 60 - trained), epoch_minutes
 
 
 def _best(study, storage: str, quiet: bool = False):
