@@ -1,11 +1,13 @@
 """The pipeline inside the graph (issue 33): the ms per image of pre-processing, network and post-processing for
-``ssd_tiny`` (256 px, random weights biased to detect) on 640x480 images at batch 1, ONNX Runtime on the CPU:
+``ssd_tiny`` (256 px, random weights biased to detect) on 640x480 images at batch 1, ONNX Runtime and LiteRT on the CPU:
 
 - ``today``: the raw graph; PyTorch resizes and normalizes, and decodes and runs NMS after the graph;
 - ``nms``: decoding and NMS in the graph (``--nms``); Pillow + numpy resize and normalize (the runtime path);
 - ``uint8 nms``: the uint8 NHWC input at the network size, normalization, decoding and NMS in the graph
   (``--uint8-input --nms``); Pillow resizes, nothing else;
-- ``int8 nms``: ``nms`` quantized to INT8 (``--int8``, calibrated on 32 synthetic images).
+- ``int8 nms``: ``nms`` quantized to INT8 (``--int8``, calibrated on 32 synthetic images);
+- ``TFLite fp32`` and ``int8`` (XNNPACK): the uint8 NHWC input and normalization in the graph, decoding and NMS in
+  numpy after it (:func:`ssd.arrays.postprocess_arrays`), as the runtime without PyTorch runs them.
 
 Each variant is timed in turn, image by image, in one process (same load on each). Prints a Markdown table for
 ``benchmarks/README.md``. Run: ``.venv/bin/python benchmarks/pipeline_in_graph.py [--images 40]``.
@@ -23,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ssd.arrays import preprocess_arrays
-from ssd.inference.backends.onnx import OnnxBackend
+from ssd.arrays import postprocess_arrays, preprocess_arrays
+from ssd.inference.backends import open_backend
 from ssd.preprocess import preprocess
 from ssd.settings import PREDICT
 
@@ -47,14 +49,21 @@ def _today(backend, image, options) -> tuple[float, float, float]:
     return pre - start, network - pre, end - network
 
 
-def _in_graph(backend, image, options) -> tuple[float, float, float]:
+def _arrays(backend, image, options) -> tuple[float, float, float]:
+    """The runtime without PyTorch (what :func:`ssd.arrays.detect_arrays` does), timed in its three parts: the graph's
+    own NMS where it has one, else its head outputs post-processed in numpy."""
+    card = backend.card
     start = time.perf_counter()
-    batch, sizes = preprocess_arrays([image], backend.card.image_size, backend.card.mean, backend.card.std,
-                                     backend.uint8_input)
+    batch, sizes = preprocess_arrays([image], card.image_size, card.mean, card.std, backend.uint8_input)
     pre = time.perf_counter()
-    detections = backend.nms_arrays(batch, **options)
-    network = time.perf_counter()
-    for detection, (height, width) in zip(detections, sizes):  # what ssd.arrays.detect_arrays does after the graph
+    if card.nms is not None:
+        detections = backend.nms_arrays(batch, **options)
+        network = time.perf_counter()
+    else:
+        loc, scores, priors = backend.head_arrays(batch)
+        network = time.perf_counter()
+        detections = postprocess_arrays(loc, scores, priors, variances=card.variances, **options)
+    for detection, (height, width) in zip(detections, sizes):
         detection["boxes"] = detection["boxes"] * np.array([width, height, width, height], dtype=np.float32)
     end = time.perf_counter()
     return pre - start, network - pre, end - network
@@ -78,12 +87,16 @@ def main() -> None:
                    max_detections=options["max_detections"], check=False)
         variants = {
             "today (raw graph, PyTorch pre/post)": (export(weights, "onnx", work / "raw.onnx", check=False), _today),
-            "nms in graph, numpy pre": (export(weights, "onnx", work / "nms.onnx", **nms), _in_graph),
-            "uint8 + nms in graph": (export(weights, "onnx", work / "u8.onnx", uint8_input=True, **nms), _in_graph),
+            "nms in graph, numpy pre": (export(weights, "onnx", work / "nms.onnx", **nms), _arrays),
+            "uint8 + nms in graph": (export(weights, "onnx", work / "u8.onnx", uint8_input=True, **nms), _arrays),
             "int8 + nms in graph, numpy pre": (export(weights, "onnx", work / "i8.onnx", int8=True, data=data,
-                                                      calib_images=32, **nms), _in_graph),
+                                                      calib_images=32, **nms), _arrays),
+            "TFLite fp32, uint8 in graph, numpy post": (export(weights, "tflite", work / "m.tflite", check=False),
+                                                        _arrays),
+            "TFLite int8, uint8 in graph, numpy post": (export(weights, "tflite", work / "m.int8.tflite", int8=True,
+                                                               data=data, calib_images=32), _arrays),
         }
-        backends = {name: (OnnxBackend(path), run) for name, (path, run) in variants.items()}
+        backends = {name: (open_backend(path), run) for name, (path, run) in variants.items()}
         times: dict[str, list[tuple[float, float, float]]] = {name: [] for name in backends}
         for image in images[:3]:  # warm up every session
             for backend, run in backends.values():
@@ -91,6 +104,8 @@ def main() -> None:
         for image in images:
             for name, (backend, run) in backends.items():
                 times[name].append(run(backend, image, options))
+        flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").is_file() else set()
+        print("CPU flags:", " ".join(f for f in ("avx2", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags))
         print("| variant | pre ms | network ms | post ms | pre + post ms | total ms |")
         print("|---|---|---|---|---|---|")
         for name, rows in times.items():
