@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ssd.data.index as index_module
+import ssd.data.fingerprint as fingerprint_module
 import ssd.data.memo as memo_module
 from builders import make_dataset
 from ssd.data.disk_cache import disk_images
@@ -90,8 +90,8 @@ def test_damaged_per_file_results_are_not_trusted_when_rebuilding(tmp_path, capl
 def test_a_new_set_of_splits_walks_the_dataset_folder_once(tmp_path, monkeypatch):
     data = voc(tmp_path)
     index_dataset(data, splits=("train",))
-    walks, walk = [], index_module._walk
-    monkeypatch.setattr(index_module, "_walk", lambda root, *rest: walks.append(root) or walk(root, *rest))
+    walks, walk = [], fingerprint_module.walk
+    monkeypatch.setattr(fingerprint_module, "walk", lambda root, *rest: walks.append(root) or walk(root, *rest))
     both = index_dataset(data, splits=("train", "val"))  # unchanged files, a check not stored yet: val decoded
     assert walks == [data] and both.stored and sorted(kind for kind, _ in both.reads) == ["decode", "decode"]
 
@@ -112,7 +112,7 @@ def test_the_per_file_results_are_written_as_json_dumps_writes_them(tmp_path, mo
     xml.write_text(xml.read_text() + " ")
     settle(data)
     stats, stat = [], memo_module.file_state
-    for module in (memo_module, index_module):
+    for module in (memo_module, fingerprint_module):
         monkeypatch.setattr(module, "file_state", lambda path: stats.append(os.fspath(path)) or stat(path))
     index_dataset(data, splits=("train", "val"))  # entries kept from the file and new ones, in one memo
     stored = np.load(index_file(data))["memo"].tobytes()

@@ -1,0 +1,279 @@
+"""The dataset index patched after a few edited files, instead of rebuilt: the start after one changed annotation
+costs about a warm start plus that file.
+
+When the dataset's file list is the stored one and only the states of a few files changed, and each of those is the
+annotation file or the image of one record of a VOC or YOLO dataset (one record per file: the one-file formats,
+COCO, CVAT and Label Studio, are rebuilt), that record alone is read again (:func:`~ssd.data.voc.read_voc_record`,
+:func:`~ssd.data.yolo.read_yolo_record`, with the stored per-file results of its files) and spliced into its split's
+table (:func:`~ssd.data.table_splice.splice_record`); its reader issues, per-image rule results and decode result
+replace its old ones where they stood in reading order; the dataset-wide rules run on the tables
+(:func:`~ssd.data.rules.dataset_issues`); the new per-file results are appended to the stored ones, which are copied
+as bytes, those of the keys read again cut out (the entries no run uses any more are dropped by the next rebuild).
+
+Anything else is left to the rebuild, which gives the same index: files added or removed, a class list that would
+change (a new name, or the last object of a class gone), a record that became unreadable, an issue whose place in
+reading order is not known (a file that had none and now has some reader issue), an image listed twice, or a check
+stored without its parts or by other rules (another version of ssd).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ssd.data.check import decode_issues, invalid, record_issues, rules_version
+from ssd.data.index_file import INDEX_ERRORS, StoredIndex, issue_rows, issues_from, read_group
+from ssd.data.memo import FileMemo
+from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
+from ssd.data.rules import dataset_issues
+from ssd.data.table import RecordTable
+from ssd.data.table_splice import splice_record
+from ssd.data.voc import assign_labels, read_voc_record
+from ssd.data.yolo import read_description, read_yolo_record
+
+__all__ = ["Patch", "patch_index", "PATCH_MAX_FILES"]
+
+PATCH_MAX_FILES = 64
+"""Changed files a patch reads at most; more are read by the rebuild (each through its stored results)."""
+PATCHED_SHARE = 4
+"""Per-file results appended by patches, at most one per this many files of the dataset (then a rebuild compacts)."""
+
+
+@dataclass
+class Patch:
+    """The patched index: ``spec`` (splits as tables), ``checks`` and ``parts`` (by key, as the index stores them),
+    ``memo`` (the per-file results as JSON bytes), ``reads`` (the files read) and ``appended`` (results appended
+    since the last rebuild)."""
+
+    spec: DatasetSpec
+    checks: dict[str, list]
+    parts: dict[str, list[int]]
+    memo: bytes
+    reads: list[tuple[str, str]]
+    appended: int
+
+
+class _Rebuild(Exception):
+    """This change is left to the rebuild."""
+
+
+def patch_index(stored: StoredIndex, spec: DatasetSpec, paths: list[str], states: np.ndarray, start_ns: int
+                ) -> Patch | None:
+    """The index ``stored`` (``spec``: its dataset) patched for the files whose states changed (``paths`` and
+    ``states [F, 4]``: the dataset's files now, the stored list); None when the change is left to the rebuild."""
+    changed = np.flatnonzero((states != stored.arrays["files.state"]).any(axis=1))
+    appended = stored.meta.get("appended", 0)
+    if (spec.format not in _READERS or not 0 < len(changed) <= PATCH_MAX_FILES or appended * PATCHED_SHARE
+            > len(paths) or set(stored.meta["checks"]) - set(stored.meta.get("parts", {}))
+            or stored.meta.get("rules") != rules_version()):  # another ssd's rules made the stored results
+        return None
+    try:
+        return _patch(stored, spec, {paths[i]: states[i].tolist() for i in changed}, start_ns, appended)
+    except _Rebuild:
+        return None
+
+
+def _patch(stored: StoredIndex, spec: DatasetSpec, changed: dict[str, list[int]], start_ns: int, appended: int
+           ) -> Patch:
+    found = _records_of(spec, set(changed))
+    files = {p for split, row in found for p in _files(spec.splits[split], row)}
+    try:
+        memo_text = read_group(stored.path, "memo", stored.digests)["memo"].tobytes()
+        if not (memo_text.startswith(b"{") and memo_text.endswith(b"}")):
+            raise ValueError("not a JSON object")
+        stored_entries = _entries(memo_text.decode(), files)
+    except INDEX_ERRORS:  # damaged: the rebuild says so, and reads every file
+        raise _Rebuild from None
+    memo = FileMemo({key: entry for key, (entry, *_) in stored_entries.items()}, start_ns,
+                    [(p, changed.get(p) or _old_state(stored, p)) for p in files])
+    splits, issues, new = dict(spec.splits), list(spec.issues), {}
+    counts = _class_counts(spec)
+    with memo.active():
+        for (split, row), image_changed in found.items():
+            table = splits[split]
+            record, read = _READERS[spec.format](spec, table, row, split)
+            counts += _label_counts(record, spec.num_classes) - _label_counts(table[row], spec.num_classes)
+            issues = _replace(issues, lambda i, p=record.path, s=split: i.image == p and i.split == s, read, None)
+            splits[split] = splice_record(table, row, record)
+            one = DatasetSpec(spec.root, spec.format, spec.class_names, {split: [record]}, read)
+            new[(split, row)] = record, record_issues(one, [split]), decode_issues(one, [split]) if image_changed \
+                else None
+        if ((counts == 0) & (_class_counts(spec) > 0)).any():  # a class gone: the names of VOC / LabelMe change
+            raise _Rebuild
+        patched = DatasetSpec(spec.root, spec.format, spec.class_names, splits, issues, spec.category_ids,
+                              spec.sources, spec.watched)
+        checks, parts = {}, {}
+        for key, rows in stored.meta["checks"].items():
+            checks[key], parts[key] = _check(patched, key.split(",") if key else [], issues_from(rows),
+                                             stored.meta["parts"][key], new)
+    made = {key: entry for key, entry in memo.used.items() if isinstance(entry, bytes)}
+    return Patch(patched, checks, parts, _merged(memo_text, stored_entries, made), memo.reads, appended + len(made))
+
+
+def _records_of(spec: DatasetSpec, changed: set[str]) -> dict[tuple[str, int], bool]:
+    """``{(split, row): whether its image changed}`` of the records whose files changed; each changed file must be
+    the image or the annotation of exactly one record, and that image in one split only."""
+    found: dict[tuple[str, int], bool] = {}
+    owners: dict[str, list] = {}
+    for split, table in spec.splits.items():
+        for kind, texts in (("image", table.paths.tolist()), ("annotation", table.annotations.tolist())):
+            for row, text in enumerate(texts):
+                if text in changed:
+                    owners.setdefault(text, []).append((split, row, kind))
+    if owners.keys() != changed or any(len(o) > 1 for o in owners.values()):
+        raise _Rebuild
+    for [(split, row, kind)] in owners.values():
+        found[(split, row)] = found.get((split, row), False) or kind == "image"
+    images = {spec.splits[split].paths[row] for split, row in found}
+    if sum(path in images for table in spec.splits.values() for path in table.paths.tolist()) > len(images):
+        raise _Rebuild  # an image in two splits (VOC trainval): its issues are said once, for the first
+    return found
+
+
+def _files(table: RecordTable, row: int) -> list[str]:
+    return [p for p in (table.paths[row], table.annotations[row]) if p]
+
+
+def _old_state(stored: StoredIndex, path: str) -> list[int]:
+    """The stored state of ``path``, one of the index's files (unchanged: the file list is the stored one)."""
+    files = stored.files
+    low, high = 0, len(files)  # the list is sorted: a binary search, no list of every path made
+    while low < high:
+        middle = (low + high) // 2
+        if files[middle] < path:
+            low = middle + 1
+        else:
+            high = middle
+    if low == len(files) or files[low] != path:
+        raise _Rebuild
+    return stored.arrays["files.state"][low].tolist()
+
+
+def _entries(memo_text: str, files: set[str]) -> dict[str, tuple[list, int, int]]:
+    """The stored per-file results of ``files`` with their places in the JSON text of all of them, found without
+    parsing it whole (a key is ``kind NUL path NUL digest``): ``{key: (entry, start, end)}``."""
+    decoder, entries = json.JSONDecoder(), {}
+    for path in files:
+        needle = "\\u0000" + json.dumps(path)[1:-1] + "\\u0000"
+        at = memo_text.find(needle)
+        while at >= 0:
+            start = memo_text.rfind('"', 0, at)
+            key, end = decoder.raw_decode(memo_text, start)
+            entry, end = decoder.raw_decode(memo_text, end + 2)  # after ": "
+            entries[key] = entry, start, end
+            at = memo_text.find(needle, end)
+    return entries
+
+
+def _merged(memo_text: bytes, stored: dict[str, tuple[list, int, int]], made: dict[str, bytes]) -> bytes:
+    """The stored per-file results with ``made`` in place of the stored ones of the same keys, at the end; the
+    others copied as bytes (the text stays what ``json.dumps`` writes: see :meth:`FileMemo.used_json`)."""
+    if not made:
+        return memo_text
+    parts, at = [], 0
+    for start, end in sorted(stored[key][1:] for key in made.keys() & stored.keys()):
+        parts.append(memo_text[at:start])
+        at = end + 2  # the entry and the ", " after it (the last one's "}" is cut below)
+    parts.append(memo_text[at:])
+    kept = b"".join(parts).rstrip(b"}").rstrip(b", ")
+    text = b", ".join(json.dumps(key).encode() + b": " + entry for key, entry in made.items())
+    return kept + (b", " if kept != b"{" else b"") + text + b"}"
+
+
+def _class_counts(spec: DatasetSpec) -> np.ndarray:
+    k = spec.num_classes
+    return sum((np.bincount(t.labels[(t.labels >= 0) & (t.labels < k)], minlength=k) for t in spec.splits.values()),
+               np.zeros(k, np.int64))
+
+
+def _label_counts(record: ImageRecord, k: int) -> np.ndarray:
+    return np.bincount([o.label for o in record.objects if 0 <= o.label < k], minlength=k).astype(np.int64)
+
+
+def _voc(spec: DatasetSpec, table: RecordTable, row: int, split: str) -> tuple[ImageRecord, list[Issue]]:
+    old = table[row]
+    xml = old.annotation
+    if xml is None or not (xml.parent == spec.root or xml.parent.parent == spec.root
+                           or xml.parent.name == "Annotations"):
+        raise _Rebuild  # split folders deeper down are read relative to their own parent
+    if old.objects and not old.objects[0].where.startswith(f"{relative_path(xml, spec.root)} object "):
+        raise _Rebuild
+    issues: list[Issue] = []
+    record = read_voc_record(old.image_id, old.path, xml, spec.root, split, issues)
+    if record is None or any(o.name not in spec.class_names for o in record.objects):
+        raise _Rebuild  # unreadable now, or a new name (a class list read from the annotations changes)
+    assign_labels([record], spec.class_names)
+    return record, issues
+
+
+def _yolo(spec: DatasetSpec, table: RecordTable, row: int, split: str) -> tuple[ImageRecord, list[Issue]]:
+    old = table[row]
+    declared = next(iter(spec.sources.values()), None)  # a data.yaml; else the folder's classes.txt
+    if old.annotation is None or old.annotation.suffix != ".txt" or (
+            read_description(declared).get("flags") if declared else not (spec.root / "classes.txt").is_file()):
+        raise _Rebuild  # XML beside the images, a flags file naming lines, or names from the labels
+    issues: list[Issue] = []
+    record = read_yolo_record(old.path, split, spec.root, spec.class_names, issues)
+    if record is None or record.annotation != old.annotation:
+        raise _Rebuild
+    return record, issues
+
+
+_READERS: dict[str, Callable[[DatasetSpec, RecordTable, int, str], tuple[ImageRecord, list[Issue]]]] = {
+    "voc": _voc, "yolo": _yolo}
+
+
+def _replace(issues: list[Issue], own: Callable[[Issue], bool], new: list[Issue],
+             order: Callable[[Issue], tuple] | None) -> list[Issue]:
+    """``issues`` with those ``own`` picks (one run of them) replaced by ``new``; where there were none, ``new`` goes
+    before the first issue that ``order`` places after them (the rebuild's job without ``order``)."""
+    at = [j for j, issue in enumerate(issues) if own(issue)]
+    if at:
+        if at[-1] - at[0] + 1 != len(at):
+            raise _Rebuild
+        return issues[:at[0]] + new + issues[at[-1] + 1:]
+    if not new:
+        return issues
+    if order is None:
+        raise _Rebuild
+    mine = order(new[0])
+    place = next((j for j, issue in enumerate(issues) if order(issue) > mine), len(issues))
+    return issues[:place] + new + issues[place:]
+
+
+def _check(spec: DatasetSpec, splits: list[str], issues: list[Issue], sizes: list[int],
+           new: dict[tuple[str, int], tuple[ImageRecord, list[Issue], list[Issue] | None]]) -> tuple[list, list[int]]:
+    """The stored check of ``splits`` (``issues`` in its parts of ``sizes``: see :func:`~ssd.data.check.check_parts`)
+    with the records of ``new`` read again (``(record, its per-image issues, its decode issues or None when its
+    image is unchanged)``); ``(rows, sizes)`` as the index stores them."""
+    read = [i for i in spec.issues if i.split is None or i.split in splits]
+    per_image = issues[sizes[0]:sizes[0] + sizes[1]]
+    decoded = issues[sizes[0] + sizes[1]:sum(sizes)]
+    order = _reading_order(spec, splits)
+    for (split, _), (record, checked, decode) in new.items():
+        if split in splits:
+            per_image = _replace(per_image, lambda i, p=record.path: i.image == p, checked, order)
+        if split in splits and decode is not None:
+            decoded = _replace(decoded, lambda i, p=record.path: i.image == p, decode, order)
+    overlap = None if any(decode is not None for *_, decode in new.values()) else [
+        i for i in issues[sum(sizes):] if i.code == "train_val_overlap"]  # the images' bytes alone decide it
+    rules = dataset_issues(spec, splits, *invalid(read + per_image + decoded), overlap=overlap)
+    return issue_rows(read + per_image + decoded + rules), [len(read), len(per_image), len(decoded)]
+
+
+def _reading_order(spec: DatasetSpec, splits: list[str]) -> Callable[[Issue], tuple]:
+    """An image's place in the order the check reads ``splits`` (made on first use: a dict of every path)."""
+    places: dict[str, tuple[int, int]] = {}
+
+    def order(issue: Issue) -> tuple[int, int]:
+        if not places:
+            for s, split in enumerate(splits):
+                for row, path in enumerate(spec.splits[split].paths.tolist()):
+                    places.setdefault(path, (s, row))
+        if str(issue.image) not in places:
+            raise _Rebuild
+        return places[str(issue.image)]
+    return order
