@@ -81,6 +81,9 @@ def test_damaged_per_file_results_are_not_trusted_when_rebuilding(tmp_path, capl
     xml = data / "Annotations" / "synth_000001.xml"
     xml.write_text(xml.read_text() + " ")
     settle(data)
+    assert reads(data) == [("voc", xml.name)] and not messages(caplog)  # patched: copied, with their digest
+    (data / "notes.txt").write_text("a file added: rebuilt\n")
+    settle(data)
     assert len(reads(data)) == 2 * 8 + 6  # every file read again, not only the changed one
     assert messages(caplog) == [f"dataset cache: {path} is not a valid index (its per-file results do not match "
                                 "their digest (edited or damaged)): rebuilding it"]
@@ -149,7 +152,6 @@ def test_meta_data_or_per_file_results_nested_too_deep_are_rebuilt_not_a_crash(t
         digests = json.loads(members["digests"].tobytes()) | {"memo": _digest(members, ["memo"])}
         members["digests"] = np.frombuffer(json.dumps(digests).encode(), np.uint8)
     rewrite(path, deep_memo)
-    xml = data / "Annotations" / "synth_000001.xml"
-    xml.write_text(xml.read_text() + " ")
+    (data / "notes.txt").write_text("a file added: rebuilt\n")
     settle(data)
     assert len(reads(data)) == 2 * 8 + 6 and reads(data) == []  # not trusted: every file read again

@@ -36,6 +36,8 @@ from ssd.log import LOGGER
 __all__ = ["StoredIndex", "write_index", "read_group", "read_memo", "issue_rows", "issues_from", "text_array",
            "INDEX_ERRORS", "damage_reason", "open_regular", "load_npz"]
 
+MEMO_GROUPS = ("memo", "memo_patch")
+"""The groups (each one member) of the per-file results: a rebuild's, and those patches added since (which hold)."""
 INDEX_ERRORS = (OSError, ValueError, KeyError, EOFError, RecursionError, zipfile.BadZipFile)
 """What reading a damaged or foreign index file raises (zip, npy and JSON errors: a JSON nested too deep is a
 ``RecursionError``); the image cache's file too."""
@@ -89,11 +91,12 @@ def _digest(arrays: Mapping, names: Iterable[str]) -> str:
 
 
 def _group(name: str) -> str:
-    """The digest group of an index member: ``memo`` (the per-file results), ``detail<i>`` (split ``i``'s message
-    columns) or ``index`` (the rest: what a warm start reads)."""
+    """The digest group of an index member: ``memo`` (the per-file results), ``memo_patch`` (those the patches of
+    :mod:`ssd.data.index_patch` made since), ``detail<i>`` (split ``i``'s message columns) or ``index`` (the rest:
+    what a warm start reads)."""
     split = name.partition(".")[0]
-    if name == "memo":
-        return "memo"
+    if name in MEMO_GROUPS:
+        return name
     return f"detail{split[5:]}" if split.startswith("split") and RecordTable.detail_arrays(split + ".", [name]) \
         else "index"
 
@@ -106,7 +109,7 @@ def _groups(names: Iterable[str]) -> dict[str, list[str]]:
     return groups
 
 
-_GROUP_TEXT = {"index": "arrays", "memo": "per-file results"}
+_GROUP_TEXT = {"index": "arrays", "memo": "per-file results", "memo_patch": "per-file results of its patches"}
 
 
 def _version(meta) -> object:
@@ -119,11 +122,12 @@ class _Damaged(ValueError):
     """A group of an index file fails its digest."""
 
 
-def read_group(path: Path, group: str, digests: dict | None = None) -> dict[str, np.ndarray]:
+def read_group(path: Path, group: str, digests: dict | None = None, check: bool = True) -> dict[str, np.ndarray]:
     """The arrays of ``group`` in the index file ``path``, checked against their digest in ``digests`` (the
     file's own when None). Raises :class:`_Damaged` for a group that fails the digest of its file, ``ValueError``
     (and what ``np.load`` raises) for a file whose ``group`` is not the one of ``digests`` (a file rewritten by
-    another run with this group unchanged still answers: only the group's own digest is compared)."""
+    another run with this group unchanged still answers: only the group's own digest is compared). Without
+    ``check`` the content is not hashed (copied to a new index file with its digest: damage stays seen there)."""
     with open_regular(path) as f, load_npz(f) as z:
         held = json.loads(z["digests"].tobytes())
         if not isinstance(held, dict):
@@ -132,16 +136,26 @@ def read_group(path: Path, group: str, digests: dict | None = None) -> dict[str,
         arrays = {name: z[name] for name in names}
     if digests is not None and held.get(group) != digests.get(group):
         raise ValueError("another index replaced it")
-    if group not in held or _digest(arrays, names) != held[group]:
+    if group not in held or (check and _digest(arrays, names) != held[group]):
         what = _GROUP_TEXT.get(group, f"message columns of split {group[6:]}")
         raise _Damaged(f"its {what} do not match their digest (edited or damaged)")
     return arrays
 
 
 def read_memo(path: Path, digests: dict | None = None) -> dict:
-    """The per-file results (:mod:`ssd.data.memo`) stored in the index file ``path``, checked as
-    :func:`read_group` checks a group."""
-    return json.loads(read_group(path, "memo", digests)["memo"].tobytes())
+    """The per-file results (:mod:`ssd.data.memo`) stored in the index file ``path`` (a rebuild's, then those of
+    the patches since, which replace them), checked as :func:`read_group` checks a group."""
+    if digests is None:
+        with open_regular(path) as f, load_npz(f) as z:
+            digests = json.loads(z["digests"].tobytes())
+    groups = [group for group in MEMO_GROUPS if group == "memo" or (isinstance(digests, dict) and group in digests)]
+    memo: dict = {}
+    for group in groups:
+        entries = json.loads(read_group(path, group, digests)[group].tobytes())
+        if not isinstance(entries, dict):
+            raise ValueError(f"its {_GROUP_TEXT[group]} are not a JSON object")
+        memo |= entries
+    return memo
 
 
 class _IndexFile:
@@ -235,10 +249,12 @@ class StoredIndex:
                            [Path(p) for p in m["watched"]])
 
 
-def write_index(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> StoredIndex:
-    """Write ``arrays`` (``meta`` among them, as :func:`text_array`) with their digests to ``path`` atomically; the
-    index as :class:`StoredIndex` would read it back."""
-    digests = {group: _digest(arrays, names) for group, names in _groups(arrays).items()}
+def write_index(path: Path, meta: dict, arrays: dict[str, np.ndarray], known: dict[str, str] | None = None
+                ) -> StoredIndex:
+    """Write ``arrays`` (``meta`` among them, as :func:`text_array`) with their digests (``known``: those of groups
+    copied unchanged from another index file, not hashed again) to ``path`` atomically; the index as
+    :class:`StoredIndex` would read it back."""
+    digests = {group: (known or {}).get(group) or _digest(arrays, names) for group, names in _groups(arrays).items()}
     with atomic_write(path) as f:
         np.savez(f, **arrays, digests=text_array(digests))
     return StoredIndex.written(path, meta, arrays, digests)

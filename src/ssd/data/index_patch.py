@@ -4,11 +4,12 @@ costs about a warm start plus that file.
 When the dataset's file list is the stored one and only the states of a few files changed, and each of those is the
 annotation file or the image of one record of a VOC or YOLO dataset (one record per file: the one-file formats,
 COCO, CVAT and Label Studio, are rebuilt), that record alone is read again (:func:`~ssd.data.voc.read_voc_record`,
-:func:`~ssd.data.yolo.read_yolo_record`, with the stored per-file results of its files) and spliced into its split's
-table (:func:`~ssd.data.table_splice.splice_record`); its reader issues, per-image rule results and decode result
-replace its old ones where they stood in reading order; the dataset-wide rules run on the tables
-(:func:`~ssd.data.rules.dataset_issues`); the new per-file results are appended to the stored ones, which are copied
-as bytes, those of the keys read again cut out (the entries no run uses any more are dropped by the next rebuild).
+:func:`~ssd.data.yolo.read_yolo_record`; an unchanged image's size taken from the table) and spliced into its
+split's table (:func:`~ssd.data.table_splice.splice_record`); its reader issues, per-image rule results and decode
+result replace its old ones where they stood in reading order; the dataset-wide rules run on the tables
+(:func:`~ssd.data.rules.dataset_issues`: the train/val overlap kept when no image changed). The stored per-file
+results are copied to the new file as bytes, neither parsed nor hashed again (their digest goes with them); the new
+ones go to a group of their own (``memo_patch``) that replaces them where both answer, until a rebuild.
 
 Anything else is left to the rebuild, which gives the same index: files added or removed, a class list that would
 change (a new name, or the last object of a class gone), a record that became unreadable, an issue whose place in
@@ -29,7 +30,7 @@ from ssd.data.index_file import INDEX_ERRORS, StoredIndex, issue_rows, issues_fr
 from ssd.data.memo import FileMemo
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import dataset_issues
-from ssd.data.table import RecordTable
+from ssd.data.table import RecordTable, Strings
 from ssd.data.table_splice import splice_record
 from ssd.data.voc import assign_labels, read_voc_record
 from ssd.data.yolo import read_description, read_yolo_record
@@ -45,13 +46,13 @@ PATCHED_SHARE = 4
 @dataclass
 class Patch:
     """The patched index: ``spec`` (splits as tables), ``checks`` and ``parts`` (by key, as the index stores them),
-    ``memo`` (the per-file results as JSON bytes), ``reads`` (the files read) and ``appended`` (results appended
-    since the last rebuild)."""
+    ``memo`` (the per-file results' arrays: the stored ones as they are, and those of the patches so far),
+    ``reads`` (the files read) and ``appended`` (results the patches made since the last rebuild)."""
 
     spec: DatasetSpec
     checks: dict[str, list]
     parts: dict[str, list[int]]
-    memo: bytes
+    memo: dict[str, np.ndarray]
     reads: list[tuple[str, str]]
     appended: int
 
@@ -81,26 +82,24 @@ def _patch(stored: StoredIndex, spec: DatasetSpec, changed: dict[str, list[int]]
     found = _records_of(spec, set(changed))
     files = {p for split, row in found for p in _files(spec.splits[split], row)}
     try:
-        memo_text = read_group(stored.path, "memo", stored.digests)["memo"].tobytes()
-        if not (memo_text.startswith(b"{") and memo_text.endswith(b"}")):
-            raise ValueError("not a JSON object")
-        stored_entries = _entries(memo_text.decode(), files)
-    except INDEX_ERRORS:  # damaged: the rebuild says so, and reads every file
+        base = read_group(stored.path, "memo", stored.digests, check=False)["memo"]  # copied, never parsed
+    except INDEX_ERRORS:  # the rebuild says what is wrong
         raise _Rebuild from None
-    memo = FileMemo({key: entry for key, (entry, *_) in stored_entries.items()}, start_ns,
-                    [(p, changed.get(p) or _old_state(stored, p)) for p in files])
+    memo = FileMemo(None, start_ns, [(p, changed.get(p) or _old_state(stored, p)) for p in files])
     splits, issues, new = dict(spec.splits), list(spec.issues), {}
     counts = _class_counts(spec)
     with memo.active():
         for (split, row), image_changed in found.items():
             table = splits[split]
-            record, read = _READERS[spec.format](spec, table, row, split)
+            size = None if image_changed else tuple(table.sizes[row].tolist())
+            record, read = _READERS[spec.format](spec, table, row, split, size)
             counts += _label_counts(record, spec.num_classes) - _label_counts(table[row], spec.num_classes)
             issues = _replace(issues, lambda i, p=record.path, s=split: i.image == p and i.split == s, read, None)
             splits[split] = splice_record(table, row, record)
             one = DatasetSpec(spec.root, spec.format, spec.class_names, {split: [record]}, read)
-            new[(split, row)] = record, record_issues(one, [split]), decode_issues(one, [split]) if image_changed \
-                else None
+            same = not image_changed and splits[split][row] == table[row]  # an edit that leaves the record as it was
+            new[(split, row)] = (record, None if same else record_issues(one, [split]),
+                                 decode_issues(one, [split]) if image_changed else None)
         if ((counts == 0) & (_class_counts(spec) > 0)).any():  # a class gone: the names of VOC / LabelMe change
             raise _Rebuild
         patched = DatasetSpec(spec.root, spec.format, spec.class_names, splits, issues, spec.category_ids,
@@ -109,27 +108,47 @@ def _patch(stored: StoredIndex, spec: DatasetSpec, changed: dict[str, list[int]]
         for key, rows in stored.meta["checks"].items():
             checks[key], parts[key] = _check(patched, key.split(",") if key else [], issues_from(rows),
                                              stored.meta["parts"][key], new)
-    made = {key: entry for key, entry in memo.used.items() if isinstance(entry, bytes)}
-    return Patch(patched, checks, parts, _merged(memo_text, stored_entries, made), memo.reads, appended + len(made))
+    try:
+        memo_patch = _patch_memo(stored, memo.used)
+    except INDEX_ERRORS:
+        raise _Rebuild from None
+    return Patch(patched, checks, parts, {"memo": base, "memo_patch": np.frombuffer(memo_patch, np.uint8)},
+                 memo.reads, appended + len(memo.used))
 
 
 def _records_of(spec: DatasetSpec, changed: set[str]) -> dict[tuple[str, int], bool]:
     """``{(split, row): whether its image changed}`` of the records whose files changed; each changed file must be
     the image or the annotation of exactly one record, and that image in one split only."""
-    found: dict[tuple[str, int], bool] = {}
     owners: dict[str, list] = {}
     for split, table in spec.splits.items():
-        for kind, texts in (("image", table.paths.tolist()), ("annotation", table.annotations.tolist())):
-            for row, text in enumerate(texts):
-                if text in changed:
-                    owners.setdefault(text, []).append((split, row, kind))
+        for kind, column in (("image", table.paths), ("annotation", table.annotations)):
+            for text, rows in _rows_of(column, changed).items():
+                owners.setdefault(text, []).extend((split, row, kind) for row in rows)
     if owners.keys() != changed or any(len(o) > 1 for o in owners.values()):
         raise _Rebuild
+    found: dict[tuple[str, int], bool] = {}
     for [(split, row, kind)] in owners.values():
         found[(split, row)] = found.get((split, row), False) or kind == "image"
     images = {spec.splits[split].paths[row] for split, row in found}
-    if sum(path in images for table in spec.splits.values() for path in table.paths.tolist()) > len(images):
+    if sum(len(rows) for table in spec.splits.values() for rows in _rows_of(table.paths, images).values()) > len(
+            images):
         raise _Rebuild  # an image in two splits (VOC trainval): its issues are said once, for the first
+    return found
+
+
+def _rows_of(column: Strings, texts: set[str]) -> dict[str, list[int]]:
+    """The rows of ``column`` that hold each of ``texts`` (found in its bytes: no text of the column decoded)."""
+    blob, found = column.blob.tobytes(), {}
+    for text in texts:
+        if not text.startswith(column.prefix):
+            continue
+        needle = text[len(column.prefix):].encode("utf-8", "surrogatepass")
+        at = blob.find(needle)
+        while at >= 0:
+            row = int(np.searchsorted(column.offsets, at, side="right")) - 1
+            if row < len(column) and column.offsets[row] == at and column.offsets[row + 1] == at + len(needle):
+                found.setdefault(text, []).append(row)
+            at = blob.find(needle, at + 1) if at < len(blob) else -1
     return found
 
 
@@ -152,35 +171,17 @@ def _old_state(stored: StoredIndex, path: str) -> list[int]:
     return stored.arrays["files.state"][low].tolist()
 
 
-def _entries(memo_text: str, files: set[str]) -> dict[str, tuple[list, int, int]]:
-    """The stored per-file results of ``files`` with their places in the JSON text of all of them, found without
-    parsing it whole (a key is ``kind NUL path NUL digest``): ``{key: (entry, start, end)}``."""
-    decoder, entries = json.JSONDecoder(), {}
-    for path in files:
-        needle = "\\u0000" + json.dumps(path)[1:-1] + "\\u0000"
-        at = memo_text.find(needle)
-        while at >= 0:
-            start = memo_text.rfind('"', 0, at)
-            key, end = decoder.raw_decode(memo_text, start)
-            entry, end = decoder.raw_decode(memo_text, end + 2)  # after ": "
-            entries[key] = entry, start, end
-            at = memo_text.find(needle, end)
-    return entries
-
-
-def _merged(memo_text: bytes, stored: dict[str, tuple[list, int, int]], made: dict[str, bytes]) -> bytes:
-    """The stored per-file results with ``made`` in place of the stored ones of the same keys, at the end; the
-    others copied as bytes (the text stays what ``json.dumps`` writes: see :meth:`FileMemo.used_json`)."""
-    if not made:
-        return memo_text
-    parts, at = [], 0
-    for start, end in sorted(stored[key][1:] for key in made.keys() & stored.keys()):
-        parts.append(memo_text[at:start])
-        at = end + 2  # the entry and the ", " after it (the last one's "}" is cut below)
-    parts.append(memo_text[at:])
-    kept = b"".join(parts).rstrip(b"}").rstrip(b", ")
-    text = b", ".join(json.dumps(key).encode() + b": " + entry for key, entry in made.items())
-    return kept + (b", " if kept != b"{" else b"") + text + b"}"
+def _patch_memo(stored: StoredIndex, made: dict[str, bytes]) -> bytes:
+    """The per-file results of the patches so far with ``made`` added (the JSON text :meth:`FileMemo.used_json`
+    writes)."""
+    kept = FileMemo()
+    if "memo_patch" in stored.digests:
+        entries = json.loads(read_group(stored.path, "memo_patch", stored.digests)["memo_patch"].tobytes())
+        if not isinstance(entries, dict):
+            raise ValueError("its per-file results of patches are not a JSON object")
+        kept.used = entries
+    kept.used |= made
+    return kept.used_json()
 
 
 def _class_counts(spec: DatasetSpec) -> np.ndarray:
@@ -193,7 +194,8 @@ def _label_counts(record: ImageRecord, k: int) -> np.ndarray:
     return np.bincount([o.label for o in record.objects if 0 <= o.label < k], minlength=k).astype(np.int64)
 
 
-def _voc(spec: DatasetSpec, table: RecordTable, row: int, split: str) -> tuple[ImageRecord, list[Issue]]:
+def _voc(spec: DatasetSpec, table: RecordTable, row: int, split: str, size: tuple[int, int] | None
+         ) -> tuple[ImageRecord, list[Issue]]:
     old = table[row]
     xml = old.annotation
     if xml is None or not (xml.parent == spec.root or xml.parent.parent == spec.root
@@ -202,27 +204,28 @@ def _voc(spec: DatasetSpec, table: RecordTable, row: int, split: str) -> tuple[I
     if old.objects and not old.objects[0].where.startswith(f"{relative_path(xml, spec.root)} object "):
         raise _Rebuild
     issues: list[Issue] = []
-    record = read_voc_record(old.image_id, old.path, xml, spec.root, split, issues)
+    record = read_voc_record(old.image_id, old.path, xml, spec.root, split, issues, size)
     if record is None or any(o.name not in spec.class_names for o in record.objects):
         raise _Rebuild  # unreadable now, or a new name (a class list read from the annotations changes)
     assign_labels([record], spec.class_names)
     return record, issues
 
 
-def _yolo(spec: DatasetSpec, table: RecordTable, row: int, split: str) -> tuple[ImageRecord, list[Issue]]:
+def _yolo(spec: DatasetSpec, table: RecordTable, row: int, split: str, size: tuple[int, int] | None
+          ) -> tuple[ImageRecord, list[Issue]]:
     old = table[row]
     declared = next(iter(spec.sources.values()), None)  # a data.yaml; else the folder's classes.txt
     if old.annotation is None or old.annotation.suffix != ".txt" or (
             read_description(declared).get("flags") if declared else not (spec.root / "classes.txt").is_file()):
         raise _Rebuild  # XML beside the images, a flags file naming lines, or names from the labels
     issues: list[Issue] = []
-    record = read_yolo_record(old.path, split, spec.root, spec.class_names, issues)
+    record = read_yolo_record(old.path, split, spec.root, spec.class_names, issues, size)
     if record is None or record.annotation != old.annotation:
         raise _Rebuild
     return record, issues
 
 
-_READERS: dict[str, Callable[[DatasetSpec, RecordTable, int, str], tuple[ImageRecord, list[Issue]]]] = {
+_READERS: dict[str, Callable[..., tuple[ImageRecord, list[Issue]]]] = {
     "voc": _voc, "yolo": _yolo}
 
 
@@ -245,16 +248,17 @@ def _replace(issues: list[Issue], own: Callable[[Issue], bool], new: list[Issue]
 
 
 def _check(spec: DatasetSpec, splits: list[str], issues: list[Issue], sizes: list[int],
-           new: dict[tuple[str, int], tuple[ImageRecord, list[Issue], list[Issue] | None]]) -> tuple[list, list[int]]:
+           new: dict[tuple[str, int], tuple[ImageRecord, list[Issue] | None, list[Issue] | None]]
+           ) -> tuple[list, list[int]]:
     """The stored check of ``splits`` (``issues`` in its parts of ``sizes``: see :func:`~ssd.data.check.check_parts`)
-    with the records of ``new`` read again (``(record, its per-image issues, its decode issues or None when its
-    image is unchanged)``); ``(rows, sizes)`` as the index stores them."""
+    with the records of ``new`` read again (``(record, its per-image issues, its decode issues)``, None for those
+    that stand: the same record, the same image); ``(rows, sizes)`` as the index stores them."""
     read = [i for i in spec.issues if i.split is None or i.split in splits]
     per_image = issues[sizes[0]:sizes[0] + sizes[1]]
     decoded = issues[sizes[0] + sizes[1]:sum(sizes)]
     order = _reading_order(spec, splits)
     for (split, _), (record, checked, decode) in new.items():
-        if split in splits:
+        if split in splits and checked is not None:
             per_image = _replace(per_image, lambda i, p=record.path: i.image == p, checked, order)
         if split in splits and decode is not None:
             decoded = _replace(decoded, lambda i, p=record.path: i.image == p, decode, order)

@@ -152,10 +152,10 @@ def _read_images(pairs: list[tuple[str, Path | None, Path]], root: Path, split: 
 
 
 def read_voc_record(image_id: str, image_path: Path | None, xml_path: Path, root: Path, split: str,
-                    issues: list[Issue]) -> ImageRecord | None:
+                    issues: list[Issue], size: tuple[int, int] | None = None) -> ImageRecord | None:
     """The record of one image and its XML file (labels left at -1, see :func:`assign_labels`), its problems
     appended to ``issues``; None when it cannot be read (said in ``issues``). The dataset index reads an edited file
-    again with it alone."""
+    again with it alone, giving the ``size`` of an image it knows unchanged (its header is not read again)."""
     rel_xml = relative_path(xml_path, root)
     link = next(((p, why) for p in (xml_path, image_path) if p is not None and (why := broken_link(p))), None)
     if link:
@@ -173,7 +173,7 @@ def read_voc_record(image_id: str, image_path: Path | None, xml_path: Path, root
                             split=split, image=image_path))
         return None
     try:
-        width, height = read_image_size(image_path)
+        width, height = read_image_size(image_path) if size is None else size
     except ImageError as e:
         rel = relative_path(image_path, root)
         issues.append(Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=image_path))

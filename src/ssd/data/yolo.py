@@ -187,10 +187,11 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
     return objects, issues
 
 
-def read_yolo_record(image: Path, split: str, root: Path, class_names: list[str], issues: list[Issue]
-                     ) -> ImageRecord | None:
+def read_yolo_record(image: Path, split: str, root: Path, class_names: list[str], issues: list[Issue],
+                     size: tuple[int, int] | None = None) -> ImageRecord | None:
     """The record of one image and its label file, its problems appended to ``issues``; None when it cannot be read
-    (said in ``issues``). The dataset index reads an edited file again with it alone."""
+    (said in ``issues``). The dataset index reads an edited file again with it alone, giving the ``size`` of an
+    image it knows unchanged (its header is not read again)."""
     rel = relative_path(image, root)
     lbl = label_path(image)
     rel_lbl = relative_path(lbl, root)
@@ -199,7 +200,7 @@ def read_yolo_record(image: Path, split: str, root: Path, class_names: list[str]
                             image=image))
         return None
     try:
-        width, height = read_image_size(image)
+        width, height = read_image_size(image) if size is None else size
         has_label = lbl.is_file()
     except ImageError as e:
         issues.append(Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=image))
