@@ -62,7 +62,7 @@ from ssd.log import LOGGER
 __all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "cache_lock", "Indexed", "index_dataset", "release_freed_heap",
            "stable_state", "state_array", "json_hash"]
 
-INDEX_VERSION = 3
+INDEX_VERSION = 4
 """Changes whenever what an index stores changes: an index of another version is rebuilt (with a notice)."""
 FOLDER_SCHEME = 1
 """The index folder is named by a hash of this and the data path: it stays, so an older index is found and rebuilt."""
@@ -101,18 +101,19 @@ def _key(data: str | Path, class_names: list[str] | None) -> dict:
     return {"version": INDEX_VERSION, "data": os.path.abspath(data), "class_names": class_names}
 
 
-def _save(path: Path, key: dict, spec: DatasetSpec, checks: tuple[dict, dict], memo: dict[str, np.ndarray],
-          files: Fingerprint, appended: int = 0, known: dict[str, str] | None = None) -> StoredIndex:
+def _save(path: Path, key: dict, spec: DatasetSpec, checks: tuple[dict, dict], memo: np.ndarray | str,
+          files: Fingerprint, patched: tuple[dict[str, np.ndarray], int] = ({}, 0)) -> StoredIndex:
     """``checks``: the issue rows and the parts' sizes of each check (see :mod:`ssd.data.index_patch`); ``memo``: the
-    per-file results' arrays (``appended`` of them by patches); ``known``: digests of groups copied unchanged."""
+    per-file results (or the digest of those stored, kept); ``patched``: the arrays of the patches' results and how
+    many."""
     meta = {"key": key, "root": str(spec.root), "format": spec.format, "class_names": spec.class_names,
             "category_ids": spec.category_ids, "sources": {k: str(v) for k, v in spec.sources.items()},
             "watched": [str(p) for p in spec.watched], "splits": list(spec.splits), "issues": issue_rows(spec.issues),
-            "checks": checks[0], "parts": checks[1], "rules": rules_version(), "appended": appended}
-    arrays = {"meta": text_array(meta), **memo, "files.state": files.states, **files.packed.arrays("files")}
+            "checks": checks[0], "parts": checks[1], "rules": rules_version(), "appended": patched[1]}
+    arrays = {"meta": text_array(meta), **patched[0], "files.state": files.states, **files.packed.arrays("files")}
     for i, table in enumerate(spec.splits.values()):
         arrays |= table.arrays(f"split{i}.")
-    return write_index(path, meta, arrays, known)
+    return write_index(path, meta, arrays, memo)
 
 
 def cache_lock(folder: Path, what: str = "dataset index", busy: str | None = None,
@@ -243,7 +244,7 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
     if stored is not None and files.same(stored.files, stored.arrays["files.state"]):  # the other checks still hold
         checks = stored.meta["checks"] | checks[0], stored.meta.get("parts", {}) | checks[1]
     try:
-        stored = _save(path, key, spec, checks, {"memo": np.frombuffer(memo.used_json(), np.uint8)}, files)
+        stored = _save(path, key, spec, checks, np.frombuffer(memo.used_json(), np.uint8), files)
     except OutputError as e:
         LOGGER.warning(f"dataset cache: {e}; working without a cache")
         return Indexed(spec, issues, memo.reads)
@@ -261,8 +262,8 @@ def _patched(stored: StoredIndex, spec: DatasetSpec, splits: list[str] | None, f
     if patch is None:
         return None
     try:
-        saved = _save(stored.path, stored.meta["key"], patch.spec, (patch.checks, patch.parts), patch.memo, files,
-                      patch.appended, {"memo": stored.digests["memo"]})
+        saved = _save(stored.path, stored.meta["key"], patch.spec, (patch.checks, patch.parts),
+                      stored.digests["memo"], files, (patch.memo, patch.appended))
     except OutputError:  # the rebuild says why
         return None
     saved.rebuild = stored.rebuild

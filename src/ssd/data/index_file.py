@@ -3,7 +3,9 @@ members come in groups, each with its own SHA-256 in the member ``digests``, che
 
 - ``index``: what a warm start reads (the meta data, the file list, the tables' training columns);
 - ``detail<i>``: the message columns of split ``i`` (where, raw, source lines, names), read on first use;
-- ``memo``: the per-file results (:mod:`ssd.data.memo`), read only to rebuild.
+- ``memo``: the per-file results (:mod:`ssd.data.memo`), read only to rebuild, in a file of their own beside the
+  index (:func:`memo_path`; the index holds their digest): a patch (:mod:`ssd.data.index_patch`) rewrites the index
+  and leaves them as they are, its own results in the index's group ``memo_patch``.
 
 So a warm start reads and hashes only the group ``index``. :mod:`ssd.data.index` decides when a file is used.
 
@@ -33,8 +35,8 @@ from ssd.errors import DataError
 from ssd.files import atomic_write
 from ssd.log import LOGGER
 
-__all__ = ["StoredIndex", "write_index", "read_group", "read_memo", "issue_rows", "issues_from", "text_array",
-           "INDEX_ERRORS", "damage_reason", "open_regular", "load_npz"]
+__all__ = ["StoredIndex", "write_index", "read_group", "read_memo", "memo_path", "issue_rows", "issues_from",
+           "text_array", "INDEX_ERRORS", "damage_reason", "open_regular", "load_npz"]
 
 MEMO_GROUPS = ("memo", "memo_patch")
 """The groups (each one member) of the per-file results: a rebuild's, and those patches added since (which hold)."""
@@ -122,21 +124,31 @@ class _Damaged(ValueError):
     """A group of an index file fails its digest."""
 
 
-def read_group(path: Path, group: str, digests: dict | None = None, check: bool = True) -> dict[str, np.ndarray]:
-    """The arrays of ``group`` in the index file ``path``, checked against their digest in ``digests`` (the
-    file's own when None). Raises :class:`_Damaged` for a group that fails the digest of its file, ``ValueError``
-    (and what ``np.load`` raises) for a file whose ``group`` is not the one of ``digests`` (a file rewritten by
-    another run with this group unchanged still answers: only the group's own digest is compared). Without
-    ``check`` the content is not hashed (copied to a new index file with its digest: damage stays seen there)."""
+def memo_path(path: Path) -> Path:
+    """The file of the per-file results of the index file ``path`` (``index-<key>.npz`` -> ``memo-<key>.npz``)."""
+    return path.with_name(path.name.replace("index-", "memo-", 1))
+
+
+def read_group(path: Path, group: str, digests: dict | None = None) -> dict[str, np.ndarray]:
+    """The arrays of ``group`` in the index file ``path`` (``memo``: in its :func:`memo_path`), checked against
+    their digest in ``digests`` (the file's own when None). Raises :class:`_Damaged` for a group that fails the
+    digest of its file, ``ValueError`` (and what ``np.load`` raises) for a file whose ``group`` is not the one of
+    ``digests`` (a file rewritten by another run with this group unchanged still answers: only the group's own
+    digest is compared)."""
     with open_regular(path) as f, load_npz(f) as z:
         held = json.loads(z["digests"].tobytes())
         if not isinstance(held, dict):
             raise ValueError("it has no digests")
-        names = _groups(z.files).get(group, [])
-        arrays = {name: z[name] for name in names}
+        if group != "memo":
+            names = _groups(z.files).get(group, [])
+            arrays = {name: z[name] for name in names}
+    if group == "memo":
+        with open_regular(memo_path(path)) as f, load_npz(f) as z:
+            names = [name for name in z.files if name == "memo"]
+            arrays = {name: z[name] for name in names}
     if digests is not None and held.get(group) != digests.get(group):
         raise ValueError("another index replaced it")
-    if group not in held or (check and _digest(arrays, names) != held[group]):
+    if group not in held or _digest(arrays, names) != held[group]:
         what = _GROUP_TEXT.get(group, f"message columns of split {group[6:]}")
         raise _Damaged(f"its {what} do not match their digest (edited or damaged)")
     return arrays
@@ -206,7 +218,7 @@ class StoredIndex:
                                  f"{key['version']}")
             digests = json.loads(z["digests"].tobytes())
             groups = _groups(z.files)
-            if not isinstance(digests, dict) or set(digests) != set(groups):
+            if not isinstance(digests, dict) or set(digests) != set(groups) | {"memo"}:
                 raise ValueError("its members do not match its digests (edited or damaged)")
             arrays = {name: meta_text if name == "meta" else z[name] for name in groups["index"]}
         if _digest(arrays, arrays) != digests["index"]:  # meta's among them: parsed from what is checked
@@ -249,13 +261,17 @@ class StoredIndex:
                            [Path(p) for p in m["watched"]])
 
 
-def write_index(path: Path, meta: dict, arrays: dict[str, np.ndarray], known: dict[str, str] | None = None
-                ) -> StoredIndex:
-    """Write ``arrays`` (``meta`` among them, as :func:`text_array`) with their digests (``known``: those of groups
-    copied unchanged from another index file, not hashed again) to ``path`` atomically; the index as
-    :class:`StoredIndex` would read it back."""
-    digests = {group: (known or {}).get(group) or _digest(arrays, names) for group, names in _groups(arrays).items()}
+def write_index(path: Path, meta: dict, arrays: dict[str, np.ndarray], memo: np.ndarray | str) -> StoredIndex:
+    """Write ``arrays`` (``meta`` among them, as :func:`text_array`) with their digests to ``path`` atomically, and
+    the per-file results ``memo`` to its :func:`memo_path` first (or, given their digest, keep those there); the
+    index as :class:`StoredIndex` would read it back."""
+    digests = {group: _digest(arrays, names) for group, names in _groups(arrays).items()}
+    if isinstance(memo, str):
+        digests["memo"] = memo
+    else:
+        digests["memo"] = _digest({"memo": memo}, ["memo"])
+        with atomic_write(memo_path(path)) as f:  # a run killed before the index is written: its digest fails
+            np.savez(f, memo=memo)
     with atomic_write(path) as f:
         np.savez(f, **arrays, digests=text_array(digests))
     return StoredIndex.written(path, meta, arrays, digests)
-

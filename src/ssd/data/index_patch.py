@@ -8,8 +8,8 @@ COCO, CVAT and Label Studio, are rebuilt), that record alone is read again (:fun
 split's table (:func:`~ssd.data.table_splice.splice_record`); its reader issues, per-image rule results and decode
 result replace its old ones where they stood in reading order; the dataset-wide rules run on the tables
 (:func:`~ssd.data.rules.dataset_issues`: the train/val overlap kept when no image changed). The stored per-file
-results are copied to the new file as bytes, neither parsed nor hashed again (their digest goes with them); the new
-ones go to a group of their own (``memo_patch``) that replaces them where both answer, until a rebuild.
+results stay in their file (:func:`~ssd.data.index_file.memo_path`), unread; the new ones go to a group of the index
+of their own (``memo_patch``), which replaces them where both answer, until a rebuild.
 
 Anything else is left to the rebuild, which gives the same index: files added or removed, a class list that would
 change (a new name, or the last object of a class gone), a record that became unreadable, an issue whose place in
@@ -46,8 +46,8 @@ PATCHED_SHARE = 4
 @dataclass
 class Patch:
     """The patched index: ``spec`` (splits as tables), ``checks`` and ``parts`` (by key, as the index stores them),
-    ``memo`` (the per-file results' arrays: the stored ones as they are, and those of the patches so far),
-    ``reads`` (the files read) and ``appended`` (results the patches made since the last rebuild)."""
+    ``memo`` (the arrays of the per-file results the patches made so far: the stored ones stay in their file),
+    ``reads`` (the files read) and ``appended`` (how many results the patches made since the last rebuild)."""
 
     spec: DatasetSpec
     checks: dict[str, list]
@@ -81,10 +81,6 @@ def _patch(stored: StoredIndex, spec: DatasetSpec, changed: dict[str, list[int]]
            ) -> Patch:
     found = _records_of(spec, set(changed))
     files = {p for split, row in found for p in _files(spec.splits[split], row)}
-    try:
-        base = read_group(stored.path, "memo", stored.digests, check=False)["memo"]  # copied, never parsed
-    except INDEX_ERRORS:  # the rebuild says what is wrong
-        raise _Rebuild from None
     memo = FileMemo(None, start_ns, [(p, changed.get(p) or _old_state(stored, p)) for p in files])
     splits, issues, new = dict(spec.splits), list(spec.issues), {}
     counts = _class_counts(spec)
@@ -112,8 +108,8 @@ def _patch(stored: StoredIndex, spec: DatasetSpec, changed: dict[str, list[int]]
         memo_patch = _patch_memo(stored, memo.used)
     except INDEX_ERRORS:
         raise _Rebuild from None
-    return Patch(patched, checks, parts, {"memo": base, "memo_patch": np.frombuffer(memo_patch, np.uint8)},
-                 memo.reads, appended + len(memo.used))
+    return Patch(patched, checks, parts, {"memo_patch": np.frombuffer(memo_patch, np.uint8)}, memo.reads,
+                 appended + len(memo.used))
 
 
 def _records_of(spec: DatasetSpec, changed: set[str]) -> dict[tuple[str, int], bool]:
