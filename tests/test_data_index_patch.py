@@ -22,6 +22,7 @@ from ssd.data.records import ImageRecord, ObjectRecord
 from ssd.data.table import RecordTable
 from ssd.data.table_splice import splice_record
 from test_data_index import index_file, settle
+from test_data_index_file import rewrite
 
 KEYS = (("train",), ("train", "val"))
 """Two checks stored in one index (ssd val's and ssd train's): a patch replaces both."""
@@ -193,3 +194,15 @@ def test_a_spliced_table_equals_the_table_of_the_new_records(row, objects, folde
     for name, array in expected.items():
         assert spliced[name].dtype == array.dtype and np.array_equal(spliced[name], array), name
     assert bytes(spliced["paths.prefix"]) == (b"/" if "/other/" in {str(r.path)[:7] for r in new} else b"/data/img/")
+
+
+def test_message_columns_found_damaged_by_a_patch_are_rebuilt_in_the_same_run(voc, tmp_path, monkeypatch, caplog,
+                                                                               patched):
+    path = index_file(voc)
+    train = json.loads(np.load(path)["meta"].tobytes())["splits"].index("train")
+    rewrite(path, lambda m: m.__setitem__(f"split{train}.where.blob", m[f"split{train}.where.blob"][::-1].copy()))
+    _edit(voc / "Annotations" / "synth_000001.xml", "<xmin>", "<xmin>1")
+    assert len(_index_equals_a_cold_build(settle(voc), tmp_path, monkeypatch, "damaged")) == 3 * 9  # all read
+    assert patched == [False] and [r.getMessage() for r in caplog.records if r.name == "ssd"] == [
+        f"dataset cache: {path} is not a valid index (its message columns of split {train} do not match their digest "
+        "(edited or damaged)): rebuilding it now"]

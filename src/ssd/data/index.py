@@ -258,7 +258,9 @@ def _patched(stored: StoredIndex, spec: DatasetSpec, splits: list[str] | None, f
     change is left to the rebuild."""
     if _checked_key(spec, splits) not in stored.meta["checks"] or not files.same(stored.files, None):
         return None
-    patch = patch_index(stored, spec, files.paths, files.states, start_ns)
+    # message columns found damaged: the patch gives up (a DataError) and this run rebuilds, once the patch is gone
+    rebuild, stored.rebuild = stored.rebuild, functools.partial(Indexed, spec, [])
+    patch = patch_index(stored, stored.spec(), files.paths, files.states, start_ns)
     if patch is None:
         return None
     try:
@@ -266,7 +268,7 @@ def _patched(stored: StoredIndex, spec: DatasetSpec, splits: list[str] | None, f
                       stored.digests["memo"], files, (patch.memo, patch.appended))
     except OutputError:  # the rebuild says why
         return None
-    saved.rebuild = stored.rebuild
+    saved.rebuild = rebuild
     return dataclasses.replace(_as_stored(saved, saved.spec(), splits), reads=patch.reads)
 
 

@@ -34,6 +34,7 @@ from ssd.data.table import RecordTable, Strings
 from ssd.data.table_splice import splice_record
 from ssd.data.voc import assign_labels, read_voc_record
 from ssd.data.yolo import read_description, read_yolo_record
+from ssd.errors import DataError
 
 __all__ = ["Patch", "patch_index", "PATCH_MAX_FILES"]
 
@@ -73,7 +74,7 @@ def patch_index(stored: StoredIndex, spec: DatasetSpec, paths: list[str], states
         return None
     try:
         return _patch(stored, spec, {paths[i]: states[i].tolist() for i in changed}, start_ns, appended)
-    except _Rebuild:
+    except (_Rebuild, DataError):  # DataError: the stored message columns were damaged (said, and the file removed)
         return None
 
 
