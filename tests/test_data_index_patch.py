@@ -89,8 +89,9 @@ def _edit(path: Path, old: str, new: str) -> None:
 def voc(tmp_path, monkeypatch) -> Path:
     monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path / "cache"))
     data = make_dataset("voc", tmp_path / "voc", train=6, val=3, size=64, classes=3, seed=1)
-    _edit(data / "Annotations" / "synth_000003.xml", "</annotation>", "<object><name>circle</name><bndbox><xmin>50"
-          "</xmin><ymin>5</ymin><xmax>67</xmax><ymax>9</ymax></bndbox></object></annotation>")  # past the border
+    _edit(data / "Annotations" / "synth_000003.xml", "</annotation>", "<object><name>circle</name><difficult>maybe"
+          "</difficult><bndbox><xmin>50</xmin><ymin>5</ymin><xmax>67</xmax><ymax>9</ymax></bndbox></object>"
+          "</annotation>")  # past the border (a rule's warning), a flag that is not one (a reader's warning)
     settle(data)
     for splits in KEYS:
         index_dataset(data, splits=splits)
@@ -105,10 +106,13 @@ def test_an_edited_annotation_is_patched_and_the_index_equals_a_cold_build(voc, 
           "<ymax>9</ymax></bndbox></object></annotation>")  # an error now, before synth_000003's warning
     assert _index_equals_a_cold_build(settle(voc), tmp_path, monkeypatch, "outside") == [("voc", xml.name)]
     assert any(i.code == "outside_image" for i in index_dataset(voc, splits=KEYS[1]).issues)
+    flagged = voc / "Annotations" / "synth_000003.xml"  # its reader's and rules' issues replaced where they stand
+    _edit(flagged, "<xmin>", "<xmin>1")
+    assert _index_equals_a_cold_build(settle(voc), tmp_path, monkeypatch, "flagged") == [("voc", flagged.name)]
     val = voc / "Annotations" / "synth_000007.xml"
     _edit(val, "<difficult>0</difficult>", "<difficult>1</difficult>")  # a val file: ssd val's check patched too
     assert _index_equals_a_cold_build(settle(voc), tmp_path, monkeypatch, "val") == [("voc", val.name)]
-    assert patched == [True, True, True]
+    assert patched == [True, True, True, True]
 
 
 def test_an_image_rewritten_in_place_is_read_and_decoded_again(voc, tmp_path, monkeypatch, patched):
@@ -206,3 +210,15 @@ def test_message_columns_found_damaged_by_a_patch_are_rebuilt_in_the_same_run(vo
     assert patched == [False] and [r.getMessage() for r in caplog.records if r.name == "ssd"] == [
         f"dataset cache: {path} is not a valid index (its message columns of split {train} do not match their digest "
         "(edited or damaged)): rebuilding it now"]
+
+
+def test_the_results_of_many_patches_are_merged_by_a_rebuild(voc, tmp_path, monkeypatch, patched):
+    monkeypatch.setattr("ssd.data.index_patch.PATCHED_SHARE", 10)  # 9 images, 21 files: at most 2 results kept
+    monkeypatch.setattr("ssd.data.index_patch.PATCHED_MIN", 0)
+    xml = voc / "Annotations" / "synth_000001.xml"
+    for round_ in range(3):  # each patch keeps 2 results: the file's and its image's rules
+        _edit(xml, "<xmin>", "<xmin>1")
+        assert _index_equals_a_cold_build(settle(voc), tmp_path, monkeypatch, f"round{round_}") == [("voc", xml.name)]
+    with np.load(index_file(voc)) as z:
+        assert "memo_patch" not in z.files and json.loads(z["meta"].tobytes())["appended"] == 0
+    assert patched == [True, True, False]

@@ -40,8 +40,9 @@ __all__ = ["Patch", "patch_index", "PATCH_MAX_FILES"]
 
 PATCH_MAX_FILES = 64
 """Changed files a patch reads at most; more are read by the rebuild (each through its stored results)."""
-PATCHED_SHARE = 4
-"""Per-file results appended by patches, at most one per this many files of the dataset (then a rebuild compacts)."""
+PATCHED_SHARE, PATCHED_MIN = 4, 1_000
+"""Per-file results the patches keep, at most one per ``PATCHED_SHARE`` files of the dataset plus ``PATCHED_MIN``
+(then a rebuild merges them with the others, and drops those no file uses)."""
 
 
 @dataclass
@@ -68,8 +69,9 @@ def patch_index(stored: StoredIndex, spec: DatasetSpec, paths: list[str], states
     ``states [F, 4]``: the dataset's files now, the stored list); None when the change is left to the rebuild."""
     changed = np.flatnonzero((states != stored.arrays["files.state"]).any(axis=1))
     appended = stored.meta.get("appended", 0)
-    if (spec.format not in _READERS or not 0 < len(changed) <= PATCH_MAX_FILES or appended * PATCHED_SHARE
-            > len(paths) or set(stored.meta["checks"]) - set(stored.meta.get("parts", {}))
+    if (spec.format not in _READERS or not 0 < len(changed) <= PATCH_MAX_FILES
+            or appended > len(paths) // PATCHED_SHARE + PATCHED_MIN
+            or set(stored.meta["checks"]) - set(stored.meta.get("parts", {}))
             or stored.meta.get("rules") != rules_version()):  # another ssd's rules made the stored results
         return None
     try:
