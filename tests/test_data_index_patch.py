@@ -222,3 +222,18 @@ def test_the_results_of_many_patches_are_merged_by_a_rebuild(voc, tmp_path, monk
     with np.load(index_file(voc)) as z:
         assert "memo_patch" not in z.files and json.loads(z["meta"].tobytes())["appended"] == 0
     assert patched == [True, True, False]
+
+
+def test_a_file_whose_reader_error_is_mended_without_changing_its_record_is_checked_again(voc, tmp_path, monkeypatch,
+                                                                                           patched):
+    """The per-image rules read the reader's errors too: an image without objects is said only when its file reads."""
+    xml = voc / "Annotations" / "synth_000002.xml"
+    head = xml.read_text().split("<object>")[0]
+    xml.write_text(head + "<object><bndbox><xmin>1</xmin><ymin>1</ymin><xmax>9</xmax><ymax>9</ymax></bndbox>"
+                   "</object></annotation>")  # its one object has no name: an error, no record objects
+    _index_equals_a_cold_build(settle(voc), tmp_path, monkeypatch, "nameless")
+    xml.write_text(head + "</annotation>")  # the same record (no objects), the error gone: now "no objects"
+    assert _index_equals_a_cold_build(settle(voc), tmp_path, monkeypatch, "empty") == [("voc", xml.name)]
+    image = voc / "JPEGImages" / "synth_000002.jpg"
+    assert "no_objects" in {i.code for i in index_dataset(voc, splits=KEYS[1]).issues if i.image == image}
+    assert patched == [False, True]

@@ -93,10 +93,12 @@ def _patch(stored: StoredIndex, spec: DatasetSpec, changed: dict[str, list[int]]
             size = None if image_changed else tuple(table.sizes[row].tolist())
             record, read = _READERS[spec.format](spec, table, row, split, size)
             counts += _label_counts(record, spec.num_classes) - _label_counts(table[row], spec.num_classes)
+            own = [i for i in issues if i.image == record.path and i.split == split]
             issues = _replace(issues, lambda i, p=record.path, s=split: i.image == p and i.split == s, read, None)
             splits[split] = splice_record(table, row, record)
             one = DatasetSpec(spec.root, spec.format, spec.class_names, {split: [record]}, read)
-            same = not image_changed and splits[split][row] == table[row]  # an edit that leaves the record as it was
+            # an edit that leaves the record and its reader's issues as they were (the rules read both): none again
+            same = not image_changed and own == read and splits[split][row] == table[row]
             new[(split, row)] = (record, None if same else record_issues(one, [split]),
                                  decode_issues(one, [split]) if image_changed else None)
         if ((counts == 0) & (_class_counts(spec) > 0)).any():  # a class gone: the names of VOC / LabelMe change
