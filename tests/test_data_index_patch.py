@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 import ssd.data.index as index_module
-from builders import make_dataset
+from builders import make_dataset, write_image
 from ssd.data.check import find_issues
 from ssd.data.index import index_dataset
 from ssd.data.load import load_dataset
@@ -237,3 +237,30 @@ def test_a_file_whose_reader_error_is_mended_without_changing_its_record_is_chec
     image = voc / "JPEGImages" / "synth_000002.jpg"
     assert "no_objects" in {i.code for i in index_dataset(voc, splits=KEYS[1]).issues if i.image == image}
     assert patched == [False, True]
+
+
+def test_an_edited_labelme_file_is_patched_with_the_polygon_summary_made_again(tmp_path, monkeypatch, patched):
+    monkeypatch.setenv("SSD_CACHE_DIR", str(tmp_path / "cache"))
+    folder = tmp_path / "labelme"
+    folder.mkdir()
+    for name in ("a.json", "b.json"):
+        shutil.copy(Path(__file__).parent / "data" / "labelme" / name, folder)
+    write_image(folder / "a.jpg", 40, 30)
+    write_image(tmp_path / "pictures" / "b.jpg", 50, 20)
+    settle(tmp_path)
+    for splits in KEYS:
+        index_dataset(folder, splits=splits)
+    a, b = folder / "a.json", folder / "b.json"
+
+    def shapes(path: Path, change) -> None:
+        data = json.loads(path.read_text())
+        change(data["shapes"][0])
+        path.write_text(json.dumps(data, indent=2))
+    shapes(a, lambda shape: shape["points"][0].__setitem__(0, 31.0))  # moved, in the file with reader's warnings
+    settle(tmp_path)
+    assert _index_equals_a_cold_build(folder, tmp_path, monkeypatch, "moved") == [("labelme", a.name)]
+    shapes(b, lambda shape: shape.update(shape_type="polygon", points=[[0, 0], [50, 20], [3, 19]]))  # counted
+    settle(tmp_path)
+    assert _index_equals_a_cold_build(folder, tmp_path, monkeypatch, "polygon") == [("labelme", b.name)]
+    assert "2 polygon(s)" in next(i.message for i in index_dataset(folder).issues if i.code == "polygon_as_box")
+    assert patched == [True, True]

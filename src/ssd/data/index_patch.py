@@ -27,9 +27,11 @@ import numpy as np
 
 from ssd.data.check import decode_issues, invalid, record_issues, rules_version
 from ssd.data.index_file import INDEX_ERRORS, StoredIndex, issue_rows, issues_from, read_group
+from ssd.data.labelme import read_labelme_record
 from ssd.data.memo import FileMemo
 from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
 from ssd.data.rules import dataset_issues
+from ssd.data.shapes import POLYGON_RAW, polygon_issues
 from ssd.data.table import RecordTable, Strings
 from ssd.data.table_splice import splice_record
 from ssd.data.voc import assign_labels, read_voc_record
@@ -105,6 +107,8 @@ def _patch(stored: StoredIndex, spec: DatasetSpec, changed: dict[str, list[int]]
             raise _Rebuild
         patched = DatasetSpec(spec.root, spec.format, spec.class_names, splits, issues, spec.category_ids,
                               spec.sources, spec.watched)
+        if spec.format == "labelme":
+            patched.issues = _polygons(patched)
         checks, parts = {}, {}
         for key, rows in stored.meta["checks"].items():
             checks[key], parts[key] = _check(patched, key.split(",") if key else [], issues_from(rows),
@@ -226,8 +230,30 @@ def _yolo(spec: DatasetSpec, table: RecordTable, row: int, split: str, size: tup
     return record, issues
 
 
+def _labelme(spec: DatasetSpec, table: RecordTable, row: int, split: str, size: tuple[int, int] | None
+             ) -> tuple[ImageRecord, list[Issue]]:
+    old = table[row]
+    rel = relative_path(old.annotation, spec.root)
+    if (old.objects and not old.objects[0].where.startswith(f"{rel} shape ")) or any(
+            i.code == "duplicate_image" and i.image == old.path for i in spec.issues):
+        raise _Rebuild  # read from another root; or its image annotated twice (said for the other file)
+    issues: list[Issue] = []
+    record = read_labelme_record(old.annotation, spec.root, split, issues, None, size)
+    if record is None or record.path != old.path or any(o.name not in spec.class_names for o in record.objects):
+        raise _Rebuild
+    assign_labels([record], spec.class_names)
+    return record, issues
+
+
+def _polygons(spec: DatasetSpec) -> list[Issue]:
+    """The issues of ``spec`` (its splits patched) with the LabelMe summary of polygons read as boxes made again."""
+    converted = [where for table in spec.splits.values() for where, raw in zip(table.where.tolist(), table.raw.tolist())
+                 if raw.startswith(POLYGON_RAW)]
+    return [i for i in spec.issues if i.code != "polygon_as_box"] + polygon_issues(converted, spec.format)
+
+
 _READERS: dict[str, Callable[..., tuple[ImageRecord, list[Issue]]]] = {
-    "voc": _voc, "yolo": _yolo}
+    "voc": _voc, "yolo": _yolo, "labelme": _labelme}
 
 
 def _replace(issues: list[Issue], own: Callable[[Issue], bool], new: list[Issue],
