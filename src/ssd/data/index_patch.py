@@ -2,14 +2,16 @@
 costs about a warm start plus that file.
 
 When the dataset's file list is the stored one and only the states of a few files changed, and each of those is the
-annotation file or the image of one record of a VOC or YOLO dataset (one record per file: the one-file formats,
-COCO, CVAT and Label Studio, are rebuilt), that record alone is read again (:func:`~ssd.data.voc.read_voc_record`,
-:func:`~ssd.data.yolo.read_yolo_record`; an unchanged image's size taken from the table) and spliced into its
+annotation file or the image of one record of a VOC, YOLO or LabelMe dataset (one record per file: the one-file
+formats, COCO, CVAT and Label Studio, are rebuilt), that record alone is read again
+(:func:`~ssd.data.voc.read_voc_record`, :func:`~ssd.data.yolo.read_yolo_record`,
+:func:`~ssd.data.labelme.read_labelme_record`; an unchanged image's size taken from the table) and spliced into its
 split's table (:func:`~ssd.data.table_splice.splice_record`); its reader issues, per-image rule results and decode
 result replace its old ones where they stood in reading order; the dataset-wide rules run on the tables
-(:func:`~ssd.data.rules.dataset_issues`: the train/val overlap kept when no image changed). The stored per-file
-results stay in their file (:func:`~ssd.data.index_file.memo_path`), unread; the new ones go to a group of the index
-of their own (``memo_patch``), which replaces them where both answer, until a rebuild.
+(:func:`~ssd.data.rules.dataset_issues`: the train/val overlap kept when no image changed; LabelMe's summary of
+polygons made again from the tables). The stored per-file results stay in their file
+(:func:`~ssd.data.index_file.memo_path`), unread; the new ones go to a group of the index of their own
+(``memo_patch``), which replaces them where both answer, until a rebuild.
 
 Anything else is left to the rebuild, which gives the same index: files added or removed, a class list that would
 change (a new name, or the last object of a class gone), a record that became unreadable, an issue whose place in
