@@ -3,15 +3,17 @@ unchanged, so that ``ssd train`` / ``ssd val`` on a known dataset read and decod
 
 What is stored (:mod:`ssd.data.index_file`: plain arrays, never a pickle, in groups checked when read): every split as
 a :class:`~ssd.data.table.RecordTable`, the reader's issues, the check's issues for each set of splits checked so far,
-the per-file results of :mod:`ssd.data.memo` (image sizes, decodes, annotation files) and the dataset's file list
+the per-file results of :mod:`ssd.data.memo` (image sizes, decodes, annotation files: in a file of their own beside
+the index) and the dataset's file list
 with each file's size, modification and status-change times and inode (a file rewritten in place with its size kept
 and its modification time restored has a new status-change time). Where: ``$SSD_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/ssd``, else ``~/.cache/ssd`` (never inside the dataset, which may be read-only), in a folder named
 by a hash of the data path, one file per class list given (a new one starts from the per-file results of another).
 
 Reuse: the file list is taken again (the dataset folder and the folders the readers watched outside it walked once,
-files elsewhere stat'ed: :attr:`~ssd.data.records.DatasetSpec.watched`) and must equal the stored one; otherwise the
-readers run again with the stored per-file results, so only the files that changed are read. A warm start reads and
+files elsewhere stat'ed: :attr:`~ssd.data.records.DatasetSpec.watched`) and must equal the stored one; otherwise a few
+edited files of a format with a file per image are patched in (:mod:`ssd.data.index_patch`), and anything else makes
+the readers run again with the stored per-file results, so only the files that changed are read. A warm start reads and
 checks only what training uses; a file that fails a digest, holds another dataset's key or does not load is rebuilt
 with a one-line notice (message columns found damaged while a run uses them: rebuilt in that run, which goes on when
 its tables are unchanged, else is told to run again). Two processes never write one index at once
