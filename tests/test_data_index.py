@@ -128,10 +128,10 @@ def test_changed_files_are_the_only_files_read_again(tmp_path):
     xml.write_text(xml.read_text().replace("<difficult>0</difficult>", "<difficult>1</difficult>", 1) + " ")
     settle(data)
     assert reads(data) == [("voc", "synth_000001.xml")]
-    image = data / "JPEGImages" / "synth_000002.jpg"  # an edited image: its header and its decode
+    image = data / "JPEGImages" / "synth_000002.jpg"  # an edited image: its header, its decode, its record's file
     Image.new("RGB", (64, 64), (1, 2, 3)).save(image)
     settle(data)
-    assert reads(data) == [("decode", "synth_000002.jpg"), ("size", "synth_000002.jpg")]
+    assert reads(data) == [("decode", "synth_000002.jpg"), ("size", "synth_000002.jpg"), ("voc", "synth_000002.xml")]
     for suffix in ("jpg", "xml"):  # a renamed pair: read under the new name
         folder = data / ("JPEGImages" if suffix == "jpg" else "Annotations")
         (folder / f"synth_000003.{suffix}").rename(folder / f"renamed.{suffix}")

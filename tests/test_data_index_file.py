@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ssd.data.index as index_module
+import ssd.data.fingerprint as fingerprint_module
 import ssd.data.memo as memo_module
 from builders import make_dataset
 from ssd.data.disk_cache import disk_images
 from ssd.data.index import INDEX_VERSION, index_dataset, json_hash, stable_state
-from ssd.data.index_file import _digest, damage_reason
+from ssd.data.index_file import _digest, damage_reason, memo_path
 from ssd.errors import DataError
 from test_data_index import index_file, messages, reads, settle, voc
 
@@ -76,10 +76,14 @@ def test_damaged_per_file_results_are_not_trusted_when_rebuilding(tmp_path, capl
     data = voc(tmp_path)
     index_dataset(data)
     path = index_file(data)
-    rewrite(path, lambda m: m.__setitem__("memo", np.concatenate([m["memo"], np.frombuffer(b" ", np.uint8)])))
+    memo = memo_path(path)  # the per-file results' own file
+    rewrite(memo, lambda m: m.__setitem__("memo", np.concatenate([m["memo"], np.frombuffer(b" ", np.uint8)])))
     assert reads(data) == [] and not messages(caplog)  # a warm start does not read them
     xml = data / "Annotations" / "synth_000001.xml"
     xml.write_text(xml.read_text() + " ")
+    settle(data)
+    assert reads(data) == [("voc", xml.name)] and not messages(caplog)  # patched: copied, with their digest
+    (data / "notes.txt").write_text("a file added: rebuilt\n")
     settle(data)
     assert len(reads(data)) == 2 * 8 + 6  # every file read again, not only the changed one
     assert messages(caplog) == [f"dataset cache: {path} is not a valid index (its per-file results do not match "
@@ -90,8 +94,8 @@ def test_damaged_per_file_results_are_not_trusted_when_rebuilding(tmp_path, capl
 def test_a_new_set_of_splits_walks_the_dataset_folder_once(tmp_path, monkeypatch):
     data = voc(tmp_path)
     index_dataset(data, splits=("train",))
-    walks, walk = [], index_module._walk
-    monkeypatch.setattr(index_module, "_walk", lambda root, *rest: walks.append(root) or walk(root, *rest))
+    walks, walk = [], fingerprint_module.walk
+    monkeypatch.setattr(fingerprint_module, "walk", lambda root, *rest: walks.append(root) or walk(root, *rest))
     both = index_dataset(data, splits=("train", "val"))  # unchanged files, a check not stored yet: val decoded
     assert walks == [data] and both.stored and sorted(kind for kind, _ in both.reads) == ["decode", "decode"]
 
@@ -99,7 +103,7 @@ def test_a_new_set_of_splits_walks_the_dataset_folder_once(tmp_path, monkeypatch
 def test_the_per_file_results_name_their_arguments_by_a_digest(tmp_path):
     yaml = settle(make_dataset("yolo", tmp_path).parent) / "data.yaml"
     index_dataset(yaml, splits=("train", "val"))
-    memo = json.loads(np.load(index_file(yaml))["memo"].tobytes())
+    memo = json.loads(np.load(memo_path(index_file(yaml)))["memo"].tobytes())
     keys = [key.split("\0") for key in memo if key.startswith("yolo\0")]
     assert len(keys) == 16 and all(len(parts) == 3 and len(parts[2]) == 24 for parts in keys)  # no class list
 
@@ -112,10 +116,10 @@ def test_the_per_file_results_are_written_as_json_dumps_writes_them(tmp_path, mo
     xml.write_text(xml.read_text() + " ")
     settle(data)
     stats, stat = [], memo_module.file_state
-    for module in (memo_module, index_module):
+    for module in (memo_module, fingerprint_module):
         monkeypatch.setattr(module, "file_state", lambda path: stats.append(os.fspath(path)) or stat(path))
     index_dataset(data, splits=("train", "val"))  # entries kept from the file and new ones, in one memo
-    stored = np.load(index_file(data))["memo"].tobytes()
+    stored = np.load(memo_path(index_file(data)))["memo"].tobytes()
     assert stored == json.dumps(json.loads(stored)).encode()
     # each file stat'ed once in the run: by the file list, before any read; never again by the steps that read it
     assert len(stats) == len(set(stats)) == len(list(data.rglob("*.*")))
@@ -145,11 +149,10 @@ def test_meta_data_or_per_file_results_nested_too_deep_are_rebuilt_not_a_crash(t
     assert rebuilt.stored and len(rebuilt.reads) == 2 * 8 + 6
 
     def deep_memo(members):  # their digest made to match: read when a file changed
-        members["memo"] = deep
-        digests = json.loads(members["digests"].tobytes()) | {"memo": _digest(members, ["memo"])}
+        digests = json.loads(members["digests"].tobytes()) | {"memo": _digest({"memo": deep}, ["memo"])}
         members["digests"] = np.frombuffer(json.dumps(digests).encode(), np.uint8)
+    rewrite(memo_path(path), lambda members: members.__setitem__("memo", deep))
     rewrite(path, deep_memo)
-    xml = data / "Annotations" / "synth_000001.xml"
-    xml.write_text(xml.read_text() + " ")
+    (data / "notes.txt").write_text("a file added: rebuilt\n")
     settle(data)
     assert len(reads(data)) == 2 * 8 + 6 and reads(data) == []  # not trusted: every file read again

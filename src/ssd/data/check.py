@@ -42,7 +42,8 @@ from ssd.priors import PriorConfig
 if TYPE_CHECKING:
     from ssd.data.crops import CropScale
 
-__all__ = ["check_dataset", "find_issues", "screen", "used_splits"]
+__all__ = ["check_dataset", "find_issues", "check_parts", "record_issues", "decode_issues", "invalid", "screen",
+           "used_splits", "rules_version"]
 
 DECODE_CHUNK = 64
 """Images one task of the decode check decodes (a task per image would cost more than a small decode)."""
@@ -51,7 +52,7 @@ PROCESS_MIN_IMAGES = 1000
 transfer): fewer are decoded here."""
 
 
-def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
+def record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     """Per-object rules and images without objects, for the images of ``splits`` (each image once)."""
     issues = []
     failed = {i.image for i in spec.issues if i.severity == "error"}
@@ -76,6 +77,12 @@ def _record_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     return issues
 
 
+def rules_version() -> str:
+    """A digest of the per-object rules' source (see :func:`_rules_version`): the dataset index patches only a check
+    that these rules made."""
+    return _rules_version()
+
+
 @functools.cache
 def _rules_version() -> str:
     """A digest of the per-object rules' source: results kept by other rules (another ssd) are never used."""
@@ -96,12 +103,19 @@ def find_issues(spec: DatasetSpec, splits: Sequence[str] | None = None, *, decod
     """All problems of ``spec`` (or of its ``splits`` only): those found while parsing, the per-object and
     per-image rules, corrupt images (``decode_images``), then the split, class and train/val overlap rules
     (see :mod:`ssd.data.rules`), which count only the objects and images free of errors."""
+    return [issue for part in check_parts(spec, splits, decode_images=decode_images) for issue in part]
+
+
+def check_parts(spec: DatasetSpec, splits: Sequence[str] | None = None, *, decode_images: bool = False
+                ) -> tuple[list[Issue], list[Issue], list[Issue], list[Issue]]:
+    """:func:`find_issues` in its four parts, in its order: the reader's issues of ``splits``, the per-image rules
+    (:func:`record_issues`), the decode check (:func:`decode_issues`; empty without ``decode_images``) and the
+    dataset-wide rules. The dataset index keeps the parts apart, to replace one image's issues after an edit."""
     used = used_splits(spec, splits)
-    issues = [i for i in spec.issues if i.split is None or i.split in used]
-    issues += _record_issues(spec, used)
-    if decode_images:
-        issues += _decode_issues(spec, used)
-    return issues + dataset_issues(spec, used, *_invalid(issues))
+    read = [i for i in spec.issues if i.split is None or i.split in used]
+    per_image = record_issues(spec, used)
+    decoded = decode_issues(spec, used) if decode_images else []
+    return read, per_image, decoded, dataset_issues(spec, used, *invalid(read + per_image + decoded))
 
 
 def used_splits(spec: DatasetSpec, splits: Sequence[str] | None) -> list[str]:
@@ -133,14 +147,14 @@ def _stats(spec: DatasetSpec) -> dict[str, dict]:
     return stats
 
 
-def _invalid(issues: list[Issue]) -> tuple[set, set]:
+def invalid(issues: list[Issue]) -> tuple[set, set]:
     """(image paths to drop, (image path, object index) pairs to drop) for the error issues."""
     images = {i.image for i in issues if i.severity == "error" and i.object_index is None and i.image is not None}
     objects = {(i.image, i.object_index) for i in issues if i.severity == "error" and i.object_index is not None}
     return images, objects
 
 
-def _decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
+def decode_issues(spec: DatasetSpec, splits: list[str]) -> list[Issue]:
     """Corrupt/truncated images of ``splits``: a full but cheap decode of each image once (JPEG DCT scaling; a
     truncated file fails it), in chunks on worker processes, one per core, when there are enough images to decode
     (those the dataset index's per-file results answer for cost a look-up) to pay for starting them (small images
@@ -207,10 +221,10 @@ def check_dataset(data: str | Path | DatasetSpec, priors: PriorConfig | None = N
         return report
     from ssd.data.coverage import coverage_issue, prior_coverage, suggest_image_size
 
-    invalid = _invalid(issues)[1]
-    report.coverage = prior_coverage(spec, priors, image_size, iou_threshold, exclude=invalid, crop_scale=crop_scale)
+    flawed = invalid(issues)[1]
+    report.coverage = prior_coverage(spec, priors, image_size, iou_threshold, exclude=flawed, crop_scale=crop_scale)
     low = coverage_issue(report.coverage, str(spec.root))
-    suggestion = suggest_image_size(spec, model, image_size, iou_threshold, invalid) if model else None
+    suggestion = suggest_image_size(spec, model, image_size, iou_threshold, flawed) if model else None
     if low:
         report.issues.append(low)
     if suggestion:
@@ -254,7 +268,7 @@ def screen(spec: DatasetSpec, splits: Sequence[str], skip_invalid: bool = False,
         return spec, report
     if not skip_invalid or any(i.code in DATASET_RULES for i in errors):
         raise _refusal(spec, errors, skip_invalid, max_listed)
-    bad_images, bad_objects = _invalid(errors)
+    bad_images, bad_objects = invalid(errors)
     clean = copy.copy(spec)
     clean.splits, dropped_objects = {}, []
     for split, records in spec.splits.items():

@@ -3,15 +3,17 @@ unchanged, so that ``ssd train`` / ``ssd val`` on a known dataset read and decod
 
 What is stored (:mod:`ssd.data.index_file`: plain arrays, never a pickle, in groups checked when read): every split as
 a :class:`~ssd.data.table.RecordTable`, the reader's issues, the check's issues for each set of splits checked so far,
-the per-file results of :mod:`ssd.data.memo` (image sizes, decodes, annotation files) and the dataset's file list
+the per-file results of :mod:`ssd.data.memo` (image sizes, decodes, annotation files: in a file of their own beside
+the index) and the dataset's file list
 with each file's size, modification and status-change times and inode (a file rewritten in place with its size kept
 and its modification time restored has a new status-change time). Where: ``$SSD_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/ssd``, else ``~/.cache/ssd`` (never inside the dataset, which may be read-only), in a folder named
 by a hash of the data path, one file per class list given (a new one starts from the per-file results of another).
 
 Reuse: the file list is taken again (the dataset folder and the folders the readers watched outside it walked once,
-files elsewhere stat'ed: :attr:`~ssd.data.records.DatasetSpec.watched`) and must equal the stored one; otherwise the
-readers run again with the stored per-file results, so only the files that changed are read. A warm start reads and
+files elsewhere stat'ed: :attr:`~ssd.data.records.DatasetSpec.watched`) and must equal the stored one; otherwise a few
+edited files of a format with a file per image are patched in (:mod:`ssd.data.index_patch`), and anything else makes
+the readers run again with the stored per-file results, so only the files that changed are read. A warm start reads and
 checks only what training uses; a file that fails a digest, holds another dataset's key or does not load is rebuilt
 with a one-line notice (message columns found damaged while a run uses them: rebuilt in that run, which goes on when
 its tables are unchanged, else is told to run again). Two processes never write one index at once
@@ -24,13 +26,13 @@ is said once; the data is then read as without an index.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
-import itertools
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +40,8 @@ from pathlib import Path
 import numpy as np
 
 import ssd.distributed as ddp
-from ssd.data.check import find_issues, used_splits
+from ssd.data.check import check_parts, rules_version, used_splits
+from ssd.data.fingerprint import Fingerprint, NotIndexed, stable_state, state_array
 from ssd.data.index_file import (
     INDEX_ERRORS,
     StoredIndex,
@@ -49,10 +52,11 @@ from ssd.data.index_file import (
     text_array,
     write_index,
 )
+from ssd.data.index_patch import patch_index
 from ssd.data.load import load_dataset
-from ssd.data.memo import RACY_NS, FileMemo, cyclic_gc_paused, file_state
+from ssd.data.memo import RACY_NS, FileMemo, cyclic_gc_paused
 from ssd.data.records import DatasetSpec, Issue
-from ssd.data.table import RecordTable, Strings
+from ssd.data.table import RecordTable
 from ssd.errors import OutputError
 from ssd.files import DirectoryLock, LockHeld, describe_os_error, remove_stale_temporaries
 from ssd.log import LOGGER
@@ -60,17 +64,13 @@ from ssd.log import LOGGER
 __all__ = ["INDEX_VERSION", "CACHE_ENV", "cache_root", "cache_lock", "Indexed", "index_dataset", "release_freed_heap",
            "stable_state", "state_array", "json_hash"]
 
-INDEX_VERSION = 3
+INDEX_VERSION = 4
 """Changes whenever what an index stores changes: an index of another version is rebuilt (with a notice)."""
 FOLDER_SCHEME = 1
 """The index folder is named by a hash of this and the data path: it stays, so an older index is found and rebuilt."""
 CACHE_ENV = "SSD_CACHE_DIR"
 INDEX_FILE = "index-{}.npz"
 """One file per class list given, in one folder per dataset (and :data:`INDEX_VERSION`)."""
-EXTRA_FILES_FACTOR, EXTRA_FILES = 4, 100_000
-"""The dataset folder is walked for at most ``EXTRA_FILES_FACTOR`` times the dataset's own files plus
-``EXTRA_FILES``: a folder that holds far more (a data.yaml whose ``path`` is ``/``) is not indexed."""
-
 _told: set[str] = set()  # cache folders already said to be unwritable (once per process)
 
 
@@ -94,84 +94,6 @@ class Indexed:
     digest: str | None = None
 
 
-class _Fingerprint:
-    """The dataset's files and their states: ``paths`` sorted, ``states`` int64 ``[F, 4]`` (see
-    :func:`~ssd.data.memo.file_state`; ``-1`` for a file that cannot be stat'ed or changed too recently)."""
-
-    def __init__(self, spec: DatasetSpec, since_ns: int, walked: dict[str, dict] | None = None,
-                 known: dict[str, tuple[int, int, int, int] | None] | None = None) -> None:
-        """``spec``'s splits are tables; ``walked``: the states of the files of folders walked earlier in this run (the
-        dataset folder, the watched folders outside it: :attr:`DatasetSpec.watched`), by folder; ``known``: states of
-        some files taken earlier (:attr:`FileMemo.states`; a file changed since then is read again next time: the
-        older state is kept)."""
-        own = {os.fspath(p) for p in spec.sources.values()}
-        for table in spec.splits.values():
-            own.update(table.paths.tolist(), table.annotations.tolist())
-        own.update(os.fspath(i.image) for i in spec.issues if i.image is not None)  # a missing one put in place
-        own.discard("")  # an image without annotation file
-        root = os.path.join(os.path.abspath(spec.root), "")
-        folders = [p for p in map(os.path.abspath, spec.watched) if os.path.isdir(p) and not p.startswith(root)]
-        own.update(p for p in map(os.path.abspath, spec.watched) if not os.path.isdir(p))
-        self.walked = {folder: (walked or {}).get(folder) or _walk(Path(folder), len(own), since_ns, known)
-                       for folder in [os.fspath(spec.root), *folders]}  # each folder walked once in a run
-        states = {path: state for found in self.walked.values() for path, state in found.items()}
-        for path in own - states.keys():
-            states[path] = stable_state(path, since_ns, known)
-        self.paths = sorted(states)
-        self.states = state_array(map(states.__getitem__, self.paths), len(self.paths))
-
-    @functools.cached_property
-    def packed(self) -> Strings:
-        """:attr:`paths` packed, as the index stores them (compared, then written: packed once)."""
-        return Strings.pack(self.paths)
-
-    def same(self, paths: Strings, states: np.ndarray) -> bool:
-        packed = self.packed
-        return (np.array_equal(states, self.states) and np.array_equal(paths.offsets, packed.offsets)
-                and paths.prefix == packed.prefix and np.array_equal(paths.blob, packed.blob))
-
-
-class _NotIndexed(Exception):
-    """Why this dataset is read without an index (said once)."""
-
-
-def _walk(root: Path, own: int, since_ns: int, known: dict | None = None) -> dict[str, tuple[int, int, int, int]]:
-    """The states of the files under ``root`` (a dataset of ``own`` files), by path (``known``: see
-    :class:`_Fingerprint`)."""
-    states: dict[str, tuple[int, int, int, int]] = {}
-    bound = EXTRA_FILES_FACTOR * own + EXTRA_FILES
-    folders = [os.fspath(root)] if root.is_dir() else []
-    while folders:
-        try:
-            with os.scandir(folders.pop()) as entries:  # links to folders are listed, not followed: no loops
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        folders.append(entry.path)
-                    else:
-                        states[entry.path] = stable_state(entry.path, since_ns, known)
-        except OSError:  # a folder that cannot be listed: its files, if the dataset's, are stat'ed one by one
-            continue
-        if len(states) > bound:
-            raise _NotIndexed(f"{root} holds more than {bound:,} files, most of them not the dataset's")
-    return states
-
-
-def stable_state(path: str, since_ns: int, known: Mapping[str, tuple[int, int, int, int] | None] | None = None
-                 ) -> tuple[int, int, int, int]:
-    """:func:`~ssd.data.memo.file_state` of ``path`` (its state in ``known`` when there is one: no second stat);
-    ``(-1, -1, -1, -1)`` when it cannot be stat'ed or was modified at or after ``since_ns`` (too recently to be
-    told from a later edit: never trusted)."""
-    state = known[path] if known is not None and path in known else file_state(path)
-    return (-1, -1, -1, -1) if state is None or state[1] >= since_ns else state
-
-
-def state_array(states: Iterable[tuple[int, int, int, int]], count: int) -> np.ndarray:
-    """``count`` file states as int64 ``[count, 4]``, from an iterator, not a list of tuples: ``np.array``'s
-    coercion of many tuples leaves the small-object heap it used held (about 2 MB per 10k images, in the trainer
-    to its end)."""
-    return np.fromiter(itertools.chain.from_iterable(states), np.int64, 4 * count).reshape(-1, 4)
-
-
 def json_hash(value) -> str:
     """32 hex digits of the SHA-256 of ``value`` as JSON: the name of a cache folder or file."""
     return hashlib.sha256(json.dumps(value).encode()).hexdigest()[:32]
@@ -181,17 +103,19 @@ def _key(data: str | Path, class_names: list[str] | None) -> dict:
     return {"version": INDEX_VERSION, "data": os.path.abspath(data), "class_names": class_names}
 
 
-def _save(path: Path, key: dict, spec: DatasetSpec, checks: dict, memo: FileMemo, files: _Fingerprint
-          ) -> StoredIndex:
+def _save(path: Path, key: dict, spec: DatasetSpec, checks: tuple[dict, dict], memo: np.ndarray | str,
+          files: Fingerprint, patched: tuple[dict[str, np.ndarray], int] = ({}, 0)) -> StoredIndex:
+    """``checks``: the issue rows and the parts' sizes of each check (see :mod:`ssd.data.index_patch`); ``memo``: the
+    per-file results (or the digest of those stored, kept); ``patched``: the arrays of the patches' results and how
+    many."""
     meta = {"key": key, "root": str(spec.root), "format": spec.format, "class_names": spec.class_names,
             "category_ids": spec.category_ids, "sources": {k: str(v) for k, v in spec.sources.items()},
-            "watched": [str(p) for p in spec.watched],
-            "splits": list(spec.splits), "issues": issue_rows(spec.issues), "checks": checks}
-    arrays = {"meta": text_array(meta), "memo": np.frombuffer(memo.used_json(), np.uint8), "files.state": files.states,
-              **files.packed.arrays("files")}
+            "watched": [str(p) for p in spec.watched], "splits": list(spec.splits), "issues": issue_rows(spec.issues),
+            "checks": checks[0], "parts": checks[1], "rules": rules_version(), "appended": patched[1]}
+    arrays = {"meta": text_array(meta), **patched[0], "files.state": files.states, **files.packed.arrays("files")}
     for i, table in enumerate(spec.splits.values()):
         arrays |= table.arrays(f"split{i}.")
-    return write_index(path, meta, arrays)
+    return write_index(path, meta, arrays, memo)
 
 
 def cache_lock(folder: Path, what: str = "dataset index", busy: str | None = None,
@@ -294,11 +218,13 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
     files = None  # the stored dataset's files, before any read (its folder walked once in a run)
     if stored is not None:
         spec = stored.spec()
-        with suppress(_NotIndexed):
-            files = _Fingerprint(spec, start_ns)
+        with suppress(NotIndexed):
+            files = Fingerprint(spec, start_ns)
         if files is not None and files.same(stored.files, stored.arrays["files.state"]) and (
                 reused := _as_stored(stored, spec, splits)) is not None:
             return reused
+        if files is not None and lock is not None and (patched := _patched(stored, spec, splits, files, start_ns)):
+            return patched
     memo = FileMemo(stored.memo() if stored is not None else None if recheck else _sibling_memo(path), start_ns,
                     () if files is None else zip(files.paths, files.states.tolist()))
     with memo.active():
@@ -306,25 +232,46 @@ def _indexed(data, key: dict, class_names, splits: list[str] | None, recheck: bo
         _first_split(spec, splits)
         tables = spec.splits  # a reader's tables (COCO) made records once: the check walks them several times
         spec.splits = {name: list(records) for name, records in tables.items()}
-        issues = find_issues(spec, splits, decode_images=True)
+        parts = check_parts(spec, splits, decode_images=True)
+    issues = [issue for part in parts for issue in part]
     spec.splits = {name: RecordTable.from_records(records) for name, records in tables.items()}
     if lock is None:
         return Indexed(spec, issues, memo.reads)
     try:
-        files = _Fingerprint(spec, start_ns, None if files is None else files.walked, memo.states)
-    except _NotIndexed as e:
+        files = Fingerprint(spec, start_ns, None if files is None else files.walked, memo.states)
+    except NotIndexed as e:
         LOGGER.warning(f"dataset cache: {e}: not indexed")
         return Indexed(spec, issues, memo.reads)
-    checks = {_checked_key(spec, splits): issue_rows(issues)}
-    if stored is not None and files.same(stored.files, stored.arrays["files.state"]):
-        checks = stored.meta["checks"] | checks  # the same files: the other checks still hold
+    checks = {_checked_key(spec, splits): issue_rows(issues)}, {_checked_key(spec, splits): list(map(len, parts[:3]))}
+    if stored is not None and files.same(stored.files, stored.arrays["files.state"]):  # the other checks still hold
+        checks = stored.meta["checks"] | checks[0], stored.meta.get("parts", {}) | checks[1]
     try:
-        stored = _save(path, key, spec, checks, memo, files)
+        stored = _save(path, key, spec, checks, np.frombuffer(memo.used_json(), np.uint8), files)
     except OutputError as e:
         LOGGER.warning(f"dataset cache: {e}; working without a cache")
         return Indexed(spec, issues, memo.reads)
     stored.rebuild = rebuild
     return Indexed(stored.spec(), issues, memo.reads, True, stored.digests["index"])  # as a later run reads it
+
+
+def _patched(stored: StoredIndex, spec: DatasetSpec, splits: list[str] | None, files: Fingerprint, start_ns: int
+             ) -> Indexed | None:
+    """The index patched for the few files that changed (:mod:`ssd.data.index_patch`) and stored; None when the
+    change is left to the rebuild."""
+    if _checked_key(spec, splits) not in stored.meta["checks"] or not files.same(stored.files, None):
+        return None
+    # message columns found damaged: the patch gives up (a DataError) and this run rebuilds, once the patch is gone
+    rebuild, stored.rebuild = stored.rebuild, functools.partial(Indexed, spec, [])
+    patch = patch_index(stored, stored.spec(), files.paths, files.states, start_ns)
+    if patch is None:
+        return None
+    try:
+        saved = _save(stored.path, stored.meta["key"], patch.spec, (patch.checks, patch.parts),
+                      stored.digests["memo"], files, (patch.memo, patch.appended))
+    except OutputError:  # the rebuild says why
+        return None
+    saved.rebuild = rebuild
+    return dataclasses.replace(_as_stored(saved, saved.spec(), splits), reads=patch.reads)
 
 
 def _sibling_memo(path: Path) -> dict | None:

@@ -3,7 +3,9 @@ members come in groups, each with its own SHA-256 in the member ``digests``, che
 
 - ``index``: what a warm start reads (the meta data, the file list, the tables' training columns);
 - ``detail<i>``: the message columns of split ``i`` (where, raw, source lines, names), read on first use;
-- ``memo``: the per-file results (:mod:`ssd.data.memo`), read only to rebuild.
+- ``memo``: the per-file results (:mod:`ssd.data.memo`), read only to rebuild, in a file of their own beside the
+  index (:func:`memo_path`; the index holds their digest): a patch (:mod:`ssd.data.index_patch`) rewrites the index
+  and leaves them as they are, its own results in the index's group ``memo_patch``.
 
 So a warm start reads and hashes only the group ``index``. :mod:`ssd.data.index` decides when a file is used.
 
@@ -33,9 +35,11 @@ from ssd.errors import DataError
 from ssd.files import atomic_write
 from ssd.log import LOGGER
 
-__all__ = ["StoredIndex", "write_index", "read_group", "read_memo", "issue_rows", "issues_from", "text_array",
-           "INDEX_ERRORS", "damage_reason", "open_regular", "load_npz"]
+__all__ = ["StoredIndex", "write_index", "read_group", "read_memo", "memo_path", "issue_rows", "issues_from",
+           "text_array", "INDEX_ERRORS", "damage_reason", "open_regular", "load_npz"]
 
+MEMO_GROUPS = ("memo", "memo_patch")
+"""The groups (each one member) of the per-file results: a rebuild's, and those patches added since (which hold)."""
 INDEX_ERRORS = (OSError, ValueError, KeyError, EOFError, RecursionError, zipfile.BadZipFile)
 """What reading a damaged or foreign index file raises (zip, npy and JSON errors: a JSON nested too deep is a
 ``RecursionError``); the image cache's file too."""
@@ -89,11 +93,12 @@ def _digest(arrays: Mapping, names: Iterable[str]) -> str:
 
 
 def _group(name: str) -> str:
-    """The digest group of an index member: ``memo`` (the per-file results), ``detail<i>`` (split ``i``'s message
-    columns) or ``index`` (the rest: what a warm start reads)."""
+    """The digest group of an index member: ``memo`` (the per-file results), ``memo_patch`` (those the patches of
+    :mod:`ssd.data.index_patch` made since), ``detail<i>`` (split ``i``'s message columns) or ``index`` (the rest:
+    what a warm start reads)."""
     split = name.partition(".")[0]
-    if name == "memo":
-        return "memo"
+    if name in MEMO_GROUPS:
+        return name
     return f"detail{split[5:]}" if split.startswith("split") and RecordTable.detail_arrays(split + ".", [name]) \
         else "index"
 
@@ -106,7 +111,7 @@ def _groups(names: Iterable[str]) -> dict[str, list[str]]:
     return groups
 
 
-_GROUP_TEXT = {"index": "arrays", "memo": "per-file results"}
+_GROUP_TEXT = {"index": "arrays", "memo": "per-file results", "memo_patch": "per-file results of its patches"}
 
 
 def _version(meta) -> object:
@@ -119,17 +124,28 @@ class _Damaged(ValueError):
     """A group of an index file fails its digest."""
 
 
+def memo_path(path: Path) -> Path:
+    """The file of the per-file results of the index file ``path`` (``index-<key>.npz`` -> ``memo-<key>.npz``)."""
+    return path.with_name(path.name.replace("index-", "memo-", 1))
+
+
 def read_group(path: Path, group: str, digests: dict | None = None) -> dict[str, np.ndarray]:
-    """The arrays of ``group`` in the index file ``path``, checked against their digest in ``digests`` (the
-    file's own when None). Raises :class:`_Damaged` for a group that fails the digest of its file, ``ValueError``
-    (and what ``np.load`` raises) for a file whose ``group`` is not the one of ``digests`` (a file rewritten by
-    another run with this group unchanged still answers: only the group's own digest is compared)."""
+    """The arrays of ``group`` in the index file ``path`` (``memo``: in its :func:`memo_path`), checked against
+    their digest in ``digests`` (the file's own when None). Raises :class:`_Damaged` for a group that fails the
+    digest of its file, ``ValueError`` (and what ``np.load`` raises) for a file whose ``group`` is not the one of
+    ``digests`` (a file rewritten by another run with this group unchanged still answers: only the group's own
+    digest is compared)."""
     with open_regular(path) as f, load_npz(f) as z:
         held = json.loads(z["digests"].tobytes())
         if not isinstance(held, dict):
             raise ValueError("it has no digests")
-        names = _groups(z.files).get(group, [])
-        arrays = {name: z[name] for name in names}
+        if group != "memo":
+            names = _groups(z.files).get(group, [])
+            arrays = {name: z[name] for name in names}
+    if group == "memo":
+        with open_regular(memo_path(path)) as f, load_npz(f) as z:
+            names = [name for name in z.files if name == "memo"]
+            arrays = {name: z[name] for name in names}
     if digests is not None and held.get(group) != digests.get(group):
         raise ValueError("another index replaced it")
     if group not in held or _digest(arrays, names) != held[group]:
@@ -139,9 +155,19 @@ def read_group(path: Path, group: str, digests: dict | None = None) -> dict[str,
 
 
 def read_memo(path: Path, digests: dict | None = None) -> dict:
-    """The per-file results (:mod:`ssd.data.memo`) stored in the index file ``path``, checked as
-    :func:`read_group` checks a group."""
-    return json.loads(read_group(path, "memo", digests)["memo"].tobytes())
+    """The per-file results (:mod:`ssd.data.memo`) stored in the index file ``path`` (a rebuild's, then those of
+    the patches since, which replace them), checked as :func:`read_group` checks a group."""
+    if digests is None:
+        with open_regular(path) as f, load_npz(f) as z:
+            digests = json.loads(z["digests"].tobytes())
+    groups = [group for group in MEMO_GROUPS if group == "memo" or (isinstance(digests, dict) and group in digests)]
+    memo: dict = {}
+    for group in groups:
+        entries = json.loads(read_group(path, group, digests)[group].tobytes())
+        if not isinstance(entries, dict):
+            raise ValueError(f"its {_GROUP_TEXT[group]} are not a JSON object")
+        memo |= entries
+    return memo
 
 
 class _IndexFile:
@@ -192,7 +218,7 @@ class StoredIndex:
                                  f"{key['version']}")
             digests = json.loads(z["digests"].tobytes())
             groups = _groups(z.files)
-            if not isinstance(digests, dict) or set(digests) != set(groups):
+            if not isinstance(digests, dict) or set(digests) != set(groups) | {"memo"}:
                 raise ValueError("its members do not match its digests (edited or damaged)")
             arrays = {name: meta_text if name == "meta" else z[name] for name in groups["index"]}
         if _digest(arrays, arrays) != digests["index"]:  # meta's among them: parsed from what is checked
@@ -235,11 +261,17 @@ class StoredIndex:
                            [Path(p) for p in m["watched"]])
 
 
-def write_index(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> StoredIndex:
-    """Write ``arrays`` (``meta`` among them, as :func:`text_array`) with their digests to ``path`` atomically; the
+def write_index(path: Path, meta: dict, arrays: dict[str, np.ndarray], memo: np.ndarray | str) -> StoredIndex:
+    """Write ``arrays`` (``meta`` among them, as :func:`text_array`) with their digests to ``path`` atomically, and
+    the per-file results ``memo`` to its :func:`memo_path` first (or, given their digest, keep those there); the
     index as :class:`StoredIndex` would read it back."""
     digests = {group: _digest(arrays, names) for group, names in _groups(arrays).items()}
+    if isinstance(memo, str):
+        digests["memo"] = memo
+    else:
+        digests["memo"] = _digest({"memo": memo}, ["memo"])
+        with atomic_write(memo_path(path)) as f:  # a run killed before the index is written: its digest fails
+            np.savez(f, memo=memo)
     with atomic_write(path) as f:
         np.savez(f, **arrays, digests=text_array(digests))
     return StoredIndex.written(path, meta, arrays, digests)
-

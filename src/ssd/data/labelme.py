@@ -21,7 +21,7 @@ from ssd.data.records import ImageRecord, Issue, ObjectRecord, relative_path
 from ssd.data.shapes import POLYGON_RAW, bounding_box, find_image, image_size, unlisted_images
 from ssd.limits import is_whole
 
-__all__ = ["read_labelme_split", "parse_labelme", "is_labelme"]
+__all__ = ["read_labelme_split", "read_labelme_record", "parse_labelme", "is_labelme"]
 
 _BOXES = {"rectangle": 2, "mask": 2}
 """Shape types that are boxes, and their number of points."""
@@ -109,34 +109,41 @@ def parse_labelme(path: Path, rel: str) -> tuple[str | None, tuple[int, int] | N
 
 def read_labelme_split(folder: Path, root: Path, split: str, issues: list[Issue]) -> list[ImageRecord]:
     """The images of the LabelMe files directly in ``folder``; images without a file are a warning."""
-    records: list[ImageRecord] = []
     by_image: dict[Path, str] = {}
-    for path in sorted(p for p in folder.iterdir() if p.suffix.lower() == ".json" and not p.is_dir()):
-        rel = relative_path(path, root)
-        reference, declared, objects, found = parse_labelme(path, rel)
-        for issue in found:
-            issue.split = split
-        issues += found
-        if reference is None:
-            continue  # the file itself failed: said above
-        image = find_image(reference, [path.parent]) if reference else None
-        image = image or next((p for p in sorted(path.parent.glob(f"{path.stem}.*")) if is_image(p)), None)
-        if image is None:
-            issues.append(Issue("error", "missing_image", f"{rel}: image {reference!r} not found (imagePath is "
-                                f"relative to {relative_path(path.parent, root) or '.'})", rel, split=split))
-            continue
-        image = Path(os.path.abspath(image))
-        if image in by_image:
-            issues.append(Issue("error", "duplicate_image", f"{rel}: image {relative_path(image, root)} is also "
-                                f"annotated by {by_image[image]}; one picture would be trained on twice", rel,
-                                split=split, image=image))
-            continue
-        by_image[image] = rel
-        for issue in found:
-            issue.image = image
-        size = image_size(image, declared, rel, root, split, issues)
-        if size is not None:
-            records.append(ImageRecord(image, path, objects, *size))
+    records = [record for path in sorted(p for p in folder.iterdir() if p.suffix.lower() == ".json" and not p.is_dir())
+               if (record := read_labelme_record(path, root, split, issues, by_image)) is not None]
     issues += unlisted_images(folder, set(by_image), root, split)
     return records
 
+
+def read_labelme_record(path: Path, root: Path, split: str, issues: list[Issue],
+                        by_image: dict[Path, str] | None = None, size: tuple[int, int] | None = None
+                        ) -> ImageRecord | None:
+    """The record of one LabelMe file, its problems appended to ``issues``; None when it gives none (said in
+    ``issues``). ``by_image``: the files that annotated each image so far (a second one is an error). The dataset
+    index reads an edited file again with it alone, giving the ``size`` of an image it knows unchanged."""
+    by_image = {} if by_image is None else by_image
+    rel = relative_path(path, root)
+    reference, declared, objects, found = parse_labelme(path, rel)
+    for issue in found:
+        issue.split = split
+    issues += found
+    if reference is None:
+        return None  # the file itself failed: said above
+    image = find_image(reference, [path.parent]) if reference else None
+    image = image or next((p for p in sorted(path.parent.glob(f"{path.stem}.*")) if is_image(p)), None)
+    if image is None:
+        issues.append(Issue("error", "missing_image", f"{rel}: image {reference!r} not found (imagePath is "
+                            f"relative to {relative_path(path.parent, root) or '.'})", rel, split=split))
+        return None
+    image = Path(os.path.abspath(image))
+    if image in by_image:
+        issues.append(Issue("error", "duplicate_image", f"{rel}: image {relative_path(image, root)} is also "
+                            f"annotated by {by_image[image]}; one picture would be trained on twice", rel,
+                            split=split, image=image))
+        return None
+    by_image[image] = rel
+    for issue in found:
+        issue.image = image
+    known = image_size(image, declared, rel, root, split, issues, size)
+    return None if known is None else ImageRecord(image, path, objects, *known)

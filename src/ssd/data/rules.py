@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
+
 from ssd.data.images import IMAGE_SUFFIXES
-from ssd.data.records import DatasetSpec, ImageRecord, Issue, ObjectRecord, relative_path
+from ssd.data.records import DatasetSpec, ImageRecord, Issue, relative_path
+from ssd.data.table import IGNORE, RecordTable
 from ssd.data.yolo import label_path
 from ssd.limits import value_text
 from ssd.names import name_problem
@@ -50,39 +53,60 @@ def _place(spec: DatasetSpec, split: str, records: list[ImageRecord]) -> str:
     return str(spec.root)
 
 
-def _valid(records: list[ImageRecord], k: int, bad_images: set, bad_objects: set) -> list[ObjectRecord]:
-    """The objects of ``records`` free of errors (label in ``0..k-1``, box accepted, image readable)."""
-    return [o for r in records if r.path not in bad_images for i, o in enumerate(r.objects)
-            if 0 <= o.label < k and (r.path, i) not in bad_objects]
+def _valid(records: Sequence[ImageRecord], k: int, bad_images: set, bad_objects: set
+           ) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """``(usable images, their objects, labels [V] and ignore flags [V] of the objects free of errors)``: label in
+    ``0..k-1``, box accepted, image readable. A :class:`~ssd.data.table.RecordTable` is counted from its arrays (no
+    records built: the dataset index applies these rules after an edit)."""
+    if not isinstance(records, RecordTable):
+        good = [r for r in records if r.path not in bad_images]
+        valid = [o for r in good for i, o in enumerate(r.objects)
+                 if 0 <= o.label < k and (r.path, i) not in bad_objects]
+        return (len(good), sum(len(r.objects) for r in good), np.array([o.label for o in valid], np.int64),
+                np.array([o.ignore for o in valid], bool))
+    keep_images, keep_objects = np.ones(len(records), bool), np.ones(records.num_objects, bool)
+    if bad_images or bad_objects:
+        row = {path: i for i, path in enumerate(records.paths.tolist())}
+        keep_images[[row[str(p)] for p in bad_images if str(p) in row]] = False
+        keep_objects[[records.first[row[str(p)]] + i for p, i in bad_objects if str(p) in row]] = False
+    owned = np.repeat(keep_images, np.diff(records.first))
+    valid = owned & keep_objects & (records.labels >= 0) & (records.labels < k)
+    return (int(keep_images.sum()), int(owned.sum()), records.labels[valid],
+            (records.flags[valid] & IGNORE).astype(bool))
+
+
+def _unlabelled(records: Sequence[ImageRecord]) -> bool:
+    """Whether no image of ``records`` has an annotation file."""
+    if isinstance(records, RecordTable):
+        return not records.annotations.prefix and not records.annotations.offsets[-1]
+    return all(r.annotation is None for r in records)
 
 
 def _split_issue(spec: DatasetSpec, split: str, bad_images: set, bad_objects: set) -> Issue | None:
     records = spec.splits[split]
-    place = _place(spec, split, records)
-    good = [r for r in records if r.path not in bad_images]
-    objects = _valid(records, spec.num_classes, bad_images, bad_objects)
+    good, flawed, labels, ignore = _valid(records, spec.num_classes, bad_images, bad_objects)
 
     def error(code: str, text: str) -> Issue:
+        place = _place(spec, split, records)  # only for a message: the common folder of every image is a long walk
         return Issue("error", code, f"split {split!r} ({place}): {text}", place, split=split)
 
     unreadable = sum(i.split == split and i.severity == "error" and i.image is not None for i in spec.issues)
-    if not records and unreadable:  # every image failed to decode: not "no images"
+    if not len(records) and unreadable:  # every image failed to decode: not "no images"
         return error("no_valid_images", f"none of its {unreadable} images could be read (see the errors about them)")
-    if not records:
+    if not len(records):
         return error("empty_split", f"no images: looked for {_LOOKED_FOR.get(spec.format, 'images')}")
     if not good:
         return error("no_valid_images", f"none of its {len(records)} images is usable (see the errors about them)")
-    if all(r.annotation is None for r in records):
+    if _unlabelled(records):
         example = relative_path(label_path(records[0].path), spec.root)
         return error("no_labels", f"none of its {len(records)} images has a label file (looked for YOLO .txt "
                      f"labels such as {example}, the last images/ folder replaced by labels/, and for VOC .xml "
                      "files beside the images)")
-    if not objects:
-        flawed = sum(len(r.objects) for r in good)
+    if not len(labels):
         return error("no_objects_in_split", f"all {flawed} objects of its images have errors (see them)" if flawed
-                     else f"none of its {len(good)} usable images has an object")
-    if all(o.ignore for o in objects):
-        return error("no_trainable_objects", f"all {len(objects)} of its objects are difficult or crowd (training "
+                     else f"none of its {good} usable images has an object")
+    if ignore.all():
+        return error("no_trainable_objects", f"all {len(labels)} of its objects are difficult or crowd (training "
                      "leaves them out, evaluation ignores them)")
     return None
 
@@ -90,8 +114,9 @@ def _split_issue(spec: DatasetSpec, split: str, bad_images: set, bad_objects: se
 def _class_issues(spec: DatasetSpec, bad_images: set, bad_objects: set) -> list[Issue]:
     """Classes without a trainable object in ``train`` (tagged with split ``train``: evaluation does not apply it)."""
     k = spec.num_classes
-    trained = Counter(o.label for o in _valid(spec.records("train"), k, bad_images, bad_objects) if not o.ignore)
-    elsewhere = {s: Counter(o.label for o in _valid(recs, k, bad_images, bad_objects))
+    _, _, labels, ignore = _valid(spec.records("train"), k, bad_images, bad_objects)
+    trained = np.bincount(labels[~ignore], minlength=k)
+    elsewhere = {s: np.bincount(_valid(recs, k, bad_images, bad_objects)[2], minlength=k)
                  for s, recs in spec.splits.items() if s != "train"}
     source = str(next(iter(spec.sources.values()), spec.root))
     issues = []
@@ -174,13 +199,15 @@ def _overlap_issues(spec: DatasetSpec) -> list[Issue]:
     return issues
 
 
-def dataset_issues(spec: DatasetSpec, splits: list[str], bad_images: set, bad_objects: set) -> list[Issue]:
+def dataset_issues(spec: DatasetSpec, splits: list[str], bad_images: set, bad_objects: set,
+                   overlap: list[Issue] | None = None) -> list[Issue]:
     """The rules above for the ``splits`` read (which exist in ``spec``); ``bad_images`` / ``bad_objects``
-    (``(image path, object index)``) are those with errors, left out of every count."""
+    (``(image path, object index)``) are those with errors, left out of every count. ``overlap``: the train/val
+    overlap issues when already known (they depend on the image files alone: an edited annotation keeps them)."""
     split_issues = {s: i for s in splits if (i := _split_issue(spec, s, bad_images, bad_objects)) is not None}
     issues = _name_issues(spec) + list(split_issues.values())
     if "train" in splits and "train" not in split_issues:  # a failed train split already says why nothing trains
         issues += _class_issues(spec, bad_images, bad_objects)
     if "train" in splits and "val" in splits:
-        issues += _overlap_issues(spec)
+        issues += _overlap_issues(spec) if overlap is None else overlap
     return issues

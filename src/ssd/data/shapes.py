@@ -18,7 +18,8 @@ from ssd.data.voc import CLASS_FILE, assign_labels, check_class_count, read_clas
 from ssd.errors import DataError, ImageError
 from ssd.text import few
 
-__all__ = ["POLYGON_RAW", "bounding_box", "find_image", "image_size", "tool_dataset", "peek", "unlisted_images"]
+__all__ = ["POLYGON_RAW", "bounding_box", "find_image", "image_size", "tool_dataset", "peek", "unlisted_images",
+           "polygon_issues"]
 
 POLYGON_RAW = "polygon "
 """How the ``raw`` text of an object read from a polygon starts."""
@@ -54,17 +55,18 @@ def find_image(reference: str, bases: Sequence[Path]) -> Path | None:
 
 
 def image_size(image: Path, declared: tuple | None, rel: str, root: Path, split: str,
-               issues: list[Issue]) -> tuple[int, int] | None:
+               issues: list[Issue], size: tuple[int, int] | None = None) -> tuple[int, int] | None:
     """``(width, height)`` of ``image`` as decoded, or None with the issue said (a broken link, an unreadable
     image). ``declared``: the size the annotation states, a warning when it differs (other than by an EXIF
-    rotation) since the boxes were probably drawn on another version of the picture."""
+    rotation) since the boxes were probably drawn on another version of the picture; ``size``: the image's size
+    when known (the dataset index's, of an unchanged image: its header is not read again)."""
     rel_image = relative_path(image, root)
     if why := broken_link(image):
         issues.append(Issue("error", "broken_link", f"{rel_image}: {why}, so it cannot be read", rel_image,
                             split=split, image=image))
         return None
     try:
-        width, height = read_image_size(image)
+        width, height = read_image_size(image) if size is None else size
     except ImageError as e:
         issues.append(Issue("error", e.code, f"{rel_image}: {e.reason}", rel_image, split=split, image=image))
         return None
@@ -87,8 +89,12 @@ def unlisted_images(folder: Path, listed: set[Path], root: Path, split: str) -> 
 
 
 def _polygon_summary(splits: dict[str, list[ImageRecord]], fmt: str) -> list[Issue]:
-    converted = [o.where for records in splits.values() for r in records for o in r.objects
-                 if o.raw.startswith(POLYGON_RAW)]
+    return polygon_issues([o.where for records in splits.values() for r in records for o in r.objects
+                           if o.raw.startswith(POLYGON_RAW)], fmt)
+
+
+def polygon_issues(converted: list[str], fmt: str) -> list[Issue]:
+    """The one warning that names the polygons read as boxes (``converted``: their locations, in reading order)."""
     if not converted:
         return []
     return [Issue("warning", "polygon_as_box", f"{len(converted)} polygon(s) of the {fmt} annotations are read as "

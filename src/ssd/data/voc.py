@@ -23,8 +23,8 @@ from ssd.errors import DataError, ImageError
 from ssd.limits import MAX_CLASSES
 from ssd.text import few
 
-__all__ = ["find_voc_root", "read_voc", "parse_voc_xml", "read_lines", "read_class_file", "xml_files", "CLASS_FILE",
-           "xml_problem", "check_class_count"]
+__all__ = ["find_voc_root", "read_voc", "read_voc_record", "parse_voc_xml", "read_lines", "read_class_file",
+           "xml_files", "CLASS_FILE", "xml_problem", "check_class_count"]
 
 CLASS_FILE = "classes.txt"
 _SPLIT_ALIASES = {"valid": "val", "validation": "val"}
@@ -147,36 +147,42 @@ def _split_ids(voc_root: Path) -> dict[str, list[str]]:
 def _read_images(pairs: list[tuple[str, Path | None, Path]], root: Path, split: str,
                  issues: list[Issue]) -> list[ImageRecord]:
     """Records for (id, image path or None, xml path) triples; unreadable images become issues, not records."""
-    records = []
-    for image_id, image_path, xml_path in pairs:
-        rel_xml = relative_path(xml_path, root)
-        link = next(((p, why) for p in (xml_path, image_path) if p is not None and (why := broken_link(p))), None)
-        if link:
-            rel = relative_path(link[0], root)
-            issues.append(Issue("error", "broken_link", f"{rel}: {link[1]}, so it cannot be read", rel, split=split,
-                                image=image_path))
-            continue
-        if image_path is None or not image_path.is_file():
-            issues.append(Issue("error", "missing_image", f"{rel_xml}: no image found for id {image_id!r}", rel_xml,
-                                split=split))
-            continue
-        if not xml_path.is_file():
-            issues.append(Issue("error", "missing_annotation",
-                                f"{relative_path(image_path, root)}: annotation {rel_xml} does not exist", rel_xml,
-                                split=split, image=image_path))
-            continue
-        try:
-            width, height = read_image_size(image_path)
-        except ImageError as e:
-            rel = relative_path(image_path, root)
-            issues.append(Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=image_path))
-            continue
-        objects, found = parse_voc_xml(xml_path, rel_xml, width, height)
-        for issue in found:
-            issue.split, issue.image = split, image_path
-        issues.extend(found)
-        records.append(ImageRecord(image_path, xml_path, objects, width, height, image_id))
-    return records
+    return [rec for image_id, image_path, xml_path in pairs
+            if (rec := read_voc_record(image_id, image_path, xml_path, root, split, issues)) is not None]
+
+
+def read_voc_record(image_id: str, image_path: Path | None, xml_path: Path, root: Path, split: str,
+                    issues: list[Issue], size: tuple[int, int] | None = None) -> ImageRecord | None:
+    """The record of one image and its XML file (labels left at -1, see :func:`assign_labels`), its problems
+    appended to ``issues``; None when it cannot be read (said in ``issues``). The dataset index reads an edited file
+    again with it alone, giving the ``size`` of an image it knows unchanged (its header is not read again)."""
+    rel_xml = relative_path(xml_path, root)
+    link = next(((p, why) for p in (xml_path, image_path) if p is not None and (why := broken_link(p))), None)
+    if link:
+        rel = relative_path(link[0], root)
+        issues.append(Issue("error", "broken_link", f"{rel}: {link[1]}, so it cannot be read", rel, split=split,
+                            image=image_path))
+        return None
+    if image_path is None or not image_path.is_file():
+        issues.append(Issue("error", "missing_image", f"{rel_xml}: no image found for id {image_id!r}", rel_xml,
+                            split=split))
+        return None
+    if not xml_path.is_file():
+        issues.append(Issue("error", "missing_annotation",
+                            f"{relative_path(image_path, root)}: annotation {rel_xml} does not exist", rel_xml,
+                            split=split, image=image_path))
+        return None
+    try:
+        width, height = read_image_size(image_path) if size is None else size
+    except ImageError as e:
+        rel = relative_path(image_path, root)
+        issues.append(Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=image_path))
+        return None
+    objects, found = parse_voc_xml(xml_path, rel_xml, width, height)
+    for issue in found:
+        issue.split, issue.image = split, image_path
+    issues.extend(found)
+    return ImageRecord(image_path, xml_path, objects, width, height, image_id)
 
 
 def check_class_count(count: int, source: str | Path, what: str = "class names") -> None:

@@ -29,7 +29,7 @@ from ssd.limits import MAX_CLASSES, is_whole, value_text
 from ssd.text import few
 from ssd.yamlfile import safe_load
 
-__all__ = ["read_yolo_yaml", "read_yolo_folder", "label_path", "read_description", "parse_names"]
+__all__ = ["read_yolo_yaml", "read_yolo_folder", "read_yolo_record", "label_path", "read_description", "parse_names"]
 
 _SPLITS = {"train": "train", "val": "val", "valid": "val", "test": "test"}
 
@@ -187,37 +187,44 @@ def parse_label_file(path: Path, rel: str, width: int, height: int, class_names:
     return objects, issues
 
 
+def read_yolo_record(image: Path, split: str, root: Path, class_names: list[str], issues: list[Issue],
+                     size: tuple[int, int] | None = None) -> ImageRecord | None:
+    """The record of one image and its label file, its problems appended to ``issues``; None when it cannot be read
+    (said in ``issues``). The dataset index reads an edited file again with it alone, giving the ``size`` of an
+    image it knows unchanged (its header is not read again)."""
+    rel = relative_path(image, root)
+    lbl = label_path(image)
+    rel_lbl = relative_path(lbl, root)
+    if why := broken_link(image):
+        issues.append(Issue("error", "broken_link", f"{rel}: {why}, so it cannot be read", rel, split=split,
+                            image=image))
+        return None
+    try:
+        width, height = read_image_size(image) if size is None else size
+        has_label = lbl.is_file()
+    except ImageError as e:
+        issues.append(Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=image))
+        return None
+    except PermissionError:  # a labels/ folder without read access: the objects are unknown, not absent
+        issues.append(Issue("error", "unreadable_folder", f"{rel}: its label file {rel_lbl} cannot be read: the "
+                            f"folder {relative_path(lbl.parent, root)} is not readable (permission denied; give "
+                            f"read access: chmod u+rx {lbl.parent})", rel_lbl, split=split, image=image))
+        return None
+    objects: list[ObjectRecord] = []
+    if has_label:
+        objects, found = parse_label_file(lbl, rel_lbl, width, height, class_names)
+        for issue in found:
+            issue.split, issue.image = split, image
+        issues.extend(found)
+    else:
+        issues.append(Issue("warning", "missing_label_file", f"{rel}: no label file {rel_lbl}; "
+                            "read as an image without objects", rel_lbl, split=split, image=image))
+    return ImageRecord(image, lbl if has_label else None, objects, width, height, image.stem)
+
+
 def _read_split(images: list[Path], split: str, root: Path, class_names: list[str], issues: list[Issue]):
-    records = []
-    for image in images:
-        rel = relative_path(image, root)
-        lbl = label_path(image)
-        rel_lbl = relative_path(lbl, root)
-        if why := broken_link(image):
-            issues.append(Issue("error", "broken_link", f"{rel}: {why}, so it cannot be read", rel, split=split,
-                                image=image))
-            continue
-        try:
-            width, height = read_image_size(image)
-            has_label = lbl.is_file()
-        except ImageError as e:
-            issues.append(Issue("error", e.code, f"{rel}: {e.reason}", rel, split=split, image=image))
-            continue
-        except PermissionError:  # a labels/ folder without read access: the objects are unknown, not absent
-            issues.append(Issue("error", "unreadable_folder", f"{rel}: its label file {rel_lbl} cannot be read: the "
-                                f"folder {relative_path(lbl.parent, root)} is not readable (permission denied; give "
-                                f"read access: chmod u+rx {lbl.parent})", rel_lbl, split=split, image=image))
-            continue
-        objects: list[ObjectRecord] = []
-        if has_label:
-            objects, found = parse_label_file(lbl, rel_lbl, width, height, class_names)
-            for issue in found:
-                issue.split, issue.image = split, image
-            issues.extend(found)
-        else:
-            issues.append(Issue("warning", "missing_label_file", f"{rel}: no label file {rel_lbl}; "
-                                "read as an image without objects", rel_lbl, split=split, image=image))
-        records.append(ImageRecord(image, lbl if has_label else None, objects, width, height, image.stem))
+    records = [rec for image in images
+               if (rec := read_yolo_record(image, split, root, class_names, issues)) is not None]
     expected = {label_path(image) for image in images}
     folders = {p.parent for p in expected} - {i.parent for i in images}  # each set once: linear in the images
     for folder in sorted(f for f in folders if f.is_dir()):  # a labels/ folder of its own: its .txt are all labels
