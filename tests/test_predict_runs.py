@@ -53,8 +53,8 @@ def test_x_jpg_and_x_png_get_a_label_file_each_and_clip_frames_overwrite_no_imag
     labels = tmp_path / "out" / "yolo" / "labels"
     assert sorted(p.name for p in labels.iterdir()) == ["clip_000000.txt", "clip_000000_2.txt", "clip_000001.txt",
                                                        "x.txt", "x_2.txt"]
-    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.suffix in (".jpg", ".png", ".mp4")) == [
-        "clip.mp4", "clip_000000_2.jpg", "x.jpg", "x_2.png"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.suffix in (".jpg", ".png", ".avi")) == [
+        "clip.avi", "clip_000000_2.jpg", "x.jpg", "x_2.png"]
     assert f"YOLO labels: 5 files in {labels}" in str(summary)
 
 
@@ -72,7 +72,7 @@ def test_file_names_with_newline_tab_and_cr_give_a_dataset_ssd_check_accepts(det
 def test_output_names_are_unique_by_stem_whatever_the_order():
     folder = Path("d")
     plan = output_paths([folder / "clip_000007.png", folder / "clip.mkv", folder / "clip.avi"], folder)
-    assert [p.name for p in plan.values()] == ["clip_000007_2.png", "clip.mp4", "clip_2.mp4"]
+    assert [p.name for p in plan.values()] == ["clip_000007_2.png", "clip.avi", "clip_2.avi"]
 
 
 @pytest.mark.parametrize("link", ["predictions.jsonl", "crops", "yolo"])

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def test_a_video_writer_that_cannot_write_fails_loudly(tiny_checkpoint, tmp_path
 
     clip = write_video(tmp_path / "clip.avi", 2)
     monkeypatch.setattr(cv2, "VideoWriter", NoCodec)
-    with pytest.raises(OutputError, match=r"clip.mp4: OpenCV cannot write this video \(its mp4v writer did not open"):
+    with pytest.raises(OutputError, match=r"clip.avi: OpenCV cannot write this video \(its mp4v writer did not open"):
         predict_source(PredictConfig(weights=tiny_checkpoint, source=clip, save_dir=tmp_path / "out"), progress=False)
     # the results so far are written all the same
     assert len(list(read_jsonl(tmp_path / "out" / "predictions.jsonl"))) == 1
@@ -128,6 +129,30 @@ def test_a_stream_run_stopped_by_sigterm_or_kill_9_leaves_a_video_that_plays(tin
         assert len(frames) >= len(records) - 1  # the signal may land between a result and its drawing
     else:
         assert code == -signal.SIGKILL
+
+
+@pytest.mark.skipif(os.name != "posix", reason="signals")
+def test_a_video_files_drawn_video_plays_after_kill_9(tmp_path):
+    """A video file's drawn copy (MPEG-4 Part 2 in AVI, through FFmpeg): the process killed outright after 40 frames,
+    the video still plays, up to what FFmpeg had buffered (an MP4 would have no index: nothing would play)."""
+    code = f"""
+        import os, signal, sys
+        import numpy as np, torch
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_stream_outputs import noise
+        from ssd.inference.videos import VideoOut
+
+        frames = [torch.from_numpy(noise(i)).permute(2, 0, 1).contiguous() for i in range(40)]
+        out = VideoOut(__import__("pathlib").Path({str(tmp_path / "clip.avi")!r}), 25.0, frames[0], "clip.mp4")
+        for index, frame in enumerate(frames):
+            out.write(frame, index)
+        os.kill(os.getpid(), signal.SIGKILL)
+    """
+    env = {**os.environ, "PYTHONPATH": str(Path(ssd.__file__).parents[1]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, timeout=120)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    frames = video_frames(tmp_path / "clip.avi")
+    assert 20 <= len(frames) <= 40 and {f.shape for f in frames} == {(240, 320, 3)}
 
 
 @pytest.mark.slow

@@ -255,7 +255,7 @@ def test_predict_on_a_streams_file_writes_each_stream(tiny_checkpoint, tmp_path)
     assert len(records) == summary.live_frames
     assert {r["file"] for r in records} <= {str(tmp_path / "a.avi"), str(tmp_path / "b.avi")}
     assert [r["frame"] for r in records if r["file"].endswith("b.avi")] == [0, 1, 2]
-    drawn = cv2.VideoCapture(str(summary.save_dir / "b.mp4"))
+    drawn = cv2.VideoCapture(str(summary.save_dir / "b.avi"))
     assert drawn.get(cv2.CAP_PROP_FRAME_COUNT) == len([r for r in records if r["file"].endswith("b.avi")])
     drawn.release()
     assert f"{summary.live_frames} frames of 2 live streams ({summary.dropped} more dropped" in str(summary)

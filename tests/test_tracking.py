@@ -235,7 +235,7 @@ def test_predict_track_on_a_video_a_folder_and_one_image(tiny_checkpoint, tmp_pa
                  str(tmp_path / "v"), "--track", "--tracker", str(settings), "--max-det", "4"]) == 0
     frames = json.loads((tmp_path / "v" / "predictions.json").read_text())["images"]
     assert [[d["track_id"] for d in f["detections"]] for f in frames] == [[-1] * 4] + [[0, 1, 2, 3]] * 5
-    assert (tmp_path / "v" / "still.mp4").is_file()
+    assert (tmp_path / "v" / "still.avi").is_file()
 
     folder = tmp_path / "frames"
     folder.mkdir()

@@ -31,6 +31,7 @@ from ssd.data.images import read_image
 from ssd.errors import ConfigError, StreamError
 from ssd.inference.results import Frame, PredictSummary
 from ssd.inference.signals import Terminated
+from ssd.inference.streams import is_live
 from ssd.inference.tracking import Tracker, track_frames
 from ssd.inference.videos import VideoFile, VideoOut
 from ssd.log import progress as progress_bar
@@ -183,7 +184,8 @@ class Run:
                 elif outputs is not None:
                     if frame.stream not in videos:
                         out = outputs[frame.source] if frame.source in outputs else outputs[Path(frame.source)]
-                        videos[frame.stream] = VideoOut(out, fps[frame.stream], drawn, frame.source)
+                        videos[frame.stream] = VideoOut(out, fps[frame.stream], drawn, frame.source,
+                                                        live=is_live(frame.source))
                     videos[frame.stream].write(drawn, frame.index)
         finally:
             for video in videos.values():

@@ -31,7 +31,7 @@ from ssd.inference.results import PredictSummary
 from ssd.inference.shards import Shard
 from ssd.inference.streams import StreamGroup, is_live, live_sources, stream_name
 from ssd.inference.tracking import tracker_settings
-from ssd.inference.videos import LIVE_VIDEO_SUFFIX
+from ssd.inference.videos import DRAWN_VIDEO_SUFFIX
 from ssd.inference.writers import PredictionWriter, check_ls_root, exclude_save_dirs
 from ssd.inference.yolo_labels import frame_source
 from ssd.log import LOGGER
@@ -74,7 +74,7 @@ def resolve_source(source: str | Path) -> list[Path]:
 
 def output_paths(files: list[Path | str], save_dir: Path) -> dict[Path | str, Path]:
     """Where the drawn copy of each input goes: ``save_dir`` / its path relative to the inputs' common folder
-    (videos as ``.mp4``), a live source (a string, :func:`~ssd.inference.streams.is_live`) as
+    (videos as ``.avi``), a live source (a string, :func:`~ssd.inference.streams.is_live`) as
     ``save_dir / <stream_name>.avi`` (:mod:`ssd.inference.videos`: readable after a kill). Every per-image output
     (drawn copy, ``--save-txt`` image and label, crops) is named after this name, so it is one per input by its
     stem: control characters become ``_``, and a name whose
@@ -88,10 +88,10 @@ def output_paths(files: list[Path | str], save_dir: Path) -> dict[Path | str, Pa
     plan = {}
     for file in sorted(files, key=lambda f: not _has_frames(f)):  # frame names reserved before any image's
         if isinstance(file, str) and is_live(file):
-            relative = Path(stream_name(file, LIVE_VIDEO_SUFFIX))
+            relative = Path(stream_name(file, DRAWN_VIDEO_SUFFIX))
         else:  # a name with a newline or a tab is no name a dataset reader takes
             relative = Path(_CONTROL.sub("_", os.path.relpath(os.path.abspath(file), root)))
-        first = out = save_dir / (relative.with_suffix(".mp4") if is_video(Path(file)) else relative)
+        first = out = save_dir / (relative.with_suffix(DRAWN_VIDEO_SUFFIX) if is_video(Path(file)) else relative)
         index = 1
         while _clash(out, taken, framed):
             index += 1
@@ -164,7 +164,7 @@ def predict_source(config: PredictConfig, detector: Detector | None = None, *, p
     taken: :func:`ssd.files.make_run_dir`). Images are decoded with :func:`ssd.data.images.read_image` by ``workers``
     threads (0: one at a time between batches) and run ``batch_size`` at a time; videos are read frame by frame with
     OpenCV. Files inside an earlier save folder are not read (reported). With ``save_images``, each image is saved with
-    its boxes drawn (see :func:`output_paths`) and each video as ``.mp4``. Every result is written at once to
+    its boxes drawn (see :func:`output_paths`) and each video as ``.avi``. Every result is written at once to
     ``predictions.jsonl``, one line per image or frame (``file``, ``frame`` (videos only), ``width``, ``height``,
     ``detections``: ``box`` xyxy pixels, ``score``, ``label``, ``name``); the ``fmt`` file is assembled from it at the
     end, also after Ctrl-C: ``"json"`` ``predictions.json`` (``{"class_names", "images": [record, ...]}``), ``"coco"``

@@ -2,13 +2,15 @@
 gives batches of frames of a video file or of live sources (:class:`ssd.inference.streams.StreamGroup`), and
 :class:`VideoOut` writes a drawn video, one per video or live stream.
 
-A video file is drawn as ``.mp4`` (MPEG-4), finished when the run ends (Ctrl-C and SIGTERM included: ``ssd
-predict`` turns SIGTERM into what Ctrl-C does). An MP4 written by OpenCV keeps its index for the end, so a run killed
-outright (``kill -9``, power loss) leaves it unreadable; a live stream, which usually ends that way, is drawn as
-``.avi`` (Motion JPEG by OpenCV's own writer, written frame by frame): readable up to its last frames whatever
-stops the run. A writer OpenCV cannot open (no codec, no space, no permission) is an :class:`OutputError` at the
-first frame, not a video that silently stays empty; a source whose frames change size is drawn at its first size
-and said (:meth:`VideoOut.note`), while each frame's results keep its own size.
+Every drawn video is an ``.avi``, a container that players read without its closing index, so that a run killed
+outright (``kill -9``, a power cut) leaves a video readable up to its last frames (an MP4's index is written at
+the end: killed, it is unreadable). A video file is drawn in MPEG-4 Part 2 through OpenCV's FFmpeg writer (the size
+of the ``.mp4`` it replaces; killed, what FFmpeg had buffered, a few hundred KB, is lost); a live stream, which
+usually ends that way, in Motion JPEG by OpenCV's own writer, each frame written as it comes. Ctrl-C and SIGTERM
+finish both (``ssd predict`` turns SIGTERM into what Ctrl-C does). A writer OpenCV cannot open (no codec, no
+space, no permission) is an :class:`OutputError` at the first frame, not a video that silently stays empty; a source
+whose frames change size is drawn at its first size and said (:meth:`VideoOut.note`), while each frame's results
+keep its own size.
 """
 
 from __future__ import annotations
@@ -27,24 +29,24 @@ from ssd.optional import require
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["LIVE_VIDEO_SUFFIX", "VideoFile", "VideoOut", "source_frames", "video_frames"]
+__all__ = ["DRAWN_VIDEO_SUFFIX", "VideoFile", "VideoOut", "source_frames", "video_frames"]
 
-LIVE_VIDEO_SUFFIX = ".avi"
-"""The suffix of a live stream's drawn video: Motion JPEG in AVI, readable after the run is killed."""
+DRAWN_VIDEO_SUFFIX = ".avi"
+"""The suffix of every drawn video: AVI, readable after the run is killed."""
 
 
 class VideoOut:
-    """A drawn video at ``path`` (``.avi``: Motion JPEG, any other suffix: MPEG-4), ``fps`` frames a second, sized
-    by its first frame; ``name`` is its source's name (for :meth:`note`)."""
+    """A drawn video at ``path``, ``fps`` frames a second, sized by its first frame: Motion JPEG for a ``live``
+    stream, else MPEG-4 Part 2 (see the module docstring); ``name`` is its source's name (for :meth:`note`)."""
 
-    def __init__(self, path: Path, fps: float, first: Tensor, name: str):
+    def __init__(self, path: Path, fps: float, first: Tensor, name: str, live: bool = False):
         cv2 = self._cv2 = require("cv2", "video", "writing video")
         self.path, self.name, self.size = path, name, (int(first.shape[2]), int(first.shape[1]))
         self._resized: tuple[int, int, int] | None = None  # the first frame of another size: index, width, height
-        if path.suffix.lower() == LIVE_VIDEO_SUFFIX:
+        if live:
             codec, args = "MJPG", (cv2.CAP_OPENCV_MJPEG, cv2.VideoWriter_fourcc(*"MJPG"))
         else:
-            codec, args = "mp4v", (cv2.VideoWriter_fourcc(*"mp4v"),)
+            codec, args = "mp4v", (cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*"mp4v"))
         path.parent.mkdir(parents=True, exist_ok=True)
         self._writer = cv2.VideoWriter(str(path), *args, fps or 25.0, self.size)
         if not self._writer.isOpened():

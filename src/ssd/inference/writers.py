@@ -93,7 +93,7 @@ class PredictionWriter:
 
     Args:
         save_dir: the run's folder (already made).
-        names: the input file -> its name relative to ``save_dir`` (that of its drawn copy; videos ``.mp4``).
+        names: the input file -> its name relative to ``save_dir`` (that of its drawn copy; videos ``.avi``).
         class_names: label ``k`` -> name; ``category_ids``: label -> the dataset's id (COCO), or ``None``.
         fmt: a key of :data:`ssd.inference.result_files.FORMATS`. ``model_version``: Label Studio's field.
         save_txt, save_conf: YOLO label files (and their confidences), see :class:`YoloLabelWriter`.
