@@ -275,7 +275,8 @@ def read_yolo_yaml(yaml_path: Path, desc=None) -> DatasetSpec:
 def _read_flags(yaml_path: Path, path: Path, root: Path, splits: dict[str, list[ImageRecord]]) -> None:
     """The ``difficult`` / ``iscrowd`` flags that plain YOLO cannot write, from the ``flags`` file a ``data.yaml``
     names (``ssd data convert`` writes it): a JSON object a line, ``{"file": label file relative to the root,
-    "line": its line, "difficult": bool, "iscrowd": bool}``."""
+    "line": its line, "difficult": bool, "iscrowd": bool}``, and ``occluded``, ``truncated`` (bool) and ``z_order``
+    (int) when set."""
     by_line = {(r.annotation, o.line): o for records in splits.values() for r in records if r.annotation
                for o in r.objects}
     try:
@@ -291,6 +292,10 @@ def _read_flags(yaml_path: Path, path: Path, root: Path, splits: dict[str, list[
         if obj is None:
             raise DataError(f"{path}:{number}: {entry['file']} line {entry['line']} is no object of the dataset")
         obj.difficult, obj.iscrowd = entry.get("difficult") is True, entry.get("iscrowd") is True
+        obj.occluded, obj.truncated = entry.get("occluded") is True, entry.get("truncated") is True
+        obj.z_order = entry.get("z_order", 0)
+        if not is_whole(obj.z_order):
+            raise DataError(f"{path}:{number}: z_order {value_text(obj.z_order)} is not a whole number")
 
 
 def read_yolo_folder(folder: Path) -> DatasetSpec:
