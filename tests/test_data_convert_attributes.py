@@ -68,7 +68,7 @@ def test_the_source_holds_every_attribute(coco):
     assert train["ünïcödé_写真.jpg"] == []
 
 
-@pytest.mark.parametrize(("first", "middle"), [p for p in itertools.permutations(_FORMATS, 2)])
+@pytest.mark.parametrize(("first", "middle"), list(itertools.permutations(_FORMATS, 2)))
 def test_every_pair_of_formats_and_back(coco, tmp_path, first, middle):
     """source -> first -> middle -> first: the records of ``first`` again, for the attributes both ends hold, and
     the report of first -> middle names (counted) what ``middle`` could not hold of what ``first`` held."""

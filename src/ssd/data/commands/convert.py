@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,20 +49,27 @@ class ConvertSummary:
         return f"wrote {self.out} ({self.format}; {splits})" + (f"; {lost}" if lost else "")
 
 
-def usable_records(spec: DatasetSpec) -> dict[str, Sequence[ImageRecord]]:
+def usable_records(spec: DatasetSpec) -> dict[str, Iterable[ImageRecord]]:
     """Every split's records (as the reader holds them: nothing copied), refused (naming the problems) when a reader
     found errors or an object's class is not in the class list: a converted dataset holds exactly what the source
-    does."""
+    does. A split that is an iterator (``load_dataset(lazy=True)``) is checked as it is written."""
+    _refuse_errors(spec)
+    for records in spec.splits.values():
+        if isinstance(records, Sequence) and (found := _outside_classes(records, spec.num_classes)) is not None:
+            _refuse_class(*found, spec.class_names)
+    return dict(spec.splits)
+
+
+def _refuse_errors(spec: DatasetSpec) -> None:
     errors = [i for i in spec.issues if i.severity == "error"]
     if errors:
         raise DataError(f"{spec.root}: {len(errors)} problem(s) in the dataset, fix them first (ssd check "
                         f"{spec.root} lists them all): {few([i.message for i in errors], 3)}")
-    for records in spec.splits.values():
-        if (found := _outside_classes(records, spec.num_classes)) is not None:
-            record, obj = found
-            raise DataError(f"{obj.where or record.path}: class {obj.name!r} is not one of the dataset's "
-                            f"{spec.num_classes} classes{did_you_mean(obj.name, spec.class_names)}")
-    return dict(spec.splits)
+
+
+def _refuse_class(record: ImageRecord, obj: ObjectRecord, class_names: list[str]) -> None:
+    raise DataError(f"{obj.where or record.path}: class {obj.name!r} is not one of the dataset's "
+                    f"{len(class_names)} classes{did_you_mean(obj.name, class_names)}")
 
 
 def _outside_classes(records: Sequence[ImageRecord], num_classes: int) -> tuple[ImageRecord, ObjectRecord] | None:
@@ -106,18 +113,22 @@ def _named_splits(splits: dict[str, list[ImageRecord]], to: str) -> dict[str, li
     return kept
 
 
-def write_dataset(splits: dict[str, Sequence[ImageRecord]], class_names: list[str], out: Path, to: str,
-                  images: str, category_ids: list[int] | None = None) -> ConvertSummary:
+def write_dataset(splits: dict[str, Iterable[ImageRecord]], class_names: list[str], out: Path, to: str,
+                  images: str, category_ids: list[int] | None = None, source: DatasetSpec | None = None
+                  ) -> ConvertSummary:
     """Write ``splits`` as a ``to`` dataset in the new folder ``out`` (staged, renamed into place when whole), each
     record written as it is read (a :class:`~ssd.data.table.RecordTable` is read in chunks): beyond the records
     the reader holds, memory grows only by the names taken (a few dozen bytes an image). What ``to`` cannot hold of
-    the objects (see :data:`~ssd.data.commands.formats.HOLDS`) is counted in the summary and said on the logger."""
+    the objects (see :data:`~ssd.data.commands.formats.HOLDS`) is counted in the summary and said on the logger.
+    ``source``: the dataset read lazily, whose issues found while it was read refuse the output before it is put in
+    place (the staging folder removed), as do objects whose class is not in ``class_names``."""
     if to not in WRITERS:
         raise DataError(f"--to {to!r}: not a format{did_you_mean(to, list(WRITERS))} (choose {', '.join(WRITERS)})")
     place = image_placer(images)
     splits = _named_splits(splits, to)
     if images != "none":
-        missing_images(p for records in splits.values() for p in _image_paths(records))
+        missing_images(p for records in splits.values() if isinstance(records, Sequence)
+                       for p in _image_paths(records))  # a lazy reader reports a missing image as an issue
     summary = ConvertSummary(out, to, dict.fromkeys(splits, 0), dict.fromkeys(splits, 0))
     lost = [a for a in ATTRIBUTES if a not in HOLDS[to]]
     dropped = dict.fromkeys(lost, 0)
@@ -125,6 +136,8 @@ def write_dataset(splits: dict[str, Sequence[ImageRecord]], class_names: list[st
 
     def named(split: str, records: Sequence[ImageRecord]) -> Iterator[tuple[ImageRecord, str]]:
         for record in records:
+            if (bad := next((o for o in record.objects if not 0 <= o.label < len(class_names)), None)) is not None:
+                _refuse_class(record, bad, class_names)
             summary.images[split] += 1
             summary.objects[split] += len(record.objects)
             for attribute in lost:
@@ -134,6 +147,8 @@ def write_dataset(splits: dict[str, Sequence[ImageRecord]], class_names: list[st
     ids = category_ids if category_ids and len(category_ids) == len(class_names) else range(1, len(class_names) + 1)
     with staged(out) as stage:
         WRITERS[to](stage, Target(list(class_names), list(ids)), {s: named(s, r) for s, r in splits.items()}, place)
+        if source is not None:
+            _refuse_errors(source)
     summary.dropped = {a: n for a, n in dropped.items() if n}
     if summary.dropped:
         LOGGER.warning(summary.lost())
@@ -148,6 +163,6 @@ def convert_dataset(source: str | Path, out: str | Path, to: str, images: str = 
         DataError: a format not known, a dataset with errors, missing images (listed).
         OutputError: ``out`` not empty, or equal to, inside or above the source's folder (before any write).
     """
-    spec = load_dataset(source)
+    spec = load_dataset(source, lazy=True)
     out = check_dataset_output(out, [source, spec.root])
-    return write_dataset(usable_records(spec), spec.class_names, out, to, images, spec.category_ids)
+    return write_dataset(usable_records(spec), spec.class_names, out, to, images, spec.category_ids, spec)
