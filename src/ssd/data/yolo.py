@@ -221,10 +221,10 @@ def _read_split(images: list[Path], split: str, root: Path, class_names: list[st
             issues.append(Issue("warning", "missing_label_file", f"{rel}: no label file {rel_lbl}; "
                                 "read as an image without objects", rel_lbl, split=split, image=image))
         yield ImageRecord(image, lbl if has_label else None, objects, width, height, image.stem)
-    expected = {label_path(image) for image in images}
-    folders = {p.parent for p in expected} - {i.parent for i in images}  # each set once: linear in the images
-    for folder in sorted(f for f in folders if f.is_dir()):  # a labels/ folder of its own: its .txt are all labels
-        orphans = sorted(p.name for p in folder.glob("*.txt") if p not in expected)
+    expected = {os.fspath(label_path(image)) for image in images}  # text: a Path costs several times its string
+    folders = {os.path.dirname(p) for p in expected} - {os.fspath(i.parent) for i in images}  # linear in the images
+    for folder in sorted(Path(f) for f in folders if os.path.isdir(f)):  # a labels/ folder: its .txt are all labels
+        orphans = sorted(p.name for p in folder.glob("*.txt") if os.fspath(p) not in expected)
         if orphans:
             issues.append(Issue("warning", "label_without_image", f"{relative_path(folder, root)}: "
                                 f"{len(orphans)} label file(s) without an image are not read: {few(orphans)}",
