@@ -123,12 +123,15 @@ def _read_xml_beside_images(spec: DatasetSpec, lazy: bool) -> None:
     """YOLO splits where no image has a ``.txt`` label but some have a VOC XML file beside them: read the XML. A
     ``lazy`` split stays an iterator: its records are held only until one has a label file (the first, mostly)."""
     for split, records in spec.splits.items():
-        spec.splits[split] = _xml_when_unlabelled(spec, split, records) if lazy else records
-        if not lazy:
+        if lazy:
+            spec.splits[split] = _xml_when_unlabelled(spec, split, records)
+        else:
             _xml_split(spec, split, records)
 
 
 def _xml_when_unlabelled(spec: DatasetSpec, split: str, records: Iterable[ImageRecord]) -> Iterator[ImageRecord]:
+    """A lazy split's records, passed on from the first with a label file; a split without any is held whole and
+    given :func:`_xml_split` (whose rule needs them all)."""
     held: list[ImageRecord] | None = []
     for record in records:
         if held is None:

@@ -91,7 +91,7 @@ def _image_paths(records: Sequence[ImageRecord]) -> Iterator[Path]:
     return (r.path for r in records)
 
 
-def _named_splits(splits: dict[str, list[ImageRecord]], to: str) -> dict[str, list[ImageRecord]]:
+def _named_splits(splits: dict[str, Iterable[ImageRecord]], to: str) -> dict[str, Iterable[ImageRecord]]:
     """The splits a ``to`` dataset can name: any for VOC; else train, val and test, and a split beyond them (VOC's
     ``trainval``) only when each of its images is in one of them: it is left out, and said so."""
     if to == "voc":
@@ -134,7 +134,7 @@ def write_dataset(splits: dict[str, Iterable[ImageRecord]], class_names: list[st
     dropped = dict.fromkeys(lost, 0)
     names = UniqueNames(spaces=to != "voc", repeats=len(splits) > 1)
 
-    def named(split: str, records: Sequence[ImageRecord]) -> Iterator[tuple[ImageRecord, str]]:
+    def named(split: str, records: Iterable[ImageRecord]) -> Iterator[tuple[ImageRecord, str]]:
         for record in records:
             if (bad := next((o for o in record.objects if not 0 <= o.label < len(class_names)), None)) is not None:
                 _refuse_class(record, bad, class_names)
