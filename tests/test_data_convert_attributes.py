@@ -10,6 +10,7 @@ import pytest
 from builders import write_image
 from ssd.data.commands.convert import convert_dataset
 from ssd.data.commands.formats import ATTRIBUTES, HOLDS
+from ssd.data.gate import load_training_data
 from ssd.data.load import load_dataset
 
 _NAMES = ["élan", "猫", "zèbre"]
@@ -131,3 +132,16 @@ def test_cvat_attributes_reach_coco_and_back(tmp_path):
     expected = _records(load_dataset(root))
     assert expected[1]["train"][1][3][0] == ((4.5, 6.0, 30.25, 40.0), "car", 1, False, False, True, False, 3)
     assert _records(load_dataset(tmp_path / "coco")) == _records(load_dataset(tmp_path / "yolo")) == expected
+
+
+def test_truncated_and_occluded_survive_the_index(tmp_path):
+    """VOC's truncated and occluded flags on the records the dataset index stores and gives back (a warm start)."""
+    write_image(tmp_path / "a.jpg", 64, 48)
+    (tmp_path / "a.xml").write_text("<annotation>" + "".join(
+        f"<object><name>{name}</name><truncated>{t}</truncated><occluded>{o}</occluded><bndbox><xmin>2</xmin>"
+        "<ymin>2</ymin><xmax>30</xmax><ymax>30</ymax></bndbox></object>" for name, t, o in (("cat", 1, 0),
+                                                                                           ("dog", 0, 1))) +
+        "</annotation>")
+    for _ in range(2):  # built, then read back from the index
+        a = load_training_data(tmp_path, splits=("train",)).splits["train"][0]
+        assert [(o.name, o.truncated, o.occluded) for o in a.objects] == [("cat", True, False), ("dog", False, True)]
