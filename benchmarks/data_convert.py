@@ -1,6 +1,7 @@
 """`ssd data convert` at scale: a synthetic COCO of N images (every image a hard link to one small JPEG, so only
 annotation files and image headers are read, nothing decoded) converted to YOLO and back, each direction in a fresh
-process: wall time and peak RSS. Run at 10k and 100k images to see how memory grows with the dataset.
+process: wall time, peak RSS and the machine's load average. Run at 10k and 100k images to see how memory grows
+with the dataset.
 
     .venv/bin/python benchmarks/data_convert.py --images 10000 100000 --root /tmp/convert-bench
 """
@@ -19,9 +20,11 @@ from pathlib import Path
 
 from PIL import Image
 
-_CONVERT = ("import resource, sys; from ssd.data.commands.convert import convert_dataset; "
+_CONVERT = ("import sys; from ssd.data.commands.convert import convert_dataset; "
             "convert_dataset(sys.argv[1], sys.argv[2], sys.argv[3]); "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")  # its own peak, KiB
+            "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])")
+"""The conversion, printing its own peak RSS in KiB: ``VmHWM``, not ``ru_maxrss``, which Linux carries over a fork
+and exec, so that it would report at least this script's own RSS (the synthetic dataset it built)."""
 
 
 def make_coco(root: Path, count: int, classes: int = 20, seed: int = 0) -> Path:
@@ -61,14 +64,14 @@ def main() -> None:
     parser.add_argument("--images", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--root", type=Path, default=Path("/tmp/convert-bench"))
     args = parser.parse_args()
-    print(f"{'images':>8} {'step':>14} {'seconds':>8} {'peak RSS MiB':>13}")
+    print(f"{'images':>8} {'step':>14} {'seconds':>8} {'peak RSS MiB':>13} {'load 1 min':>10}")
     for count in args.images:
         root = args.root / str(count)
         shutil.rmtree(root, ignore_errors=True)
         make_coco(root / "coco", count)
         for step, src, out, to in (("coco -> yolo", "coco", "yolo", "yolo"), ("yolo -> coco", "yolo", "back", "coco")):
             seconds, rss = timed([sys.executable, "-c", _CONVERT, str(root / src), str(root / out), to])
-            print(f"{count:>8} {step:>14} {seconds:>8.1f} {rss:>13.0f}", flush=True)
+            print(f"{count:>8} {step:>14} {seconds:>8.1f} {rss:>13.0f} {os.getloadavg()[0]:>10.1f}", flush=True)
         shutil.rmtree(root)
 
 

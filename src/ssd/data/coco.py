@@ -5,9 +5,10 @@ kept in ``DatasetSpec.category_ids`` (label ``k`` is category ``category_ids[k]`
 dataset's own ids. ``bbox`` is ``[x, y, w, h]`` in pixels, converted to ``xyxy``; a bbox that only fits the image
 when read as ``[x1, y1, x2, y2]`` is an error (never clipped and trained on). ``iscrowd`` annotations are kept as
 ignore regions (``ObjectRecord.iscrowd``): never trained on, ignored in evaluation; ``difficult: 1`` (not COCO's own:
-what ``ssd data convert`` writes for VOC's flag) is read as ``ObjectRecord.difficult``. Image files are looked up
-relative to the JSON's folder, its ``images/`` subfolder, or ``../images`` (the usual ``annotations/`` + ``images/``
-layout), or ``image_root`` when given.
+what ``ssd data convert`` writes for VOC's flag) is read as ``ObjectRecord.difficult``, and an annotation's
+``attributes`` ``occluded`` / ``truncated`` (true or 1) and ``z_order`` (CVAT's COCO export writes ``occluded``
+there) as those of the record. Image files are looked up relative to the JSON's folder, its ``images/`` subfolder,
+or ``../images`` (the usual ``annotations/`` + ``images/`` layout), or ``image_root`` when given.
 
 The file's structure must hold (else ``DataError`` naming the file and the entry): a JSON object with lists
 ``images`` (objects with ``id`` and ``file_name``, ids unique), ``categories`` (objects with an integer ``id``, unique,
@@ -28,7 +29,7 @@ import numpy as np
 from ssd.data.images import read_image_size
 from ssd.data.memo import cyclic_gc_paused
 from ssd.data.records import DatasetSpec, Issue
-from ssd.data.table import CROWD, DIFFICULT, Detail, RecordTable, Strings
+from ssd.data.table import CROWD, DIFFICULT, OCCLUDED, TRUNCATED, Detail, RecordTable, Strings
 from ssd.data.voc import check_class_count
 from ssd.errors import DataError, ImageError
 from ssd.limits import is_whole
@@ -195,11 +196,11 @@ def _float(value: int | float) -> float:
 
 class _Objects:
     """The accepted annotations as columns (raw values, no per-object records): ``owner`` (image row), ``boxes``
-    (xyxy, flat), ``labels``, ``flags`` (``CROWD`` / ``DIFFICULT`` bits of :mod:`ssd.data.table`), ``ids``,
-    ``bboxes`` (as written), ``unknown`` (a label ``-1``'s name)."""
+    (xyxy, flat), ``labels``, ``flags`` (bits of :mod:`ssd.data.table`), ``ids``, ``bboxes`` (as written),
+    ``unknown`` (a label ``-1``'s name), ``z_order``."""
 
     def __init__(self) -> None:
-        self.owner, self.boxes, self.labels = array("q"), array("d"), array("q")
+        self.owner, self.boxes, self.labels, self.z_order = array("q"), array("d"), array("q"), array("q")
         self.flags, self.ids, self.bboxes, self.unknown = bytearray(), [], [], {}
 
 
@@ -219,6 +220,8 @@ def _add_objects(data: dict, json_path: Path, images: _Images, label_of: dict[in
             continue
         parsed, (width, height) = _bbox(bbox), images.sizes[row]
         iscrowd, difficult = ann.get("iscrowd", 0), ann.get("difficult", 0)  # difficult: VOC's flag, kept
+        attributes = ann.get("attributes")  # CVAT's export: {"occluded": false, ...}; other tools' are not read
+        attributes = attributes if type(attributes) is dict else {}
         problem = (f"bbox {bbox!r:.80} is not [x, y, w, h] numbers" if parsed is None else
                    f"bbox {bbox} passes the {width}x{height} image as [x, y, width, height] but fits it as [x1, y1, "
                    "x2, y2]; COCO bboxes are [x, y, width, height] (write width = x2 - x1, height = y2 - y1)"
@@ -226,6 +229,8 @@ def _add_objects(data: dict, json_path: Path, images: _Images, label_of: dict[in
                    f"id {ann_id!r:.60} is not an integer" if type(ann_id) is not int else
                    f"iscrowd {ann.get('iscrowd')!r:.60} is not 0 or 1" if iscrowd not in (0, 1) else
                    f"difficult {ann.get('difficult')!r:.60} is not 0 or 1" if difficult not in (0, 1) else
+                   f"attributes.z_order {attributes['z_order']!r:.60} is not an integer"
+                   if type(attributes.get("z_order", 0)) is not int or abs(attributes.get("z_order", 0)) >= 2**63 else
                    f"id {ann_id} is also annotations[{seen[ann_id]}] (annotation ids must be unique)"
                    if ann_id in seen else None)
         if problem:
@@ -240,10 +245,16 @@ def _add_objects(data: dict, json_path: Path, images: _Images, label_of: dict[in
         found.owner.append(row)
         found.boxes.extend(parsed)
         found.labels.append(label)
-        found.flags.append(CROWD * bool(iscrowd) + DIFFICULT * bool(difficult))
+        found.flags.append(CROWD * bool(iscrowd) + DIFFICULT * bool(difficult) + _attribute_flags(attributes))
+        found.z_order.append(attributes.get("z_order", 0))
         found.ids.append(ann_id)
         found.bboxes.append(bbox)
     return found
+
+
+def _attribute_flags(attributes: dict) -> int:
+    """The ``OCCLUDED`` / ``TRUNCATED`` bits of an annotation's ``attributes`` (true when ``true`` or ``1``)."""
+    return OCCLUDED * (attributes.get("occluded") in (True, 1)) + TRUNCATED * (attributes.get("truncated") in (True, 1))
 
 
 def _where(rel: str, ann_id, index: int) -> str:
@@ -282,7 +293,7 @@ def _table(json_path: Path, images: _Images, found: _Objects, names: list[str]) 
                      "sources": _texts(str(json_path), [], len(owner)),
                      "where": grouped(_texts(f"{json_path.name} annotation id ", list(map(str, found.ids)))),
                      "raw": grouped(_texts("bbox ", list(map(str, found.bboxes)))),
-                     "z_order": np.zeros(len(owner), np.int64)})
+                     "z_order": grouped(np.frombuffer(found.z_order, np.int64))})
     return RecordTable(detail, paths=Strings.pack(images.paths, share_prefix=True),
                        annotations=_texts(str(json_path), [], len(images.paths)),
                        image_ids=Strings.pack(list(map(str, images.ids))),

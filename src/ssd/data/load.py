@@ -11,7 +11,7 @@ XML files beside them (a "Pascal VOC" export described by a ``data.yaml``) is re
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from ssd.data.coco import read_coco, split_name
@@ -31,13 +31,13 @@ _SPLIT_DIRS = ("train", "val", "valid", "validation", "test")
 """Folder names the flat VOC reader and the annotation tools' layouts take as splits."""
 
 
-def _read_file(path: Path) -> DatasetSpec:
+def _read_file(path: Path, lazy: bool = False) -> DatasetSpec:
     """A ``data.yaml``, a COCO JSON or a tool's export file; ``spec.sources`` names the file for each split."""
     if path.suffix in (".yaml", ".yml"):
         desc = read_description(path)
         if (tool := read_tool_yaml(desc, path)) is not None:
             return tool
-        spec = read_yolo_yaml(path, desc)
+        spec = read_yolo_yaml(path, desc, lazy=lazy)
     elif (tool := read_tool_file(path)) is not None:
         return tool
     elif path.suffix == ".json":
@@ -97,12 +97,12 @@ def _read_xml_folders(folder: Path) -> DatasetSpec:
     return DatasetSpec(folder, "voc", names, splits, [i for p in parts for i in p.issues])
 
 
-def _detect(folder: Path) -> DatasetSpec:
+def _detect(folder: Path, lazy: bool = False) -> DatasetSpec:
     if find_voc_root(folder) is not None:
         return read_voc(folder)
     yamls = [p for p in sorted(folder.glob("*.y*ml")) if p.suffix in (".yaml", ".yml")]
     if yamls:
-        return _read_file(next((p for p in yamls if p.stem == "data"), yamls[0]))
+        return _read_file(next((p for p in yamls if p.stem == "data"), yamls[0]), lazy)
     if any((p / "images").is_dir() and (p / "labels").is_dir() for p in [folder, *folder.iterdir()]):
         return read_yolo_folder(folder)
     if tool_format(folder) is not None:
@@ -119,22 +119,48 @@ def _detect(folder: Path) -> DatasetSpec:
                     "Label Studio JSON export; or train/ and val/ folders each holding one of those)")
 
 
-def _read_xml_beside_images(spec: DatasetSpec) -> None:
-    """YOLO splits where no image has a ``.txt`` label but some have a VOC XML file beside them: read the XML."""
+def _read_xml_beside_images(spec: DatasetSpec, lazy: bool) -> None:
+    """YOLO splits where no image has a ``.txt`` label but some have a VOC XML file beside them: read the XML. A
+    ``lazy`` split stays an iterator: its records are held only until one has a label file (the first, mostly)."""
     for split, records in spec.splits.items():
-        xmls = {r.path: r.path.with_suffix(".xml") for r in records}
-        if any(r.annotation is not None for r in records) or not any(x.is_file() for x in xmls.values()):
+        if lazy:
+            spec.splits[split] = _xml_when_unlabelled(spec, split, records)
+        else:
+            _xml_split(spec, split, records)
+
+
+def _xml_when_unlabelled(spec: DatasetSpec, split: str, records: Iterable[ImageRecord]) -> Iterator[ImageRecord]:
+    """A lazy split's records, passed on from the first with a label file; a split without any is held whole and
+    given :func:`_xml_split` (whose rule needs them all)."""
+    held: list[ImageRecord] | None = []
+    for record in records:
+        if held is None:
+            yield record
             continue
-        read = {path for path, xml in xmls.items() if xml.is_file()}
-        spec.issues = [i for i in spec.issues if not (i.code == "missing_label_file" and i.image in read)]
-        for rec in records:
-            if rec.path in read:
-                rec.annotation = xmls[rec.path]
-                rec.objects, found = parse_voc_xml(rec.annotation, relative_path(rec.annotation, spec.root))
-                for issue in found:
-                    issue.split, issue.image = split, rec.path
-                spec.issues += found
-        assign_labels(records, spec.class_names)
+        held.append(record)
+        if record.annotation is not None:
+            yield from held
+            held = None
+    if held is not None:
+        _xml_split(spec, split, held)
+        yield from held
+
+
+def _xml_split(spec: DatasetSpec, split: str, records: list[ImageRecord]) -> None:
+    """:func:`_read_xml_beside_images` for one split's records."""
+    xmls = {r.path: r.path.with_suffix(".xml") for r in records}
+    if any(r.annotation is not None for r in records) or not any(x.is_file() for x in xmls.values()):
+        return
+    read = {path for path, xml in xmls.items() if xml.is_file()}
+    spec.issues[:] = [i for i in spec.issues if not (i.code == "missing_label_file" and i.image in read)]
+    for rec in records:
+        if rec.path in read:
+            rec.annotation = xmls[rec.path]
+            rec.objects, found = parse_voc_xml(rec.annotation, relative_path(rec.annotation, spec.root))
+            for issue in found:
+                issue.split, issue.image = split, rec.path
+            spec.issues += found
+    assign_labels(records, spec.class_names)
 
 
 def _no_classes(spec: DatasetSpec) -> str:
@@ -168,7 +194,8 @@ def _apply_class_names(spec: DatasetSpec, class_names: list[str], declared: bool
     assign_labels([r for recs in spec.splits.values() for r in recs], class_names)
 
 
-def load_dataset(data: str | Path, split: str | None = None, class_names: list[str] | None = None) -> DatasetSpec:
+def load_dataset(data: str | Path, split: str | None = None, class_names: list[str] | None = None,
+                 lazy: bool = False) -> DatasetSpec:
     """Read a dataset: a YOLO ``data.yaml``, a dataset folder (format detected) or a COCO JSON.
 
     Args:
@@ -176,6 +203,10 @@ def load_dataset(data: str | Path, split: str | None = None, class_names: list[s
         split: keep only this split (error listing the available ones when absent).
         class_names: optional; must agree with the dataset's names (an error lists both). For VOC without a
             ``classes.txt``, it may reorder/extend the names found in the annotations (which fixes label order).
+        lazy: the splits of a YOLO ``data.yaml`` as iterators that read each image as it is reached (once, in
+            order; their issues appended to ``spec.issues`` meanwhile): what ``ssd data convert`` writes record by
+            record. Other formats are read whole as always (a COCO table is compact; VOC and the tools' files are
+            lists).
 
     Raises :class:`DataError` for a description that cannot be read, and for a dataset without class names.
     Per-file defects do not raise here; they are kept in the records / ``spec.issues`` for
@@ -184,9 +215,9 @@ def load_dataset(data: str | Path, split: str | None = None, class_names: list[s
     path = Path(data).expanduser()
     if not path.exists():
         raise DataError(f"dataset {path} does not exist (give a data.yaml, a dataset folder or a COCO JSON)")
-    spec = _detect(path) if path.is_dir() else _read_file(path)
+    spec = _detect(path, lazy) if path.is_dir() else _read_file(path, lazy)
     if spec.format == "yolo":
-        _read_xml_beside_images(spec)
+        _read_xml_beside_images(spec, lazy)
     if not spec.class_names:
         raise DataError(_no_classes(spec))
     if class_names is not None:

@@ -38,6 +38,7 @@ class ObjectRecord:
             quoted in messages so users find the bad value they wrote.
         occluded: CVAT's ``occluded`` flag (kept for conversions; trained on like any object).
         z_order: CVAT's ``z_order`` (drawing order; kept for conversions).
+        truncated: VOC's ``truncated`` flag (kept for conversions; trained on like any object).
     """
 
     box: tuple[float, float, float, float]
@@ -51,6 +52,7 @@ class ObjectRecord:
     raw: str = ""
     occluded: bool = False
     z_order: int = 0
+    truncated: bool = False
 
     @property
     def ignore(self) -> bool:

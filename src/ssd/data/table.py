@@ -18,9 +18,10 @@ import numpy as np
 
 from ssd.data.records import ImageRecord, ObjectRecord
 
-__all__ = ["RecordTable", "Strings", "select", "object_arrays", "DIFFICULT", "CROWD", "OCCLUDED", "IGNORE"]
+__all__ = ["RecordTable", "Strings", "select", "object_arrays", "DIFFICULT", "CROWD", "OCCLUDED", "TRUNCATED",
+           "IGNORE"]
 
-DIFFICULT, CROWD, OCCLUDED = 1, 2, 4
+DIFFICULT, CROWD, OCCLUDED, TRUNCATED = 1, 2, 4, 8
 """Bits of :attr:`RecordTable.flags`."""
 IGNORE = DIFFICULT | CROWD
 """The bits of objects that training leaves out and evaluation ignores (:attr:`ObjectRecord.ignore`)."""
@@ -192,8 +193,8 @@ class RecordTable(Sequence[ImageRecord]):
             sizes=sizes, first=first,
             boxes=np.array([o.box for o in objects], np.float32).reshape(-1, 4),
             labels=np.array([o.label for o in objects], np.int64),
-            flags=np.array([DIFFICULT * o.difficult + CROWD * o.iscrowd + OCCLUDED * o.occluded for o in objects],
-                           np.uint8))
+            flags=np.array([DIFFICULT * o.difficult + CROWD * o.iscrowd + OCCLUDED * o.occluded
+                            + TRUNCATED * o.truncated for o in objects], np.uint8))
 
     def __len__(self) -> int:
         return len(self.first) - 1
@@ -253,7 +254,7 @@ class RecordTable(Sequence[ImageRecord]):
                 self.sizes[start:stop].tolist())):
             objects = [ObjectRecord(tuple(boxes[j]), labels[j], names[j], bool(flags[j] & DIFFICULT),
                                     bool(flags[j] & CROWD), lines[j], source.get(sources[j]), where[j], raw[j],
-                                    bool(flags[j] & OCCLUDED), z_order[j])
+                                    bool(flags[j] & OCCLUDED), z_order[j], bool(flags[j] & TRUNCATED))
                        for j in range(first[k], first[k + 1])]
             width, height = (v if v >= 0 else None for v in size)
             records.append(ImageRecord(Path(path), Path(annotation) if annotation else None, objects, width, height,

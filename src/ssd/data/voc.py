@@ -114,14 +114,19 @@ def parse_voc_xml(xml_path: Path, rel: str, width: int | None = None,
             issues.append(Issue("error", "parse_error", f"{where}: object has no <name>", rel, index))
             continue
         raw = " ".join(f"{t}={v:g}" for t, v in zip(("xmin", "ymin", "xmax", "ymax"), values))
-        difficult = (obj.findtext("difficult") or "0").strip()
-        if difficult.lower() not in _FLAGS:
-            issues.append(Issue("warning", "bad_flag", f"{where}: <difficult> is {difficult!r}, read as 0 (not "
-                                "difficult; write 0 or 1)", rel, index, object_index=len(objects)))
-        crowd = (obj.findtext("iscrowd") or "0").strip().lower()  # written by `ssd data convert` for COCO crowds
+        # iscrowd: written by `ssd data convert` for COCO crowds
+        difficult, truncated, occluded, crowd = ((obj.findtext(tag) or "0").strip()
+                                                 for tag in ("difficult", "truncated", "occluded", "iscrowd"))
+        for tag, value in (("difficult", difficult), ("truncated", truncated), ("occluded", occluded)):
+            if value.lower() not in _FLAGS:
+                issues.append(Issue("warning", "bad_flag", f"{where}: <{tag}> is {value!r}, read as 0 (not {tag}; "
+                                    "write 0 or 1)", rel, index, object_index=len(objects)))
         objects.append(ObjectRecord(tuple(v - 1.0 for v in values), -1, name,
-                                    difficult=_FLAGS.get(difficult.lower(), False), iscrowd=_FLAGS.get(crowd, False),
-                                    line=index, source=xml_path, where=where, raw=raw))
+                                    difficult=_FLAGS.get(difficult.lower(), False),
+                                    iscrowd=_FLAGS.get(crowd.lower(), False),
+                                    line=index, source=xml_path, where=where, raw=raw,
+                                    occluded=_FLAGS.get(occluded.lower(), False),
+                                    truncated=_FLAGS.get(truncated.lower(), False)))
     return objects, issues
 
 

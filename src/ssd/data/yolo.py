@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import yaml
@@ -222,18 +223,21 @@ def read_yolo_record(image: Path, split: str, root: Path, class_names: list[str]
     return ImageRecord(image, lbl if has_label else None, objects, width, height, image.stem)
 
 
-def _read_split(images: list[Path], split: str, root: Path, class_names: list[str], issues: list[Issue]):
-    records = [rec for image in images
-               if (rec := read_yolo_record(image, split, root, class_names, issues)) is not None]
-    expected = {label_path(image) for image in images}
-    folders = {p.parent for p in expected} - {i.parent for i in images}  # each set once: linear in the images
-    for folder in sorted(f for f in folders if f.is_dir()):  # a labels/ folder of its own: its .txt are all labels
-        orphans = sorted(p.name for p in folder.glob("*.txt") if p not in expected)
+def _read_split(images: list[Path], split: str, root: Path, class_names: list[str], issues: list[Issue]
+                ) -> Iterator[ImageRecord]:
+    """Each image's record, read as it is asked for (issues appended as they are met; the label files without an
+    image, after the last)."""
+    for image in images:
+        if (rec := read_yolo_record(image, split, root, class_names, issues)) is not None:
+            yield rec
+    expected = {os.fspath(label_path(image)) for image in images}  # text: a Path costs several times its string
+    folders = {os.path.dirname(p) for p in expected} - {os.fspath(i.parent) for i in images}  # linear in the images
+    for folder in sorted(Path(f) for f in folders if os.path.isdir(f)):  # a labels/ folder: its .txt are all labels
+        orphans = sorted(p.name for p in folder.glob("*.txt") if os.fspath(p) not in expected)
         if orphans:
             issues.append(Issue("warning", "label_without_image", f"{relative_path(folder, root)}: "
                                 f"{len(orphans)} label file(s) without an image are not read: {few(orphans)}",
                                 relative_path(folder, root), split=split))
-    return records
 
 
 def read_description(yaml_path: Path):
@@ -249,9 +253,10 @@ def read_description(yaml_path: Path):
     return desc
 
 
-def read_yolo_yaml(yaml_path: Path, desc=None) -> DatasetSpec:
+def read_yolo_yaml(yaml_path: Path, desc=None, lazy: bool = False) -> DatasetSpec:
     """Read a YOLO dataset described by ``data.yaml`` (splits named there; ``valid`` is renamed ``val``); ``desc``:
-    its :func:`read_description` when already read."""
+    its :func:`read_description` when already read. ``lazy``: each split an iterator that reads an image's labels
+    when it is reached (read once, in order; the issues appended meanwhile), so that no record need be held."""
     desc = read_description(yaml_path) if desc is None else desc
     if not isinstance(desc, dict) or "names" not in desc:
         raise DataError(f"{yaml_path}: a YOLO data.yaml needs 'names' (a list of class names) and split folders "
@@ -274,17 +279,21 @@ def read_yolo_yaml(yaml_path: Path, desc=None) -> DatasetSpec:
     if not splits:
         raise DataError(f"{yaml_path}: no split listed (give at least 'train: images/train')")
     if desc.get("flags"):
-        _read_flags(yaml_path, root / str(desc["flags"]), root, splits)
-        watched.append(root / str(desc["flags"]))
-    return DatasetSpec(root, "yolo", names, splits, issues, watched=watched)
+        path = root / str(desc["flags"])
+        flags, last = _read_flags(yaml_path, path, root), list(splits)[-1]
+        splits = {s: _flagged(records, flags, path, s == last) for s, records in splits.items()}
+        watched.append(path)
+    return DatasetSpec(root, "yolo", names, splits if lazy else {s: list(r) for s, r in splits.items()}, issues,
+                       watched=watched)
 
 
-def _read_flags(yaml_path: Path, path: Path, root: Path, splits: dict[str, list[ImageRecord]]) -> None:
+def _read_flags(yaml_path: Path, path: Path, root: Path) -> dict[tuple[Path, int], tuple[int, dict]]:
     """The ``difficult`` / ``iscrowd`` flags that plain YOLO cannot write, from the ``flags`` file a ``data.yaml``
     names (``ssd data convert`` writes it): a JSON object a line, ``{"file": label file relative to the root,
-    "line": its line, "difficult": bool, "iscrowd": bool}``."""
-    by_line = {(r.annotation, o.line): o for records in splits.values() for r in records if r.annotation
-               for o in r.objects}
+    "line": its line, "difficult": bool, "iscrowd": bool}``, and ``occluded``, ``truncated`` (bool) and ``z_order``
+    (int) when set. Keyed by (label file, line): (the flags file's line, the entry), the last entry of an object
+    kept."""
+    flags = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
@@ -292,12 +301,28 @@ def _read_flags(yaml_path: Path, path: Path, root: Path, splits: dict[str, list[
     for number, text in enumerate(lines, start=1):
         try:
             entry = json.loads(text)
-            obj = by_line.get((_absolute(root / entry["file"]), entry["line"]))
+            flags[(_absolute(root / entry["file"]), entry["line"])] = number, entry
         except (ValueError, KeyError, TypeError) as e:
             raise DataError(f"{path}:{number}: not a flags line {{\"file\": ..., \"line\": ...}} ({e})") from e
-        if obj is None:
-            raise DataError(f"{path}:{number}: {entry['file']} line {entry['line']} is no object of the dataset")
-        obj.difficult, obj.iscrowd = entry.get("difficult") is True, entry.get("iscrowd") is True
+        if not is_whole(entry.get("z_order", 0)):
+            raise DataError(f"{path}:{number}: z_order {value_text(entry['z_order'])} is not a whole number")
+    return flags
+
+
+def _flagged(records: Iterable[ImageRecord], flags: dict, path: Path, last: bool) -> Iterator[ImageRecord]:
+    """``records`` with the attributes of ``flags`` (:func:`_read_flags`, its entries taken as they are used) set;
+    after the ``last`` split, an entry left over is no object of the dataset."""
+    for record in records:
+        for obj in record.objects:
+            if (found := flags.pop((record.annotation, obj.line), None)) is not None:
+                entry = found[1]
+                obj.difficult, obj.iscrowd = entry.get("difficult") is True, entry.get("iscrowd") is True
+                obj.occluded, obj.truncated = entry.get("occluded") is True, entry.get("truncated") is True
+                obj.z_order = entry.get("z_order", 0)
+        yield record
+    if last and flags:
+        number, entry = min(flags.values(), key=lambda found: found[0])
+        raise DataError(f"{path}:{number}: {entry['file']} line {entry['line']} is no object of the dataset")
 
 
 def read_yolo_folder(folder: Path) -> DatasetSpec:
@@ -312,7 +337,7 @@ def read_yolo_folder(folder: Path) -> DatasetSpec:
     if not split_dirs:
         split_dirs = {"train": folder / "images"}
     issues: list[Issue] = []
-    splits = {s: _read_split(sorted(q for q in d.rglob("*") if is_image(q)), s, folder, names, issues)
+    splits = {s: list(_read_split(sorted(q for q in d.rglob("*") if is_image(q)), s, folder, names, issues))
               for s, d in split_dirs.items()}
     if not names:
         top = max((o.label for recs in splits.values() for r in recs for o in r.objects), default=-1)

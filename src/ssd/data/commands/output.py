@@ -7,16 +7,16 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ssd.data.records import ImageRecord
 from ssd.errors import DataError, OutputError
 from ssd.files import check_output, fitted_name
 from ssd.text import few
 
-__all__ = ["IMAGE_MODES", "check_dataset_output", "staged", "unique_names", "place_images", "missing_images"]
+__all__ = ["IMAGE_MODES", "check_dataset_output", "staged", "UniqueNames", "image_placer",
+           "missing_images"]
 
 IMAGE_MODES = ("link", "copy", "none")
 """``link``: a hard link (a symbolic link across file systems); ``copy``; ``none``: annotation files only."""
@@ -57,53 +57,58 @@ def staged(out: Path) -> Iterator[Path]:
         raise
 
 
-def unique_names(records: Iterable[ImageRecord], spaces: bool = True) -> list[str]:
-    """An output file name per image: its own name, unless its stem is taken (two splits or folders with ``a.jpg``),
-    then ``<stem>_2`` ... (VOC's Annotations/ and YOLO's labels/ pair files by stem); an image listed twice keeps
-    one name. Without ``spaces``, white
-    space becomes ``_`` (VOC's ImageSets lists are split at white space)."""
-    taken: set[str] = set()
-    names = []
-    given: dict[Path, str] = {}
-    for record in records:
-        if record.path in given:  # one image in two splits (VOC's trainval): one name
-            names.append(given[record.path])
-            continue
-        stem, suffix, n = record.path.stem, record.path.suffix, 1
-        stem = stem if spaces else re.sub(r"\s", "_", stem)
+class UniqueNames:
+    """An output file name per image, given as the images come: its own name, unless its stem is taken (two splits
+    or folders with ``a.jpg``), then ``<stem>_2`` ... (VOC's Annotations/ and YOLO's labels/ pair files by stem).
+    Without ``spaces``, white space becomes ``_`` (VOC's ImageSets lists are split at white space). With
+    ``repeats`` (a dataset of several splits, where one image may be in two: VOC's trainval), an image met again
+    keeps its name. Holds the taken stems (and with ``repeats`` each image's name): a few dozen bytes an image."""
+
+    def __init__(self, spaces: bool = True, repeats: bool = True) -> None:
+        self.spaces, self.taken = spaces, set()
+        self.given: dict[str, str] | None = {} if repeats else None
+
+    def __call__(self, path: Path) -> str:
+        if self.given is not None and (known := self.given.get(str(path))) is not None:
+            return known
+        stem, suffix, n = path.stem, path.suffix, 1
+        stem = stem if self.spaces else re.sub(r"\s", "_", stem)
         name = fitted_name(stem, suffix)
-        while Path(name).stem.casefold() in taken:  # case-insensitive: the output may go to such a file system
+        while Path(name).stem.casefold() in self.taken:  # case-insensitive: the output may go to such a file system
             n += 1
             name = fitted_name(f"{stem}_{n}", suffix)
-        taken.add(Path(name).stem.casefold())
-        names.append(name)
-        given[record.path] = name
-    return names
+        self.taken.add(Path(name).stem.casefold())
+        if self.given is not None:
+            self.given[str(path)] = name
+        return name
 
 
-def missing_images(records: Iterable[ImageRecord]) -> None:
+def missing_images(paths: Iterable[Path]) -> None:
     """Refuse, listing them, images that are not files (before anything is written)."""
-    missing = [str(r.path) for r in records if not r.path.is_file()]
+    missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise DataError(f"{len(missing)} image(s) not found: {few(missing)}")
 
 
-def place_images(pairs: Iterable[tuple[Path, Path]], mode: str) -> None:
-    """Each ``(source, destination)``: hard-linked (a symbolic link to the absolute source when the two lie on
-    different file systems), or copied; nothing for ``none``. Sources are never moved or changed."""
+def image_placer(mode: str) -> Callable[[Path, Path], None]:
+    """``place(source, destination)`` for images written in ``mode``: hard-linked (a symbolic link to the absolute
+    source when the two lie on different file systems), or copied; nothing for ``none``. An image already placed
+    (one image in two splits) is placed once. Sources are never moved or changed."""
     if mode not in IMAGE_MODES:
         raise DataError(f"--images {mode!r}: choose one of {', '.join(IMAGE_MODES)}")
-    if mode == "none":
-        return
-    made: set[Path] = set()
-    for dest, source in {dest: source for source, dest in pairs}.items():  # an image in two splits: placed once
+    made: set[Path] = set()  # the folders made: a few per dataset
+
+    def place(source: Path, dest: Path) -> None:
+        if mode == "none" or os.path.lexists(dest):
+            return
         if dest.parent not in made:
             dest.parent.mkdir(parents=True, exist_ok=True)
             made.add(dest.parent)
         if mode == "copy":
             shutil.copyfile(source, dest)
-            continue
+            return
         try:
             os.link(source, dest)
         except OSError:  # another file system, or links not allowed there
             os.symlink(source.resolve(), dest)
+    return place
