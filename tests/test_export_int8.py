@@ -14,8 +14,9 @@ from ssd.cli import main
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
 from ssd.errors import ConfigError
-from ssd.export import export
+from ssd.export import export, int8_runtime
 from ssd.export.benchmark import run_benchmark
+from ssd.export.int8_runtime import cpu_kind, int8_advice
 from ssd.export.quantize import calibration_paths, network_nodes, quantize_onnx
 from ssd.inference.backends.onnx import OnnxBackend, graph_digest
 from ssd.preprocess import preprocess
@@ -66,10 +67,30 @@ def test_int8_file_carries_the_fp32_card_with_its_own_checksum(int8_pair):
     assert sum(n.op_type == "QuantizeLinear" for n in int8.graph.node) > 0
 
 
+@pytest.mark.parametrize("flags, kind, advice", [
+    ({"avx2", "avx512f", "avx512_vnni"}, "vnni", {"onnx": "tflite"}),
+    ({"avx2", "avx_vnni"}, "vnni", {"onnx": "tflite"}),
+    ({"avx2", "fma"}, "avx2", {"onnx": "tflite"}),
+    ({"avx2", "avx512_vnni", "amx_tile", "amx_int8"}, "amx", {"tflite": "onnx"}),
+    ({"neon", "asimd"}, None, {}), (set(), None, {}),
+])
+def test_int8_advice_names_the_faster_int8_runtime_of_the_cpu(flags, kind, advice):
+    assert cpu_kind(flags) == kind
+    for fmt in ("onnx", "tflite", "openvino"):
+        said = int8_advice(fmt, flags)
+        assert (said is None) == (fmt not in advice)
+        if said is not None:
+            assert said.endswith(f"for speed, export with --format {advice[fmt]} --int8")
+
+
 @pytest.mark.slow
-def test_int8_nms_export_quantizes_the_network_and_keeps_nms_in_float(weights, synthetic_voc, tmp_path):
+def test_int8_nms_export_quantizes_the_network_and_keeps_nms_in_float(weights, synthetic_voc, tmp_path, monkeypatch,
+                                                                      ssd_messages):
+    monkeypatch.setattr(int8_runtime, "cpu_flags", lambda: {"avx2", "avx512_vnni"})
     path = export(weights, fmt="onnx", out_path=tmp_path / "nms.int8.onnx", int8=True, data=synthetic_voc,
                   calib_images=4, nms=True)
+    assert ("INT8 on this CPU (VNNI): TFLite (XNNPACK) is the faster INT8 runtime end to end (benchmarks/README.md); "
+            "for speed, export with --format tflite --int8") in ssd_messages()
     graph = onnx.load(str(path)).graph
     dequantized = {o for n in graph.node if n.op_type == "DequantizeLinear" for o in n.output}
     float_only = [n.op_type for n in graph.node if n.op_type in ("Softmax", "TopK", "NonMaxSuppression")]

@@ -25,6 +25,7 @@ from pathlib import Path
 from ssd.artifacts import ARTIFACTS, EXPORT_FORMATS, resolve
 from ssd.errors import ConfigError, OutputError
 from ssd.files import check_output
+from ssd.log import LOGGER
 from ssd.schemas import ExportConfig
 from ssd.text import few
 
@@ -142,8 +143,18 @@ def run_export(config: ExportConfig, sample_images: Sequence | None = None) -> P
     ``calib_images`` images of ``data``'s training split (default: 300, or all of them when it has fewer;
     :mod:`ssd.export.quantize`, OpenVINO: NNCF). ``opset``, ``nms``, ``dynamic_batch``, the thresholds, ``check``
     and ``sample_images``: see :func:`ssd.export.onnx.export_onnx`. The options that depend on the format are
-    checked, and the calibration images counted, before anything is written.
+    checked, and the calibration images counted, before anything is written. After an INT8 export, a line names the
+    faster INT8 format of this CPU when it is another (:mod:`ssd.export.int8_runtime`).
     """
+    from ssd.export.int8_runtime import int8_advice
+
+    path = _export(config, sample_images)
+    if config.int8 and (advice := int8_advice(config.fmt)) is not None:
+        LOGGER.info(advice)
+    return path
+
+
+def _export(config: ExportConfig, sample_images: Sequence | None) -> Path:
     from ssd.export.onnx import write_onnx
     from ssd.export.quantize import calibration_paths
     from ssd.weights.resolve import resolve_weights
