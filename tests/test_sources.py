@@ -121,7 +121,7 @@ def test_glob_matching_more_paths_than_the_bound_is_one_error(weights, tmp_path,
 def test_output_paths_keep_every_input_apart():
     files = [Path("/d/clip.avi"), Path("/d/clip.mkv"), Path("/d/clip.mp4"), Path("/d/x/img.png"), Path("/d/y/img.png")]
     plan = output_paths(files, Path("/out"))
-    assert [str(plan[f]) for f in files] == ["/out/clip.mp4", "/out/clip_2.mp4", "/out/clip_3.mp4", "/out/x/img.png",
+    assert [str(plan[f]) for f in files] == ["/out/clip.avi", "/out/clip_2.avi", "/out/clip_3.avi", "/out/x/img.png",
                                              "/out/y/img.png"]
     assert output_paths([Path("/d/one.jpg")], Path("/out")) == {Path("/d/one.jpg"): Path("/out/one.jpg")}
 

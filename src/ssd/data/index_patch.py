@@ -184,8 +184,8 @@ def _patch_memo(stored: StoredIndex, made: dict[str, bytes]) -> bytes:
     kept = FileMemo()
     if "memo_patch" in stored.digests:
         entries = json.loads(read_group(stored.path, "memo_patch", stored.digests)["memo_patch"].tobytes())
-        if not isinstance(entries, dict):
-            raise ValueError("its per-file results of patches are not a JSON object")
+        if not isinstance(entries, dict):  # not what a patch stores: the index is rebuilt
+            raise _Rebuild
         kept.used = entries
     kept.used |= made
     return kept.used_json()
