@@ -10,6 +10,10 @@ whole graph, and its ends are uint8 as MediaPipe requires (:func:`uint8_interfac
 - ``location`` has its calibrated range, ``scores`` the fixed range of a softmax (scale 1/256), as TFLite's integer
   softmax requires; both int8 inside, uint8 out.
 
+The graph is traced on a copy made for the quantizer's patterns (:func:`folded`: batch norms folded, activations
+not in place, hard sigmoids as integer ops); MobileNetV3's hard-swish, residual additions and head concatenations
+are annotated here, so SSDLite is full-integer too.
+
 Calibration images are decoded and resized as at inference (:func:`ssd.preprocess.preprocess`). After conversion
 the graph's operators are read back from the flatbuffer: any left in float is named on the ``ssd`` logger
 (:func:`float_ops`).
