@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import ssd.limits as limits
-from builders import predicts_as_pytorch_without_it, random_images, write_png_images
+from builders import biased_model, predicts_as_pytorch_without_it, random_images, write_png_images
 from ssd.boxes import decode
 from ssd.data.images import read_image
 from ssd.data.load import load_dataset
@@ -227,6 +227,40 @@ def test_int8_export_is_full_integer_and_close_to_fp32(tiny_checkpoint, tiny_tfl
         with vision.ObjectDetector.create_from_options(options) as detector:
             pixels = np.ascontiguousarray(images[0].permute(1, 2, 0).numpy())
             detector.detect(mp.Image(image_format=mp.ImageFormat.SRGB, data=pixels))
+
+
+@pytest.mark.slow
+def test_ssdlite_int8_export_is_full_integer_and_close_to_pytorch(synthetic_voc, tmp_path, ssd_messages):
+    """MobileNetV3's batch norms, in-place activations, hard sigmoids and residual sums all quantize: no op of
+    SSDLite's INT8 graph is left in float, and on validation images it keeps the INT8 tolerance against PyTorch."""
+    from ssd.export.tflite_int8 import float_ops
+    from ssd.weights.checkpoint import save_checkpoint
+
+    model = biased_model("ssdlite320_mobilenet_v3_large", class_names=["circle", "square", "triangle"],
+                         image_size=160)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # batch norms that change the convolutions they fold into, boxes that move
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.running_mean.uniform_(-0.2, 0.2, generator=generator)
+                module.running_var.uniform_(0.5, 2.0, generator=generator)
+        for head in model.heads:
+            [m for m in head.loc.modules() if isinstance(m, torch.nn.Conv2d)][-1].weight.normal_(
+                0, 0.05, generator=generator)
+    weights = save_checkpoint(tmp_path / "lite.pt", model)
+    path = export(weights, fmt="tflite", out_path=tmp_path / "lite.int8.tflite", int8=True, data=synthetic_voc,
+                  calib_images=16)
+    assert "INT8: every op of the graph is integer, its input and outputs included" in ssd_messages()
+    assert float_ops(split_tflite(path.read_bytes(), str(path))[0]) == []
+    int8 = TfliteBackend(path)
+    images = [read_image(record.path) for record in load_dataset(synthetic_voc).records("val")[:4]]
+    batch = Detector(int8).preprocess(images)[0]
+    (loc8, logits8) = int8(batch)
+    with torch.no_grad():
+        loc, logits = model.eval()(batch)
+    assert (logits8.softmax(-1) - logits.softmax(-1)).abs().max() <= 0.03
+    variances = int8.card.variances
+    assert (decode(loc8, int8.priors, variances) - decode(loc, int8.priors, variances)).abs().max() <= 0.01
 
 
 def test_int8_with_fewer_images_than_asked_says_how_many_it_found(tiny_checkpoint, synthetic_voc, tmp_path):

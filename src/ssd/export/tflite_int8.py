@@ -10,6 +10,10 @@ whole graph, and its ends are uint8 as MediaPipe requires (:func:`uint8_interfac
 - ``location`` has its calibrated range, ``scores`` the fixed range of a softmax (scale 1/256), as TFLite's integer
   softmax requires; both int8 inside, uint8 out.
 
+The graph is traced on a copy made for the quantizer's patterns (:func:`folded`: batch norms folded, activations
+not in place, hard sigmoids as integer ops); MobileNetV3's hard-swish, residual additions and head concatenations
+are annotated here, so SSDLite is full-integer too.
+
 Calibration images are decoded and resized as at inference (:func:`ssd.preprocess.preprocess`). After conversion
 the graph's operators are read back from the flatbuffer: any left in float is named on the ``ssd`` logger
 (:func:`float_ops`).
@@ -17,6 +21,8 @@ the graph's operators are read back from the flatbuffer: any left in float is na
 
 from __future__ import annotations
 
+import copy
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -28,7 +34,7 @@ from ssd.log import LOGGER
 from ssd.optional import require
 from ssd.preprocess import preprocess
 
-__all__ = ["quantized_graph", "uint8_interface", "report_float_ops", "float_ops", "calibration_pixels"]
+__all__ = ["quantized_graph", "folded", "uint8_interface", "report_float_ops", "float_ops", "calibration_pixels"]
 
 
 def calibration_pixels(path: Path, image_size: tuple[int, int]) -> Tensor:
@@ -41,12 +47,14 @@ def _quantizer():
     """litert-torch's static per-channel quantizer, with the graph's ends fixed (see the module docstring)."""
     pt2e = require("litert_torch.quantize.pt2e_quantizer", "tflite", "TFLite INT8 export")
     spec = require("torchao.quantization.pt2e.quantizer", "tflite", "TFLite INT8 export")
+    utils = require("litert_torch.quantize.pt2e_quantizer_utils", "tflite", "TFLite INT8 export")
 
     def fixed(scale: float):
         return spec.FixedQParamsQuantizationSpec(torch.int8, scale=scale, zero_point=-128, quant_min=-128,
                                                  quant_max=127, qscheme=torch.per_tensor_affine)
 
     aten = torch.ops.aten
+    own_range = (aten.hardswish.default, aten.hardsigmoid.default, aten.add.Tensor, aten.mul.Tensor)
 
     class FullInteger(pt2e.PT2EQuantizer):
         def annotate(self, model: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -70,9 +78,54 @@ def _quantizer():
                     shared = spec.SharedQuantizationSpec(source)
                     node.meta["quantization_annotation"] = spec.QuantizationAnnotation(
                         input_qspec_map={source: shared}, output_qspec=shared, _annotated=True)
+                elif "quantization_annotation" in node.meta:
+                    continue
+                elif node.target in own_range:  # MobileNetV3's activations and residual sums: int8 kernels
+                    config = self.global_config
+                    node.meta["quantization_annotation"] = spec.QuantizationAnnotation(
+                        input_qspec_map={arg: config.input_activation for arg in node.args
+                                         if isinstance(arg, torch.fx.Node)},
+                        output_qspec=config.output_activation, _annotated=True)
+                elif node.target is aten.cat.default:  # one range for all the inputs
+                    inputs = source
+                    shared = spec.SharedQuantizationSpec((inputs[0], node))
+                    node.meta["quantization_annotation"] = spec.QuantizationAnnotation(
+                        input_qspec_map={arg: self.global_config.input_activation if i == 0 else shared
+                                         for i, arg in enumerate(inputs)}, output_qspec=shared, _annotated=True)
+            utils.propagate_annotation(model)  # a clamp after an addition annotated here shares its range
             return model
 
     return FullInteger().set_global(pt2e.get_symmetric_quantization_config(is_per_channel=True))
+
+
+class _Hardsigmoid(nn.Module):
+    """``relu6(x + 3) / 6``: the hard sigmoid as an addition, a clamp and a multiplication, which TFLite runs in
+    int8 (litert-torch lowers ``hardsigmoid`` itself to float operations)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.nn.functional.hardtanh(x + 3.0, 0.0, 6.0) * (1 / 6)
+
+
+def folded(graph: nn.Module) -> nn.Module:
+    """A copy of ``graph`` the quantizer's patterns meet: each ``Conv2d`` followed by a ``BatchNorm2d`` in a
+    ``Sequential`` is one convolution (the batch norm folded into its weights), activations are not in place
+    (torchvision's MobileNetV3 uses in-place ones, which the quantizer does not annotate), and each ``Hardsigmoid``
+    is a :class:`_Hardsigmoid`."""
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    graph = copy.deepcopy(graph).eval()
+    for module in graph.modules():
+        if getattr(module, "inplace", None) is True:
+            module.inplace = False
+        for name, child in module.named_children():
+            if isinstance(child, nn.Hardsigmoid):
+                setattr(module, name, _Hardsigmoid())
+        if isinstance(module, nn.Sequential):
+            for (name, conv), (norm_name, norm) in itertools.pairwise(module.named_children()):
+                if isinstance(conv, nn.Conv2d) and isinstance(norm, nn.BatchNorm2d):
+                    setattr(module, name, fuse_conv_bn_eval(conv, norm))
+                    setattr(module, norm_name, nn.Identity())
+    return graph
 
 
 def float_ops(flatbuffer: bytes) -> list[str]:
@@ -105,7 +158,9 @@ def quantized_graph(graph: nn.Module, example: Tensor, calibration: Sequence[Pat
     pixels = example.float()
     quantizer = _quantizer()
     with torch.no_grad():
-        prepared = quantize.prepare_pt2e(torch.export.export(graph, (pixels,)).module(), quantizer)
+        # functional ops throughout (a residual ``+=`` is an in-place add otherwise), none decomposed further
+        exported = torch.export.export(folded(graph), (pixels,)).run_decompositions({})
+        prepared = quantize.prepare_pt2e(exported.module(), quantizer)
         for path in calibration:
             prepared(calibration_pixels(path, tuple(example.shape[1:3])))
         quantized = quantize.convert_pt2e(prepared, fold_quantize=False)
@@ -116,8 +171,6 @@ def uint8_interface(flatbuffer: bytes) -> bytes:
     """The full-integer model with uint8 input and outputs (what MediaPipe and the Edge TPU take) around its int8
     graph: a ``QUANTIZE`` (an integer requantization, the same scale and the zero point moved by 128) after the
     input and before each output."""
-    import copy
-
     import flatbuffers
 
     schema = require("ai_edge_litert.schema_py_generated", "tflite", "TFLite INT8 export")
