@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ssd.arrays import postprocess_arrays, preprocess_arrays
+from ssd.export.int8_runtime import cpu_flags
 from ssd.inference.backends import open_backend
 from ssd.preprocess import preprocess
 from ssd.settings import PREDICT
@@ -104,7 +105,7 @@ def main() -> None:
         for image in images:
             for name, (backend, run) in backends.items():
                 times[name].append(run(backend, image, options))
-        flags = set(Path("/proc/cpuinfo").read_text().split()) if Path("/proc/cpuinfo").is_file() else set()
+        flags = cpu_flags()
         print("CPU flags:", " ".join(f for f in ("avx2", "avx512_vnni", "avx_vnni", "amx_int8") if f in flags))
         print("| variant | pre ms | network ms | post ms | pre + post ms | total ms |")
         print("|---|---|---|---|---|---|")

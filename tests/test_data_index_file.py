@@ -45,13 +45,19 @@ def test_an_index_of_an_older_version_is_rebuilt_with_a_notice(tmp_path, caplog)
     assert rebuilt.stored and len(rebuilt.reads) == 2 * 8 + 6 and reads(data) == []
 
 
-def test_the_message_columns_of_a_split_are_read_and_checked_alone_when_used(tmp_path, caplog):
+def warm_with_val_messages_damaged(tmp_path):
+    """``(data, index file, val's split number, the warm start)`` of a VOC set whose stored index had val's message
+    columns reversed before that warm start."""
     data = voc(tmp_path)
     index_dataset(data, splits=("train", "val"))
     path = index_file(data)
     val = json.loads(np.load(path)["meta"].tobytes())["splits"].index("val")
     rewrite(path, lambda m: m.__setitem__(f"split{val}.where.blob", m[f"split{val}.where.blob"][::-1].copy()))
-    warm = index_dataset(data, splits=("train", "val"))
+    return data, path, val, index_dataset(data, splits=("train", "val"))
+
+
+def test_the_message_columns_of_a_split_are_read_and_checked_alone_when_used(tmp_path, caplog):
+    data, path, val, warm = warm_with_val_messages_damaged(tmp_path)
     assert warm.reads == [] and not messages(caplog)  # a warm start does not read the message columns
     assert warm.spec.records("train")[0].objects[0].where.startswith("Annotations/")  # train's own, intact
     assert warm.spec.records("val")[0].objects[0].where.startswith("Annotations/")  # rebuilt in this run
@@ -61,12 +67,7 @@ def test_the_message_columns_of_a_split_are_read_and_checked_alone_when_used(tmp
 
 
 def test_message_columns_damaged_while_the_dataset_changed_tell_the_run_to_run_again(tmp_path, caplog):
-    data = voc(tmp_path)
-    index_dataset(data, splits=("train", "val"))
-    path = index_file(data)
-    val = json.loads(np.load(path)["meta"].tobytes())["splits"].index("val")
-    rewrite(path, lambda m: m.__setitem__(f"split{val}.where.blob", m[f"split{val}.where.blob"][::-1].copy()))
-    warm = index_dataset(data, splits=("train", "val"))
+    data, _, _, warm = warm_with_val_messages_damaged(tmp_path)
     (data / "JPEGImages" / "synth_000006.jpg").unlink()  # a val image gone: the rebuilt split is another one
     with pytest.raises(DataError, match="changed while this run used it"):
         warm.spec.records("val")[0]
