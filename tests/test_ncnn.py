@@ -80,3 +80,7 @@ def test_export_ncnn_refuses_the_options_of_onnx_graphs(tiny_checkpoint):
         export(tiny_checkpoint, "ncnn", nms=True)
     assert str(refused.value) == ("--nms applies to ONNX and OpenVINO exports: an NCNN export is the network alone "
                                   "(batch 1, post-processing in the library); drop them or use --format onnx")
+    with pytest.raises(ValueError) as refused:  # the formats named are those the table says take the option
+        export(tiny_checkpoint, "ncnn", int8=True, data="unread")
+    assert str(refused.value) == ("--int8 applies to ONNX, OpenVINO and TFLite exports: an NCNN export is the network "
+                                  "alone (batch 1, post-processing in the library); drop them or use --format onnx")

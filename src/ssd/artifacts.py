@@ -46,6 +46,7 @@ class ArtifactKind:
         folder_file: for a folder artifact, the file that names it (a folder holding it is this kind).
         nms, int8: ``ssd export`` can put NMS in its graph (and a fixed or dynamic batch), quantize it to INT8.
         benchmark: its ``ssd benchmark`` rows, in order.
+        title: its name in messages (``OpenVINO``); default the name in capitals.
     """
 
     name: str
@@ -56,6 +57,11 @@ class ArtifactKind:
     nms: bool = False
     int8: bool = False
     benchmark: tuple[BenchmarkVariant, ...] = field(default=())
+    title: str = ""
+
+    @property
+    def shown(self) -> str:
+        return self.title or self.name.upper()
 
     @property
     def folder(self) -> bool:
@@ -83,14 +89,14 @@ ARTIFACTS: dict[str, ArtifactKind] = {kind.name: kind for kind in (
                  exporter="ssd.export.openvino:export_openvino", folder_file="model.xml", nms=True, int8=True,
                  benchmark=(BenchmarkVariant("openvino", "openvino"),
                             BenchmarkVariant("openvino-bf16", "openvino-bf16"),
-                            BenchmarkVariant("openvino-int8", "openvino", int8=True))),
+                            BenchmarkVariant("openvino-int8", "openvino", int8=True)), title="OpenVINO"),
     ArtifactKind("ncnn", (".param",), {"ncnn": "ssd.inference.backends.ncnn:open_ncnn"},
                  exporter="ssd.export.ncnn:export_ncnn", folder_file="model.ncnn.param",
                  benchmark=(BenchmarkVariant("ncnn", "ncnn"),)),
     ArtifactKind("tflite", (".tflite",), {"tflite": "ssd.inference.backends.tflite:open_tflite"},
                  exporter="ssd.export.tflite:export_tflite", int8=True,
                  benchmark=(BenchmarkVariant("tflite", "tflite"), BenchmarkVariant("tflite-fp16", "tflite", fp16=True),
-                            BenchmarkVariant("tflite-int8", "tflite", int8=True))),
+                            BenchmarkVariant("tflite-int8", "tflite", int8=True)), title="TFLite"),
     # retired: its files are refused by name, with what to export instead
     ArtifactKind("torchscript", (".torchscript",), {"torchscript": "ssd.inference.backends:refuse_torchscript"}),
 )}

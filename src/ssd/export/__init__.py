@@ -50,16 +50,19 @@ def _check_options(fmt: str, out_path: Path, *, int8: bool, nms: bool, dynamic_b
     if uint8_input and (fmt not in ("onnx", "openvino") or int8):
         raise ConfigError("--uint8-input applies to FP32 ONNX and OpenVINO exports (--format onnx or openvino, "
                           "without --int8)")
-    given = [name for name, on in (("--nms", nms and not kind.nms), ("--dynamic-batch", dynamic_batch and not kind.nms),
-                                   ("--int8", int8 and not kind.int8)) if on]
-    if given:
+    flags = (("--nms", nms, "nms"), ("--dynamic-batch", dynamic_batch, "nms"), ("--int8", int8, "int8"))
+    given = [(flag, needs) for flag, on, needs in flags if on and not getattr(kind, needs)]
+    if given:  # the formats that take every option given, from the one table
+        takers = [ARTIFACTS[name].shown for name in EXPORT_FORMATS
+                  if all(getattr(ARTIFACTS[name], needs) for _, needs in given)]
+        takers_text = " and ".join([", ".join(takers[:-1]), takers[-1]] if len(takers) > 1 else takers)
         verb = "applies" if len(given) == 1 else "apply"
         what = {"tflite": "a TFLite file is the edge pipeline (batch 1, uint8 image in, decoding and NMS by MediaPipe "
                           "or the library)",
                 "pt2": "a torch.export program is the network alone (any batch size, post-processing in the library)",
                 }.get(fmt, f"an {fmt.upper()} export is the network alone (batch 1, post-processing in the library)")
-        raise ConfigError(f"{' and '.join(given)} {verb} to ONNX and OpenVINO exports: {what}; drop them or use "
-                          "--format onnx")
+        raise ConfigError(f"{' and '.join(flag for flag, _ in given)} {verb} to {takers_text} exports: {what}; "
+                          "drop them or use --format onnx")
     if fp16 and (fmt != "tflite" or int8):
         raise ConfigError("--fp16 applies to TFLite exports without --int8 (float16 weights): drop it, or use "
                           "--format tflite without --int8")
